@@ -1,0 +1,1 @@
+"""Kinetics videos to pre-sampled JPEG-clip WebDataset shards, decoded by ffmpeg on Ray."""

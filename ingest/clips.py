@@ -1,0 +1,118 @@
+"""One video in, its pre-sampled clips out, as WebDataset sample bytes (runs in the workers).
+
+The video is probed once and decoded once for the union of the frames all its clips keep;
+each clip becomes one sample: T JPEG frames ``NN.jpg`` in temporal order, ``cls`` and ``json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+import fsspec
+
+from shards import storage
+from shards.tarformat import sample_bytes
+
+from . import decode, jpeg, sampling
+from .decode import DecodeError
+from .sources import Video
+
+
+@dataclass(frozen=True)
+class ClipConfig:
+    """Everything that decides a sample's bytes (and so goes into the manifest's config)."""
+    frames: int = 8
+    clips_per_video: int = 1  # training split
+    eval_clips: int = 1  # val/test splits: evenly spread centre offsets
+    short_side: int = 256
+    quality: int = 90
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@contextmanager
+def local_copy(video: Video):
+    """A local path to the video: itself if local, else a temporary download
+    (ffmpeg cannot seek in a pipe, and most mp4s keep their index at the end)."""
+    if storage.is_local(video.url):
+        yield video.url
+        return
+    tmpdir = tempfile.mkdtemp(prefix="ingest-")
+    path = os.path.join(tmpdir, "video" + os.path.splitext(video.relpath)[1])
+    try:
+        with fsspec.open(video.url, "rb") as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        yield path
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _check_file(video: Video, path: str) -> None:
+    if video.kind == "directory":
+        raise DecodeError("is a directory, not a video file")
+    if video.kind != "file":
+        raise DecodeError("not a regular file (dangling link or special file)")
+    try:
+        with open(path, "rb") as f:
+            first = f.read(1)
+    except OSError as e:
+        raise DecodeError(f"unreadable: {e.strerror}") from None
+    if not first:
+        raise DecodeError("empty file (0 bytes)")
+
+
+def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1,
+               timeout: float = 600) -> list[tuple[str, int, bytes]]:
+    """Return ``(key, label_index, sample_bytes)`` for each clip of ``video``."""
+    train = video.split == "train"
+    num_clips = cfg.clips_per_video if train else cfg.eval_clips
+    with local_copy(video) as path:
+        _check_file(video, path)
+        info = decode.probe(path)
+        size = decode.output_size(info, cfg.short_side)
+        picks = _pick(info.num_frames, video, cfg, train, num_clips)
+        frames, err = decode.decode_selected(path, [i for p in picks for i in p], size,
+                                             threads=threads, timeout=timeout)
+        wanted = len({i for p in picks for i in p})
+        if len(frames) < wanted:
+            if err:
+                raise DecodeError(f"truncated or corrupt: decoded {len(frames)} of {wanted} wanted "
+                                  f"frames ({info.num_frames} declared)", err)
+            # The container overstated its frame count: count by decoding, then sample again.
+            info.num_frames, info.frame_count_source = decode.count_decoded_frames(path), "decoded"
+            picks = _pick(info.num_frames, video, cfg, train, num_clips)
+            frames, err = decode.decode_selected(path, [i for p in picks for i in p], size,
+                                                 threads=threads, timeout=timeout)
+            if len(frames) < len({i for p in picks for i in p}):
+                raise DecodeError("frames missing after recount", err)
+    encoded = {i: jpeg.encode(f, cfg.quality) for i, f in frames.items()}
+    out = []
+    for clip, indices in enumerate(picks):
+        key = f"{video.video_id}_c{clip:02d}"
+        meta = {
+            "source": video.relpath, "video": video.video_id, "split": video.split,
+            "label": video.label, "class": label_index, "clip": clip, "clips": num_clips,
+            "sampling": "random" if train else "centre", "frame_indices": indices,
+            "num_frames": info.num_frames, "frame_count_source": info.frame_count_source,
+            "repeated_frames": info.num_frames < cfg.frames, "fps": round(info.fps, 4),
+            "width": info.width, "height": info.height, "rotation": info.rotation,
+            "codec": info.codec, "pix_fmt": info.pix_fmt, "frame_size": list(size),
+        }
+        members = [(f"{t:02d}.jpg", encoded[i]) for t, i in enumerate(indices)]
+        if label_index >= 0:
+            members.append(("cls", str(label_index).encode()))
+        members.append(("json", json.dumps(meta, sort_keys=True).encode()))
+        out.append((key, label_index, sample_bytes(key, members)))
+    return out
+
+
+def _pick(num_frames: int, video: Video, cfg: ClipConfig, train: bool, num_clips: int) -> list[list[int]]:
+    return [sampling.clip_indices(num_frames, cfg.frames, train=train, seed=cfg.seed,
+                                  video_id=video.video_id, clip=k, num_clips=num_clips)
+            for k in range(num_clips)]

@@ -1,0 +1,156 @@
+"""Probing and selective decoding of one video with the ffmpeg binary, via ffmpeg-python.
+
+``probe`` reads the stream header once; ``decode_selected`` decodes the video once and lets
+through only the wanted frame indices (ffmpeg's ``select`` filter on the decoded frame
+number), scaled to the output size, as raw RGB. Rotation stored in the file is applied by
+ffmpeg's autorotation before the filters, and a non-square sample aspect ratio is undone by
+scaling to the display size.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from fractions import Fraction
+
+import ffmpeg
+import numpy as np
+
+
+class DecodeError(Exception):
+    """A video that cannot be used; ``reason`` is short, ``detail`` is ffmpeg's own message."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class VideoInfo:
+    width: int  # display size: after rotation and sample aspect ratio
+    height: int
+    coded_width: int
+    coded_height: int
+    rotation: int
+    fps: float
+    num_frames: int
+    frame_count_source: str  # "container" or "packets"
+    codec: str
+    pix_fmt: str
+    duration: float
+
+
+def _tail(raw: bytes) -> str:
+    """ffmpeg's last lines, without the per-run pointers (``[h264 @ 0x55d1...]``)."""
+    text = re.sub(r" @ 0x[0-9a-f]+\]", "]", raw.decode("utf-8", "replace"))
+    return " | ".join(l.strip() for l in text.strip().splitlines()[-4:])
+
+
+def _stderr(exc: Exception) -> str:
+    return _tail(getattr(exc, "stderr", b"") or b"")
+
+
+def _rotation(stream: dict) -> int:
+    for sd in stream.get("side_data_list", []) or []:
+        if "rotation" in sd:
+            return int(round(float(sd["rotation"]))) % 360
+    rot = stream.get("tags", {}).get("rotate")
+    # A display matrix's rotation is counter-clockwise; the legacy tag is clockwise.
+    return (-int(rot)) % 360 if rot else 0
+
+
+def _fraction(text: str | None) -> Fraction:
+    try:
+        return Fraction((text or "0").replace(":", "/"))
+    except (ValueError, ZeroDivisionError):
+        return Fraction(0)
+
+
+def probe(path: str) -> VideoInfo:
+    try:
+        meta = ffmpeg.probe(path, v="error")
+    except ffmpeg.Error as e:
+        raise DecodeError("not a readable video", _stderr(e)) from None
+    videos = [s for s in meta.get("streams", []) if s.get("codec_type") == "video"
+              and not s.get("disposition", {}).get("attached_pic")]
+    if not videos:
+        kinds = sorted({s.get("codec_type", "?") for s in meta.get("streams", [])}) or ["none"]
+        raise DecodeError(f"no video stream (streams: {', '.join(kinds)})")
+    s = videos[0]
+    w, h = int(s.get("width") or 0), int(s.get("height") or 0)
+    if w <= 0 or h <= 0:
+        raise DecodeError("video stream has no frame size", s.get("codec_name", ""))
+    sar = _fraction(s.get("sample_aspect_ratio"))
+    display_w = w * sar if sar > 0 else Fraction(w)
+    rotation = _rotation(s)
+    dw, dh = (h, display_w) if rotation in (90, 270) else (display_w, h)
+    fps = _fraction(s.get("avg_frame_rate")) or _fraction(s.get("r_frame_rate"))
+    duration = float(s.get("duration") or meta.get("format", {}).get("duration") or 0)
+    frames, source = int(s.get("nb_frames") or 0), "container"
+    if frames <= 0:
+        frames, source = _count_packets(path), "packets"
+    if frames <= 0:
+        raise DecodeError("video stream has no frames")
+    return VideoInfo(int(round(dw)), int(round(dh)), w, h, rotation, float(fps), frames, source,
+                     s.get("codec_name", "?"), s.get("pix_fmt", "?"), duration)
+
+
+def _count_packets(path: str) -> int:
+    """Frame count from demuxing alone (no decoding), for containers that do not store it."""
+    try:
+        meta = ffmpeg.probe(path, v="error", count_packets=None, select_streams="v:0")
+    except ffmpeg.Error as e:
+        raise DecodeError("cannot count frames", _stderr(e)) from None
+    streams = meta.get("streams") or [{}]
+    return int(streams[0].get("nb_read_packets") or 0)
+
+
+def output_size(info: VideoInfo, short_side: int) -> tuple[int, int]:
+    """Scale so the short side is ``short_side``, keeping the display aspect ratio."""
+    w, h = info.width, info.height
+    if w <= h:
+        return short_side, max(1, round(h * short_side / w))
+    return max(1, round(w * short_side / h)), short_side
+
+
+def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, threads: int = 1,
+                    timeout: float = 600) -> tuple[dict[int, np.ndarray], str]:
+    """Decode the video once, returning {frame index: HxWx3 uint8} for the indices found.
+
+    Frames past the real end are silently absent (ffmpeg drops them): callers count what came
+    back. Also returns ffmpeg's error output, empty when the decode was clean.
+    """
+    wanted = sorted(set(indices))
+    w, h = size
+    expr = "+".join(f"eq(n,{i})" for i in wanted)  # ffmpeg-python escapes the commas
+    graph = (
+        ffmpeg.input(path, threads=threads)
+        .video.filter("select", expr)
+        .filter("scale", w, h, flags="area")
+        .output("pipe:", format="rawvideo", pix_fmt="rgb24", fps_mode="passthrough",
+                **{"frames:v": len(wanted), "threads": threads})
+    )
+    args = ffmpeg.compile(graph, cmd="ffmpeg", overwrite_output=True)
+    args[1:1] = ["-nostdin", "-hide_banner", "-v", "error"]
+    try:
+        p = subprocess.run(args, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DecodeError(f"ffmpeg timed out after {timeout:.0f}s") from None
+    err = _tail(p.stderr)
+    frame_bytes = w * h * 3
+    n = len(p.stdout) // frame_bytes
+    if p.returncode != 0 and n == 0:
+        raise DecodeError("ffmpeg failed to decode", err)
+    data = np.frombuffer(p.stdout[: n * frame_bytes], np.uint8).reshape(n, h, w, 3)
+    return {idx: data[k] for k, idx in enumerate(wanted[:n])}, err
+
+
+def count_decoded_frames(path: str) -> int:
+    """Frame count by decoding the whole stream: the slow, exact fallback."""
+    try:
+        meta = ffmpeg.probe(path, v="error", count_frames=None, select_streams="v:0")
+    except ffmpeg.Error as e:
+        raise DecodeError("cannot count frames", _stderr(e)) from None
+    streams = meta.get("streams") or [{}]
+    return int(streams[0].get("nb_read_frames") or 0)

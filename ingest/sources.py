@@ -1,0 +1,140 @@
+"""Finding the videos of a Kinetics-style source tree and their labels.
+
+Two layouts are understood:
+  * class folders: ``SRC/{train,val,test}/<label>/<id>.<ext>`` (a test split may be flat);
+  * the CVDF download layout: flat ``SRC/{train,val,test}/<youtube_id>_<start:06d>_<end:06d>.mp4``
+    with ``SRC/annotations/{train,val,test}.csv``
+    (``label,youtube_id,time_start,time_end,split[,is_cc]``; test has no label).
+The class index of a label is its position in the sorted list of all labels of all splits.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from fsspec.core import url_to_fs
+
+from shards import storage
+from shards.tarformat import sanitize_key
+
+log = logging.getLogger("ingest.sources")
+
+SPLITS = ("train", "val", "test")
+VIDEO_EXTS = {".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".flv", ".mpg", ".mpeg",
+              ".3gp", ".ogv", ".wmv", ".ts"}
+
+
+@dataclass(frozen=True)
+class Video:
+    split: str
+    relpath: str  # relative to SRC, '/'-separated
+    url: str  # what a worker opens (local path or fsspec URL)
+    label: str | None
+    video_id: str  # sample keys are built from it
+    size: int  # bytes; -1 when it is not a regular file
+    kind: str = "file"  # "file", "directory" or "other": anything but a file is a failure later
+
+
+@dataclass
+class Source:
+    layout: str
+    videos: list[Video]
+    classes: list[str]
+    missing: dict[str, int]  # annotated videos with no file, per split (normal for Kinetics)
+
+    def fingerprint(self) -> str:
+        """Hash of the input set: relative paths, sizes and labels (not mtimes, not content)."""
+        h = hashlib.sha256()
+        for v in sorted(self.videos, key=lambda v: v.relpath):
+            h.update(f"{v.relpath}\0{v.size}\0{v.label}\n".encode())
+        return h.hexdigest()[:16]
+
+
+def _ext(name: str) -> str:
+    dot = name.rfind(".")
+    return name[dot:].lower() if dot >= 0 else ""
+
+
+def _walk(src: str, split: str):
+    """(relpath under src, size, kind) for every video-named entry of a split, dirs included."""
+    fs, root = url_to_fs(storage.join(src, split))
+    if not fs.exists(root):
+        return
+    entries = fs.find(root, withdirs=True, detail=True)
+    for path, info in sorted(entries.items()):
+        rel = path[len(root.rstrip("/")) + 1:]
+        if _ext(rel) not in VIDEO_EXTS:
+            continue
+        kind = {"file": "file", "directory": "directory"}.get(info.get("type"), "other")
+        if kind == "file" and info.get("islink") and not fs.exists(path):
+            kind = "other"  # dangling link
+        yield f"{split}/{rel}", (info.get("size") or 0) if kind == "file" else -1, kind
+
+
+def _stem(relpath: str) -> str:
+    name = relpath.rsplit("/", 1)[-1]
+    return name[: name.rfind(".")] if "." in name else name
+
+
+def _read_annotations(src: str, split: str) -> dict[str, str | None] | None:
+    url = storage.join(src, "annotations", f"{split}.csv")
+    if not storage.exists(url):
+        return None
+    text = storage.read_bytes(url).decode("utf-8-sig")
+    out = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        vid = f"{row['youtube_id']}_{int(float(row['time_start'])):06d}_{int(float(row['time_end'])):06d}"
+        label = (row.get("label") or "").strip() or None
+        out[vid] = label
+    return out
+
+
+def discover(src: str) -> Source:
+    """List the videos of every split under ``src`` with their labels and the class list."""
+    src = src.rstrip("/")
+    annotations = {s: _read_annotations(src, s) for s in SPLITS}
+    cvdf = any(a is not None for a in annotations.values())
+    videos, classes, missing = [], set(), {}
+    for split in SPLITS:
+        entries = list(_walk(src, split))
+        if cvdf:
+            ann = annotations[split] or {}
+            classes.update(l for l in ann.values() if l)
+            present = set()
+            for rel, size, kind in entries:
+                vid = _stem(rel)
+                present.add(vid)
+                if ann and vid not in ann:
+                    log.warning("%s: not in annotations/%s.csv; skipped", rel, split)
+                    continue
+                videos.append(Video(split, rel, storage.join(src, rel), ann.get(vid), vid, size, kind))
+            missing[split] = sum(1 for vid in ann if vid not in present)
+        else:
+            fs, root = url_to_fs(storage.join(src, split))
+            if fs.exists(root):
+                classes.update(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False) if fs.isdir(p)
+                               and _ext(p) not in VIDEO_EXTS)
+            for rel, size, kind in entries:
+                parts = rel.split("/")
+                label = parts[1] if len(parts) >= 3 else None
+                videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind))
+    if not videos:
+        raise FileNotFoundError(f"{src}: no videos found under {'/'.join(SPLITS)} (extensions: "
+                                f"{', '.join(sorted(VIDEO_EXTS))})")
+    return Source("cvdf" if cvdf else "class-folders", _unique_ids(videos), sorted(classes), missing)
+
+
+def _unique_ids(videos: list[Video]) -> list[Video]:
+    """Sanitise ids into sample keys; ids that collide inside a split get a path hash suffix."""
+    keyed = [(v, sanitize_key(v.video_id)) for v in videos]
+    counts = Counter((v.split, k) for v, k in keyed)
+    out = []
+    for v, k in keyed:
+        if counts[(v.split, k)] > 1:
+            k = f"{k}_{hashlib.sha1(v.relpath.encode()).hexdigest()[:8]}"
+        out.append(Video(v.split, v.relpath, v.url, v.label, k, v.size, v.kind))
+    return out

@@ -1,0 +1,7 @@
+"""The shard vocabulary shared by ingest, trainer and service.
+
+A *shard set* is one split of a dataset stored as WebDataset tar shards plus one
+``manifest.json`` per output directory. The manifest lists every shard (sample count,
+bytes, SHA-256) and every sample's byte range inside its shard, so readers never list or
+stat the filesystem. This package depends on no other package of the project.
+"""

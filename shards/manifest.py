@@ -1,0 +1,98 @@
+"""The manifest: one JSON file per output directory describing every shard and sample.
+
+Readers (the loader, ``shards verify``, the service) read this one small file instead of
+listing or stat-ing the filesystem. Shard names are relative to the manifest's directory,
+so a shard set can be moved or served over HTTP as a whole.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from . import storage
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "kinetics-fast-shards/1"
+
+
+@dataclass
+class ShardInfo:
+    name: str  # path relative to the manifest's directory
+    num_samples: int
+    bytes: int
+    sha256: str
+    keys: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # byte offset of each sample's first header
+    lengths: list[int] = field(default_factory=list)  # bytes from that header to the sample's end
+    labels: list[int] = field(default_factory=list)  # class index per sample, -1 when unlabeled
+
+
+@dataclass
+class SplitInfo:
+    shards: list[ShardInfo] = field(default_factory=list)
+    num_failed: int = 0
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.num_samples for s in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+
+@dataclass
+class Manifest:
+    classes: list[str]
+    splits: dict[str, SplitInfo]
+    config: dict = field(default_factory=dict)
+    fingerprint: str = ""
+    format: str = FORMAT
+    base: str = ""  # directory URL the manifest was loaded from; not serialised
+
+    def shard_url(self, shard: ShardInfo) -> str:
+        return storage.join(self.base, shard.name)
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d.pop("base")
+        for split in d["splits"].values():
+            split["num_samples"] = sum(s["num_samples"] for s in split["shards"])
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, data: bytes, base: str = "") -> "Manifest":
+        d = json.loads(data)
+        if d.get("format") != FORMAT:
+            raise ValueError(f"{base or 'manifest'}: unknown manifest format {d.get('format')!r}")
+        splits = {}
+        for name, s in d["splits"].items():
+            shards = [ShardInfo(**sh) for sh in s["shards"]]
+            splits[name] = SplitInfo(shards=shards, num_failed=s.get("num_failed", 0))
+        return cls(classes=d["classes"], splits=splits, config=d.get("config", {}),
+                   fingerprint=d.get("fingerprint", ""), base=base)
+
+    def save(self, directory: str) -> str:
+        url = storage.join(directory, MANIFEST_NAME)
+        storage.atomic_write(url, self.to_json())
+        self.base = directory
+        return url
+
+    @classmethod
+    def load(cls, url: str) -> "Manifest":
+        """Load from a directory URL or from the manifest file's URL."""
+        if url.rstrip("/").endswith(".json"):
+            base = url.rsplit("/", 1)[0] if "/" in url else "."
+        else:
+            base, url = url.rstrip("/"), storage.join(url, MANIFEST_NAME)
+        try:
+            data = storage.read_bytes(url)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{url}: no manifest (was the shard set built to the end?)") from None
+        return cls.from_json(data, base=base)
+
+
+def digest(obj) -> str:
+    """A short stable hash of a JSON-serialisable object (for configs and fingerprints)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,96 @@
+"""fsspec helpers: URL joining, whole-file reads and atomic writes (temp name, then rename)."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import fsspec
+from fsspec.core import url_to_fs
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path components onto a local path or an fsspec URL."""
+    out = base.rstrip("/")
+    for p in parts:
+        out = f"{out}/{p.strip('/')}"
+    return out
+
+
+def is_local(url: str) -> bool:
+    fs, _ = url_to_fs(url)
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def exists(url: str) -> bool:
+    fs, path = url_to_fs(url)
+    return fs.exists(path)
+
+
+def read_bytes(url: str) -> bytes:
+    with fsspec.open(url, "rb") as f:
+        return f.read()
+
+
+def makedirs(url: str) -> None:
+    fs, path = url_to_fs(url)
+    fs.makedirs(path, exist_ok=True)
+
+
+def atomic_write(url: str, data: bytes) -> None:
+    """Write ``data`` so that ``url`` is either absent, old, or complete: never partial."""
+    fs, path = url_to_fs(url)
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    if is_local(url):
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        fs.mv(tmp, path)
+
+
+class AtomicWriter:
+    """A file object for streaming writes that appears under its final name only on commit."""
+
+    def __init__(self, url: str):
+        self.fs, self.path = url_to_fs(url)
+        parent = self.path.rsplit("/", 1)[0] if "/" in self.path else ""
+        if parent:
+            self.fs.makedirs(parent, exist_ok=True)
+        self.tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+        self.f = self.fs.open(self.tmp, "wb")
+
+    def write(self, data: bytes) -> int:
+        return self.f.write(data)
+
+    def commit(self) -> None:
+        self.f.flush()
+        if hasattr(self.f, "fileno"):
+            try:
+                os.fsync(self.f.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+        self.f.close()
+        self.fs.mv(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.f.close()
+        try:
+            self.fs.rm(self.tmp)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "AtomicWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
