@@ -102,7 +102,7 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
             "num_frames": info.num_frames, "frame_count_source": info.frame_count_source,
             "repeated_frames": info.num_frames < cfg.frames, "fps": round(info.fps, 4),
             "width": info.width, "height": info.height, "rotation": info.rotation,
-            "codec": info.codec, "pix_fmt": info.pix_fmt, "frame_size": list(size),
+            "codec": info.codec, "frame_size": list(size),
         }
         members = [(f"{t:02d}.jpg", encoded[i]) for t, i in enumerate(indices)]
         if label_index >= 0:

@@ -16,6 +16,8 @@ from fractions import Fraction
 import ffmpeg
 import numpy as np
 
+from . import mp4header
+
 
 class DecodeError(Exception):
     """A video that cannot be used; ``reason`` is short, ``detail`` is ffmpeg's own message."""
@@ -37,7 +39,6 @@ class VideoInfo:
     num_frames: int
     frame_count_source: str  # "container" or "packets"
     codec: str
-    pix_fmt: str
     duration: float
 
 
@@ -68,6 +69,15 @@ def _fraction(text: str | None) -> Fraction:
 
 
 def probe(path: str) -> VideoInfo:
+    """Header facts of the first video stream: from the MP4 header when it can be read in-process,
+    else from ffprobe (with a demux-only packet count when the container stores no frame count)."""
+    if path.lower().endswith((".mp4", ".m4v", ".mov")):
+        head = mp4header.read(path)
+        if head:
+            w, h = _display_size(head.width, head.height, Fraction(head.sar).limit_denominator(1000),
+                                 head.rotation)
+            return VideoInfo(w, h, head.width, head.height, head.rotation, head.fps, head.num_frames,
+                             "container", head.codec, head.duration)
     try:
         meta = ffmpeg.probe(path, v="error")
     except ffmpeg.Error as e:
@@ -81,10 +91,8 @@ def probe(path: str) -> VideoInfo:
     w, h = int(s.get("width") or 0), int(s.get("height") or 0)
     if w <= 0 or h <= 0:
         raise DecodeError("video stream has no frame size", s.get("codec_name", ""))
-    sar = _fraction(s.get("sample_aspect_ratio"))
-    display_w = w * sar if sar > 0 else Fraction(w)
     rotation = _rotation(s)
-    dw, dh = (h, display_w) if rotation in (90, 270) else (display_w, h)
+    dw, dh = _display_size(w, h, _fraction(s.get("sample_aspect_ratio")), rotation)
     fps = _fraction(s.get("avg_frame_rate")) or _fraction(s.get("r_frame_rate"))
     duration = float(s.get("duration") or meta.get("format", {}).get("duration") or 0)
     frames, source = int(s.get("nb_frames") or 0), "container"
@@ -92,8 +100,13 @@ def probe(path: str) -> VideoInfo:
         frames, source = _count_packets(path), "packets"
     if frames <= 0:
         raise DecodeError("video stream has no frames")
-    return VideoInfo(int(round(dw)), int(round(dh)), w, h, rotation, float(fps), frames, source,
-                     s.get("codec_name", "?"), s.get("pix_fmt", "?"), duration)
+    return VideoInfo(dw, dh, w, h, rotation, float(fps), frames, source, s.get("codec_name", "?"), duration)
+
+
+def _display_size(w: int, h: int, sar: Fraction, rotation: int) -> tuple[int, int]:
+    display_w = w * sar if sar > 0 else Fraction(w)
+    dw, dh = (h, display_w) if rotation in (90, 270) else (display_w, h)
+    return int(round(dw)), int(round(dh))
 
 
 def _count_packets(path: str) -> int:

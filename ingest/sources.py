@@ -59,20 +59,25 @@ def _ext(name: str) -> str:
     return name[dot:].lower() if dot >= 0 else ""
 
 
-def _walk(src: str, split: str):
-    """(relpath under src, size, kind) for every video-named entry of a split, dirs included."""
+def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str]], set[str]]:
+    """Video-named entries of a split, dirs included, as (relpath under src, size, kind), and the
+    names of its top-level folders (class folders, empty ones too), from one recursive listing."""
     fs, root = url_to_fs(storage.join(src, split))
     if not fs.exists(root):
-        return
-    entries = fs.find(root, withdirs=True, detail=True)
-    for path, info in sorted(entries.items()):
-        rel = path[len(root.rstrip("/")) + 1:]
-        if _ext(rel) not in VIDEO_EXTS:
-            continue
+        return [], set()
+    root = root.rstrip("/")
+    videos, folders = [], set()
+    for path, info in sorted(fs.find(root, withdirs=True, detail=True).items()):
+        rel = path.rstrip("/")[len(root) + 1:]
         kind = {"file": "file", "directory": "directory"}.get(info.get("type"), "other")
+        if _ext(rel) not in VIDEO_EXTS:
+            if kind == "directory" and rel and "/" not in rel:
+                folders.add(rel)
+            continue
         if kind == "file" and info.get("islink") and not fs.exists(path):
             kind = "other"  # dangling link
-        yield f"{split}/{rel}", (info.get("size") or 0) if kind == "file" else -1, kind
+        videos.append((f"{split}/{rel}", (info.get("size") or 0) if kind == "file" else -1, kind))
+    return videos, folders
 
 
 def _stem(relpath: str) -> str:
@@ -100,7 +105,7 @@ def discover(src: str) -> Source:
     cvdf = any(a is not None for a in annotations.values())
     videos, classes, missing = [], set(), {}
     for split in SPLITS:
-        entries = list(_walk(src, split))
+        entries, folders = _walk(src, split)
         if cvdf:
             ann = annotations[split] or {}
             classes.update(l for l in ann.values() if l)
@@ -114,13 +119,11 @@ def discover(src: str) -> Source:
                 videos.append(Video(split, rel, storage.join(src, rel), ann.get(vid), vid, size, kind))
             missing[split] = sum(1 for vid in ann if vid not in present)
         else:
-            fs, root = url_to_fs(storage.join(src, split))
-            if fs.exists(root):
-                classes.update(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False) if fs.isdir(p)
-                               and _ext(p) not in VIDEO_EXTS)
+            classes.update(folders)
             for rel, size, kind in entries:
                 parts = rel.split("/")
                 label = parts[1] if len(parts) >= 3 else None
+                classes.update([label] if label else [])
                 videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind))
     if not videos:
         raise FileNotFoundError(f"{src}: no videos found under {'/'.join(SPLITS)} (extensions: "

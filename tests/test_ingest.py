@@ -1,0 +1,206 @@
+"""``ingest build`` end to end: real ffmpeg on small generated videos, real Ray, real shards."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import webdataset as wds
+from PIL import Image
+
+from ingest.build import build
+from ingest.clips import ClipConfig
+from shards.manifest import Manifest
+
+import media
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+CFG = ClipConfig(frames=8, short_side=32)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def samples(out: Path, split: str) -> dict[str, dict]:
+    """key -> {suffix: bytes} for every sample of a split, read with tarfile."""
+    m = Manifest.load(str(out))
+    found = {}
+    for shard in m.splits[split].shards:
+        with tarfile.open(out / shard.name) as tf:
+            for info in tf:
+                key, suffix = info.name.split(".", 1)
+                found.setdefault(key, {})[suffix] = tf.extractfile(info).read()
+    return found
+
+
+@pytest.fixture(scope="module")
+def class_tree(tmp_path_factory) -> Path:
+    """2 classes x 3 train videos, 2 val videos each, 2 unlabeled test videos (flat)."""
+    src = tmp_path_factory.mktemp("classes")
+    for split, n in (("train", 3), ("val", 2)):
+        for label in ("jump", "walk"):
+            for i in range(n):
+                media.make_video(src / split / label / f"{label}{i}.mp4", frames=24 + i, width=48, height=32)
+    for i in range(2):
+        media.make_video(src / "test" / f"t{i}.mp4", frames=20, width=48, height=32)
+    return src
+
+
+@pytest.fixture(scope="module")
+def reference(class_tree, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref")
+    build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, videos_per_task=2)
+    return out
+
+
+def test_class_folder_layout_labels_and_class_list(reference):
+    m = Manifest.load(str(reference))
+    assert m.classes == ["jump", "walk"]
+    assert (reference / "classes.txt").read_text() == "jump\nwalk\n"
+    assert {s: m.splits[s].num_samples for s in m.splits} == {"train": 6, "val": 4, "test": 2}
+    for split in ("train", "val"):
+        for key, members in samples(reference, split).items():
+            meta = json.loads(members["json"])
+            assert meta["label"] == key[:4] and int(members["cls"]) == m.classes.index(key[:4])
+            assert meta["source"] == f"{split}/{key[:4]}/{key[:-4]}.mp4"
+            assert sorted(s for s in members if s.endswith(".jpg")) == [f"{t:02d}.jpg" for t in range(8)]
+    for key, members in samples(reference, "test").items():
+        assert "cls" not in members and json.loads(members["json"])["label"] is None
+    shard = m.splits["test"].shards[0]
+    assert shard.labels == [-1] * shard.num_samples
+
+
+def test_val_clips_take_the_centre_frame_of_each_segment(reference):
+    for key, members in samples(reference, "val").items():
+        meta = json.loads(members["json"])
+        n = meta["num_frames"]
+        expected = [int(n / 8 / 2 + n / 8 * i) for i in range(8)]
+        assert meta["frame_indices"] == expected
+        seen = [media.frame_index_from_image(np.asarray(Image.open(io.BytesIO(members[f"{t:02d}.jpg"]))))
+                for t in range(8)]
+        assert seen == expected, key
+
+
+def test_training_clips_store_the_frames_their_metadata_names(reference):
+    for key, members in samples(reference, "train").items():
+        meta = json.loads(members["json"])
+        seen = [media.frame_index_from_image(np.asarray(Image.open(io.BytesIO(members[f"{t:02d}.jpg"]))))
+                for t in range(8)]
+        assert seen == meta["frame_indices"]
+        assert meta["sampling"] == "random" and meta["frame_size"][1] == 32  # short side
+
+
+def test_manifest_offsets_cut_valid_samples(reference):
+    m = Manifest.load(str(reference))
+    for split in m.splits.values():
+        for shard in split.shards:
+            data = (reference / shard.name).read_bytes()
+            assert len(data) == shard.bytes
+            for key, off, length in zip(shard.keys, shard.offsets, shard.lengths):
+                with tarfile.open(fileobj=io.BytesIO(data[off:off + length])) as tf:
+                    names = tf.getnames()
+                assert names[0] == f"{key}.00.jpg" and names[-1] == f"{key}.json"
+
+
+def test_same_output_bytes_for_any_worker_count(class_tree, reference, tmp_path):
+    build(str(class_tree), str(tmp_path), CFG, workers=1, shard_samples=3, videos_per_task=5)
+    assert tree_bytes(tmp_path) == tree_bytes(reference)
+
+
+def test_readable_by_webdataset(reference):
+    m = Manifest.load(str(reference))
+    urls = [str(reference / s.name) for s in m.splits["train"].shards]
+    got = list(wds.WebDataset(urls, shardshuffle=False).decode("rgb").to_tuple("00.jpg", "cls", "json"))
+    assert len(got) == 6
+    img, cls, meta = got[0]
+    assert img.shape[0] == 32 and cls in (0, 1) and meta["clip"] == 0
+
+
+def test_rerun_of_a_finished_build_is_a_no_op(class_tree, reference):
+    before = {p: p.stat().st_mtime_ns for p in reference.rglob("*") if p.is_file()}
+    summary = build(str(class_tree), str(reference), CFG, workers=2, shard_samples=3, videos_per_task=2)
+    assert summary.reused
+    assert {p: p.stat().st_mtime_ns for p in reference.rglob("*") if p.is_file()} == before
+
+
+def test_killed_build_resumes_to_identical_output(class_tree, reference, tmp_path, ray_local):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "ingest", "build", "--src", str(class_tree), "--out", str(out),
+           "--short-side", "32", "--shard-samples", "3", "--videos-per-task", "1", "--workers", "1",
+           "--address", ray_local.get_runtime_context().gcs_address]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(out.glob(".staging/*/*.json"))) < 3:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    staged = list(out.glob(".staging/*/*.json"))
+    assert 3 <= len(staged) < 16, "the build should have been killed half way"
+    assert not (out / "manifest.json").exists()
+    for index in staged:  # whatever is under a final name is complete
+        rec = json.loads(index.read_text())
+        assert index.with_suffix(".tar").stat().st_size == sum(s["length"] for s in rec["samples"])
+    build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, videos_per_task=1)
+    assert tree_bytes(out) == tree_bytes(reference)
+
+
+def test_cvdf_layout_with_annotation_csvs(tmp_path):
+    src = tmp_path / "k400"
+    rows = {"train": [("abseiling", "aaa", 10, 20), ('tying bow tie, "fancy"', "b-b", 0, 10),
+                      ("abseiling", "missing", 5, 15)],
+            "val": [("riding a bike", "ccc", 30, 40)]}
+    (src / "annotations").mkdir(parents=True)
+    for split, rs in rows.items():
+        lines = ["label,youtube_id,time_start,time_end,split,is_cc"]
+        for label, yt, a, b in rs:
+            q = '"' + label.replace('"', '""') + '"' if ("," in label or " " in label) else label
+            lines.append(f"{q},{yt},{a},{b},{split},0")
+            if yt != "missing":
+                media.make_video(src / split / f"{yt}_{a:06d}_{b:06d}.mp4", frames=16, width=40, height=30)
+        (src / "annotations" / f"{split}.csv").write_text("\n".join(lines) + "\n")
+    (src / "annotations" / "test.csv").write_text("youtube_id,time_start,time_end,split\nddd,1,11,test\n")
+    media.make_video(src / "test" / "ddd_000001_000011.mp4", frames=16, width=40, height=30)
+    out = tmp_path / "out"
+    summary = build(str(src), str(out), CFG, workers=2, shard_samples=10)
+    assert summary.missing == 1 and summary.failed == 0
+    m = Manifest.load(str(out))
+    assert m.classes == sorted(["abseiling", 'tying bow tie, "fancy"', "riding a bike"])
+    got = {k: (json.loads(v["json"])["label"], int(v["cls"])) for k, v in samples(out, "train").items()}
+    assert got == {"aaa_000010_000020_c00": ("abseiling", 0),
+                   "b-b_000000_000010_c00": ('tying bow tie, "fancy"', 2)}
+    assert int(samples(out, "val")["ccc_000030_000040_c00"]["cls"]) == 1
+    assert "cls" not in samples(out, "test")["ddd_000001_000011_c00"]
+
+
+def test_several_training_clips_per_video_differ(tmp_path):
+    src = tmp_path / "src"
+    media.make_video(src / "train" / "a" / "v.mp4", frames=60, width=40, height=30)
+    out = tmp_path / "out"
+    build(str(src), str(out), ClipConfig(short_side=30, clips_per_video=3), workers=2, shard_samples=10)
+    got = {k: json.loads(v["json"])["frame_indices"] for k, v in samples(out, "train").items()}
+    assert sorted(got) == ["v_c00", "v_c01", "v_c02"]
+    assert len({tuple(v) for v in got.values()}) == 3
+
+
+def test_remote_source_over_http_matches_local(class_tree, tmp_path):
+    """Workers fetch each video themselves (to a local temporary file: ffmpeg needs to seek)."""
+    from shardsets import serve
+
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    build(str(class_tree), str(local), CFG, workers=2, shard_samples=3, splits=("val",))
+    with serve(str(class_tree)) as (url, requests):
+        build(url, str(remote), CFG, workers=2, shard_samples=3, splits=("val",))
+    assert sum(1 for method, path in requests if method == "GET" and path.endswith(".mp4")) >= 4
+    a, b = tree_bytes(local), tree_bytes(remote)
+    assert a.keys() == b.keys()
+    assert {k: v for k, v in a.items() if k != "manifest.json"} == \
+           {k: v for k, v in b.items() if k != "manifest.json"}  # the manifest records its src

@@ -1,0 +1,109 @@
+"""Bad and unusual inputs: every failure is one ledger line, every good video reaches the shards."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ingest.build import build
+from ingest.clips import ClipConfig
+
+import media
+from test_ingest import samples
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+BROKEN = {  # file name -> (factory, start of the ledger reason)
+    "zero.mp4": (media.make_zero_byte, "empty file"),
+    "cut_mdat.mp4": (lambda p: media.make_truncated(p, faststart=True), "truncated or corrupt"),
+    "cut_moov.mp4": (lambda p: media.make_truncated(p, faststart=False), "not a readable video"),
+    "text.mp4": (media.make_not_a_video, "not a readable video"),
+    "audio.mp4": (media.make_audio_only, "no video stream"),
+    "dangling.mp4": (media.make_unreadable, "not a regular file"),
+    "folder.mp4": (media.make_directory_named_like_video, "is a directory"),
+}
+GOOD = {  # file name -> factory; each must produce a clip of exactly the right frames
+    "plain.mp4": lambda p: media.make_video(p, frames=24),
+    "few.mp4": media.make_few_frames,
+    "big.mp4": media.make_high_res,
+    "vp9.webm": media.make_vp9_webm,
+    "hevc.mp4": media.make_hevc_mp4,
+    "divx.avi": media.make_mpeg4_avi,
+    "h264.mkv": media.make_mkv,
+    "full_chroma.mp4": media.make_yuv444,
+    "vfr.mp4": media.make_vfr,
+    "rotated.mp4": media.make_rotated,
+    "anamorphic.mp4": media.make_anamorphic,
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    src = tmp_path_factory.mktemp("inputs")
+    for name, (make, _) in BROKEN.items():
+        make(src / "val" / "broken" / name)
+    for name, make in GOOD.items():
+        make(src / "val" / "good" / name)
+    out = tmp_path_factory.mktemp("out")
+    summary = build(str(src), str(out), ClipConfig(short_side=32), workers=2, shard_samples=50,
+                    videos_per_task=3)
+    return src, out, summary
+
+
+def test_every_broken_input_is_one_ledger_line(built):
+    src, out, summary = built
+    ledger = [json.loads(l) for l in (out / "errors.jsonl").read_text().splitlines()]
+    assert sorted(e["path"] for e in ledger) == sorted(f"val/broken/{n}" for n in BROKEN)
+    for e in ledger:
+        expected = BROKEN[e["path"].rsplit("/", 1)[1]][1]
+        assert e["reason"].startswith(expected), e
+    assert "moov atom not found" in next(e for e in ledger if e["path"].endswith("text.mp4"))["ffmpeg"]
+    assert summary.failed == len(BROKEN) and summary.videos == len(BROKEN) + len(GOOD)
+
+
+def test_every_good_input_gives_its_exact_frames(built):
+    src, out, _ = built
+    got = samples(out, "val")
+    assert sorted(got) == sorted(n.split(".")[0] + "_c00" for n in GOOD)
+    for key, members in got.items():
+        meta = json.loads(members["json"])
+        n = meta["num_frames"]
+        assert meta["frame_indices"] == [min(n - 1, int(n / 16 + n / 8 * i)) for i in range(8)]
+        imgs = [np.asarray(Image.open(io.BytesIO(members[f"{t:02d}.jpg"]))) for t in range(8)]
+        assert [media.frame_index_from_image(i) for i in imgs] == meta["frame_indices"], key
+        assert min(imgs[0].shape[:2]) == 32 and list(imgs[0].shape[1::-1]) == meta["frame_size"]
+
+
+def test_hard_inputs_are_described_in_metadata(built):
+    got = {k: json.loads(v["json"]) for k, v in samples(built[1], "val").items()}
+    assert got["few_c00"]["repeated_frames"] and got["few_c00"]["num_frames"] < 8
+    assert not got["plain_c00"]["repeated_frames"]
+    rot = got["rotated_c00"]
+    assert rot["rotation"] in (90, 270) and rot["height"] > rot["width"]  # portrait after rotation
+    ana = got["anamorphic_c00"]
+    assert ana["frame_size"][0] / ana["frame_size"][1] == pytest.approx(2 * got["plain_c00"]["frame_size"][0]
+                                                                       / got["plain_c00"]["frame_size"][1], rel=0.05)
+    assert got["vp9_c00"]["codec"] == "vp9" and got["hevc_c00"]["codec"] == "hevc"
+
+
+def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, ray_local):
+    src, _, _ = built
+    address = ray_local.get_runtime_context().gcs_address
+    base = [sys.executable, "-m", "ingest", "build", "--src", str(src), "--short-side", "32",
+            "--address", address]
+    strict = subprocess.run(base + ["--out", str(tmp_path / "a")], capture_output=True, text=True)
+    assert strict.returncode == 1 and "--max-error-fraction" in strict.stdout
+    lenient = subprocess.run(base + ["--out", str(tmp_path / "b"), "--max-error-fraction", "0.5"],
+                             capture_output=True, text=True)
+    assert lenient.returncode == 0, lenient.stderr
+    assert f"{len(BROKEN)} failed" in lenient.stdout
+
+
+def test_help_documents_the_error_threshold():
+    out = subprocess.run([sys.executable, "-m", "ingest", "build", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "--max-error-fraction" in out.stdout and "0.05" in out.stdout
