@@ -1,0 +1,378 @@
+"""Loader benchmark: this loader on shards vs frame folders vs decoding mp4 on the fly.
+
+All three read the same clips (8 frames at TSM's segment centres, short side 256) and apply the
+same TSM training transform; each runs one epoch in its own process with one DataLoader
+worker, so clips/s is per loader worker. File opens, stats and directory listings are counted
+for real with ``strace -f`` between two marker syscalls around the epoch. The limit is
+decoding the same JPEG bytes from memory, no I/O and no transform. Also printed: the shuffle
+quality of the partition plan against a random permutation, and ``shards plan`` figures for
+Kinetics-400 at 1,536 and 6,144 ranks.
+
+    python bench/loader.py                    # synthetic videos made with ffmpeg
+    python bench/loader.py --videos-dir DIR   # your own mp4 files instead
+
+The last line of output is ``BENCH_JSON {...}`` with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from shards import layout, partition  # noqa: E402
+from shards.manifest import Manifest, SplitInfo, digest  # noqa: E402
+from shards.ordering import shuffled  # noqa: E402
+from shards.packing import shard_name, write_shard  # noqa: E402
+from shards.tarformat import sample_bytes, sanitize_key  # noqa: E402
+
+T, SHORT_SIDE, CLASSES = 8, 256, 10
+START, END = "/.bench-epoch-start", "/.bench-epoch-end"
+
+
+# --- data: videos, frame folders and shards of the same clips -------------------------------
+def ffprobe_frames(path: str) -> int:
+    out = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-count_packets",
+                          "-show_entries", "stream=nb_read_packets", "-of", "csv=p=0", path],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.strip())
+
+
+def segment_centres(num_frames: int) -> list[int]:
+    """TSM's test-time sampling: the centre frame of each of T equal segments (0-based)."""
+    seg = num_frames / T
+    return [int(seg * (i + 0.5)) for i in range(T)]
+
+
+def synth_video(path: str, seconds: float, seed: int) -> None:
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+                    f"testsrc2=size=640x360:rate=25:duration={seconds}",
+                    "-vf", f"noise=alls=10:allf=t+u:all_seed={seed}", "-c:v", "libx264", "-preset", "veryfast",
+                    "-crf", "23", "-pix_fmt", "yuv420p", path], check=True)
+
+
+def extract_frames(video: str, folder: str) -> None:
+    """All frames as TSM-style img_00001.jpg ... at short side 256."""
+    os.makedirs(folder, exist_ok=True)
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", video, "-vf", f"scale=-2:{SHORT_SIDE}", "-q:v", "3",
+                    "-start_number", "1", os.path.join(folder, "img_%05d.jpg")], check=True)
+
+
+def prepare(out: str, videos_dir: str | None, count: int, seconds: float) -> dict:
+    """Videos, frame folders, a list file and shards under ``out``; reused when present."""
+    info_path = os.path.join(out, "dataset.json")
+    if os.path.exists(info_path):
+        return json.load(open(info_path))
+    vdir = videos_dir or os.path.join(out, "videos")
+    os.makedirs(vdir, exist_ok=True)
+    if not videos_dir:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda i: synth_video(os.path.join(vdir, f"video{i:04d}.mp4"), seconds, i), range(count)))
+    videos = sorted(f for f in os.listdir(vdir) if f.endswith(".mp4"))[:count]
+    rows = []
+    for i, name in enumerate(videos):
+        vid = sanitize_key(name[:-4])
+        folder = os.path.join(out, "frames", vid)
+        extract_frames(os.path.join(vdir, name), folder)
+        rows.append({"video": os.path.join(vdir, name), "folder": folder, "id": vid, "label": i % CLASSES,
+                     "frames": len(os.listdir(folder))})
+    samples = []
+    for r in rows:
+        picks = segment_centres(r["frames"])
+        members = [(f"{t:02d}.jpg", open(os.path.join(r["folder"], f"img_{p + 1:05d}.jpg"), "rb").read())
+                   for t, p in enumerate(picks)]
+        members += [("cls", str(r["label"]).encode()), ("json", json.dumps({"frame_indices": picks}).encode())]
+        samples.append((f"{r['id']}_c00", r["label"], sample_bytes(f"{r['id']}_c00", members)))
+    by_key = {s[0]: s for s in samples}
+    samples = [by_key[k] for k in shuffled(by_key, 0)]  # stored order as ingest writes it
+    sdir = os.path.join(out, "shards")
+    per_shard = 16
+    shards = [write_shard(os.path.join(sdir, shard_name("train", j)), shard_name("train", j),
+                          samples[a:a + per_shard]) for j, a in enumerate(range(0, len(samples), per_shard))]
+    Manifest(classes=[f"class{c}" for c in range(CLASSES)], splits={"train": SplitInfo(shards)},
+             config={"clip": {"frames": T}}, fingerprint=digest([r["id"] for r in rows])).save(sdir)
+    info = {"rows": rows, "shards": sdir, "clips": len(rows),
+            "clip_bytes": sum(s.bytes for s in shards) / len(rows)}
+    json.dump(info, open(info_path, "w"))
+    return info
+
+
+# --- the loaders, each run in its own process by --role -------------------------------------
+class FrameFolders:
+    """The TSM dataset's way: check the first frame exists, open one JPEG file per frame."""
+
+    def __init__(self, rows, transform):
+        self.rows, self.transform = rows, transform
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        r = self.rows[i]
+        if not os.path.exists(os.path.join(r["folder"], "img_00001.jpg")):
+            raise FileNotFoundError(r["folder"])
+        frames = [Image.open(os.path.join(r["folder"], f"img_{p + 1:05d}.jpg")).convert("RGB")
+                  for p in segment_centres(r["frames"])]
+        return self.transform.apply(frames, random.Random(i)), r["label"]
+
+
+class VideoFiles:
+    """Decode the mp4 on the fly with ffmpeg, keeping the 8 segment-centre frames."""
+
+    def __init__(self, rows, transform):
+        self.rows, self.transform = rows, transform
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        import ffmpeg
+        from PIL import Image
+        r = self.rows[i]
+        picks = segment_centres(r["frames"])
+        select = "+".join(f"eq(n,{p})" for p in picks)  # ffmpeg-python escapes the commas
+        raw, _ = (ffmpeg.input(r["video"]).filter("select", select).filter("scale", -2, SHORT_SIDE)
+                  .output("pipe:", format="rawvideo", pix_fmt="rgb24", vsync=0).run(capture_stdout=True, quiet=True))
+        h = SHORT_SIDE
+        w = len(raw) // (T * h * 3)
+        frames = [Image.frombuffer("RGB", (w, h), raw[k * w * h * 3:(k + 1) * w * h * 3]) for k in range(T)]
+        return self.transform.apply(frames, random.Random(i)), r["label"]
+
+
+def make_loader(role: str, info: dict, batch_size: int):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from trainer.loader import ClipLoader
+    from trainer.transforms import TrainTransform
+    if role in ("shards", "shards-eval"):
+        return ClipLoader(info["shards"], "train", batch_size=batch_size, num_workers=1,
+                          train=role == "shards", remainder="drop")
+    dataset = (FrameFolders if role == "frames" else VideoFiles)(info["rows"], TrainTransform())
+    collate = lambda b: (torch.from_numpy(np.stack([c for c, _ in b])), torch.tensor([y for _, y in b]))  # noqa: E731
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=1, drop_last=True,
+                      collate_fn=collate, generator=torch.Generator().manual_seed(0))
+
+
+def run_role(role: str, info: dict, batch_size: int, epochs: int) -> dict:
+    """``epochs`` epochs; clips/s counted from each epoch's first batch on (worker start-up excluded)."""
+    if role.startswith("decode"):
+        return in_memory(role, info, epochs)
+    loader = make_loader(role, info, batch_size)
+    clips = steady = seconds = 0
+    for _ in range(epochs):
+        os.path.exists(START)  # markers for the syscall trace
+        first = None
+        for batch in loader:
+            n = len(batch["keys"]) if isinstance(batch, dict) else len(batch[1])
+            clips += n
+            if first is None:
+                first = time.perf_counter()
+            else:
+                steady += n
+        seconds += time.perf_counter() - first
+        os.path.exists(END)
+    return {"clips": clips, "epochs": epochs, "clips_per_s": steady / seconds}
+
+
+# --- measurements driven from the parent -----------------------------------------------------
+def timed(roles: list[str], args) -> dict:
+    """Best of ``args.repeat`` runs per role, each in a fresh process, the roles interleaved so
+    that load from other users of the machine falls on all of them alike."""
+    best = {}
+    for _ in range(args.repeat):
+        for role in roles:
+            epochs = "1" if role == "mp4" else "3"
+            out = subprocess.run([sys.executable, __file__, "--role", role, "--out", args.out, "--epochs", epochs,
+                                  "--batch-size", str(args.batch_size)], check=True, capture_output=True, text=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            if r["clips_per_s"] > best.get(role, {}).get("clips_per_s", 0):
+                best[role] = r
+    return best
+
+
+SYSCALL = re.compile(r'^\d+\s+(\w+)\((.*)')
+OPENS = {"open", "openat", "openat2", "creat"}
+STATS = {"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat"}
+
+
+def count_syscalls(role: str, args, data_roots: tuple[str, ...]) -> dict:
+    """Metadata syscalls during one epoch, traced with strace -f (worker and ffmpeg processes too);
+    strace slows the traced process, so this run is not timed."""
+    trace = os.path.join(args.out, f"strace-{role}.txt")
+    subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=%file,fstat,getdents64", "-o", trace,
+                    sys.executable, __file__, "--role", role, "--out", args.out,
+                    "--batch-size", str(args.batch_size)], check=True, capture_output=True)
+    counts, inside = Counter(), False
+    for line in open(trace):
+        m = SYSCALL.match(line)
+        if not m:
+            continue
+        name, rest = m.groups()
+        if START in rest or END in rest:
+            inside = START in rest
+            if not inside:
+                break  # one epoch
+            continue
+        if not inside:
+            continue
+        path = re.search(r'"([^"]*)"', rest)
+        path = path.group(1) if path else None
+        ours = path is not None and os.path.abspath(path).startswith(data_roots)
+        if name == "fstat" or (name in ("newfstatat", "statx") and path == ""):
+            counts["fstat (any fd)"] += 1
+        elif name == "getdents64":
+            counts["getdents64 (any dir)"] += 1
+        elif name in OPENS and ours:
+            counts["listings" if "O_DIRECTORY" in rest else "opens"] += 1
+        elif name in STATS and ours:
+            counts["stats"] += 1
+        elif name in OPENS:
+            counts["other opens"] += 1
+    return dict(counts)
+
+
+def in_memory(kind: str, info: dict, passes: int) -> dict:
+    """Clips/s on the clips' JPEG bytes held in memory (no I/O): decoding only (the limit), or
+    decoding plus a transform (what the loader could reach with free I/O). Best pass."""
+    from trainer.transforms import EvalTransform, TrainTransform, decode
+    clips = [[open(os.path.join(r["folder"], f"img_{p + 1:05d}.jpg"), "rb").read()
+              for p in segment_centres(r["frames"])] for r in info["rows"]]
+    train, evaluate = TrainTransform(), EvalTransform()
+    fn = {"decode": lambda i, c: [decode(b, SHORT_SIDE).load() for b in c],
+          "decode+train": lambda i, c: train(c, random.Random(i)),
+          "decode+eval": lambda i, c: evaluate(c)}[kind]
+    best = 0.0
+    for _ in range(passes):
+        t = time.perf_counter()
+        for i, c in enumerate(clips):
+            fn(i, c)
+        best = max(best, len(clips) / (time.perf_counter() - t))
+    return {"clips": len(clips), "epochs": passes, "clips_per_s": best}
+
+
+def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int = 256, num_shards: int = 141,
+                    per_shard: int = 1703, classes: int = 400, ranks_measured: int = 16, seed: int = 0) -> dict:
+    """Shuffle quality of one epoch's plan on a Kinetics-sized layout vs a random permutation.
+
+    Measured on each rank's stream of clips: how far apart consecutive clips were in the
+    stored order (fraction of the dataset; random: 1/3), how often consecutive clips come from
+    the same shard (random: 1/shards), and distinct classes per batch, both with the stored
+    order ingest writes (hash-shuffled) and with a class-sorted stored order (the worst case).
+    """
+    n = num_shards * per_shard
+    rng = np.random.default_rng(seed)
+    stored_random = rng.permutation(np.arange(n) % classes)
+    stored_sorted = np.sort(np.arange(n) % classes)
+    order = partition.epoch_order([per_shard] * num_shards, seed, 0)
+    seg = partition.Segment(world, workers, batch)
+
+    def metrics(seqs):
+        d = np.concatenate([np.abs(np.diff(s)) for s in seqs]) / n
+        same = np.concatenate([np.diff(s // per_shard) == 0 for s in seqs])
+        mix = {}
+        for name, labels in (("hashed", stored_random), ("class_sorted", stored_sorted)):
+            mix[name] = float(np.mean([len(set(labels[s[i:i + batch]])) for s in seqs
+                                       for i in range(0, len(s) - batch + 1, batch)]))
+        return {"consecutive_distance": float(d.mean()), "same_shard": float(same.mean()),
+                "classes_per_batch": mix}
+
+    ours, rand = [], []
+    perm = rng.permutation(n)
+    share = partition.per_rank(n, world, batch)
+    for rank in range(min(world, ranks_measured)):
+        seq = partition.rank_sequence(n, seg, rank, "pad", bufsize, seed, 0)
+        ours.append(np.array([s * per_shard + i for s, i in (order.locate(p % n) for p in seq)]))
+        rand.append(perm[np.arange(rank * share, (rank + 1) * share) % n])
+    return {"world_size": world, "workers": workers, "batch": batch, "buffer": bufsize,
+            "ours": metrics(ours), "random_permutation": metrics(rand)}
+
+
+def report(res: dict) -> str:
+    lines = [f"{res['clips']} clips of {T} frames, {res['clip_bytes'] / 1e3:.0f} kB each; batch {res['batch_size']}, "
+             "one DataLoader worker per loader; TSM train transform (multi-scale crop + flip to 224)", "",
+             f"{'loader':<22} {'clips/s/worker':>14} {'x limit':>8} | {'opens':>6} {'stats':>6} {'listings':>8} "
+             f"{'fstat':>6} {'getdents':>8} {'other opens':>11}"]
+    for role, label in (("shards", "(a) shards"), ("shards-eval", "(a) shards, eval tf"),
+                        ("frames", "(b) frame folders"), ("mp4", "(c) mp4 on the fly")):
+        r, c = res["loaders"][role], res["syscalls"].get(role, {})
+        lines.append(f"{label:<22} {r['clips_per_s']:>14.1f} {r['clips_per_s'] / res['jpeg_limit']:>8.2f} | "
+                     f"{c.get('opens', 0):>6} {c.get('stats', 0):>6} {c.get('listings', 0):>8} "
+                     f"{c.get('fstat (any fd)', 0):>6} {c.get('getdents64 (any dir)', 0):>8} {c.get('other opens', 0):>11}")
+    mem = res["in_memory"]
+    lines.append(f"{'JPEG decode limit':<22} {mem['decode']:>14.1f} {1:>8.2f} |  JPEG bytes in memory, no I/O, no transform")
+    for name in ("train", "eval"):
+        v = mem["decode+" + name]
+        lines.append(f"{'  + ' + name + ' transform':<22} {v:>14.1f} {v / mem['decode']:>8.2f} |  "
+                     f"the same plus the {name} transform: (a)'s ceiling with it")
+    lines += ["", "opens/stats/listings: of files under the data directory during one epoch, all processes;",
+              "fstat: on any open descriptor; other opens: outside the data directory (libraries, /dev/shm, /proc).",
+              f"shards read by (a): {res['shards_read']} (the rank opens each once; its worker shares the descriptor)", ""]
+    for q in res["shuffle"]:
+        o, r = q["ours"], q["random_permutation"]
+        lines.append(f"shuffle quality, {q['world_size']} ranks x {q['workers']} workers, batch {q['batch']}, buffer {q['buffer']} "
+                     "(Kinetics-sized: 141 shards x 1,703 clips, 400 classes):")
+        lines.append(f"  consecutive clips' distance in stored order: {o['consecutive_distance']:.4f} of the set "
+                     f"(random {r['consecutive_distance']:.3f}); same shard: {o['same_shard']:.3f} (random {r['same_shard']:.4f})")
+        lines.append(f"  distinct classes per batch: {o['classes_per_batch']['hashed']:.2f} with ingest's hashed order "
+                     f"(random {r['classes_per_batch']['hashed']:.2f}); {o['classes_per_batch']['class_sorted']:.2f} "
+                     f"if stored class-sorted (random {r['classes_per_batch']['class_sorted']:.2f})")
+    lines += ["", "shards plan, Kinetics-400 (240,000 clips), 8 workers and batch 8 per rank:"]
+    for row in res["plan"]["rows"]:
+        s = row["shards"]
+        lines.append(f"  {row['world_size']:>5} ranks: shards {s['opens_per_rank_mean']:.2f} opens/rank "
+                     f"(max {s['opens_per_rank_max']}), {s['total']:,.0f} ops/epoch; frame folders "
+                     f"{row['frame_folders']['total']:,.0f}; one file per video {row['video_files']['total']:,.0f}; "
+                     f"{row['frame_folders_over_shards']:,.0f}x fewer than frame folders")
+    lines.append(f"  recommended: {res['plan']['num_shards']} shards of {res['plan']['shard_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="/tmp/kinetics-fast-bench-loader", help="working directory (reused)")
+    p.add_argument("--videos-dir", help="mp4 files to use instead of synthetic ones")
+    p.add_argument("--videos", type=int, default=64, help="videos (one clip each)")
+    p.add_argument("--seconds", type=float, default=4, help="length of synthetic videos")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=3, help="timed epochs per loader (best is kept)")
+    p.add_argument("--fresh", action="store_true", help="rebuild the working directory")
+    p.add_argument("--role", help=argparse.SUPPRESS)
+    p.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.fresh and not args.role:
+        shutil.rmtree(args.out, ignore_errors=True)
+    info = prepare(args.out, args.videos_dir, args.videos, args.seconds)
+    if args.role:
+        print(json.dumps(run_role(args.role, info, args.batch_size, args.epochs)))
+        return 0
+    roles = ["shards", "shards-eval", "frames", "mp4"]
+    roots = tuple(os.path.abspath(d) for d in (args.out, args.videos_dir) if d)
+    speeds = timed(["decode", "decode+train", "decode+eval"] + roles, args)
+    res = {"clips": info["clips"], "clip_bytes": info["clip_bytes"], "batch_size": args.batch_size,
+           "in_memory": {k: speeds.pop(k)["clips_per_s"] for k in ("decode", "decode+train", "decode+eval")},
+           "loaders": speeds,
+           "syscalls": {r: count_syscalls(r, args, roots) for r in roles if shutil.which("strace")},
+           "shards_read": len(Manifest.load(info["shards"]).splits["train"].shards),
+           "shuffle": [shuffle_quality(8), shuffle_quality(1536)],
+           "plan": layout.plan(layout.Totals(240_000, info["clip_bytes"], T), 6144, 8, 8, [1536])}
+    res["jpeg_limit"] = res["in_memory"]["decode"]
+    print(report(res))
+    print("BENCH_JSON " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

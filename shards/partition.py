@@ -1,0 +1,246 @@
+"""Which samples each rank and loader worker reads, and in which order: pure functions, no I/O.
+
+An epoch is planned in three steps, each a function of a few integers:
+
+1. ``epoch_order``: the split's shards (cut into pieces of at most ``piece_samples`` when
+   asked) in an order shuffled by (seed, epoch), then rotated by a random offset, as one
+   ``Order`` of runs (a run is a contiguous sample range of one shard, read with one open).
+2. ``streams``: every rank gets the same ``per_rank`` samples, a multiple of the batch size.
+   With ``remainder="pad"`` the order is repeated from its start to fill the last batches
+   (those positions are marked invalid); with ``"drop"`` its tail is left out this epoch.
+   Rank r reads the contiguous positions [r * per_rank, (r + 1) * per_rank): few opens, and
+   ranks beyond the shard count simply read byte ranges of shards. The rank's batch b is made
+   by loader worker b % num_workers (the order PyTorch's DataLoader collects them in), and
+   each worker reads one contiguous chunk of the rank's range.
+3. ``buffer_shuffle``: each worker reorders its chunk through a bounded buffer, seeded by
+   (seed, epoch, segment, rank, worker), so the emission order is known without reading data.
+
+Because the whole order is a function of integers, a mid-epoch position is just "k batches
+done"; ``remaining`` turns that into the still-unread samples when the world size changes
+(a new *segment* of the epoch, as in MosaicML streaming's elastic resumption).
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Iterable, Iterator
+
+import numpy as np
+
+REMAINDERS = ("pad", "drop")
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Samples [start, stop) of shard ``shard`` (its index in the split's shard list)."""
+    shard: int
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+class Order:
+    """A sequence of runs addressed by position; positions past the end wrap around."""
+
+    def __init__(self, runs: Iterable[Run]):
+        self.runs = [r for r in runs if r.size > 0]
+        self.ends = list(accumulate(r.size for r in self.runs))
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def slice(self, begin: int, end: int) -> list[Run]:
+        """The runs covering positions [begin, end), wrapping past the end (padding)."""
+        n, out = len(self), []
+        while begin < end:
+            a = begin % n
+            b = min(n, a + end - begin)
+            i = bisect_right(self.ends, a)
+            pos = a
+            while pos < b:
+                run, run_end = self.runs[i], self.ends[i]
+                offset = run.start + pos - (run_end - run.size)
+                upto = min(b, run_end)
+                out.append(Run(run.shard, offset, offset + upto - pos))
+                pos, i = upto, i + 1
+            begin += b - a
+        return out
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """(shard, sample index in shard) at ``position``."""
+        (run,) = self.slice(position, position + 1)
+        return run.shard, run.start
+
+
+def rng_for(*parts) -> random.Random:
+    """A generator seeded by a stable hash of ``parts`` (same in every process and Python)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+def pieces(shard_sizes: list[int], piece_samples: int | None = None) -> list[Run]:
+    """Each shard as one run, or cut into near-equal runs of at most ``piece_samples``."""
+    out = []
+    for shard, size in enumerate(shard_sizes):
+        k = max(1, -(-size // piece_samples)) if piece_samples else 1
+        bounds = [size * j // k for j in range(k + 1)]
+        out.extend(Run(shard, a, b) for a, b in zip(bounds, bounds[1:]))
+    return out
+
+
+def epoch_order(shard_sizes: list[int], seed: int, epoch: int, shuffle: bool = True,
+                piece_samples: int | None = None) -> Order:
+    """The epoch's global order: pieces shuffled by (seed, epoch), rotated by a random offset.
+
+    The rotation moves rank boundaries to new places inside shards every epoch, so the same
+    samples do not meet in the same batches epoch after epoch. Without ``shuffle``: stored order.
+    """
+    runs = pieces(shard_sizes, piece_samples)
+    if not shuffle:
+        return Order(runs)
+    rng = rng_for("order", seed, epoch)
+    rng.shuffle(runs)
+    order = Order(runs)
+    n = len(order)
+    if n == 0:
+        return order
+    offset = rng.randrange(n)
+    return Order(order.slice(offset, offset + n))
+
+
+def per_rank(n: int, world_size: int, batch_size: int, remainder: str = "pad") -> int:
+    """Samples each rank reads per epoch: equal on every rank, a whole number of batches.
+
+    ``"pad"`` rounds up (at least one batch whenever n > 0); ``"drop"`` rounds down, to 0 when
+    n < world_size * batch_size (callers that must hand every rank work check for that).
+    """
+    if remainder not in REMAINDERS:
+        raise ValueError(f"remainder must be one of {REMAINDERS}, not {remainder!r}")
+    batches, left = divmod(n, world_size * batch_size)
+    if remainder == "pad" and left:
+        batches += 1
+    return batches * batch_size
+
+
+def worker_batches(num_batches: int, num_workers: int, worker: int, done: int = 0) -> int:
+    """How many of batches [done, num_batches) fall to ``worker`` (batch b -> worker b % W)."""
+    def upto(k):  # batches b < k with b % W == worker
+        return max(0, (k - worker + num_workers - 1) // num_workers)
+    return upto(num_batches) - upto(done)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One loader worker's share of a rank's epoch: positions [begin, end) of the padded order."""
+    rank: int
+    worker: int
+    begin: int
+    end: int
+    valid_end: int  # positions >= valid_end repeat earlier samples (padding)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.begin
+
+
+def streams(n: int, world_size: int, rank: int, num_workers: int, batch_size: int,
+            remainder: str = "pad") -> list[Stream]:
+    """The ``num_workers`` streams of ``rank`` over an order of ``n`` samples."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world size {world_size}")
+    share = per_rank(n, world_size, batch_size, remainder)
+    begin, out = rank * share, []
+    for w in range(num_workers):
+        size = worker_batches(share // batch_size, num_workers, w) * batch_size
+        out.append(Stream(rank, w, begin, begin + size, n))
+        begin += size
+    return out
+
+
+def buffer_shuffle(items: Iterable, bufsize: int, rng: random.Random) -> Iterator:
+    """Reorder a stream through a buffer of ``bufsize``: once full, each new item takes the
+    place of a randomly chosen one, which is emitted; the rest leave in random order at the end."""
+    if bufsize <= 1:
+        yield from items
+        return
+    buf = []
+    for item in items:
+        if len(buf) < bufsize:
+            buf.append(item)
+            continue
+        k = rng.randrange(bufsize)
+        yield buf[k]
+        buf[k] = item
+    rng.shuffle(buf)
+    yield from buf
+
+
+def emission(stream: Stream, bufsize: int, seed: int, epoch: int, segment: int = 0) -> list[int]:
+    """The order (local indices 0..size-1) in which ``stream`` emits its samples."""
+    rng = rng_for("buffer", seed, epoch, segment, stream.rank, stream.worker)
+    return list(buffer_shuffle(range(stream.size), bufsize, rng))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of an epoch run with one world size: its settings and batches done per rank."""
+    world_size: int
+    num_workers: int
+    batch_size: int
+    batches_done: int = 0
+
+
+def remaining(order: Order, seg: Segment, remainder: str, bufsize: int, seed: int, epoch: int,
+              segment: int) -> Order:
+    """The samples of ``order`` that segment number ``segment`` had not handed out yet, as a new
+    order (stored order kept, so runs stay long).
+
+    Samples left out by ``remainder="drop"`` stay left out; padding repeats count as nothing.
+    """
+    n = len(order)
+    share = per_rank(n, seg.world_size, seg.batch_size, remainder)
+    todo = np.zeros(n, dtype=bool)
+    todo[: min(n, seg.world_size * share)] = True
+    for rank in range(seg.world_size):
+        for s in streams(n, seg.world_size, rank, seg.num_workers, seg.batch_size, remainder):
+            done = worker_batches(seg.batches_done, seg.num_workers, s.worker) * seg.batch_size
+            if done:
+                local = np.asarray(emission(s, bufsize, seed, epoch, segment)[:done]) + s.begin
+                todo[local[local < n]] = False
+    runs, pos = [], 0
+    for run in order.runs:
+        mask = todo[pos: pos + run.size].view(np.int8)
+        pos += run.size
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], mask, [0]))))  # starts and ends of True stretches
+        runs.extend(Run(run.shard, run.start + int(a), run.start + int(b)) for a, b in zip(edges[::2], edges[1::2]))
+    return Order(runs)
+
+
+def segment_order(base: Order, past: list[Segment], remainder: str, bufsize: int, seed: int,
+                  epoch: int) -> Order:
+    """What is left of the epoch order ``base`` after the completed segments ``past``."""
+    order = base
+    for i, seg in enumerate(past):
+        order = remaining(order, seg, remainder, bufsize, seed, epoch, i)
+    return order
+
+
+def rank_sequence(n: int, seg: Segment, rank: int, remainder: str, bufsize: int, seed: int,
+                  epoch: int, segment: int = 0) -> list[int]:
+    """Positions (in the segment's padded order) that ``rank`` receives after ``seg.batches_done``
+    batches, in the order its DataLoader yields them: batch b from worker b % num_workers."""
+    per_worker = []
+    for s in streams(n, seg.world_size, rank, seg.num_workers, seg.batch_size, remainder):
+        order = emission(s, bufsize, seed, epoch, segment)
+        per_worker.append([s.begin + i for i in order])
+    out = []
+    for b in range(seg.batches_done, per_rank(n, seg.world_size, seg.batch_size, remainder) // seg.batch_size):
+        w, j = b % seg.num_workers, b // seg.num_workers
+        out.extend(per_worker[w][j * seg.batch_size:(j + 1) * seg.batch_size])
+    return out

@@ -1,0 +1,101 @@
+"""Counts per split and class, bytes, frames per clip and frame sizes; --json for machines.
+
+Counts and bytes come from the manifest alone. Frames per clip and frame sizes come from
+reading clips: ``--probe N`` evenly spread clips per split (one byte-range read each), or
+every clip with ``--probe 0`` (one sequential read per shard). JPEG headers give the sizes;
+nothing is decoded.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+from collections import Counter
+
+import numpy as np
+from PIL import Image
+
+from . import tarformat
+from .manifest import Manifest, SplitInfo
+from .reading import iter_samples, read_range
+
+
+def _probe_samples(manifest: Manifest, split: SplitInfo, probe: int):
+    """Tar bytes of the probed samples of a split."""
+    if probe == 0:
+        for shard in split.shards:
+            for _, data in iter_samples(manifest.shard_url(shard), shard, 0, shard.num_samples):
+                yield data
+        return
+    starts = np.cumsum([0] + [s.num_samples for s in split.shards])
+    for g in np.unique(np.linspace(0, split.num_samples - 1, min(probe, split.num_samples)).astype(int)):
+        k = int(np.searchsorted(starts, g, side="right")) - 1
+        shard, i = split.shards[k], int(g - starts[k])
+        yield read_range(manifest.shard_url(shard), shard.offsets[i], shard.offsets[i] + shard.lengths[i])
+
+
+def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
+    split = manifest.splits[name]
+    labels = Counter(label for s in split.shards for label in s.labels)
+    sizes = [s.bytes for s in split.shards] or [0]
+    frames, frame_sizes, frame_bytes, probed = Counter(), Counter(), [], 0
+    for data in _probe_samples(manifest, split, probe):
+        probed += 1
+        jpgs = [v for n, v in tarformat.read_members(data) if n.endswith(".jpg")]
+        frames[len(jpgs)] += 1
+        for j in jpgs:
+            w, h = Image.open(io.BytesIO(j)).size
+            frame_sizes[f"{w}x{h}"] += 1
+            frame_bytes.append(len(j))
+    return {
+        "clips": split.num_samples, "shards": len(split.shards), "bytes": split.num_bytes,
+        "failed_at_ingest": split.num_failed,
+        "bytes_per_clip": split.num_bytes / max(1, split.num_samples),
+        "shard_bytes": {"min": min(sizes), "median": statistics.median(sizes), "max": max(sizes)},
+        "classes": {manifest.classes[c] if c >= 0 else "(unlabeled)": n for c, n in sorted(labels.items())},
+        "probed_clips": probed,
+        "frames_per_clip": dict(sorted(frames.items())),
+        "frame_sizes": dict(frame_sizes.most_common()),
+        "bytes_per_frame": statistics.mean(frame_bytes) if frame_bytes else None,
+    }
+
+
+def collect(manifest: Manifest, probe: int = 64, splits: list[str] | None = None) -> dict:
+    return {"classes": len(manifest.classes), "fingerprint": manifest.fingerprint,
+            "splits": {n: split_stats(manifest, n, probe) for n in manifest.splits if not splits or n in splits}}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def format_text(stats: dict) -> str:
+    lines = [f"{stats['classes']} classes, fingerprint {stats['fingerprint']}"]
+    for name, s in stats["splits"].items():
+        sb = s["shard_bytes"]
+        lines.append(f"{name}: {s['clips']:,} clips in {s['shards']} shards, {_mb(s['bytes'])} "
+                     f"({s['bytes_per_clip'] / 1e3:,.1f} kB/clip), {s['failed_at_ingest']} failed at ingest")
+        lines.append(f"  shard size min/median/max: {_mb(sb['min'])} / {_mb(sb['median'])} / {_mb(sb['max'])}")
+        counts = sorted(s["classes"].items(), key=lambda kv: -kv[1])
+        shown = counts if len(counts) <= 12 else counts[:5] + [("...", "")] + counts[-5:]
+        lines.append("  clips per class: " + ", ".join(f"{c} {n}" for c, n in shown))
+        if s["probed_clips"]:
+            lines.append(f"  from {s['probed_clips']} clips read: frames per clip "
+                         + ", ".join(f"{k}: {v}" for k, v in s["frames_per_clip"].items())
+                         + "; frame sizes " + ", ".join(f"{k}: {v}" for k, v in s["frame_sizes"].items())
+                         + f"; {s['bytes_per_frame'] / 1e3:,.1f} kB/frame")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shardset", help="shard-set directory URL or manifest.json URL")
+    p.add_argument("--split", action="append", help="only this split (repeatable)")
+    p.add_argument("--probe", type=int, default=64, help="clips read per split for frame counts and sizes (0: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    stats = collect(Manifest.load(args.shardset), args.probe, args.split)
+    print(json.dumps(stats, sort_keys=True) if args.json else format_text(stats))
+    return 0

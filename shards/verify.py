@@ -1,0 +1,138 @@
+"""Check every shard against the manifest: size, SHA-256, sample offsets, members; --deep decodes JPEGs.
+
+Each shard is read once, front to back, and each problem is printed with its shard and, where
+it has one, its sample. Exit status 1 if there is any problem. Only the manifest and the
+shards it names are opened: nothing is listed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import fsspec
+from PIL import Image
+
+from . import tarformat
+from .manifest import Manifest, ShardInfo
+
+CHUNK = 8 << 20
+
+
+@dataclass
+class Problem:
+    shard: str
+    sample: str | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.shard}: {'sample ' + self.sample + ': ' if self.sample else ''}{self.message}"
+
+
+def check_members(key: str, label: int, data: bytes, frames: int | None, deep: bool) -> list[str]:
+    """What is wrong with one sample's tar bytes (empty list when nothing)."""
+    try:
+        members = dict(tarformat.read_members(data))
+    except (tarfile.TarError, EOFError) as e:
+        return [f"unreadable tar members at the manifest's offset ({e})"]
+    problems, suffixes = [], {}
+    for name, value in members.items():
+        k, suffix = tarformat.split_name(name)
+        if k != key:
+            problems.append(f"member {name} belongs to another sample")
+        suffixes[suffix] = value
+    jpgs = sorted(s for s in suffixes if s.endswith(".jpg"))
+    count = frames or len(jpgs)
+    missing = [f"{t:02d}.jpg" for t in range(count) if f"{t:02d}.jpg" not in suffixes]
+    problems += [f"member {key}.{m} missing" for m in missing]
+    if frames and len(jpgs) > frames:
+        problems.append(f"{len(jpgs)} frames, expected {frames}")
+    if label >= 0 and suffixes.get("cls", b"").strip() != str(label).encode():
+        problems.append(f"member {key}.cls missing or not {label}")
+    if "json" not in suffixes:
+        problems.append(f"member {key}.json missing")
+    else:
+        try:
+            json.loads(suffixes["json"])
+        except ValueError:
+            problems.append(f"member {key}.json is not JSON")
+    if deep:
+        for s in jpgs:
+            try:
+                Image.open(io.BytesIO(suffixes[s])).load()
+            except Exception as e:  # PIL raises several types for corrupt data
+                problems.append(f"frame {s} does not decode ({e})")
+    return problems
+
+
+def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool = False) -> list[Problem]:
+    """All problems of one shard: read sequentially, samples checked at their manifest offsets."""
+    out = []
+    bad = lambda sample, msg: out.append(Problem(info.name, sample, msg))  # noqa: E731
+    h, pos, complete = hashlib.sha256(), 0, False
+    try:
+        f = fsspec.open(url, "rb").open()
+    except FileNotFoundError:
+        bad(None, "missing")
+        return out
+    with f:
+        for i, key in enumerate(info.keys):
+            if info.offsets[i] != pos:
+                bad(key, f"manifest offset {info.offsets[i]}, but the previous sample ends at {pos}")
+                break
+            data = f.read(info.lengths[i])
+            h.update(data)
+            pos += len(data)
+            if len(data) < info.lengths[i]:
+                bad(key, f"shard ends inside this sample; {info.num_samples - i - 1} later samples missing")
+                break
+            for msg in check_members(key, info.labels[i], data, frames, deep):
+                bad(key, msg)
+        else:
+            complete = True
+        trailing = False  # anything but the zero blocks that end the archive
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            pos += len(chunk)
+            trailing = trailing or bool(chunk.strip(b"\0"))
+    if pos != info.bytes:
+        bad(None, f"{pos} bytes, manifest says {info.bytes}" + (" (truncated)" if pos < info.bytes else ""))
+    elif trailing and complete:
+        bad(None, "data after the last sample")
+    if h.hexdigest() != info.sha256:
+        bad(None, "SHA-256 differs from the manifest (content changed)")
+    if len(info.keys) != info.num_samples or len(set(info.keys)) != len(info.keys):
+        bad(None, "manifest lists inconsistent or duplicate sample keys")
+    return out
+
+
+def verify(manifest: Manifest, splits: list[str] | None = None, deep: bool = False,
+           frames: int | None = None, workers: int = 4) -> list[Problem]:
+    jobs = [(manifest.shard_url(s), s) for name, split in manifest.splits.items()
+            if not splits or name in splits for s in split.shards]
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        results = pool.map(lambda job: check_shard(job[0], job[1], frames, deep), jobs)
+        return [p for r in results for p in r]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shardset", help="shard-set directory URL or manifest.json URL")
+    p.add_argument("--split", action="append", help="only this split (repeatable)")
+    p.add_argument("--deep", action="store_true", help="also decode every JPEG")
+    p.add_argument("--frames", type=int, help="frames per clip to expect (default: the manifest's config.clip.frames)")
+    p.add_argument("--workers", type=int, default=4, help="shards checked at once")
+
+
+def run(args: argparse.Namespace) -> int:
+    m = Manifest.load(args.shardset)
+    frames = args.frames or m.config.get("clip", {}).get("frames")  # as ingest writes it
+    problems = verify(m, args.split, args.deep, frames, args.workers)
+    for p in problems:
+        print(p)
+    shards = sum(len(s.shards) for n, s in m.splits.items() if not args.split or n in args.split)
+    print(f"{shards} shards checked{' (deep)' if args.deep else ''}: {len(problems)} problems")
+    return 1 if problems else 0

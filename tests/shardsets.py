@@ -1,0 +1,107 @@
+"""Test helpers: small synthetic shard sets (PIL-made JPEG frames, no ffmpeg), and an HTTP
+server with byte-range support on 127.0.0.1."""
+from __future__ import annotations
+
+import contextlib
+import http.server
+import io
+import json
+import os
+import threading
+from functools import partial
+
+from PIL import Image
+
+from shards.manifest import Manifest, SplitInfo, digest
+from shards.packing import shard_name, write_shard
+from shards.tarformat import sample_bytes
+
+
+def frame_colour(sample: int, frame: int) -> tuple[int, int, int]:
+    """The solid colour of a test frame: identifies sample and frame after JPEG decoding."""
+    return (sample * 37) % 256, frame * 30, 128
+
+
+def jpeg(colour, size=(64, 48)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool):
+    """(key, label, sample_bytes) for ``count`` clips, two clips per video."""
+    for i in range(count):
+        key = f"{split}_v{i // 2:04d}_c{i % 2:02d}"
+        label = i % num_classes if labeled else -1
+        members = [(f"{t:02d}.jpg", jpeg(frame_colour(i, t), size)) for t in range(frames)]
+        if labeled:
+            members.append(("cls", str(label).encode()))
+        meta = {"source": f"videos/{key[:-4]}.mp4", "label": label, "clip": i % 2,
+                "frame_indices": list(range(0, 8 * frames, 8)), "fps": 25.0, "frame_count": 8 * frames,
+                "width": size[0], "height": size[1]}
+        members.append(("json", json.dumps(meta).encode()))
+        yield key, label, sample_bytes(key, members)
+
+
+def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, num_classes: int = 3,
+                  frames: int = 8, size=(64, 48), unlabeled=("test",)) -> Manifest:
+    """Write ``splits`` ({name: clip count}) as shards of ``per_shard`` clips plus a manifest.
+
+    Clip i of a split has label i % num_classes and frame t coloured ``frame_colour(i, t)``.
+    """
+    out = {}
+    for split, count in splits.items():
+        samples = list(clip_samples(split, count, num_classes, frames, size, split not in unlabeled))
+        shards = []
+        for k, start in enumerate(range(0, count, per_shard)):
+            name = shard_name(split, k)
+            shards.append(write_shard(os.path.join(directory, name), name, samples[start:start + per_shard]))
+        out[split] = SplitInfo(shards=shards)
+    classes = [f"class{c}" for c in range(num_classes)]
+    m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames}},
+                 fingerprint=digest({"splits": splits, "per_shard": per_shard}))
+    m.save(directory)
+    return m
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with single byte-range support (``Range: bytes=a-b``); records (method, path)."""
+
+    def send_head(self):
+        rng = self.headers.get("Range")
+        path = self.translate_path(self.path)
+        self.server.requests.append((self.command, self.path))
+        if not rng or os.path.isdir(path):
+            return super().send_head()
+        try:
+            f = open(path, "rb")
+        except OSError:
+            self.send_error(404)
+            return None
+        size = os.fstat(f.fileno()).st_size
+        a, b = rng.split("=", 1)[1].split("-")
+        start, end = int(a), min(int(b) if b else size - 1, size - 1)
+        f.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.end_headers()
+        return io.BytesIO(f.read(end - start + 1))
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serve(directory: str):
+    """Serve ``directory`` over HTTP on 127.0.0.1; yields (base URL, list of (method, path) requested)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server.requests
+    finally:
+        server.shutdown()
+        server.server_close()

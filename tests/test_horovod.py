@@ -1,0 +1,130 @@
+"""Horovod on CPU: ranks stay identical, two ranks equal one, and the CLI runs under horovodrun.
+
+Run as a script (``horovodrun ... python tests/test_horovod.py OUT``) this file is the worker:
+it trains tiny engines on fixed batches, rank r taking its slice of each global batch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from shardsets import make_shardset
+
+from trainer import distributed
+from trainer.engine import Engine
+from trainer.train import get_args_parser
+
+HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+GLOBAL_BATCH, STEPS, SEGMENTS, SIZE, CLASSES = 8, 4, 4, 32, 3
+# name -> extra trainer flags; every variant trains in the same worker launch
+VARIANTS = {"frozen_bn": ["--bn", "frozen"], "train_bn": [], "fp16_allreduce": ["--bn", "frozen", "--fp16-allreduce"]}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def worker(out: str) -> None:
+    backend = distributed.init("horovod")
+    data = torch.Generator().manual_seed(123)
+    batches = [(torch.randint(0, 256, (GLOBAL_BATCH, SEGMENTS, 3, SIZE, SIZE), generator=data, dtype=torch.uint8),
+                torch.randint(0, CLASSES, (GLOBAL_BATCH,), generator=data)) for _ in range(STEPS)]
+    share = GLOBAL_BATCH // backend.size
+    mine = slice(backend.rank * share, (backend.rank + 1) * share)
+    for name, flags in VARIANTS.items():
+        args = get_args_parser().parse_args([
+            "--data", "-", "--segments", str(SEGMENTS), "--depth", "10", "--width", "8", "--batch-size", str(share),
+            "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", "0.4", *flags])
+        torch.manual_seed(backend.rank)  # different initial weights: the broadcast must fix them
+        engine = Engine(args, backend, CLASSES, STEPS)
+        backend.broadcast_state(engine.model, engine.optimizer)
+        initial = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        engine.model.train()
+        for clips, labels in batches:
+            engine.train_step(clips[mine], labels[mine])
+        torch.save({"initial": initial, "final": engine.model.state_dict()},
+                   os.path.join(out, f"{name}-size{backend.size}-rank{backend.rank}.pt"))
+    backend.shutdown()
+
+
+def run_workers(tmp_path: Path) -> dict:
+    hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__,
+                          str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
+    one = subprocess.run([sys.executable, __file__, str(tmp_path)], env=ENV, capture_output=True, text=True,
+                         timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    return {p.stem: torch.load(p) for p in tmp_path.glob("*.pt")}
+
+
+def params(model_state: dict) -> dict:
+    """Only the learned tensors (BN running statistics are per-rank by design)."""
+    return {k: v for k, v in model_state.items() if "running" not in k and "num_batches" not in k}
+
+
+def test_two_ranks_stay_identical_and_equal_one_rank_with_the_same_global_batch(tmp_path):
+    runs = run_workers(tmp_path)
+    for name in VARIANTS:
+        r0, r1 = runs[f"{name}-size2-rank0"], runs[f"{name}-size2-rank1"]
+        for key, value in r0["initial"].items():  # rank 0's initial weights reached rank 1
+            assert torch.equal(value, r1["initial"][key]), (name, key)
+        for key, value in params(r0["final"]).items():  # same averaged gradients, same steps
+            assert torch.equal(value, r1["final"][key]), (name, key)
+    # with frozen BN a rank's forward pass does not depend on the other rank's clips, so two
+    # ranks of 4 clips compute exactly the gradient of one rank of 8, up to summation order
+    two, one = runs["frozen_bn-size2-rank0"], runs["frozen_bn-size1-rank0"]
+    assert all(torch.equal(v, one["initial"][k]) for k, v in two["initial"].items())
+    moved = max((one["final"][k] - one["initial"][k]).abs().max().item() for k in params(one["final"]))
+    assert moved > 1e-2
+    for key, value in params(two["final"]).items():
+        assert torch.allclose(value, one["final"][key], rtol=1e-4, atol=1e-6), key
+    # fp16 gradient compression rounds each allreduce: the weights move as in full precision
+    # to within a few percent of how far they moved, but not identically
+    fp16 = runs["fp16_allreduce-size2-rank0"]
+    deviations = []
+    for key, value in params(fp16["final"]).items():
+        deviation = (value - two["final"][key]).abs().max().item()
+        assert deviation <= 0.05 * (two["final"][key] - two["initial"][key]).abs().max().item(), key
+        deviations.append(deviation)
+    assert max(deviations) > 0
+
+
+def test_horovodrun_trains_and_tests_from_the_command_line(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "run"
+    make_shardset(str(data), {"train": 16, "val": 7}, per_shard=4, num_classes=3, frames=4, size=(48, 40))
+    hvd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "trainer"]
+    train = subprocess.run(hvd + [
+        "train", "--data", str(data), "--output-dir", str(out), "--segments", "4", "--depth", "10", "--width", "8",
+        "--crop-size", "32", "--scale-size", "36", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1",
+        "--workers", "1", "--print-freq", "1", "--no-tensorboard"], env=ENV, capture_output=True, text=True,
+        timeout=300)
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    assert all(r["val_samples"] == 7 for r in epochs)  # 8 evaluated over 2 ranks, 1 of them padding
+    assert max(r["step"] for r in records if r["event"] == "train") == 2 * 4  # 16 clips / (2 x 2) per epoch
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (ckpt["epoch"], ckpt["step"], len(ckpt["rng"])) == (2, 8, 2)
+
+    results = []
+    for name, launcher in (("two", hvd), ("one", [sys.executable, "-m", "trainer"])):
+        report = tmp_path / f"test-{name}.json"
+        test = subprocess.run(launcher + [
+            "test", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data), "--crops", "3",
+            "--batch-size", "2", "--workers", "0", "--output", str(report)],
+            env=ENV, capture_output=True, text=True, timeout=300)
+        assert test.returncode == 0, test.stdout[-3000:] + test.stderr[-3000:]
+        results.append(json.loads(report.read_text()))
+    (two, predictions), (one, _) = [(r["summary"], r["videos"]) for r in results]
+    # 7 val clips of 4 videos (two clips each, the last one clip) whichever the rank count
+    assert two["videos"] == one["videos"] == 4
+    assert two["views_per_video"] == one["views_per_video"] == 7 / 4
+    for key in ("video_top1", "video_top5", "clip_top1"):
+        assert abs(two[key] - one[key]) < 1e-6, key
+    assert set(predictions) == {f"val_v{i:04d}" for i in range(4)}
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])

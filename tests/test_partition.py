@@ -1,0 +1,161 @@
+"""The pure partition functions: equal shares, exact cover, determinism, resume, elastic resume."""
+from collections import Counter
+
+import pytest
+
+from shards import partition as P
+
+SIZES = [17, 5, 11, 23, 9, 14]  # 79 samples in 6 shards of uneven size
+N = sum(SIZES)
+
+
+def samples(order, positions):
+    """(shard, index) of each position of the padded order."""
+    return [order.locate(p) for p in positions]
+
+
+def epoch(world_size, workers, batch, remainder="pad", seed=0, ep=0, bufsize=8):
+    """Every rank's sequence of (shard, index, valid) for one epoch."""
+    order = P.epoch_order(SIZES, seed, ep)
+    seg = P.Segment(world_size, workers, batch)
+    out = []
+    for rank in range(world_size):
+        seq = P.rank_sequence(len(order), seg, rank, remainder, bufsize, seed, ep)
+        out.append([(*order.locate(p), p < N) for p in seq])
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7, 64, 100])
+@pytest.mark.parametrize("workers,batch", [(1, 1), (3, 4), (2, 5)])
+def test_pad_gives_equal_shares_and_every_sample_once(world_size, workers, batch):
+    ranks = epoch(world_size, workers, batch)
+    share = P.per_rank(N, world_size, batch, "pad")
+    assert share > 0 and share % batch == 0
+    assert all(len(r) == share for r in ranks)
+    valid = Counter((s, i) for r in ranks for s, i, ok in r if ok)
+    assert set(valid) == {(s, i) for s, n in enumerate(SIZES) for i in range(n)}
+    assert set(valid.values()) == {1}
+    assert sum(not ok for r in ranks for *_, ok in r) == world_size * share - N
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 7])
+def test_drop_gives_equal_whole_batches_and_no_repeats(world_size):
+    ranks = epoch(world_size, 2, 3, remainder="drop")
+    share = len(ranks[0])
+    assert all(len(r) == share for r in ranks) and share % 3 == 0
+    seen = Counter((s, i) for r in ranks for s, i, _ in r)
+    assert set(seen.values()) == {1}
+    assert N - world_size * 3 < len(seen) <= N
+
+
+def test_pad_never_hands_a_rank_nothing():
+    assert P.per_rank(10, 64, 4, "pad") == 4
+    assert P.per_rank(10, 4, 4, "drop") == 0
+    with pytest.raises(ValueError):
+        P.per_rank(10, 4, 4, "fill")
+
+
+def test_ranks_beyond_shard_count_read_byte_ranges_of_shards():
+    order = P.epoch_order(SIZES, 0, 0)
+    for rank in range(64):
+        runs = [r for s in P.streams(N, 64, rank, 1, 1) for r in order.slice(s.begin, s.end)]
+        assert sum(r.size for r in runs) == 2 and len(runs) <= 2
+        assert all(0 <= r.start < r.stop <= SIZES[r.shard] for r in runs)
+
+
+def test_each_rank_reads_a_few_long_runs():
+    """Contiguous rank ranges: opens per rank ~ 1 + share / shard size, not one per sample."""
+    sizes = [100] * 50
+    order = P.epoch_order(sizes, 3, 1)
+    for rank in range(8):
+        runs = [r for s in P.streams(5000, 8, rank, 4, 5) for r in order.slice(s.begin, s.end)]
+        assert len({r.shard for r in runs}) <= 625 // 100 + 2
+
+
+def test_worker_streams_split_the_rank_range_within_one_batch():
+    for workers in (1, 2, 3, 5):
+        st = P.streams(N, 3, 1, workers, 2)
+        assert st[0].begin == P.per_rank(N, 3, 2) and st[-1].end == 2 * st[0].begin
+        assert all(a.end == b.begin for a, b in zip(st, st[1:]))
+        sizes = [s.size for s in st]
+        assert max(sizes) - min(sizes) <= 2
+
+
+def test_worker_batches_matches_round_robin():
+    for nb in range(12):
+        for w_count in (1, 2, 3, 5):
+            for done in range(nb + 1):
+                for w in range(w_count):
+                    expect = sum(1 for b in range(done, nb) if b % w_count == w)
+                    assert P.worker_batches(nb, w_count, w, done) == expect
+
+
+def test_same_seed_same_order_other_seed_or_epoch_differs():
+    a = epoch(3, 2, 4, seed=1, ep=0)
+    assert epoch(3, 2, 4, seed=1, ep=0) == a
+    assert epoch(3, 2, 4, seed=2, ep=0) != a
+    assert epoch(3, 2, 4, seed=1, ep=1) != a
+
+
+def test_piece_order_is_shuffled_and_rotated():
+    orders = {tuple(P.epoch_order(SIZES, 0, e).runs) for e in range(5)}
+    assert len(orders) == 5
+    stored = P.epoch_order(SIZES, 0, 0, shuffle=False)
+    assert stored.runs == [P.Run(i, 0, n) for i, n in enumerate(SIZES)]
+
+
+def test_pieces_cut_shards_into_near_equal_runs():
+    runs = P.pieces([10, 3], piece_samples=4)
+    assert runs == [P.Run(0, 0, 3), P.Run(0, 3, 6), P.Run(0, 6, 10), P.Run(1, 0, 3)]
+
+
+def test_order_slice_wraps_for_padding():
+    order = P.Order([P.Run(0, 2, 5), P.Run(1, 0, 2)])
+    assert order.slice(1, 4) == [P.Run(0, 3, 5), P.Run(1, 0, 1)]
+    assert order.slice(4, 7) == [P.Run(1, 1, 2), P.Run(0, 2, 4)]
+    assert order.slice(0, 11) == order.runs * 2 + [P.Run(0, 2, 3)]
+
+
+def test_buffer_shuffle_is_a_bounded_permutation():
+    rng = P.rng_for("t")
+    out = list(P.buffer_shuffle(range(1000), 50, rng))
+    assert sorted(out) == list(range(1000)) and out != list(range(1000))
+    # the j-th item out was among the first j + 50 read
+    assert all(x < j + 50 for j, x in enumerate(out))
+    assert list(P.buffer_shuffle(range(10), 1, rng)) == list(range(10))
+
+
+def test_resume_continues_the_same_sequence():
+    order = P.epoch_order(SIZES, 4, 2)
+    for done in (1, 2, 3):
+        full = P.rank_sequence(N, P.Segment(3, 2, 4), 1, "pad", 8, 4, 2)
+        rest = P.rank_sequence(N, P.Segment(3, 2, 4, done), 1, "pad", 8, 4, 2)
+        assert rest == full[done * 4:]
+    assert len(order) == N
+
+
+@pytest.mark.parametrize("hops", [[(4, 2, 3, 2), (3, 1, 3, 0)],
+                                  [(4, 2, 2, 3), (3, 3, 2, 1), (5, 1, 1, 0)],
+                                  [(2, 1, 4, 5), (7, 2, 1, 0)]])
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_elastic_resume_covers_the_epoch_once(hops, remainder):
+    """Run k batches per rank at one world size, then the rest at others: no sample repeats,
+    none is skipped (with drop: only the tail of the last segment may be left out)."""
+    seed, ep, buf = 5, 1, 6
+    base = P.epoch_order(SIZES, seed, ep)
+    past, got = [], Counter()
+    for i, (world, workers, batch, done) in enumerate(hops):
+        order = P.segment_order(base, past, remainder, buf, seed, ep)
+        n = len(order)
+        nb = P.per_rank(n, world, batch, remainder) // batch
+        upto = done or nb  # the last segment runs to the end of the epoch
+        for rank in range(world):
+            seq = P.rank_sequence(n, P.Segment(world, workers, batch), rank, remainder, buf, seed, ep, i)
+            got.update(order.locate(p) for p in seq[: upto * batch] if p < n)
+        past.append(P.Segment(world, workers, batch, done))
+    assert set(got.values()) == {1}
+    if remainder == "pad":
+        assert len(got) == N
+    else:
+        world, _, batch, _ = hops[-1]
+        assert len(got) > N - world * batch - sum(w * b for w, _, b, _ in hops[:-1])

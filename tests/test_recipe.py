@@ -1,0 +1,95 @@
+"""The 15-minute recipe: linear lr scaling, warm-up plus cosine, and weight decay on weights only."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer import recipe
+from trainer.model import ModelConfig, build
+
+
+def test_linear_scaling_rule():
+    assert recipe.scaled_lr(0.00125, 8) == pytest.approx(0.00125)
+    assert recipe.scaled_lr(0.00125, 64) == pytest.approx(0.01)
+    assert recipe.scaled_lr(0.00125, 12288) == pytest.approx(1.92)
+
+
+@pytest.mark.parametrize("step,factor", [
+    (0, 0.1), (4, 0.5), (9, 1.0),  # warm-up: (step + 1) / 10
+    (10, 1.0), (35, 0.5 * (1 + math.cos(math.pi / 4))), (60, 0.5), (85, 0.5 * (1 + math.cos(3 * math.pi / 4))),
+    (110, 0.0),
+])
+def test_warmup_cosine_multiplier(step, factor):
+    assert recipe.warmup_cosine(step, 10, 110) == pytest.approx(factor)
+
+
+def test_schedule_rejects_warmup_longer_than_training():
+    with pytest.raises(ValueError):
+        recipe.build_scheduler(recipe.build_optimizer(model(), 0.1), 20, 10)
+
+
+def model():
+    torch.manual_seed(0)
+    return build(ModelConfig(num_classes=3, segments=2, depth=10, width=4))
+
+
+def test_optimizer_follows_the_recipe_at_chosen_steps():
+    """5 warm-up epochs of 4 steps, 20 epochs in all, global batch 32: lr peaks at 0.005."""
+    net = model()
+    peak = recipe.scaled_lr(0.00125, 32)
+    opt = recipe.build_optimizer(net, peak)
+    sched = recipe.build_scheduler(opt, warmup_steps=5 * 4, total_steps=20 * 4)
+    seen = {}
+    for step in range(80):
+        seen[step] = opt.param_groups[0]["lr"]
+        assert all(g["lr"] == seen[step] for g in opt.param_groups)
+        opt.step()
+        sched.step()
+    assert seen[0] == pytest.approx(peak / 20)
+    assert seen[19] == pytest.approx(peak)
+    assert seen[20] == pytest.approx(peak)
+    assert seen[50] == pytest.approx(peak / 2)
+    assert seen[79] == pytest.approx(peak * 0.5 * (1 + math.cos(math.pi * 59 / 60)))
+    assert all(seen[s] >= seen[s + 1] for s in range(20, 79))
+    assert opt.defaults["momentum"] == 0.9
+
+    # a run resumed with a longer schedule follows the new one from the saved step on
+    longer = recipe.build_scheduler(opt, warmup_steps=5 * 4, total_steps=40 * 4)
+    recipe.load_scheduler_state(longer, sched.state_dict())
+    assert opt.param_groups[0]["lr"] == pytest.approx(peak * recipe.warmup_cosine(80, 20, 160))
+
+
+def test_bn_and_bias_parameters_get_no_weight_decay():
+    net = model()
+    decay, no_decay = recipe.param_groups(net, 1e-4)
+    assert decay["weight_decay"] == 1e-4 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in net.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    exempt = {names[id(p)] for p in no_decay["params"]}
+    assert decayed | exempt == set(names.values()) and not decayed & exempt
+    assert "fc.bias" in exempt and "backbone.bn1.weight" in exempt and "backbone.layer1.0.bn2.bias" in exempt
+    assert "fc.weight" in decayed and "backbone.layer2.0.downsample.0.weight" in decayed
+    assert all(n.endswith("conv1.weight") or n.endswith("conv2.weight") or "downsample.0" in n or n == "fc.weight"
+               for n in decayed)
+
+    # through the real optimizer: with zero gradients only weight decay moves anything
+    opt = recipe.build_optimizer(net, lr=0.1, weight_decay=0.01)
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    for p in net.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in net.named_parameters():
+        if n in exempt:
+            assert torch.equal(p, before[n]), n
+        else:
+            assert torch.allclose(p, before[n] * (1 - 0.1 * 0.01)), n
+
+
+def test_frozen_parameters_are_left_out():
+    net = build(ModelConfig(num_classes=3, segments=2, depth=10, width=4), bn="partial")
+    params = [p for g in recipe.param_groups(net, 1e-4) for p in g["params"]]
+    assert len(params) == sum(p.requires_grad for p in net.parameters())
+    assert any(p is net.backbone.bn1.weight for p in params)
+    assert not any(p is net.backbone.layer1[0].bn1.weight for p in params)

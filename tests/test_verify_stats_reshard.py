@@ -1,0 +1,159 @@
+"""shards verify, stats and reshard on real shard sets."""
+import json
+import os
+import shutil
+
+import pytest
+
+from shards.cli import main
+from shards.manifest import Manifest, SplitInfo
+from shards.packing import write_shard
+from shards.reshard import reshard
+from shards.stats import collect
+from shards.tarformat import RECORD, sample_bytes
+from shards.verify import verify
+from shardsets import jpeg, make_shardset, serve
+
+TRAIN, TEST = 23, 7
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("pristine"))
+    make_shardset(d, {"train": TRAIN, "test": TEST}, per_shard=5)
+    return d
+
+
+@pytest.fixture
+def shardset(pristine, tmp_path):
+    d = str(tmp_path / "set")
+    shutil.copytree(pristine, d)
+    return d
+
+
+def shard_path(d, split="train", k=1):
+    m = Manifest.load(d)
+    return m, m.splits[split].shards[k], os.path.join(d, m.splits[split].shards[k].name)
+
+
+def problems(d, **kw):
+    m = Manifest.load(d)
+    return [str(p) for p in verify(m, frames=m.config["clip"]["frames"], **kw)]
+
+
+def test_a_good_set_verifies_and_exits_zero(shardset, capsys):
+    assert problems(shardset, deep=True) == []
+    assert main(["verify", shardset, "--deep"]) == 0
+    assert "0 problems" in capsys.readouterr().out
+
+
+def test_flipped_byte_is_caught(shardset, capsys):
+    _, shard, path = shard_path(shardset)
+    data = bytearray(open(path, "rb").read())
+    data[shard.offsets[2] + 3000] ^= 0x10  # inside a JPEG of the third sample
+    open(path, "wb").write(data)
+    assert problems(shardset) == [f"{shard.name}: SHA-256 differs from the manifest (content changed)"]
+    assert main(["verify", shardset]) == 1
+    assert "SHA-256" in capsys.readouterr().out
+
+
+def test_flipped_byte_in_a_header_names_the_sample(shardset):
+    _, shard, path = shard_path(shardset)
+    data = bytearray(open(path, "rb").read())
+    data[shard.offsets[3] + 2] ^= 0x01  # the first member's name
+    open(path, "wb").write(data)
+    found = problems(shardset)
+    assert any(p.startswith(f"{shard.name}: sample {shard.keys[3]}: ") for p in found)
+    assert any("SHA-256" in p for p in found)
+
+
+def test_truncated_shard_is_caught(shardset):
+    _, shard, path = shard_path(shardset, k=2)
+    os.truncate(path, shard.offsets[3] + 100)
+    found = problems(shardset)
+    assert f"{shard.name}: sample {shard.keys[3]}: shard ends inside this sample; 1 later samples missing" in found
+    assert f"{shard.name}: {shard.offsets[3] + 100} bytes, manifest says {shard.bytes} (truncated)" in found
+
+
+def test_missing_shard_is_caught(shardset, capsys):
+    _, shard, path = shard_path(shardset, "test", 0)
+    os.remove(path)
+    assert problems(shardset) == [f"{shard.name}: missing"]
+    assert main(["verify", shardset, "--split", "train"]) == 0
+    assert main(["verify", shardset]) == 1
+
+
+def test_missing_member_and_undecodable_frame(tmp_path):
+    frames = [(f"{t:02d}.jpg", jpeg((t, t, t))) for t in range(8)]
+    samples = [("v0_c00", 0, sample_bytes("v0_c00", frames[:3] + frames[4:] + [("cls", b"0"), ("json", b"{}")])),
+               ("v1_c00", 1, sample_bytes("v1_c00", frames[:5] + [("05.jpg", b"\xff\xd8garbage")] + frames[6:]
+                                          + [("cls", b"1"), ("json", b"{}")]))]
+    d = str(tmp_path)
+    info = write_shard(os.path.join(d, "train/train-000000.tar"), "train/train-000000.tar", samples)
+    Manifest(classes=["a", "b"], splits={"train": SplitInfo([info])}, config={"clip": {"frames": 8}}).save(d)
+    assert problems(d) == ["train/train-000000.tar: sample v0_c00: member v0_c00.03.jpg missing"]
+    assert main(["verify", d]) == 1  # frames expected from the manifest's config.clip.frames
+    deep = problems(d, deep=True)
+    assert len(deep) == 2 and deep[1].startswith("train/train-000000.tar: sample v1_c00: frame 05.jpg does not decode")
+
+
+def test_stats_counts_from_manifest_and_probed_clips(pristine, capsys):
+    s = collect(Manifest.load(pristine), probe=0)
+    train = s["splits"]["train"]
+    assert train["clips"] == TRAIN and train["shards"] == 5
+    assert train["classes"] == {"class0": 8, "class1": 8, "class2": 7}
+    assert s["splits"]["test"]["classes"] == {"(unlabeled)": TEST}
+    assert train["frames_per_clip"] == {8: TRAIN} and train["frame_sizes"] == {"64x48": 8 * TRAIN}
+    assert train["bytes"] == sum(os.path.getsize(os.path.join(pristine, "train", f))
+                                 for f in os.listdir(os.path.join(pristine, "train")))
+    assert collect(Manifest.load(pristine), probe=4)["splits"]["train"]["probed_clips"] == 4
+    assert main(["stats", pristine, "--json", "--probe", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["splits"]["test"]["probed_clips"] == 3 and out["classes"] == 3
+    assert main(["stats", pristine]) == 0
+    assert "train: 23 clips in 5 shards" in capsys.readouterr().out
+
+
+def sample_table(d):
+    m = Manifest.load(d)
+    out = {}
+    for name, split in m.splits.items():
+        rows = []
+        for shard in split.shards:
+            data = open(os.path.join(d, shard.name), "rb").read()
+            rows += [(k, lab, data[o:o + n]) for k, lab, o, n in zip(shard.keys, shard.labels, shard.offsets, shard.lengths)]
+        out[name] = rows
+    return out
+
+
+@pytest.mark.parametrize("how", [{"shard_samples": 7}, {"num_shards": 2}, {"shard_bytes": 60_000}])
+def test_reshard_keeps_every_sample_and_verifies(pristine, tmp_path, how):
+    out = reshard(pristine, str(tmp_path / "new"), **how)
+    assert sample_table(str(tmp_path / "new")) == sample_table(pristine)
+    assert problems(str(tmp_path / "new"), deep=True) == []
+    counts = [s.num_samples for s in out.splits["train"].shards]
+    if "num_shards" in how:
+        assert counts == [11, 12]
+    if "shard_samples" in how:
+        assert counts == [7, 7, 7, 2]
+    if "shard_bytes" in how:
+        # packing.cut counts the two end blocks, not the padding to a whole 10 KiB tar record
+        assert len(counts) > 1 and all(s.bytes <= 60_000 + RECORD for s in out.splits["train"].shards)
+
+
+def test_reshard_is_deterministic_and_round_trips(pristine, tmp_path):
+    a, b, back = (str(tmp_path / x) for x in ("a", "b", "back"))
+    assert main(["reshard", pristine, a, "--num-shards", "3"]) == 0
+    reshard(pristine, b, num_shards=3)
+    assert open(os.path.join(a, "manifest.json"), "rb").read() == open(os.path.join(b, "manifest.json"), "rb").read()
+    reshard(a, back, shard_samples=5)
+    shas = lambda d: [s.sha256 for sp in Manifest.load(d).splits.values() for s in sp.shards]  # noqa: E731
+    assert shas(back) == shas(pristine)
+
+
+def test_verify_and_reshard_over_http(pristine, tmp_path):
+    with serve(pristine) as (url, requests):
+        assert problems(url) == []
+        reshard(url, str(tmp_path / "copy"), num_shards=1)
+    assert sample_table(str(tmp_path / "copy")) == sample_table(pristine)
+    assert all(p == "/manifest.json" or p.endswith(".tar") for _, p in requests)

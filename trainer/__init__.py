@@ -1,0 +1,1 @@
+"""The TSM trainer (Horovod) and the streaming WebDataset clip loader that feeds it."""

@@ -1,0 +1,112 @@
+"""One rank's training machinery: device, model, optimizer, schedule, mixed precision, the step.
+
+Separate from the loop in ``train.py`` so that a step can be driven by any batches: the
+Horovod test feeds fixed tensors to show that two ranks equal one.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from . import recipe
+from .distributed import Backend
+from .model import ModelConfig, build, load_pretrained
+
+log = logging.getLogger(__name__)
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def pick_device(backend: Backend) -> torch.device:
+    """The GPU of this rank's local rank when there is one, else the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(backend.local_rank)
+        torch.backends.cudnn.benchmark = True
+        return torch.device("cuda", backend.local_rank)
+    return torch.device("cpu")
+
+
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """``auto`` is bf16 on GPU and full precision on CPU."""
+    if mode == "auto":
+        mode = "bf16" if device.type == "cuda" else "off"
+    return AMP_DTYPES.get(mode)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+class Engine:
+    """Builds the network and its optimizer for one rank from the trainer's arguments."""
+
+    def __init__(self, args: argparse.Namespace, backend: Backend, num_classes: int, steps_per_epoch: int):
+        self.args, self.backend = args, backend
+        self.device = pick_device(backend)
+        self.amp = amp_dtype(args.amp, self.device)
+        self.config = ModelConfig(num_classes=num_classes, segments=args.segments, depth=args.depth,
+                                  width=args.width, shift=args.shift, shift_div=args.shift_div,
+                                  dropout=args.dropout)
+        channels_last = self.device.type == "cuda" if args.channels_last is None else args.channels_last
+        self.model = build(self.config, bn=args.bn, channels_last=channels_last)
+        if args.pretrained and backend.rank == 0:
+            load_pretrained(self.model, args.pretrained)
+        self.model.to(self.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+        self.global_batch = args.batch_size * backend.size
+        self.peak_lr = recipe.scaled_lr(args.lr_per_8, self.global_batch)
+        self.total_steps = args.epochs * steps_per_epoch
+        self.warmup_steps = min(self.total_steps, round(args.warmup_epochs * steps_per_epoch))
+        optimizer = recipe.build_optimizer(self.model, self.peak_lr, args.momentum, args.weight_decay)
+        self.net, self.optimizer = backend.prepare(self.model, optimizer, args.fp16_allreduce)
+        self.scheduler = recipe.build_scheduler(self.optimizer, self.warmup_steps, self.total_steps)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def train_step(self, clips: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on this rank's share of the global batch; returns the local loss."""
+        clips, labels = clips.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+        with autocast(self.device, self.amp):
+            logits = self.net(clips)
+        loss = F.cross_entropy(logits.float(), labels)
+        self.optimizer.zero_grad()  # sets grads to None (Horovod takes no argument)
+        self.scaler.scale(loss).backward()
+        self.backend.synchronize(self.optimizer)
+        if self.args.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad_norm)
+        with self.backend.skip_synchronize(self.optimizer):
+            self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return loss.detach()
+
+    @torch.no_grad()
+    def scores(self, clips: torch.Tensor) -> torch.Tensor:
+        """Class scores in float32 for evaluation (call ``model.eval()`` first)."""
+        with autocast(self.device, self.amp):
+            return self.model(clips.to(self.device, non_blocking=True)).float()
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def describe(self) -> str:
+        a, b = self.args, self.backend
+        params = sum(p.numel() for p in self.model.parameters())
+        return "\n".join([
+            f"backend {b.name}: {b.size} rank(s), device {self.device}, amp {self.amp}, "
+            f"channels-last {self.model.channels_last}",
+            f"model: {'TSM' if a.shift else 'TSN'} ResNet-{a.depth} width {a.width}, {a.segments} frames, "
+            f"shift 1/{a.shift_div}, dropout {a.dropout}, BN {a.bn}, {self.config.num_classes} classes, "
+            f"{params / 1e6:.2f} M parameters",
+            f"recipe: global batch {self.global_batch} ({a.batch_size} x {b.size}), peak lr {self.peak_lr:g} "
+            f"({a.lr_per_8:g} per 8 clips), {a.epochs} epochs, {self.total_steps} steps, "
+            f"warm-up {self.warmup_steps} steps, cosine to 0, SGD momentum {a.momentum}, "
+            f"weight decay {a.weight_decay:g} (not on BN or biases), grad clip {a.clip_grad_norm or 'off'}, "
+            f"fp16 allreduce {a.fp16_allreduce}"])

@@ -1,0 +1,132 @@
+"""Test a checkpoint with the multi-view protocol: every clip of a video x 1 or 3 crops, averaged.
+
+Each clip the shard set holds for a video (``ingest build --clips``) is one temporal view;
+``--crops 3`` adds TSM's three full-resolution spatial crops per clip. The softmax scores of
+all views of a video are averaged and the video is scored once, however its clips were
+spread over ranks; clips repeated only to pad the last batch are skipped. Also reports
+single-view clip accuracy, and writes per-video top-5 predictions (for unlabeled test splits).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import torch
+
+from . import checkpoint, distributed, metrics
+from .engine import amp_dtype, autocast, pick_device
+from .loader import ClipLoader, shared_manifest
+from .model import build
+
+log = logging.getLogger("trainer.test")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by trainer train")
+    p.add_argument("--data", required=True, help="shard-set directory or manifest.json URL")
+    p.add_argument("--split", default="val")
+    p.add_argument("--crops", type=int, choices=[1, 3], default=1,
+                   help="1: centre crop_size crop; 3: three full-height scale_size crops")
+    p.add_argument("--crop-size", type=int, help="default: the training run's")
+    p.add_argument("--scale-size", type=int, help="default: the training run's")
+    p.add_argument("--batch-size", type=int, default=8, help="clips per rank per step")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--backend", choices=["horovod", "torch", "none"], default="horovod")
+    p.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto")
+    p.add_argument("--output", help="write the summary and per-video predictions to this JSON file")
+
+
+class VideoScores:
+    """Per-video sums of view-averaged softmax scores, mergeable across ranks."""
+
+    def __init__(self):
+        self.videos: dict[str, list] = {}  # video -> [score sum, clips, label]
+        self.clips = self.clips_correct = 0
+
+    def add(self, video: str, probs: torch.Tensor, label: int) -> None:
+        entry = self.videos.setdefault(video, [torch.zeros_like(probs), 0, label])
+        entry[0] += probs
+        entry[1] += 1
+        if label >= 0:
+            self.clips += 1
+            self.clips_correct += int(probs.argmax()) == label
+
+    @classmethod
+    def merged(cls, parts: list["VideoScores"]) -> "VideoScores":
+        out = cls()
+        for o in parts:
+            out.clips += o.clips
+            out.clips_correct += o.clips_correct
+            for video, (scores, n, label) in o.videos.items():
+                entry = out.videos.setdefault(video, [torch.zeros_like(scores), 0, label])
+                entry[0] += scores
+                entry[1] += n
+        return out
+
+    def summary(self) -> dict:
+        labeled = [(s / n, label) for s, n, label in self.videos.values() if label >= 0]
+        out = {"videos": len(self.videos), "labeled_videos": len(labeled),
+               "views_per_video": sum(n for _, n, _ in self.videos.values()) / max(len(self.videos), 1)}
+        if labeled:
+            scores = torch.stack([s for s, _ in labeled])
+            labels = torch.tensor([label for _, label in labeled])
+            top1, top5 = metrics.topk_correct(scores, labels, (1, 5), torch.ones_like(labels, dtype=torch.bool))
+            out.update(video_top1=100 * top1.item() / len(labeled), video_top5=100 * top5.item() / len(labeled),
+                       clip_top1=100 * self.clips_correct / max(self.clips, 1))
+        return out
+
+    def predictions(self, classes: list[str]) -> dict:
+        out = {}
+        for video, (scores, n, label) in sorted(self.videos.items()):
+            top = (scores / n).topk(min(5, len(classes)))
+            out[video] = {"label": label, "top5": [classes[i] for i in top.indices.tolist()],
+                          "scores": [round(v, 5) for v in top.values.tolist()]}
+        return out
+
+
+@torch.no_grad()
+def score_split(model, loader: ClipLoader, device, amp) -> VideoScores:
+    """This rank's share of the split, views averaged per clip, clips summed per video."""
+    model.eval()
+    acc = VideoScores()
+    for batch in loader:
+        clips = batch["clips"].to(device, non_blocking=True)
+        views = clips.shape[1] if clips.dim() == 6 else 1
+        with autocast(device, amp):
+            logits = model(clips.flatten(0, 1) if views > 1 else clips).float()
+        probs = logits.softmax(dim=1).view(len(batch["keys"]), views, -1).mean(dim=1).cpu()
+        for i, (video, label) in enumerate(zip(batch["videos"], batch["labels"].tolist())):
+            if batch["valid"][i]:
+                acc.add(video, probs[i], label)
+    return acc
+
+
+def run(args: argparse.Namespace) -> int:
+    backend = distributed.init(args.backend)
+    device = pick_device(backend)
+    state = checkpoint.load(args.checkpoint) if backend.rank == 0 else None
+    if backend.rank == 0 and state is None:
+        raise SystemExit(f"{args.checkpoint}: no checkpoint")
+    state = backend.broadcast_object(None if state is None else
+                                     {k: state[k] for k in ("model", "model_config", "classes", "args")})
+    train_args = state["args"]
+    model = build(state["model_config"]).to(device)
+    model.load_state_dict(state["model"])
+    manifest = shared_manifest(args.data, backend.rank, lambda obj, root: backend.broadcast_object(obj))
+    if manifest.classes != state["classes"]:
+        raise SystemExit(f"{args.data}: classes differ from the checkpoint's")
+    loader = ClipLoader(manifest, args.split, batch_size=args.batch_size, rank=backend.rank,
+                        world_size=backend.size, train=False, num_workers=args.workers,
+                        crop_size=args.crop_size or train_args["crop_size"],
+                        scale_size=args.scale_size or train_args["scale_size"], eval_crops=args.crops)
+    local = score_split(model, loader, device, amp_dtype(args.amp, device))
+    merged = VideoScores.merged(backend.all_gather_object(local))
+    if backend.rank == 0:
+        summary = {"split": args.split, "crops": args.crops, **merged.summary()}
+        print(json.dumps(summary))
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as f:
+                json.dump({"summary": summary, "videos": merged.predictions(manifest.classes)}, f, indent=1)
+    backend.shutdown()
+    return 0

@@ -1,0 +1,292 @@
+"""Streaming clip loader: WebDataset shards -> uint8 batches (B, T, C, H, W), equal on every rank.
+
+Who reads what, in which order, is decided by the pure functions of ``shards.partition``;
+this module only carries it out. The data path of one loader worker, top to bottom:
+
+    byte ranges of shards (one open each; local descriptors opened once by the rank and
+    shared with its forked workers) -> tar members (webdataset) -> samples (webdataset)
+    -> tag each with its position in the plan -> release in the planned shuffled order
+    -> decode + TSM transform -> batches (webdataset)
+
+The sample shuffle is the bounded buffer of ``partition.buffer_shuffle`` computed on indices,
+not webdataset's ``shuffle`` stage, whose RNG state a checkpoint could not capture: knowing
+the order in advance is what makes mid-epoch and elastic resume exact.
+
+Batches: ``clips`` uint8 (B, T, C, H, W), a view of the channels-last memory the frames
+were decoded into (the CPU never transposes; ``clips.flatten(0, 1)`` is (B*T, C, H, W) in
+``torch.channels_last`` format, which cuDNN prefers; ``.contiguous()`` if NCHW is needed);
+``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding repeats).
+
+The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
+``shared_manifest`` lets rank 0 read it and broadcasts it over the job's collective (one
+open per job instead of one per rank, at job start when every rank would hit the metadata
+server at once); loader workers inherit it from the rank process.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from shards import partition
+from shards.manifest import Manifest
+from shards.reading import ShardCache, local_path, open_fd, open_range
+
+from .transforms import EvalTransform, TrainTransform
+
+# A rank opens the local shards it reads once and its forked workers share the descriptors;
+# above this many (small world sizes, where metadata load is no concern) workers open their own.
+SHARED_FDS_MAX = 256
+
+
+def shared_manifest(url: str, rank: int, broadcast) -> Manifest:
+    """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
+    e.g. ``horovod.torch.broadcast_object``."""
+    return broadcast(Manifest.load(url) if rank == 0 else None, 0)
+
+
+def video_id(key: str) -> str:
+    """``<video>_c<clip>`` -> ``<video>``: clips of one video share it."""
+    return key.rsplit("_c", 1)[0]
+
+
+def _open_reads(reads):
+    """Stage: each planned read as an open stream of its byte range, closed once consumed."""
+    for r in reads:
+        stream = open_range(r["url"], r["start"], r["end"], fd=r["fd"])
+        try:
+            yield {"url": r["url"], "stream": stream}
+        finally:
+            stream.close()
+
+
+def _tag(samples, expected):
+    """Stage: attach each sample's local plan index; drop samples read only to keep a range whole."""
+    for sample, (key, local) in zip(samples, expected, strict=True):
+        if sample["__key__"] != key:
+            raise ValueError(f"{sample['__url__']}: found sample {sample['__key__']}, manifest says {key}")
+        if local is not None:
+            sample["__local__"] = local
+            yield sample
+
+
+def _in_order(samples, order):
+    """Stage: release samples in the planned order, holding those that arrive early."""
+    held, it = {}, iter(order)
+    want = next(it, None)
+    for sample in samples:
+        held[sample["__local__"]] = sample
+        while want is not None and want in held:
+            yield held.pop(want)
+            want = next(it, None)
+    if want is not None:
+        raise RuntimeError(f"stream ended before planned sample {want}")
+
+
+def _stack(arrays: list[np.ndarray]) -> torch.Tensor:
+    """Stack clips with numpy (torch's own stack is slow with intra-op threads on busy cores),
+    inside a DataLoader worker straight into shared memory, which saves a copy on the way out."""
+    out = torch.empty((len(arrays), *arrays[0].shape), dtype=torch.uint8)
+    if get_worker_info() is not None:
+        out.share_memory_()
+    np.stack(arrays, out=out.numpy())
+    return out
+
+
+def _collate(samples):
+    return {"clips": _stack([s["clip"] for s in samples]).movedim(-1, -3),  # a view: channels-last memory
+            "labels": torch.tensor([s["label"] for s in samples], dtype=torch.int64),
+            "keys": [s["key"] for s in samples],
+            "videos": [video_id(s["key"]) for s in samples],
+            "valid": torch.tensor([s["valid"] for s in samples], dtype=torch.bool)}
+
+
+class _Streams(IterableDataset):
+    """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
+
+    def __init__(self, plans, transform, batch_size, seed, epoch):
+        self.plans, self.transform, self.batch_size = plans, transform, batch_size
+        self.seed, self.epoch = seed, epoch
+
+    def _decode(self, sample):
+        key = sample["__key__"]
+        frames = [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
+        rng = partition.rng_for("augment", self.seed, self.epoch, key)
+        return {"clip": self.transform(frames, rng), "key": key,
+                "label": int(sample["cls"]) if "cls" in sample else -1,
+                "valid": sample["__local__"] < self.plan["valid_locals"]}
+
+    def __iter__(self):
+        info = get_worker_info()
+        self.plan = self.plans[info.id if info else 0]
+        if not self.plan["order"]:
+            return iter(())
+        pipeline = wds.DataPipeline(
+            lambda: iter(self.plan["reads"]),
+            _open_reads,
+            wds.tariterators.tar_file_expander,
+            wds.tariterators.group_by_keys,
+            lambda src: _tag(src, self.plan["expected"]),
+            lambda src: _in_order(src, self.plan["order"]),
+            wds.map(self._decode),
+            wds.batched(self.batch_size, collation_fn=_collate, partial=False),
+        )
+        return iter(pipeline)
+
+
+class ClipLoader:
+    """Batches of one split for one rank; see the module docstring and ``shards.partition``.
+
+    Every rank yields ``len(self)`` batches of exactly ``batch_size`` clips. With
+    ``remainder="pad"`` the epoch is filled up by repeating clips (``valid`` False, not to be
+    counted in evaluation); with ``"drop"`` the last partial global batch is left out (a
+    different part each epoch). ``state_dict`` after k batches and ``load_state_dict`` in a
+    new process continue the identical sequence; with another world size, worker count or
+    batch size, the rest of the epoch is split anew, every remaining clip exactly once.
+
+    Epochs: ``set_epoch(e)`` starts epoch e (it keeps a resumed mid-epoch position of e);
+    iterating again after a finished epoch moves on to the next one.
+    """
+
+    def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
+                 train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
+                 crop_size: int = 224, scale_size: int = 256, flip: bool = True,
+                 shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
+                 cache_dir: str | None = None, piece_samples: int | None = None):
+        self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
+        self.split = split
+        self.shards = self.manifest.splits[split].shards
+        self.classes = self.manifest.classes
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.train, self.seed, self.num_workers = train, seed, num_workers
+        self.remainder, self.piece_samples = remainder, piece_samples
+        self.shuffle_buffer = shuffle_buffer if train else 0
+        self.cache = ShardCache(cache_dir) if cache_dir else None
+        self.transform = (TrainTransform(crop_size, scale_size, flip) if train
+                          else EvalTransform(crop_size, scale_size, eval_crops))
+        if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
+            raise ValueError(f"split {split!r} cannot fill one batch of {batch_size} on each of {world_size} "
+                             "ranks; use remainder='pad'")
+        self.epoch, self._past, self._done = epoch, [], 0
+        self._cached_order = None
+
+    # --- position in the epoch -------------------------------------------------------------
+    @property
+    def _workers(self) -> int:
+        return max(1, self.num_workers)
+
+    def _segment(self) -> partition.Segment:
+        return partition.Segment(self.world_size, self._workers, self.batch_size, self._done)
+
+    def _order(self) -> partition.Order:
+        """The order the current segment partitions (the whole epoch unless resumed elastically)."""
+        key = (self.epoch, self.seed, self.remainder, self.shuffle_buffer, self.piece_samples, tuple(self._past))
+        if self._cached_order is None or self._cached_order[0] != key:
+            base = partition.epoch_order([s.num_samples for s in self.shards], self.seed, self.epoch,
+                                         self.train, self.piece_samples)
+            order = partition.segment_order(base, self._past, self.remainder, self.shuffle_buffer,
+                                            self.seed, self.epoch)
+            self._cached_order = (key, order)
+        return self._cached_order[1]
+
+    def _batches(self) -> int:
+        n = len(self._order())
+        return partition.per_rank(n, self.world_size, self.batch_size, self.remainder) // self.batch_size
+
+    def __len__(self) -> int:
+        """Batches the next iteration yields on this rank: the rest of the epoch after a resume,
+        the whole next epoch once this one is finished."""
+        if self._finished():
+            n = self.manifest.splits[self.split].num_samples
+            return partition.per_rank(n, self.world_size, self.batch_size, self.remainder) // self.batch_size
+        return self._batches() - self._done
+
+    def _finished(self) -> bool:
+        return self._done >= self._batches()
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch == self.epoch and (self._past or self._done) and not self._finished():
+            return  # resumed mid-epoch: keep the position
+        self.epoch, self._past, self._done = epoch, [], 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "seed": self.seed, "world_size": self.world_size,
+                "num_workers": self._workers, "batch_size": self.batch_size,
+                "samples_consumed": self._done * self.batch_size,
+                "segments": [asdict(s) for s in self._past + [self._segment()]],
+                "remainder": self.remainder, "shuffle_buffer": self.shuffle_buffer,
+                "piece_samples": self.piece_samples, "split": self.split,
+                "fingerprint": self.manifest.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["fingerprint"] != self.manifest.fingerprint or state["split"] != self.split:
+            raise ValueError("state was saved for another shard set or split")
+        self.epoch, self.seed = state["epoch"], state["seed"]
+        self.remainder, self.shuffle_buffer = state["remainder"], state["shuffle_buffer"]
+        self.piece_samples = state["piece_samples"]
+        segments = [partition.Segment(**s) for s in state["segments"]]
+        last = segments[-1]
+        if (last.world_size, last.num_workers, last.batch_size) == (self.world_size, self._workers, self.batch_size):
+            self._past, self._done = segments[:-1], last.batches_done
+        else:
+            self._past, self._done = segments, 0
+
+    # --- reading ---------------------------------------------------------------------------
+    def _plan(self, order: partition.Order, stream: partition.Stream, segment: int) -> dict:
+        """What one worker reads (byte ranges, expected keys) and emits (local indices, in order)."""
+        emitted = partition.emission(stream, self.shuffle_buffer, self.seed, self.epoch, segment)
+        todo = emitted[partition.worker_batches(self._done, self._workers, stream.worker) * self.batch_size:]
+        wanted = np.zeros(stream.size, dtype=bool)
+        wanted[todo] = True
+        reads, expected, local = [], [], 0
+        for run in order.slice(stream.begin, stream.end):
+            hits = np.flatnonzero(wanted[local: local + run.size])
+            if len(hits):
+                shard = self.shards[run.shard]
+                a, b = run.start + int(hits[0]), run.start + int(hits[-1]) + 1
+                reads.append({"shard": run.shard, "start": shard.offsets[a],
+                              "end": shard.offsets[b - 1] + shard.lengths[b - 1]})
+                expected += [(shard.keys[i], local + i - run.start if wanted[local + i - run.start] else None)
+                             for i in range(a, b)]
+            local += run.size
+        return {"reads": reads, "expected": expected, "order": todo,
+                "valid_locals": stream.valid_end - stream.begin}
+
+    def _url(self, shard_index: int) -> str:
+        shard = self.shards[shard_index]
+        url = self.manifest.shard_url(shard)
+        return self.cache.fetch(url, shard.sha256, shard.bytes) if self.cache else url
+
+    def __iter__(self):
+        if self._finished():
+            self.set_epoch(self.epoch + 1)
+        order, segment = self._order(), len(self._past)
+        streams = partition.streams(len(order), self.world_size, self.rank, self._workers,
+                                    self.batch_size, self.remainder)
+        # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
+        plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
+                 for i in range(self._workers)]
+        urls = {r["shard"]: self._url(r["shard"]) for p in plans for r in p["reads"]}
+        fds = {}
+        try:
+            if len(urls) <= SHARED_FDS_MAX:
+                for i, u in urls.items():
+                    if local_path(u) is not None:
+                        fds[i] = open_fd(u)
+            for p in plans:
+                for r in p["reads"]:
+                    r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
+            dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch)
+            loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
+                                multiprocessing_context="fork" if self.num_workers else None,
+                                pin_memory=torch.cuda.is_available())
+            for batch in loader:
+                self._done += 1
+                yield batch
+        finally:
+            for fd in fds.values():
+                os.close(fd)

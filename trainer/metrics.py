@@ -1,0 +1,76 @@
+"""Metrics: running averages, top-k counts, and a rank-0 log to JSONL and TensorBoard.
+
+Every record is one JSON line ``{"event": ..., "step": ..., <name>: <number>, ...}`` in
+``<output>/metrics.jsonl``; ``trainer plot`` reads it back. The same numbers go to
+TensorBoard under ``<event>/<name>`` when it is enabled.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+
+class Average:
+    """Weighted running mean of a scalar."""
+
+    def __init__(self):
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, value: float, n: int = 1) -> None:
+        self.total += value * n
+        self.count += n
+
+    @property
+    def avg(self) -> float:
+        return self.total / max(self.count, 1)
+
+
+def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...], mask: torch.Tensor) -> list:
+    """For each k, how many rows (where ``mask``) have their label among the top-k scores."""
+    k_max = min(max(ks), logits.shape[1])
+    top = logits.topk(k_max, dim=1).indices
+    hit = (top == labels[:, None]) & mask[:, None]
+    return [hit[:, :min(k, k_max)].any(dim=1).sum() for k in ks]
+
+
+class MetricsLog:
+    """Append-only metrics of one run; a no-op object on ranks other than 0."""
+
+    def __init__(self, output_dir: str | None, enabled: bool = True, tensorboard: bool = True):
+        self.file = self.tb = None
+        if not enabled or not output_dir:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        self.file = open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+
+    def log(self, event: str, step: int, **values) -> None:
+        if self.file is None:
+            return
+        record = {"event": event, "step": step, **{k: _number(v) for k, v in values.items()}}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for name, value in record.items():
+                if name not in ("event", "step", "epoch") and isinstance(value, (int, float)):
+                    self.tb.add_scalar(f"{event}/{name}", value, step)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _number(v):
+    return v.item() if isinstance(v, torch.Tensor) else v
