@@ -24,7 +24,7 @@ from shards import ordering, packing, storage
 from shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, digest
 
 from . import ray_runtime, staging
-from .clips import ClipConfig
+from .clips import DECODE_MODES, ClipConfig
 from .sources import Source, Video, discover
 
 log = logging.getLogger("ingest.build")
@@ -70,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--short-side", type=int, default=256, help="resize frames so the short side is this")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality")
     p.add_argument("--seed", type=int, default=0, help="seeds frame sampling and sample order")
+    p.add_argument("--decode", choices=DECODE_MODES, default="all",
+                   help="all: decode every frame and sample exactly as TSN/TSM; refs: sample only reference "
+                        "frames (each pick moves to the nearest one in its segment) and skip decoding the "
+                        "others, faster than a full decode (H.264 MP4; other videos are decoded whole)")
     p.add_argument("--shard-size", default="256MB", help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
     p.add_argument("--shard-samples", type=int, default=None, help="cut shards at this many samples instead")
     p.add_argument("--max-error-fraction", type=float, default=0.05,
@@ -84,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
-                     short_side=args.short_side, quality=args.quality, seed=args.seed)
+                     short_side=args.short_side, quality=args.quality, seed=args.seed, decode=args.decode)
     summary = build(args.src, args.out, cfg, workers=args.workers, address=args.address,
                     shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
                     shard_samples=args.shard_samples, splits=args.splits.split(","),

@@ -2,6 +2,8 @@
 
 The video is probed once and decoded once for the union of the frames all its clips keep;
 each clip becomes one sample: T JPEG frames ``NN.jpg`` in temporal order, ``cls`` and ``json``.
+With ``decode="refs"`` (H.264 MP4) clips keep reference frames only, and the decoder skips the
+frames no other frame depends on: decoding costs less than decoding the whole video.
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from .decode import DecodeError
 from .sources import Video
 
 
+DECODE_MODES = ("all", "refs")
+
+
 @dataclass(frozen=True)
 class ClipConfig:
     """Everything that decides a sample's bytes (and so goes into the manifest's config)."""
@@ -31,6 +36,11 @@ class ClipConfig:
     short_side: int = 256
     quality: int = 90
     seed: int = 0
+    decode: str = "all"  # "refs": sample reference frames only, and skip decoding the others
+
+    def __post_init__(self):
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, not {self.decode!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,8 +86,9 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
         _check_file(video, path)
         info = decode.probe(path)
         size = decode.output_size(info, cfg.short_side)
-        picks = _pick(info.num_frames, video, cfg, train, num_clips)
-        frames, err = decode.decode_selected(path, [i for p in picks for i in p], size,
+        refs = decode.reference_frames(path, info.num_frames) if cfg.decode == "refs" else None
+        picks, refs = _pick(info.num_frames, video, cfg, train, num_clips, refs)
+        frames, err = decode.decode_selected(path, [i for p in picks for i in p], size, refs=refs,
                                              threads=threads, timeout=timeout)
         wanted = len({i for p in picks for i in p})
         if len(frames) < wanted:
@@ -86,7 +97,7 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
                                   f"frames ({info.num_frames} declared)", err)
             # The container overstated its frame count: count by decoding, then sample again.
             info.num_frames, info.frame_count_source = decode.count_decoded_frames(path), "decoded"
-            picks = _pick(info.num_frames, video, cfg, train, num_clips)
+            picks, refs = _pick(info.num_frames, video, cfg, train, num_clips, None)
             frames, err = decode.decode_selected(path, [i for p in picks for i in p], size,
                                                  threads=threads, timeout=timeout)
             if len(frames) < len({i for p in picks for i in p}):
@@ -99,6 +110,7 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
             "source": video.relpath, "video": video.video_id, "split": video.split,
             "label": video.label, "class": label_index, "clip": clip, "clips": num_clips,
             "sampling": "random" if train else "centre", "frame_indices": indices,
+            "reference_frames_only": refs is not None,
             "num_frames": info.num_frames, "frame_count_source": info.frame_count_source,
             "repeated_frames": info.num_frames < cfg.frames, "fps": round(info.fps, 4),
             "width": info.width, "height": info.height, "rotation": info.rotation,
@@ -112,7 +124,12 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
     return out
 
 
-def _pick(num_frames: int, video: Video, cfg: ClipConfig, train: bool, num_clips: int) -> list[list[int]]:
-    return [sampling.clip_indices(num_frames, cfg.frames, train=train, seed=cfg.seed,
-                                  video_id=video.video_id, clip=k, num_clips=num_clips)
-            for k in range(num_clips)]
+def _pick(num_frames: int, video: Video, cfg: ClipConfig, train: bool, num_clips: int,
+          refs: list[int] | None) -> tuple[list[list[int]], list[int] | None]:
+    """Each clip's frame indices, and the reference frames they were chosen among (None: all)."""
+    picks = [sampling.clip_indices(num_frames, cfg.frames, train=train, seed=cfg.seed,
+                                   video_id=video.video_id, clip=k, num_clips=num_clips, allowed=refs)
+             for k in range(num_clips)]
+    if refs is not None and None in picks:  # a segment without a reference frame: use every frame
+        return _pick(num_frames, video, cfg, train, num_clips, None)
+    return picks, refs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from bisect import bisect_left
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -127,18 +128,32 @@ def output_size(info: VideoInfo, short_side: int) -> tuple[int, int]:
     return max(1, round(w * short_side / h)), short_side
 
 
-def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, threads: int = 1,
-                    timeout: float = 600) -> tuple[dict[int, np.ndarray], str]:
+def reference_frames(path: str, num_frames: int) -> list[int] | None:
+    """Display indices of the frames other frames depend on (H.264 MP4 only, else None)."""
+    if not path.lower().endswith((".mp4", ".m4v", ".mov")):
+        return None
+    refs = mp4header.reference_frames(path)
+    if refs is None or len(refs) != num_frames:
+        return None
+    return [i for i, r in enumerate(refs) if r]
+
+
+def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, refs: list[int] | None = None,
+                    threads: int = 1, timeout: float = 600) -> tuple[dict[int, np.ndarray], str]:
     """Decode the video once, returning {frame index: HxWx3 uint8} for the indices found.
 
-    Frames past the real end are silently absent (ffmpeg drops them): callers count what came
-    back. Also returns ffmpeg's error output, empty when the decode was clean.
+    ``refs``: the video's reference frames (``reference_frames``), every index among them: the
+    decoder then skips the other frames altogether (``-skip_frame noref``), and the select filter
+    counts only reference frames. Frames past the real end are silently absent (ffmpeg drops
+    them): callers count what came back. Also returns ffmpeg's error output, empty when clean.
     """
     wanted = sorted(set(indices))
     w, h = size
-    expr = "+".join(f"eq(n,{i})" for i in wanted)  # ffmpeg-python escapes the commas
+    counted = wanted if refs is None else [bisect_left(refs, i) for i in wanted]  # rank among the decoded
+    expr = "+".join(f"eq(n,{i})" for i in counted)  # ffmpeg-python escapes the commas
+    skip = {} if refs is None else {"skip_frame": "noref"}
     graph = (
-        ffmpeg.input(path, threads=threads)
+        ffmpeg.input(path, threads=threads, **skip)
         .video.filter("select", expr)
         .filter("scale", w, h, flags="area")
         .output("pipe:", format="rawvideo", pix_fmt="rgb24", fps_mode="passthrough",

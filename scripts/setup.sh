@@ -11,6 +11,7 @@ need_apt=()
 command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
+command -v strace >/dev/null || need_apt+=(strace)  # bench/loader.py counts metadata syscalls with it
 dpkg -s libjpeg-dev >/dev/null 2>&1 || need_apt+=(libjpeg-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

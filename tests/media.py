@@ -66,6 +66,14 @@ def decode_frames(path) -> np.ndarray:
     return np.stack(frames)
 
 
+def reference_frame_indices(path, fps: float) -> list[int]:
+    """Display indices (from timestamps: constant frame rate only) of the frames ffmpeg still
+    decodes with ``-skip_frame noref``, that is, of the reference frames."""
+    _, err = (ffmpeg.input(str(path), skip_frame="noref").filter("showinfo").output("-", format="null")
+              .global_args("-hide_banner").run(capture_stdout=True, capture_stderr=True))
+    return sorted(round(float(t) * fps) for t in re.findall(rb"pts_time:([0-9.]+)", err))
+
+
 def _target(path) -> Path:
     """``path`` as a Path, its parent directories created."""
     path = Path(path)

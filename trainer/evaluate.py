@@ -1,6 +1,6 @@
 """Test a checkpoint with the multi-view protocol: every clip of a video x 1 or 3 crops, averaged.
 
-Each clip the shard set holds for a video (``ingest build --clips``) is one temporal view;
+Each clip the shard set holds for a video (``ingest build --eval-clips K``) is one temporal view;
 ``--crops 3`` adds TSM's three full-resolution spatial crops per clip. The softmax scores of
 all views of a video are averaged and the video is scored once, however its clips were
 spread over ranks; clips repeated only to pad the last batch are skipped. Also reports
@@ -15,6 +15,7 @@ import logging
 import torch
 
 from . import checkpoint, distributed, metrics
+from .device_decode import clip_source
 from .engine import amp_dtype, autocast, pick_device
 from .loader import ClipLoader, shared_manifest
 from .model import build
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-size", type=int, help="default: the training run's")
     p.add_argument("--batch-size", type=int, default=8, help="clips per rank per step")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--decode-on-device", action="store_true", help="decode JPEGs on the GPU (needs torchvision)")
     p.add_argument("--backend", choices=["horovod", "torch", "none"], default="horovod")
     p.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto")
     p.add_argument("--output", help="write the summary and per-video predictions to this JSON file")
@@ -86,12 +88,13 @@ class VideoScores:
 
 
 @torch.no_grad()
-def score_split(model, loader: ClipLoader, device, amp) -> VideoScores:
-    """This rank's share of the split, views averaged per clip, clips summed per video."""
+def score_split(model, loader: ClipLoader, device, amp, clips_of) -> VideoScores:
+    """This rank's share of the split, views averaged per clip, clips summed per video.
+    ``clips_of``: batch -> clips (``trainer.device_decode.clip_source``)."""
     model.eval()
     acc = VideoScores()
     for batch in loader:
-        clips = batch["clips"].to(device, non_blocking=True)
+        clips = clips_of(batch).to(device, non_blocking=True)
         views = clips.shape[1] if clips.dim() == 6 else 1
         with autocast(device, amp):
             logits = model(clips.flatten(0, 1) if views > 1 else clips).float()
@@ -119,8 +122,10 @@ def run(args: argparse.Namespace) -> int:
     loader = ClipLoader(manifest, args.split, batch_size=args.batch_size, rank=backend.rank,
                         world_size=backend.size, train=False, num_workers=args.workers,
                         crop_size=args.crop_size or train_args["crop_size"],
-                        scale_size=args.scale_size or train_args["scale_size"], eval_crops=args.crops)
-    local = score_split(model, loader, device, amp_dtype(args.amp, device))
+                        scale_size=args.scale_size or train_args["scale_size"], eval_crops=args.crops,
+                        decode_on_device=args.decode_on_device)
+    local = score_split(model, loader, device, amp_dtype(args.amp, device),
+                        clip_source(args.decode_on_device, device))
     merged = VideoScores.merged(backend.all_gather_object(local))
     if backend.rank == 0:
         summary = {"split": args.split, "crops": args.crops, **merged.summary()}

@@ -16,6 +16,8 @@ Batches: ``clips`` uint8 (B, T, C, H, W), a view of the channels-last memory the
 were decoded into (the CPU never transposes; ``clips.flatten(0, 1)`` is (B*T, C, H, W) in
 ``torch.channels_last`` format, which cuDNN prefers; ``.contiguous()`` if NCHW is needed);
 ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding repeats).
+With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
+the undecoded bytes and their geometry instead of ``clips``, for ``trainer.device_decode``.
 
 The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
 ``shared_manifest`` lets rank 0 read it and broadcasts it over the job's collective (one
@@ -36,7 +38,7 @@ from shards import partition
 from shards.manifest import Manifest
 from shards.reading import ShardCache, local_path, open_fd, open_range
 
-from .transforms import EvalTransform, TrainTransform
+from .transforms import EvalTransform, TrainTransform, jpeg_size
 
 # A rank opens the local shards it reads once and its forked workers share the descriptors;
 # above this many (small world sizes, where metadata load is no concern) workers open their own.
@@ -97,8 +99,22 @@ def _stack(arrays: list[np.ndarray]) -> torch.Tensor:
     return out
 
 
+def _pack_jpegs(samples) -> dict:
+    """Undecoded frames and their geometry for ``trainer.device_decode``: all JPEG bytes of the
+    batch in one uint8 tensor with offsets (one shared-memory transfer instead of B x T)."""
+    jpegs = [j for s in samples for j in s["jpegs"]]
+    geometries = [s["geometry"] for s in samples]
+    return {"jpeg_data": torch.frombuffer(bytearray(b"".join(jpegs)), dtype=torch.uint8),
+            "jpeg_offsets": torch.tensor(np.cumsum([0] + [len(j) for j in jpegs]), dtype=torch.int64),
+            "frames": len(samples[0]["jpegs"]), "side": geometries[0].side,
+            "boxes": torch.tensor([g.boxes for g in geometries], dtype=torch.float64),
+            "flip": torch.tensor([g.flip for g in geometries], dtype=torch.bool)}
+
+
 def _collate(samples):
-    return {"clips": _stack([s["clip"] for s in samples]).movedim(-1, -3),  # a view: channels-last memory
+    pixels = ({"clips": _stack([s["clip"] for s in samples]).movedim(-1, -3)}  # a view: channels-last memory
+              if "clip" in samples[0] else _pack_jpegs(samples))
+    return {**pixels,
             "labels": torch.tensor([s["label"] for s in samples], dtype=torch.int64),
             "keys": [s["key"] for s in samples],
             "videos": [video_id(s["key"]) for s in samples],
@@ -108,17 +124,21 @@ def _collate(samples):
 class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
-    def __init__(self, plans, transform, batch_size, seed, epoch):
+    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
-        self.seed, self.epoch = seed, epoch
+        self.seed, self.epoch, self.decode_on_device = seed, epoch, decode_on_device
 
     def _decode(self, sample):
         key = sample["__key__"]
-        frames = [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
+        jpegs = [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
         rng = partition.rng_for("augment", self.seed, self.epoch, key)
-        return {"clip": self.transform(frames, rng), "key": key,
-                "label": int(sample["cls"]) if "cls" in sample else -1,
-                "valid": sample["__local__"] < self.plan["valid_locals"]}
+        out = {"key": key, "label": int(sample["cls"]) if "cls" in sample else -1,
+               "valid": sample["__local__"] < self.plan["valid_locals"]}
+        if self.decode_on_device:  # only the header is parsed here
+            out["jpegs"], out["geometry"] = jpegs, self.transform.geometry(*jpeg_size(jpegs[0]), rng)
+        else:
+            out["clip"] = self.transform(jpegs, rng)
+        return out
 
     def __iter__(self):
         info = get_worker_info()
@@ -156,7 +176,8 @@ class ClipLoader:
                  train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
                  crop_size: int = 224, scale_size: int = 256, flip: bool = True,
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
-                 cache_dir: str | None = None, piece_samples: int | None = None):
+                 cache_dir: str | None = None, piece_samples: int | None = None,
+                 decode_on_device: bool = False):
         self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
         self.split = split
         self.shards = self.manifest.splits[split].shards
@@ -166,6 +187,7 @@ class ClipLoader:
         self.remainder, self.piece_samples = remainder, piece_samples
         self.shuffle_buffer = shuffle_buffer if train else 0
         self.cache = ShardCache(cache_dir) if cache_dir else None
+        self.decode_on_device = decode_on_device
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
         if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
@@ -280,7 +302,8 @@ class ClipLoader:
             for p in plans:
                 for r in p["reads"]:
                     r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
-            dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch)
+            dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
+                               self.decode_on_device)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 pin_memory=torch.cuda.is_available())

@@ -1,4 +1,4 @@
-"""The large-batch recipe of "Training Kinetics in 15 Minutes" (Lin et al. 2018).
+"""The large-batch recipe of "Training Kinetics in 15 Minutes" (Lin, Gan and Han, 2019).
 
 SGD with momentum; learning rate linear in the global batch (``lr_per_8`` per 8 clips);
 linear warm-up over the first epochs, then cosine decay to zero, updated every step;

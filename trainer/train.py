@@ -1,6 +1,6 @@
 """Train TSM (or TSN with --no-shift) on a shard set, on one process or many (Horovod by default).
 
-The defaults are the recipe of "Training Kinetics in 15 Minutes" (Lin et al. 2018) for a
+The defaults are the recipe of "Training Kinetics in 15 Minutes" (Lin, Gan and Han, 2019) for a
 TSM ResNet-50 on 8-frame clips: SGD momentum 0.9, 0.00125 learning rate per 8 clips of
 global batch, 5 warm-up epochs, cosine decay to zero, weight decay 1e-4 on weights only,
 no dropout. Every epoch ends with single-clip centre-crop validation and a checkpoint;
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import checkpoint, distributed, metrics, recipe
+from .device_decode import clip_source
 from .engine import Engine
 from .loader import ClipLoader, shared_manifest
 from .model import BN_MODES
@@ -42,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no horizontal flips (for classes that tell left from right)")
     d.add_argument("--shuffle-buffer", type=int, default=256)
     d.add_argument("--cache-dir", help="local shard cache for remote shard sets")
+    d.add_argument("--decode-on-device", action="store_true",
+                   help="decode JPEGs on the GPU with nvJPEG (needs torchvision): loader workers only read "
+                        "bytes and parse headers")
     m = p.add_argument_group("model")
     m.add_argument("--segments", type=int, default=8, help="frames per clip (T)")
     m.add_argument("--depth", type=int, default=50, help="ResNet depth: 10, 18, 34, 50, 101, 152")
@@ -110,6 +114,7 @@ class Trainer:
         self.val_loader = self._loader(manifest, args.val_split, train=False) if args.val_split else None
         self.steps_per_epoch = len(self.train_loader)
         self.engine = Engine(args, self.backend, len(manifest.classes), self.steps_per_epoch)
+        self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
         self._resume()
         self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
@@ -120,7 +125,8 @@ class Trainer:
         return ClipLoader(manifest, split, batch_size=a.batch_size, rank=self.backend.rank,
                           world_size=self.backend.size, train=train, seed=a.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
-                          shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir)
+                          shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
+                          decode_on_device=a.decode_on_device)
 
     @property
     def checkpoint_url(self) -> str:
@@ -199,8 +205,9 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
     completed = True
     epoch_start = tick = time.perf_counter()
     for batch in isolated(loader):
+        clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
         started = time.perf_counter()
-        loss = e.train_step(batch["clips"], batch["labels"]).item()  # .item() waits for the GPU
+        loss = e.train_step(clips, batch["labels"]).item()  # .item() waits for the GPU
         done = time.perf_counter()
         data_time, compute_time = started - tick, done - started
         for avg, value in zip(window, (loss, data_time, compute_time)):
@@ -238,7 +245,7 @@ def evaluate(t: Trainer) -> dict:
     e.model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # samples, loss, top-1, top-5
     for batch in isolated(t.val_loader):
-        logits = e.scores(batch["clips"]).cpu()
+        logits = e.scores(t.clips(batch)).cpu()
         labels = batch["labels"]
         valid = batch["valid"] & (labels >= 0)
         loss = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")

@@ -8,6 +8,11 @@ strided copy that costs about as much as the resize, while the loader can hand o
 (B, T, C, H, W) view of channels-last memory for free (see ``trainer.loader``).
 Normalisation is left to the trainer (on the GPU when there is one).
 
+A transform first draws a clip's ``Geometry`` (crop boxes, output side, flip) from the frame
+size alone, then ``render`` applies it. The frame size is in the JPEG header, so the loader can
+also hand out undecoded JPEG bytes with their geometry for the GPU to decode and apply
+(``trainer.device_decode``), with the same random draws as the CPU path.
+
 Training (TSM's GroupMultiScaleCrop + GroupRandomHorizontalFlip): a crop whose sides are
 each one of (1, .875, .75, .66) x the short side, at most one scale step apart, placed at one
 of 13 fixed positions, resized to ``crop_size``; horizontal flip with p=0.5 unless disabled
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import io
 import random
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -34,6 +40,11 @@ def decode(jpeg: bytes, short_side: int) -> Image.Image:
         f = short_side / min(w, h)
         img.draft("RGB", (int(w * f + 0.999), int(h * f + 0.999)))
     return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def jpeg_size(jpeg: bytes) -> tuple[int, int]:
+    """(width, height) from the JPEG header, without decoding."""
+    return Image.open(io.BytesIO(jpeg)).size
 
 
 def _stack(frames: list[Image.Image]) -> np.ndarray:
@@ -62,21 +73,46 @@ def multiscale_box(w: int, h: int, crop_size: int, rng: random.Random,
     return x, y, x + cw, y + ch
 
 
+@dataclass(frozen=True)
+class Geometry:
+    """Where a clip's views come from: crop boxes (left, top, right, bottom) in the pixels of the
+    frame it was drawn for, the square side each box is resized to, and whether to flip."""
+    boxes: tuple[tuple[float, float, float, float], ...]
+    side: int
+    flip: bool = False
+
+
+def render(frames: list[Image.Image], g: Geometry) -> list[np.ndarray]:
+    """One (T, H, W, C) array per box of ``g``: the same crop, resize and flip for every frame."""
+    views = []
+    for box in g.boxes:
+        if box[2] - box[0] == g.side == box[3] - box[1]:  # no scaling needed: a plain crop
+            crops = [f.crop(tuple(round(v) for v in box)) for f in frames]
+        else:
+            crops = [f.resize((g.side, g.side), Image.BILINEAR, box=box) for f in frames]
+        if g.flip:
+            crops = [c.transpose(Image.FLIP_LEFT_RIGHT) for c in crops]
+        views.append(_stack(crops))
+    return views
+
+
 class TrainTransform:
     """Multi-scale crop to ``crop_size`` and optional horizontal flip, one draw per clip."""
 
+    views = 1
+
     def __init__(self, crop_size: int = 224, scale_size: int = 256, flip: bool = True, scales=SCALES):
         self.crop_size, self.scale_size, self.flip, self.scales = crop_size, scale_size, flip, scales
+
+    def geometry(self, w: int, h: int, rng: random.Random) -> Geometry:
+        box = multiscale_box(w, h, self.crop_size, rng, self.scales)
+        return Geometry((box,), self.crop_size, self.flip and rng.random() < 0.5)
 
     def __call__(self, jpegs: list[bytes], rng: random.Random) -> np.ndarray:
         return self.apply([decode(b, self.scale_size) for b in jpegs], rng)
 
     def apply(self, frames: list[Image.Image], rng: random.Random) -> np.ndarray:
-        box = multiscale_box(*frames[0].size, self.crop_size, rng, self.scales)
-        flip = self.flip and rng.random() < 0.5
-        size = (self.crop_size, self.crop_size)
-        crops = [f.resize(size, Image.BILINEAR, box=box) for f in frames]
-        return _stack([c.transpose(Image.FLIP_LEFT_RIGHT) for c in crops] if flip else crops)
+        return render(frames, self.geometry(*frames[0].size, rng))[0]
 
 
 class EvalTransform:
@@ -86,32 +122,23 @@ class EvalTransform:
     def __init__(self, crop_size: int = 224, scale_size: int = 256, crops: int = 1):
         if crops not in (1, 3):
             raise ValueError("eval crops must be 1 or 3")
-        self.crop_size, self.scale_size, self.crops = crop_size, scale_size, crops
+        self.crop_size, self.scale_size, self.views = crop_size, scale_size, crops
 
-    def _boxes(self, w: int, h: int) -> tuple[list[tuple[float, float, float, float]], int]:
-        """Crop boxes in source pixels, and the output side, for a w x h frame."""
+    def geometry(self, w: int, h: int, rng: random.Random | None = None) -> Geometry:
         f = min(w, h) / self.scale_size  # source pixels per pixel of the scaled frame
         sw, sh = w / f, h / f  # scaled frame size
-        if self.crops == 1:
+        if self.views == 1:
             side = self.crop_size
-            x, y = (sw - side) / 2, (sh - side) / 2
-            offsets = [(x, y)]
+            offsets = [((sw - side) / 2, (sh - side) / 2)]
         else:
             side = self.scale_size
             xs, ys = int(sw - side) // 4, int(sh - side) // 4
             offsets = [(0, 0), (4 * xs, 0), (2 * xs, 2 * ys)]
-        return [(x * f, y * f, (x + side) * f, (y + side) * f) for x, y in offsets], side
+        return Geometry(tuple((x * f, y * f, (x + side) * f, (y + side) * f) for x, y in offsets), side)
 
     def __call__(self, jpegs: list[bytes], rng: random.Random | None = None) -> np.ndarray:
         return self.apply([decode(b, self.scale_size) for b in jpegs])
 
     def apply(self, frames: list[Image.Image], rng: random.Random | None = None) -> np.ndarray:
-        boxes, side = self._boxes(*frames[0].size)
-        views = []
-        for box in boxes:
-            if box[2] - box[0] == side:  # no scaling needed: a plain crop
-                crop = [f.crop(tuple(round(v) for v in box)) for f in frames]
-            else:
-                crop = [f.resize((side, side), Image.BILINEAR, box=box) for f in frames]
-            views.append(_stack(crop))
-        return views[0] if self.crops == 1 else np.stack(views)
+        views = render(frames, self.geometry(*frames[0].size))
+        return views[0] if self.views == 1 else np.stack(views)
