@@ -3,7 +3,8 @@
 These machines have no GPU and no torchvision, so nvJPEG is replaced by PIL decoding into
 tensors (``DeviceClips(decode=...)``); everything else (header parsing and random draws in the
 workers, the batch packing, the crop/resize/flip in torch) is the code a GPU run uses. The
-clips must match CPU decoding crop for crop.
+clips must match CPU decoding crop for crop. Where a CUDA GPU and torchvision are present the
+same comparison also runs with real nvJPEG.
 """
 from __future__ import annotations
 
@@ -64,16 +65,21 @@ def both_paths(shardset, **kw):
     return on_cpu, raw
 
 
+NVJPEG = pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("torchvision")),
+                            reason="real nvJPEG needs a CUDA GPU and torchvision")
+
+
+@pytest.mark.parametrize("decoder", ["pil-stand-in", pytest.param("nvjpeg", marks=NVJPEG)])
 @pytest.mark.parametrize("train,crops", [(True, 1), (False, 1), (False, 3)])
-def test_device_clips_match_cpu_decoding(shardset, train, crops):
+def test_device_clips_match_cpu_decoding(shardset, train, crops, decoder):
     on_cpu, raw = both_paths(shardset, train=train, eval_crops=crops)
-    to_clips = DeviceClips("cpu", decode=pil_decode)
+    to_clips = DeviceClips("cpu", decode=pil_decode) if decoder == "pil-stand-in" else DeviceClips("cuda")
     assert len(raw) == len(on_cpu) == 4
     flips = 0
     for a, b in zip(on_cpu, raw):
         assert "clips" not in b and b["keys"] == a["keys"] and torch.equal(b["labels"], a["labels"])
         flips += int(b["flip"].sum())
-        clips = to_clips(b)
+        clips = to_clips(b).cpu()
         assert clips.shape == a["clips"].shape and clips.dtype == torch.uint8
         diff = (clips.int() - a["clips"].int()).abs().float()
         assert diff.mean() < 1 and diff.max() <= 4  # resize rounding only: a wrong crop or flip is 40+ off

@@ -12,27 +12,48 @@ import torch
 from torch import nn
 
 
+def _shifted(x: torch.Tensor, segments: int, fold: int, back: bool) -> torch.Tensor:
+    """``x`` (N*T, C, H, W) shifted into a new tensor of the same memory format: channels
+    [0, fold) from the next frame and [fold, 2 fold) from the previous, zeros at the ends; with
+    ``back`` the two directions swap, which is the shift's gradient (its adjoint).
+
+    A whole-tensor copy, then the shifted quarter written over it: the copy runs at full memory
+    bandwidth, where copying the unshifted 3/4 as a channel slice of channels-last memory (runs
+    of 3C/4 values) reaches about half of it (H100, bf16)."""
+    out = x.clone(memory_format=torch.preserve_format)
+    v = x.view(-1, segments, *x.shape[1:])
+    o = out.view(v.shape)
+    ahead, behind = slice(0, fold), slice(fold, 2 * fold)
+    if back:
+        ahead, behind = behind, ahead
+    o[:, :-1, ahead] = v[:, 1:, ahead]
+    o[:, -1, ahead] = 0
+    o[:, 1:, behind] = v[:, :-1, behind]
+    o[:, 0, behind] = 0
+    return out
+
+
+class _Shift(torch.autograd.Function):
+    """Forward and backward are each one copy plus a quarter: built from slices and
+    concatenations instead, autograd's backward would allocate and sum a zero-filled
+    full-size gradient per slice, which made TSM's step about 30% slower than TSN's on an H100."""
+
+    @staticmethod
+    def forward(ctx, x, segments, fold):
+        ctx.segments, ctx.fold = segments, fold
+        return _shifted(x, segments, fold, back=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _shifted(grad, ctx.segments, ctx.fold, back=True), None, None
+
+
 def temporal_shift(x: torch.Tensor, segments: int, shift_div: int = 8) -> torch.Tensor:
     """Shift channels of ``x`` (N*T, C, H, W) along time, T = ``segments``; see the module doc.
-
-    Built from slices and concatenations (no in-place writes), which autograd turns into a
-    cheap backward; a channels-last input gives a channels-last output.
-    """
-    nt, c, h, w = x.shape
-    if nt % segments:
-        raise ValueError(f"batch of {nt} frames is not a whole number of {segments}-frame clips")
-    fold = c // shift_div
-    nhwc = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-    v = x.permute(0, 2, 3, 1) if nhwc else x  # dense (NT, H, W, C) or (NT, C, H, W)
-    v = v.view(nt // segments, segments, *v.shape[1:])
-    cdim = 4 if nhwc else 2
-    from_next = v.narrow(cdim, 0, fold).narrow(1, 1, segments - 1)
-    from_prev = v.narrow(cdim, fold, fold).narrow(1, 0, segments - 1)
-    edge = from_next.new_zeros(from_next.shape[:1] + (1,) + from_next.shape[2:])
-    out = torch.cat([torch.cat([from_next, edge], 1), torch.cat([edge, from_prev], 1),
-                     v.narrow(cdim, 2 * fold, c - 2 * fold)], cdim)
-    out = out.view(nt, *v.shape[2:])
-    return out.permute(0, 3, 1, 2) if nhwc else out
+    A channels-last input gives a channels-last output."""
+    if x.shape[0] % segments:
+        raise ValueError(f"batch of {x.shape[0]} frames is not a whole number of {segments}-frame clips")
+    return _Shift.apply(x, segments, x.shape[1] // shift_div)
 
 
 class TemporalShift(nn.Module):
