@@ -344,7 +344,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="/tmp/kinetics-fast-bench-loader", help="working directory (reused)")
     p.add_argument("--videos-dir", help="mp4 files to use instead of synthetic ones")
-    p.add_argument("--videos", type=int, default=64, help="videos (one clip each)")
+    p.add_argument("--videos", type=int, default=256, help="videos (one clip each)")
     p.add_argument("--seconds", type=float, default=4, help="length of synthetic videos")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3, help="timed epochs per loader (best is kept)")

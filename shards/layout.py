@@ -107,7 +107,7 @@ def explain(p: dict) -> str:
     """The recommendation and its trade-off in words."""
     top = p["rows"][-1]
     return "\n".join([
-        f"Recommended: {p['num_shards']} shards of ~{p['clips_per_shard']:,} clips (~{p['shard_mb']:,.0f} MB).",
+        f"Recommended: {p['num_shards']} shard{'s' if p['num_shards'] != 1 else ''} of ~{p['clips_per_shard']:,} clips (~{p['shard_mb']:,.0f} MB).",
         "How ranks read: every epoch the shard order is shuffled and rotated (seeded by seed and epoch);",
         f"rank r reads one contiguous range of it: at {p['max_world_size']:,} ranks {top['clips_per_rank']:,} clips "
         f"({top['mb_per_rank']:,.1f} MB),",

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# TSM against TSN on motion-only data, through the command-line tools, keeping the curves.
+#
+# The run of tests/test_motion.py (same data and flags), kept instead of thrown away: four
+# classes that differ only in the direction a textured disc moves, 64x64 videos, 4-frame clips,
+# a ResNet-10 of width 32 on 48 px crops, 12 epochs on 2 CPU cores (a few minutes per model).
+# Prints validation top-1 per epoch for both and draws the curves with `trainer plot`.
+#
+#   bash bench/motion.sh [WORKDIR] [PNG]        # defaults: /tmp/kinetics-fast-motion, motion.png
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${1:-/tmp/kinetics-fast-motion}
+png=${2:-motion.png}
+py=.venv/bin/python
+[ -x "$py" ] || py=python3
+export RAY_ADDRESS=
+flags=(--segments 4 --depth 10 --width 32 --crop-size 48 --scale-size 48 --no-flip --batch-size 16
+       --epochs 12 --warmup-epochs 2 --lr-per-8 0.025 --workers 1 --print-freq 8 --no-tensorboard)
+
+"$py" -m ingest synth --out "$work/videos" --classes 4 --train-per-class 64 --val-per-class 16 \
+    --width 64 --height 64 --fps 10 --seconds 2 --workers 2
+"$py" -m ingest build --src "$work/videos" --out "$work/shards" --frames 4 --clips-per-video 4 \
+    --short-side 48 --shard-samples 64 --workers 2
+for model in tsm tsn; do
+    extra=()
+    [ "$model" = tsn ] && extra=(--no-shift)
+    rm -rf "${work:?}/$model"
+    "$py" -m trainer train --data "$work/shards" --output-dir "$work/$model" "${flags[@]}" "${extra[@]}"
+done
+"$py" -m trainer plot "$work/tsm" "$work/tsn" --labels TSM "TSN (no shift)" --out "$png"
+"$py" - "$work" <<'EOF'
+import json, sys
+runs = {m: [r for r in map(json.loads, open(f"{sys.argv[1]}/{m}/metrics.jsonl")) if r["event"] == "epoch"]
+        for m in ("tsm", "tsn")}
+print("epoch | TSM val top-1 | TSN val top-1 | TSM train loss | TSN train loss")
+for a, b in zip(runs["tsm"], runs["tsn"]):
+    print(f"{a['epoch']:5d} | {a['val_top1']:13.1f} | {b['val_top1']:13.1f} | {a['train_loss']:14.3f} | {b['train_loss']:14.3f}")
+EOF
