@@ -70,4 +70,4 @@ def test_plan_cli_from_totals_and_from_manifest(tmp_path, capsys):
     make_shardset(str(tmp_path), {"train": 23}, per_shard=5)
     assert main(["plan", str(tmp_path), "--max-world-size", "16", "--world-sizes", "1,2,4"]) == 0
     out = capsys.readouterr().out
-    assert "Recommended: 1 shards" in out and "23 clips" in out
+    assert "Recommended: 1 shard of" in out and "23 clips" in out
