@@ -49,7 +49,9 @@ class SlotPool:
         self.leased: set[int] = set()  # slots whose batch the trainer's process holds
         self.misses = 0  # batches that found no free slot and came in their own memory
         if torch.cuda.is_available():  # page-locked once, so copies to the GPU are asynchronous (untested on GPU)
-            torch.cuda.cudart().cudaHostRegister(self.memory.data_ptr(), self.memory.numel(), 0)
+            cudart = torch.cuda.cudart()
+            cudart.cudaHostRegister(self.memory.data_ptr(), self.memory.numel(), 0)
+            weakref.finalize(self, cudart.cudaHostUnregister, self.memory.data_ptr())
 
     def fits(self, shape) -> bool:
         return math.prod(shape) <= self.slot_bytes
