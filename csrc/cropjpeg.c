@@ -44,25 +44,36 @@ static void on_error(j_common_ptr cinfo) {
 /* Warnings (e.g. a truncated file) do not stop decoding, as with PIL. */
 static void on_message(j_common_ptr cinfo, int level) { (void)cinfo; (void)level; }
 
+static struct jpeg_error_mgr *errors_to(struct error_mgr *err, char *msg, int msg_len) {
+  jpeg_std_error(&err->pub);
+  err->pub.error_exit = on_error;
+  err->pub.emit_message = on_message;
+  err->msg = msg;
+  err->msg_len = msg_len;
+  return &err->pub;
+}
+
+/* Header read, RGB output at 1/denom scale requested (errors jump to the caller's setjmp). */
+static void read_header(j_decompress_ptr cinfo, const unsigned char *data, unsigned long size, int denom) {
+  jpeg_create_decompress(cinfo);
+  jpeg_mem_src(cinfo, data, size);
+  jpeg_read_header(cinfo, TRUE);
+  cinfo->out_color_space = JCS_RGB;
+  cinfo->scale_num = 1;
+  cinfo->scale_denom = denom;
+}
+
 /* Frame size after scaling by 1/denom: the same rounding as libjpeg's output_width. */
 int kf_scaled_size(const unsigned char *data, unsigned long size, int denom, int *width, int *height,
                    char *msg, int msg_len) {
   struct jpeg_decompress_struct cinfo;
   struct error_mgr err;
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = on_error;
-  err.pub.emit_message = on_message;
-  err.msg = msg;
-  err.msg_len = msg_len;
+  cinfo.err = errors_to(&err, msg, msg_len);
   if (setjmp(err.jump)) {
     jpeg_destroy_decompress(&cinfo);
     return -1;
   }
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, data, size);
-  jpeg_read_header(&cinfo, TRUE);
-  cinfo.scale_num = 1;
-  cinfo.scale_denom = denom;
+  read_header(&cinfo, data, size, denom);
   jpeg_calc_output_dimensions(&cinfo);
   *width = cinfo.output_width;
   *height = cinfo.output_height;
@@ -77,22 +88,13 @@ int kf_decode_crop(const unsigned char *data, unsigned long size, int denom, int
   struct jpeg_decompress_struct cinfo;
   struct error_mgr err;
   unsigned char *volatile row = NULL;
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = on_error;
-  err.pub.emit_message = on_message;
-  err.msg = msg;
-  err.msg_len = msg_len;
+  cinfo.err = errors_to(&err, msg, msg_len);
   if (setjmp(err.jump)) {
     jpeg_destroy_decompress(&cinfo);
     free(row);
     return -1;
   }
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, data, size);
-  jpeg_read_header(&cinfo, TRUE);
-  cinfo.out_color_space = JCS_RGB;
-  cinfo.scale_num = 1;
-  cinfo.scale_denom = denom;
+  read_header(&cinfo, data, size, denom);
   jpeg_start_decompress(&cinfo);
   int fw = cinfo.output_width, fh = cinfo.output_height;
   if (x < 0 || y < 0 || w <= 0 || h <= 0 || x + w > fw || y + h > fh) {
