@@ -18,6 +18,7 @@ Kinetics-400 at 1,536 and 6,144 ranks.
 
     python bench/loader.py                    # synthetic videos made with ffmpeg
     python bench/loader.py --videos-dir DIR   # your own mp4 files instead
+    python bench/loader.py --skip mp4 frames  # this loader and the limits only
 
 The last line of output is ``BENCH_JSON {...}`` with every figure.
 """
@@ -409,6 +410,8 @@ def report(res: dict) -> str:
         return (f"{r['clips_per_s']:>14.1f} {r['clips_per_s'] / limit:>8.2f} "
                 f"{r['clips_per_cpu_s']:>12.1f} {r['clips_per_cpu_s'] / limit_cpu:>8.2f}")
     for role, label in LOADERS:
+        if role not in res["loaders"]:
+            continue
         r, c = res["loaders"][role], res["syscalls"].get(role, {})
         lines.append(f"{label:<28} {rates(r)} | {c.get('opens', 0):>6} {c.get('stats', 0):>6} "
                      f"{c.get('listings', 0):>8} {c.get('fstat (any fd)', 0):>6} {c.get('getdents64 (any dir)', 0):>8} "
@@ -450,6 +453,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=4, help="length of synthetic videos")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3, help="timed epochs per loader (best is kept)")
+    p.add_argument("--skip", nargs="+", default=[], choices=[role for role, _ in LOADERS],
+                   help="loaders to leave out (mp4 takes minutes per run on a busy machine)")
     p.add_argument("--fresh", action="store_true", help="rebuild the working directory")
     p.add_argument("--role", help=argparse.SUPPRESS)
     p.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
@@ -460,7 +465,7 @@ def main() -> int:
     if args.role:
         print(json.dumps(run_role(args.role, info, args.batch_size, args.epochs)))
         return 0
-    roles = [role for role, _ in LOADERS]
+    roles = [role for role, _ in LOADERS if role not in args.skip]
     memory_roles = ["decode:" + d for d in DECODERS] + ["decode+train-whole", "decode+train", "decode+eval"]
     roots = tuple(os.path.abspath(d) for d in (args.out, args.videos_dir) if d)
     speeds = timed(memory_roles + roles, args)
