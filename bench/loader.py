@@ -1,15 +1,24 @@
-"""Loader benchmark: this loader on shards vs frame folders vs decoding mp4 on the fly.
+"""Loader benchmark: this loader on shards vs frame folders vs decoding mp4 on the fly, against
+the JPEG decode limit.
 
-All three read the same clips (8 frames at TSM's segment centres, short side 256) and apply the
-same TSM training transform; each runs one epoch in its own process with one DataLoader
-worker, so clips/s is per loader worker. File opens, stats and directory listings are counted
-for real with ``strace -f`` between two marker syscalls around the epoch. The limit is
-decoding the same JPEG bytes from memory, no I/O and no transform. Also printed: the shuffle
-quality of the partition plan against a random permutation, and ``shards plan`` figures for
+All loaders read the same clips (8 frames at TSM's segment centres, short side 256) and apply
+the same TSM training transform; each runs its epochs in its own process with one DataLoader
+worker, so clips/s is per loader worker; per core divides the clips by the CPU time of the
+worker and the trainer's process together. This loader runs twice: decoding only each clip's
+crop (the default, ``trainer.cropdecode``) and decoding whole frames with the same
+libjpeg-turbo call (what it does without crop decoding).
+
+The full-decode limit: the same JPEG bytes held in memory decoded whole into reused memory by
+the fastest of pillow-simd, simplejpeg, PyTurboJPEG and libjpeg-turbo called directly
+(``cropdecode`` on the whole frame), one process, no I/O, no transform, no batching; each
+decoder's rate is printed. File opens, stats and directory listings are counted for real with
+``strace -f`` between two marker syscalls around the epoch. Also printed: the shuffle quality
+of the partition plan against a random permutation, and ``shards plan`` figures for
 Kinetics-400 at 1,536 and 6,144 ranks.
 
     python bench/loader.py                    # synthetic videos made with ffmpeg
     python bench/loader.py --videos-dir DIR   # your own mp4 files instead
+    python bench/loader.py --skip mp4 frames  # this loader and the limits only
 
 The last line of output is ``BENCH_JSON {...}`` with every figure.
 """
@@ -151,46 +160,86 @@ class VideoFiles:
         return self.transform.apply(frames, random.Random(i)), r["label"]
 
 
+def whole_frames() -> None:
+    """Make this process's transforms decode whole frames (libjpeg-turbo into reused memory,
+    then the crop copied out), as a loader without crop decoding does."""
+    from trainer import cropdecode, transforms
+    buffer = {}
+
+    def read_box(jpeg, box, d, out=None):
+        w, h = cropdecode.scaled_size(jpeg, d)
+        if buffer.get("frame") is None or buffer["frame"].shape != (h, w, 3):
+            buffer["frame"] = np.empty((h, w, 3), np.uint8)
+        frame = cropdecode.decode_crop(jpeg, (0, 0, w, h), d, buffer["frame"])[box[1]:box[3], box[0]:box[2]]
+        if out is None:
+            return frame.copy()
+        out[...] = frame
+        return out
+    transforms.read_box = read_box
+
+
 def make_loader(role: str, info: dict, batch_size: int):
     import torch
     from torch.utils.data import DataLoader
 
     from trainer.loader import ClipLoader
     from trainer.transforms import TrainTransform
-    if role in ("shards", "shards-eval"):
+    if role.startswith("shards"):
+        if role == "shards-whole":
+            whole_frames()
         return ClipLoader(info["shards"], "train", batch_size=batch_size, num_workers=1,
-                          train=role == "shards", remainder="drop")
+                          train=role != "shards-eval", remainder="drop")
     dataset = (FrameFolders if role == "frames" else VideoFiles)(info["rows"], TrainTransform())
     collate = lambda b: (torch.from_numpy(np.stack([c for c, _ in b])), torch.tensor([y for _, y in b]))  # noqa: E731
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=1, drop_last=True,
                       collate_fn=collate, generator=torch.Generator().manual_seed(0))
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its live children (the loader's workers, ffmpeg)."""
+    import psutil
+    me = psutil.Process()
+    total = 0.0
+    for p in [me] + me.children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def run_role(role: str, info: dict, batch_size: int, epochs: int) -> dict:
-    """``epochs`` epochs; clips/s counted from each epoch's first batch on (worker start-up excluded)."""
+    """``epochs`` epochs; clips/s counted from each epoch's first batch to its last (worker
+    start-up excluded), per core over the CPU time of all processes in that window."""
     if role.startswith("decode"):
         return in_memory(role, info, epochs)
     loader = make_loader(role, info, batch_size)
-    clips = steady = seconds = 0
+    per_epoch = len(loader)
+    clips = steady = seconds = cpu = 0
     for _ in range(epochs):
         os.path.exists(START)  # markers for the syscall trace
         first = None
-        for batch in loader:
+        for i, batch in enumerate(loader):
             n = len(batch["keys"]) if isinstance(batch, dict) else len(batch[1])
             clips += n
             if first is None:
-                first = time.perf_counter()
+                first, cpu_first = time.perf_counter(), cpu_seconds()
             else:
                 steady += n
-        seconds += time.perf_counter() - first
+            if i == per_epoch - 1:
+                seconds += time.perf_counter() - first
+                cpu += cpu_seconds() - cpu_first
+            del batch  # hands its slot back, as a training loop does
         os.path.exists(END)
-    return {"clips": clips, "epochs": epochs, "clips_per_s": steady / seconds}
+    return {"clips": clips, "epochs": epochs, "clips_per_s": steady / seconds, "clips_per_cpu_s": steady / cpu}
 
 
 # --- measurements driven from the parent -----------------------------------------------------
 def timed(roles: list[str], args) -> dict:
-    """Best of ``args.repeat`` runs per role, each in a fresh process, the roles interleaved so
-    that load from other users of the machine falls on all of them alike."""
+    """Best of ``args.repeat`` runs per role (wall-clock and CPU-time rates each), each in a fresh
+    process, the roles interleaved so that load from other users of the machine falls on all of
+    them alike."""
     best = {}
     for _ in range(args.repeat):
         for role in roles:
@@ -198,8 +247,9 @@ def timed(roles: list[str], args) -> dict:
             out = subprocess.run([sys.executable, __file__, "--role", role, "--out", args.out, "--epochs", epochs,
                                   "--batch-size", str(args.batch_size)], check=True, capture_output=True, text=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            if r["clips_per_s"] > best.get(role, {}).get("clips_per_s", 0):
-                best[role] = r
+            kept = best.setdefault(role, r)
+            for rate in ("clips_per_s", "clips_per_cpu_s"):
+                kept[rate] = max(kept[rate], r[rate])
     return best
 
 
@@ -244,23 +294,68 @@ def count_syscalls(role: str, args, data_roots: tuple[str, ...]) -> dict:
     return dict(counts)
 
 
+DECODERS = ("pillow-simd", "simplejpeg", "pyturbojpeg", "libjpeg-turbo")
+
+
+def whole_decoder(name: str):
+    """One of DECODERS: JPEG bytes -> a whole RGB frame, written into reused memory where the
+    library allows it (fresh memory costs page faults on every frame)."""
+    if name == "pillow-simd":
+        from trainer.transforms import decode
+        return lambda jpeg: decode(jpeg, SHORT_SIDE).load()
+    buffer = {}
+
+    def reused(shape):
+        if buffer.get("frame") is None or buffer["frame"].shape != shape:
+            buffer["frame"] = np.empty(shape, np.uint8)
+        return buffer["frame"]
+    if name == "simplejpeg":
+        import simplejpeg
+        side = dict(min_height=SHORT_SIDE, min_width=SHORT_SIDE)  # DCT scaling as far as that allows
+        return lambda jpeg: simplejpeg.decode_jpeg(
+            jpeg, buffer=reused(simplejpeg.decode_jpeg_header(jpeg, **side)[:2] + (3,)), **side)
+    if name == "pyturbojpeg":  # no DCT scaling: none applies to the benchmark's frames
+        import turbojpeg
+        tj = turbojpeg.TurboJPEG()
+        return lambda jpeg: tj.decode(jpeg, pixel_format=turbojpeg.TJPF_RGB,
+                                      dst=reused(tuple(tj.decode_header(jpeg)[1::-1]) + (3,)))
+    from trainer import cropdecode
+    from trainer.transforms import dct_denom, jpeg_size, scaled
+
+    def libjpeg(jpeg):
+        w, h = jpeg_size(jpeg)
+        d = dct_denom(w, h, SHORT_SIDE)
+        sw, sh = scaled(w, h, d)
+        return cropdecode.decode_crop(jpeg, (0, 0, sw, sh), d, reused((sh, sw, 3)))
+    return libjpeg
+
+
 def in_memory(kind: str, info: dict, passes: int) -> dict:
-    """Clips/s on the clips' JPEG bytes held in memory (no I/O): decoding only (the limit), or
-    decoding plus a transform (what the loader could reach with free I/O). Best pass."""
-    from trainer.transforms import EvalTransform, TrainTransform, decode
+    """Clips/s on the clips' JPEG bytes held in memory (no I/O): whole-frame decoding by one
+    decoder (``decode:NAME``; the fastest is the limit), or decoding plus a transform (what the
+    loader could reach with free I/O and no batching). Best pass; one thread."""
+    from trainer.transforms import EvalTransform, TrainTransform
     clips = [[open(os.path.join(r["folder"], f"img_{p + 1:05d}.jpg"), "rb").read()
               for p in segment_centres(r["frames"])] for r in info["rows"]]
     train, evaluate = TrainTransform(), EvalTransform()
-    fn = {"decode": lambda i, c: [decode(b, SHORT_SIDE).load() for b in c],
-          "decode+train": lambda i, c: train(c, random.Random(i)),
-          "decode+eval": lambda i, c: evaluate(c)}[kind]
-    best = 0.0
+    if kind.startswith("decode:"):
+        decoder = whole_decoder(kind.split(":", 1)[1])
+        fn = lambda i, c: [decoder(b) for b in c]  # noqa: E731
+    else:
+        if kind == "decode+train-whole":
+            whole_frames()
+        out = np.empty(train.shape(T), np.uint8)
+        fn = {"decode+train": lambda i, c: train.into(c, random.Random(i), out),
+              "decode+train-whole": lambda i, c: train.into(c, random.Random(i), out),
+              "decode+eval": lambda i, c: evaluate.into(c, None, out)}[kind]
+    best = best_cpu = 0.0
     for _ in range(passes):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for i, c in enumerate(clips):
             fn(i, c)
         best = max(best, len(clips) / (time.perf_counter() - t))
-    return {"clips": len(clips), "epochs": passes, "clips_per_s": best}
+        best_cpu = max(best_cpu, len(clips) / (time.process_time() - cpu))
+    return {"clips": len(clips), "epochs": passes, "clips_per_s": best, "clips_per_cpu_s": best_cpu}
 
 
 def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int = 256, num_shards: int = 141,
@@ -300,23 +395,33 @@ def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int =
             "ours": metrics(ours), "random_permutation": metrics(rand)}
 
 
+LOADERS = (("shards", "(a) shards, crop decoding"), ("shards-whole", "(a) shards, whole frames"),
+           ("shards-eval", "(a) shards, eval tf"), ("frames", "(b) frame folders"), ("mp4", "(c) mp4 on the fly"))
+
+
 def report(res: dict) -> str:
+    limit, limit_cpu, mem = res["jpeg_limit"], res["jpeg_limit_cpu"], res["in_memory"]
     lines = [f"{res['clips']} clips of {T} frames, {res['clip_bytes'] / 1e3:.0f} kB each; batch {res['batch_size']}, "
              "one DataLoader worker per loader; TSM train transform (multi-scale crop + flip to 224)", "",
-             f"{'loader':<22} {'clips/s/worker':>14} {'x limit':>8} | {'opens':>6} {'stats':>6} {'listings':>8} "
-             f"{'fstat':>6} {'getdents':>8} {'other opens':>11}"]
-    for role, label in (("shards", "(a) shards"), ("shards-eval", "(a) shards, eval tf"),
-                        ("frames", "(b) frame folders"), ("mp4", "(c) mp4 on the fly")):
+             f"{'loader':<28} {'clips/s/worker':>14} {'x limit':>8} {'clips/s/core':>12} {'x limit':>8} | {'opens':>6} "
+             f"{'stats':>6} {'listings':>8} {'fstat':>6} {'getdents':>8} {'other opens':>11}"]
+
+    def rates(r):
+        return (f"{r['clips_per_s']:>14.1f} {r['clips_per_s'] / limit:>8.2f} "
+                f"{r['clips_per_cpu_s']:>12.1f} {r['clips_per_cpu_s'] / limit_cpu:>8.2f}")
+    for role, label in LOADERS:
+        if role not in res["loaders"]:
+            continue
         r, c = res["loaders"][role], res["syscalls"].get(role, {})
-        lines.append(f"{label:<22} {r['clips_per_s']:>14.1f} {r['clips_per_s'] / res['jpeg_limit']:>8.2f} | "
-                     f"{c.get('opens', 0):>6} {c.get('stats', 0):>6} {c.get('listings', 0):>8} "
-                     f"{c.get('fstat (any fd)', 0):>6} {c.get('getdents64 (any dir)', 0):>8} {c.get('other opens', 0):>11}")
-    mem = res["in_memory"]
-    lines.append(f"{'JPEG decode limit':<22} {mem['decode']:>14.1f} {1:>8.2f} |  JPEG bytes in memory, no I/O, no transform")
-    for name in ("train", "eval"):
-        v = mem["decode+" + name]
-        lines.append(f"{'  + ' + name + ' transform':<22} {v:>14.1f} {v / mem['decode']:>8.2f} |  "
-                     f"the same plus the {name} transform: (a)'s ceiling with it")
+        lines.append(f"{label:<28} {rates(r)} | {c.get('opens', 0):>6} {c.get('stats', 0):>6} "
+                     f"{c.get('listings', 0):>8} {c.get('fstat (any fd)', 0):>6} {c.get('getdents64 (any dir)', 0):>8} "
+                     f"{c.get('other opens', 0):>11}")
+    lines.append("in memory (JPEG bytes in memory, no I/O, no batching, one thread):")
+    for role, label in [("decode:" + d, "whole frames, " + d) for d in DECODERS] + [
+            ("decode+train-whole", "whole frames + train tf"), ("decode+train", "crop decoding + train tf"),
+            ("decode+eval", "crop decoding + eval tf")]:
+        lines.append(f"{'  ' + label:<28} {rates(mem[role])} |"
+                     + ("  the full-decode limit" if mem[role]["clips_per_s"] == limit else ""))
     lines += ["", "opens/stats/listings: of files under the data directory during one epoch, all processes;",
               "fstat: on any open descriptor; other opens: outside the data directory (libraries, /dev/shm, /proc).",
               f"shards read by (a): {res['shards_read']} (the rank opens each once; its worker shares the descriptor)", ""]
@@ -348,6 +453,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=4, help="length of synthetic videos")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3, help="timed epochs per loader (best is kept)")
+    p.add_argument("--skip", nargs="+", default=[], choices=[role for role, _ in LOADERS],
+                   help="loaders to leave out (mp4 takes minutes per run on a busy machine)")
     p.add_argument("--fresh", action="store_true", help="rebuild the working directory")
     p.add_argument("--role", help=argparse.SUPPRESS)
     p.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
@@ -358,17 +465,20 @@ def main() -> int:
     if args.role:
         print(json.dumps(run_role(args.role, info, args.batch_size, args.epochs)))
         return 0
-    roles = ["shards", "shards-eval", "frames", "mp4"]
+    roles = [role for role, _ in LOADERS if role not in args.skip]
+    memory_roles = ["decode:" + d for d in DECODERS] + ["decode+train-whole", "decode+train", "decode+eval"]
     roots = tuple(os.path.abspath(d) for d in (args.out, args.videos_dir) if d)
-    speeds = timed(["decode", "decode+train", "decode+eval"] + roles, args)
+    speeds = timed(memory_roles + roles, args)
     res = {"clips": info["clips"], "clip_bytes": info["clip_bytes"], "batch_size": args.batch_size,
-           "in_memory": {k: speeds.pop(k)["clips_per_s"] for k in ("decode", "decode+train", "decode+eval")},
+           "in_memory": {k: speeds.pop(k) for k in memory_roles},
            "loaders": speeds,
-           "syscalls": {r: count_syscalls(r, args, roots) for r in roles if shutil.which("strace")},
+           "syscalls": {r: count_syscalls(r, args, roots) for r in roles
+                        if shutil.which("strace") and r != "shards-whole"},
            "shards_read": len(Manifest.load(info["shards"]).splits["train"].shards),
            "shuffle": [shuffle_quality(8), shuffle_quality(1536)],
            "plan": layout.plan(layout.Totals(240_000, info["clip_bytes"], T), 6144, 8, 8, [1536])}
-    res["jpeg_limit"] = res["in_memory"]["decode"]
+    for key, rate in (("jpeg_limit", "clips_per_s"), ("jpeg_limit_cpu", "clips_per_cpu_s")):
+        res[key] = max(res["in_memory"]["decode:" + d][rate] for d in DECODERS)
     print(report(res))
     print("BENCH_JSON " + json.dumps(res, sort_keys=True))
     return 0

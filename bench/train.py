@@ -13,6 +13,7 @@ times clips/s, divided by the matrix-multiply rate this GPU measures in the same
     python bench/train.py                                     # CPU: small TSM vs TSN
     python bench/train.py --depth 50 --width 64 --size 224 --frames 8 --amp bf16 \\
         --channels-last --max-batch                           # GPU: the full TSM-ResNet-50
+    ... --batch 177 --compile                                 # the same, torch.compile'd
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def engine(args, shift: bool, batch: int) -> Engine:
     flags = ["--data", "-", "--depth", str(args.depth), "--width", str(args.width), "--segments", str(args.frames),
              "--batch-size", str(batch), "--amp", args.amp, "--epochs", "1", "--warmup-epochs", "0"]
     flags += ["--channels-last"] if args.channels_last else []
+    flags += ["--compile", args.compile] if args.compile else []
     flags += [] if shift else ["--no-shift"]
     torch.manual_seed(0)
     e = Engine(get_args_parser().parse_args(flags), Backend(), args.classes, steps_per_epoch=10**6)
@@ -132,6 +134,8 @@ def main() -> None:
     p.add_argument("--max-batch", action="store_true", help="use the largest batch that fits (GPU)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    p.add_argument("--compile", nargs="?", const="auto", help="torch.compile the network (trainer --compile); "
+                   "the first step's extra time is reported as the start-up cost")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
@@ -140,6 +144,7 @@ def main() -> None:
     device = engines["TSM"].device
     x, y = clips(args, batch, device)
     times = {name: [] for name in engines}
+    first = {}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for i in range(args.warmup + args.steps):
@@ -150,6 +155,8 @@ def main() -> None:
             sync(device)
             if i >= args.warmup:
                 times[name].append(time.perf_counter() - start)
+            elif i == 0:
+                first[name] = time.perf_counter() - start
 
     e = engines["TSM"]
     flops_per_clip = 3 * model_flops(e.model, x[:1])
@@ -159,11 +166,13 @@ def main() -> None:
         f"CPU ({torch.get_num_threads()} threads)"
     result = {"device": device_name, "depth": args.depth, "width": args.width, "frames": args.frames,
               "size": args.size, "batch": batch, "amp": str(e.amp), "channels_last": args.channels_last,
+              "compile": args.compile, "torch": torch.__version__,
               "train_gflop_per_clip": flops_per_clip / 1e9, "matmul_tflops": peak / 1e12}
     for name, ts in times.items():
         step = statistics.median(ts)
         result[name] = {"step_ms": 1e3 * step, "clips_per_s": batch / step,
-                        "mfu": batch / step * flops_per_clip / peak}
+                        "mfu": batch / step * flops_per_clip / peak,
+                        "startup_s": first[name] - step}  # compilation, with --compile
     result["shift_cost"] = result["TSM"]["step_ms"] / result["TSN"]["step_ms"] - 1
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -172,7 +181,8 @@ def main() -> None:
           f"(training), matmul {peak / 1e12:.2f} TFLOP/s")
     for name in engines:
         r = result[name]
-        print(f"  {name}: {r['step_ms']:8.1f} ms/step {r['clips_per_s']:9.1f} clips/s  MFU {100 * r['mfu']:5.1f}%")
+        print(f"  {name}: {r['step_ms']:8.1f} ms/step {r['clips_per_s']:9.1f} clips/s  MFU {100 * r['mfu']:5.1f}%  "
+              f"first step +{r['startup_s']:.1f} s")
     print(f"  shift cost: {100 * result['shift_cost']:+.1f}% step time"
           + (f"; peak memory {result['peak_memory_gib']:.1f} GiB" if "peak_memory_gib" in result else ""))
     if args.json:

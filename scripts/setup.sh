@@ -14,6 +14,8 @@ command -v g++ >/dev/null || need_apt+=(g++)
 command -v strace >/dev/null || need_apt+=(strace)  # bench/loader.py counts metadata syscalls with it
 dpkg -s libjpeg-dev >/dev/null 2>&1 || need_apt+=(libjpeg-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
+dpkg -s libjpeg62-turbo-dev >/dev/null 2>&1 || need_apt+=(libjpeg62-turbo-dev)  # crop decoding builds on it
+dpkg -s libturbojpeg0 >/dev/null 2>&1 || need_apt+=(libturbojpeg0)  # PyTurboJPEG, compared in bench/loader.py
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
@@ -57,4 +59,7 @@ SH
   HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
     pip install -q --no-build-isolation horovod==0.28.1
   rm -rf "$hv"; }
+# Crop decoding (trainer/cropdecode.py): trainer/libcropjpeg.so from csrc/cropjpeg.c; rebuilt only
+# when the source is newer. The trainer runs without it, decoding whole frames.
+bash scripts/build-native.sh || echo "setup: crop decoding library not built: the trainer will decode whole frames"
 echo "setup: done ($VENV)"

@@ -8,8 +8,9 @@ nvJPEG decodes all B x T frames of the batch in one call (``torchvision.io.decod
 CUDA device), then every clip is cropped, resized (bilinear, antialiased) and flipped there.
 
 Two differences from CPU decoding, both small: frames are decoded at full size (no DCT
-downscaling, which nvJPEG does not need), and torch's antialiased bilinear resize rounds
-differently from PIL's, by a level or two. The crops themselves are identical.
+downscaling, which nvJPEG does not need), and torch's antialiased bilinear resize differs from
+the CPU path's (OpenCV's bilinear, PIL's for fractional boxes) by a level or two on average.
+The crops themselves are identical.
 """
 from __future__ import annotations
 

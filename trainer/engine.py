@@ -11,7 +11,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from . import recipe
+from . import compiling, recipe
 from .distributed import Backend
 from .model import ModelConfig, build, load_pretrained
 
@@ -61,6 +61,8 @@ class Engine:
         self.warmup_steps = min(self.total_steps, round(args.warmup_epochs * steps_per_epoch))
         optimizer = recipe.build_optimizer(self.model, self.peak_lr, args.momentum, args.weight_decay)
         self.net, self.optimizer = backend.prepare(self.model, optimizer, args.fp16_allreduce)
+        if args.compile:
+            self.net = compiling.compile_network(self.net, self.optimizer, self.device, args.compile)
         self.scheduler = recipe.build_scheduler(self.optimizer, self.warmup_steps, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
 

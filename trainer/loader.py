@@ -6,7 +6,7 @@ this module only carries it out. The data path of one loader worker, top to bott
     byte ranges of shards (one open each; local descriptors opened once by the rank and
     shared with its forked workers) -> tar members (webdataset) -> samples (webdataset)
     -> tag each with its position in the plan -> release in the planned shuffled order
-    -> decode + TSM transform -> batches (webdataset)
+    -> batches of undecoded samples (webdataset) -> decode + TSM transform into a batch slot
 
 The sample shuffle is the bounded buffer of ``partition.buffer_shuffle`` computed on indices,
 not webdataset's ``shuffle`` stage, whose RNG state a checkpoint could not capture: knowing
@@ -14,8 +14,11 @@ the order in advance is what makes mid-epoch and elastic resume exact.
 
 Batches: ``clips`` uint8 (B, T, C, H, W), a view of the channels-last memory the frames
 were decoded into (the CPU never transposes; ``clips.flatten(0, 1)`` is (B*T, C, H, W) in
-``torch.channels_last`` format, which cuDNN prefers; ``.contiguous()`` if NCHW is needed);
-``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding repeats).
+``torch.channels_last`` format, which cuDNN prefers; ``.contiguous()`` if NCHW is needed).
+That memory is a slot of the loader's shared-memory pool (``trainer.slots``): workers decode
+into it and send only its number; it is reused once every view of the batch's clips is gone,
+so a batch may be held as long as wanted (holding more than the pool has left costs speed,
+not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding repeats).
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.device_decode``.
 
@@ -26,6 +29,7 @@ server at once); loader workers inherit it from the rank process.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict
 
@@ -38,11 +42,16 @@ from shards import partition
 from shards.manifest import Manifest
 from shards.reading import ShardCache, local_path, open_fd, open_range
 
+from .slots import SlotPool
 from .transforms import EvalTransform, TrainTransform, jpeg_size
+
+log = logging.getLogger(__name__)
 
 # A rank opens the local shards it reads once and its forked workers share the descriptors;
 # above this many (small world sizes, where metadata load is no concern) workers open their own.
 SHARED_FDS_MAX = 256
+# Batches a DataLoader worker works ahead (its prefetch factor); the slot pool has two more per worker.
+PREFETCH = 2
 
 
 def shared_manifest(url: str, rank: int, broadcast) -> Manifest:
@@ -89,16 +98,6 @@ def _in_order(samples, order):
         raise RuntimeError(f"stream ended before planned sample {want}")
 
 
-def _stack(arrays: list[np.ndarray]) -> torch.Tensor:
-    """Stack clips with numpy (torch's own stack is slow with intra-op threads on busy cores),
-    inside a DataLoader worker straight into shared memory, which saves a copy on the way out."""
-    out = torch.empty((len(arrays), *arrays[0].shape), dtype=torch.uint8)
-    if get_worker_info() is not None:
-        out.share_memory_()
-    np.stack(arrays, out=out.numpy())
-    return out
-
-
 def _pack_jpegs(samples) -> dict:
     """Undecoded frames and their geometry for ``trainer.device_decode``: all JPEG bytes of the
     batch in one uint8 tensor with offsets (one shared-memory transfer instead of B x T)."""
@@ -111,38 +110,45 @@ def _pack_jpegs(samples) -> dict:
             "flip": torch.tensor([g.flip for g in geometries], dtype=torch.bool)}
 
 
-def _collate(samples):
-    pixels = ({"clips": _stack([s["clip"] for s in samples]).movedim(-1, -3)}  # a view: channels-last memory
-              if "clip" in samples[0] else _pack_jpegs(samples))
-    return {**pixels,
-            "labels": torch.tensor([s["label"] for s in samples], dtype=torch.int64),
-            "keys": [s["key"] for s in samples],
-            "videos": [video_id(s["key"]) for s in samples],
-            "valid": torch.tensor([s["valid"] for s in samples], dtype=torch.bool)}
+def _frames(sample) -> list[bytes]:
+    return [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
 
 
 class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
-    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device):
+    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
-        self.seed, self.epoch, self.decode_on_device = seed, epoch, decode_on_device
+        self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
 
-    def _decode(self, sample):
-        key = sample["__key__"]
-        jpegs = [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
-        rng = partition.rng_for("augment", self.seed, self.epoch, key)
-        out = {"key": key, "label": int(sample["cls"]) if "cls" in sample else -1,
-               "valid": sample["__local__"] < self.plan["valid_locals"]}
-        if self.decode_on_device:  # only the header is parsed here
-            out["jpegs"], out["geometry"] = jpegs, self.transform.geometry(*jpeg_size(jpegs[0]), rng)
+    def _decode(self, samples: list[dict]) -> dict:
+        """Stage: a batch of samples -> its pixels in a pool slot (only the slot number and the
+        metadata travel on), or, with ``decode_on_device``, its JPEG bytes and geometry."""
+        keys = [s["__key__"] for s in samples]
+        rngs = [partition.rng_for("augment", self.seed, self.epoch, k) for k in keys]
+        out = {"keys": keys, "labels": [int(s["cls"]) if "cls" in s else -1 for s in samples],
+               "valid": [s["__local__"] < self.plan["valid_locals"] for s in samples]}
+        frames = [_frames(s) for s in samples]
+        if self.decode_on_device:  # only the headers are parsed here
+            return out | _pack_jpegs([{"jpegs": f, "geometry": self.transform.geometry(*jpeg_size(f[0]), rng)}
+                                      for f, rng in zip(frames, rngs)])
+        shape = (len(samples), *self.transform.shape(len(frames[0])))
+        slot = self.pool.acquire(self.worker) if self.pool and self.pool.fits(shape) else None
+        if slot is None:  # all this worker's slots are held: memory of its own, as DataLoader would
+            clips = torch.empty(shape, dtype=torch.uint8)
+            pixels = (clips.share_memory_() if get_worker_info() else clips).numpy()
+            out["clips"] = clips
         else:
-            out["clip"] = self.transform(jpegs, rng)
+            pixels = self.pool.array(slot, shape)
+            out["slot"], out["shape"] = slot, shape
+        for f, rng, dest in zip(frames, rngs, pixels):
+            self.transform.into(f, rng, dest)
         return out
 
     def __iter__(self):
         info = get_worker_info()
-        self.plan = self.plans[info.id if info else 0]
+        self.worker = info.id if info else 0
+        self.plan = self.plans[self.worker]
         if not self.plan["order"]:
             return iter(())
         pipeline = wds.DataPipeline(
@@ -152,8 +158,8 @@ class _Streams(IterableDataset):
             wds.tariterators.group_by_keys,
             lambda src: _tag(src, self.plan["expected"]),
             lambda src: _in_order(src, self.plan["order"]),
+            wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(self._decode),
-            wds.batched(self.batch_size, collation_fn=_collate, partial=False),
         )
         return iter(pipeline)
 
@@ -195,6 +201,8 @@ class ClipLoader:
                              "ranks; use remainder='pad'")
         self.epoch, self._past, self._done = epoch, [], 0
         self._cached_order = None
+        self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
+        self._slots_in_use = False
 
     # --- position in the epoch -------------------------------------------------------------
     @property
@@ -278,6 +286,31 @@ class ClipLoader:
         return {"reads": reads, "expected": expected, "order": todo,
                 "valid_locals": stream.valid_end - stream.begin}
 
+    def _slot_pool(self) -> SlotPool | None:
+        """The loader's pool of batch slots, or None where it cannot be used now: batches of JPEG
+        bytes, or another iteration of this loader still running (slots belong to one at a time)."""
+        if self.decode_on_device or self._slots_in_use:
+            return None
+        if self.slots is None:  # sized for the clip length ingest recorded; longer clips do without
+            frames = self.manifest.config.get("clip", {}).get("frames", 8)
+            self.slots = SlotPool(self._workers, PREFETCH + 2, self.batch_size * int(np.prod(self.transform.shape(frames))))
+        return self.slots
+
+    def _batch(self, sent: dict, pool: SlotPool | None) -> dict:
+        """A batch in the trainer's process from what a worker sent: pixels from its slot."""
+        if "slot" in sent:
+            sent["clips"] = pool.lease(sent.pop("slot"), sent.pop("shape"))
+        elif "clips" in sent and pool is not None:
+            pool.misses += 1
+            if pool.misses == 1:
+                log.info("batch slots: a batch came in memory of its own, all %d slots of its worker were "
+                         "held (the caller keeps batches) or too small", pool.per_worker)
+        if "clips" in sent:
+            sent["clips"] = sent["clips"].movedim(-1, -3)  # a view: channels-last memory
+        return {**sent, "labels": torch.tensor(sent["labels"], dtype=torch.int64),
+                "videos": [video_id(k) for k in sent["keys"]],
+                "valid": torch.tensor(sent["valid"], dtype=torch.bool)}
+
     def _url(self, shard_index: int) -> str:
         shard = self.shards[shard_index]
         url = self.manifest.shard_url(shard)
@@ -293,7 +326,7 @@ class ClipLoader:
         plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
                  for i in range(self._workers)]
         urls = {r["shard"]: self._url(r["shard"]) for p in plans for r in p["reads"]}
-        fds = {}
+        fds, pool, batches = {}, None, None
         try:
             if len(urls) <= SHARED_FDS_MAX:
                 for i, u in urls.items():
@@ -302,14 +335,22 @@ class ClipLoader:
             for p in plans:
                 for r in p["reads"]:
                     r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
+            pool = self._slot_pool()
+            self._slots_in_use |= pool is not None
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
-                               self.decode_on_device)
+                               self.decode_on_device, pool)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
-                                pin_memory=torch.cuda.is_available())
-            for batch in loader:
+                                prefetch_factor=PREFETCH if self.num_workers else None,
+                                pin_memory=torch.cuda.is_available() and pool is None)
+            batches = iter(loader)
+            for sent in batches:
                 self._done += 1
-                yield batch
+                yield self._batch(sent, pool)
         finally:
+            if pool is not None:
+                getattr(batches, "_shutdown_workers", lambda: None)()  # no worker writes a slot any more
+                pool.reclaim()
+                self._slots_in_use = False
             for fd in fds.values():
                 os.close(fd)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import checkpoint, distributed, metrics, recipe
+from . import checkpoint, compiling, distributed, metrics, recipe
 from .device_decode import clip_source
 from .engine import Engine
 from .loader import ClipLoader, shared_manifest
@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="mixed precision; auto = bf16 on GPU, off on CPU")
     r.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                    help="NHWC activations (default: on GPU only)")
+    r.add_argument("--compile", nargs="?", const="auto", choices=compiling.MODES,
+                   help="torch.compile the training network, temporal shift inside the graph (mode: see "
+                        "trainer/compiling.py; reduce-overhead adds CUDA graphs); on CUDA also a fused SGD")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--output-dir", default="out/train", help="checkpoint, metrics.jsonl, tensorboard/")
     r.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")

@@ -1,17 +1,24 @@
-"""TSM's clip transforms on JPEG frames, producing uint8 arrays (T, H, W, C).
-
-Frames are decoded with PIL; when a stored frame is at least twice the size needed, the
-JPEG decoder's DCT scaling (``Image.draft``) decodes it at 1/2, 1/4 or 1/8 size directly.
-Every frame of a clip gets the same crop and flip. Crop-and-resize is one ``resize(box=...)``
-call per frame. Arrays stay channels-last, as decoded: moving channels first on the CPU is a
-strided copy that costs about as much as the resize, while the loader can hand out a
-(B, T, C, H, W) view of channels-last memory for free (see ``trainer.loader``).
-Normalisation is left to the trainer (on the GPU when there is one).
+"""TSM's clip transforms on JPEG frames, producing uint8 arrays (T, H, W, C) written in place.
 
 A transform first draws a clip's ``Geometry`` (crop boxes, output side, flip) from the frame
-size alone, then ``render`` applies it. The frame size is in the JPEG header, so the loader can
-also hand out undecoded JPEG bytes with their geometry for the GPU to decode and apply
-(``trainer.device_decode``), with the same random draws as the CPU path.
+size in the JPEG header alone, then renders every frame into the array it is given (a slot of
+the loader's shared-memory pool, ``trainer.slots``), with the same crop and flip for all
+frames. The header is also all that ``decode_on_device`` needs: the loader can hand out
+undecoded bytes with their geometry for the GPU (``trainer.device_decode``), with the same
+random draws as here.
+
+Decoding (libjpeg-turbo): only the rectangle the views need is decoded (``trainer.cropdecode``:
+rows above skipped, rows below never decoded, columns outside not transformed); without that
+library, whole frames with PIL. When a stored frame is at least twice the size needed, the
+decoder's DCT scaling decodes it at 1/2, 1/4 or 1/8 size directly (the rule of PIL's
+``draft``, ``dct_denom``), and boxes are drawn on the scaled frame. A box of exactly the output
+size is decoded straight into the output; others are resized there with OpenCV (bilinear, area
+averaging when shrinking), measured 3.5x faster than PIL's resize plus the copy out of PIL
+(``bench/loader.py``); boxes with fractional corners (some evaluation views) use PIL's resize.
+Arrays stay channels-last, as decoded: moving channels first on the CPU is a strided copy that
+costs about as much as the resize, while the loader can hand out a (B, T, C, H, W) view of
+channels-last memory for free (see ``trainer.loader``). Normalisation is left to the trainer
+(on the GPU when there is one).
 
 Training (TSM's GroupMultiScaleCrop + GroupRandomHorizontalFlip): a crop whose sides are
 each one of (1, .875, .75, .66) x the short side, at most one scale step apart, placed at one
@@ -23,12 +30,16 @@ long side (start, end, centre), giving (3, T, H, W, C).
 from __future__ import annotations
 
 import io
+import math
 import os
 import random
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 from PIL import Image
+
+from . import cropdecode
 
 SCALES = (1.0, 0.875, 0.75, 0.66)
 
@@ -37,15 +48,18 @@ SCALES = (1.0, 0.875, 0.75, 0.66)
 # and resizing about 1.3x faster (bench/loader). A user's PILLOW_BLOCKS_MAX still wins.
 if "PILLOW_BLOCKS_MAX" not in os.environ:
     Image.core.set_blocks_max(32)
+# One thread per loader worker (the workers are the parallelism); this also keeps OpenCV from
+# starting a thread pool before the loader forks its workers.
+cv2.setNumThreads(1)
 
 
 def decode(jpeg: bytes, short_side: int) -> Image.Image:
-    """Decode an RGB frame, letting libjpeg shrink it while its short side stays >= short_side."""
+    """A whole RGB frame with PIL, scaled in the DCT domain by ``dct_denom``."""
     img = Image.open(io.BytesIO(jpeg))
     w, h = img.size
-    if min(w, h) >= 2 * short_side:
-        f = short_side / min(w, h)
-        img.draft("RGB", (int(w * f + 0.999), int(h * f + 0.999)))
+    d = dct_denom(w, h, short_side)
+    if d > 1:
+        img.draft("RGB", (w // d, h // d))  # PIL picks exactly 1/d for this request
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
@@ -54,13 +68,59 @@ def jpeg_size(jpeg: bytes) -> tuple[int, int]:
     return Image.open(io.BytesIO(jpeg)).size
 
 
-def _stack(frames: list[Image.Image]) -> np.ndarray:
-    """PIL frames -> contiguous uint8 (T, H, W, C)."""
-    w, h = frames[0].size
-    out = np.empty((len(frames), h, w, 3), dtype=np.uint8)
-    for t, img in enumerate(frames):
-        out[t] = np.asarray(img)
+def dct_denom(w: int, h: int, short_side: int) -> int:
+    """The DCT scaling 1/d (d in 1, 2, 4, 8) for a w x h frame whose short side must stay at
+    least ``short_side``: scaling only from twice that size, then as far as PIL's ``draft``
+    goes for the smallest such frame (it rounds the ratio down to a power of two)."""
+    if min(w, h) < 2 * short_side:
+        return 1
+    f = short_side / min(w, h)
+    ratio = min(w // int(w * f + 0.999), h // int(h * f + 0.999))
+    return next(d for d in (8, 4, 2, 1) if ratio >= d)
+
+
+def scaled(w: int, h: int, d: int) -> tuple[int, int]:
+    """Frame size decoded at 1/d (libjpeg rounds up)."""
+    return -(-w // d), -(-h // d)
+
+
+def read_box(jpeg: bytes, box: tuple[int, int, int, int], d: int, out: np.ndarray | None = None) -> np.ndarray:
+    """RGB pixels of ``box`` (integer corners) of the frame decoded at 1/d, into ``out`` if given:
+    only the box with ``cropdecode``, else a whole-frame PIL decode, cropped."""
+    if cropdecode.available():
+        return cropdecode.decode_crop(jpeg, box, d, out)
+    img = Image.open(io.BytesIO(jpeg))
+    if d > 1:
+        img.draft("RGB", (img.size[0] // d, img.size[1] // d))
+    pixels = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))[box[1]:box[3], box[0]:box[2]]
+    if out is None:
+        return pixels
+    out[...] = pixels
     return out
+
+
+def _integral(box) -> bool:
+    return all(float(v).is_integer() for v in box)
+
+
+def resize_into(src: np.ndarray, box, out: np.ndarray, flip: bool) -> None:
+    """``box`` (left, top, right, bottom) of ``src`` resized to ``out`` (side, side, 3), mirrored
+    when ``flip``. Bilinear like TSM's PIL resize; shrinking averages areas instead of sampling."""
+    side = out.shape[0]
+    if _integral(box):
+        x0, y0, x1, y1 = (int(v) for v in box)
+        crop = src[y0:y1, x0:x1]
+        if crop.shape[:2] == (side, side):
+            np.copyto(out, crop[:, ::-1] if flip else crop)
+            return
+        # bilinear samples 2 x 2 pixels: enough up to a 2x shrink (TSM's crops shrink at most 1.6x);
+        # beyond that, area averaging (5x slower) keeps fine texture from aliasing
+        shrink = max(crop.shape[:2]) >= 2 * side
+        cv2.resize(crop, (side, side), dst=out, interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    else:  # fractional corners (evaluation views of rescaled frames): PIL resamples exactly
+        out[...] = np.asarray(Image.fromarray(src).resize((side, side), Image.BILINEAR, box=box))
+    if flip:
+        cv2.flip(out, 1, dst=out)
 
 
 def multiscale_box(w: int, h: int, crop_size: int, rng: random.Random,
@@ -88,41 +148,79 @@ class Geometry:
     side: int
     flip: bool = False
 
-
-def render(frames: list[Image.Image], g: Geometry) -> list[np.ndarray]:
-    """One (T, H, W, C) array per box of ``g``: the same crop, resize and flip for every frame."""
-    views = []
-    for box in g.boxes:
-        if box[2] - box[0] == g.side == box[3] - box[1]:  # no scaling needed: a plain crop
-            crops = [f.crop(tuple(round(v) for v in box)) for f in frames]
-        else:
-            crops = [f.resize((g.side, g.side), Image.BILINEAR, box=box) for f in frames]
-        if g.flip:
-            crops = [c.transpose(Image.FLIP_LEFT_RIGHT) for c in crops]
-        views.append(_stack(crops))
-    return views
+    def region(self, w: int, h: int) -> tuple[int, int, int, int]:
+        """The integer rectangle of a w x h frame that rendering reads: every box, plus a margin
+        for the resampling filter around boxes with fractional corners."""
+        pad = 0 if all(map(_integral, self.boxes)) else 2 + max(b[2] - b[0] for b in self.boxes) // self.side
+        return (max(0, int(min(b[0] for b in self.boxes) - pad)), max(0, int(min(b[1] for b in self.boxes) - pad)),
+                min(w, math.ceil(max(b[2] for b in self.boxes) + pad)),
+                min(h, math.ceil(max(b[3] for b in self.boxes) + pad)))
 
 
-class TrainTransform:
-    """Multi-scale crop to ``crop_size`` and optional horizontal flip, one draw per clip."""
+class _Transform:
+    """Shared by both transforms: draw a geometry from the header, render every frame into place.
+    ``out`` is (T, side, side, 3) for one view, (views, T, side, side, 3) for several."""
 
     views = 1
 
+    def shape(self, frames: int) -> tuple[int, ...]:
+        return ((self.views,) if self.views > 1 else ()) + (frames, self.side, self.side, 3)
+
+    def __call__(self, jpegs: list[bytes], rng: random.Random | None = None) -> np.ndarray:
+        out = np.empty(self.shape(len(jpegs)), dtype=np.uint8)
+        self.into(jpegs, rng, out)
+        return out
+
+    def into(self, jpegs: list[bytes], rng: random.Random | None, out: np.ndarray) -> Geometry:
+        w, h = jpeg_size(jpegs[0])
+        d = dct_denom(w, h, self.scale_size)
+        g = self.geometry(*scaled(w, h, d), rng)
+        views = out if self.views > 1 else out[None]
+        x0, y0, x1, y1 = g.region(*scaled(w, h, d))
+        direct = self.views == 1 and (x0, y0, x1, y1) == g.boxes[0] and (x1 - x0, y1 - y0) == (g.side, g.side)
+        for t, jpeg in enumerate(jpegs):
+            if direct:  # the box is the output: decode straight into it
+                read_box(jpeg, (x0, y0, x1, y1), d, views[0, t])
+                if g.flip:
+                    cv2.flip(views[0, t], 1, dst=views[0, t])
+                continue
+            src = read_box(jpeg, (x0, y0, x1, y1), d, self._scratch((y1 - y0, x1 - x0, 3)))
+            for box, view in zip(g.boxes, views):
+                resize_into(src, (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0), view[t], g.flip)
+        return g
+
+    def _scratch(self, shape) -> np.ndarray:
+        """Reused memory for the decoded region (fresh memory would cost page faults per frame)."""
+        n = math.prod(shape)
+        if getattr(self, "_buffer", None) is None or self._buffer.size < n:
+            self._buffer = np.empty(n, dtype=np.uint8)
+        return self._buffer[:n].reshape(shape)
+
+    def apply(self, frames: list[Image.Image], rng: random.Random | None = None) -> np.ndarray:
+        """The transform on decoded PIL frames (for datasets that decode elsewhere)."""
+        g = self.geometry(*frames[0].size, rng)
+        out = np.empty(self.shape(len(frames)), dtype=np.uint8)
+        views = out if self.views > 1 else out[None]
+        for t, frame in enumerate(frames):
+            src = np.asarray(frame.convert("RGB"))
+            for box, view in zip(g.boxes, views):
+                resize_into(src, box, view[t], g.flip)
+        return out
+
+
+class TrainTransform(_Transform):
+    """Multi-scale crop to ``crop_size`` and optional horizontal flip, one draw per clip."""
+
     def __init__(self, crop_size: int = 224, scale_size: int = 256, flip: bool = True, scales=SCALES):
         self.crop_size, self.scale_size, self.flip, self.scales = crop_size, scale_size, flip, scales
+        self.side = crop_size
 
     def geometry(self, w: int, h: int, rng: random.Random) -> Geometry:
         box = multiscale_box(w, h, self.crop_size, rng, self.scales)
         return Geometry((box,), self.crop_size, self.flip and rng.random() < 0.5)
 
-    def __call__(self, jpegs: list[bytes], rng: random.Random) -> np.ndarray:
-        return self.apply([decode(b, self.scale_size) for b in jpegs], rng)
 
-    def apply(self, frames: list[Image.Image], rng: random.Random) -> np.ndarray:
-        return render(frames, self.geometry(*frames[0].size, rng))[0]
-
-
-class EvalTransform:
+class EvalTransform(_Transform):
     """Short side to ``scale_size``, then a centre ``crop_size`` crop (``crops=1``) or TSM's
     three full-resolution ``scale_size`` crops (``crops=3``)."""
 
@@ -130,6 +228,7 @@ class EvalTransform:
         if crops not in (1, 3):
             raise ValueError("eval crops must be 1 or 3")
         self.crop_size, self.scale_size, self.views = crop_size, scale_size, crops
+        self.side = crop_size if crops == 1 else scale_size
 
     def geometry(self, w: int, h: int, rng: random.Random | None = None) -> Geometry:
         f = min(w, h) / self.scale_size  # source pixels per pixel of the scaled frame
@@ -142,10 +241,3 @@ class EvalTransform:
             xs, ys = int(sw - side) // 4, int(sh - side) // 4
             offsets = [(0, 0), (4 * xs, 0), (2 * xs, 2 * ys)]
         return Geometry(tuple((x * f, y * f, (x + side) * f, (y + side) * f) for x, y in offsets), side)
-
-    def __call__(self, jpegs: list[bytes], rng: random.Random | None = None) -> np.ndarray:
-        return self.apply([decode(b, self.scale_size) for b in jpegs])
-
-    def apply(self, frames: list[Image.Image], rng: random.Random | None = None) -> np.ndarray:
-        views = render(frames, self.geometry(*frames[0].size))
-        return views[0] if self.views == 1 else np.stack(views)

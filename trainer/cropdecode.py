@@ -1,0 +1,76 @@
+"""Decoding only the crop of a JPEG frame: ``csrc/cropjpeg.c`` (libjpeg-turbo) through ctypes.
+
+The train transform draws its crop from the frame size in the header before anything is
+decoded, so only that rectangle needs decoding: libjpeg-turbo skips the rows above it
+(entropy decoding only), stops after its last row, and transforms only the block columns
+around it. Pixels equal a full decode followed by the same crop (``tests/test_crop_decode.py``),
+and DCT-domain scaling by 1/2, 1/4 or 1/8 applies as in ``transforms.decode``.
+
+The library is built by ``scripts/build-native.sh`` (``scripts/setup.sh`` runs it) into
+``trainer/libcropjpeg.so``; ``KF_CROPJPEG`` names another path. Without it, ``available()``
+is False, one log line says so, and the transforms decode whole frames with PIL.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libcropjpeg.so")
+_lib: ctypes.CDLL | None = None
+_tried: str | None = None
+
+
+def load(path: str | None = None) -> ctypes.CDLL | None:
+    """The library at ``path`` (default: ``$KF_CROPJPEG`` or ``trainer/libcropjpeg.so``), or
+    None, logged once per path, when it cannot be loaded."""
+    global _lib, _tried
+    path = path or os.environ.get("KF_CROPJPEG") or DEFAULT_PATH
+    if path == _tried:
+        return _lib
+    _tried, _lib = path, None
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        log.warning("crop decoding off, decoding whole frames with PIL: cannot load %s (%s); "
+                    "build it with scripts/build-native.sh", path, e)
+        return None
+    p, i, ip = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)
+    lib.kf_decode_crop.argtypes = [p, ctypes.c_ulong, i, i, i, i, i, p, ctypes.c_long, ctypes.c_char_p, i]
+    lib.kf_decode_crop.restype = i
+    lib.kf_scaled_size.argtypes = [p, ctypes.c_ulong, i, ip, ip, ctypes.c_char_p, i]
+    lib.kf_scaled_size.restype = i
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def scaled_size(jpeg: bytes, denom: int) -> tuple[int, int]:
+    """(width, height) of the frame decoded at 1/denom scale."""
+    w, h, msg = ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(200)
+    if load().kf_scaled_size(jpeg, len(jpeg), denom, ctypes.byref(w), ctypes.byref(h), msg, len(msg)):
+        raise ValueError(f"JPEG header: {msg.value.decode(errors='replace')}")
+    return w.value, h.value
+
+
+def decode_crop(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """RGB pixels (h, w, 3) of ``box`` (left, top, right, bottom; integers) of the frame
+    decoded at 1/denom scale, into ``out`` if given (rows may be strided, pixels contiguous)."""
+    x0, y0, x1, y1 = box
+    if out is None:
+        out = np.empty((y1 - y0, x1 - x0, 3), dtype=np.uint8)
+    if out.shape != (y1 - y0, x1 - x0, 3) or out.dtype != np.uint8 or out.strides[1:] != (3, 1):
+        raise ValueError(f"output array {out.shape} {out.dtype} {out.strides} does not fit box {box}")
+    msg = ctypes.create_string_buffer(200)
+    if load().kf_decode_crop(jpeg, len(jpeg), denom, x0, y0, x1 - x0, y1 - y0, out.ctypes.data,
+                             out.strides[0], msg, len(msg)):
+        raise ValueError(f"JPEG decode: {msg.value.decode(errors='replace')}")
+    return out
