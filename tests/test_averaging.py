@@ -28,7 +28,8 @@ GLOBAL_BATCH, STEPS, FRAMES, SIZE, CLASSES = 8, 8, 2, 64, 3
 HPARAMS = {"sgd": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3, "nesterov": True},
            "adam": {"lr": 3e-3, "weight_decay": 1e-3}, "adamw": {"lr": 3e-3, "weight_decay": 0.05}}
 # name -> (optimizer, every, local_after); every 0: Horovod's synchronous DistributedOptimizer
-VARIANTS = {f"sync-{o}": (o, 0, 0) for o in HPARAMS} | {f"k1-{o}": (o, 1, 0) for o in HPARAMS} | {
+SYNCHRONOUS = ("sgd", "adam")  # AdamW differs from Adam only in its decay: simulated below, not repeated here
+VARIANTS = {f"sync-{o}": (o, 0, 0) for o in SYNCHRONOUS} | {f"k1-{o}": (o, 1, 0) for o in SYNCHRONOUS} | {
     "k2-sgd": ("sgd", 2, 0), "k4-sgd": ("sgd", 4, 0), "k2-adam": ("adam", 2, 0), "k3-adamw": ("adamw", 3, 0),
     "postlocal-sgd": ("sgd", 3, 2)}
 
@@ -152,7 +153,7 @@ def simulate(opt: str, every: int, local_after: int) -> list[dict]:
 
 
 def test_one_step_averaging_is_synchronous_training(runs):
-    for opt in HPARAMS:
+    for opt in SYNCHRONOUS:
         sync, k1 = runs[f"sync-{opt}-rank0"]["steps"], runs[f"k1-{opt}-rank0"]["steps"]
         moved = (sync[-1]["params"] - tiny_params()).abs().max().item()
         assert moved > 1e-2, opt  # training really moved the weights
