@@ -3,6 +3,11 @@
 The model takes the loader's uint8 clips (B, T, C, H, W) as they are and normalises them
 itself, so the float conversion happens wherever the model lives (on the GPU when there is
 one). With ``shift=False`` no frame ever sees another before the average: that is TSN.
+
+``segments`` is the T the network is built and evaluated for; training batches may have fewer
+frames per clip (multigrid's shorter clips): the shift and the BN groups follow the T of each
+batch. ``bn_group`` clips per BN statistics group (0: the whole batch) is a training choice, not
+part of the architecture or the checkpoint (see ``trainer.subbatch_bn``).
 """
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .resnet import ResNet
+from .resnet import NoShift, ResNet
+from .subbatch_bn import set_clips_per_group
 from .temporal_shift import TemporalShift
 
 log = logging.getLogger(__name__)
@@ -38,11 +44,12 @@ class ModelConfig:
 
 
 class TSM(nn.Module):
-    def __init__(self, config: ModelConfig, bn: str = "train", channels_last: bool = False):
+    def __init__(self, config: ModelConfig, bn: str = "train", channels_last: bool = False, bn_group: int = 0):
         super().__init__()
         self.config = config
-        hook = functools.partial(TemporalShift, config.segments, config.shift_div) if config.shift else nn.Identity
+        hook = functools.partial(TemporalShift, config.shift_div) if config.shift else NoShift
         self.backbone = ResNet(config.depth, config.width, hook)
+        set_clips_per_group(self.backbone, bn_group)
         self.dropout = nn.Dropout(config.dropout)
         self.fc = nn.Linear(self.backbone.feature_dim, config.num_classes)
         # a fresh head on a (possibly pretrained) backbone starts near zero, as in TSM
@@ -72,14 +79,15 @@ class TSM(nn.Module):
         return self
 
     def forward(self, clips: torch.Tensor) -> torch.Tensor:
-        """(B, T, C, H, W) uint8 or float in [0, 255] -> class scores (B, num_classes)."""
+        """(B, T, C, H, W) uint8 or float in [0, 255] -> class scores (B, num_classes); T at most
+        the ``segments`` the model is built for."""
         b, t = clips.shape[:2]
-        if t != self.config.segments:
+        if t > self.config.segments:
             raise ValueError(f"model built for {self.config.segments} frames per clip, got {t}")
         x = (clips.flatten(0, 1).float() - self.mean) / self.std
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        features = self.backbone(x).view(b, t, -1).mean(dim=1)  # average consensus
+        features = self.backbone(x, t).view(b, t, -1).mean(dim=1)  # average consensus
         return self.fc(self.dropout(features))
 
 

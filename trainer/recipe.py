@@ -52,9 +52,20 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
 def build_optimizer(model: nn.Module, lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
-                    nesterov: bool = False) -> torch.optim.SGD:
-    return torch.optim.SGD(param_groups(model, weight_decay), lr=lr, momentum=momentum, nesterov=nesterov)
+                    nesterov: bool = False, name: str = "sgd", betas: tuple[float, float] = (0.9, 0.999),
+                    eps: float = 1e-8) -> torch.optim.Optimizer:
+    """SGD (the recipe), Adam (weight decay as an L2 term in the gradient) or AdamW (decoupled
+    decay, Loshchilov and Hutter 2019); all three with :func:`param_groups`' no-decay rule."""
+    groups = param_groups(model, weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+    if name in ("adam", "adamw"):
+        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(groups, lr=lr, betas=betas, eps=eps)
+    raise ValueError(f"optimizer {name!r} not one of {OPTIMIZERS}")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):

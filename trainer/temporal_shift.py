@@ -5,6 +5,13 @@ activations as (N, T, C, H, W) and moves a fraction of the channels one step alo
 the first C/div channels take their value from the next frame, the next C/div from the
 previous frame, the rest stay. Values shifted in from beyond the clip's ends are zero.
 It has no parameters and no multiply-adds, only memory movement.
+
+T is an argument of every call, not a property of the module: the model passes the T of the
+batch it is given, so one network trains on clips of 8, 4 or 2 frames (multigrid) and is
+evaluated on 8. Of the shifted channels, a fraction 1/T is zeros (the clip's two ends). At
+T=2 that is half: frame 0 takes channels [0, C/div) from frame 1 and has [C/div, 2C/div)
+zeroed, frame 1 the reverse, so the two frames still exchange C/div channels each way. At T=1
+the shift only zeroes 2C/div channels: there is no other frame to mix with.
 """
 from __future__ import annotations
 
@@ -57,15 +64,15 @@ def temporal_shift(x: torch.Tensor, segments: int, shift_div: int = 8) -> torch.
 
 
 class TemporalShift(nn.Module):
-    """:func:`temporal_shift` as a parameter-free module, placed before a block's first conv."""
+    """:func:`temporal_shift` as a parameter-free module, placed before a block's first conv;
+    called with the activations and the T of their clips."""
 
-    def __init__(self, segments: int, shift_div: int = 8):
+    def __init__(self, shift_div: int = 8):
         super().__init__()
-        self.segments = segments
         self.shift_div = shift_div
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return temporal_shift(x, self.segments, self.shift_div)
+    def forward(self, x: torch.Tensor, segments: int) -> torch.Tensor:
+        return temporal_shift(x, segments, self.shift_div)
 
     def extra_repr(self) -> str:
-        return f"segments={self.segments}, shift_div={self.shift_div}"
+        return f"shift_div={self.shift_div}"
