@@ -38,6 +38,13 @@ changed=()  # what this run did; empty when everything was already there
 did() { changed+=("$1"); echo "setup: $2"; }
 
 need_apt=()
+if command -v "$PY" >/dev/null; then  # a venv, and Python's headers for the source builds below
+  "$PY" -c "import ensurepip" 2>/dev/null || need_apt+=(python3-venv)
+  "$PY" -c "import os, sys, sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))" ||
+    need_apt+=(python3-dev)
+else
+  need_apt+=(python3 python3-venv python3-dev)  # e.g. a bare CUDA base image
+fi
 command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
