@@ -145,7 +145,7 @@ SH
              HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)")
     if [ "$KF_MPI" = 1 ]; then hvd_env+=(HOROVOD_WITH_MPI=1); else hvd_env+=(HOROVOD_WITHOUT_MPI=1); fi
     if [ "$KF_DEVICE" = cuda ]; then
-      nccl=$("$VPY" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))")
+      nccl=$("$VPY" -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])")  # nvidia/nccl/{include,lib}
       [ -e "$nccl/lib/libnccl.so" ] || ln -s libnccl.so.2 "$nccl/lib/libnccl.so"  # the wheel ships only .so.2
       hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib"
                 HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}")
