@@ -4,7 +4,8 @@
 # The run of tests/test_motion.py (same data and flags), kept instead of thrown away: four
 # classes that differ only in the direction a textured disc moves, 64x64 videos, 4-frame clips,
 # a ResNet-10 of width 32 on 48 px crops, 12 epochs on 2 CPU cores (a few minutes per model).
-# Prints validation top-1 per epoch for both and draws the curves with `trainer plot`.
+# `trainer plot` draws the curves and prints validation top-1 by epoch and each run's final figures.
+# scripts/demo.sh is the quick version (32 px crops, width 16, both models trained at once).
 #
 #   bash bench/motion.sh [WORKDIR] [PNG]        # defaults: /tmp/kinetics-fast-motion, motion.png
 set -euo pipefail
@@ -27,12 +28,4 @@ for model in tsm tsn; do
     rm -rf "${work:?}/$model"
     "$py" -m trainer train --data "$work/shards" --output-dir "$work/$model" "${flags[@]}" "${extra[@]}"
 done
-"$py" -m trainer plot "$work/tsm" "$work/tsn" --labels TSM "TSN (no shift)" --out "$png"
-"$py" - "$work" <<'EOF'
-import json, sys
-runs = {m: [r for r in map(json.loads, open(f"{sys.argv[1]}/{m}/metrics.jsonl")) if r["event"] == "epoch"]
-        for m in ("tsm", "tsn")}
-print("epoch | TSM val top-1 | TSN val top-1 | TSM train loss | TSN train loss")
-for a, b in zip(runs["tsm"], runs["tsn"]):
-    print(f"{a['epoch']:5d} | {a['val_top1']:13.1f} | {b['val_top1']:13.1f} | {a['train_loss']:14.3f} | {b['train_loss']:14.3f}")
-EOF
+"$py" -m trainer plot "$work/tsm" "$work/tsn" --labels TSM "TSN (no shift)" --out "$png"  # prints the tables too

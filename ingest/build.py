@@ -42,6 +42,7 @@ class Summary:
     reasons: Counter = field(default_factory=Counter)
     missing: int = 0  # annotated in the CSVs but not downloaded
     reused: bool = False
+    tasks_per_node: Counter = field(default_factory=Counter)  # Ray node id -> decode and pack tasks run
 
     def line(self) -> str:
         rate = self.videos / self.seconds if self.seconds else 0.0
@@ -52,6 +53,9 @@ class Summary:
             text += f"; {self.missing} annotated videos not found"
         if self.reasons:
             text += "; failures: " + ", ".join(f"{n} x {r}" for r, n in self.reasons.most_common(5))
+        if len(self.tasks_per_node) > 1:
+            text += f"; tasks on {len(self.tasks_per_node)} nodes: " + ", ".join(
+                f"{node[:12]} {n}" for node, n in sorted(self.tasks_per_node.items()))
         return text
 
 
@@ -61,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="parallel decode tasks (default: all CPUs of the Ray cluster)")
     p.add_argument("--address", default=None,
-                   help="join this Ray cluster (e.g. 10.0.0.1:6379 or 'auto') instead of starting a local Ray")
+                   help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' joined on this node) instead of starting a local Ray")
     p.add_argument("--frames", type=int, default=8, help="frames per clip (TSN/TSM segments T)")
     p.add_argument("--clips-per-video", type=int, default=1,
                    help="independently sampled training clips stored per training video")
@@ -124,13 +128,15 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
              ", ".join(f"{s}: {n}" for s, n in sorted(Counter(v.split for v in videos).items())),
              len(source.classes), stage)
     parallel = ray_runtime.start(address, workers)
-    results = _decode_all(stage, videos, source, cfg, parallel, videos_per_task, threads, timeout)
+    results = _decode_all(stage, videos, source, cfg, parallel, videos_per_task, threads, timeout,
+                          summary.tasks_per_node)
 
     errors = sorted((e for r in results for e in r["errors"]), key=lambda e: e["path"])
     manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=fingerprint)
     for split in config["splits"]:
         split_results = [r for r in results if r["batch"].startswith(f"{split}-")]
-        shards = _pack_split(out, stage, split, split_results, cfg.seed, shard_size, shard_samples, parallel)
+        shards = _pack_split(out, stage, split, split_results, cfg.seed, shard_size, shard_samples,
+                             summary.tasks_per_node)
         manifest.splits[split] = SplitInfo(shards=shards,
                                            num_failed=sum(e["split"] == split for e in errors))
     storage.atomic_write(storage.join(out, LEDGER),
@@ -179,9 +185,10 @@ def _batches(videos: list[Video], size: int) -> list[tuple[str, list[Video]]]:
             for split, vs in sorted(by_split.items()) for i in range(0, len(vs), size)]
 
 
-def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, threads, timeout) -> list[dict]:
+def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, threads, timeout,
+                nodes: Counter) -> list[dict]:
     index = {c: i for i, c in enumerate(source.classes)}
-    task = ray.remote(num_cpus=1, max_retries=2)(staging.decode_batch)
+    task = ray.remote(num_cpus=1, max_retries=2)(ray_runtime.on_node)
     pending, results = {}, []
     todo = _batches(videos, videos_per_task)
     failed = 0
@@ -190,29 +197,33 @@ def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, t
             while todo and len(pending) < 2 * parallel:
                 batch_id, vs = todo.pop(0)
                 labels = [index[v.label] if v.label is not None else -1 for v in vs]
-                pending[task.remote(stage, batch_id, vs, labels, cfg, threads, timeout)] = len(vs)
+                pending[task.remote(staging.decode_batch, stage, batch_id, vs, labels, cfg, threads,
+                                    timeout)] = len(vs)
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 bar.update(pending.pop(ref))
-                result = ray.get(ref)
+                result, node = ray.get(ref)
+                nodes[node] += 1
                 results.append(result)
                 failed += len(result["errors"])
                 bar.set_postfix(failed=failed, refresh=False)
     return sorted(results, key=lambda r: r["batch"])
 
 
-def _pack_split(out, stage, split, results, seed, shard_size, shard_samples, parallel) -> list[ShardInfo]:
+def _pack_split(out, stage, split, results, seed, shard_size, shard_samples, nodes: Counter) -> list[ShardInfo]:
     samples = {s["key"]: (s["key"], s["label"], r["batch"], s["offset"], s["length"])
                for r in results for s in r["samples"]}
     order = [samples[k] for k in ordering.shuffled(samples, seed)]
     cuts = packing.cut([p[4] for p in order], shard_size, shard_samples)
-    task = ray.remote(num_cpus=1, max_retries=2)(staging.pack_shard)
-    refs = [task.remote(out, packing.shard_name(split, i), stage, order[r.start:r.stop])
+    task = ray.remote(num_cpus=1, max_retries=2)(ray_runtime.on_node)
+    refs = [task.remote(staging.pack_shard, out, packing.shard_name(split, i), stage, order[r.start:r.stop])
             for i, r in enumerate(cuts)]
     infos = []
     with tqdm(total=len(refs), unit="shard", desc=f"pack {split}", mininterval=1.0) as bar:
         for ref in refs:
-            infos.append(ShardInfo(**ray.get(ref)))
+            info, node = ray.get(ref)
+            nodes[node] += 1
+            infos.append(ShardInfo(**info))
             bar.update()
     log.info("%s: %d clips in %d shards", split, len(order), len(infos))
     return infos

@@ -1,5 +1,6 @@
 """Starting or joining Ray for a build: an embedded local Ray on loopback by default,
-an existing cluster with ``--address``."""
+an existing cluster with ``--address`` (``auto``: the one RAY_ADDRESS names or a ``ray start`` on
+this machine joined)."""
 from __future__ import annotations
 
 import logging
@@ -18,9 +19,17 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
         else:
             # Keeps a single-machine Ray on 127.0.0.1 instead of the machine's network address.
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
+            # "local": always a Ray of our own. Without it ray.init() joins whatever cluster a
+            # `ray start` on this machine last recorded (or RAY_ADDRESS names).
+            ray.init(address="local", num_cpus=workers or os.cpu_count(), include_dashboard=False,
                      object_store_memory=object_store_mb * 2**20, logging_level=logging.WARNING)
     cpus = int(ray.cluster_resources().get("CPU", 1))
     parallel = min(workers, cpus) if workers else cpus
     log.info("Ray: %d CPUs in the cluster, %d tasks at a time", cpus, parallel)
     return max(1, parallel)
+
+
+def on_node(fn, *args):
+    """Run ``fn(*args)`` as a Ray task; -> (its result, the id of the node that ran it), so a build
+    can say how the work spread over the cluster's nodes."""
+    return fn(*args), ray.get_runtime_context().get_node_id()

@@ -1,7 +1,9 @@
 """Draw loss, accuracy, learning rate and throughput curves of one or more runs to a PNG.
 
 Reads each run's ``metrics.jsonl`` (give the run's output directory or the file), so runs
-can be compared on one figure, e.g. TSM against TSN.
+can be compared on one figure, e.g. TSM against TSN, and prints the same comparison as two
+small tables: validation top-1 by epoch, and each run's final figures with its data time
+against its compute time per step.
 """
 from __future__ import annotations
 
@@ -50,10 +52,39 @@ def plot(runs: list[str], labels: list[str], out: str) -> None:
     plt.close(fig)
 
 
+def _epochs(run: str) -> list[dict]:
+    path = run if run.endswith(".jsonl") else os.path.join(run, "metrics.jsonl")
+    return [r for r in metrics.read(path) if r["event"] == "epoch"]
+
+
+def tables(runs: list[str], labels: list[str], max_rows: int = 8) -> str:
+    """Validation top-1 at up to ``max_rows`` evenly spread epochs (the last always), then one row
+    per run: final and best top-1, final training loss, data and compute time per step, clips/s."""
+    epochs = [_epochs(run) for run in runs]
+    width = max(7, *map(len, labels))
+    n = max(map(len, epochs))
+    shown = sorted({round(i * (n - 1) / max(1, max_rows - 1)) for i in range(min(n, max_rows))})
+    lines = ["validation top-1 (%) by epoch", "epoch | " + " | ".join(f"{label:>{width}}" for label in labels)]
+    longest = max(epochs, key=len)
+    for i in shown:
+        cells = [f"{e[i]['val_top1']:>{width}.1f}" if i < len(e) and "val_top1" in e[i] else " " * width
+                 for e in epochs]
+        lines.append(f"{longest[i]['epoch']:>5} | " + " | ".join(cells))
+    lines += ["", f"{'run':<{width}} | final top-1 | best top-1 | train loss | data ms/step | compute ms/step | clips/s"]
+    for label, e in zip(labels, epochs):
+        last = e[-1]
+        best = max(r.get("val_top1", 0.0) for r in e)
+        lines.append(f"{label:<{width}} | {last.get('val_top1', float('nan')):>11.1f} | {best:>10.1f} | "
+                     f"{last['train_loss']:>10.3f} | {1e3 * last['data_time']:>12.1f} | "
+                     f"{1e3 * last['compute_time']:>15.1f} | {last['clips_per_s']:>7.1f}")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     labels = args.labels or [os.path.basename(os.path.normpath(r.removesuffix("metrics.jsonl"))) for r in args.runs]
     if len(labels) != len(args.runs):
         raise SystemExit("give one label per run")
     plot(args.runs, labels, args.out)
+    print(tables(args.runs, labels))
     print(f"plot: wrote {args.out}")
     return 0

@@ -1,0 +1,63 @@
+"""Test helper: check command lines written in docs and container files against the real CLIs.
+
+``project_commands(text)`` finds every ``ingest``/``shards``/``trainer``/``service`` invocation in
+shell text (also behind launchers such as ``horovodrun ... trainer train``), and ``parse(argv)``
+parses one with the project's own argparse parsers, so a misspelt or removed flag fails.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import shlex
+from types import ModuleType
+
+PROGRAMS = ("ingest", "shards", "trainer", "service")
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    """The console script ``prog``'s parser, built as its ``cli.main`` builds it."""
+    cli = importlib.import_module(f"{prog}.cli")
+    p = argparse.ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, module in cli.COMMANDS.items():
+        if not isinstance(module, ModuleType):
+            module = importlib.import_module(f"{prog}.{module}")
+        module.add_arguments(sub.add_parser(name, exit_on_error=False, allow_abbrev=False))
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse ``[prog, subcommand, *args]``; AssertionError if the CLI rejects it."""
+    prog = argv[0].rsplit("/", 1)[-1]
+    try:
+        return parser(prog).parse_args(argv[1:])
+    except (SystemExit, argparse.ArgumentError) as e:
+        raise AssertionError(f"rejected by {prog}'s parser ({e}): {' '.join(argv)}") from None
+
+
+def logical_lines(text: str) -> list[str]:
+    """Shell lines with backslash continuations joined and comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.split(" #", 1)[0].strip() for line in joined.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def project_commands(text: str) -> list[list[str]]:
+    """Every project CLI invocation in ``text``: argv lists starting at the program name."""
+    found = []
+    for line in logical_lines(text):
+        for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", line):
+            try:
+                words = shlex.split(part)
+            except ValueError:
+                continue
+            for i, word in enumerate(words):
+                name = word.rsplit("/", 1)[-1]
+                if name in ("sh", "bash") and i + 2 < len(words) and words[i + 1] in ("-c", "-ec"):
+                    found += project_commands(words[i + 2])  # a command run by a shell per rank
+                    break
+                if name in PROGRAMS and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                    found.append([name, *words[i + 1:]])
+                    break
+    return found

