@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -32,6 +33,7 @@ STATES = ("building", "ready", "failed", "deleted")
 LEASE_SECONDS = 60.0  # a builder that has not heartbeaten for this long is presumed dead
 HEARTBEAT_SECONDS = 10.0
 _JSON_COLUMNS = ("options", "splits", "files", "progress", "owner")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # names and tags: plain URL path segments
 
 
 class CatalogError(Exception):
@@ -44,6 +46,13 @@ def default_path() -> str:
         return os.environ[ENV_VAR]
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "kinetics-fast", "catalog.sqlite")
+
+
+def check_name(text: str, what: str = "name") -> str:
+    if not NAME.fullmatch(text) or ".." in text:
+        raise CatalogError(f"{what} {text!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+                           "letter or digit")
+    return text
 
 
 def new_owner() -> dict:
@@ -209,8 +218,9 @@ class Catalog:
         """Decide, atomically, who builds ``dataset_id`` (see ``Claim``).
 
         A ready set is reused unless ``force``; a building one is waited for while its lease is
-        alive, else marked failed and taken over. ``name`` taken by another set: an error when
-        ``strict_name``, else the id's first 8 characters are appended.
+        alive, else marked failed and taken over; a failed one is built again where it was
+        (its finished work is resumed) unless ``force``. ``name`` taken by another set: an
+        error when ``strict_name``, else the id's first 8 characters are appended.
         """
         owner = owner or new_owner()
         now = time.time()
@@ -222,6 +232,8 @@ class Catalog:
                 if rec.lease_alive(now):
                     return Claim("wait", rec)
                 self._mark_dead(db, rec, now)
+            if rec and rec.state == "failed" and not force:
+                location = rec.location  # resume where the failed attempt left its work
             other = db.execute("SELECT id, name FROM datasets WHERE location = ? AND id != ? AND state != 'deleted'",
                                (location, dataset_id)).fetchone()
             if other:
@@ -230,6 +242,8 @@ class Catalog:
                                    "build into another location or remove that set first")
             if rec and name is None:
                 name = rec.name
+            if name is not None:
+                check_name(name)
             if name is not None and db.execute("SELECT 1 FROM datasets WHERE name = ? AND id != ? AND state != "
                                                "'deleted'", (name, dataset_id)).fetchone():
                 if strict_name:
@@ -292,6 +306,7 @@ class Catalog:
     # --- tags, removal, verification ---------------------------------------------------------
     def tag(self, dataset_id: str, tag: str) -> str | None:
         """Point ``tag`` at the dataset; returns the id it pointed at before, if another."""
+        check_name(tag, "tag")
         with self._write() as db:
             if not db.execute("SELECT 1 FROM datasets WHERE id = ? AND state != 'deleted'", (dataset_id,)).fetchone():
                 raise CatalogError(f"no dataset {dataset_id}")
