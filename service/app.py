@@ -172,18 +172,19 @@ class _Sendfile(web.StreamResponse):
 
     def __init__(self, fd: int, offset: int, count: int, **kw):
         super().__init__(**kw)
-        self._fd, self._offset, self._count = fd, offset, count
+        self._span = (fd, offset, count)
 
     async def prepare(self, request):
+        fd, offset, count = self._span
         try:
             writer = await super().prepare(request)
-            if request.method != "HEAD" and self._count:
-                with open(self._fd, "rb", closefd=False) as f:
-                    await asyncio.get_running_loop().sendfile(request.transport, f, self._offset, self._count)
+            if request.method != "HEAD" and count:
+                with open(fd, "rb", closefd=False) as f:
+                    await asyncio.get_running_loop().sendfile(request.transport, f, offset, count)
             await super().write_eof()
             return writer
         finally:
-            os.close(self._fd)
+            os.close(fd)
 
 
 class _Streamed(web.StreamResponse):
@@ -191,13 +192,13 @@ class _Streamed(web.StreamResponse):
 
     def __init__(self, url: str, entry: Entry, start: int, end: int, **kw):
         super().__init__(**kw)
-        self._url, self._entry, self._start, self._end = url, entry, start, end
+        self._source = (url, entry, start, end)
 
     async def prepare(self, request):
+        url, entry, start, end = self._source
         writer = await super().prepare(request)
-        if request.method != "HEAD" and self._end > self._start:
-            src = await asyncio.to_thread(open_range, self._url, self._start, self._end, size=self._entry.size,
-                                          sha256=self._entry.sha256)
+        if request.method != "HEAD" and end > start:
+            src = await asyncio.to_thread(open_range, url, start, end, size=entry.size, sha256=entry.sha256)
             try:
                 while chunk := await asyncio.to_thread(src.read, STREAM_CHUNK):
                     await self.write(chunk)

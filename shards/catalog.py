@@ -232,6 +232,7 @@ class Catalog:
                 if rec.lease_alive(now):
                     return Claim("wait", rec)
                 self._mark_dead(db, rec, now)
+                rec.state = "failed"
             if rec and rec.state == "failed" and not force:
                 location = rec.location  # resume where the failed attempt left its work
             other = db.execute("SELECT id, name FROM datasets WHERE location = ? AND id != ? AND state != 'deleted'",
@@ -240,8 +241,8 @@ class Catalog:
                 raise CatalogError(f"{location} already holds dataset {other['id']}"
                                    f"{' (' + other['name'] + ')' if other['name'] else ''}; "
                                    "build into another location or remove that set first")
-            if rec and name is None:
-                name = rec.name
+            if rec and rec.name and (name is None or not strict_name):
+                name = rec.name  # a set keeps its name unless given another explicitly
             if name is not None:
                 check_name(name)
             if name is not None and db.execute("SELECT 1 FROM datasets WHERE name = ? AND id != ? AND state != "

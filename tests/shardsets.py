@@ -138,7 +138,8 @@ class ServiceProcess:
             seen.append(line)
             assert line, "the server exited: " + "".join(seen)
         self.url = line.split()[1].removesuffix("/v1")
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep draining its log
+        self.log = seen
+        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()  # keep draining
         return self.url
 
     def kill(self, signum: int = 9) -> None:

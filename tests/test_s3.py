@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -45,10 +46,9 @@ class Requests(logging.Handler):
         self.seen = []
 
     def emit(self, record):
-        text = record.getMessage()
-        if '"' in text:
-            method, path = text.split('"')[1].split()[:2]
-            self.seen.append((method, path))
+        m = re.search(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP', record.getMessage())  # colours or not
+        if m:
+            self.seen.append((m[1], m[2]))
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_ingest_into_s3_verify_serve_and_train(s3, tmp_path):
     base = server.start()
     try:
         data = f"{base}/v1/datasets/{rec.id}"
-        assert read_range(f"{data}/{shard.name}", 100, 5000) == raw[100:5000]  # streamed through from S3
+        assert read_range(f"{data}/{shard.name}", 100, 5000) == raw[100:5000], "".join(server.log)  # streamed from S3
         out = tmp_path / "run"
         proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", data, "--output-dir", str(out),
                                "--val-split", "", "--segments", "4", "--depth", "10", "--width", "8",
