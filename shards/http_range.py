@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import aiohttp
+from fsspec.asyn import sync
 from fsspec.core import url_to_fs
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -71,6 +72,23 @@ def range_problem(status: int, headers: Mapping[str, str], start: int, end: int,
     return None
 
 
+async def _read_upto(content: aiohttp.StreamReader, n: int) -> bytes:
+    """Up to ``n`` bytes of a response body, fewer only at its end: one hop to fsspec's event
+    loop per call instead of one per network chunk."""
+    parts, got = [], 0
+    try:
+        while got < n:
+            chunk = await content.read(n - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        if not parts:
+            raise  # else keep what arrived; the next read meets the error again
+    return b"".join(parts)
+
+
 class HTTPRange(io.RawIOBase):
     """Bytes [start, end) of an HTTP(S) URL as a raw stream (wrap it in ``io.BufferedReader``)."""
 
@@ -78,9 +96,9 @@ class HTTPRange(io.RawIOBase):
                  retry: Retry = DEFAULT_RETRY):
         self.url, self.start, self.pos, self.end = url, start, start, end
         self.size, self.sha256, self.retry = size, sha256, retry
-        self.fs, self.path = url_to_fs(url)
-        self.f = None
-        self.failures, self.problem = 0, ""
+        self.fs, _ = url_to_fs(url)
+        self.r, self.pending = None, b""  # the open response, and body bytes already received
+        self.failures = 0
 
     def readable(self) -> bool:
         return True
@@ -89,58 +107,74 @@ class HTTPRange(io.RawIOBase):
         """Note a failure; raise after the last try, else back off before the next."""
         self._drop()
         self.failures += 1
-        self.problem = problem
         if self.failures >= self.retry.attempts:
             raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: {problem}; "
                              f"gave up after {self.failures} attempts")
         self.retry.sleep(self.failures)
 
-    def _fatal(self, problem: str) -> None:
-        self._drop()
-        raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: {problem}")
+    async def _get(self, first: int) -> tuple[aiohttp.ClientResponse, bytes]:
+        """GET the missing bytes and receive the first ``first`` of them: one hop to fsspec's loop."""
+        session = await self.fs.set_session()
+        r = await session.get(self.fs.encode_url(self.url), headers={"Range": f"bytes={self.pos}-{self.end - 1}"},
+                              **self.fs.kwargs)
+        if r.status != 206:
+            r.release()
+            return r, b""
+        return r, await _read_upto(r.content, first)
 
-    def _open(self) -> None:
+    def _open(self, first: int) -> None:
         try:
-            f = self.fs.open(self.path, "rb", block_size=0, size=self.end,
-                             headers={"Range": f"bytes={self.pos}-{self.end - 1}"})
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.url}: not found (404)") from None
-        except aiohttp.ClientResponseError as e:
-            if 400 <= e.status < 500 and e.status not in _RETRIED_4XX:
-                self._fatal(f"status {e.status} {e.message}")
-            return self._failed(f"status {e.status} {e.message}")
+            r, data = sync(self.fs.loop, self._get, first)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return self._failed(f"{type(e).__name__}: {e}")
-        self.f = f
-        problem = range_problem(f.r.status, f.r.headers, self.pos, self.end, self.size, self.sha256)
+        if r.status == 404:
+            raise FileNotFoundError(f"{self.url}: not found (404)")
+        if 400 <= r.status < 500 and r.status not in _RETRIED_4XX:
+            raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: status {r.status}")
+        problem = range_problem(r.status, r.headers, self.pos, self.end, self.size, self.sha256)
         if problem:
-            self._failed(problem)
+            return self._failed(problem)
+        self.r, self.pending = r, data
 
-    def readinto(self, buf) -> int:
-        while self.pos < self.end:
-            if self.f is None:
-                self._open()
+    def _next(self, want: int) -> bytes:
+        """The next 1 to ``want`` bytes of the range (b"" at its end), opening or reopening as needed."""
+        want = min(want, self.end - self.pos)
+        while want > 0:
+            if self.r is None:
+                self._open(want)
                 continue
-            try:
-                data = self.f.read(min(len(buf), self.end - self.pos))
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                self._failed(f"reading the body: {type(e).__name__}: {e}")
-                continue
+            data, self.pending = self.pending, b""
+            if not data:
+                try:
+                    data = sync(self.fs.loop, _read_upto, self.r.content, want)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                    self._failed(f"reading the body: {type(e).__name__}: {e}")
+                    continue
             if not data:
                 self._failed(f"the body ended {self.end - self.pos} bytes short")
                 continue
-            n = len(data)
-            buf[:n] = data
-            self.pos += n
+            data, self.pending = data[:want], data[want:]
+            self.pos += len(data)
             if self.pos == self.end:
-                self._drop()
-            return n
-        return 0
+                self.r = None  # read to its end: aiohttp has put the connection back in its pool
+            return data
+        return b""
+
+    def readinto(self, buf) -> int:
+        data = self._next(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        parts = []
+        while chunk := self._next(8 << 20):
+            parts.append(chunk)
+        return b"".join(parts)
 
     def _drop(self) -> None:
-        if self.f is not None:
-            self.f.close()
-            self.f = None
+        if self.r is not None:
+            self.fs.loop.call_soon_threadsafe(self.r.close)  # mid-body: the connection cannot be reused
+            self.r, self.pending = None, b""
 
     def close(self) -> None:
         self._drop()

@@ -48,6 +48,11 @@ class _PreadFile(io.RawIOBase):
         self.pos += got
         return got
 
+    def readall(self) -> bytes:
+        data = os.pread(self.fd, max(0, self.end - self.pos), self.pos)
+        self.pos += len(data)
+        return data
+
     def close(self) -> None:
         if self.owns_fd and not self.closed:
             os.close(self.fd)
