@@ -17,8 +17,10 @@ from . import housekeeping
 from .files import file_table
 
 
-def _catalog_arg(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, ref: bool = True) -> None:
     p.add_argument("--catalog", default=default_path(), help="catalog file ($SHARD_SERVICE_CATALOG)")
+    if ref:
+        p.add_argument("ref", help="id, unique id prefix, name or tag")
 
 
 def _resolve(cat: Catalog, ref: str) -> Record:
@@ -37,7 +39,7 @@ class List:
 
     @staticmethod
     def add_arguments(p):
-        _catalog_arg(p)
+        _common(p, ref=False)
         p.add_argument("--all", action="store_true", help="include deleted sets")
         p.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -64,8 +66,7 @@ class Show:
 
     @staticmethod
     def add_arguments(p):
-        _catalog_arg(p)
-        p.add_argument("ref", help="id, id prefix, name or tag")
+        _common(p)
 
     @staticmethod
     def run(args) -> int:
@@ -79,8 +80,7 @@ class Tag:
 
     @staticmethod
     def add_arguments(p):
-        _catalog_arg(p)
-        p.add_argument("ref", help="id, id prefix, name or tag")
+        _common(p)
         p.add_argument("tag")
 
     @staticmethod
@@ -100,7 +100,7 @@ class Untag:
 
     @staticmethod
     def add_arguments(p):
-        _catalog_arg(p)
+        _common(p, ref=False)
         p.add_argument("tag")
 
     @staticmethod
@@ -116,8 +116,7 @@ class Verify:
 
     @staticmethod
     def add_arguments(p):
-        _catalog_arg(p)
-        p.add_argument("ref", help="id, id prefix, name or tag")
+        _common(p)
         p.add_argument("--deep", action="store_true", help="also decode every JPEG")
         p.add_argument("--workers", type=int, default=4, help="shards checked at once")
 
@@ -129,9 +128,8 @@ class Verify:
             raise SystemExit(f"dataset {rec.id} is {rec.state}; only ready sets are verified")
         problems = []
         try:
-            m = Manifest.load(rec.location)
             file_table(rec.location, rec.files, rec.manifest_sha256)  # the manifest is the registered one
-            problems += [str(p) for p in verify(m, deep=args.deep, workers=args.workers)]
+            problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep, workers=args.workers)]
         except Exception as e:  # a missing or changed manifest is the outcome, not a crash
             problems.append(f"{rec.location}: {e}")
         for p in problems:
@@ -147,8 +145,7 @@ class Remove:
 
     @staticmethod
     def add_arguments(p):
-        _catalog_arg(p)
-        p.add_argument("ref", help="id, id prefix, name or tag")
+        _common(p)
         p.add_argument("--purge", action="store_true", help="also delete the files the build wrote")
 
     @staticmethod
@@ -169,7 +166,7 @@ class Collect:
 
     @staticmethod
     def add_arguments(p):
-        _catalog_arg(p)
+        _common(p, ref=False)
         p.add_argument("--yes", action="store_true", help="really delete (default: only say what would go)")
 
     @staticmethod
