@@ -98,8 +98,14 @@ def run(args: argparse.Namespace) -> int:
                   splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
                   timeout=args.timeout, keep_staging=args.keep_staging, force=args.force)
     if args.catalog:
+        from shards.catalog import CatalogError
+
         from . import registry
-        summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)
+        try:
+            summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)
+        except CatalogError as e:
+            print(f"error: {e}")
+            return 2
         print(("reused " if summary.reused else "registered ") + registry.where(record))
     else:
         summary = build(args.src, args.out, cfg, **kwargs)
