@@ -88,16 +88,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ffmpeg-threads", type=int, default=1, help="decoder threads per video")
     p.add_argument("--timeout", type=float, default=600, help="seconds before one ffmpeg call is abandoned")
     p.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging after a successful build")
+    p.add_argument("--catalog", help="register the build in this dataset catalog (SQLite file); a set with the same "
+                                     "inputs and output options already built anywhere is reused, nothing decoded")
+    p.add_argument("--name", help="catalog name of the set (default: the last part of --out)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the same build is already finished")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
                      short_side=args.short_side, quality=args.quality, seed=args.seed, decode=args.decode)
-    summary = build(args.src, args.out, cfg, workers=args.workers, address=args.address,
-                    shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
-                    shard_samples=args.shard_samples, splits=args.splits.split(","),
-                    videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
-                    timeout=args.timeout, keep_staging=args.keep_staging)
+    kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,
+                  shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
+                  splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
+                  timeout=args.timeout, keep_staging=args.keep_staging, force=args.force)
+    if args.catalog:
+        from shards.catalog import CatalogError
+
+        from . import registry
+        try:
+            summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)
+        except CatalogError as e:
+            print(f"error: {e}")
+            return 2
+        print(("reused " if summary.reused else "registered ") + registry.where(record))
+    else:
+        summary = build(args.src, args.out, cfg, **kwargs)
     print(("up to date: " if summary.reused else "done: ") + summary.line())
     fraction = summary.failed / max(1, summary.videos)
     if fraction > args.max_error_fraction:
@@ -110,16 +125,18 @@ def run(args: argparse.Namespace) -> int:
 def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | None = None,
           address: str | None = None, shard_size: int | None = 256 * 10**6, shard_samples: int | None = None,
           splits=("train", "val", "test"), videos_per_task: int = 8, threads: int = 1,
-          timeout: float = 600, keep_staging: bool = False) -> Summary:
+          timeout: float = 600, keep_staging: bool = False, force: bool = False, source: Source | None = None,
+          progress=None) -> Summary:
+    """``source``: already discovered; ``progress``: called with a dict of counts as work is done."""
     t0 = time.time()
-    source = discover(src)
+    source = source or discover(src)
     videos = [v for v in source.videos if v.split in splits]
     config = {"src": src, "layout": source.layout, "clip": cfg.as_dict(), "shard_size": shard_size,
               "shard_samples": shard_samples, "splits": sorted({v.split for v in videos})}
     fingerprint = source.fingerprint()
     summary = Summary(videos=len(videos), missing=sum(source.missing.values()))
     existing = _existing(out)
-    if existing and existing.config == config and existing.fingerprint == fingerprint:
+    if existing and existing.config == config and existing.fingerprint == fingerprint and not force:
         log.info("%s is already built from these inputs with this config", out)
         return _summarise_existing(existing, summary)
 
@@ -128,15 +145,19 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
              ", ".join(f"{s}: {n}" for s, n in sorted(Counter(v.split for v in videos).items())),
              len(source.classes), stage)
     parallel = ray_runtime.start(address, workers)
+    report = progress or (lambda state: None)
     results = _decode_all(stage, videos, source, cfg, parallel, videos_per_task, threads, timeout,
-                          summary.tasks_per_node)
+                          summary.tasks_per_node, report)
 
     errors = sorted((e for r in results for e in r["errors"]), key=lambda e: e["path"])
     manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=fingerprint)
     for split in config["splits"]:
         split_results = [r for r in results if r["batch"].startswith(f"{split}-")]
         shards = _pack_split(out, stage, split, split_results, cfg.seed, shard_size, shard_samples,
-                             summary.tasks_per_node)
+                             summary.tasks_per_node,
+                             lambda n: report({"videos_done": len(videos), "videos_total": len(videos),
+                                               "failed": len(errors), "shards_written": n + sum(
+                                                   len(s.shards) for s in manifest.splits.values())}))
         manifest.splits[split] = SplitInfo(shards=shards,
                                            num_failed=sum(e["split"] == split for e in errors))
     storage.atomic_write(storage.join(out, LEDGER),
@@ -186,7 +207,7 @@ def _batches(videos: list[Video], size: int) -> list[tuple[str, list[Video]]]:
 
 
 def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, threads, timeout,
-                nodes: Counter) -> list[dict]:
+                nodes: Counter, report) -> list[dict]:
     index = {c: i for i, c in enumerate(source.classes)}
     task = ray.remote(num_cpus=1, max_retries=2)(ray_runtime.on_node)
     pending, results = {}, []
@@ -207,10 +228,12 @@ def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, t
                 results.append(result)
                 failed += len(result["errors"])
                 bar.set_postfix(failed=failed, refresh=False)
+                report({"videos_done": bar.n, "videos_total": len(videos), "failed": failed, "shards_written": 0})
     return sorted(results, key=lambda r: r["batch"])
 
 
-def _pack_split(out, stage, split, results, seed, shard_size, shard_samples, nodes: Counter) -> list[ShardInfo]:
+def _pack_split(out, stage, split, results, seed, shard_size, shard_samples, nodes: Counter,
+                report) -> list[ShardInfo]:
     samples = {s["key"]: (s["key"], s["label"], r["batch"], s["offset"], s["length"])
                for r in results for s in r["samples"]}
     order = [samples[k] for k in ordering.shuffled(samples, seed)]
@@ -225,5 +248,6 @@ def _pack_split(out, stage, split, results, seed, shard_size, shard_samples, nod
             nodes[node] += 1
             infos.append(ShardInfo(**info))
             bar.update()
+            report(len(infos))
     log.info("%s: %d clips in %d shards", split, len(order), len(infos))
     return infos

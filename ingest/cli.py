@@ -1,25 +1,15 @@
 """``ingest`` console script: ``ingest build`` and ``ingest synth``."""
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 
-from . import build, synth
+from shards.commands import main as run_commands
 
-COMMANDS = {"build": build, "synth": synth}
+COMMANDS = {"build": "ingest.build", "synth": "ingest.synth"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ingest", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        module.add_arguments(p)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    return COMMANDS[args.command].run(args)
+    return run_commands("ingest", __doc__, COMMANDS, argv)
 
 
 if __name__ == "__main__":

@@ -3,20 +3,24 @@
 Readers learn sizes and offsets from the manifest, so a read is one open of one byte range:
 no stat, no directory listing. Local files are read with ``pread`` on a plain descriptor
 (Python's ``open`` would add an ``fstat``); a descriptor can be opened once and shared by
-forked loader workers. HTTP ranges are one streamed GET with a ``Range`` header; other
-fsspec filesystems (s3, gcs, memory) seek and read through fsspec's own buffering.
+forked loader workers. HTTP ranges are one streamed GET with a ``Range`` header, every
+response checked and retried (``shards.http_range``). Other fsspec filesystems (s3, gcs,
+memory) are read with one ranged ``cat_file`` per chunk: object stores get no metadata
+request (a HEAD) per range, since the manifest already gave the size. The node-local shard
+cache is ``shards.cache``.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
-import uuid
 from typing import BinaryIO
 
 from fsspec.core import url_to_fs
 
+from .http_range import DEFAULT_RETRY, HTTPRange, RangeError, Retry
+
 READ_BUFFER = 1 << 20  # bytes per read call on local files; tar parsing asks for 10 KiB at a time
+OBJECT_CHUNK = 16 << 20  # bytes per request to an object store
 
 
 def local_path(url: str) -> str | None:
@@ -44,30 +48,58 @@ class _PreadFile(io.RawIOBase):
         self.pos += got
         return got
 
+    def readall(self) -> bytes:
+        data = os.pread(self.fd, max(0, self.end - self.pos), self.pos)
+        self.pos += len(data)
+        return data
+
     def close(self) -> None:
         if self.owns_fd and not self.closed:
             os.close(self.fd)
         super().close()
 
 
-class _Bounded(io.RawIOBase):
-    """At most ``length`` bytes of an already positioned file object."""
+class _Chunked(io.RawIOBase):
+    """Bytes [start, end) of an fsspec file, one ranged ``cat_file`` per chunk, each checked for
+    length and retried like HTTP ranges."""
 
-    def __init__(self, f: BinaryIO, length: int):
-        self.f, self.left = f, length
+    def __init__(self, url: str, start: int, end: int, retry: Retry):
+        self.url, self.pos, self.end, self.retry = url, start, end, retry
+        self.fs, self.path = url_to_fs(url)
+        self.buf, self.at = b"", 0
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buf) -> int:
-        data = self.f.read(min(len(buf), self.left))
-        buf[: len(data)] = data
-        self.left -= len(data)
-        return len(data)
+    def _fetch(self) -> None:
+        want = min(OBJECT_CHUNK, self.end - self.pos)
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                data = self.fs.cat_file(self.path, start=self.pos, end=self.pos + want)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.url}: not found") from None
+            except OSError as e:
+                problem = f"{type(e).__name__}: {e}"
+            else:
+                if len(data) == want:
+                    self.buf, self.at = data, 0
+                    return
+                problem = f"{len(data)} bytes, expected {want}"
+            if attempt < self.retry.attempts:
+                self.retry.sleep(attempt)
+        raise RangeError(f"{self.url}: bytes {self.pos}-{self.pos + want - 1}: {problem}; "
+                         f"gave up after {self.retry.attempts} attempts")
 
-    def close(self) -> None:
-        self.f.close()
-        super().close()
+    def readinto(self, buf) -> int:
+        if self.pos >= self.end:
+            return 0
+        if self.at >= len(self.buf):
+            self._fetch()
+        n = min(len(buf), len(self.buf) - self.at)
+        buf[:n] = self.buf[self.at:self.at + n]
+        self.at += n
+        self.pos += n
+        return n
 
 
 def open_fd(url: str) -> int:
@@ -75,10 +107,13 @@ def open_fd(url: str) -> int:
     return os.open(local_path(url), os.O_RDONLY | os.O_CLOEXEC)
 
 
-def open_range(url: str, start: int, end: int, fd: int | None = None) -> BinaryIO:
+def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: int | None = None,
+               sha256: str | None = None, retry: Retry = DEFAULT_RETRY) -> BinaryIO:
     """A readable stream of exactly bytes [start, end) of ``url``.
 
     ``fd``: an already open descriptor of the same local file, used instead of opening it.
+    ``size``, ``sha256``: the file's size and digest from the manifest, which HTTP answers
+    must agree with.
     """
     path = local_path(url)
     if fd is not None or path is not None:
@@ -87,62 +122,14 @@ def open_range(url: str, start: int, end: int, fd: int | None = None) -> BinaryI
             fd = open_fd(path)
         os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_SEQUENTIAL)
         return io.BufferedReader(_PreadFile(fd, start, end, owns), READ_BUFFER)
-    fs, fspath = url_to_fs(url)
     if url.startswith(("http://", "https://")):
-        # block_size=0: one streamed GET for the whole range; size given so no HEAD is made
-        f = fs.open(fspath, "rb", block_size=0, size=end, headers={"Range": f"bytes={start}-{end - 1}"})
-        if f.r.status != 206:
-            f.close()
-            raise OSError(f"{url}: server answered {f.r.status} to a byte-range request")
-        return io.BufferedReader(_Bounded(f, end - start), READ_BUFFER)
-    f = fs.open(fspath, "rb", block_size=min(end - start, 64 << 20) or 1)
-    f.seek(start)
-    return io.BufferedReader(_Bounded(f, end - start), READ_BUFFER)
+        return io.BufferedReader(HTTPRange(url, start, end, size, sha256, retry), READ_BUFFER)
+    return io.BufferedReader(_Chunked(url, start, end, retry), READ_BUFFER)
 
 
 def read_range(url: str, start: int, end: int) -> bytes:
     with open_range(url, start, end) as f:
         return f.read()
-
-
-class ShardCache:
-    """Shards staged once to a node-local directory, named by their SHA-256, reused across runs.
-
-    A shard is copied to a temporary name while its SHA-256 and size are checked, and renamed
-    into place only if both match: a file under its final name is a verified copy. Ranks and
-    workers of a node that stage the same shard at once each write their own temporary file;
-    the rename makes the last one win with identical bytes.
-    """
-
-    def __init__(self, directory: str):
-        self.directory = directory
-        os.makedirs(directory, exist_ok=True)
-
-    def path(self, sha256: str) -> str:
-        return os.path.join(self.directory, sha256[:2], f"{sha256}.tar")
-
-    def fetch(self, url: str, sha256: str, size: int) -> str:
-        """The local path of a verified copy of the shard at ``url``, staging it if needed."""
-        dest = self.path(sha256)
-        if os.path.exists(dest):
-            return dest
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-        h, n = hashlib.sha256(), 0
-        try:
-            with open_range(url, 0, size) as src, open(tmp, "wb") as out:
-                while chunk := src.read(READ_BUFFER * 8):
-                    h.update(chunk)
-                    n += len(chunk)
-                    out.write(chunk)
-            if n != size or h.hexdigest() != sha256:
-                raise OSError(f"{url}: staged copy has {n} bytes, sha256 {h.hexdigest()[:12]}; "
-                              f"manifest says {size} bytes, sha256 {sha256[:12]}")
-            os.replace(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        return dest
 
 
 def iter_samples(url: str, shard, start: int, stop: int):
@@ -151,7 +138,8 @@ def iter_samples(url: str, shard, start: int, stop: int):
     if start >= stop:
         return
     pos = shard.offsets[start]
-    with open_range(url, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1]) as f:
+    with open_range(url, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1], size=shard.bytes,
+                    sha256=shard.sha256) as f:
         for i in range(start, stop):
             f.read(shard.offsets[i] - pos)  # a gap between samples; empty in shards we write
             data = f.read(shard.lengths[i])

@@ -1,4 +1,5 @@
-"""Session-wide fixtures: one local Ray on loopback for the whole run (it costs seconds to start)."""
+"""Session-wide fixtures: one local Ray on loopback for the whole run (it costs seconds to start);
+always a new one (address="local"), never another Ray running on the machine."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=150 * 2**20,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 2**20,
              logging_level="WARNING")
     yield ray
     ray.shutdown()

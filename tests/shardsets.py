@@ -61,6 +61,8 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames}},
                  fingerprint=digest({"splits": splits, "per_shard": per_shard}))
     m.save(directory)
+    with open(os.path.join(directory, "classes.txt"), "w") as f:
+        f.write("".join(c + "\n" for c in classes))
     return m
 
 
@@ -105,3 +107,41 @@ def serve(directory: str):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def register(catalog, directory: str, name: str, dataset_id: str | None = None):
+    """Record an existing shard set as ready in a catalog (as a finished build would); returns the record."""
+    from ingest.registry import describe_set
+
+    dataset_id = dataset_id or digest(directory) * 4
+    claim = catalog.claim(dataset_id, source="tests", location=directory, options={"splits": ["train", "val"]},
+                          name=name, strict_name=True)
+    splits, files, sha = describe_set(directory)
+    catalog.finish(dataset_id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="tests")
+    return catalog.get(dataset_id)
+
+
+class ServiceProcess:
+    """``shard-service serve`` in a subprocess on 127.0.0.1, on a free port."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.args, self.env, self.proc, self.url = args, env, None, None
+
+    def start(self) -> str:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", "0", *self.args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env)
+        seen = []
+        while not (line := self.proc.stdout.readline()).startswith("serving "):
+            seen.append(line)
+            assert line, "the server exited: " + "".join(seen)
+        self.url = line.split()[1].removesuffix("/v1")
+        self.log = seen
+        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()  # keep draining
+        return self.url
+
+    def kill(self, signum: int = 9) -> None:
+        self.proc.send_signal(signum)
+        self.proc.wait(timeout=60)

@@ -13,7 +13,8 @@ from PIL import Image
 
 from shards import partition as P
 from shards.manifest import Manifest
-from shards.reading import ShardCache, read_range
+from shards.cache import ShardCache
+from shards.reading import read_range
 from shardsets import frame_colour, make_shardset, serve
 from trainer.loader import ClipLoader, shared_manifest
 from trainer.transforms import EvalTransform, TrainTransform, decode, multiscale_box

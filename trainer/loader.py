@@ -40,7 +40,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import partition
 from shards.manifest import Manifest
-from shards.reading import ShardCache, local_path, open_fd, open_range
+from shards.cache import ShardCache
+from shards.reading import local_path, open_fd, open_range
 
 from .slots import SlotPool
 from .transforms import EvalTransform, TrainTransform, jpeg_size
@@ -68,7 +69,7 @@ def video_id(key: str) -> str:
 def _open_reads(reads):
     """Stage: each planned read as an open stream of its byte range, closed once consumed."""
     for r in reads:
-        stream = open_range(r["url"], r["start"], r["end"], fd=r["fd"])
+        stream = open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"])
         try:
             yield {"url": r["url"], "stream": stream}
         finally:
@@ -182,7 +183,8 @@ class ClipLoader:
                  train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
                  crop_size: int = 224, scale_size: int = 256, flip: bool = True,
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
-                 cache_dir: str | None = None, piece_samples: int | None = None,
+                 cache_dir: str | None = None, cache_budget: int | str | None = None,
+                 piece_samples: int | None = None,
                  decode_on_device: bool = False):
         self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
         self.split = split
@@ -192,7 +194,7 @@ class ClipLoader:
         self.train, self.seed, self.num_workers = train, seed, num_workers
         self.remainder, self.piece_samples = remainder, piece_samples
         self.shuffle_buffer = shuffle_buffer if train else 0
-        self.cache = ShardCache(cache_dir) if cache_dir else None
+        self.cache = ShardCache(cache_dir, cache_budget) if cache_dir else None
         self.decode_on_device = decode_on_device
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
@@ -325,7 +327,10 @@ class ClipLoader:
         # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
         plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
                  for i in range(self._workers)]
-        urls = {r["shard"]: self._url(r["shard"]) for p in plans for r in p["reads"]}
+        needed = {r["shard"] for p in plans for r in p["reads"]}
+        if self.cache:  # refuse before downloading anything if the epoch cannot fit
+            self.cache.reserve(sum(self.shards[i].bytes for i in needed))
+        urls = {i: self._url(i) for i in needed}
         fds, pool, batches = {}, None, None
         try:
             if len(urls) <= SHARED_FDS_MAX:
@@ -335,6 +340,7 @@ class ClipLoader:
             for p in plans:
                 for r in p["reads"]:
                     r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
+                    r["size"], r["sha256"] = self.shards[r["shard"]].bytes, self.shards[r["shard"]].sha256
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
@@ -354,3 +360,5 @@ class ClipLoader:
                 self._slots_in_use = False
             for fd in fds.values():
                 os.close(fd)
+            if self.cache:
+                self.cache.release()

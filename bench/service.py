@@ -1,0 +1,250 @@
+"""Service benchmark: concurrent clients reading random shard ranges over loopback, beside the
+same reads from local disk through the same client path (``shards.reading.open_range``).
+
+For a fixed time, CLIENTS clients (PROCS processes x threads) each read random runs of 1-8
+consecutive clips (the reads a loader makes) of random shards, and check every answer's length
+(one in 20 byte for byte). Reported per source: MB/s, requests/s, latency p50/p99, errors; for
+servers also their peak memory (RSS sampled every 0.2 s, with the first and last sample to show
+it stays flat) and CPU seconds per GB served. Sources, in one run: local disk, this service
+(aiohttp, sendfile), and with --compare a Starlette FileResponse app on uvicorn serving the same
+files (the alternative the issue asks to measure). Then one epoch of the trainer's loader
+streamed from the service against local disk: the time spent waiting for batches.
+
+    python bench/service.py                      # 32 clients, 10 s per source
+    python bench/service.py --compare --seconds 8
+
+The last line of output is ``BENCH_JSON {...}`` with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ingest.registry import describe_set  # noqa: E402
+from shards.catalog import Catalog  # noqa: E402
+from shards.manifest import Manifest, SplitInfo  # noqa: E402
+from shards.packing import shard_name, write_shard  # noqa: E402
+from shards.reading import open_range  # noqa: E402
+from shards.tarformat import sample_bytes  # noqa: E402
+
+
+def make_set(directory: str, shards: int, clips: int, frames: int = 8) -> Manifest:
+    """Shards of JPEG clips about the size of Kinetics ones (340x256 frames, ~20 kB each)."""
+    rng = np.random.default_rng(0)
+    jpegs = []
+    for t in range(frames):
+        a = (np.linspace(0, 255, 340)[None, :, None] + rng.normal(0, 40, (256, 340, 3))).clip(0, 255)
+        buf = io.BytesIO()
+        Image.fromarray(a.astype(np.uint8)).save(buf, "JPEG", quality=90)
+        jpegs.append(buf.getvalue())
+    split = SplitInfo()
+    for k in range(shards):
+        samples = []
+        for i in range(clips):
+            key = f"v{k:03d}_{i:04d}_c00"
+            members = [(f"{t:02d}.jpg", jpegs[(t + i) % frames]) for t in range(frames)]
+            members += [("cls", str(i % 10).encode()), ("json", b"{}")]
+            samples.append((key, i % 10, sample_bytes(key, members)))
+        name = shard_name("train", k)
+        split.shards.append(write_shard(os.path.join(directory, name), name, samples))
+    m = Manifest(classes=[f"c{i}" for i in range(10)], splits={"train": split}, config={"clip": {"frames": frames}},
+                 fingerprint="bench")
+    m.save(directory)
+    return m
+
+
+# --- clients ------------------------------------------------------------------------------------
+def _client_thread(base, shards, deadline, seed, out, local_root):
+    rng = random.Random(seed)
+    lat, nbytes, errors, n = [], 0, 0, 0
+    while time.perf_counter() < deadline:
+        s = rng.choice(shards)
+        i = rng.randrange(len(s["offsets"]))
+        j = min(len(s["offsets"]), i + rng.randint(1, 8))
+        a, b = s["offsets"][i], s["offsets"][j - 1] + s["lengths"][j - 1]
+        t0 = time.perf_counter()
+        try:
+            with open_range(f"{base}/{s['name']}", a, b, size=s["bytes"], sha256=s["sha256"]) as f:
+                data = f.read()
+            if len(data) != b - a:
+                raise OSError("short")
+            n += 1
+            if n % 20 == 0:
+                with open(os.path.join(local_root, s["name"]), "rb") as f:
+                    f.seek(a)
+                    if f.read(b - a) != data:
+                        raise OSError("bytes differ")
+        except Exception:  # counted, reported
+            errors += 1
+            continue
+        lat.append(time.perf_counter() - t0)
+        nbytes += b - a
+    out.append((lat, nbytes, errors))
+
+
+def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
+    out = []
+    deadline = time.perf_counter() + seconds
+    ts = [threading.Thread(target=_client_thread, args=(base, shards, deadline, seed * 1000 + k, out, local_root))
+          for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    queue.put(out)
+
+
+def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seconds: float,
+         server: psutil.Process | None) -> dict:
+    shards = [{"name": s.name, "offsets": s.offsets, "lengths": s.lengths, "bytes": s.bytes, "sha256": s.sha256}
+              for s in m.splits["train"].shards]
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    cpu0 = sum(server.cpu_times()[:2]) if server else 0.0
+    rss = []
+    ps = [ctx.Process(target=_client_proc, args=(base, shards, seconds, clients // procs, k, queue, local_root))
+          for k in range(procs)]
+    t0 = time.perf_counter()
+    for p in ps:
+        p.start()
+    results = []
+    while len(results) < procs:
+        if server:
+            rss.append(server.memory_info().rss)
+        try:
+            results.append(queue.get(timeout=0.2))
+        except Exception:  # queue.Empty: sample again
+            pass
+    for p in ps:
+        p.join()
+    wall = time.perf_counter() - t0
+    lat = np.array([x for r in results for t in r for x in t[0]])
+    nbytes = sum(t[1] for r in results for t in r)
+    out = {"MB_s": nbytes / wall / 1e6, "req_s": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50) * 1e3),
+           "p99_ms": float(np.percentile(lat, 99) * 1e3), "errors": sum(t[2] for r in results for t in r),
+           "requests": len(lat), "GB": nbytes / 1e9}
+    if server:
+        out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
+                    "cpu_s_per_GB": (sum(server.cpu_times()[:2]) - cpu0) / max(out["GB"], 1e-9)})
+    return out
+
+
+# --- servers ------------------------------------------------------------------------------------
+def start(cmd: list[str], env=None) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for line in proc.stdout:
+        if line.startswith("serving "):
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, line.split()[1]
+    raise RuntimeError("server did not start")
+
+
+def starlette_main(root: str) -> None:
+    """A Starlette app serving ``root`` with FileResponse (which answers single ranges) on uvicorn."""
+    import socket
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import FileResponse
+    from starlette.routing import Route
+
+    async def shard(request):
+        return FileResponse(os.path.join(root, request.path_params["path"]))
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(f"serving http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    app = Starlette(routes=[Route("/{path:path}", shard)])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", backlog=1024)).run(sockets=[sock])
+
+
+# --- one epoch's data wait ----------------------------------------------------------------------
+def epoch_wait(where: str, workers: int) -> dict:
+    from trainer.loader import ClipLoader
+
+    loader = ClipLoader(where, "train", batch_size=8, num_workers=workers, crop_size=112, scale_size=128)
+    waits, t = [], time.perf_counter()
+    for _ in loader:
+        now = time.perf_counter()
+        waits.append(now - t)
+        t = now
+    return {"data_wait_s": float(sum(waits)), "batches": len(waits)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="/tmp/kinetics-fast-bench-service", help="working directory (rebuilt)")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--procs", type=int, default=4, help="client processes (the clients are their threads)")
+    p.add_argument("--seconds", type=float, default=10, help="load time per source")
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--clips", type=int, default=100, help="clips per shard")
+    p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
+    p.add_argument("--epoch-workers", type=int, default=2)
+    p.add_argument("--role", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.role:
+        starlette_main(args.role)
+        return 0
+    shutil.rmtree(args.out, ignore_errors=True)
+    root = os.path.join(args.out, "set")
+    m = make_set(root, args.shards, args.clips)
+    size = sum(s.bytes for s in m.splits["train"].shards)
+    print(f"{args.shards} shards, {args.shards * args.clips} clips, {size / 1e6:.0f} MB; {args.clients} clients "
+          f"in {args.procs} processes, {args.seconds:.0f} s per source", flush=True)
+    cat = Catalog(os.path.join(args.out, "catalog.sqlite"))
+    claim = cat.claim("be" * 32, source="bench", location=root, options={}, name="bench")
+    splits, files, sha = describe_set(root)
+    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="bench")
+
+    res = {"local": load(root, m, root, args.clients, args.procs, args.seconds, None)}
+    print("local disk", res["local"], flush=True)
+    servers = {"service (aiohttp, sendfile)": ([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog",
+                                                cat.path], "/v1/datasets/bench")}
+    if args.compare:
+        servers["starlette FileResponse on uvicorn"] = ([sys.executable, os.path.abspath(__file__), "--role", root], "")
+    for label, (cmd, path) in servers.items():
+        proc, url = start(cmd)
+        try:
+            res[label] = load(url.removesuffix("/v1") + path, m, root, args.clients, args.procs, args.seconds,
+                              psutil.Process(proc.pid))
+        finally:
+            proc.terminate()
+            proc.wait()
+        print(label, res[label], flush=True)
+    service = "service (aiohttp, sendfile)"
+    res["service_vs_local_MB_s"] = res[service]["MB_s"] / res["local"]["MB_s"]
+
+    proc, url = start(servers[service][0])
+    try:
+        res["epoch_local"] = epoch_wait(root, args.epoch_workers)
+        res["epoch_http"] = epoch_wait(url.removesuffix("/v1") + "/v1/datasets/bench", args.epoch_workers)
+    finally:
+        proc.terminate()
+        proc.wait()
+    res["epoch_http_vs_local"] = res["epoch_http"]["data_wait_s"] / res["epoch_local"]["data_wait_s"]
+    print(f"one epoch ({res['epoch_local']['batches']} batches, {args.epoch_workers} workers): data wait "
+          f"{res['epoch_local']['data_wait_s']:.2f} s local, {res['epoch_http']['data_wait_s']:.2f} s over HTTP "
+          f"({res['epoch_http_vs_local']:.2f}x)")
+    print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
+    print("BENCH_JSON " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""``ingest build --catalog``: builds registered in the dataset catalog, found again by content.
+
+The dataset id (``shards.catalog_id``) is taken over
+  * the inputs: every video's URL (local paths made absolute), size, modification stamp
+    (mtime, or the store's ETag or update time where there is no mtime) and label, and the
+    class list (an empty class folder shifts the class indices);
+  * the options that change the output bytes: the clip config (frames, clips per video, eval
+    clips, short side, quality, seed, decode mode), the shard size or sample count, the splits;
+  * the shard format version.
+Workers, videos per task, timeouts, ffmpeg threads, the output location and the Ray address
+cannot change the bytes and are left out, so the same build asked for anywhere is found.
+
+A build claims its id in the catalog first (``Catalog.claim``): a ready set with that id is
+reused wherever it lives and nothing is decoded; a set another live process is building is
+waited for; otherwise this process builds, heartbeating its lease, reporting progress, and
+records the set as ready (with its split counts and file digests) or failed.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from fsspec.core import url_to_fs
+
+from shards import storage
+from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record
+from shards.catalog_id import dataset_id
+from shards.manifest import MANIFEST_NAME, Manifest
+
+from .clips import ClipConfig
+from .sources import Source, discover
+
+log = logging.getLogger("ingest.registry")
+SET_FILES = (MANIFEST_NAME, "classes.txt", "errors.jsonl")  # besides the shards, what a set holds
+_STAMP_KEYS = ("mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "md5Hash", "created")
+
+
+@dataclass
+class Plan:
+    """A build asked for: its id, the discovered source and the options behind the id."""
+    id: str
+    src: str
+    source: Source
+    cfg: ClipConfig
+    shard_size: int | None
+    shard_samples: int | None
+    splits: list[str]
+    options: dict  # the byte-changing options, as recorded
+
+
+def normalise(url: str) -> str:
+    """Local paths absolute; URLs as given, without a trailing slash."""
+    return url.rstrip("/") if "://" in url else os.path.abspath(url)
+
+
+def _stamps(src: str, splits) -> dict[str, object]:
+    """relpath -> modification stamp of every file under the splits, from one listing each."""
+    out = {}
+    for split in splits:
+        fs, root = url_to_fs(storage.join(src, split))
+        if not fs.exists(root):
+            continue
+        root = root.rstrip("/")
+        for path, info in fs.find(root, detail=True).items():
+            stamp = next((info[k] for k in _STAMP_KEYS if info.get(k) is not None), None)
+            out[f"{split}/{path[len(root) + 1:]}"] = stamp if isinstance(stamp, (int, float)) else str(stamp)
+    return out
+
+
+def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 256 * 10**6,
+         shard_samples: int | None = None, splits=("train", "val", "test")) -> Plan:
+    """List the inputs and compute the dataset id of building them with these options."""
+    src = normalise(src)
+    source = discover(src)
+    videos = [v for v in source.videos if v.split in splits]
+    present = sorted({v.split for v in videos})
+    shard_size = None if shard_samples else shard_size
+    stamps = _stamps(src, present)
+    inputs = [{"path": storage.join(src, v.relpath), "size": v.size, "stamp": stamps.get(v.relpath),
+               "label": v.label} for v in videos]
+    options = {"clip": cfg.as_dict(), "shard_size": shard_size, "shard_samples": shard_samples, "splits": present}
+    ident = dataset_id(inputs, {**options, "classes": source.classes, "layout": source.layout})
+    return Plan(ident, src, source, cfg, shard_size, shard_samples, present, options)
+
+
+def claim(catalog: Catalog, p: Plan, out: str, name: str | None = None, force: bool = False) -> Claim:
+    """Claim ``p.id`` for a build into ``out``; unnamed sets are named after ``out``'s last part."""
+    out = normalise(out)
+    default = re.sub(r"[^A-Za-z0-9._-]+", "-", out.rsplit("/", 1)[-1]).strip(".-_") or None
+    return catalog.claim(p.id, source=p.src, location=out, options=p.options, name=name or default,
+                         strict_name=name is not None, force=force)
+
+
+def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConfig(), *, name: str | None = None,
+          force: bool = False, poll: float = 1.0, shard_size: int | None = 256 * 10**6,
+          shard_samples: int | None = None, splits=("train", "val", "test"), **build_kwargs):
+    """``ingest.build.build`` through the catalog; returns (summary, record)."""
+    from .build import Summary
+
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits)
+    waited = False
+    while True:
+        c = claim(cat, p, out, name, force)
+        if c.action == "reuse" and not storage.exists(storage.join(c.record.location, MANIFEST_NAME)):
+            log.warning("dataset %s is recorded at %s, but its manifest is gone: rebuilding", p.id, c.record.location)
+            force = True
+            continue
+        if c.action != "wait":
+            break
+        if not waited:
+            log.info("dataset %s is being built by %s pid %s into %s; waiting for it", p.id,
+                     c.record.owner.get("host"), c.record.owner.get("pid"), c.record.location)
+            waited = True
+        time.sleep(poll)
+    if c.action == "reuse":
+        rec = c.record
+        log.info("dataset %s (%s) is already built at %s; nothing decoded (--force rebuilds)",
+                 rec.id, rec.name, rec.location)
+        summary = Summary(videos=sum(v.split in p.splits for v in p.source.videos), reused=True,
+                          missing=sum(p.source.missing.values()))
+        for s in rec.splits.values():
+            summary.clips, summary.bytes = summary.clips + s["clips"], summary.bytes + s["bytes"]
+            summary.shards, summary.failed = summary.shards + s["shards"], summary.failed + s["failed"]
+        return summary, rec
+    return run_claimed(cat, c, p, force=force, **build_kwargs), cat.get(p.id)
+
+
+def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kwargs):
+    """Build a claimed id into its record's location: heartbeat, progress, then ready or failed.
+    ``force``: rebuild even if the location holds a finished build."""
+    from .build import build as ingest_build
+
+    dataset, owner = c.record.id, c.owner
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(HEARTBEAT_SECONDS):
+            if not cat.heartbeat(dataset, owner):
+                log.warning("dataset %s: another process has taken this build over", dataset)
+                return
+
+    last = [0.0]
+
+    def progress(state: dict) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0 or state.get("final"):
+            last[0] = now
+            cat.set_progress(dataset, owner, state)
+
+    threading.Thread(target=beat, daemon=True, name=f"heartbeat-{dataset[:8]}").start()
+    try:
+        summary = ingest_build(p.src, c.record.location, p.cfg, source=p.source, shard_size=p.shard_size,
+                               shard_samples=p.shard_samples, splits=p.splits, progress=progress, force=force,
+                               **build_kwargs)
+        splits, files, manifest_sha = describe_set(c.record.location)
+    except BaseException as e:
+        stop.set()
+        cat.fail(dataset, owner, f"{type(e).__name__}: {e}")
+        raise
+    stop.set()
+    if not cat.finish(dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
+                      builder_version=_version(),
+                      progress={"videos_done": summary.videos, "videos_total": summary.videos,
+                                "failed": summary.failed, "shards_written": summary.shards}):
+        log.warning("dataset %s: built, but another process had taken the record over", dataset)
+    log.info("dataset %s registered at %s", dataset, c.record.location)
+    return summary
+
+
+def describe_set(location: str) -> tuple[dict, dict, str]:
+    """(per-split counts, {file: [size, sha256]} of the set's small files, the manifest's sha256),
+    read back from storage: what the catalog records of a ready set."""
+    files = {}
+    for name in SET_FILES:
+        if name != MANIFEST_NAME and not storage.exists(storage.join(location, name)):
+            continue  # sets written by other tools may lack them
+        data = storage.read_bytes(storage.join(location, name))
+        files[name] = [len(data), hashlib.sha256(data).hexdigest()]
+    m = Manifest.load(location)
+    splits = {name: {"clips": s.num_samples, "bytes": s.num_bytes, "shards": len(s.shards), "failed": s.num_failed}
+              for name, s in m.splits.items()}
+    return splits, files, files[MANIFEST_NAME][1]
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("kinetics-fast")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def where(record: Record) -> str:
+    """One line saying where a set lives."""
+    return f"dataset {record.id} ({record.name or 'unnamed'}) at {record.location}"

@@ -1,0 +1,182 @@
+"""The catalog commands of ``shard-service``: list, show, tag, untag, verify, remove, gc.
+
+Each class is one subcommand (a namespace for ``shards.commands``): its docstring is the help.
+They work on the catalog file directly, so they need no running server.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from shards.catalog import Catalog, CatalogError, Record, default_path
+from shards.manifest import Manifest
+from shards.verify import verify
+
+from . import housekeeping
+from .files import file_table
+
+
+def _common(p: argparse.ArgumentParser, ref: bool = True) -> None:
+    p.add_argument("--catalog", default=default_path(), help="catalog file ($SHARD_SERVICE_CATALOG)")
+    if ref:
+        p.add_argument("ref", help="id, unique id prefix, name or tag")
+
+
+def _resolve(cat: Catalog, ref: str) -> Record:
+    rec = cat.resolve(ref)
+    if rec is None:
+        raise SystemExit(f"no dataset {ref!r} in {cat.path} (give an id, a unique id prefix, a name or a tag)")
+    return rec
+
+
+def _state(rec: Record) -> str:
+    return "abandoned" if rec.state == "building" and not rec.lease_alive() else rec.state
+
+
+class List:
+    """List the catalog's datasets: id, name, state, tags, clips, size, location."""
+
+    @staticmethod
+    def add_arguments(p):
+        _common(p, ref=False)
+        p.add_argument("--all", action="store_true", help="include deleted sets")
+        p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    @staticmethod
+    def run(args) -> int:
+        states = ("building", "ready", "failed", "deleted") if args.all else ("building", "ready", "failed")
+        records = Catalog(args.catalog).list(states)
+        if args.json:
+            for rec in records:
+                print(json.dumps(rec.to_json(), sort_keys=True))
+            return 0
+        print(f"{'id':<12}  {'name':<20} {'state':<9} {'clips':>9} {'size':>10}  tags / location")
+        for rec in records:
+            clips = sum(s["clips"] for s in rec.splits.values())
+            size = sum(s["bytes"] for s in rec.splits.values())
+            tags = f"[{', '.join(rec.tags)}] " if rec.tags else ""
+            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {_state(rec):<9} {clips:>9,} {size / 1e9:>8.2f}GB"
+                  f"  {tags}{rec.location}")
+        return 0
+
+
+class Show:
+    """Show one dataset's record (by id, unique id prefix, name or tag) as JSON."""
+
+    @staticmethod
+    def add_arguments(p):
+        _common(p)
+
+    @staticmethod
+    def run(args) -> int:
+        rec = _resolve(Catalog(args.catalog), args.ref)
+        print(json.dumps({**rec.to_json(), "state": _state(rec)}, indent=2, sort_keys=True))
+        return 0
+
+
+class Tag:
+    """Point a tag at a dataset (a tag names one set; tagging another moves it). Tagged sets are never gc'd."""
+
+    @staticmethod
+    def add_arguments(p):
+        _common(p)
+        p.add_argument("tag")
+
+    @staticmethod
+    def run(args) -> int:
+        cat = Catalog(args.catalog)
+        rec = _resolve(cat, args.ref)
+        try:
+            before = cat.tag(rec.id, args.tag)
+        except CatalogError as e:
+            raise SystemExit(str(e)) from None
+        print(f"tagged {rec.id} {args.tag}" + (f" (moved from {before})" if before else ""))
+        return 0
+
+
+class Untag:
+    """Remove a tag."""
+
+    @staticmethod
+    def add_arguments(p):
+        _common(p, ref=False)
+        p.add_argument("tag")
+
+    @staticmethod
+    def run(args) -> int:
+        if not Catalog(args.catalog).untag(args.tag):
+            raise SystemExit(f"no tag {args.tag!r}")
+        print(f"untagged {args.tag}")
+        return 0
+
+
+class Verify:
+    """Re-hash a ready dataset against its manifest (and the manifest against the catalog); record the outcome."""
+
+    @staticmethod
+    def add_arguments(p):
+        _common(p)
+        p.add_argument("--deep", action="store_true", help="also decode every JPEG")
+        p.add_argument("--workers", type=int, default=4, help="shards checked at once")
+
+    @staticmethod
+    def run(args) -> int:
+        cat = Catalog(args.catalog)
+        rec = _resolve(cat, args.ref)
+        if rec.state != "ready":
+            raise SystemExit(f"dataset {rec.id} is {rec.state}; only ready sets are verified")
+        problems = []
+        try:
+            file_table(rec.location, rec.files, rec.manifest_sha256)  # the manifest is the registered one
+            problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep, workers=args.workers)]
+        except Exception as e:  # a missing or changed manifest is the outcome, not a crash
+            problems.append(f"{rec.location}: {e}")
+        for p in problems:
+            print(p)
+        detail = "; ".join(problems[:20]) + (f"; ... {len(problems) - 20} more" if len(problems) > 20 else "")
+        cat.record_verify(rec.id, len(problems), detail or "ok")
+        print(f"{rec.id} at {rec.location}: {len(problems)} problems (recorded {time.strftime('%H:%M:%S')})")
+        return 1 if problems else 0
+
+
+class Remove:
+    """Forget a dataset; its files are deleted only with --purge. Refused while tagged or being built."""
+
+    @staticmethod
+    def add_arguments(p):
+        _common(p)
+        p.add_argument("--purge", action="store_true", help="also delete the files the build wrote")
+
+    @staticmethod
+    def run(args) -> int:
+        cat = Catalog(args.catalog)
+        rec = _resolve(cat, args.ref)
+        try:
+            housekeeping.remove(cat, rec, args.purge)
+        except CatalogError as e:
+            raise SystemExit(str(e)) from None
+        print(f"removed {rec.id}" + (f" and deleted its files at {rec.location}" if args.purge
+                                     else f" (files kept at {rec.location})"))
+        return 0
+
+
+class Collect:
+    """Delete failed and abandoned builds (files and record); a dry run unless --yes. Never a tagged set or a live build."""
+
+    @staticmethod
+    def add_arguments(p):
+        _common(p, ref=False)
+        p.add_argument("--yes", action="store_true", help="really delete (default: only say what would go)")
+
+    @staticmethod
+    def run(args) -> int:
+        cat = Catalog(args.catalog)
+        if not args.yes:
+            for rec in housekeeping.collectable(cat):
+                print(f"would remove {rec.id} ({_state(rec)}) and its files at {rec.location}")
+            print("dry run: nothing deleted (--yes deletes)")
+            return 0
+        for rec in housekeeping.collect(cat):
+            print(f"removed {rec.id} and its files at {rec.location}")
+        return 0

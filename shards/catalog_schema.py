@@ -1,0 +1,45 @@
+"""The catalog's SQLite schema as an ordered list of migrations.
+
+Migration k (counting from 1) takes a database whose ``PRAGMA user_version`` is k-1 to k.
+``shards.catalog`` applies the missing ones at open, all in one transaction, and refuses a
+file whose version is newer than ``len(MIGRATIONS)``. Never edit a migration that has
+shipped: append a new one.
+"""
+from __future__ import annotations
+
+MIGRATIONS: list[list[str]] = [
+    # 1: datasets, their tags
+    [
+        """CREATE TABLE datasets (
+            id TEXT PRIMARY KEY,               -- content fingerprint (SHA-256 hex)
+            name TEXT,
+            source TEXT NOT NULL,              -- the ingest input (path or fsspec URL)
+            location TEXT NOT NULL,            -- where the shard set lives (path or fsspec URL)
+            options TEXT NOT NULL,             -- JSON: the build options
+            splits TEXT NOT NULL DEFAULT '{}', -- JSON: {split: {clips, bytes, shards, failed}}
+            files TEXT NOT NULL DEFAULT '{}',  -- JSON: {manifest.json|classes.txt|errors.jsonl: [size, sha256]}
+            manifest_sha256 TEXT,
+            builder_version TEXT,
+            state TEXT NOT NULL CHECK (state IN ('building', 'ready', 'failed', 'deleted')),
+            created REAL NOT NULL,             -- Unix seconds
+            finished REAL,
+            owner TEXT,                        -- JSON {host, pid, token} of the process building it
+            heartbeat REAL,                    -- last sign of life of that process
+            attempts INTEGER NOT NULL DEFAULT 0,
+            progress TEXT NOT NULL DEFAULT '{}',
+            error TEXT,
+            verified REAL,                     -- last `verify`: when, and its outcome
+            verify_problems INTEGER,
+            verify_detail TEXT
+        )""",
+        "CREATE UNIQUE INDEX datasets_live_name ON datasets(name) WHERE state != 'deleted' AND name IS NOT NULL",
+        "CREATE INDEX datasets_location ON datasets(location)",
+        """CREATE TABLE tags (
+            tag TEXT PRIMARY KEY,
+            dataset_id TEXT NOT NULL REFERENCES datasets(id) ON DELETE CASCADE
+        )""",
+        "CREATE INDEX tags_dataset ON tags(dataset_id)",
+    ],
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)

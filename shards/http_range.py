@@ -1,0 +1,181 @@
+"""Byte ranges over HTTP, checked and retried: one streamed GET per range through fsspec's
+HTTP filesystem, resumed where it broke off.
+
+Every response must be exactly what was asked (``range_problem``): 206, a ``Content-Range``
+whose first and last byte and total size are the requested ones, a ``Content-Length`` equal
+to the range, a body of that length, and, when the server sends a SHA-256 strong ETag (as
+the dataset service does), the manifest's SHA-256. Anything else (a 200 with the whole file,
+a short body, a wrong total, another ETag, a 5xx, a dropped connection) is retried from the
+first missing byte with exponential backoff and jitter (``Retry.attempts`` requests in all
+per range), then fails naming the URL, the bytes and the last problem. 404 and other 4xx answers fail at once: asking again will not help.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import aiohttp
+from fsspec.asyn import sync
+from fsspec.core import url_to_fs
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
+_SHA256_ETAG = re.compile(r'"([0-9a-f]{64})"$')
+_RETRIED_4XX = {408, 425, 429}
+
+
+@dataclass(frozen=True)
+class Retry:
+    attempts: int = 5  # tries per missing byte range before giving up
+    backoff: float = 0.25  # seconds before the second try, doubling up to max_backoff
+    max_backoff: float = 8.0
+
+    def sleep(self, failures: int) -> None:
+        base = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
+        time.sleep(base * (0.5 + random.random() / 2))
+
+
+DEFAULT_RETRY = Retry()
+
+
+class RangeError(OSError):
+    """A byte range that could not be read as asked, after the retries."""
+
+
+def range_problem(status: int, headers: Mapping[str, str], start: int, end: int,
+                  size: int | None = None, sha256: str | None = None) -> str | None:
+    """Why a response to ``Range: bytes=start-(end-1)`` cannot be used, or None if it can.
+
+    ``size``: the file's total size as the manifest says; ``sha256``: its digest.
+    """
+    if status != 206:
+        return f"status {status}, expected 206 Partial Content"
+    text = headers.get("Content-Range", "")
+    m = _CONTENT_RANGE.match(text.strip())
+    if not m:
+        return f"Content-Range {text!r} is not 'bytes {start}-{end - 1}/SIZE'"
+    first, last, total = int(m[1]), int(m[2]), m[3]
+    if (first, last) != (start, end - 1):
+        return f"Content-Range {text!r} answers other bytes than {start}-{end - 1}"
+    if total == "*" or (size is not None and int(total) != size) or int(total) < end:
+        return f"Content-Range {text!r}: total size {total}, expected {size if size is not None else f'>= {end}'}"
+    length = headers.get("Content-Length")
+    if length is not None and length.strip() != str(end - start):
+        return f"Content-Length {length}, expected {end - start}"
+    etag = _SHA256_ETAG.match(headers.get("ETag", "").strip())
+    if sha256 and etag and etag[1] != sha256:
+        return f"ETag {etag[1][:12]}... differs from the manifest's SHA-256 {sha256[:12]}... (file changed)"
+    return None
+
+
+async def _read_upto(content: aiohttp.StreamReader, n: int) -> bytes:
+    """Up to ``n`` bytes of a response body, fewer only at its end: one hop to fsspec's event
+    loop per call instead of one per network chunk."""
+    parts, got = [], 0
+    try:
+        while got < n:
+            chunk = await content.read(n - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        if not parts:
+            raise  # else keep what arrived; the next read meets the error again
+    return b"".join(parts)
+
+
+class HTTPRange(io.RawIOBase):
+    """Bytes [start, end) of an HTTP(S) URL as a raw stream (wrap it in ``io.BufferedReader``)."""
+
+    def __init__(self, url: str, start: int, end: int, size: int | None = None, sha256: str | None = None,
+                 retry: Retry = DEFAULT_RETRY):
+        self.url, self.start, self.pos, self.end = url, start, start, end
+        self.size, self.sha256, self.retry = size, sha256, retry
+        self.fs, _ = url_to_fs(url)
+        self.r, self.pending = None, b""  # the open response, and body bytes already received
+        self.failures = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _failed(self, problem: str) -> None:
+        """Note a failure; raise after the last try, else back off before the next."""
+        self._drop()
+        self.failures += 1
+        if self.failures >= self.retry.attempts:
+            raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: {problem}; "
+                             f"gave up after {self.failures} attempts")
+        self.retry.sleep(self.failures)
+
+    async def _get(self, first: int) -> tuple[aiohttp.ClientResponse, bytes]:
+        """GET the missing bytes and receive the first ``first`` of them: one hop to fsspec's loop."""
+        session = await self.fs.set_session()
+        r = await session.get(self.fs.encode_url(self.url), headers={"Range": f"bytes={self.pos}-{self.end - 1}"},
+                              **self.fs.kwargs)
+        if r.status != 206:
+            r.release()
+            return r, b""
+        return r, await _read_upto(r.content, first)
+
+    def _open(self, first: int) -> None:
+        try:
+            r, data = sync(self.fs.loop, self._get, first)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return self._failed(f"{type(e).__name__}: {e}")
+        if r.status == 404:
+            raise FileNotFoundError(f"{self.url}: not found (404)")
+        if 400 <= r.status < 500 and r.status not in _RETRIED_4XX:
+            raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: status {r.status}")
+        problem = range_problem(r.status, r.headers, self.pos, self.end, self.size, self.sha256)
+        if problem:
+            return self._failed(problem)
+        self.r, self.pending = r, data
+
+    def _next(self, want: int) -> bytes:
+        """The next 1 to ``want`` bytes of the range (b"" at its end), opening or reopening as needed."""
+        want = min(want, self.end - self.pos)
+        while want > 0:
+            if self.r is None:
+                self._open(want)
+                continue
+            data, self.pending = self.pending, b""
+            if not data:
+                try:
+                    data = sync(self.fs.loop, _read_upto, self.r.content, want)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                    self._failed(f"reading the body: {type(e).__name__}: {e}")
+                    continue
+            if not data:
+                self._failed(f"the body ended {self.end - self.pos} bytes short")
+                continue
+            data, self.pending = data[:want], data[want:]
+            self.pos += len(data)
+            if self.pos == self.end:
+                self.r = None  # read to its end: aiohttp has put the connection back in its pool
+            return data
+        return b""
+
+    def readinto(self, buf) -> int:
+        data = self._next(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        parts = []
+        while chunk := self._next(8 << 20):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _drop(self) -> None:
+        if self.r is not None:
+            self.fs.loop.call_soon_threadsafe(self.r.close)  # mid-body: the connection cannot be reused
+            self.r, self.pending = None, b""
+
+    def close(self) -> None:
+        self._drop()
+        super().close()

@@ -1,0 +1,233 @@
+"""The streaming client against servers that answer ranges wrongly, and the node-local cache
+with real processes: one download per shard, killed and damaged downloads never visible, the
+LRU byte budget, pins."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from shards.cache import CacheFull, ShardCache
+from shards.http_range import RangeError, Retry, range_problem
+from shards.reading import open_range
+from shardsets import make_shardset
+
+FAST = Retry(attempts=3, backoff=0.01)
+SIZE = 300_000
+BLOB = bytes(range(256)) * (SIZE // 256) + bytes(SIZE % 256)
+SHA = hashlib.sha256(BLOB).hexdigest()
+BLOBS = {f"/s{i}.tar": bytes([i]) * SIZE for i in range(4)}
+BLOBS["/blob.tar"] = BLOB
+
+
+class Misbehaving(http.server.BaseHTTPRequestHandler):
+    """Serves BLOBS with ranges; ``server.mode`` decides how it answers wrongly."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        srv = self.server
+        srv.counts[self.path] += 1
+        srv.ranges.append(self.headers.get("Range"))
+        data = BLOBS[self.path]
+        first = srv.counts[self.path] == 1
+        mode = srv.mode
+        if mode == "slow":
+            time.sleep(0.3)
+        if mode == "flaky" and first:
+            return self._reply(503, {"Content-Length": "0"}, b"")
+        a, b = re.match(r"bytes=(\d+)-(\d+)", self.headers["Range"]).groups()
+        a, b = int(a), int(b)
+        body = data[a:b + 1]
+        headers = {"Content-Range": f"bytes {a}-{b}/{len(data)}", "Content-Length": str(len(body)),
+                   "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
+        if mode == "full":
+            return self._reply(200, {"Content-Length": str(len(data))}, data)
+        if mode == "total":
+            headers["Content-Range"] = f"bytes {a}-{b}/{len(data) + 1}"
+        if mode == "etag":
+            headers["ETag"] = f'"{"0" * 64}"'
+        if mode == "corrupt":
+            body = bytes([body[0] ^ 1]) + body[1:]
+        if mode == "short" or (mode == "short-first" and first):
+            self._reply(206, headers, body[: len(body) // 2], close=True)
+            if mode == "short-first":
+                time.sleep(0.3)  # let the client take the first half before the connection drops
+            return None
+        if mode == "stall-first" and first:
+            self._reply(206, headers, body[: len(body) // 2])
+            srv.release.wait(30)
+            self.close_connection = True
+            return None
+        return self._reply(206, headers, body)
+
+    def _reply(self, status, headers, body, close=False):
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+        if close:
+            self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def misbehaving(mode="ok"):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+    srv.daemon_threads = True
+    srv.mode, srv.counts, srv.ranges, srv.release = mode, Counter(), [], threading.Event()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.release.set()
+        srv.shutdown()
+        srv.server_close()
+
+
+# --- the range check, as a table ------------------------------------------------------------
+GOOD = {"Content-Range": "bytes 10-19/100", "Content-Length": "10", "ETag": f'"{SHA}"'}
+
+
+@pytest.mark.parametrize("status, change, problem", [
+    (206, {}, None),
+    (206, {"ETag": '"d41d8cd98f00b204e9800998ecf8427e"'}, None),  # an ETag of another kind is not ours to judge
+    (206, {"Content-Length": None}, None),
+    (200, {}, "status 200"),
+    (206, {"Content-Range": None}, "is not 'bytes 10-19/SIZE'"),
+    (206, {"Content-Range": "bytes 10-29/100"}, "other bytes"),
+    (206, {"Content-Range": "bytes 0-9/100"}, "other bytes"),
+    (206, {"Content-Range": "bytes 10-19/101"}, "total size 101"),
+    (206, {"Content-Range": "bytes 10-19/*"}, "total size *"),
+    (206, {"Content-Length": "11"}, "Content-Length 11"),
+    (206, {"ETag": f'"{"0" * 64}"'}, "differs from the manifest"),
+])
+def test_range_problem_table(status, change, problem):
+    headers = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    found = range_problem(status, headers, 10, 20, size=100, sha256=SHA)
+    assert (found is None) if problem is None else (problem in found)
+
+
+@pytest.mark.parametrize("mode", ["full", "short", "total", "etag"])
+def test_client_rejects_a_server_answering_ranges_wrongly(mode):
+    with misbehaving(mode) as (srv, url):
+        with pytest.raises(RangeError) as err:
+            open_range(f"{url}/blob.tar", 1000, 5000, size=SIZE, sha256=SHA, retry=FAST).read()
+        assert f"{url}/blob.tar: bytes 1000-4999, at byte" in str(err.value) and "after 3 attempts" in str(err.value)
+        assert srv.counts["/blob.tar"] == 3
+
+
+def test_client_retries_a_failed_answer_and_resumes_a_broken_body():
+    with misbehaving("flaky") as (srv, url):
+        assert open_range(f"{url}/blob.tar", 7, 250_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:250_007]
+        assert srv.counts["/blob.tar"] == 2
+    with misbehaving("short-first") as (srv, url):
+        assert open_range(f"{url}/blob.tar", 7, 250_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:250_007]
+        first, second = srv.ranges
+        assert first == "bytes=7-250006"
+        resumed = int(re.match(r"bytes=(\d+)-250006", second)[1])
+        assert 7 < resumed <= 7 + 125_000  # asked only for what was missing
+
+
+# --- the cache ------------------------------------------------------------------------------
+def _fetch(directory, url, sha, size, out):
+    try:
+        out.put(ShardCache(directory, retry=FAST).fetch(url, sha, size))
+    except Exception as e:  # reported to the test
+        out.put(repr(e))
+
+
+def leftovers(directory):
+    return sorted(f for _, _, fs in os.walk(directory) for f in fs if not f.endswith(".tar"))
+
+
+def test_processes_wanting_one_shard_download_it_once(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    with misbehaving("slow") as (srv, url):
+        procs = [ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        paths = {results.get(timeout=60) for _ in procs}
+        for p in procs:
+            p.join()
+        assert srv.counts["/blob.tar"] == 1
+    assert paths == {ShardCache(str(tmp_path)).path(SHA)}
+    assert open(paths.pop(), "rb").read() == BLOB and leftovers(tmp_path) == []
+
+
+def test_a_killed_download_is_never_visible_and_a_waiter_takes_over(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    final = ShardCache(str(tmp_path)).path(SHA)
+    with misbehaving("stall-first") as (srv, url):
+        first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results))
+        first.start()
+        deadline = time.monotonic() + 30
+        while srv.counts["/blob.tar"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waiter = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results))
+        waiter.start()
+        time.sleep(0.5)
+        assert not os.path.exists(final) and srv.counts["/blob.tar"] == 1  # the waiter waits
+        assert any(".tmp-" in f for f in leftovers(tmp_path))
+        os.kill(first.pid, signal.SIGKILL)
+        first.join()
+        assert results.get(timeout=60) == final
+        waiter.join()
+        assert srv.counts["/blob.tar"] == 2
+    assert open(final, "rb").read() == BLOB and leftovers(tmp_path) == []
+
+
+def test_a_damaged_download_is_never_visible(tmp_path):
+    cache = ShardCache(str(tmp_path), retry=FAST)
+    with misbehaving("corrupt") as (srv, url):
+        with pytest.raises(OSError, match="sha256"):
+            cache.fetch(f"{url}/blob.tar", SHA, SIZE)
+    assert not os.path.exists(cache.path(SHA)) and leftovers(tmp_path) == []
+
+
+def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path):
+    shas = {p: hashlib.sha256(b).hexdigest() for p, b in BLOBS.items()}
+    cache = ShardCache(str(tmp_path), budget=2 * SIZE + 10, retry=FAST)
+    with misbehaving() as (srv, url):
+        fetch = lambda p: cache.fetch(f"{url}{p}", shas[p], SIZE)  # noqa: E731
+        s0, s1 = fetch("/s0.tar"), fetch("/s1.tar")  # s0 is the least recently used, but pinned
+        cache.release(shas["/s1.tar"])
+        s2 = fetch("/s2.tar")
+        assert os.path.exists(s0) and not os.path.exists(s1) and os.path.exists(s2)
+        with pytest.raises(CacheFull, match="held by shards in use"):
+            fetch("/s3.tar")  # s0 and s2 are both pinned
+        other = ShardCache(str(tmp_path), budget=2 * SIZE + 10, retry=FAST)  # pins hold across processes too
+        with pytest.raises(CacheFull):
+            other.fetch(f"{url}/s3.tar", shas["/s3.tar"], SIZE)
+        cache.release()
+        assert other.fetch(f"{url}/s3.tar", shas["/s3.tar"], SIZE)
+        assert sum(os.path.exists(p) for p in (s0, s2)) == 1
+    with pytest.raises(CacheFull, match="cannot hold one epoch's shards"):
+        cache.reserve(3 * SIZE)
+
+
+def test_loader_refuses_an_epoch_the_cache_budget_cannot_hold(tmp_path):
+    from trainer.loader import ClipLoader
+
+    make_shardset(str(tmp_path / "set"), {"train": 20}, per_shard=5)
+    loader = ClipLoader(str(tmp_path / "set"), "train", batch_size=4, num_workers=0, crop_size=32,
+                        scale_size=36, cache_dir=str(tmp_path / "cache"), cache_budget="10kB")
+    with pytest.raises(CacheFull, match="cannot hold one epoch's shards"):
+        next(iter(loader))
+    assert leftovers(tmp_path / "cache") == [] and not os.listdir(tmp_path / "cache")

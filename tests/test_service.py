@@ -1,0 +1,330 @@
+"""The dataset service, started for real (``shard-service serve`` on a loopback port) over a real
+catalog file: ranges and conditional requests byte-exact against the file, path traversal, tokens,
+bad requests, builds asked for over HTTP (ten at once make one), a restart, and training
+batches read through it equal to those read from disk."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from shards.catalog import Catalog
+from shards.manifest import Manifest
+from shardsets import ServiceProcess, make_shardset, register
+
+import media
+
+TOKEN = "s3cret-token-for-tests"
+SECRET = b"SECRET-BYTES-OUTSIDE-EVERY-SET"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, ray_local):
+    root = tmp_path_factory.mktemp("service")
+    make_shardset(str(root / "tiny"), {"train": 20, "val": 8}, per_shard=5)
+    make_shardset(str(root / "linked"), {"train": 10, "val": 5}, per_shard=5)
+    (root / "secret.txt").write_bytes(SECRET)
+    shard = root / "linked" / "train" / "train-000001.tar"  # a symbolic link planted inside a set
+    shard.unlink()
+    shard.symlink_to(root / "secret.txt")
+    cat = Catalog(str(root / "catalog.sqlite"))
+    tiny = register(cat, str(root / "tiny"), "tiny")
+    register(cat, str(root / "linked"), "linked")
+    cat.tag(tiny.id, "prod")
+    building = cat.claim("ee" * 32, source="tests", location=str(root / "half"), options={}, name="half")
+    (root / "tokens").write_text(f"# writers\n{TOKEN}\n")
+    server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--token-file", str(root / "tokens"),
+                            "--data-root", str(root / "sets"), "--ray-address",
+                            ray_local.get_runtime_context().gcs_address)
+    server.start()
+    yield {"root": root, "server": server, "catalog": cat, "tiny": tiny, "building": building.record}
+    server.kill(15)
+
+
+def http(url: str, method: str = "GET", path: str = "/", headers: dict | None = None, body: bytes = b"",
+         raw_path: bytes | None = None) -> tuple[int, dict, bytes]:
+    """One request over a plain socket, the path sent byte for byte as given."""
+    host, port = url.split("//")[1].split(":")
+    lines = [b"%s %s HTTP/1.1" % (method.encode(), raw_path if raw_path is not None else path.encode()),
+             f"Host: {host}:{port}".encode(), b"Connection: close", b"Content-Length: %d" % len(body)]
+    lines += [f"{k}: {v}".encode() for k, v in (headers or {}).items()]
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        data = b""
+        while chunk := s.recv(1 << 16):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    got = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in header_lines)}
+    return int(status_line.split()[1]), got, payload
+
+
+def shard_of(env, index=0):
+    m = Manifest.load(str(env["root"] / "tiny"))
+    shard = m.splits["train"].shards[index]
+    return shard, (env["root"] / "tiny" / shard.name).read_bytes()
+
+
+def test_catalog_routes(env):
+    url, tiny = env["server"].url, env["tiny"]
+    status, _, body = http(url, path="/v1/health")
+    assert status == 200 and json.loads(body)["datasets"]["ready"] == 2
+    status, _, body = http(url, path="/v1/datasets")
+    assert status == 200 and {d["name"] for d in json.loads(body)["datasets"]} == {"tiny", "linked", "half"}
+    for ref in (tiny.id, "tiny", "prod", tiny.id[:8]):
+        status, _, body = http(url, path=f"/v1/datasets/{ref}")
+        record = json.loads(body)
+        assert status == 200 and record["id"] == tiny.id and record["tags"] == ["prod"]
+        assert record["splits"]["train"] == {"clips": 20, "bytes": record["splits"]["train"]["bytes"],
+                                             "shards": 4, "failed": 0}
+    status, headers, body = http(url, path="/v1/datasets/nothing-here")
+    assert status == 404 and headers["content-type"].startswith("application/json")
+    assert "nothing-here" in json.loads(body)["error"]
+
+
+RANGES = [  # Range header -> expected status and [start, end) (None: the 4xx cases)
+    ("bytes=0-99", 206, (0, 100)),
+    ("bytes=100-100", 206, (100, 101)),
+    ("bytes=-100", 206, ("size-100", "size")),
+    ("bytes=1000-", 206, (1000, "size")),
+    ("bytes=10-99999999", 206, (10, "size")),  # the end is clamped
+    ("bytes=-99999999", 206, (0, "size")),  # a suffix longer than the file: all of it
+    ("bytes=0-", 206, (0, "size")),
+    ("bytes=size-", 416, None),
+    ("bytes=size-size", 416, None),
+    ("bytes=99999999-", 416, None),
+    ("bytes=-0", 416, None),
+    ("bytes=0-1,5-9", 416, None),  # multiple ranges: one range per request
+    ("bytes=" + ",".join(["0-"] * 2000), 416, None),
+    ("bytes=9-5", 400, None),
+    ("bytes=abc", 400, None),
+    ("bytes=-", 400, None),
+    ("bytes=1-2-3", 400, None),
+    ("items=0-9", 200, (0, "size")),  # another unit is ignored
+]
+
+
+@pytest.mark.parametrize("header, status, span", RANGES)
+def test_range_table_byte_exact(env, header, status, span):
+    shard, data = shard_of(env)
+    size = len(data)
+    sub = lambda v: size - 100 if v == "size-100" else size if v == "size" else v  # noqa: E731
+    got, headers, body = http(env["server"].url, path=f"/v1/datasets/tiny/{shard.name}",
+                              headers={"Range": header.replace("size", str(size))})
+    assert got == status
+    assert headers["etag"] == f'"{shard.sha256}"' and headers["accept-ranges"] == "bytes"
+    if span is None:
+        assert "error" in json.loads(body)
+        if status == 416:
+            assert headers["content-range"] == f"bytes */{size}"
+        return
+    start, end = sub(span[0]), sub(span[1])
+    assert body == data[start:end] and int(headers["content-length"]) == end - start
+    if status == 206:
+        assert headers["content-range"] == f"bytes {start}-{end - 1}/{size}"
+    else:
+        assert "content-range" not in headers
+
+
+def test_head_answers_like_get_without_a_body(env):
+    shard, data = shard_of(env)
+    path = f"/v1/datasets/tiny/{shard.name}"
+    for extra in ({}, {"Range": "bytes=0-9"}):  # Range is for GET only (RFC 9110 14.2)
+        status, headers, body = http(env["server"].url, "HEAD", path, extra)
+        assert status == 200 and body == b"" and int(headers["content-length"]) == len(data)
+        assert headers["etag"] == f'"{shard.sha256}"' and headers["content-type"] == "application/x-tar"
+
+
+def test_etag_if_none_match_if_range_and_if_match(env):
+    shard, data = shard_of(env, 1)
+    url, path, etag = env["server"].url, f"/v1/datasets/tiny/{shard.name}", f'"{shard.sha256}"'
+    status, headers, body = http(url, path=path, headers={"If-None-Match": etag})
+    assert status == 304 and body == b"" and headers["etag"] == etag
+    assert http(url, path=path, headers={"If-None-Match": f'W/{etag}, "other"'})[0] == 304  # weak comparison
+    assert http(url, path=path, headers={"If-None-Match": '"other"'})[0] == 200
+    status, _, body = http(url, path=path, headers={"Range": "bytes=5-9", "If-Range": etag})
+    assert status == 206 and body == data[5:10]
+    status, _, body = http(url, path=path, headers={"Range": "bytes=5-9", "If-Range": '"changed"'})
+    assert status == 200 and body == data  # the validator failed: the whole current file
+    status, _, body = http(url, path=path, headers={"Range": "bytes=5-9", "If-Range": f"W/{etag}"})
+    assert status == 200 and body == data  # If-Range needs a strong match
+    assert http(url, path=path, headers={"If-Match": '"other"'})[0] == 412
+    assert http(url, path=path, headers={"If-Match": etag})[0] == 200
+    status, headers, body = http(url, path="/v1/datasets/tiny/manifest.json")
+    assert status == 200 and headers["etag"] == f'"{env["tiny"].manifest_sha256}"'
+    assert body == (env["root"] / "tiny" / "manifest.json").read_bytes()
+
+
+TRAVERSALS = [
+    b"/v1/datasets/tiny/../../../../../../etc/passwd",
+    b"/v1/datasets/tiny/train/../manifest.json",
+    b"/v1/datasets/tiny/./manifest.json",
+    b"/v1/datasets/tiny/%2e%2e/%2e%2e/secret.txt",
+    b"/v1/datasets/tiny/..%2f..%2fsecret.txt",
+    b"/v1/datasets/tiny/%2E%2E%2F%2E%2E%2Fsecret.txt",
+    b"/v1/datasets/tiny/%252e%252e%252f%252e%252e%252fsecret.txt",
+    b"/v1/datasets/tiny/..\\..\\secret.txt",
+    b"/v1/datasets/tiny/..%5c..%5csecret.txt",
+    b"/v1/datasets/tiny//etc/passwd",
+    b"/v1/datasets/tiny/%2fetc%2fpasswd",
+    b"/v1/datasets/tiny/manifest.json%00.tar",
+    b"/v1/datasets/tiny/manifest.json\x00.tar",
+    b"/v1/datasets/tiny/%c0%ae%c0%ae/%c0%ae%c0%ae/secret.txt",
+    b"/v1/datasets/tiny/\xc0\xae\xc0\xae/secret.txt",
+    b"/v1/datasets/%2e%2e/tiny/manifest.json",
+    b"/v1/datasets/tiny/train/train-000000.tar/../../classes.txt",
+    b"/v1/datasets/tiny/../secret.txt",
+]
+NOT_IN_THE_SET = [  # plain paths: looked up in the set's file table
+    b"/v1/datasets/tiny/secret.txt",
+    b"/v1/datasets/tiny/etc/passwd",
+    b"/v1/datasets/tiny/train",
+    b"/v1/datasets/linked/train/train-000001.tar",  # the planted symbolic link
+]
+
+
+@pytest.mark.parametrize("raw", TRAVERSALS + NOT_IN_THE_SET, ids=[
+    t.decode("latin-1").encode("unicode_escape").decode()[17:] for t in TRAVERSALS + NOT_IN_THE_SET])
+def test_traversal_gets_4xx_and_no_byte_of_any_other_file(env, raw):
+    status, headers, body = http(env["server"].url, raw_path=raw)
+    assert (status == 400) if raw in TRAVERSALS else (status in (403, 404)), (status, body[:200])
+    assert SECRET not in body and b"root:" not in body and b'"format"' not in body and b"ustar" not in body
+    assert len(body) < 400
+
+
+def test_a_symlink_planted_inside_a_set_is_refused_with_headers_too(env):
+    status, _, body = http(env["server"].url, "HEAD", "/v1/datasets/linked/train/train-000001.tar")
+    assert status == 403 and body == b""
+    status, _, body = http(env["server"].url, path="/v1/datasets/linked/train/train-000000.tar")
+    assert status == 200  # the rest of the set is served
+
+
+def test_writes_need_the_token(env):
+    url, tiny = env["server"].url, env["tiny"]
+    body = json.dumps({"src": str(env["root"])}).encode()
+    status, headers, answer = http(url, "POST", "/v1/builds", body=body)
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+    for wrong in ("Bearer nope", f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}"):
+        assert http(url, "POST", "/v1/builds", {"Authorization": wrong}, body)[0] == 403
+    assert http(url, "PUT", f"/v1/datasets/{tiny.id}/tags/x", {"Authorization": "Bearer nope"})[0] == 403
+    assert http(url, "DELETE", f"/v1/datasets/{tiny.id}", {"Authorization": f"Basic {TOKEN}"})[0] == 401
+    assert http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/prod")[0] == 401
+    assert env["catalog"].get(tiny.id).tags == ["prod"] and env["catalog"].get(tiny.id).state == "ready"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, _, answer = http(url, "PUT", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)
+    assert status == 200 and json.loads(answer)["tags"] == ["exp-1", "prod"]
+    assert http(url, "DELETE", f"/v1/datasets/{tiny.id}", auth)[0] == 409  # tagged
+    assert http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)[0] == 200
+    assert env["catalog"].get(tiny.id).tags == ["prod"]
+
+
+@pytest.mark.parametrize("body, status, says", [
+    (b"{not json", 400, "not JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b'{"frames": 8}', 400, "src is required"),
+    (b'{"src": "/x", "frame": 8}', 400, "unknown keys: frame"),
+    (b'{"src": "/x", "frames": "8"}', 400, "wrong type"),
+    (b'{"src": "/nonexistent/videos"}', 400, "no videos found"),
+    (b'{"src": "' + b"x" * 70000 + b'"}', 413, ""),
+])
+def test_bad_requests_get_a_clear_4xx_and_the_server_serves_on(env, body, status, says):
+    got, headers, answer = http(env["server"].url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"}, body)
+    assert got == status and headers["content-type"].startswith("application/json")
+    assert says in json.loads(answer)["error"]
+    assert http(env["server"].url, path="/v1/health")[0] == 200
+
+
+def test_sets_not_ready_are_never_served(env):
+    half = env["building"]
+    os.makedirs(half.location, exist_ok=True)
+    status, _, body = http(env["server"].url, path=f"/v1/datasets/{half.id}/manifest.json")
+    assert status == 409 and "not ready" in json.loads(body)["error"]
+    assert http(env["server"].url, path=f"/v1/datasets/{half.id}")[0] == 200  # its record is
+
+
+def batches(where, **kw):
+    from trainer.loader import ClipLoader
+
+    loader = ClipLoader(where, "train", batch_size=4, num_workers=2, crop_size=32, scale_size=36, **kw)
+    return list(loader)
+
+
+def test_training_batches_over_http_equal_those_from_disk(env):
+    local = batches(str(env["root"] / "tiny"))
+    remote = batches(f"{env['server'].url}/v1/datasets/tiny")
+    assert [b["keys"] for b in remote] == [b["keys"] for b in local]
+    assert all((a["clips"] == b["clips"]).all() and (a["labels"] == b["labels"]).all()
+               for a, b in zip(local, remote))
+    from shards.verify import verify
+    assert verify(Manifest.load(f"{env['server'].url}/v1/datasets/prod")) == []
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    src = tmp_path_factory.mktemp("videos")
+    for label in ("jump", "walk"):
+        media.make_video(src / "val" / label / f"{label}.mp4", frames=16, width=40, height=30)
+        for i in range(2):
+            media.make_video(src / "train" / label / f"{label}{i}.mp4", frames=16, width=40, height=30)
+    return src
+
+
+def wait_for(url, dataset, states, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        answer = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
+        if answer["state"] in states:
+            return answer
+        time.sleep(0.2)
+    raise AssertionError(f"build {dataset} still {answer['state']}: {answer}")
+
+
+def test_ten_identical_build_requests_make_one_build(env, videos):
+    url = env["server"].url
+    body = json.dumps({"src": str(videos), "splits": ["val"], "short_side": 30, "shard_samples": 2,
+                       "name": "val-only"}).encode()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: http(url, "POST", "/v1/builds", auth, body), range(10)))
+    assert {a[0] for a in answers} <= {200, 202} and 202 in {a[0] for a in answers}
+    ids = {json.loads(a[2])["id"] for a in answers}
+    assert len(ids) == 1
+    dataset = ids.pop()
+    done = wait_for(url, dataset, ("ready", "failed"))
+    assert done["state"] == "ready" and done["attempts"] == 1, done
+    assert done["progress"] == {"videos_done": 2, "videos_total": 2, "failed": 0, "shards_written": 1}
+    status, _, answer = http(url, "POST", "/v1/builds", auth, body)
+    assert status == 200 and json.loads(answer)["state"] == "ready"  # asked again: it is there
+    status, _, manifest = http(url, path="/v1/datasets/val-only/manifest.json")
+    assert status == 200 and Manifest.from_json(manifest).splits["val"].num_samples == 2
+
+
+def test_restart_keeps_the_catalog_and_marks_a_killed_build_failed(env, videos):
+    server, url = env["server"], env["server"].url
+    body = json.dumps({"src": str(videos), "splits": ["train"], "short_side": 30, "shard_samples": 2,
+                       "videos_per_task": 1, "workers": 1}).encode()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, _, answer = http(url, "POST", "/v1/builds", auth, body)
+    assert status == 202
+    dataset = json.loads(answer)["id"]
+    deadline = time.time() + 120
+    while json.loads(http(url, path=f"/v1/builds/{dataset}")[2])["progress"].get("videos_done", 0) < 1:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    before = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
+    server.kill()  # SIGKILL: the build dies with the server
+    url = server.start()
+    failed = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
+    assert failed["state"] == "failed" and "abandoned" in failed["error"]
+    after = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
+    assert [(d["id"], d["tags"]) for d in after] == [(d["id"], d["tags"]) for d in before]
+    assert http(url, path="/v1/datasets/prod/manifest.json")[0] == 200
+    status, _, answer = http(url, "POST", "/v1/builds", auth, body)  # asked again: resumed
+    assert status == 202 and json.loads(answer)["id"] == dataset
+    done = wait_for(url, dataset, ("ready",))
+    assert done["attempts"] == 2 and Manifest.load(done["location"]).splits["train"].num_samples == 4

@@ -1,0 +1,102 @@
+"""``shard-service list | show | tag | untag | verify | remove | gc`` on a real catalog file and
+real shard sets: gc is a dry run unless told and spares tagged sets and live builds; remove
+deletes files only with --purge, and only what a build wrote; verify records its outcome."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from service.cli import main
+from shards.catalog import Catalog
+from shardsets import make_shardset, register
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    cat = Catalog(str(tmp_path / "catalog.sqlite"))
+    sets = {}
+    for name in ("good", "tagged-ready", "failed", "failed-tagged", "abandoned", "live"):
+        make_shardset(str(tmp_path / name), {"train": 10, "val": 5}, per_shard=5)
+        (tmp_path / name / "notes.txt").write_text("not written by a build")
+        sets[name] = register(cat, str(tmp_path / name), name)
+    cat.tag(sets["tagged-ready"].id, "paper")
+    cat.tag(sets["failed-tagged"].id, "keep")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for name, owner in (("failed", None), ("failed-tagged", None), ("abandoned", int(dead.stdout)),
+                        ("live", os.getpid())):
+        state = "failed" if owner is None else "building"
+        cat._db.execute("UPDATE datasets SET state = ?, owner = ?, heartbeat = strftime('%s','now') WHERE id = ?",
+                        (state, None if owner is None else json.dumps({"host": os.uname().nodename, "pid": owner,
+                                                                       "token": "t"}), sets[name].id))
+    return cat, sets, tmp_path
+
+
+def cli(cat, *args) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = main([args[0], "--catalog", cat.path, *args[1:]])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (print(e.code) or 1)
+    return code, out.getvalue()
+
+
+def test_gc_is_a_dry_run_unless_told_and_spares_tagged_sets_and_live_builds(catalog):
+    cat, sets, root = catalog
+    code, out = cli(cat, "gc")
+    assert code == 0 and "dry run" in out
+    assert {line.split()[2] for line in out.splitlines() if line.startswith("would remove")} == \
+        {sets["failed"].id, sets["abandoned"].id}
+    assert all((root / n / "manifest.json").exists() for n in sets)
+    code, out = cli(cat, "gc", "--yes")
+    assert code == 0
+    for name in ("failed", "abandoned"):
+        assert cat.get(sets[name].id).state == "deleted"
+        assert sorted(os.listdir(root / name)) == ["notes.txt"]  # only what the build wrote is gone
+    for name in ("good", "tagged-ready", "failed-tagged", "live"):
+        assert (root / name / "train" / "train-000000.tar").exists()
+    assert cat.get(sets["live"].id).state == "building" and cat.get(sets["failed-tagged"].id).state == "failed"
+
+
+def test_remove_deletes_files_only_with_purge_and_never_a_tagged_set(catalog):
+    cat, sets, root = catalog
+    code, out = cli(cat, "remove", "tagged-ready")
+    assert code == 1 and "untag it first" in out
+    code, out = cli(cat, "remove", "good")
+    assert code == 0 and "files kept" in out and (root / "good" / "manifest.json").exists()
+    assert cat.resolve("good") is None and cat.get(sets["good"].id).state == "deleted"
+    assert cli(cat, "untag", "paper")[0] == 0
+    code, out = cli(cat, "remove", sets["tagged-ready"].id[:10], "--purge")
+    assert code == 0 and sorted(os.listdir(root / "tagged-ready")) == ["notes.txt"]
+    assert cli(cat, "remove", "live")[0] == 1  # being built
+
+
+def test_verify_records_its_outcome_and_list_show_tag(catalog):
+    cat, sets, root = catalog
+    assert cli(cat, "verify", "good")[0] == 0
+    assert cat.get(sets["good"].id).verify_problems == 0
+    shard = root / "good" / "val" / "val-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[600] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    code, out = cli(cat, "verify", sets["good"].id)
+    rec = cat.get(sets["good"].id)
+    assert code == 1 and "SHA-256 differs" in out and rec.verify_problems >= 1 and "val-000000" in rec.verify_detail
+    (root / "good" / "manifest.json").write_text("{}")
+    code, out = cli(cat, "verify", "good")
+    assert code == 1 and "changed since the set was registered" in out
+    assert cli(cat, "tag", "good", "v1")[0] == 0 and cli(cat, "tag", "good", "bad tag")[0] == 1
+    code, out = cli(cat, "show", "v1")
+    assert code == 0 and json.loads(out)["tags"] == ["v1"]
+    code, out = cli(cat, "list")
+    states = {line.split()[1]: line.split()[2] for line in out.splitlines()[1:]}
+    assert states == {"good": "ready", "tagged-ready": "ready", "failed": "failed", "failed-tagged": "failed",
+                      "abandoned": "abandoned", "live": "building"}
+    assert cli(cat, "show", "nothing")[0] == 1
