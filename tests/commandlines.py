@@ -10,21 +10,16 @@ import argparse
 import importlib
 import re
 import shlex
-from types import ModuleType
+
+from shards.commands import build_parser
 
 PROGRAMS = ("ingest", "shards", "trainer", "service")
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    """The console script ``prog``'s parser, built as its ``cli.main`` builds it."""
+    """The console script ``prog``'s parser, built by the same function as its ``cli.main``'s."""
     cli = importlib.import_module(f"{prog}.cli")
-    p = argparse.ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False)
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, module in cli.COMMANDS.items():
-        if not isinstance(module, ModuleType):
-            module = importlib.import_module(f"{prog}.{module}")
-        module.add_arguments(sub.add_parser(name, exit_on_error=False, allow_abbrev=False))
-    return p
+    return build_parser(prog, cli.__doc__, cli.COMMANDS, exit_on_error=False, allow_abbrev=False)[0]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
