@@ -254,12 +254,15 @@ async def delete_dataset(request: web.Request) -> web.Response:
 
 
 async def _reap_periodically(app: web.Application):
+    async def reap():
+        for dataset in await asyncio.to_thread(app[CATALOG].reap):
+            log.warning("build %s: its builder died; marked failed", dataset)
+
     async def loop():
         while True:
-            dead = await asyncio.to_thread(app[CATALOG].reap)
-            for dataset in dead:
-                log.warning("build %s: its builder died; marked failed", dataset)
             await asyncio.sleep(15)
+            await reap()
+    await reap()  # at startup, before the first request: builds that died with a previous server
     task = asyncio.create_task(loop())
     yield
     task.cancel()

@@ -44,7 +44,7 @@ def read_tokens(path: str | None) -> list[str]:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    catalog = Catalog(args.catalog)  # the app's reaper marks builds that died with a previous server failed
+    catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
     data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address)
