@@ -20,6 +20,7 @@ from shards import storage
 from shards.tarformat import sample_bytes
 
 from . import decode, jpeg, sampling
+from .deadline import Deadline, TimedOut
 from .decode import DecodeError
 from .sources import Video
 
@@ -47,7 +48,7 @@ class ClipConfig:
 
 
 @contextmanager
-def local_copy(video: Video):
+def local_copy(video: Video, deadline: Deadline):
     """A local path to the video: itself if local, else a temporary download
     (ffmpeg cannot seek in a pipe, and most mp4s keep their index at the end)."""
     if storage.is_local(video.url):
@@ -56,6 +57,7 @@ def local_copy(video: Video):
     tmpdir = tempfile.mkdtemp(prefix="ingest-")
     path = os.path.join(tmpdir, "video" + os.path.splitext(video.relpath)[1])
     try:
+        deadline.check("downloading")
         with fsspec.open(video.url, "rb") as src, open(path, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         yield path
@@ -63,7 +65,8 @@ def local_copy(video: Video):
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _check_file(video: Video, path: str) -> None:
+def _check_file(video: Video, path: str, deadline: Deadline) -> None:
+    deadline.check("opening")
     if video.kind == "directory":
         raise DecodeError("is a directory, not a video file")
     if video.kind != "file":
@@ -79,29 +82,41 @@ def _check_file(video: Video, path: str) -> None:
 
 def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1,
                timeout: float = 600) -> list[tuple[str, int, bytes]]:
-    """Return ``(key, label_index, sample_bytes)`` for each clip of ``video``."""
+    """Return ``(key, label_index, sample_bytes)`` for each clip of ``video``; everything it
+    does (download, probe, decode, encode) must end within ``timeout`` seconds."""
+    deadline = Deadline(timeout)
+    try:
+        with deadline.armed("starting"):
+            return _make_clips(video, label_index, cfg, threads, deadline)
+    except TimedOut as e:
+        raise DecodeError(str(e)) from None
+
+
+def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
+                deadline: Deadline) -> list[tuple[str, int, bytes]]:
     train = video.split == "train"
     num_clips = cfg.clips_per_video if train else cfg.eval_clips
-    with local_copy(video) as path:
-        _check_file(video, path)
-        info = decode.probe(path)
+    with local_copy(video, deadline) as path:
+        _check_file(video, path, deadline)
+        info = decode.probe(path, deadline)
         size = decode.output_size(info, cfg.short_side)
         refs = decode.reference_frames(path, info.num_frames) if cfg.decode == "refs" else None
         picks, refs = _pick(info.num_frames, video, cfg, train, num_clips, refs)
         frames, err = decode.decode_selected(path, [i for p in picks for i in p], size, refs=refs,
-                                             threads=threads, timeout=timeout)
+                                             threads=threads, deadline=deadline)
         wanted = len({i for p in picks for i in p})
         if len(frames) < wanted:
             if err:
                 raise DecodeError(f"truncated or corrupt: decoded {len(frames)} of {wanted} wanted "
                                   f"frames ({info.num_frames} declared)", err)
             # The container overstated its frame count: count by decoding, then sample again.
-            info.num_frames, info.frame_count_source = decode.count_decoded_frames(path), "decoded"
+            info.num_frames, info.frame_count_source = decode.count_decoded_frames(path, deadline), "decoded"
             picks, refs = _pick(info.num_frames, video, cfg, train, num_clips, None)
             frames, err = decode.decode_selected(path, [i for p in picks for i in p], size,
-                                                 threads=threads, timeout=timeout)
+                                                 threads=threads, deadline=deadline)
             if len(frames) < len({i for p in picks for i in p}):
                 raise DecodeError("frames missing after recount", err)
+    deadline.check("encoding")
     encoded = {i: jpeg.encode(f, cfg.quality) for i, f in frames.items()}
     out = []
     for clip, indices in enumerate(picks):

@@ -1,5 +1,6 @@
-"""Probing and selective decoding of one video with the ffmpeg binary, via ffmpeg-python.
+"""Probing and selective decoding of one video with the ffprobe and ffmpeg binaries.
 
+Every call runs under the video's ``Deadline``: the binaries are killed when it passes.
 ``probe`` reads the stream header once; ``decode_selected`` decodes the video once and lets
 through only the wanted frame indices (ffmpeg's ``select`` filter on the decoded frame
 number), scaled to the output size, as raw RGB. Rotation stored in the file is applied by
@@ -8,6 +9,7 @@ scaling to the display size.
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from bisect import bisect_left
@@ -18,6 +20,7 @@ import ffmpeg
 import numpy as np
 
 from . import mp4header
+from .deadline import Deadline, TimedOut
 
 
 class DecodeError(Exception):
@@ -49,8 +52,21 @@ def _tail(raw: bytes) -> str:
     return " | ".join(l.strip() for l in text.strip().splitlines()[-4:])
 
 
-def _stderr(exc: Exception) -> str:
-    return _tail(getattr(exc, "stderr", b"") or b"")
+def _run(args: list[str], deadline: Deadline, step: str) -> subprocess.CompletedProcess:
+    """Run a binary, killed at the deadline (``subprocess.run`` kills it on any exception too)."""
+    try:
+        return subprocess.run(args, capture_output=True, stdin=subprocess.DEVNULL,
+                              timeout=deadline.remaining(step))
+    except subprocess.TimeoutExpired:
+        raise TimedOut(deadline.seconds, step) from None
+
+
+def ffprobe(path: str, deadline: Deadline, *args: str, step: str = "probing") -> dict:
+    """ffprobe's JSON for ``path`` (``args``: more ffprobe options); DecodeError if it fails."""
+    p = _run(["ffprobe", "-v", "error", "-of", "json", *args, path], deadline, step)
+    if p.returncode != 0:
+        raise DecodeError("not a readable video" if step == "probing" else "cannot count frames", _tail(p.stderr))
+    return json.loads(p.stdout or b"{}")
 
 
 def _rotation(stream: dict) -> int:
@@ -69,7 +85,7 @@ def _fraction(text: str | None) -> Fraction:
         return Fraction(0)
 
 
-def probe(path: str) -> VideoInfo:
+def probe(path: str, deadline: Deadline) -> VideoInfo:
     """Header facts of the first video stream: from the MP4 header when it can be read in-process,
     else from ffprobe (with a demux-only packet count when the container stores no frame count)."""
     if path.lower().endswith((".mp4", ".m4v", ".mov")):
@@ -79,10 +95,7 @@ def probe(path: str) -> VideoInfo:
                                  head.rotation)
             return VideoInfo(w, h, head.width, head.height, head.rotation, head.fps, head.num_frames,
                              "container", head.codec, head.duration)
-    try:
-        meta = ffmpeg.probe(path, v="error")
-    except ffmpeg.Error as e:
-        raise DecodeError("not a readable video", _stderr(e)) from None
+    meta = ffprobe(path, deadline, "-show_format", "-show_streams")
     videos = [s for s in meta.get("streams", []) if s.get("codec_type") == "video"
               and not s.get("disposition", {}).get("attached_pic")]
     if not videos:
@@ -98,7 +111,7 @@ def probe(path: str) -> VideoInfo:
     duration = float(s.get("duration") or meta.get("format", {}).get("duration") or 0)
     frames, source = int(s.get("nb_frames") or 0), "container"
     if frames <= 0:
-        frames, source = _count_packets(path), "packets"
+        frames, source = _count_packets(path, deadline), "packets"
     if frames <= 0:
         raise DecodeError("video stream has no frames")
     return VideoInfo(dw, dh, w, h, rotation, float(fps), frames, source, s.get("codec_name", "?"), duration)
@@ -110,12 +123,10 @@ def _display_size(w: int, h: int, sar: Fraction, rotation: int) -> tuple[int, in
     return int(round(dw)), int(round(dh))
 
 
-def _count_packets(path: str) -> int:
+def _count_packets(path: str, deadline: Deadline) -> int:
     """Frame count from demuxing alone (no decoding), for containers that do not store it."""
-    try:
-        meta = ffmpeg.probe(path, v="error", count_packets=None, select_streams="v:0")
-    except ffmpeg.Error as e:
-        raise DecodeError("cannot count frames", _stderr(e)) from None
+    meta = ffprobe(path, deadline, "-count_packets", "-select_streams", "v:0", "-show_streams",
+                   step="counting packets")
     streams = meta.get("streams") or [{}]
     return int(streams[0].get("nb_read_packets") or 0)
 
@@ -139,7 +150,7 @@ def reference_frames(path: str, num_frames: int) -> list[int] | None:
 
 
 def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, refs: list[int] | None = None,
-                    threads: int = 1, timeout: float = 600) -> tuple[dict[int, np.ndarray], str]:
+                    threads: int = 1, deadline: Deadline) -> tuple[dict[int, np.ndarray], str]:
     """Decode the video once, returning {frame index: HxWx3 uint8} for the indices found.
 
     ``refs``: the video's reference frames (``reference_frames``), every index among them: the
@@ -161,10 +172,7 @@ def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, ref
     )
     args = ffmpeg.compile(graph, cmd="ffmpeg", overwrite_output=True)
     args[1:1] = ["-nostdin", "-hide_banner", "-v", "error"]
-    try:
-        p = subprocess.run(args, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise DecodeError(f"ffmpeg timed out after {timeout:.0f}s") from None
+    p = _run(args, deadline, "decoding")
     err = _tail(p.stderr)
     frame_bytes = w * h * 3
     n = len(p.stdout) // frame_bytes
@@ -174,11 +182,9 @@ def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, ref
     return {idx: data[k] for k, idx in enumerate(wanted[:n])}, err
 
 
-def count_decoded_frames(path: str) -> int:
+def count_decoded_frames(path: str, deadline: Deadline) -> int:
     """Frame count by decoding the whole stream: the slow, exact fallback."""
-    try:
-        meta = ffmpeg.probe(path, v="error", count_frames=None, select_streams="v:0")
-    except ffmpeg.Error as e:
-        raise DecodeError("cannot count frames", _stderr(e)) from None
+    meta = ffprobe(path, deadline, "-count_frames", "-select_streams", "v:0", "-show_streams",
+                   step="counting frames")
     streams = meta.get("streams") or [{}]
     return int(streams[0].get("nb_read_frames") or 0)

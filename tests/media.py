@@ -165,6 +165,14 @@ def make_unreadable(path) -> Path:
     return path
 
 
+def make_named_pipe(path) -> Path:
+    """A FIFO named like a video: opening it for reading blocks until a writer comes, and reading
+    blocks until the writer writes."""
+    path = _target(path)
+    os.mkfifo(path)
+    return path
+
+
 def make_directory_named_like_video(path) -> Path:
     path = _target(path)
     path.mkdir()
