@@ -12,6 +12,7 @@ from PIL import Image
 
 from ingest.build import build
 from ingest.clips import ClipConfig
+from shards.manifest import Manifest
 
 import media
 from test_ingest import samples
@@ -26,6 +27,10 @@ BROKEN = {  # file name -> (factory, start of the ledger reason)
     "audio.mp4": (media.make_audio_only, "no video stream"),
     "dangling.mp4": (media.make_unreadable, "not a regular file"),
     "folder.mp4": (media.make_directory_named_like_video, "is a directory"),
+    "pipe.mp4": (media.make_named_pipe, "not a regular file"),  # never opened: it would block
+}
+UNLABELED = {  # training videos without a label: ledger lines, never samples
+    "train/loose.mp4": "unlabeled: not inside a class folder",
 }
 GOOD = {  # file name -> factory; each must produce a clip of exactly the right frames
     "plain.mp4": lambda p: media.make_video(p, frames=24),
@@ -38,8 +43,12 @@ GOOD = {  # file name -> factory; each must produce a clip of exactly the right 
     "full_chroma.mp4": media.make_yuv444,
     "vfr.mp4": media.make_vfr,
     "rotated.mp4": media.make_rotated,
+    "rotated180.mp4": lambda p: media.make_rotated(p, degrees=180),
+    "rotated270.mp4": lambda p: media.make_rotated(p, degrees=270),
     "anamorphic.mp4": media.make_anamorphic,
 }
+# where the red marker of the first frame's top-left corner must be once the rotation is applied
+MARKER = {"plain": "top-left", "rotated": "top-right", "rotated180": "bottom-right", "rotated270": "bottom-left"}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +58,9 @@ def built(tmp_path_factory):
         make(src / "val" / "broken" / name)
     for name, make in GOOD.items():
         make(src / "val" / "good" / name)
+    for relpath in UNLABELED:
+        media.make_video(src / relpath)
+    media.make_video(src / "train" / "good" / "labeled.mp4")
     out = tmp_path_factory.mktemp("out")
     summary = build(str(src), str(out), ClipConfig(short_side=32), workers=2, shard_samples=50,
                     videos_per_task=3)
@@ -58,12 +70,28 @@ def built(tmp_path_factory):
 def test_every_broken_input_is_one_ledger_line(built):
     src, out, summary = built
     ledger = [json.loads(l) for l in (out / "errors.jsonl").read_text().splitlines()]
-    assert sorted(e["path"] for e in ledger) == sorted(f"val/broken/{n}" for n in BROKEN)
+    assert sorted(e["path"] for e in ledger) == sorted([f"val/broken/{n}" for n in BROKEN] + list(UNLABELED))
     for e in ledger:
-        expected = BROKEN[e["path"].rsplit("/", 1)[1]][1]
+        expected = UNLABELED.get(e["path"]) or BROKEN[e["path"].rsplit("/", 1)[1]][1]
         assert e["reason"].startswith(expected), e
     assert "moov atom not found" in next(e for e in ledger if e["path"].endswith("text.mp4"))["ffmpeg"]
-    assert summary.failed == len(BROKEN) and summary.videos == len(BROKEN) + len(GOOD)
+    assert summary.failed == len(BROKEN) + len(UNLABELED)
+    assert summary.videos == len(BROKEN) + len(GOOD) + len(UNLABELED) + 1
+
+
+def test_unlabeled_training_videos_never_reach_the_shards(built):
+    _, out, _ = built
+    assert sorted(samples(out, "train")) == ["labeled_c00"]
+    m = Manifest.load(str(out))
+    assert all(label >= 0 for shard in m.splits["train"].shards for label in shard.labels)
+    assert m.splits["train"].num_failed == len(UNLABELED)
+
+
+def test_rotated_frames_come_out_the_right_way_up(built):
+    got = samples(built[1], "val")
+    for name, corner in MARKER.items():
+        frames = [np.asarray(Image.open(io.BytesIO(got[f"{name}_c00"][f"{t:02d}.jpg"]))) for t in range(8)]
+        assert [media.marker_corner(f) for f in frames] == [corner] * 8, name
 
 
 def test_every_good_input_gives_its_exact_frames(built):
@@ -101,7 +129,7 @@ def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, ray_local):
     lenient = subprocess.run(base + ["--out", str(tmp_path / "b"), "--max-error-fraction", "0.5"],
                              capture_output=True, text=True)
     assert lenient.returncode == 0, lenient.stderr
-    assert f"{len(BROKEN)} failed" in lenient.stdout
+    assert f"{len(BROKEN) + len(UNLABELED)} failed" in lenient.stdout
 
 
 def test_help_documents_the_error_threshold():
