@@ -26,7 +26,7 @@ from shards import ordering, packing, storage
 from shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
 
 from . import ray_runtime, staging
-from .clips import DECODE_MODES, ClipConfig
+from .clips import DECODERS, ClipConfig
 from .sources import LABELED_SPLITS, SPLITS, Source, Video, discover
 
 log = logging.getLogger("ingest.build")
@@ -44,6 +44,7 @@ class Summary:
     bytes: int = 0
     shards: int = 0
     seconds: float = 0.0
+    pack_seconds: float = 0.0  # of ``seconds``: cutting staged samples into shards
     reasons: Counter = field(default_factory=Counter)
     missing: int = 0  # annotated in the CSVs but not downloaded
     reused: bool = False
@@ -75,10 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--short-side", type=int, default=256, help="resize frames so the short side is this")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality")
     p.add_argument("--seed", type=int, default=0, help="seeds frame sampling and sample order")
-    p.add_argument("--decode", choices=DECODE_MODES, default="all",
-                   help="all: decode every frame and sample exactly as TSN/TSM; refs: sample only reference "
-                        "frames (each pick moves to the nearest one in its segment) and skip decoding the "
-                        "others, faster than a full decode (H.264 MP4; other videos are decoded whole)")
+    p.add_argument("--decoder", choices=DECODERS, default="pyav",
+                   help="pyav: decode in-process, only the packets the kept frames need (what PyAV cannot "
+                        "open goes to the ffmpeg command line); ffmpeg: the command line for every video")
     p.add_argument("--shard-size", default="256MB", help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
     p.add_argument("--shard-samples", type=int, default=None, help="cut shards at this many samples instead")
     p.add_argument("--max-error-fraction", type=float, default=0.05,
@@ -95,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
-                     short_side=args.short_side, quality=args.quality, seed=args.seed, decode=args.decode)
+                     short_side=args.short_side, quality=args.quality, seed=args.seed, decoder=args.decoder)
     summary = build(args.src, args.out, cfg, workers=args.workers, address=args.address,
                     shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
                     shard_samples=args.shard_samples, splits=args.splits.split(","),
@@ -139,11 +139,13 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     errors = sorted([_unlabeled(v, source.layout) for v in unlabeled] + [e["error"] for e in entries if e["error"]],
                     key=lambda e: e["path"])
     manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=fingerprint)
+    packing_started = time.time()
     for split in config["splits"]:
         split_entries = [e for e in entries if e["split"] == split]
         shards = _pack_split(out, stage, split, split_entries, cfg.seed, shard_size, shard_samples)
         manifest.splits[split] = SplitInfo(shards=shards,
                                            num_failed=sum(e["split"] == split for e in errors))
+    summary.pack_seconds = time.time() - packing_started
     storage.atomic_write(storage.join(out, LEDGER),
                          b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in errors))
     storage.atomic_write(storage.join(out, "classes.txt"), "".join(c + "\n" for c in source.classes).encode())

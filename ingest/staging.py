@@ -22,8 +22,8 @@ from shards import packing, storage
 from shards.manifest import digest
 
 from .clips import ClipConfig, make_clips
-from .decode import DecodeError
 from .sources import Video
+from .video import DecodeError
 
 log = logging.getLogger("ingest.staging")
 

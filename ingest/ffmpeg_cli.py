@@ -1,49 +1,28 @@
-"""Probing and selective decoding of one video with the ffprobe and ffmpeg binaries.
+"""Decoding one video with the ffprobe and ffmpeg binaries: the fallback for what the in-process
+decoder (``pyav_decoder``) cannot open, and its reference in tests.
 
-Every call runs under the video's ``Deadline``: the binaries are killed when it passes.
-``probe`` reads the stream header once; ``decode_selected`` decodes the video once and lets
-through only the wanted frame indices (ffmpeg's ``select`` filter on the decoded frame
-number), scaled to the output size, as raw RGB. Rotation stored in the file is applied by
-ffmpeg's autorotation before the filters, and a non-square sample aspect ratio is undone by
-scaling to the display size.
+``probe`` reads the stream header once (in-process from an MP4's ``moov`` box, else ffprobe);
+``decode_selected`` decodes the video once and lets through only the wanted frame indices
+(ffmpeg's ``select`` filter on the displayed frame number), scaled to the output size, as raw
+RGB. Rotation stored in the file is applied by ffmpeg's autorotation before the filters, and a
+non-square sample aspect ratio is undone by scaling to the display size. Every call runs under
+the video's ``Deadline``: the binaries are killed when it passes.
 """
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-from bisect import bisect_left
-from dataclasses import dataclass
 from fractions import Fraction
+from typing import Callable
 
 import ffmpeg
 import numpy as np
+from PIL import Image
 
 from . import mp4header
 from .deadline import Deadline, TimedOut
-
-
-class DecodeError(Exception):
-    """A video that cannot be used; ``reason`` is short, ``detail`` is ffmpeg's own message."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(reason)
-        self.reason = reason
-        self.detail = detail
-
-
-@dataclass
-class VideoInfo:
-    width: int  # display size: after rotation and sample aspect ratio
-    height: int
-    coded_width: int
-    coded_height: int
-    rotation: int
-    fps: float
-    num_frames: int
-    frame_count_source: str  # "container" or "packets"
-    codec: str
-    duration: float
+from .video import Decoded, DecodeError, VideoInfo, display_size, output_size
 
 
 def _tail(raw: bytes) -> str:
@@ -69,7 +48,8 @@ def ffprobe(path: str, deadline: Deadline, *args: str, step: str = "probing") ->
     return json.loads(p.stdout or b"{}")
 
 
-def _rotation(stream: dict) -> int:
+def rotation(stream: dict) -> int:
+    """Counter-clockwise degrees (mod 360) of an ffprobe stream's display matrix or rotate tag."""
     for sd in stream.get("side_data_list", []) or []:
         if "rotation" in sd:
             return int(round(float(sd["rotation"]))) % 360
@@ -86,15 +66,15 @@ def _fraction(text: str | None) -> Fraction:
 
 
 def probe(path: str, deadline: Deadline) -> VideoInfo:
-    """Header facts of the first video stream: from the MP4 header when it can be read in-process,
-    else from ffprobe (with a demux-only packet count when the container stores no frame count)."""
+    """Header facts of the first video stream: from the MP4 header when it can be read in-process
+    (frames counted inside the edit list), else from ffprobe (with a demux-only packet count when
+    the container stores no frame count)."""
     if path.lower().endswith((".mp4", ".m4v", ".mov")):
         head = mp4header.read(path)
         if head:
-            w, h = _display_size(head.width, head.height, Fraction(head.sar).limit_denominator(1000),
-                                 head.rotation)
+            w, h = display_size(head.width, head.height, Fraction(head.sar).limit_denominator(1000), head.rotation)
             return VideoInfo(w, h, head.width, head.height, head.rotation, head.fps, head.num_frames,
-                             "container", head.codec, head.duration)
+                             "edit list" if head.edited else "container", head.codec, head.duration)
     meta = ffprobe(path, deadline, "-show_format", "-show_streams")
     videos = [s for s in meta.get("streams", []) if s.get("codec_type") == "video"
               and not s.get("disposition", {}).get("attached_pic")]
@@ -105,8 +85,8 @@ def probe(path: str, deadline: Deadline) -> VideoInfo:
     w, h = int(s.get("width") or 0), int(s.get("height") or 0)
     if w <= 0 or h <= 0:
         raise DecodeError("video stream has no frame size", s.get("codec_name", ""))
-    rotation = _rotation(s)
-    dw, dh = _display_size(w, h, _fraction(s.get("sample_aspect_ratio")), rotation)
+    rot = rotation(s)
+    dw, dh = display_size(w, h, _fraction(s.get("sample_aspect_ratio")), rot)
     fps = _fraction(s.get("avg_frame_rate")) or _fraction(s.get("r_frame_rate"))
     duration = float(s.get("duration") or meta.get("format", {}).get("duration") or 0)
     frames, source = int(s.get("nb_frames") or 0), "container"
@@ -114,13 +94,7 @@ def probe(path: str, deadline: Deadline) -> VideoInfo:
         frames, source = _count_packets(path, deadline), "packets"
     if frames <= 0:
         raise DecodeError("video stream has no frames")
-    return VideoInfo(dw, dh, w, h, rotation, float(fps), frames, source, s.get("codec_name", "?"), duration)
-
-
-def _display_size(w: int, h: int, sar: Fraction, rotation: int) -> tuple[int, int]:
-    display_w = w * sar if sar > 0 else Fraction(w)
-    dw, dh = (h, display_w) if rotation in (90, 270) else (display_w, h)
-    return int(round(dw)), int(round(dh))
+    return VideoInfo(dw, dh, w, h, rot, float(fps), frames, source, s.get("codec_name", "?"), duration)
 
 
 def _count_packets(path: str, deadline: Deadline) -> int:
@@ -131,40 +105,18 @@ def _count_packets(path: str, deadline: Deadline) -> int:
     return int(streams[0].get("nb_read_packets") or 0)
 
 
-def output_size(info: VideoInfo, short_side: int) -> tuple[int, int]:
-    """Scale so the short side is ``short_side``, keeping the display aspect ratio."""
-    w, h = info.width, info.height
-    if w <= h:
-        return short_side, max(1, round(h * short_side / w))
-    return max(1, round(w * short_side / h)), short_side
-
-
-def reference_frames(path: str, num_frames: int) -> list[int] | None:
-    """Display indices of the frames other frames depend on (H.264 MP4 only, else None)."""
-    if not path.lower().endswith((".mp4", ".m4v", ".mov")):
-        return None
-    refs = mp4header.reference_frames(path)
-    if refs is None or len(refs) != num_frames:
-        return None
-    return [i for i, r in enumerate(refs) if r]
-
-
-def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, refs: list[int] | None = None,
-                    threads: int = 1, deadline: Deadline) -> tuple[dict[int, np.ndarray], str]:
+def decode_selected(path: str, indices: list[int], size: tuple[int, int], *, threads: int = 1,
+                    deadline: Deadline) -> tuple[dict[int, np.ndarray], str]:
     """Decode the video once, returning {frame index: HxWx3 uint8} for the indices found.
 
-    ``refs``: the video's reference frames (``reference_frames``), every index among them: the
-    decoder then skips the other frames altogether (``-skip_frame noref``), and the select filter
-    counts only reference frames. Frames past the real end are silently absent (ffmpeg drops
-    them): callers count what came back. Also returns ffmpeg's error output, empty when clean.
+    Frames past the real end are silently absent (ffmpeg drops them): callers count what came
+    back. Also returns ffmpeg's error output, empty when clean.
     """
     wanted = sorted(set(indices))
     w, h = size
-    counted = wanted if refs is None else [bisect_left(refs, i) for i in wanted]  # rank among the decoded
-    expr = "+".join(f"eq(n,{i})" for i in counted)  # ffmpeg-python escapes the commas
-    skip = {} if refs is None else {"skip_frame": "noref"}
+    expr = "+".join(f"eq(n,{i})" for i in wanted)  # ffmpeg-python escapes the commas
     graph = (
-        ffmpeg.input(path, threads=threads, **skip)
+        ffmpeg.input(path, threads=threads)
         .video.filter("select", expr)
         .filter("scale", w, h, flags="area")
         .output("pipe:", format="rawvideo", pix_fmt="rgb24", fps_mode="passthrough",
@@ -188,3 +140,24 @@ def count_decoded_frames(path: str, deadline: Deadline) -> int:
                    step="counting frames")
     streams = meta.get("streams") or [{}]
     return int(streams[0].get("nb_read_frames") or 0)
+
+
+def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, threads: int = 1,
+           deadline: Deadline) -> Decoded:
+    """The frames ``wanted(frame count)`` (display indices) of ``path``, scaled and upright."""
+    info = probe(path, deadline)
+    size = output_size(info, short_side)
+    indices = sorted(set(wanted(info.num_frames)))
+    arrays, err = decode_selected(path, indices, size, threads=threads, deadline=deadline)
+    if len(arrays) < len(indices):
+        if err:
+            raise DecodeError(f"truncated or corrupt: decoded {len(arrays)} of {len(indices)} wanted "
+                              f"frames ({info.num_frames} declared)", err)
+        # The container overstated its frame count: count by decoding, then sample again.
+        info.num_frames, info.frame_count_source = count_decoded_frames(path, deadline), "decoded"
+        indices = sorted(set(wanted(info.num_frames)))
+        arrays, err = decode_selected(path, indices, size, threads=threads, deadline=deadline)
+        if len(arrays) < len(indices):
+            raise DecodeError("frames missing after recount", err)
+    frames = {i: Image.fromarray(a, "RGB") for i, a in arrays.items()}
+    return Decoded(info, frames, "ffmpeg", detail=err)
