@@ -37,6 +37,7 @@ from importlib import metadata
 from pathlib import Path
 
 import av
+from av.video.frame import PictureType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -101,7 +102,8 @@ def gop_structure(videos: list[Path]) -> dict:
             coded = [parse(p) for p in c.demux(s) if p.size]
         with av.open(str(v)) as c:
             for f in c.decode(video=0):
-                pict[f.pict_type.name] = pict.get(f.pict_type.name, 0) + 1
+                kind = PictureType(f.pict_type).name
+                pict[kind] = pict.get(kind, 0) + 1
         codecs.add(f"{s.codec_context.name} {s.codec_context.profile or ''}".strip())
         frames += len(coded)
         refs += sum(x.reference for x in coded)
