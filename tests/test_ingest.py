@@ -5,6 +5,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from ingest.build import build
+from ingest.build import STAGING, build
 from ingest.clips import ClipConfig
 from shards.manifest import Manifest
 
@@ -128,11 +129,20 @@ def test_readable_by_webdataset(reference):
     assert img.shape[0] == 32 and cls in (0, 1) and meta["clip"] == 0
 
 
-def test_rerun_of_a_finished_build_is_a_no_op(class_tree, reference):
-    before = {p: p.stat().st_mtime_ns for p in reference.rglob("*") if p.is_file()}
-    summary = build(str(class_tree), str(reference), CFG, workers=2, shard_samples=3, videos_per_task=2)
+def test_rerun_of_a_finished_build_is_a_no_op_that_clears_what_killed_runs_left(class_tree, reference, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    left = [out / "train" / "train-000000.tar.tmp-0123abcd",  # a shard being written when killed
+            out / "val" / "val-000042.tar",  # a shard of an earlier build with other cuts
+            out / STAGING / "0123abcd.tar.tmp-89abcdef"]
+    for p in left:
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"partial")
+    summary = build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, videos_per_task=2)
     assert summary.reused
-    assert {p: p.stat().st_mtime_ns for p in reference.rglob("*") if p.is_file()} == before
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+    assert not (out / STAGING).exists()
 
 
 def staged_videos(out: Path) -> int:
@@ -173,6 +183,21 @@ def test_build_killed_at_random_points_and_rerun_with_other_flags_gives_the_same
     assert killed >= 2 and not (out / "manifest.json").exists()
     build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, videos_per_task=4, timeout=60)
     assert tree_bytes(out) == tree_bytes(reference)
+
+
+def test_staged_videos_are_reused_only_under_the_same_clip_options(class_tree, tmp_path):
+    """Staging left by an earlier build (kept here, as a killed build leaves it) holds 32-pixel
+    clips; a rerun with another short side must decode again, not pack the staged samples."""
+    out = tmp_path / "out"
+    build(str(class_tree), str(out), CFG, workers=2, shard_samples=4, splits=("val",), keep_staging=True)
+    assert staged_videos(out) == 4
+    build(str(class_tree), str(out), ClipConfig(frames=8, short_side=24), workers=2, shard_samples=4,
+          splits=("val",))
+    got = samples(out, "val")
+    assert len(got) == 4 and not (out / ".staging").exists()
+    for key, members in got.items():
+        frames = [Image.open(io.BytesIO(members[f"{t:02d}.jpg"])) for t in range(8)]
+        assert {min(f.size) for f in frames} == {24} and json.loads(members["json"])["frame_size"][1] == 24, key
 
 
 def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path):
