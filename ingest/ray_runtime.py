@@ -18,7 +18,9 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
         else:
             # Keeps a single-machine Ray on 127.0.0.1 instead of the machine's network address.
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
+            # "local": a Ray of our own even when `ray start` left its address in /tmp/ray (ray.init()
+            # would join that cluster, and refuse num_cpus); joining one is what --address is for.
+            ray.init(address="local", num_cpus=workers or os.cpu_count(), include_dashboard=False,
                      object_store_memory=object_store_mb * 2**20, logging_level=logging.WARNING)
     cpus = int(ray.cluster_resources().get("CPU", 1))
     parallel = min(workers, cpus) if workers else cpus

@@ -12,7 +12,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=150 * 2**20,
+    # address="local": our own Ray even while another session's `ray start` cluster is up
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 2**20,
              logging_level="WARNING")
     yield ray
     ray.shutdown()
