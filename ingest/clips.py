@@ -1,9 +1,9 @@
 """One video in, its pre-sampled clips out, as WebDataset sample bytes (runs in the workers).
 
-The video is probed once and decoded once for the union of the frames all its clips keep;
-each clip becomes one sample: T JPEG frames ``NN.jpg`` in temporal order, ``cls`` and ``json``.
-With ``decode="refs"`` (H.264 MP4) clips keep reference frames only, and the decoder skips the
-frames no other frame depends on: decoding costs less than decoding the whole video.
+The video is decoded once for the union of the frames all its clips keep, in-process with PyAV
+(``pyav_decoder``: only the packets those frames need), or with the ffmpeg command line
+(``ffmpeg_cli``) for what PyAV cannot open or with ``decoder="ffmpeg"``. Each clip becomes one
+sample: T JPEG frames ``NN.jpg`` in temporal order, ``cls`` and ``json``.
 """
 from __future__ import annotations
 
@@ -15,16 +15,19 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import fsspec
+from fsspec.core import url_to_fs
 
-from shards import storage
+from shards import reading
 from shards.tarformat import sample_bytes
 
-from . import decode, jpeg, sampling
-from .decode import DecodeError
+from . import ffmpeg_cli, jpeg, pyav_decoder, sampling
+from .deadline import Deadline, TimedOut
 from .sources import Video
+from .video import Decoded, DecodeError
 
-
-DECODE_MODES = ("all", "refs")
+DECODERS = ("pyav", "ffmpeg")
+# in-process failures the command line may still get past (a format or codec PyAV's FFmpeg lacks)
+FALLBACK_REASONS = ("not a readable video", "no frame decodes", "truncated or corrupt: decoded")
 
 
 @dataclass(frozen=True)
@@ -36,23 +39,25 @@ class ClipConfig:
     short_side: int = 256
     quality: int = 90
     seed: int = 0
-    decode: str = "all"  # "refs": sample reference frames only, and skip decoding the others
+    decoder: str = "pyav"  # "ffmpeg": the command line for every video (the reference, and slower)
 
     def __post_init__(self):
-        if self.decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {DECODE_MODES}, not {self.decode!r}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, not {self.decoder!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 @contextmanager
-def local_copy(video: Video):
+def local_copy(video: Video, deadline: Deadline):
     """A local path to the video: itself if local, else a temporary download
     (ffmpeg cannot seek in a pipe, and most mp4s keep their index at the end)."""
-    if storage.is_local(video.url):
-        yield video.url
+    local = reading.local_path(video.url)
+    if local is not None:
+        yield local
         return
+    deadline.check("downloading")  # before fsspec sets up its remote filesystem, which takes time too
     tmpdir = tempfile.mkdtemp(prefix="ingest-")
     path = os.path.join(tmpdir, "video" + os.path.splitext(video.relpath)[1])
     try:
@@ -63,7 +68,8 @@ def local_copy(video: Video):
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _check_file(video: Video, path: str) -> None:
+def _check_file(video: Video, path: str, deadline: Deadline) -> None:
+    deadline.check("opening")
     if video.kind == "directory":
         raise DecodeError("is a directory, not a video file")
     if video.kind != "file":
@@ -79,42 +85,57 @@ def _check_file(video: Video, path: str) -> None:
 
 def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1,
                timeout: float = 600) -> list[tuple[str, int, bytes]]:
-    """Return ``(key, label_index, sample_bytes)`` for each clip of ``video``."""
+    """Return ``(key, label_index, sample_bytes)`` for each clip of ``video``; everything it
+    does (download, probe, decode, encode) must end within ``timeout`` seconds."""
+    if reading.local_path(video.url) is None:
+        url_to_fs(video.url)  # sets up (and caches) the remote filesystem: our start-up, not the input's time
+    deadline = Deadline(timeout)
+    try:
+        with deadline.armed("starting"):
+            return _make_clips(video, label_index, cfg, threads, deadline)
+    except TimedOut as e:
+        raise DecodeError(str(e)) from None
+
+
+def decode(path: str, wanted, cfg: ClipConfig, threads: int, deadline: Deadline) -> Decoded:
+    """``wanted(frame count)``'s frames, in-process when possible, else with the command line."""
+    if cfg.decoder == "pyav":
+        try:
+            return pyav_decoder.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline)
+        except DecodeError as e:
+            if not e.reason.startswith(FALLBACK_REASONS):
+                raise
+    return ffmpeg_cli.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline)
+
+
+def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
+                deadline: Deadline) -> list[tuple[str, int, bytes]]:
     train = video.split == "train"
     num_clips = cfg.clips_per_video if train else cfg.eval_clips
-    with local_copy(video) as path:
-        _check_file(video, path)
-        info = decode.probe(path)
-        size = decode.output_size(info, cfg.short_side)
-        refs = decode.reference_frames(path, info.num_frames) if cfg.decode == "refs" else None
-        picks, refs = _pick(info.num_frames, video, cfg, train, num_clips, refs)
-        frames, err = decode.decode_selected(path, [i for p in picks for i in p], size, refs=refs,
-                                             threads=threads, timeout=timeout)
-        wanted = len({i for p in picks for i in p})
-        if len(frames) < wanted:
-            if err:
-                raise DecodeError(f"truncated or corrupt: decoded {len(frames)} of {wanted} wanted "
-                                  f"frames ({info.num_frames} declared)", err)
-            # The container overstated its frame count: count by decoding, then sample again.
-            info.num_frames, info.frame_count_source = decode.count_decoded_frames(path), "decoded"
-            picks, refs = _pick(info.num_frames, video, cfg, train, num_clips, None)
-            frames, err = decode.decode_selected(path, [i for p in picks for i in p], size,
-                                                 threads=threads, timeout=timeout)
-            if len(frames) < len({i for p in picks for i in p}):
-                raise DecodeError("frames missing after recount", err)
-    encoded = {i: jpeg.encode(f, cfg.quality) for i, f in frames.items()}
+
+    def picks(num_frames: int) -> list[list[int]]:
+        return [sampling.clip_indices(num_frames, cfg.frames, train=train, seed=cfg.seed,
+                                      video_id=video.video_id, clip=k, num_clips=num_clips)
+                for k in range(num_clips)]
+
+    with local_copy(video, deadline) as path:
+        _check_file(video, path, deadline)
+        decoded = decode(path, lambda n: [i for p in picks(n) for i in p], cfg, threads, deadline)
+    info = decoded.info
+    deadline.check("encoding")
+    encoded = {i: jpeg.encode(image, cfg.quality) for i, image in decoded.frames.items()}
     out = []
-    for clip, indices in enumerate(picks):
+    for clip, indices in enumerate(picks(info.num_frames)):
         key = f"{video.video_id}_c{clip:02d}"
         meta = {
             "source": video.relpath, "video": video.video_id, "split": video.split,
             "label": video.label, "class": label_index, "clip": clip, "clips": num_clips,
             "sampling": "random" if train else "centre", "frame_indices": indices,
-            "reference_frames_only": refs is not None,
             "num_frames": info.num_frames, "frame_count_source": info.frame_count_source,
             "repeated_frames": info.num_frames < cfg.frames, "fps": round(info.fps, 4),
             "width": info.width, "height": info.height, "rotation": info.rotation,
-            "codec": info.codec, "frame_size": list(size),
+            "codec": info.codec, "frame_size": list(decoded.frames[indices[0]].size),
+            "decoder": decoded.decoder, "packets_decoded": decoded.packets_decoded,
         }
         members = [(f"{t:02d}.jpg", encoded[i]) for t, i in enumerate(indices)]
         if label_index >= 0:
@@ -122,14 +143,3 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
         members.append(("json", json.dumps(meta, sort_keys=True).encode()))
         out.append((key, label_index, sample_bytes(key, members)))
     return out
-
-
-def _pick(num_frames: int, video: Video, cfg: ClipConfig, train: bool, num_clips: int,
-          refs: list[int] | None) -> tuple[list[list[int]], list[int] | None]:
-    """Each clip's frame indices, and the reference frames they were chosen among (None: all)."""
-    picks = [sampling.clip_indices(num_frames, cfg.frames, train=train, seed=cfg.seed,
-                                   video_id=video.video_id, clip=k, num_clips=num_clips, allowed=refs)
-             for k in range(num_clips)]
-    if refs is not None and None in picks:  # a segment without a reference frame: use every frame
-        return _pick(num_frames, video, cfg, train, num_clips, None)
-    return picks, refs

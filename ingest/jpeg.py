@@ -1,10 +1,10 @@
-"""JPEG encoding of decoded frames with pillow-simd (Pillow's SIMD fork), Pillow as fallback."""
+"""JPEG encoding of decoded frames (PIL images, RGB or RGBX) with pillow-simd (Pillow's SIMD
+fork), Pillow as fallback."""
 from __future__ import annotations
 
 import io
 import logging
 
-import numpy as np
 import PIL
 from PIL import Image
 
@@ -16,12 +16,12 @@ def is_pillow_simd() -> bool:
     return ".post" in PIL.__version__  # pillow-simd versions are X.Y.Z.postN
 
 
-def encode(frame: np.ndarray, quality: int) -> bytes:
+def encode(image: Image.Image, quality: int) -> bytes:
     global _warned
     if not _warned and not is_pillow_simd():
         log.warning("pillow-simd is not installed (PIL %s): JPEG encoding falls back to Pillow, "
                     "which is slower", PIL.__version__)
         _warned = True
     buf = io.BytesIO()
-    Image.fromarray(frame, "RGB").save(buf, format="JPEG", quality=quality)
+    image.save(buf, format="JPEG", quality=quality)
     return buf.getvalue()

@@ -5,8 +5,9 @@ Kinetics is almost all MP4, so for MP4/MOV files the few facts sampling needs (f
 sample aspect ratio, rotation, frame rate, codec) are read from the ``moov`` box directly. Any
 file this reader does not fully understand returns ``None`` and goes to ffprobe instead.
 
-``reference_frames`` also reads the sample tables and the first bytes of every H.264 sample, to
-tell which frames other frames depend on (``ingest build --decode refs``).
+The frame count is what the file displays: with an edit list (a file cut without re-encoding
+keeps the frames before the cut for their references and hides them), only the samples whose
+presentation time falls inside the edit count, not every sample of the track.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
-CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl"}
-TABLES = {b"stts", b"ctts", b"stsz", b"stco", b"co64", b"stsc"}  # read whole, on demand
+CONTAINERS = {b"moov", b"trak", b"edts", b"mdia", b"minf", b"stbl"}
+TABLES = {b"stts", b"ctts", b"elst"}  # read whole, on demand
 CODECS = {b"avc1": "h264", b"avc3": "h264", b"hvc1": "hevc", b"hev1": "hevc", b"mp4v": "mpeg4",
           b"vp09": "vp9", b"av01": "av1", b"mjpa": "mjpeg", b"jpeg": "mjpeg"}
 
@@ -31,6 +32,7 @@ class Mp4Video:
     fps: float
     duration: float
     codec: str
+    edited: bool = False  # the edit list hides some samples: num_frames counts the shown ones
 
 
 def _boxes(f: BinaryIO, start: int, end: int):
@@ -57,6 +59,15 @@ def _find_moov(f: BinaryIO, file_size: int):
         if kind == b"moov":
             return start, end
     return None
+
+
+def _movie_timescale(f: BinaryIO, start: int, end: int) -> int:
+    for kind, s, e in _boxes(f, start, end):
+        if kind == b"mvhd":
+            f.seek(s)
+            body = f.read(32)
+            return struct.unpack(">I", body[12:16] if body[0] == 0 else body[20:24])[0]
+    return 0
 
 
 def _video_track(f: BinaryIO, start: int, end: int) -> dict | None:
@@ -97,8 +108,6 @@ def _collect(f: BinaryIO, start: int, end: int, out: dict) -> None:
             out["frames"] = struct.unpack(">I", body[8:12])[0]
         elif kind == b"stz2":
             out["frames"] = struct.unpack(">I", body[8:12])[0]
-        elif kind == b"elst":
-            out["edits"] = struct.unpack(">I", body[4:8])[0]
 
 
 def _entry_box(f: BinaryIO, span, kind: bytes) -> bytes | None:
@@ -125,20 +134,21 @@ def read(path: str) -> Mp4Video | None:
             f.seek(0, 2)
             moov = _find_moov(f, f.tell())
             track = moov and _video_track(f, *moov)
-            if not track or track.get("edits", 1) > 1:  # several edits can drop or repeat frames
-                return None
             need = ("matrix", "timescale", "duration", "fourcc", "size", "frames")
-            if any(k not in track for k in need) or track["fourcc"] not in CODECS:
+            if not track or any(k not in track for k in need) or track["fourcc"] not in CODECS:
                 return None
             if not track["frames"] or not track["timescale"] or not all(track["size"]):
+                return None
+            frames = _displayed_frames(f, track, _movie_timescale(f, *moov))
+            if frames is None:
                 return None
             a, b = track["matrix"][0], track["matrix"][1]
             rotation = round(-math.degrees(math.atan2(b, a))) % 360
             seconds = track["duration"] / track["timescale"]
             return Mp4Video(width=track["size"][0], height=track["size"][1], sar=_sar(f, track["entry_boxes"]),
-                            rotation=rotation, num_frames=track["frames"],
+                            rotation=rotation, num_frames=frames,
                             fps=track["frames"] / seconds if seconds else 0.0, duration=seconds,
-                            codec=CODECS[track["fourcc"]])
+                            codec=CODECS[track["fourcc"]], edited=frames != track["frames"])
     except (OSError, struct.error, IndexError, ValueError):
         return None
 
@@ -152,72 +162,31 @@ def _table(f: BinaryIO, span, fmt: str, header: int = 8) -> list[tuple]:
     return [struct.unpack_from(fmt, body, header + i * size) for i in range(count)]
 
 
-def _sample_offsets(f: BinaryIO, tables: dict, sizes: list[int]) -> list[int]:
-    """File offset of every sample (decode order), from chunk offsets and the sample-to-chunk map."""
-    chunks = ([o for o, in _table(f, tables[b"co64"], ">Q")] if b"co64" in tables
-              else [o for o, in _table(f, tables[b"stco"], ">I")])
-    runs = _table(f, tables[b"stsc"], ">III")  # (first chunk, samples per chunk, description)
-    offsets, sample = [], 0
-    for i, (first, per_chunk, _) in enumerate(runs):
-        last = runs[i + 1][0] - 1 if i + 1 < len(runs) else len(chunks)
-        for chunk in range(first - 1, last):
-            pos = chunks[chunk]
-            for _ in range(per_chunk):
-                if sample == len(sizes):
-                    return offsets
-                offsets.append(pos)
-                pos += sizes[sample]
-                sample += 1
-    return offsets
-
-
-def _is_reference(f: BinaryIO, offset: int, size: int, length_size: int) -> bool:
-    """Whether an H.264 sample (length-prefixed NAL units) is a reference picture: the
-    ``nal_ref_idc`` of its first slice NAL unit is non-zero."""
-    pos, end = offset, offset + size
-    while pos + length_size < end:
-        f.seek(pos)
-        head = f.read(length_size + 1)
-        n = int.from_bytes(head[:length_size], "big")
-        nal_type, ref_idc = head[length_size] & 0x1F, head[length_size] >> 5 & 3
-        if nal_type in (1, 5):  # coded slice (non-IDR, IDR)
-            return ref_idc != 0
-        pos += length_size + n
-    raise ValueError("sample without a slice")
-
-
-def reference_frames(path: str) -> list[bool] | None:
-    """For an H.264 MP4, whether each frame, in display order, is a reference picture (decoders
-    can skip the others without harm: ffmpeg's ``-skip_frame noref``). None when the file is not
-    one this reader fully understands."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            moov = _find_moov(f, f.tell())
-            track = moov and _video_track(f, *moov)
-            if not track or track.get("fourcc") not in (b"avc1", b"avc3") or track.get("edits", 1) > 1:
-                return None
-            tables = track.get("tables", {})
-            if not {b"stts", b"stsz", b"stsc"} <= tables.keys() or not {b"stco", b"co64"} & tables.keys():
-                return None
-            avcc = _entry_box(f, track["entry_boxes"], b"avcC")
-            if not avcc or len(avcc) < 5:
-                return None
-            length_size = (avcc[4] & 3) + 1
-            f.seek(tables[b"stsz"][0])
-            fixed, count = struct.unpack(">4xII", f.read(12))
-            sizes = [fixed] * count if fixed else [s for s, in _table(f, tables[b"stsz"], ">I", header=12)]
-            offsets = _sample_offsets(f, tables, sizes)
-            dts = [0]
-            for n, delta in _table(f, tables[b"stts"], ">II"):
-                dts += [dts[-1] + delta * (k + 1) for k in range(n)]
-            shifts = [0] * count
-            if b"ctts" in tables:
-                shifts = [shift for n, shift in _table(f, tables[b"ctts"], ">Ii") for _ in range(n)]
-            if len(offsets) != count or len(dts) < count or len(shifts) != count:
-                return None
-            refs = [_is_reference(f, offsets[i], sizes[i], length_size) for i in range(count)]
-            display = sorted(range(count), key=lambda i: (dts[i] + shifts[i], i))
-            return [refs[i] for i in display]
-    except (OSError, struct.error, IndexError, ValueError):
+def _displayed_frames(f: BinaryIO, track: dict, movie_timescale: int) -> int | None:
+    """Samples whose presentation time lies inside the track's edit (all of them without an edit
+    list); None for edit lists this reader does not model (several edits, rates other than 1)."""
+    tables = track.get("tables", {})
+    if b"elst" not in tables:
+        return track["frames"]
+    f.seek(tables[b"elst"][0])
+    version = f.read(1)[0]
+    fmt = ">Iihh" if version == 0 else ">Qqhh"
+    edits = [e for e in _table(f, tables[b"elst"], fmt) if e[1] != -1]  # empty edits only delay
+    if len(edits) != 1 or edits[0][2] != 1 or not movie_timescale or b"stts" not in tables:
         return None
+    duration, start = edits[0][0], edits[0][1]
+    end = start + duration * track["timescale"] / movie_timescale if duration else math.inf
+    dts, pts = 0, []
+    for count, delta in _table(f, tables[b"stts"], ">II"):
+        for _ in range(count):
+            pts.append(dts)
+            dts += delta
+    if b"ctts" in tables:
+        # signed whatever the box version says, as FFmpeg reads it
+        shifts = [shift for n, shift in _table(f, tables[b"ctts"], ">Ii") for _ in range(n)]
+        if len(shifts) != len(pts):
+            return None
+        pts = [t + d for t, d in zip(pts, shifts)]
+    if len(pts) != track["frames"]:
+        return None
+    return sum(1 for t in pts if start <= t < end)

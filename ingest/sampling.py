@@ -5,14 +5,10 @@ training clip takes a random offset inside each segment, seeded by (seed, video 
 index) so any machine and worker count picks the same frames. An evaluation clip takes the
 centre of each segment, or for K clips per video, K evenly spread offsets. Videos with fewer
 frames than T repeat frames, as TSM does.
-
-With ``allowed`` (the reference frames of ``ingest build --decode refs``) each chosen frame moves
-to the nearest allowed frame of its segment.
 """
 from __future__ import annotations
 
 import hashlib
-from bisect import bisect_left
 
 import numpy as np
 
@@ -38,24 +34,8 @@ def frame_indices(num_frames: int, num_segments: int, offsets: np.ndarray) -> li
     return np.clip(idx, 0, num_frames - 1).tolist()
 
 
-def allowed_indices(num_frames: int, num_segments: int, offsets: np.ndarray, allowed: list[int]) -> list[int] | None:
-    """Like ``frame_indices``, but each frame moves to the nearest ``allowed`` (sorted) frame of
-    its segment. None if a segment has no allowed frame."""
-    out = []
-    for i, f in enumerate(frame_indices(num_frames, num_segments, offsets)):
-        # frames g of segment i: i * n / T <= g < (i + 1) * n / T
-        lo = bisect_left(allowed, -(-i * num_frames // num_segments))
-        hi = bisect_left(allowed, -(-(i + 1) * num_frames // num_segments))
-        if lo == hi:
-            return None
-        out.append(min(allowed[lo:hi], key=lambda g: (abs(g - f), g)))
-    return out
-
-
 def clip_indices(num_frames: int, num_segments: int, *, train: bool, seed: int, video_id: str,
-                 clip: int, num_clips: int, allowed: list[int] | None = None) -> list[int] | None:
+                 clip: int, num_clips: int) -> list[int]:
     offsets = segment_offsets(num_segments, train=train, seed=seed, video_id=video_id, clip=clip,
                               num_clips=num_clips)
-    if allowed is not None:
-        return allowed_indices(num_frames, num_segments, offsets, allowed)
     return frame_indices(num_frames, num_segments, offsets)

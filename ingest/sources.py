@@ -6,6 +6,8 @@ Two layouts are understood:
     with ``SRC/annotations/{train,val,test}.csv``
     (``label,youtube_id,time_start,time_end,split[,is_cc]``; test has no label).
 The class index of a label is its position in the sorted list of all labels of all splits.
+Videos of a labeled split (train, val) without a label are listed with ``label=None``; the
+build records them in its ledger instead of decoding them.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from shards.tarformat import sanitize_key
 log = logging.getLogger("ingest.sources")
 
 SPLITS = ("train", "val", "test")
+LABELED_SPLITS = ("train", "val")  # what the trainer learns and validates on; test may be unlabeled
 VIDEO_EXTS = {".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".flv", ".mpg", ".mpeg",
               ".3gp", ".ogv", ".wmv", ".ts"}
 

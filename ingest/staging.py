@@ -1,9 +1,12 @@
-"""The two kinds of work a build hands to Ray workers.
+"""The two kinds of work a build hands to Ray workers, and the staging area between them.
 
-``decode_batch``: a fixed batch of videos -> one staged file of sample bytes plus a small
-JSON index, written under the build's staging directory; the index is written last and marks
-the batch done, so a rerun skips it. ``pack_shard``: sample byte ranges cut from staged files
--> one final shard. Only small indexes travel back to the driver.
+``decode_batch``: some videos -> one staged file of sample bytes plus a small JSON index,
+written under ``OUT/.staging``. Staging is keyed by what it holds: each video's entry is filed
+under ``video_key`` (its URL, size, class index and every clip option), and a batch file is
+named after the keys it holds, so a rerun with other batching, worker count or timeout finds
+exactly the videos already done, whichever batch they went in (``staged``). The index is
+written last and marks the batch done. ``pack_shard``: sample byte ranges cut from staged
+files -> one final shard. Only small indexes travel back to the driver.
 """
 from __future__ import annotations
 
@@ -11,48 +14,91 @@ import json
 import logging
 import traceback
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 from fsspec.core import url_to_fs
 
 from shards import packing, storage
+from shards.manifest import digest
 
 from .clips import ClipConfig, make_clips
-from .decode import DecodeError
 from .sources import Video
+from .video import DecodeError
 
 log = logging.getLogger("ingest.staging")
+
+RETRY = "retry"  # an entry whose failure may not recur (a timeout, a crash): done again on a rerun
+
+
+def video_key(video: Video, label: int, cfg: ClipConfig) -> str:
+    """Names one video's staged samples: everything that decides their bytes."""
+    return digest({"url": video.url, "size": video.size, "label": label, "clip": cfg.as_dict()})
 
 
 def batch_urls(stage: str, batch_id: str) -> tuple[str, str]:
     return storage.join(stage, f"{batch_id}.tar"), storage.join(stage, f"{batch_id}.json")
 
 
-def decode_batch(stage: str, batch_id: str, videos: list[Video], labels: list[int], cfg: ClipConfig,
+def batch_id(keys: list[str]) -> str:
+    return digest(sorted(keys))
+
+
+def staged(stage: str, workers: int = 16) -> dict[str, dict]:
+    """Every finished entry under ``stage``: video key -> entry (with its ``batch``). Entries
+    to be done again (``RETRY``) are left out; of two entries for one key the first batch wins."""
+    fs, root = url_to_fs(stage)
+    if not fs.exists(root):
+        return {}
+    names = sorted(p for p in fs.ls(root, detail=False) if p.endswith(".json"))
+    with ThreadPoolExecutor(workers) as pool:
+        indexes = list(pool.map(lambda p: json.loads(fs.cat_file(p)), names))
+    found = {}
+    for index in indexes:
+        for entry in index["videos"]:
+            if not entry.get(RETRY):
+                found.setdefault(entry["key"], {**entry, "batch": index["batch"]})
+    return found
+
+
+def _entry(video: Video, key: str, label: int, cfg: ClipConfig, threads: int, timeout: float):
+    """(index entry, sample bytes) of one video; a failure is an entry with an ``error``."""
+    entry = {"key": key, "path": video.relpath, "split": video.split, "samples": [], "error": None}
+    try:
+        clips = make_clips(video, label, cfg, threads=threads, timeout=timeout)
+    except DecodeError as e:
+        entry["error"] = {"path": video.relpath, "split": video.split, "reason": e.reason, "ffmpeg": e.detail}
+        entry[RETRY] = e.reason.startswith("timed out")
+        return entry, []
+    except Exception as e:  # a bug or a resource error must not stop the other videos
+        entry["error"] = {"path": video.relpath, "split": video.split,
+                          "reason": f"unexpected {type(e).__name__}: {e}", "ffmpeg": traceback.format_exc(limit=3)}
+        entry[RETRY] = True
+        return entry, []
+    entry["samples"] = [{"key": k, "label": lab} for k, lab, _ in clips]
+    return entry, [data for _, _, data in clips]
+
+
+def decode_batch(stage: str, videos: list[Video], keys: list[str], labels: list[int], cfg: ClipConfig,
                  threads: int = 1, timeout: float = 600) -> dict:
-    data_url, index_url = batch_urls(stage, batch_id)
+    """Decode ``videos`` into one staged batch, or return the batch's index if already staged."""
+    bid = batch_id(keys)
+    data_url, index_url = batch_urls(stage, bid)
     if storage.exists(index_url):
-        return json.loads(storage.read_bytes(index_url))
-    pieces, samples, errors, pos = [], [], [], 0
-    for video, label in zip(videos, labels):
-        try:
-            clips = make_clips(video, label, cfg, threads=threads, timeout=timeout)
-        except DecodeError as e:
-            errors.append({"path": video.relpath, "split": video.split, "reason": e.reason,
-                           "ffmpeg": e.detail})
-            continue
-        except Exception as e:  # a bug or a resource error must not stop the other videos
-            errors.append({"path": video.relpath, "split": video.split,
-                           "reason": f"unexpected {type(e).__name__}: {e}",
-                           "ffmpeg": traceback.format_exc(limit=3)})
-            continue
-        for key, lab, data in clips:
-            samples.append({"key": key, "label": lab, "offset": pos, "length": len(data)})
+        index = json.loads(storage.read_bytes(index_url))
+        if not any(e.get(RETRY) for e in index["videos"]):
+            return index
+    entries, pieces, pos = [], [], 0
+    for video, key, label in zip(videos, keys, labels):
+        entry, datas = _entry(video, key, label, cfg, threads, timeout)
+        for sample, data in zip(entry["samples"], datas):
+            sample.update(offset=pos, length=len(data))
             pieces.append(data)
             pos += len(data)
-    result = {"batch": batch_id, "videos": len(videos), "samples": samples, "errors": errors}
+        entries.append(entry)
+    index = {"batch": bid, "videos": entries}
     storage.atomic_write(data_url, b"".join(pieces))
-    storage.atomic_write(index_url, json.dumps(result, sort_keys=True).encode())
-    return result
+    storage.atomic_write(index_url, json.dumps(index, sort_keys=True).encode())
+    return index
 
 
 def pack_shard(out: str, name: str, stage: str, pieces: list[tuple[str, int, str, int, int]]) -> dict:

@@ -13,7 +13,7 @@ import logging
 import threading
 
 from ingest import ray_runtime, registry
-from ingest.clips import DECODE_MODES, ClipConfig
+from ingest.clips import DECODERS, ClipConfig
 from shards import storage
 from shards.catalog import Catalog
 from shards.catalog_id import canonical_json
@@ -23,7 +23,7 @@ log = logging.getLogger("service.builds")
 
 # body key -> (type, where it goes); everything else in a body is refused
 CLIP_KEYS = {"frames": int, "clips_per_video": int, "eval_clips": int, "short_side": int, "quality": int,
-             "seed": int, "decode": str}
+             "seed": int, "decoder": str}
 RUN_KEYS = {"workers": int, "videos_per_task": int, "ffmpeg_threads": int, "timeout": (int, float)}
 OTHER_KEYS = {"src": str, "name": str, "shard_size": (int, str), "shard_samples": int, "splits": (list, str)}
 
@@ -45,8 +45,8 @@ def parse_body(body) -> dict:
             raise BadRequest(f"{key}: {value!r} has the wrong type")
     if "src" not in body:
         raise BadRequest("src is required")
-    if body.get("decode", "all") not in DECODE_MODES:
-        raise BadRequest(f"decode must be one of {', '.join(DECODE_MODES)}")
+    if body.get("decoder", "pyav") not in DECODERS:
+        raise BadRequest(f"decoder must be one of {', '.join(DECODERS)}")
     splits = body.get("splits", ["train", "val", "test"])
     try:
         shard_size = parse_size(body.get("shard_size", "256MB"))

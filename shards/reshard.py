@@ -1,41 +1,36 @@
 """Rewrite a shard set with another shard size or count, copying tar bytes (no decoding).
 
-Samples keep their stored order; only the cut points move. Each new shard is written by
-streaming byte ranges of the old shards (one open per old shard it draws from), so the
-same input and options always give the same bytes. A new manifest is written last.
+Samples keep their stored order; only the cut points move. Every source shard is read whole,
+once, and checked as ``shards verify`` checks it (size, SHA-256 against the manifest, each
+sample's offset, length, members and key) before any of its bytes is copied, so a damaged
+source never becomes a set with fresh, matching hashes. A damaged shard stops the reshard
+with its name and what is wrong, and the shards written so far are removed; with
+``--skip-bad`` damaged shards are left out (found in a first checking pass, so the cuts are
+planned over the clips that remain) and the clips lost are reported. Source shards are read
+``workers`` at a time ahead of the writer; the same input and options always give the same
+bytes. The new manifest is written last.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from . import packing, storage, tarformat
+from fsspec.core import url_to_fs
+
+from . import packing, storage
 from .manifest import Manifest, ShardInfo, SplitInfo, digest
-from .reading import iter_samples
+from .verify import check_shard
 
 log = logging.getLogger("shards.reshard")
 
 
-def _source_runs(shards: list[ShardInfo], start: int, stop: int):
-    """Global sample range [start, stop) of a split as (shard, first, end) runs."""
-    base = 0
-    for shard in shards:
-        a, b = max(start, base), min(stop, base + shard.num_samples)
-        if a < b:
-            yield shard, a - base, b - base
-        base += shard.num_samples
-
-
-def _samples(manifest: Manifest, shards: list[ShardInfo], start: int, stop: int):
-    """(key, label, tar bytes) of global samples [start, stop), each checked to be its key's members."""
-    for shard, a, b in _source_runs(shards, start, stop):
-        for i, data in iter_samples(manifest.shard_url(shard), shard, a, b):
-            names = [name for name, _ in tarformat.read_members(data)]
-            key = shard.keys[i]
-            if not names or any(tarformat.split_name(n)[0] != key for n in names):
-                raise ValueError(f"{shard.name}: bytes at sample {key}'s offset are not its members")
-            yield key, shard.labels[i], data
+class BadShard(ValueError):
+    def __init__(self, name: str, problems: list):
+        super().__init__(f"{name}: " + "; ".join(str(p).split(": ", 1)[-1] for p in problems[:3]))
+        self.name, self.problems = name, problems
 
 
 def cuts(sizes: list[int], shard_bytes: int | None, shard_samples: int | None, num_shards: int | None) -> list[range]:
@@ -47,27 +42,78 @@ def cuts(sizes: list[int], shard_bytes: int | None, shard_samples: int | None, n
     return packing.cut(sizes, shard_bytes, shard_samples)
 
 
-def _write(m: Manifest, shards: list[ShardInfo], dst: str, name: str, part: range) -> ShardInfo:
-    return packing.write_shard(storage.join(dst, name), name, _samples(m, shards, part.start, part.stop))
+def _read(m: Manifest, shard: ShardInfo) -> list[bytes]:
+    """The shard's samples' bytes, once the whole shard has been checked; else ``BadShard``."""
+    datas = []
+    problems = check_shard(m.shard_url(shard), shard, keep=datas)
+    if problems:
+        raise BadShard(shard.name, problems)
+    return datas
+
+
+def _checked_samples(m: Manifest, shards: list[ShardInfo], pool: ThreadPoolExecutor, ahead: int):
+    """(key, label, bytes) of every sample of ``shards`` in order, each shard checked whole
+    before its first sample is yielded; up to ``ahead`` shards are read in advance."""
+    futures = [pool.submit(_read, m, s) for s in shards[:ahead]]
+    for i, shard in enumerate(shards):
+        if i + ahead < len(shards):
+            futures.append(pool.submit(_read, m, shards[i + ahead]))
+        datas = futures[i].result()
+        futures[i] = None  # let the shard's bytes go once copied
+        yield from zip(shard.keys, shard.labels, datas)
+
+
+def find_bad(m: Manifest, workers: int = 4) -> dict[str, list]:
+    """Every damaged shard of the set: name -> its problems (one checking pass, nothing copied)."""
+    shards = [s for split in m.splits.values() for s in split.shards]
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        found = pool.map(lambda s: check_shard(m.shard_url(s), s), shards)
+        return {s.name: p for s, p in zip(shards, found) if p}
 
 
 def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: int | None = None,
-            num_shards: int | None = None, workers: int = 4) -> Manifest:
+            num_shards: int | None = None, workers: int = 4, skip_bad: bool = False) -> Manifest:
+    """Write the resharded set to ``dst``. With ``skip_bad``, damaged source shards are left out and
+    listed in the new manifest's ``config["resharded"]["dropped"]`` (name -> clips lost)."""
     if storage.join(src) == storage.join(dst):
         raise ValueError("the destination must differ from the source")
     m = Manifest.load(src)
-    splits = {}
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        for name, split in m.splits.items():
-            sizes = [n for s in split.shards for n in s.lengths]
-            parts = cuts(sizes, shard_bytes, shard_samples, num_shards)
-            futures = [pool.submit(_write, m, split.shards, dst, packing.shard_name(name, j), part)
-                       for j, part in enumerate(parts)]
-            splits[name] = SplitInfo(shards=[f.result() for f in futures], num_failed=split.num_failed)
-            log.info("%s: %d samples in %d shards -> %d shards", name, len(sizes), len(split.shards), len(parts))
+    dropped = {}  # name -> clips lost
+    if skip_bad:
+        bad = find_bad(m, workers)
+        for split in m.splits.values():
+            for shard in split.shards:
+                if shard.name in bad:
+                    dropped[shard.name] = shard.num_samples
+                    log.warning("skipping %s: %s", shard.name, "; ".join(str(p) for p in bad[shard.name][:3]))
+    splits, written = {}, []
+    try:
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            for name, split in m.splits.items():
+                sources = [s for s in split.shards if s.name not in dropped]
+                sizes = [n for s in sources for n in s.lengths]
+                parts = cuts(sizes, shard_bytes, shard_samples, num_shards)
+                samples = _checked_samples(m, sources, pool, max(1, workers))
+                shards = []
+                for j, part in enumerate(parts):
+                    new = packing.shard_name(name, j)
+                    written.append(storage.join(dst, new))
+                    shards.append(packing.write_shard(written[-1], new, itertools.islice(samples, len(part))))
+                if next(samples, None) is not None:  # also checks trailing shards without samples
+                    raise AssertionError("cuts do not cover every sample")
+                lost = sum(dropped.get(s.name, 0) for s in split.shards)
+                splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost)
+                log.info("%s: %d samples in %d shards -> %d shards", name, len(sizes), len(sources), len(parts))
+    except BadShard:
+        for url in written:  # a refused reshard leaves no shard behind
+            fs, path = url_to_fs(url)
+            if fs.exists(path):
+                fs.rm(path)
+        raise
     layout = {"shard_bytes": shard_bytes, "shard_samples": shard_samples, "num_shards": num_shards}
-    out = Manifest(classes=m.classes, splits=splits, config=m.config | {"resharded": layout},
-                   fingerprint=digest({"source": m.fingerprint, "layout": layout}))
+    done = layout | ({"dropped": dropped} if dropped else {})
+    out = Manifest(classes=m.classes, splits=splits, config=m.config | {"resharded": done},
+                   fingerprint=digest({"source": m.fingerprint, "layout": done}))
     out.save(dst)
     return out
 
@@ -79,12 +125,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--shard-size", help="largest shard, e.g. 256MB")
     size.add_argument("--shard-samples", type=int, help="clips per shard")
     size.add_argument("--num-shards", type=int, help="this many shards per split, near-equal clip counts")
-    p.add_argument("--workers", type=int, default=4, help="shards written at once")
+    p.add_argument("--workers", type=int, default=4,
+                   help="source shards read and checked at once (each is held in memory until copied)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="leave out source shards that fail their checks (and report the clips lost) "
+                        "instead of refusing")
 
 
 def run(args: argparse.Namespace) -> int:
-    out = reshard(args.src, args.dst, packing.parse_size(args.shard_size), args.shard_samples,
-                  args.num_shards, args.workers)
+    try:
+        out = reshard(args.src, args.dst, packing.parse_size(args.shard_size), args.shard_samples,
+                      args.num_shards, args.workers, args.skip_bad)
+    except BadShard as e:
+        print(f"error: {e}\nnothing written; `shards verify {args.src}` lists every problem, "
+              f"--skip-bad leaves damaged shards out", file=sys.stderr)
+        return 1
+    dropped = out.config["resharded"].get("dropped", {})
+    for name, clips in dropped.items():
+        print(f"skipped damaged {name}: {clips} clips lost")
     for name, split in out.splits.items():
         print(f"{name}: {split.num_samples} clips in {len(split.shards)} shards")
+    if dropped:
+        print(f"{sum(dropped.values())} clips lost in {len(dropped)} damaged shards")
     return 0

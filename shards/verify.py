@@ -69,8 +69,12 @@ def check_members(key: str, label: int, data: bytes, frames: int | None, deep: b
     return problems
 
 
-def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool = False) -> list[Problem]:
-    """All problems of one shard: read sequentially, samples checked at their manifest offsets."""
+def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool = False,
+                keep: list[bytes] | None = None) -> list[Problem]:
+    """All problems of one shard: read sequentially, samples checked at their manifest offsets.
+
+    ``keep``: a list that receives each sample's bytes as read (``shards reshard`` copies them,
+    and only when the whole shard came out clean)."""
     out = []
     bad = lambda sample, msg: out.append(Problem(info.name, sample, msg))  # noqa: E731
     h, pos, complete = hashlib.sha256(), 0, False
@@ -92,6 +96,8 @@ def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool
                 break
             for msg in check_members(key, info.labels[i], data, frames, deep):
                 bad(key, msg)
+            if keep is not None:
+                keep.append(data)
         else:
             complete = True
         trailing = False  # anything but the zero blocks that end the archive

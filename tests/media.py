@@ -25,10 +25,16 @@ def frame_level(index: int) -> int:
     return BASE + STEP * (index % PERIOD)
 
 
-def pattern_frame(index: int, width: int, height: int) -> np.ndarray:
-    """The RGB frame ``index`` of every test video, shape (height, width, 3), uint8."""
+def pattern_frame(index: int, width: int, height: int, texture: bool = False) -> np.ndarray:
+    """The RGB frame ``index`` of every test video, shape (height, width, 3), uint8. ``texture``:
+    the bottom eighth is seeded noise moving one pixel right per frame (outside what
+    ``frame_index_from_image`` reads), so coded frames predict each other with real motion."""
     frame = np.full((height, width, 3), frame_level(index), np.uint8)
     frame[: max(2, height // 4), : max(2, width // 4)] = MARKER
+    if texture:
+        rows = max(2, height // 8)
+        noise = np.random.default_rng(0).integers(0, 256, (rows, width, 3), dtype=np.uint8)
+        frame[height - rows:] = np.roll(noise, index, axis=1)
     return frame
 
 
@@ -87,11 +93,12 @@ def _run(stream, stdin: bytes | None = None) -> None:
 
 
 def make_video(path, *, frames: int = 20, width: int = 64, height: int = 48, fps: float = 10,
-               codec: str = "libx264", pix_fmt: str = "yuv420p", extra_output_args: dict | None = None) -> Path:
+               codec: str = "libx264", pix_fmt: str = "yuv420p", extra_output_args: dict | None = None,
+               texture: bool = False) -> Path:
     """Encode ``frames`` pattern frames. ``extra_output_args`` are ffmpeg-python output keywords
     (``{"vf": "setsar=2", "tag:v": "hvc1"}`` becomes ``-vf setsar=2 -tag:v hvc1``)."""
     path = _target(path)
-    raw = b"".join(pattern_frame(i, width, height).tobytes() for i in range(frames))
+    raw = b"".join(pattern_frame(i, width, height, texture).tobytes() for i in range(frames))
     stream = (ffmpeg.input("pipe:", format="rawvideo", pix_fmt="rgb24", s=f"{width}x{height}", framerate=fps)
               .output(str(path), vcodec=codec, pix_fmt=pix_fmt, **(extra_output_args or {})))
     _run(stream, raw)
@@ -165,6 +172,14 @@ def make_unreadable(path) -> Path:
     return path
 
 
+def make_named_pipe(path) -> Path:
+    """A FIFO named like a video: opening it for reading blocks until a writer comes, and reading
+    blocks until the writer writes."""
+    path = _target(path)
+    os.mkfifo(path)
+    return path
+
+
 def make_directory_named_like_video(path) -> Path:
     path = _target(path)
     path.mkdir()
@@ -222,6 +237,17 @@ def make_rotated(path, *, degrees: int = 90) -> Path:
     plain = make_video(path.with_name(path.name + ".plain.mp4"))
     _run(ffmpeg.input(str(plain)).output(str(path), c="copy", **{"metadata:s:v:0": f"rotate={-degrees}"}))
     plain.unlink()
+    return path
+
+
+def make_edit_list(path, *, frames: int = 48, cut: float = 1.3, keep: float | None = None, **kwargs) -> Path:
+    """A file cut without re-encoding, as ``ffmpeg -ss CUT -i IN -c copy`` does: it keeps the
+    frames from the key frame before ``cut`` for their references, and an edit list hides them.
+    The header lists every sample; fewer frames display (the first shown is frame ``cut * fps``)."""
+    path = _target(path)
+    whole = make_video(path.with_name(path.name + ".whole" + path.suffix), frames=frames, **kwargs)
+    _run(ffmpeg.input(str(whole), ss=cut).output(str(path), c="copy", **({"t": keep} if keep else {})))
+    whole.unlink()
     return path
 
 

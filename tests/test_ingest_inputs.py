@@ -12,6 +12,7 @@ from PIL import Image
 
 from ingest.build import build
 from ingest.clips import ClipConfig
+from shards.manifest import Manifest
 
 import media
 from test_ingest import samples
@@ -26,6 +27,10 @@ BROKEN = {  # file name -> (factory, start of the ledger reason)
     "audio.mp4": (media.make_audio_only, "no video stream"),
     "dangling.mp4": (media.make_unreadable, "not a regular file"),
     "folder.mp4": (media.make_directory_named_like_video, "is a directory"),
+    "pipe.mp4": (media.make_named_pipe, "not a regular file"),  # never opened: it would block
+}
+UNLABELED = {  # training videos without a label: ledger lines, never samples
+    "train/loose.mp4": "unlabeled: not inside a class folder",
 }
 GOOD = {  # file name -> factory; each must produce a clip of exactly the right frames
     "plain.mp4": lambda p: media.make_video(p, frames=24),
@@ -38,8 +43,14 @@ GOOD = {  # file name -> factory; each must produce a clip of exactly the right 
     "full_chroma.mp4": media.make_yuv444,
     "vfr.mp4": media.make_vfr,
     "rotated.mp4": media.make_rotated,
+    "rotated180.mp4": lambda p: media.make_rotated(p, degrees=180),
+    "rotated270.mp4": lambda p: media.make_rotated(p, degrees=270),
     "anamorphic.mp4": media.make_anamorphic,
+    "edit_list.mp4": media.make_edit_list,  # 48 frames listed, 35 shown: frame 0 is the 13th encoded
 }
+FIRST_SHOWN = {"edit_list": 13}
+# where the red marker of the first frame's top-left corner must be once the rotation is applied
+MARKER = {"plain": "top-left", "rotated": "top-right", "rotated180": "bottom-right", "rotated270": "bottom-left"}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +60,9 @@ def built(tmp_path_factory):
         make(src / "val" / "broken" / name)
     for name, make in GOOD.items():
         make(src / "val" / "good" / name)
+    for relpath in UNLABELED:
+        media.make_video(src / relpath)
+    media.make_video(src / "train" / "good" / "labeled.mp4")
     out = tmp_path_factory.mktemp("out")
     summary = build(str(src), str(out), ClipConfig(short_side=32), workers=2, shard_samples=50,
                     videos_per_task=3)
@@ -58,12 +72,28 @@ def built(tmp_path_factory):
 def test_every_broken_input_is_one_ledger_line(built):
     src, out, summary = built
     ledger = [json.loads(l) for l in (out / "errors.jsonl").read_text().splitlines()]
-    assert sorted(e["path"] for e in ledger) == sorted(f"val/broken/{n}" for n in BROKEN)
+    assert sorted(e["path"] for e in ledger) == sorted([f"val/broken/{n}" for n in BROKEN] + list(UNLABELED))
     for e in ledger:
-        expected = BROKEN[e["path"].rsplit("/", 1)[1]][1]
+        expected = UNLABELED.get(e["path"]) or BROKEN[e["path"].rsplit("/", 1)[1]][1]
         assert e["reason"].startswith(expected), e
     assert "moov atom not found" in next(e for e in ledger if e["path"].endswith("text.mp4"))["ffmpeg"]
-    assert summary.failed == len(BROKEN) and summary.videos == len(BROKEN) + len(GOOD)
+    assert summary.failed == len(BROKEN) + len(UNLABELED)
+    assert summary.videos == len(BROKEN) + len(GOOD) + len(UNLABELED) + 1
+
+
+def test_unlabeled_training_videos_never_reach_the_shards(built):
+    _, out, _ = built
+    assert sorted(samples(out, "train")) == ["labeled_c00"]
+    m = Manifest.load(str(out))
+    assert all(label >= 0 for shard in m.splits["train"].shards for label in shard.labels)
+    assert m.splits["train"].num_failed == len(UNLABELED)
+
+
+def test_rotated_frames_come_out_the_right_way_up(built):
+    got = samples(built[1], "val")
+    for name, corner in MARKER.items():
+        frames = [np.asarray(Image.open(io.BytesIO(got[f"{name}_c00"][f"{t:02d}.jpg"]))) for t in range(8)]
+        assert [media.marker_corner(f) for f in frames] == [corner] * 8, name
 
 
 def test_every_good_input_gives_its_exact_frames(built):
@@ -75,7 +105,9 @@ def test_every_good_input_gives_its_exact_frames(built):
         n = meta["num_frames"]
         assert meta["frame_indices"] == [min(n - 1, int(n / 16 + n / 8 * i)) for i in range(8)]
         imgs = [np.asarray(Image.open(io.BytesIO(members[f"{t:02d}.jpg"]))) for t in range(8)]
-        assert [media.frame_index_from_image(i) for i in imgs] == meta["frame_indices"], key
+        shift = FIRST_SHOWN.get(key[:-4], 0)
+        assert [media.frame_index_from_image(i) for i in imgs] == [(f + shift) % media.PERIOD
+                                                                   for f in meta["frame_indices"]], key
         assert min(imgs[0].shape[:2]) == 32 and list(imgs[0].shape[1::-1]) == meta["frame_size"]
 
 
@@ -89,6 +121,8 @@ def test_hard_inputs_are_described_in_metadata(built):
     assert ana["frame_size"][0] / ana["frame_size"][1] == pytest.approx(2 * got["plain_c00"]["frame_size"][0]
                                                                        / got["plain_c00"]["frame_size"][1], rel=0.05)
     assert got["vp9_c00"]["codec"] == "vp9" and got["hevc_c00"]["codec"] == "hevc"
+    assert got["edit_list_c00"]["num_frames"] == 35
+    assert {m["decoder"] for m in got.values()} == {"pyav"}
 
 
 def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, ray_local):
@@ -101,42 +135,9 @@ def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, ray_local):
     lenient = subprocess.run(base + ["--out", str(tmp_path / "b"), "--max-error-fraction", "0.5"],
                              capture_output=True, text=True)
     assert lenient.returncode == 0, lenient.stderr
-    assert f"{len(BROKEN)} failed" in lenient.stdout
+    assert f"{len(BROKEN) + len(UNLABELED)} failed" in lenient.stdout
 
 
 def test_help_documents_the_error_threshold():
     out = subprocess.run([sys.executable, "-m", "ingest", "build", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--max-error-fraction" in out.stdout and "0.05" in out.stdout
-
-
-@pytest.fixture(scope="module")
-def built_refs(built, tmp_path_factory):
-    out = tmp_path_factory.mktemp("refs")
-    build(str(built[0]), str(out), ClipConfig(short_side=32, decode="refs"), workers=2, shard_samples=50,
-          videos_per_task=3)
-    return out
-
-
-def test_reference_frames_mode_stores_only_reference_frames(built, built_refs):
-    src, out, _ = built
-    assert (built_refs / "errors.jsonl").read_text() == (out / "errors.jsonl").read_text()
-    full, refs = samples(out, "val"), samples(built_refs, "val")
-    assert sorted(refs) == sorted(full)
-    cfr_h264_mp4 = {"plain", "full_chroma", "rotated", "anamorphic"}
-    skipped_some = False
-    for key, members in refs.items():
-        meta = json.loads(members["json"])
-        imgs = [np.asarray(Image.open(io.BytesIO(members[f"{t:02d}.jpg"]))) for t in range(8)]
-        assert [media.frame_index_from_image(i) for i in imgs] == meta["frame_indices"], key
-        name = key[:-4]
-        if name in cfr_h264_mp4:
-            allowed = media.reference_frame_indices(src / "val" / "good" / f"{name}.mp4", fps=10)
-            assert meta["reference_frames_only"] and set(meta["frame_indices"]) <= set(allowed), key
-            skipped_some |= len(allowed) < meta["num_frames"]
-            n = meta["num_frames"]
-            for i, f in enumerate(meta["frame_indices"]):  # still inside its segment
-                assert i * n / 8 <= f < (i + 1) * n / 8
-        elif name in ("vp9", "hevc", "divx", "h264", "few", "big"):  # not H.264 MP4, or under 8 frames
-            assert not meta["reference_frames_only"]
-            assert meta["frame_indices"] == json.loads(full[key]["json"])["frame_indices"]
-    assert skipped_some  # the test videos do have frames that no other frame needs

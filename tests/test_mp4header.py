@@ -4,7 +4,8 @@ from fractions import Fraction
 import ffmpeg
 import pytest
 
-from ingest import decode, mp4header
+from ingest import ffmpeg_cli, mp4header
+from ingest.deadline import Deadline
 
 import media
 
@@ -28,7 +29,7 @@ def test_header_matches_ffprobe(kind, tmp_path):
     assert head.num_frames == int(s["nb_frames"])
     assert (head.width, head.height) == (s["width"], s["height"])
     assert head.codec == s["codec_name"]
-    assert head.rotation == decode._rotation(s)
+    assert head.rotation == ffmpeg_cli.rotation(s)
     sar = Fraction(s.get("sample_aspect_ratio", "1:1").replace(":", "/"))
     assert head.sar == pytest.approx(float(sar) if sar else 1.0)
 
@@ -43,8 +44,8 @@ def test_non_mp4_and_garbage_fall_back(tmp_path):
 
 def test_probe_gives_the_same_facts_either_way(tmp_path):
     path = str(media.make_anamorphic(tmp_path / "r.mp4"))
-    fast = decode.probe(path)
+    fast = ffmpeg_cli.probe(path, Deadline(60))
     slow_copy = tmp_path / "r.mkv"  # same stream in a container the fast path does not read
     ffmpeg.input(path).output(str(slow_copy), c="copy").run(quiet=True)
-    slow = decode.probe(str(slow_copy))
+    slow = ffmpeg_cli.probe(str(slow_copy), Deadline(60))
     assert (fast.width, fast.height, fast.num_frames) == (slow.width, slow.height, slow.num_frames)

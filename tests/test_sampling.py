@@ -41,22 +41,3 @@ def test_multi_clip_evaluation_spreads_offsets():
     firsts = [c[0] for c in clips]
     assert firsts == sorted(firsts) and len(set(firsts)) == 4
     assert np.all(np.diff(clips, axis=1) == 10)
-
-
-def test_allowed_frames_stay_in_their_segments_and_follow_the_offsets():
-    allowed = [f for f in range(100) if f % 3 != 1]
-    for clip in range(6):
-        got = sampling.clip_indices(100, 8, train=True, seed=0, video_id="v", clip=clip, num_clips=6,
-                                    allowed=allowed)
-        assert all(f in allowed and i * 100 / 8 <= f < (i + 1) * 100 / 8 for i, f in enumerate(got))
-    centre = sampling.clip_indices(100, 8, train=False, seed=0, video_id="v", clip=0, num_clips=1, allowed=allowed)
-    exact = sampling.clip_indices(100, 8, train=False, seed=0, video_id="v", clip=0, num_clips=1)
-    assert all(abs(a - b) <= 1 for a, b in zip(centre, exact))
-    every = list(range(100))
-    assert sampling.clip_indices(100, 8, train=True, seed=4, video_id="v", clip=0, num_clips=1, allowed=every) == \
-        sampling.clip_indices(100, 8, train=True, seed=4, video_id="v", clip=0, num_clips=1)
-
-
-def test_a_segment_without_allowed_frames_gives_none():
-    assert sampling.clip_indices(16, 8, train=True, seed=0, video_id="v", clip=0, num_clips=1,
-                                 allowed=[0, 1, 2, 3, 8, 9]) is None

@@ -8,7 +8,7 @@ import pytest
 from shards.cli import main
 from shards.manifest import Manifest, SplitInfo
 from shards.packing import write_shard
-from shards.reshard import reshard
+from shards.reshard import BadShard, reshard
 from shards.stats import collect
 from shards.tarformat import RECORD, sample_bytes
 from shards.verify import verify
@@ -157,3 +157,46 @@ def test_verify_and_reshard_over_http(pristine, tmp_path):
         reshard(url, str(tmp_path / "copy"), num_shards=1)
     assert sample_table(str(tmp_path / "copy")) == sample_table(pristine)
     assert all(p == "/manifest.json" or p.endswith(".tar") for _, p in requests)
+
+
+def flip_a_jpeg_byte(d, split="train", k=1):
+    _, shard, path = shard_path(d, split, k)
+    data = bytearray(open(path, "rb").read())
+    data[shard.offsets[2] + 3000] ^= 0x10  # inside a JPEG of the third sample: only the hash sees it
+    open(path, "wb").write(data)
+    return shard
+
+
+def test_reshard_refuses_a_damaged_source_naming_the_shard(shardset, tmp_path, capsys):
+    shard = flip_a_jpeg_byte(shardset)
+    dst = tmp_path / "new"
+    with pytest.raises(BadShard, match=f"^{shard.name}: SHA-256 differs from the manifest"):
+        reshard(shardset, str(dst), shard_samples=7)
+    assert [p for p in dst.rglob("*") if p.is_file()] == []  # shards written before it are removed
+    assert main(["reshard", shardset, str(dst), "--num-shards", "2"]) == 1
+    assert f"error: {shard.name}: SHA-256 differs" in capsys.readouterr().err
+
+
+def test_reshard_refuses_a_sample_under_another_key(shardset, tmp_path):
+    m = Manifest.load(shardset)
+    shard = m.splits["test"].shards[0]
+    shard.keys[1] = "intruder"  # the bytes are intact, the manifest's key for them is not
+    m.save(shardset)
+    with pytest.raises(BadShard, match=f"^{shard.name}: sample intruder: member .* belongs to another sample"):
+        reshard(shardset, str(tmp_path / "new"), num_shards=1)
+
+
+def test_reshard_skip_bad_leaves_damaged_shards_out_and_reports_the_clips_lost(pristine, shardset, tmp_path, capsys):
+    shard = flip_a_jpeg_byte(shardset)
+    dst = str(tmp_path / "new")
+    assert main(["reshard", shardset, dst, "--shard-samples", "7", "--skip-bad"]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped damaged {shard.name}: {shard.num_samples} clips lost" in out
+    assert f"{shard.num_samples} clips lost in 1 damaged shards" in out
+    lost = set(shard.keys)
+    expected = {split: [row for row in rows if row[0] not in lost] for split, rows in sample_table(pristine).items()}
+    assert sample_table(dst) == expected and len(expected["train"]) == TRAIN - shard.num_samples
+    assert problems(dst, deep=True) == []
+    m = Manifest.load(dst)
+    assert m.splits["train"].num_failed == shard.num_samples
+    assert m.config["resharded"]["dropped"] == {shard.name: shard.num_samples}

@@ -1,0 +1,197 @@
+"""In-process decoding with PyAV (the FFmpeg libraries' own binding): no process per video, and
+only the packets the kept frames need.
+
+1. Open the file through a Python file object (so the video's deadline can interrupt a read
+   blocked on a pipe) and index its video packets once: pts, the container's discard flag (edit
+   lists), and what ``bitstream`` reads from each packet's first bytes.
+2. The frames are the displayed packets in pts order (``packets.displayed``): their count is
+   what the file shows, and the clip sampling picks among them.
+3. Feed the decoder only what ``packets.plan`` says the picks need, in decode order, stop after
+   the last pick, and keep the output frames whose pts is a pick's: bit-identical to a full
+   decode's (``tests/test_pyav_decoder.py`` checks every codec and container of the test media).
+4. When timestamps cannot map display order, or a pick does not come out, decode everything:
+   once to count the displayed frames, once to keep the picks.
+
+``decode_frames`` returns the kept frames as the decoder gives them; ``decode`` scales and turns
+them for the JPEG encoder.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable
+
+import av
+import av.logging
+from PIL import Image
+
+from . import bitstream, packets
+from .deadline import Deadline
+from .video import Decoded, DecodeError, VideoInfo, display_size, output_size
+
+TRANSPOSE = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
+EXACT_COUNT_CONTAINERS = ("mov", "mp4")  # their sample tables list every packet: fewer means truncated
+
+
+@dataclass
+class Frames:
+    """What ``decode_frames`` found: the kept frames as the decoder gave them, and how."""
+    frames: dict[int, av.VideoFrame]  # display index -> frame
+    num_frames: int  # displayed frames of the video
+    counted_by: str  # "packets" (the index) or "decoded" (a full decode)
+    packets_decoded: int | None  # None: all of them (full decode)
+    packets: int | None
+    errors: list[str]
+    stream: dict  # codec, sample aspect ratio, frame rate, duration
+
+
+def _stream_facts(stream) -> dict:
+    return {"codec": stream.codec_context.name, "sar": Fraction(stream.sample_aspect_ratio or 0),
+            "fps": float(stream.average_rate or stream.guessed_rate or 0),
+            "duration": float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0}
+
+
+def _open(f):
+    try:
+        container = av.open(f, "r")
+    except av.error.FFmpegError as e:
+        raise DecodeError("not a readable video", str(e)) from None
+    videos = [s for s in container.streams if s.type == "video"
+              and not s.disposition & av.stream.Disposition.attached_pic]
+    if not videos:
+        kinds = sorted({s.type for s in container.streams}) or ["none"]
+        container.close()
+        raise DecodeError(f"no video stream (streams: {', '.join(kinds)})")
+    return container, videos[0]
+
+
+def _index(container, stream, deadline: Deadline) -> tuple[list, list[packets.Packet]]:
+    """Every packet of the stream, in decode order, and its index entry."""
+    deadline.check("reading packets")
+    parse = bitstream.parser(stream.codec_context.name, stream.codec_context.extradata)
+    demuxed, coded = [], []
+    try:
+        for p in container.demux(stream):
+            if p.size:
+                demuxed.append(p)
+                coded.append(parse(p))
+    except av.error.FFmpegError as e:
+        raise DecodeError("truncated or corrupt: the container cannot be read to its end", str(e)) from None
+    deadline.check("decoding")
+    top = max((c.layer for c in coded), default=0)
+    index = [packets.Packet(p.pts, p.is_discard, c.reference or c.layer < top, c.barrier)
+             for p, c in zip(demuxed, coded)]
+    declared = stream.frames
+    if declared and len(demuxed) < declared and container.format.name.startswith(EXACT_COUNT_CONTAINERS):
+        raise DecodeError(f"truncated or corrupt: {len(demuxed)} of the {declared} frames the container lists")
+    return demuxed, index
+
+
+def _decoder(stream, threads: int):
+    cc = stream.codec_context
+    cc.thread_count = threads
+    cc.thread_type = "AUTO" if threads > 1 else "NONE"
+    return cc
+
+
+def _frames(cc, packet, errors: list[str]):
+    """Frames the decoder gives for ``packet`` (None: drain); a packet it rejects is noted, as
+    the ffmpeg CLI notes and skips it."""
+    try:
+        return cc.decode(packet)
+    except av.error.FFmpegError as e:
+        errors.append(str(e))
+        return []
+
+
+def decode_frames(path: str, wanted: Callable[[int], list[int]], *, threads: int = 1,
+                  deadline: Deadline) -> Frames:
+    """The frames ``wanted(frame count)`` (display indices) of ``path``, decoded from the packets
+    they need, or from all of them when the index cannot tell."""
+    if av.logging.get_level() is None:
+        av.logging.set_level(av.logging.ERROR)  # so errors carry FFmpeg's own last message
+    deadline.check("probing")
+    with open(path, "rb") as f:
+        container, stream = _open(f)
+        with container:
+            demuxed, index = _index(container, stream, deadline)
+            order = packets.displayed(index)
+            if order is not None:
+                if not order:
+                    raise DecodeError("video stream has no frames")
+                found = _selective(demuxed, index, order, stream, wanted, threads, deadline)
+                if found is not None:
+                    return found
+    return _two_passes(path, wanted, threads, deadline)
+
+
+def _selective(demuxed, index, order, stream, wanted, threads, deadline) -> Frames | None:
+    """Decode only the packets the picks need; None if a pick does not come out."""
+    picks = sorted(set(wanted(len(order))))
+    by_pts = {demuxed[order[i]].pts: i for i in picks}
+    feed = packets.plan(index, {order[i] for i in picks})
+    cc, frames, errors = _decoder(stream, threads), {}, []
+    for k in [*feed, None]:
+        deadline.check("decoding")
+        for frame in _frames(cc, None if k is None else demuxed[k], errors):
+            i = by_pts.get(frame.pts)
+            if i is not None and i not in frames:
+                frames[i] = frame
+    if len(frames) < len(picks):
+        return None
+    return Frames(frames, len(order), "packets", len(feed), len(demuxed), errors, _stream_facts(stream))
+
+
+def _every_frame(path, threads, deadline, step, errors):
+    """(stream, frame) for every frame a full decode of a fresh open of ``path`` displays."""
+    with open(path, "rb") as f:
+        container, stream = _open(f)
+        with container:
+            cc = _decoder(stream, threads)
+            for packet in container.demux(stream):
+                deadline.check(step)
+                for frame in _frames(cc, packet if packet.size else None, errors):
+                    yield stream, frame
+
+
+def _two_passes(path, wanted, threads, deadline) -> Frames:
+    """Decode everything once to count the displayed frames, then again up to the last pick."""
+    errors = []
+    counted = sum(1 for _ in _every_frame(path, threads, deadline, "counting frames", errors))
+    if not counted:
+        raise DecodeError("no frame decodes", " | ".join(errors[-4:]))
+    picks = sorted(set(wanted(counted)))
+    frames, facts = {}, {}
+    for shown, (stream, frame) in enumerate(_every_frame(path, threads, deadline, "decoding", errors)):
+        if shown in picks:
+            frames[shown], facts = frame, _stream_facts(stream)
+        if shown >= picks[-1]:
+            break
+    if len(frames) < len(picks):
+        raise DecodeError(f"truncated or corrupt: decoded {len(frames)} of {len(picks)} wanted frames",
+                          " | ".join(errors[-4:]))
+    return Frames(frames, counted, "decoded", None, None, errors, facts)
+
+
+def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, threads: int = 1,
+           deadline: Deadline) -> Decoded:
+    """The frames ``wanted(frame count)`` (display indices) of ``path``, scaled and upright.
+
+    A frame is converted and scaled by one swscale pass into a 4-byte-per-pixel buffer that a
+    PIL image uses in place (no copy); a rotation is one transpose of the scaled image."""
+    found = decode_frames(path, wanted, threads=threads, deadline=deadline)
+    first = next(iter(found.frames.values()))
+    facts = found.stream
+    rotation = round((first.rotation or 0) / 90) * 90 % 360  # counter-clockwise, as ffprobe reports it
+    w, h = display_size(first.width, first.height, facts["sar"], rotation)
+    info = VideoInfo(w, h, first.width, first.height, rotation, facts["fps"], found.num_frames,
+                     found.counted_by, facts["codec"], facts["duration"])
+    size = output_size(info, short_side)
+    scaled = size if rotation not in (90, 270) else size[::-1]  # scaled before turning
+    images = {}
+    for i, frame in found.frames.items():
+        rgb = frame.reformat(width=scaled[0], height=scaled[1], format="rgb0", interpolation="AREA", threads=threads)
+        plane = rgb.planes[0]
+        image = Image.frombuffer("RGBX", scaled, plane, "raw", "RGBX", plane.line_size, 1)
+        images[i] = image.transpose(TRANSPOSE[rotation]) if rotation in TRANSPOSE else image
+    return Decoded(info, images, "pyav", packets_decoded=found.packets_decoded, detail=" | ".join(found.errors[-4:]))

@@ -1,0 +1,54 @@
+"""What both decoders (in-process ``pyav_decoder``, command-line ``ffmpeg_cli``) report about a
+video, their shared error, and the output frame size."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from PIL import Image
+
+
+class DecodeError(Exception):
+    """A video that cannot be used; ``reason`` is short, ``detail`` is the decoder's own message."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class VideoInfo:
+    width: int  # display size: after rotation and sample aspect ratio
+    height: int
+    coded_width: int
+    coded_height: int
+    rotation: int  # counter-clockwise degrees of the display matrix, mod 360
+    fps: float
+    num_frames: int  # frames displayed
+    frame_count_source: str  # "container", "packets", "edit list" or "decoded"
+    codec: str
+    duration: float
+
+
+@dataclass
+class Decoded:
+    info: VideoInfo
+    frames: dict[int, Image.Image]  # display index -> frame at the output size, upright
+    decoder: str  # "pyav" or "ffmpeg"
+    packets_decoded: int | None = None  # of all the stream's packets; None: not counted
+    detail: str = field(default="")  # the decoder's warnings, if any
+
+
+def display_size(w: int, h: int, sar: Fraction, rotation: int) -> tuple[int, int]:
+    display_w = w * sar if sar > 0 else Fraction(w)
+    dw, dh = (h, display_w) if rotation in (90, 270) else (display_w, h)
+    return int(round(dw)), int(round(dh))
+
+
+def output_size(info: VideoInfo, short_side: int) -> tuple[int, int]:
+    """Scale so the short side is ``short_side``, keeping the display aspect ratio."""
+    w, h = info.width, info.height
+    if w <= h:
+        return short_side, max(1, round(h * short_side / w))
+    return max(1, round(w * short_side / h)), short_side
