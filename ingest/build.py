@@ -244,7 +244,7 @@ def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, t
     if entries:
         log.info("%d of %d videos already staged by an earlier run", len(entries), len(videos))
     batches = [todo[i:i + videos_per_task] for i in range(0, len(todo), videos_per_task)]
-    task = ray.remote(num_cpus=1, max_retries=2)(ray_runtime.on_node)
+    task = ray_runtime.task()
     pending = {}
     failed = sum(1 for e in entries if e["error"])
     with tqdm(total=len(videos), initial=len(entries), unit="video", desc="decode", smoothing=0.1,
@@ -273,7 +273,7 @@ def _pack_split(out, stage, split, entries, seed, shard_size, shard_samples, nod
                for e in entries for s in e["samples"]}
     order = [samples[k] for k in ordering.shuffled(samples, seed)]
     cuts = packing.cut([p[4] for p in order], shard_size, shard_samples)
-    task = ray.remote(num_cpus=1, max_retries=2)(ray_runtime.on_node)
+    task = ray_runtime.task()
     refs = [task.remote(staging.pack_shard, out, packing.shard_name(split, i), stage, order[r.start:r.stop])
             for i, r in enumerate(cuts)]
     infos = []

@@ -29,6 +29,13 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     return max(1, parallel)
 
 
+def task():
+    """The remote function every build task runs through: one CPU, retried twice when its worker
+    or node dies, and spread over the cluster's nodes (Ray would otherwise pack short tasks onto
+    the node whose workers are already warm, leaving new nodes idle)."""
+    return ray.remote(num_cpus=1, max_retries=2, scheduling_strategy="SPREAD")(on_node)
+
+
 def on_node(fn, *args):
     """Run ``fn(*args)`` as a Ray task; -> (its result, the id of the node that ran it), so a build
     can say how the work spread over the cluster's nodes."""
