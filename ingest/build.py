@@ -244,7 +244,7 @@ def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, t
     if entries:
         log.info("%d of %d videos already staged by an earlier run", len(entries), len(videos))
     batches = [todo[i:i + videos_per_task] for i in range(0, len(todo), videos_per_task)]
-    task = ray_runtime.task()
+    task = ray_runtime.task(staging.decode_batch)
     pending = {}
     failed = sum(1 for e in entries if e["error"])
     with tqdm(total=len(videos), initial=len(entries), unit="video", desc="decode", smoothing=0.1,
@@ -252,8 +252,8 @@ def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, t
         while batches or pending:
             while batches and len(pending) < 2 * parallel:
                 vs = batches.pop(0)
-                ref = task.remote(staging.decode_batch, stage, vs, [keys[v.relpath] for v in vs],
-                                  [labels[v.relpath] for v in vs], cfg, threads, timeout)
+                ref = task(stage, vs, [keys[v.relpath] for v in vs], [labels[v.relpath] for v in vs],
+                           cfg, threads, timeout)
                 pending[ref] = len(vs)
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
@@ -273,8 +273,8 @@ def _pack_split(out, stage, split, entries, seed, shard_size, shard_samples, nod
                for e in entries for s in e["samples"]}
     order = [samples[k] for k in ordering.shuffled(samples, seed)]
     cuts = packing.cut([p[4] for p in order], shard_size, shard_samples)
-    task = ray_runtime.task()
-    refs = [task.remote(staging.pack_shard, out, packing.shard_name(split, i), stage, order[r.start:r.stop])
+    task = ray_runtime.task(staging.pack_shard)
+    refs = [task(out, packing.shard_name(split, i), stage, order[r.start:r.stop])
             for i, r in enumerate(cuts)]
     infos = []
     with tqdm(total=len(refs), unit="shard", desc=f"pack {split}", mininterval=1.0) as bar:

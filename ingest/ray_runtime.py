@@ -29,11 +29,15 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     return max(1, parallel)
 
 
-def task():
-    """The remote function every build task runs through: one CPU, retried twice when its worker
-    or node dies, and spread over the cluster's nodes (Ray would otherwise pack short tasks onto
-    the node whose workers are already warm, leaving new nodes idle)."""
-    return ray.remote(num_cpus=1, max_retries=2, scheduling_strategy="SPREAD")(on_node)
+def task(fn):
+    """``fn`` as a build task: ``task(fn)(*args)`` submits it and returns its reference. One CPU,
+    retried twice when its worker or node dies, spread over the cluster's nodes (Ray would
+    otherwise pack short tasks onto the node whose workers are already warm, leaving new nodes
+    idle), named after ``fn`` (the worker's process title, ``ray::decode_batch``). Its result is
+    ``(fn's result, node id)``, see ``on_node``."""
+    remote = ray.remote(num_cpus=1, max_retries=2, scheduling_strategy="SPREAD")(on_node)
+    named = remote.options(name=fn.__name__)
+    return lambda *args: named.remote(fn, *args)
 
 
 def on_node(fn, *args):

@@ -104,6 +104,7 @@ def test_killed_build_is_taken_over_by_the_build_waiting_for_it(tree, built, ray
         time.sleep(0.1)
     rec = cat.get(dataset)
     assert rec.state == "building" and rec.owner["pid"] == proc.pid and 1 <= rec.progress["videos_done"] < 6
+    os.killpg(proc.pid, signal.SIGSTOP)  # frozen mid-build, alive: a build of a few seconds cannot end under us
     results = []
     waiter = threading.Thread(target=lambda: results.append(registry.build(
         catalog, str(tree), str(second), cfg, poll=0.2, workers=2, videos_per_task=1, **OPTS)))
