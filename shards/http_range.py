@@ -22,6 +22,7 @@ from typing import Mapping
 import aiohttp
 from fsspec.asyn import sync
 from fsspec.core import url_to_fs
+from fsspec.implementations.http import HTTPFileSystem
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 _SHA256_ETAG = re.compile(r'"([0-9a-f]{64})"$')
@@ -179,3 +180,16 @@ class HTTPRange(io.RawIOBase):
     def close(self) -> None:
         self._drop()
         super().close()
+
+
+def close_connections() -> None:
+    """Close this process's pooled HTTP connections; the next request opens new ones. Call it
+    before forking: a forked child that drops its inherited copy of an fsspec HTTP filesystem
+    (fsspec does so on its first use in the child) closes the connections through the parent's
+    event loop, whose epoll instance it shares. That unregisters the parent's sockets, and the
+    parent's next request on a pooled connection waits forever for an answer that has come."""
+    for fs in list(HTTPFileSystem._cache.values()):
+        session, fs._session = getattr(fs, "_session", None), None
+        if session is not None:
+            sync(fs.loop, session.close)
+    HTTPFileSystem.clear_instance_cache()

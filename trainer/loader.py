@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from shards import partition
 from shards.manifest import Manifest
 from shards.cache import ShardCache
+from shards.http_range import close_connections
 from shards.reading import local_path, open_fd, open_range
 
 from .slots import SlotPool
@@ -280,8 +281,11 @@ class ClipLoader:
             if len(hits):
                 shard = self.shards[run.shard]
                 a, b = run.start + int(hits[0]), run.start + int(hits[-1]) + 1
-                reads.append({"shard": run.shard, "start": shard.offsets[a],
-                              "end": shard.offsets[b - 1] + shard.lengths[b - 1]})
+                end = shard.offsets[b - 1] + shard.lengths[b - 1]
+                if reads and (reads[-1]["shard"], reads[-1]["end"]) == (run.shard, shard.offsets[a]):
+                    reads[-1]["end"] = end  # runs that meet in the file (the order wraps inside a shard): one read
+                else:
+                    reads.append({"shard": run.shard, "start": shard.offsets[a], "end": end})
                 expected += [(shard.keys[i], local + i - run.start if wanted[local + i - run.start] else None)
                              for i in range(a, b)]
             local += run.size
@@ -341,6 +345,8 @@ class ClipLoader:
                 for r in p["reads"]:
                     r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
                     r["size"], r["sha256"] = self.shards[r["shard"]].bytes, self.shards[r["shard"]].sha256
+            if self.num_workers:
+                close_connections()  # none may cross the fork into the workers
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
