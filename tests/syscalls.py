@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections import Counter
 from dataclasses import dataclass
@@ -142,9 +143,18 @@ def parse(lines) -> Trace:
 
 def trace(argv: list[str], log: str, timeout: float, env: dict | None = None) -> tuple[subprocess.CompletedProcess, Trace]:
     """Run ``argv`` under ``strace -f`` (its output to the file ``log``); the completed process
-    (stdout and stderr as text) and its parsed trace."""
+    (stdout and stderr as text) and its parsed trace. Past ``timeout`` seconds the program and
+    everything it started are killed, and the error shows the end of what it printed."""
     assert shutil.which("strace"), "strace is not installed (scripts/setup.sh installs it)"
-    done = subprocess.run(["strace", "-f", "-qq", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}", "-e", "signal=none",
-                           "-o", log, *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    cmd = ["strace", "-f", "-qq", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}", "-e", "signal=none", "-o", log, *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # a killed strace would leave its tracees running
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(argv)}: still running after {timeout:.0f} s; its output ended with:\n"
+                             f"{out[-2000:]}{err[-2000:]}") from None
     with open(log) as f:
-        return done, parse(f)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err), parse(f)
