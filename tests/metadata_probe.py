@@ -1,8 +1,9 @@
 """The job ``test_metadata_ops`` traces: one epoch of every rank in turn, each with its forked
 loader workers, reading local shards, over HTTP from the dataset service, and through the
-node-local cache (cold, then warm).
+node-local cache (cold, then warm); then, for comparison, every clip of FRAMES_DIR's frame
+folders read as TSM's dataset reads them (``bench/loader.py``'s ``FrameFolders``).
 
-    python tests/metadata_probe.py SHARDS_DIR DATASET_URL CACHE_DIR WORLD_SIZE WORKERS BATCH
+    python tests/metadata_probe.py SHARDS_DIR DATASET_URL CACHE_DIR FRAMES_DIR WORLD_SIZE WORKERS BATCH
 
 Each phase (``<source>/manifest``, ``<source>/rank<r>``) starts with a marker: ``syscalls.mark``
 for the trace, and a request for ``/v1/health?mark=<phase>`` for the service's access log. The
@@ -11,6 +12,8 @@ does. Prints each rank's batch count.
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 import urllib.request
 
@@ -36,7 +39,19 @@ def epoch(where: str, phase: str, world: int, workers: int, batch: int, service:
         print(phase, rank, sum(1 for _ in loader), flush=True)
 
 
-def main(shards: str, dataset: str, cache: str, *job: str) -> None:
+def frame_folders(frames: str) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench.loader import FrameFolders
+    from trainer.transforms import TrainTransform
+
+    with open(os.path.join(frames, "rows.json")) as f:
+        rows = json.load(f)  # the list file (the TSM dataset's), read before the phase
+    dataset = FrameFolders(rows, TrainTransform(32, 36))
+    mark("frames")
+    print("frames", sum(1 for i in range(len(dataset)) if dataset[i] is not None), flush=True)
+
+
+def main(shards: str, dataset: str, cache: str, frames: str, *job: str) -> None:
     import trainer.loader  # noqa: F401  (imported before the first phase)
 
     service = dataset.split("/v1/")[0]
@@ -45,8 +60,9 @@ def main(shards: str, dataset: str, cache: str, *job: str) -> None:
                               ("cache-cold", dataset, {"cache_dir": cache}),
                               ("cache-warm", dataset, {"cache_dir": cache})):
         epoch(where, source, world, workers, batch, None if source == "local" else service, **kw)
-    mark("end")
     urllib.request.urlopen(f"{service}/v1/health?mark=end").read()
+    frame_folders(frames)
+    mark("end")
 
 
 if __name__ == "__main__":

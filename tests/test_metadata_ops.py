@@ -5,9 +5,11 @@ through the node-local cache, against what the layout promises (``shards.layout`
 the manifest read once per job with one open (one GET), each rank opening each shard its range
 touches once and its workers sharing the descriptors, over HTTP one GET per shard a worker's
 chunk touches, each shard downloaded once per node into the cache, and never a stat or a listing.
+The same trace holds frame folders read the TSM way, against the planner's model of them.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -20,10 +22,11 @@ import syscalls
 from shards import layout
 from shards.catalog import Catalog
 from shards.manifest import Manifest
-from shardsets import ServiceProcess, make_shardset, register
+from shardsets import ServiceProcess, jpeg, make_shardset, register
 
 WORLD, WORKERS, BATCH = 3, 2, 2
 CLIPS, PER_SHARD = 25, 5
+FOLDERS, FRAMES = 3, 20  # frame-folder clips, frames extracted per video
 PROBE = os.path.join(os.path.dirname(__file__), "metadata_probe.py")
 _REQUEST = re.compile(r'"(\w+) (\S+) HTTP/[\d.]+" (\d+)')
 
@@ -50,11 +53,19 @@ def job(tmp_path_factory):
     shards, cache = root / "set", root / "cache"
     manifest = make_shardset(str(shards), {"train": CLIPS}, per_shard=PER_SHARD)
     register(Catalog(str(root / "catalog.sqlite")), str(shards), "probe")
+    frames, rows = root / "frames", []
+    for v in range(FOLDERS):  # TSM's layout: one folder per video, img_00001.jpg ...
+        (frames / f"v{v}").mkdir(parents=True)
+        for i in range(FRAMES):
+            (frames / f"v{v}" / f"img_{i + 1:05d}.jpg").write_bytes(jpeg((v * 40, i * 10, 0)))
+        rows.append({"folder": str(frames / f"v{v}"), "frames": FRAMES, "label": v})
+    (frames / "rows.json").write_text(json.dumps(rows))
     server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--access-log")
     url = server.start()
     try:
         done, trace = syscalls.trace([sys.executable, PROBE, str(shards), f"{url}/v1/datasets/probe", str(cache),
-                                      str(WORLD), str(WORKERS), str(BATCH)], str(root / "strace.txt"), timeout=300)
+                                      str(frames), str(WORLD), str(WORKERS), str(BATCH)], str(root / "strace.txt"),
+                                     timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         deadline = time.monotonic() + 30
         while not any("mark=end" in line for line in server.log) and time.monotonic() < deadline:
@@ -67,7 +78,7 @@ def job(tmp_path_factory):
                        num_shards=len(sizes))
     assert [r["world_size"] for r in plan["rows"]] == [WORLD]
     per_rank, per_worker = layout.shard_opens(sizes, WORLD, WORKERS, BATCH)
-    return {"trace": trace, "requests": requests_by_phase(server.log), "shards": str(shards), "cache": str(cache),
+    return {"trace": trace, "requests": requests_by_phase(server.log), "shards": str(shards), "cache": str(cache), "frames": str(frames),
             "names": [s.name for s in split.shards], "sha256": {s.sha256: s.name for s in split.shards},
             "row": plan["rows"][0]["shards"], "per_rank": per_rank, "per_worker": per_worker, "out": done.stdout}
 
@@ -95,8 +106,18 @@ def test_local_shards_one_open_per_touched_shard_by_the_rank_none_by_its_workers
         opens.append(len(rank_ops))
     everything = kinds(t.count("local/", job["shards"]))
     assert everything["open"] == row["total"] and max(opens) == row["opens_per_rank_max"]
-    assert everything["stat"] + everything["fstat"] == row["stats"] == 0
+    assert everything["stat"] == row["stats"] == 0 and everything["fstat"] == 0  # not even on a descriptor
     assert everything["listing"] == row["listings"] == 0
+
+
+def test_the_frame_folder_model_is_what_a_frame_folder_reader_does(job):
+    """The planner's baseline against TSM's way of reading (an existence check of the first
+    frame, then one open per frame): opens, stats and listings as ``layout.frame_folder_ops``
+    says. (Python's ``open`` adds an fstat per file, which the model leaves out.)"""
+    assert f"frames {FOLDERS}" in job["out"]
+    seen = kinds(job["trace"].count("frames", job["frames"]))
+    model = layout.frame_folder_ops(FOLDERS, 8)
+    assert (seen["open"], seen["stat"], seen["listing"]) == (model.opens, model.stats, model.listings), seen
 
 
 def test_over_http_one_get_per_shard_a_worker_touches_and_no_local_file(job):
