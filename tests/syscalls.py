@@ -27,6 +27,7 @@ _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 OPENS = {"open", "openat", "openat2", "creat"}
 STATS = {"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat"}
 FD_CALLS = {"fstat", "getdents64", "pread64", "preadv", "preadv2", "connect"}
+FD_KINDS = {"getdents64": "listing", "pread64": "read", "preadv": "read", "preadv2": "read"}
 
 
 def mark(phase: str) -> None:
@@ -53,7 +54,7 @@ class Call:
             return "fstat"
         if self.name in STATS:
             return "stat"
-        return {"getdents64": "listing", "pread64": "read", "preadv": "read", "preadv2": "read"}.get(self.name, self.name)
+        return FD_KINDS.get(self.name, self.name)
 
 
 @dataclass
@@ -141,13 +142,13 @@ def parse(lines) -> Trace:
     return Trace(root, phases)
 
 
-def trace(argv: list[str], log: str, timeout: float, env: dict | None = None) -> tuple[subprocess.CompletedProcess, Trace]:
+def trace(argv: list[str], log: str, timeout: float) -> tuple[subprocess.CompletedProcess, Trace]:
     """Run ``argv`` under ``strace -f`` (its output to the file ``log``); the completed process
     (stdout and stderr as text) and its parsed trace. Past ``timeout`` seconds the program and
     everything it started are killed, and the error shows the end of what it printed."""
     assert shutil.which("strace"), "strace is not installed (scripts/setup.sh installs it)"
     cmd = ["strace", "-f", "-qq", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}", "-e", "signal=none", "-o", log, *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # a killed strace would leave its tracees running
     try:
         out, err = proc.communicate(timeout=timeout)

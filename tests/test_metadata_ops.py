@@ -21,7 +21,6 @@ import pytest
 import syscalls
 from shards import layout
 from shards.catalog import Catalog
-from shards.manifest import Manifest
 from shardsets import ServiceProcess, jpeg, make_shardset, register
 
 WORLD, WORKERS, BATCH = 3, 2, 2
@@ -78,9 +77,10 @@ def job(tmp_path_factory):
                        num_shards=len(sizes))
     assert [r["world_size"] for r in plan["rows"]] == [WORLD]
     per_rank, per_worker = layout.shard_opens(sizes, WORLD, WORKERS, BATCH)
-    return {"trace": trace, "requests": requests_by_phase(server.log), "shards": str(shards), "cache": str(cache), "frames": str(frames),
+    return {"trace": trace, "requests": requests_by_phase(server.log), "out": done.stdout,
+            "shards": str(shards), "cache": str(cache), "frames": str(frames),
             "names": [s.name for s in split.shards], "sha256": {s.sha256: s.name for s in split.shards},
-            "row": plan["rows"][0]["shards"], "per_rank": per_rank, "per_worker": per_worker, "out": done.stdout}
+            "row": plan["rows"][0]["shards"], "per_rank": per_rank, "per_worker": per_worker}
 
 
 def kinds(counts: Counter) -> Counter:

@@ -205,9 +205,8 @@ def test_torchvision_weights_land_in_the_right_layers(tmp_path, depth, wrap):
     backbone = sorted(k for k in shapes if not k.startswith("fc."))
     assert report == {"loaded": backbone, "new": ["fc.weight", "fc.bias"], "ignored": ["fc.bias", "fc.weight"]}
     assert torch.equal(model.fc.weight, head[0]) and torch.equal(model.fc.bias, head[1])
-    last = model.backbone.layer4[-1]
-    assert torch.equal((last.conv3 if depth == 50 else last.conv2).weight, state[f"layer4.{len(model.backbone.layer4) - 1}."
-                                                                               f"conv{3 if depth == 50 else 2}.weight"])
+    last, conv = len(model.backbone.layer4) - 1, "conv3" if depth == 50 else "conv2"
+    assert torch.equal(getattr(model.backbone.layer4[last], conv).weight, state[f"layer4.{last}.{conv}.weight"])
     assert torch.equal(model.backbone.layer2[0].downsample[1].running_var, state["layer2.0.downsample.1.running_var"])
     for block in (b for stage in (1, 2, 3, 4) for b in getattr(model.backbone, f"layer{stage}")):
         block.shift = NoShift()  # the frames' own features: torchvision's network
