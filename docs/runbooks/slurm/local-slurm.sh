@@ -18,25 +18,30 @@ dir=$(realpath -m "${2:-/tmp/kinetics-fast-slurm}")
 conf=$dir/slurm.conf
 wait_s=${LOCAL_SLURM_WAIT:-60}
 
-stop_pid() {  # kill the process in pid file $1 and wait (up to 10 s) until it is gone
+stop_pids() {  # TERM the processes in these pid files, wait (up to 10 s) until all are gone
+  local pids=() f pid
+  for f in "$@"; do
+    pid=$(cat "$f" 2>/dev/null) && kill "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for _ in $(seq 100); do
+    alive "${pids[@]}" || return 0
+    sleep 0.1
+  done
+  kill -9 "${pids[@]}" 2>/dev/null || true
+}
+
+alive() {  # whether any of these processes still runs
   local pid
-  pid=$(cat "$1" 2>/dev/null) || return 0
-  kill "$pid" 2>/dev/null || return 0
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
+  for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+  return 1
 }
 
-stop_slurm() {  # the Slurm daemons of this DIR
-  stop_pid "$dir/slurmd.pid"
-  stop_pid "$dir/slurmctld.pid"
+stop_slurm() {  # the Slurm daemons of this DIR, and munged if this script started it for this DIR
+  local munged=()
+  [ "${1:-}" = munge ] && [ -f "$dir/munged.started" ] && munged=(/run/munge/munged.pid)
+  stop_pids "$dir/slurmd.pid" "$dir/slurmctld.pid" "${munged[@]}"
   rm -f "$dir/slurmd.pid" "$dir/slurmctld.pid"
-}
-
-stop_munge() {  # munged, only if this script started it for this DIR
-  if [ -f "$dir/munged.started" ]; then
-    stop_pid /run/munge/munged.pid
-    rm -f "$dir/munged.started"
-  fi
+  [ ${#munged[@]} = 0 ] || rm -f "$dir/munged.started"
 }
 
 logs() {  # the tails of the daemons' logs, for an error message
@@ -52,7 +57,7 @@ fail() {
 }
 
 case "$cmd" in
-  stop) stop_slurm; stop_munge; exit 0 ;;
+  stop) stop_slurm munge; exit 0 ;;
   start) ;;
   *) echo "usage: $0 start|stop [DIR]" >&2; exit 2 ;;
 esac
@@ -81,8 +86,9 @@ if ! munge -n >/dev/null 2>&1; then  # munged authenticates every Slurm message
 fi
 
 # the node as slurmd detects it (CPUs, boards, sockets, cores, threads), half its memory
-layout=$(slurmd -C | head -n 1 | tr ' ' '\n' | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=' | paste -sd' ' -)
-detected_mb=$(slurmd -C | head -n 1 | tr ' ' '\n' | sed -n 's/^RealMemory=//p')
+detected=$(slurmd -C | head -n 1 | tr ' ' '\n')
+layout=$(grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=' <<<"$detected" | paste -sd' ' -)
+detected_mb=$(sed -n 's/^RealMemory=//p' <<<"$detected")
 [ -n "$layout" ] && [ -n "$detected_mb" ] || fail "slurmd -C did not describe this node: $(slurmd -C 2>&1)"
 cat > "$conf" <<CONF
 ClusterName=kinetics-fast-local
