@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shards.cache import CacheFull, ShardCache
+from shards.cache import ENV_BUDGET, CacheFull, ShardCache
 from shards.http_range import HTTPRange, RangeError, Retry, range_problem
 from shards.reading import open_range
 from shardsets import make_shardset
@@ -272,8 +272,9 @@ def test_a_damaged_download_is_never_visible(tmp_path):
     assert not os.path.exists(cache.path(SHA)) and leftovers(tmp_path) == []
 
 
-def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path):
-    cache = ShardCache(str(tmp_path), budget=2 * SIZE + 10, retry=FAST)
+def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_BUDGET, f"{(2 * SIZE + 10) / 1000}kB")  # as trainers set it
+    cache = ShardCache(str(tmp_path), retry=FAST)
     with misbehaving() as (srv, url):
         fetch = lambda p: cache.fetch(f"{url}{p}", SHAS[p], SIZE)  # noqa: E731
         s0, s1 = fetch("/s0.tar"), fetch("/s1.tar")  # s0 is the least recently used, but pinned
