@@ -21,10 +21,11 @@ Fork safety (loader workers are forked): a connection is never shared by two pro
   copies of the parent's, and cleaning those up (when collected, or at exit) closes their pooled
   connections through the copied loop, whose epoll instance and sockets the kernel shares with
   the parent: the parent's sockets are unregistered from its epoll, and its next request on such a
-  connection waits for an answer that never wakes it (5 minutes, aiohttp's timeout); over TLS the
-  child would even write a close_notify into the parent's connection. So at the fork the child's
-  copies of those descriptors are pointed at /dev/null (``_after_fork_in_child``). This covers
-  every fsspec filesystem on fsspec's shared loop (HTTP here and in ``fsspec.open``, s3fs).
+  connection waits for an answer that never wakes it (5 minutes, aiohttp's timeout); and the
+  child's cleanup first waits a second for a loop whose thread did not survive the fork. So at the
+  fork the child's copies of those descriptors are pointed at /dev/null and the copied loop is
+  marked not running (``_after_fork_in_child``). This covers every fsspec filesystem on fsspec's
+  shared loop (HTTP here and in ``fsspec.open``, s3fs).
 """
 from __future__ import annotations
 
@@ -224,9 +225,9 @@ def _before_fork() -> None:
 def _after_fork_in_child() -> None:
     """Cut the parent's loop, as copied into this child, off from everything the parent uses: each
     socket it holds open (connections, its wake-up socket pair) is pointed at /dev/null, so whatever
-    the child's copies do later (unregister from epoll, write a TLS close_notify, close) reaches
-    none of the parent's connections; and the loop is marked not running (its thread stayed in the
-    parent), so fsspec closes inherited sessions without waiting a second for it."""
+    the child's copies do later (unregister from epoll, write, close) reaches none of the parent's
+    connections; and the loop is marked not running (its thread stayed in the parent), so fsspec
+    closes inherited sessions without waiting a second for it."""
     loop = _loop_at_fork.pop() if _loop_at_fork else None
     if not isinstance(loop, BaseSelectorEventLoop) or loop.is_closed():
         return
