@@ -24,7 +24,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 # (fault, exit code, checkpoint's (epoch, batch, step) after it): the four points and the end
 STOPS = [
     ("step:1:TERM:group", 143, (0, 1, 1)),  # first step; the whole process group, loader worker too
-    ("step:2:INT:self", 130, (0, 3, 3)),  # mid-epoch, Ctrl-C
+    ("step:2:INT:group", 130, (0, 3, 3)),  # mid-epoch: Ctrl-C in a terminal signals the group
     ("step:3:TERM:self", 143, (0, 6, 6)),  # the epoch's last step: validation still to run
     ("validated:1:TERM:self", 143, (1, 0, 6)),  # just after validation (between epochs)
     ("", 0, (EPOCHS, 0, EPOCHS * STEPS_PER_EPOCH)),
