@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--output-dir", default="out/train", help="checkpoint, metrics.jsonl, tensorboard/")
     r.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")
+    r.add_argument("--checkpoint-steps", type=int, default=0,
+                   help="also checkpoint every N steps (0: only at epoch ends and stops); bounds what a "
+                        "SIGKILL, an OOM kill or a lost node costs to N steps")
     r.add_argument("--print-freq", type=int, default=10, help="steps between metric records")
     r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
 
@@ -135,7 +138,9 @@ class Trainer:
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
         self._resume()
         self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
-        self.log = metrics.MetricsLog(args.output_dir, enabled=self.rank0, tensorboard=args.tensorboard)
+        # records past the checkpoint's step came from a run killed after it: those steps are trained again
+        self.log = metrics.MetricsLog(args.output_dir, enabled=self.rank0, tensorboard=args.tensorboard,
+                                      after_step=self.step if args.resume else None)
 
     def _loader(self, manifest, split: str, train: bool) -> ClipLoader:
         a = self.args
@@ -250,6 +255,8 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
             t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
                       clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
             window = metrics.StepTotals()
+        if args.checkpoint_steps and t.step % args.checkpoint_steps == 0:
+            t.save()
         tick = time.perf_counter()
         signum = t.agreed_stop(stop)
         if signum:
