@@ -223,8 +223,7 @@ def isolated(batches):
 
 def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
     """Train to the end of the epoch or until a signal reaches every rank; returns the signal
-    (0: the epoch's training is done). Once the last step is done, with or without a signal,
-    the ranks agree on BN statistics (before validation and the checkpoint)."""
+    (0: the epoch's training is done)."""
     args, loader, e = t.args, t.train_loader, t.engine
     loader.set_epoch(t.epoch)
     if loader.epoch_finished:  # resumed after the epoch's last step: validation is what is left
@@ -246,6 +245,8 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
         t.epoch_totals.add(**step)
         t.batch += 1
         t.step += 1
+        if loader.epoch_finished:  # ranks saw different batches: agree on BN statistics before anything is saved
+            t.backend.average_buffers(e.model)
         bar.update()
         bar.set_postfix(loss=f"{loss / max(step['clips'], 1):.3f}", lr=f"{e.lr:.2e}",
                         clips_s=f"{batch['global_valid'] / (done - tick):.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
@@ -262,8 +263,6 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
         if signum:
             break
     bar.close()
-    if loader.epoch_finished:
-        t.backend.average_buffers(e.model)  # ranks saw different batches
     return signum
 
 
@@ -296,9 +295,9 @@ def train(t: Trainer, stop: StopFlag) -> int:
     while t.epoch < args.epochs:
         signum = train_one_epoch(t, stop)
         if not signum:
-            train = t.epoch_totals.reduce(t.backend.all_sum).summary()
-            summary = {"train_loss": train["loss"], "epoch_time": train["time"], "data_time": train["data_time"],
-                       "compute_time": train["compute_time"], "clips_per_s": train["clips_per_s"]}
+            totals = t.epoch_totals.reduce(t.backend.all_sum).summary()
+            summary = {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
+                       "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"]}
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
         if signum:
