@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from shards.manifest import Manifest
+
 from . import checkpoint, compiling, distributed, metrics, recipe
 from .device_decode import clip_source
 from .engine import Engine
@@ -107,20 +109,24 @@ class StopFlag:
 class Trainer:
     """A run: backend, loaders, engine (model, optimizer, schedule), position, metrics log."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, elastic: bool = False):
+        """``elastic``: no collective here, since a rank joining a running Horovod Elastic job meets the
+        others first in the elastic state's sync: every rank reads the manifest, and ``start`` is
+        left to ``trainer.elastic``."""
         self.args = args
         self.backend = distributed.init(args.backend)
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(args.seed + self.backend.rank)
-        manifest = shared_manifest(args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        manifest = Manifest.load(args.data) if elastic else shared_manifest(
+            args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
         self.train_loader = self._loader(manifest, args.train_split, train=True)
         self.val_loader = self._loader(manifest, args.val_split, train=False) if args.val_split else None
         self.steps_per_epoch = len(self.train_loader)
         self.engine = Engine(args, self.backend, len(manifest.classes), self.steps_per_epoch)
         self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
-        self._resume()
-        self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
+        if not elastic:
+            self.start()
         self.log = metrics.MetricsLog(args.output_dir, enabled=self.rank0, tensorboard=args.tensorboard)
 
     def _loader(self, manifest, split: str, train: bool) -> ClipLoader:
@@ -130,6 +136,11 @@ class Trainer:
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
                           decode_on_device=a.decode_on_device)
+
+    def start(self) -> None:
+        """Every rank at rank 0's place: the checkpoint's with --resume, else rank 0's initial weights."""
+        self._resume()
+        self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
 
     @property
     def checkpoint_url(self) -> str:
@@ -193,8 +204,8 @@ def isolated(batches):
         yield batch
 
 
-def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
-    """Train to the end of the epoch or until a signal reaches every rank.
+def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> tuple[bool, dict]:
+    """Train to the end of the epoch or until a signal reaches every rank; ``commit()`` after every step.
 
     Returns (whether the epoch completed, epoch averages).
     """
@@ -229,6 +240,8 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
                       clips_per_s=e.global_batch / (w_data + w_compute), data_time=w_data, compute_time=w_compute)
             window = [metrics.Average() for _ in range(3)]
         tick = time.perf_counter()
+        if commit:
+            commit()
         if t.agreed_stop(stop):
             completed = False
             break
@@ -259,35 +272,45 @@ def evaluate(t: Trainer) -> dict:
     return {"val_loss": loss / n, "val_top1": 100 * top1 / n, "val_top5": 100 * top5 / n, "val_samples": n}
 
 
-def main(args: argparse.Namespace) -> int:
-    t = Trainer(args)
+def main(args: argparse.Namespace, elastic=None) -> int:
+    """``elastic(trainer, stop)``: Horovod Elastic's loop around ``fit`` (``trainer.elastic``)."""
+    t = Trainer(args, elastic=elastic is not None)
     if t.rank0:
         log.info("%s", t.engine.describe())
         log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
     stop = StopFlag()
     try:
-        while t.epoch < args.epochs:
-            completed, summary = train_one_epoch(t, stop)
-            if not completed:
-                t.save()
-                if t.rank0:
-                    log.info("stopped by a signal at epoch %d, batch %d: checkpoint saved", t.epoch, t.batch)
-                return 128 + (stop.signum or signal.SIGTERM)
-            if t.val_loader is not None:
-                summary.update(evaluate(t))
-            t.epoch, t.batch = t.epoch + 1, 0
-            t.save()
-            t.log.log("epoch", t.step, epoch=t.epoch, lr=t.engine.lr, **summary)
-            if t.rank0:
-                log.info("epoch %d/%d: %s", t.epoch, args.epochs,
-                         ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-            if t.agreed_stop(stop):
-                return 128 + (stop.signum or signal.SIGTERM)
-        return 0
+        return (elastic or fit)(t, stop)
     finally:
         stop.restore()
         t.log.close()
         t.backend.shutdown()
+
+
+def fit(t: Trainer, stop: StopFlag, commit=None) -> int:
+    """Train from the trainer's position to the last epoch; ``commit()`` after every step and epoch
+    (Horovod Elastic's, see ``trainer.elastic``). Returns the exit status."""
+    args = t.args
+    while t.epoch < args.epochs:
+        completed, summary = train_one_epoch(t, stop, commit)
+        if not completed:
+            t.save()
+            if t.rank0:
+                log.info("stopped by a signal at epoch %d, batch %d: checkpoint saved", t.epoch, t.batch)
+            return 128 + (stop.signum or signal.SIGTERM)
+        if t.val_loader is not None:
+            summary.update(evaluate(t))
+        t.epoch, t.batch = t.epoch + 1, 0
+        t.save()
+        t.log.log("epoch", t.step, epoch=t.epoch, lr=t.engine.lr, **summary)
+        if t.rank0:
+            log.info("epoch %d/%d: %s", t.epoch, args.epochs,
+                     ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+        if commit:
+            commit()
+        if t.agreed_stop(stop):
+            return 128 + (stop.signum or signal.SIGTERM)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

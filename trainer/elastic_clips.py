@@ -1,0 +1,74 @@
+"""The clip log of an elastic run (``trainer elastic --clip-log``), and what it proves.
+
+Every process appends, before each training step, one JSON line to
+``OUTPUT_DIR/clips/<host>-<pid>.jsonl`` (``host`` as horovodrun names the slot): ``{"generation", "epoch", "batch", "rank", "size",
+"keys", "padding"}``, where ``batch`` is the step's index in its epoch, ``keys`` the clips the
+step trains on (padding repeats only counted). Written before the step, so a step that took
+part in a commit is always logged, even by a rank killed just after.
+
+``committed_clips`` reads the logs back as the run's effective history. A generation is one
+formation of the ring (``ElasticState.generation``); it starts from a commit, so its first step
+in an epoch marks where that epoch was rolled back to: every step an earlier generation logged
+at that index or later in the epoch was undone.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+from collections import Counter, defaultdict
+
+DIRECTORY = "clips"
+
+
+class ClipLog:
+    """Wraps the trainer's clip source (``Trainer.clips``) to log each training batch."""
+
+    def __init__(self, t, state, clips):
+        self.t, self.state, self.clips = t, state, clips
+        directory = os.path.join(t.args.output_dir, DIRECTORY)
+        os.makedirs(directory, exist_ok=True)
+        host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())  # the name horovodrun gave this slot
+        self.file = open(os.path.join(directory, f"{host}-{os.getpid()}.jsonl"), "a",
+                         encoding="utf-8", buffering=1)
+
+    def __call__(self, batch: dict):
+        t = self.t
+        if t.engine.model.training:  # not evaluation batches
+            valid = batch["valid"].tolist()
+            self.file.write(json.dumps({
+                "generation": self.state.generation, "epoch": t.epoch, "batch": t.batch, "rank": t.backend.rank,
+                "size": t.backend.size, "keys": [k for k, v in zip(batch["keys"], valid) if v],
+                "padding": valid.count(False)}) + "\n")
+        return self.clips(batch)
+
+
+def read(output_dir: str) -> list[dict]:
+    records = []
+    for path in sorted(glob.glob(os.path.join(output_dir, DIRECTORY, "*.jsonl"))):
+        with open(path, encoding="utf-8") as f:
+            records += [json.loads(line) for line in f if line.endswith("\n")]  # a killed writer's last line may be cut
+    return records
+
+
+def committed(records: list[dict]) -> list[dict]:
+    """The records of steps that count: those no later generation rolled back."""
+    starts = defaultdict(dict)  # epoch -> generation -> first batch index
+    for r in records:
+        first = starts[r["epoch"]]
+        first[r["generation"]] = min(first.get(r["generation"], r["batch"]), r["batch"])
+    kept = []
+    for r in records:
+        later = [b for g, b in starts[r["epoch"]].items() if g > r["generation"]]
+        if r["batch"] < min(later, default=r["batch"] + 1):
+            kept.append(r)
+    return kept
+
+
+def committed_clips(output_dir: str) -> dict[int, Counter]:
+    """Epoch -> how many times each clip was trained on in the steps that count."""
+    out = defaultdict(Counter)
+    for r in committed(read(output_dir)):
+        out[r["epoch"]].update(r["keys"])
+    return dict(out)
