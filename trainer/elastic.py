@@ -15,10 +15,7 @@ Details, commit frequency against work lost, and caveats: docs/elastic.md.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
-
-import torch
 
 from . import train
 
@@ -35,18 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "that each epoch trained on every clip once (trainer.elastic_clips)")
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of the learned tensors in order: equal on ranks that hold the same weights."""
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def fit(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: bool) -> int:
     """``trainer.train.fit`` under ``hvd.elastic.run``, committing after steps and epochs."""
-    from .elastic_clips import ClipLog
+    from .elastic_clips import ClipLog, weights_digest
     from .elastic_state import ElasticState
 
     hvd = t.backend.hvd
@@ -68,7 +56,7 @@ def fit(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: boo
     log.info("rank %d of %d: finished with %d commits (%.1f ms each), %d re-formations, %d steps lost; "
              "weights sha256 %s", t.backend.rank, t.backend.size, state.commits,
              1e3 * state.commit_seconds / max(state.commits, 1), state.resets, state.steps_lost,
-             weights_digest(t.engine.model))
+             weights_digest(t.engine.model.named_parameters()))
     return code
 
 

@@ -1,25 +1,40 @@
 """The clip log of an elastic run (``trainer elastic --clip-log``), and what it proves.
 
 Every process appends, before each training step, one JSON line to
-``OUTPUT_DIR/clips/<host>-<pid>.jsonl`` (``host`` as horovodrun names the slot): ``{"generation", "epoch", "batch", "rank", "size",
-"keys", "padding"}``, where ``batch`` is the step's index in its epoch, ``keys`` the clips the
-step trains on (padding repeats only counted). Written before the step, so a step that took
-part in a commit is always logged, even by a rank killed just after.
+``OUTPUT_DIR/clips/<host>-<pid>.jsonl`` (``host`` as horovodrun names the slot):
+``{"time", "generation", "epoch", "batch", "rank", "size", "keys", "padding", "weights"}``, where
+``batch`` is the step's index in its epoch, ``keys`` the clips it trains on, ``padding`` how many
+repeats fill its batch and ``weights`` a digest of the weights it starts from (hashing them
+costs a copy to the CPU per step: this is an audit, not for production runs of large models).
+Written before the step, so a step that took part in a commit is always logged, even by a
+rank killed just after.
 
 ``committed_clips`` reads the logs back as the run's effective history. A generation is one
-formation of the ring (``ElasticState.generation``); it starts from a commit, so its first step
+sync of the ring (``ElasticState.generation``); it starts from a commit, so its first step
 in an epoch marks where that epoch was rolled back to: every step an earlier generation logged
 at that index or later in the epoch was undone.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import socket
+import time
 from collections import Counter, defaultdict
 
 DIRECTORY = "clips"
+
+
+def weights_digest(named_tensors) -> str:
+    """SHA-256 of (name, tensor) pairs in order, e.g. ``model.named_parameters()``: equal on ranks
+    that hold the same weights."""
+    h = hashlib.sha256()
+    for name, tensor in named_tensors:
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 class ClipLog:
@@ -37,10 +52,11 @@ class ClipLog:
         t = self.t
         if t.engine.model.training:  # not evaluation batches
             valid = batch["valid"].tolist()
-            self.file.write(json.dumps({
-                "generation": self.state.generation, "epoch": t.epoch, "batch": t.batch, "rank": t.backend.rank,
-                "size": t.backend.size, "keys": [k for k, v in zip(batch["keys"], valid) if v],
-                "padding": valid.count(False)}) + "\n")
+            record = {"time": round(time.time(), 3), "generation": self.state.generation, "epoch": t.epoch,
+                      "batch": t.batch, "rank": t.backend.rank, "size": t.backend.size,
+                      "keys": [k for k, v in zip(batch["keys"], valid) if v], "padding": valid.count(False),
+                      "weights": weights_digest(t.engine.model.named_parameters())[:16]}
+            self.file.write(json.dumps(record) + "\n")
         return self.clips(batch)
 
 
