@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from commandlines import parse, project_commands
 from shardsets import make_shardset
 
 from trainer.elastic_clips import committed_clips, read, weights_digest
@@ -123,3 +124,10 @@ def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
     model = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
     learned = [(k, v) for k, v in model.items() if "running" not in k and "num_batches" not in k]
     assert {digest for _, _, digest in finished} == {weights_digest(learned)}
+
+
+def test_the_commands_in_docs_elastic_parse():
+    commands = project_commands((ROOT / "docs" / "elastic.md").read_text())
+    assert ["trainer", "elastic"] in [argv[:2] for argv in commands]
+    for argv in commands:
+        parse(argv)
