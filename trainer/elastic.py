@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--commit-every", type=int, default=20,
                    help="steps between in-memory commits, the most steps a failure costs (also at every epoch end)")
     g.add_argument("--clip-log", action="store_true",
-                   help="log every trained clip's key by step and ring formation in OUTPUT_DIR/clips/: the audit "
-                        "that each epoch trained on every clip once (trainer.elastic_clips)")
+                   help="log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/: the "
+                        "audit that each epoch trained on every clip once (trainer.elastic_clips)")
 
 
 def fit(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: bool) -> int:
@@ -63,4 +63,6 @@ def fit(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: boo
 def run(args: argparse.Namespace) -> int:
     if args.backend != "horovod":
         raise SystemExit("trainer elastic: Horovod Elastic needs --backend horovod")
+    if args.commit_every < 1:
+        raise SystemExit(f"trainer elastic: --commit-every must be at least 1, not {args.commit_every}")
     return train.main(args, elastic=lambda t, stop: fit(t, stop, args.commit_every, args.clip_log))

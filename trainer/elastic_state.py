@@ -48,8 +48,6 @@ class ElasticState(State):
 
     def __init__(self, t, hvd, commit_every: int):
         super().__init__(bcast_object=t.backend.broadcast_object, get_rank=hvd.rank)
-        if commit_every < 1:
-            raise ValueError(f"--commit-every must be at least 1, not {commit_every}")
         self.t, self.hvd, self.every = t, hvd, commit_every
         self.started = False  # True once the first ring has run Trainer.start (resume, broadcast)
         self.clips_seen = 0
