@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from trainer.elastic_clips import read  # noqa: E402
+from trainer.elastic_clips import read, read_file  # noqa: E402
 
 HOSTS = ["localhost", "127.0.0.1", "127.1"]
 LOST = re.compile(r"rank (\d+): a rank failed; .*: (\d+) steps lost")
@@ -56,7 +56,7 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
     killed = None
     while killed is None and job.poll() is None:
         for path in (out / "clips").glob("*.jsonl"):
-            if any(r["rank"] == 1 and r["batch"] >= kill_at for r in read_file(path)):
+            if any(r["rank"] == 1 and r["batch"] >= kill_at for r in read_file(str(path))):
                 os.kill(int(path.stem.rsplit("-", 1)[1]), signal.SIGKILL)
                 killed = time.time()
                 break
@@ -75,10 +75,6 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
             "steps_lost": lost, "recovery_s": round(resumed - killed, 2),
             "commit_ms": round(statistics.mean(ms for _, ms in commits), 2), "commits": max(n for n, _ in commits),
             "step_ms": round(1e3 * statistics.median(b["time"] - a["time"] for a, b in zip(steps, steps[1:])), 1)}
-
-
-def read_file(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
 
 
 def commit_cost(flags: list[str], repeats: int) -> dict:

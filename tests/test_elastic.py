@@ -16,7 +16,6 @@ and every final rank's weights (SHA-256 each prints), equal to each other and to
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -30,7 +29,7 @@ import torch
 from commandlines import parse, project_commands
 from shardsets import make_shardset
 
-from trainer.elastic_clips import committed_clips, read, weights_digest
+from trainer.elastic_clips import committed_clips, read, read_file, weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
@@ -46,31 +45,29 @@ def write_hosts(path: Path, names) -> None:
     tmp.replace(path)  # the discovery script never reads half a file
 
 
-def wait_for(proc: subprocess.Popen, what: str, found, timeout: float = 180):
+def wait_for(proc: subprocess.Popen, log: Path, what: str, found, timeout: float = 180):
     """Poll ``found()`` until it returns something; fail if the job ends or time runs out first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = found()
         if result:
             return result
-        assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before {what}: {proc.stdout.read()[-4000:]}"
+        assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before {what}: {log.read_text()[-4000:]}"
         time.sleep(0.01)
-    proc.kill()
-    raise AssertionError(f"no {what} within {timeout} s: {proc.communicate()[0][-4000:]}")
+    raise AssertionError(f"no {what} within {timeout} s: {log.read_text()[-4000:]}")
 
 
 def rank0_mid_epoch(out: Path):
     """(host, pid) of the process that logged rank 0's step 2 or later of epoch 0."""
     for path in (out / "clips").glob("*.jsonl"):
-        lines = [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
-        if any(r["rank"] == 0 and r["epoch"] == 0 and r["batch"] >= 2 for r in lines):
+        if any(r["rank"] == 0 and r["epoch"] == 0 and r["batch"] >= 2 for r in read_file(str(path))):
             host, pid = path.stem.rsplit("-", 1)
             return host, int(pid)
     return None
 
 
 def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
-    data, out, hosts = tmp_path / "data", tmp_path / "run", tmp_path / "hosts.txt"
+    data, out, hosts, log = tmp_path / "data", tmp_path / "run", tmp_path / "hosts.txt", tmp_path / "job.log"
     manifest = make_shardset(str(data), {"train": CLIPS}, per_shard=6, num_classes=3, frames=4, size=(48, 40))
     split = Counter(k for shard in manifest.splits["train"].shards for k in shard.keys)
     write_hosts(hosts, HOSTS)
@@ -82,17 +79,18 @@ def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
         "--val-split", "", "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32",
         "--scale-size", "36", "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--warmup-epochs", "1",
         "--workers", "0", "--no-tensorboard", "--commit-every", str(COMMIT_EVERY), "--clip-log"],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env=ENV, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
-        host, pid = wait_for(proc, "rank 0 in mid-epoch", lambda: rank0_mid_epoch(out))
+        host, pid = wait_for(proc, log, "rank 0 in mid-epoch", lambda: rank0_mid_epoch(out))
         os.kill(pid, signal.SIGKILL)
         write_hosts(hosts, [h for h in HOSTS if h != host])  # back only when listed again
-        wait_for(proc, "a step of the two survivors", lambda: any(r["size"] == 2 for r in read(str(out))))
+        wait_for(proc, log, "a step of the two survivors", lambda: any(r["size"] == 2 for r in read(str(out))))
         write_hosts(hosts, HOSTS)
-        output, _ = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
+    output = log.read_text()
     assert proc.returncode == 0, output[-4000:]
     assert "a rank failed; back to the last commit" in output
 

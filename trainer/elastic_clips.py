@@ -60,12 +60,15 @@ class ClipLog:
         return self.clips(batch)
 
 
+def read_file(path: str) -> list[dict]:
+    """One process's records; a line still being written (or cut by a kill) is left out."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
 def read(output_dir: str) -> list[dict]:
-    records = []
-    for path in sorted(glob.glob(os.path.join(output_dir, DIRECTORY, "*.jsonl"))):
-        with open(path, encoding="utf-8") as f:
-            records += [json.loads(line) for line in f if line.endswith("\n")]  # a killed writer's last line may be cut
-    return records
+    """Every process's records."""
+    return [r for path in sorted(glob.glob(os.path.join(output_dir, DIRECTORY, "*.jsonl"))) for r in read_file(path)]
 
 
 def committed(records: list[dict]) -> list[dict]:
