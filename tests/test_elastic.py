@@ -10,6 +10,7 @@ Once they train as two, the name is listed again and a new rank joins at their n
 What is observed: the job's exit status; the clip log (every clip each rank trained on and a
 digest of the weights it started from, step by step, before the step), from which each epoch's
 effective clips must be exactly the split, each once, with every step a rollback undid replaced;
+the clips each epoch summary in metrics.jsonl counts (the same: training totals are committed);
 the weights at each step, equal on all ranks, and after the rollback equal to those the first
 ring had at the step rolled back to; the world sizes the log shows (3, then 2, then 3 again);
 and every final rank's weights (SHA-256 each prints), equal to each other and to the checkpoint's.
@@ -29,6 +30,7 @@ import torch
 from commandlines import parse, project_commands
 from shardsets import make_shardset
 
+from trainer import metrics
 from trainer.elastic_clips import committed_clips, read, read_file, weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +101,10 @@ def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
     assert sorted(clips) == list(range(EPOCHS))
     for epoch, seen in clips.items():
         assert seen == split, (epoch, seen - split, split - seen)
+    # so did the epoch summaries: the totals the dead rank had committed survive, undone steps never count
+    epochs = {r["epoch"]: r for r in metrics.read(str(out / "metrics.jsonl")) if r["event"] == "epoch"}
+    assert sorted(epochs) == list(range(1, EPOCHS + 1))
+    assert [round(r["clips_per_s"] * r["epoch_time"]) for r in epochs.values()] == [CLIPS] * EPOCHS, epochs
     records = read(str(out))
     sizes = [r["size"] for r in sorted(records, key=lambda r: r["generation"])]
     assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3

@@ -32,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "audit that each epoch trained on every clip once (trainer.elastic_clips)")
 
 
-def fit(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: bool) -> int:
-    """``trainer.train.fit`` under ``hvd.elastic.run``, committing after steps and epochs."""
+def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: bool) -> int:
+    """``trainer.train.train`` under ``hvd.elastic.run``, committing after steps and epochs;
+    returns its signal (0: finished)."""
     from .elastic_clips import ClipLog, weights_digest
     from .elastic_state import ElasticState
 
@@ -43,21 +44,19 @@ def fit(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: boo
         t.clips = ClipLog(t, state, t.clips)
 
     @hvd.elastic.run
-    def elastic_fit(state: ElasticState) -> int:
+    def train_in_ring(state: ElasticState) -> int:
         if not state.started:  # the first ring, all together (a joining rank gets started=True from rank 0)
             t.start()
-            state.clips_seen = t.step * t.engine.global_batch
             state.started = True
             state.commit()
-        state.epoch_batches = t.batch + len(t.train_loader)
-        return train.fit(t, stop, state.after_step)
+        return train.train(t, stop, state.after_step)
 
-    code = elastic_fit(state)
+    signum = train_in_ring(state)
     log.info("rank %d of %d: finished with %d commits (%.1f ms each), %d re-formations, %d steps lost; "
              "weights sha256 %s", t.backend.rank, t.backend.size, state.commits,
              1e3 * state.commit_seconds / max(state.commits, 1), state.resets, state.steps_lost,
              weights_digest(t.engine.model.named_parameters()))
-    return code
+    return signum
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,4 +64,4 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("trainer elastic: Horovod Elastic needs --backend horovod")
     if args.commit_every < 1:
         raise SystemExit(f"trainer elastic: --commit-every must be at least 1, not {args.commit_every}")
-    return train.main(args, elastic=lambda t, stop: fit(t, stop, args.commit_every, args.clip_log))
+    return train.main(args, elastic=lambda t, stop: elastic_train(t, stop, args.commit_every, args.clip_log))

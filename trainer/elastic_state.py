@@ -1,7 +1,9 @@
 """The training state as Horovod Elastic handles it: committed in memory, rolled back, re-formed, synced.
 
-A commit copies (in memory, on every rank) the weights, optimizer, schedule, grad scaler,
-epoch/batch/step, clips seen and the loader's position. When a rank dies the others get
+A commit copies (in memory, on every rank) the weights, optimizer, grad scaler, clips seen
+(the learning rate follows from them), epoch/batch/step, the loader's position and the epoch's
+training totals, summed over the ranks (``metrics.StepTotals``: rank 0 carries them on, as after
+a resume). When a rank dies the others get
 ``HorovodInternalError`` from a collective; Horovod calls, in this order, ``restore`` (back to
 the last commit), then re-forms the ring, then ``reset`` (rank, size, loaders and recipe for
 the new world size), then ``sync`` (every rank, joining ones included, at rank 0's state).
@@ -13,6 +15,7 @@ Imports Horovod: load it only for ``trainer elastic`` (``trainer.elastic`` does 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 
@@ -23,20 +26,13 @@ from . import metrics, recipe
 log = logging.getLogger("trainer.elastic")
 
 
-def rescale(engine, world_size: int, steps_per_epoch: int, clips_seen: int) -> None:
-    """The recipe for a new world size: learning rate linear in the new global batch, schedule
-    (warm-up, cosine) counted in the new steps, continued where ``clips_seen`` clips had brought it."""
-    a = engine.args
-    engine.global_batch = a.batch_size * world_size
-    engine.peak_lr = recipe.scaled_lr(a.lr_per_8, engine.global_batch)
-    engine.total_steps = a.epochs * steps_per_epoch
-    engine.warmup_steps = min(engine.total_steps, round(a.warmup_epochs * steps_per_epoch))
-    for group in engine.optimizer.param_groups:
-        group["initial_lr"] = engine.peak_lr  # the base a new scheduler takes
-    engine.scheduler = recipe.build_scheduler(engine.optimizer, engine.warmup_steps, engine.total_steps)
-    state = engine.scheduler.state_dict()
-    state["last_epoch"] = round(clips_seen / engine.global_batch)
-    recipe.load_scheduler_state(engine.scheduler, state)
+def rescale(engine, world_size: int) -> None:
+    """The recipe for a new world size: the peak rate linear in the new global batch; warm-up and
+    cosine are counted in clips, so the schedule goes on from the clips seen."""
+    engine.global_batch = engine.args.batch_size * world_size
+    engine.peak_lr = recipe.scaled_lr(engine.args.lr_per_8, engine.global_batch)
+    engine.schedule = dataclasses.replace(engine.schedule, peak=engine.peak_lr)
+    engine.seek(engine.clips_seen)
 
 
 class ElasticState(State):
@@ -50,27 +46,31 @@ class ElasticState(State):
         super().__init__(bcast_object=t.backend.broadcast_object, get_rank=hvd.rank)
         self.t, self.hvd, self.every = t, hvd, commit_every
         self.started = False  # True once the first ring has run Trainer.start (resume, broadcast)
-        self.clips_seen = 0
+        self.totals = metrics.StepTotals().values  # the epoch's at the last commit, summed over the ranks
         self.generation = 0
         self.resets = 0
-        self.epoch_batches = 0  # batches in the current epoch: see after_step
         self.commits, self.commit_seconds, self.steps_lost = 0, 0.0, 0
         self.saved: dict = {}
         self.save()
 
     def _small(self) -> dict:
         t, e = self.t, self.t.engine
-        return {"epoch": t.epoch, "batch": t.batch, "step": t.step, "clips_seen": self.clips_seen,
-                "started": self.started, "loader": t.train_loader.state_dict(),
-                "scheduler": e.scheduler.state_dict(), "scaler": e.scaler.state_dict()}
+        return {"epoch": t.epoch, "batch": t.batch, "step": t.step, "clips_seen": e.clips_seen,
+                "started": self.started, "loader": t.train_loader.state_dict(), "epoch_totals": self.totals,
+                "scaler": e.scaler.state_dict()}
 
     def _load_small(self, small: dict) -> None:
         t, e = self.t, self.t.engine
         t.epoch, t.batch, t.step = small["epoch"], small["batch"], small["step"]
-        self.clips_seen, self.started = small["clips_seen"], small["started"]
+        self.started, self.totals = small["started"], small["epoch_totals"]
+        e.seek(small["clips_seen"])
         t.train_loader.load_state_dict(small["loader"])
-        recipe.load_scheduler_state(e.scheduler, small["scheduler"])
         e.scaler.load_state_dict(small["scaler"])
+        self._carry_totals()
+
+    def _carry_totals(self) -> None:
+        """Rank 0 goes on from the committed sums, the others from zero: their sum stays the epoch's."""
+        self.t.epoch_totals = metrics.StepTotals(self.totals if self.t.rank0 else None)
 
     def save(self) -> None:
         e = self.t.engine
@@ -79,6 +79,8 @@ class ElasticState(State):
 
     def commit(self) -> None:
         started = time.perf_counter()
+        self.totals = self.t.epoch_totals.reduce(self.t.backend.all_sum).values
+        self._carry_totals()
         self.save()
         self.commits += 1
         self.commit_seconds += time.perf_counter() - started
@@ -114,9 +116,9 @@ class ElasticState(State):
         t.train_loader = t._loader(manifest, t.args.train_split, train=True)
         if t.val_loader is not None:
             t.val_loader = t._loader(manifest, t.args.val_split, train=False)
-        t.steps_per_epoch = len(t.train_loader)
         t.train_loader.load_state_dict(self.saved["loader"])
-        rescale(t.engine, b.size, t.steps_per_epoch, self.clips_seen)
+        rescale(t.engine, b.size)
+        self._carry_totals()  # a survivor may be the new rank 0
         if t.rank0 != was_rank0:  # the metrics log moves with rank 0
             t.log.close()
             t.log = metrics.MetricsLog(t.args.output_dir, enabled=t.rank0, tensorboard=t.args.tensorboard)
@@ -127,17 +129,8 @@ class ElasticState(State):
                      t.engine.global_batch, t.engine.lr)
 
     def after_step(self) -> None:
-        """``trainer.train.fit``'s hook, after every step (``t.batch`` > 0) and at every epoch end
-        (``t.batch`` == 0): commit when due.
-
-        Never right after an epoch's last step: restored there, the loop would start that epoch
-        again. The commit at the epoch end, once ``fit`` has moved to the next epoch, covers it.
-        """
-        t = self.t
-        if t.batch == 0:
-            self.commit()
-            self.epoch_batches = len(t.train_loader)
-            return
-        self.clips_seen += t.engine.global_batch
-        if t.step % self.every == 0 and t.batch < self.epoch_batches:
+        """``trainer.train.train``'s hook, after every step (``t.batch`` > 0) and at every epoch
+        end (``t.batch`` == 0): commit when due. Restored after an epoch's last step, the loop
+        finds the loader's epoch finished and goes on to validation."""
+        if self.t.batch == 0 or self.t.step % self.every == 0:
             self.commit()
