@@ -42,7 +42,7 @@ COMMITS = re.compile(r"rank (\d+) of \d+: finished with (\d+) commits \(([\d.]+)
 
 
 def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout: int) -> dict:
-    hosts = out.with_suffix(".hosts")
+    hosts, log = out.with_suffix(".hosts"), out.with_suffix(".log")
     hosts.write_text("".join(f"{h}:1\n" for h in HOSTS))
     job = subprocess.Popen([
         str(Path(sys.executable).parent / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3", "--gloo",
@@ -52,7 +52,7 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
         "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
         "--batch-size", "2", "--epochs", "1", "--workers", "0", "--no-tensorboard", "--print-freq", "1000",
         "--commit-every", str(commit_every), "--clip-log"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"), stderr=subprocess.STDOUT)  # a pipe could fill
     killed = None
     while killed is None and job.poll() is None:
         for path in (out / "clips").glob("*.jsonl"):
@@ -61,7 +61,8 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
                 killed = time.time()
                 break
         time.sleep(0.005)
-    output, _ = job.communicate(timeout=600)
+    job.wait(timeout=600)
+    output = log.read_text()
     if job.returncode != 0 or killed is None:
         raise SystemExit(f"commit every {commit_every}: job failed (rc {job.returncode}):\n{output[-3000:]}")
     records = read(str(out))
