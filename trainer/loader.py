@@ -18,7 +18,9 @@ were decoded into (the CPU never transposes; ``clips.flatten(0, 1)`` is (B*T, C,
 That memory is a slot of the loader's shared-memory pool (``trainer.slots``): workers decode
 into it and send only its number; it is reused once every view of the batch's clips is gone,
 so a batch may be held as long as wanted (holding more than the pool has left costs speed,
-not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding repeats).
+not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding
+repeats); ``global_valid``, the real clips in this batch and the same batch of every other rank
+together (one optimizer step's, for the loss weights and the clips seen).
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.device_decode``.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from dataclasses import asdict
 
 import numpy as np
@@ -41,7 +44,6 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from shards import partition
 from shards.manifest import Manifest
 from shards.cache import ShardCache
-from shards.http_range import close_connections
 from shards.reading import local_path, open_fd, open_range
 
 from .slots import SlotPool
@@ -60,6 +62,17 @@ def shared_manifest(url: str, rank: int, broadcast) -> Manifest:
     """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
     e.g. ``horovod.torch.broadcast_object``."""
     return broadcast(Manifest.load(url) if rank == 0 else None, 0)
+
+
+def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
+    """A loader worker ignores SIGTERM and SIGINT: the trainer's process takes them, stops at a
+    step boundary, checkpoints and then ends its workers. Slurm (``scancel``, the time limit)
+    and Ctrl-C signal every process of the job or terminal, and PyTorch's handler in a worker
+    dies of SIGTERM, which ends the trainer ("DataLoader worker ... is killed by signal")
+    before it can save. A worker whose trainer is gone exits by itself (PyTorch checks its
+    parent every 5 s)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def video_id(key: str) -> str:
@@ -176,8 +189,9 @@ class ClipLoader:
     new process continue the identical sequence; with another world size, worker count or
     batch size, the rest of the epoch is split anew, every remaining clip exactly once.
 
-    Epochs: ``set_epoch(e)`` starts epoch e (it keeps a resumed mid-epoch position of e);
-    iterating again after a finished epoch moves on to the next one.
+    Epochs: ``set_epoch(e)`` starts epoch e, or keeps the position in it when e is the current
+    one (a resumed run stands mid-epoch, or at its end: see ``epoch_finished``); iterating
+    after a finished epoch moves on to the next one.
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -233,18 +247,19 @@ class ClipLoader:
     def __len__(self) -> int:
         """Batches the next iteration yields on this rank: the rest of the epoch after a resume,
         the whole next epoch once this one is finished."""
-        if self._finished():
+        if self.epoch_finished:
             n = self.manifest.splits[self.split].num_samples
             return partition.per_rank(n, self.world_size, self.batch_size, self.remainder) // self.batch_size
         return self._batches() - self._done
 
-    def _finished(self) -> bool:
+    @property
+    def epoch_finished(self) -> bool:
+        """Every batch of the current epoch has been handed out."""
         return self._done >= self._batches()
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch == self.epoch and (self._past or self._done) and not self._finished():
-            return  # resumed mid-epoch: keep the position
-        self.epoch, self._past, self._done = epoch, [], 0
+        if epoch != self.epoch:
+            self.epoch, self._past, self._done = epoch, [], 0
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "seed": self.seed, "world_size": self.world_size,
@@ -323,7 +338,7 @@ class ClipLoader:
         return self.cache.fetch(url, shard.sha256, shard.bytes) if self.cache else url
 
     def __iter__(self):
-        if self._finished():
+        if self.epoch_finished:
             self.set_epoch(self.epoch + 1)
         order, segment = self._order(), len(self._past)
         streams = partition.streams(len(order), self.world_size, self.rank, self._workers,
@@ -331,6 +346,8 @@ class ClipLoader:
         # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
         plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
                  for i in range(self._workers)]
+        steps = partition.step_samples(len(order), self._segment(), self.remainder, self.shuffle_buffer,
+                                       self.seed, self.epoch, segment)
         needed = {r["shard"] for p in plans for r in p["reads"]}
         if self.cache:  # refuse before downloading anything if the epoch cannot fit
             self.cache.reserve(sum(self.shards[i].bytes for i in needed))
@@ -345,8 +362,6 @@ class ClipLoader:
                 for r in p["reads"]:
                     r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
                     r["size"], r["sha256"] = self.shards[r["shard"]].bytes, self.shards[r["shard"]].sha256
-            if self.num_workers:
-                close_connections()  # none may cross the fork into the workers
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
@@ -354,11 +369,12 @@ class ClipLoader:
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
-                                pin_memory=torch.cuda.is_available() and pool is None)
+                                pin_memory=torch.cuda.is_available() and pool is None,
+                                worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
-            for sent in batches:
+            for sent, global_valid in zip(batches, steps, strict=True):
                 self._done += 1
-                yield self._batch(sent, pool)
+                yield self._batch(sent, pool) | {"global_valid": global_valid}
         finally:
             if pool is not None:
                 getattr(batches, "_shutdown_workers", lambda: None)()  # no worker writes a slot any more

@@ -1,7 +1,8 @@
 """Metrics: running averages, top-k counts, and a rank-0 log to JSONL and TensorBoard.
 
 Every record is one JSON line ``{"event": ..., "step": ..., <name>: <number>, ...}`` in
-``<output>/metrics.jsonl``; ``trainer plot`` reads it back. The same numbers go to
+``<output>/metrics.jsonl``; ``trainer plot`` reads it back. A resumed run continues the file,
+which then reads as one run's. The same numbers go to
 TensorBoard under ``<event>/<name>`` when it is enabled.
 """
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 import os
 
 import torch
+
+from shards import storage
 
 
 class Average:
@@ -28,6 +31,33 @@ class Average:
         return self.total / max(self.count, 1)
 
 
+class StepTotals:
+    """Sums over training steps that add up over ranks and across a resume: the loss summed over
+    real clips (padding repeats never count), the real clips, data and compute seconds, steps
+    summed over ranks, and wall-clock seconds (rank 0 adds them, the others 0: one clock)."""
+
+    FIELDS = ("loss", "clips", "data_time", "compute_time", "rank_steps", "wall_time")
+
+    def __init__(self, values: dict | None = None):
+        self.values = dict.fromkeys(self.FIELDS, 0.0) | (values or {})
+
+    def add(self, loss: float, clips: int, data_time: float, compute_time: float, wall_time: float) -> None:
+        for name, value in zip(self.FIELDS, (loss, clips, data_time, compute_time, 1, wall_time)):
+            self.values[name] += value
+
+    def reduce(self, all_sum) -> "StepTotals":
+        """The sums over every rank; ``all_sum`` is the backend's (every rank must call this)."""
+        total = all_sum(torch.tensor([self.values[k] for k in self.FIELDS], dtype=torch.float64))
+        return StepTotals(dict(zip(self.FIELDS, total.tolist())))
+
+    def summary(self) -> dict:
+        v = self.values
+        steps, clips = max(v["rank_steps"], 1), max(v["clips"], 1)
+        return {"loss": v["loss"] / clips, "data_time": v["data_time"] / steps,
+                "compute_time": v["compute_time"] / steps, "clips_per_s": v["clips"] / max(v["wall_time"], 1e-9),
+                "time": v["wall_time"]}
+
+
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...], mask: torch.Tensor) -> list:
     """For each k, how many rows (where ``mask``) have their label among the top-k scores."""
     k_max = min(max(ks), logits.shape[1])
@@ -39,15 +69,23 @@ def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]
 class MetricsLog:
     """Append-only metrics of one run; a no-op object on ranks other than 0."""
 
-    def __init__(self, output_dir: str | None, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, output_dir: str | None, enabled: bool = True, tensorboard: bool = True,
+                 after_step: int | None = None):
+        """``after_step``: a resumed run's step; records of later steps (logged by a run killed
+        after its checkpoint, and about to be trained again) are dropped from the file first."""
         self.file = self.tb = None
         if not enabled or not output_dir:
             return
         os.makedirs(output_dir, exist_ok=True)
-        self.file = open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        path = os.path.join(output_dir, "metrics.jsonl")
+        if after_step is not None and os.path.exists(path):
+            kept = [r for r in read(path) if r["step"] <= after_step]
+            storage.atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        self.file = open(path, "a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+            self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"),
+                                    purge_step=None if after_step is None else after_step + 1)
 
     def log(self, event: str, step: int, **values) -> None:
         if self.file is None:
