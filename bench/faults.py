@@ -70,15 +70,16 @@ def run(data: Path, out: Path, ranks: int, fault: str, fault_rank: int, extra) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cases", nargs="*", choices=[[], *CASES], default=list(CASES), metavar="CASE",
-                   help=f"default: all of {', '.join(CASES)}")
+    p.add_argument("cases", nargs="*", metavar="CASE", help=f"default: all of {', '.join(CASES)}")
     p.add_argument("--dir", default="/tmp/kinetics-fast-bench-faults", help="data and runs go here")
     args = p.parse_args()
+    if set(args.cases) - set(CASES):
+        p.error(f"unknown cases {sorted(set(args.cases) - set(CASES))}")
     root = Path(args.dir)
     data = root / "data"
     if not (data / "manifest.json").exists():
         make_shardset(str(data), {"train": 96, "val": 16}, per_shard=8, num_classes=3, frames=4, size=(48, 40))
-    for name in args.cases:
+    for name in args.cases or CASES:
         ranks, parts = CASES[name]
         out = root / (f"straight-{ranks}" if name.startswith("restart") else name)  # restart: resume the finished run
         if not name.startswith("restart"):
