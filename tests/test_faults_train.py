@@ -77,8 +77,8 @@ def test_a_signal_to_one_rank_or_a_whole_job_stops_every_rank_at_the_same_step(c
     (a, ckpt_a, steps_a, exits_a), (b, ckpt_b, steps_b, exits_b), (c, ckpt_c, steps_c, exits_c) = runs.values()
     # A: rank 1 alone was signalled; both ranks trained 2 steps and exited 143, rank 0 saved step 2
     assert [len(steps_a[r]) for r in (0, 1)] == [2, 2] and exits_a == {0: 143, 1: 143}, a.stderr[-3000:]
-    for r in (0, 1):
-        assert f"Process {r} exit with status code 143." in a.stdout, a.stdout[-3000:]
+    # (horovodrun's own report names the first rank out: the other may be ended by it while it exits)
+    assert "exit with status code 143." in a.stdout, a.stdout[-3000:]
     assert a.returncode == 1  # horovodrun's own code whenever a rank exits non-zero
     assert (ckpt_a["epoch"], ckpt_a["step"], len(ckpt_a["rng"])) == (0, 2, 2)
     # B: the process group (rank and loader worker) got SIGTERM mid-step: saved after that step

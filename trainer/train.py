@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from shards.manifest import Manifest
+
 from . import checkpoint, compiling, distributed, metrics
 from .device_decode import clip_source
 from .engine import Engine
@@ -120,12 +122,16 @@ class StopFlag:
 class Trainer:
     """A run: backend, loaders, engine (model, optimizer, schedule), position, metrics log."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, elastic: bool = False):
+        """``elastic``: no collective here, since a rank joining a running Horovod Elastic job meets the
+        others first in the elastic state's sync: every rank reads the manifest, and ``start`` is
+        left to ``trainer.elastic``."""
         self.args = args
         self.backend = distributed.init(args.backend)
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(args.seed + self.backend.rank)
-        manifest = shared_manifest(args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        manifest = Manifest.load(args.data) if elastic else shared_manifest(
+            args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
         for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split)):
             if split and split not in manifest.splits:
                 raise SystemExit(f"{args.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
@@ -136,11 +142,9 @@ class Trainer:
         self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
-        self._resume()
-        self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
-        # records past the checkpoint's step came from a run killed after it: those steps are trained again
-        self.log = metrics.MetricsLog(args.output_dir, enabled=self.rank0, tensorboard=args.tensorboard,
-                                      after_step=self.step if args.resume else None)
+        self.log = metrics.MetricsLog(None)  # nothing logged before start
+        if not elastic:
+            self.start()
 
     def _loader(self, manifest, split: str, train: bool) -> ClipLoader:
         a = self.args
@@ -149,6 +153,17 @@ class Trainer:
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
                           decode_on_device=a.decode_on_device)
+
+    def start(self) -> None:
+        """Every rank at rank 0's place (the checkpoint's with --resume, else rank 0's initial
+        weights), and rank 0's metrics log opened there."""
+        a = self.args
+        self._resume()
+        self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
+        self.log.close()
+        # records past the checkpoint's step came from a run killed after it: those steps are trained again
+        self.log = metrics.MetricsLog(a.output_dir, enabled=self.rank0, tensorboard=a.tensorboard,
+                                      after_step=self.step if a.resume else None)
 
     @property
     def checkpoint_url(self) -> str:
@@ -221,9 +236,9 @@ def isolated(batches):
         yield batch
 
 
-def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
+def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Train to the end of the epoch or until a signal reaches every rank; returns the signal
-    (0: the epoch's training is done)."""
+    (0: the epoch's training is done). ``commit()`` after every step (Horovod Elastic's)."""
     args, loader, e = t.args, t.train_loader, t.engine
     loader.set_epoch(t.epoch)
     if loader.epoch_finished:  # resumed after the epoch's last step: validation is what is left
@@ -259,6 +274,8 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
         if args.checkpoint_steps and t.step % args.checkpoint_steps == 0:
             t.save()
         tick = time.perf_counter()
+        if commit:
+            commit()
         signum = t.agreed_stop(stop)
         if signum:
             break
@@ -288,12 +305,13 @@ def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
     return {"val_loss": loss / n, "val_top1": 100 * top1 / n, "val_top5": 100 * top5 / n, "val_samples": n}
 
 
-def train(t: Trainer, stop: StopFlag) -> int:
+def train(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Epochs until the last, or until a signal reaches every rank: then the checkpoint is
-    saved and the signal returned (0: finished)."""
+    saved and the signal returned (0: finished). ``commit()`` after every step and epoch
+    (Horovod Elastic's, see ``trainer.elastic``)."""
     args = t.args
     while t.epoch < args.epochs:
-        signum = train_one_epoch(t, stop)
+        signum = train_one_epoch(t, stop, commit)
         if not signum:
             totals = t.epoch_totals.reduce(t.backend.all_sum).summary()
             summary = {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
@@ -309,21 +327,24 @@ def train(t: Trainer, stop: StopFlag) -> int:
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
         if t.rank0:
             log.info("epoch %d/%d: %s", t.epoch, args.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+        if commit:
+            commit()
         signum = t.agreed_stop(stop)
         if signum:
             return signum
     return 0
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, elastic=None) -> int:
+    """``elastic(trainer, stop)``: Horovod Elastic's loop around ``train`` (``trainer.elastic``)."""
     stop = StopFlag()  # first: a signal during start-up stops the run after its first step
     t = None
     try:
-        t = Trainer(args)
+        t = Trainer(args, elastic=elastic is not None)
         if t.rank0:
             log.info("%s", t.engine.describe())
             log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
-        signum = train(t, stop)
+        signum = (elastic or train)(t, stop)
         if signum and t.rank0:
             log.info("stopped by signal %d at epoch %d, batch %d (step %d, %d clips seen): checkpoint saved",
                      signum, t.epoch, t.batch, t.step, t.engine.clips_seen)
