@@ -1,9 +1,9 @@
-"""Metrics: running averages, top-k counts, and a rank-0 log to JSONL and TensorBoard.
+"""Metrics: training-step sums, top-k counts, and a rank-0 log to JSONL and TensorBoard.
 
 Every record is one JSON line ``{"event": ..., "step": ..., <name>: <number>, ...}`` in
 ``<output>/metrics.jsonl``; ``trainer plot`` reads it back. A resumed run continues the file,
-which then reads as one run's. The same numbers go to
-TensorBoard under ``<event>/<name>`` when it is enabled.
+which then reads as one run's. The same numbers go to TensorBoard under ``<event>/<name>`` when
+it is enabled.
 """
 from __future__ import annotations
 
@@ -13,22 +13,6 @@ import os
 import torch
 
 from shards import storage
-
-
-class Average:
-    """Weighted running mean of a scalar."""
-
-    def __init__(self):
-        self.total = 0.0
-        self.count = 0
-
-    def update(self, value: float, n: int = 1) -> None:
-        self.total += value * n
-        self.count += n
-
-    @property
-    def avg(self) -> float:
-        return self.total / max(self.count, 1)
 
 
 class StepTotals:
