@@ -99,6 +99,7 @@ def _client_thread(base, shards, deadline, seed, out, local_root):
 
 def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
     out = []
+    cpu = time.process_time()  # this process's threads, fsspec's event-loop thread included
     deadline = time.perf_counter() + seconds
     ts = [threading.Thread(target=_client_thread, args=(base, shards, deadline, seed * 1000 + k, out, local_root))
           for k in range(threads)]
@@ -106,7 +107,7 @@ def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
         t.start()
     for t in ts:
         t.join()
-    queue.put(out)
+    queue.put((out, time.process_time() - cpu))
 
 
 def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seconds: float,
@@ -133,11 +134,14 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     for p in ps:
         p.join()
     wall = time.perf_counter() - t0
+    client_cpu = sum(cpu for _, cpu in results)
+    results = [r for r, _ in results]
     lat = np.array([x for r in results for t in r for x in t[0]])
     nbytes = sum(t[1] for r in results for t in r)
     out = {"MB_s": nbytes / wall / 1e6, "req_s": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50) * 1e3),
            "p99_ms": float(np.percentile(lat, 99) * 1e3), "errors": sum(t[2] for r in results for t in r),
            "requests": len(lat), "GB": nbytes / 1e9}
+    out["client_cpu_s_per_GB"] = client_cpu / max(out["GB"], 1e-9)
     if server:
         out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
                     "cpu_s_per_GB": (sum(server.cpu_times()[:2]) - cpu0) / max(out["GB"], 1e-9)})
@@ -196,6 +200,7 @@ def main() -> int:
     p.add_argument("--clips", type=int, default=100, help="clips per shard")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
+    p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
     p.add_argument("--role", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
@@ -229,6 +234,10 @@ def main() -> int:
         print(label, res[label], flush=True)
     service = "service (aiohttp, sendfile)"
     res["service_vs_local_MB_s"] = res[service]["MB_s"] / res["local"]["MB_s"]
+    print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
+    if args.no_epoch:
+        print("BENCH_JSON " + json.dumps(res, sort_keys=True))
+        return 0
 
     proc, url = start(servers[service][0])
     try:
@@ -241,7 +250,6 @@ def main() -> int:
     print(f"one epoch ({res['epoch_local']['batches']} batches, {args.epoch_workers} workers): data wait "
           f"{res['epoch_local']['data_wait_s']:.2f} s local, {res['epoch_http']['data_wait_s']:.2f} s over HTTP "
           f"({res['epoch_http_vs_local']:.2f}x)")
-    print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
     print("BENCH_JSON " + json.dumps(res, sort_keys=True))
     return 0
 
