@@ -99,7 +99,7 @@ def _client_thread(base, shards, deadline, seed, out, local_root):
 
 def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
     out = []
-    cpu = time.process_time()  # this process's threads, fsspec's event-loop thread included
+    cpu = os.times()  # this process's threads
     deadline = time.perf_counter() + seconds
     ts = [threading.Thread(target=_client_thread, args=(base, shards, deadline, seed * 1000 + k, out, local_root))
           for k in range(threads)]
@@ -107,7 +107,8 @@ def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
         t.start()
     for t in ts:
         t.join()
-    queue.put((out, time.process_time() - cpu))
+    now = os.times()
+    queue.put((out, (now.user - cpu.user, now.system - cpu.system)))
 
 
 def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seconds: float,
@@ -116,7 +117,7 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
               for s in m.splits["train"].shards]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    cpu0 = sum(server.cpu_times()[:2]) if server else 0.0
+    cpu0 = server.cpu_times() if server else None
     rss = []
     ps = [ctx.Process(target=_client_proc, args=(base, shards, seconds, clients // procs, k, queue, local_root))
           for k in range(procs)]
@@ -134,17 +135,21 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     for p in ps:
         p.join()
     wall = time.perf_counter() - t0
-    client_cpu = sum(cpu for _, cpu in results)
+    client_user, client_sys = (sum(cpu[k] for _, cpu in results) for k in (0, 1))
     results = [r for r, _ in results]
     lat = np.array([x for r in results for t in r for x in t[0]])
     nbytes = sum(t[1] for r in results for t in r)
     out = {"MB_s": nbytes / wall / 1e6, "req_s": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50) * 1e3),
            "p99_ms": float(np.percentile(lat, 99) * 1e3), "errors": sum(t[2] for r in results for t in r),
            "requests": len(lat), "GB": nbytes / 1e9}
-    out["client_cpu_s_per_GB"] = client_cpu / max(out["GB"], 1e-9)
+    gb = max(out["GB"], 1e-9)
+    out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
+        client_user + client_sys, 1e-9)})
     if server:
         out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
-                    "cpu_s_per_GB": (sum(server.cpu_times()[:2]) - cpu0) / max(out["GB"], 1e-9)})
+                    "cpu_s_per_GB": (sum(server.cpu_times()[:2]) - sum(cpu0[:2])) / gb,
+                    "sys_share": (server.cpu_times().system - cpu0.system) / max(
+                        sum(server.cpu_times()[:2]) - sum(cpu0[:2]), 1e-9)})
     return out
 
 
