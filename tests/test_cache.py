@@ -66,6 +66,8 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
             if mode == "short-first":
                 time.sleep(0.3)  # let the client take the first half before the connection drops
             return None
+        if mode == "hang-up":  # a whole answer, then the connection is closed without saying so beforehand
+            return self._reply(206, headers, body, close=True)
         if mode == "stall-first" and first:
             self._reply(206, headers, body[: len(body) // 2])
             srv.release.wait(30)
@@ -143,6 +145,11 @@ def test_client_retries_a_failed_answer_and_resumes_a_broken_body():
         assert first == "bytes=7-250006"
         resumed = int(re.match(r"bytes=(\d+)-250006", second)[1])
         assert 7 < resumed <= 7 + 125_000  # asked only for what was missing
+    with misbehaving("hang-up") as (srv, url):  # a kept-alive connection the server has closed since is
+        once = Retry(attempts=1)  # replaced, and that is no failed attempt
+        assert [open_range(f"{url}/blob.tar", 0, 99, size=SIZE, sha256=SHA, retry=once).read() for _ in range(3)] \
+            == [BLOB[:99]] * 3
+        assert len(set(srv.ports)) == 3
 
 
 # --- across forks --------------------------------------------------------------------------
