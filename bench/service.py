@@ -5,7 +5,8 @@ For a fixed time, CLIENTS clients (PROCS processes x threads) each read random r
 consecutive clips (the reads a loader makes) of random shards, and check every answer's length
 (one in 20 byte for byte). Reported per source: MB/s, requests/s, latency p50/p99, errors; for
 servers also their peak memory (RSS sampled every 0.2 s, with the first and last sample to show
-it stays flat) and CPU seconds per GB served. Sources, in one run: local disk, this service
+it stays flat) and CPU seconds per GB served (with the share spent in the kernel), and for the clients
+their CPU seconds per GB read. Sources, in one run: local disk, this service
 (aiohttp, sendfile), and with --compare a Starlette FileResponse app on uvicorn serving the same
 files (the alternative the issue asks to measure). Then one epoch of the trainer's loader
 streamed from the service against local disk: the time spent waiting for batches.
