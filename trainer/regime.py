@@ -1,0 +1,282 @@
+"""The training regime: what every optimizer step trains on, and how often the ranks synchronise.
+
+``trainer train`` takes the flags below (docs/schedules.md has the rules and the reasoning):
+
+* ``--multigrid long|short|both``: the batch shape and size of every iteration follow
+  ``trainer.multigrid`` (Wu et al. 2020). The run takes the multigrid plan's epochs (1.5x
+  ``--epochs``, far fewer iterations); ``--epochs`` stays the baseline's, which the plan is made from.
+* ``--batch-growth points|decay|noise``: the batch doubles at set epochs, in place of the
+  learning-rate decay, or when the gradient noise scale exceeds it (``trainer.batch_growth``).
+* ``--average-every K`` (``--local-after-epochs E``): K-step model averaging, synchronous for the
+  first E epochs (``trainer.model_averaging``).
+* ``--bn-group N``: clips per BN statistics group (``trainer.subbatch_bn``); by default the base
+  batch whenever the batch varies, so BN sees the same number of clips whatever the batch.
+
+Every decision is a function of numbers every rank shares (the global iteration, the epoch's
+position, allreduced gradient norms), so every rank takes the same shape and batch at every step
+and the same number of steps per epoch. The learning rate is the base schedule's times
+``lr_factor``: the long-cycle batch factor (multigrid) or B/B0 (batch growth), the linear scaling rule.
+``batches`` turns the loader's batches into one batch per optimizer step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+import torch
+
+from . import batch_growth, multigrid
+from .model_averaging import KStepBackend
+from .shapes import epoch_parts, parts_nbytes
+
+log = logging.getLogger(__name__)
+
+MULTIGRID = ("off", "long", "short", "both")
+GROWTH = ("off", *batch_growth.MODES)
+# where the long cycle restarts when no stage is given: the learning-rate steps of the reference
+# multigrid config (epochs 94, 154, 196 of 239), as fractions of the baseline's epochs
+REFERENCE_STAGES = (94 / 239, 154 / 239, 196 / 239)
+NOISE_MEASUREMENTS = 16  # noise-scale measurements after warm-up or a change before the batch may double
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("schedules (docs/schedules.md)")
+    g.add_argument("--multigrid", choices=MULTIGRID, default="off",
+                   help="multigrid batch shapes: the long cycle (T, S and B over each stage), the short cycle "
+                        "(crops over successive iterations), or both; runs the plan's 1.5x --epochs")
+    g.add_argument("--multigrid-stages", type=int, nargs="+",
+                   help="epochs of the baseline (--epochs) where the long cycle restarts (default: the reference "
+                        "config's learning-rate steps, 94, 154 and 196 of 239, scaled to --epochs)")
+    g.add_argument("--batch-growth", choices=GROWTH, default="off",
+                   help="double the batch at --growth-points epochs, in place of the rate's decay, or when the "
+                        "gradient noise scale exceeds the global batch (needs 2+ ranks)")
+    g.add_argument("--growth-points", type=float, nargs="+", default=[], help="epochs where the batch doubles")
+    g.add_argument("--max-batch-size", type=int, help="clips per rank the batch grows to at most (default 8x --batch-size)")
+    g.add_argument("--average-every", type=int,
+                   help="K-step model averaging: each rank steps alone, ranks average every K steps (default: "
+                        "gradients averaged at every step by the backend)")
+    g.add_argument("--local-after-epochs", type=float, default=0.0,
+                   help="post-local averaging: synchronous for these first epochs, K-step after")
+    g.add_argument("--bn-group", type=int,
+                   help="clips per BN statistics group (0: the whole batch; default: --batch-size when the batch varies)")
+    g.add_argument("--trace-steps", action="store_true",
+                   help="every rank writes each step's shape, batch, rate and a weight checksum to "
+                        "OUTPUT_DIR/steps-rank<R>.jsonl")
+
+
+def stages_for(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.multigrid_stages:
+        return tuple(args.multigrid_stages)
+    return tuple(sorted({max(1, min(args.epochs - 1, round(f * args.epochs))) for f in REFERENCE_STAGES}))
+
+
+class EpochShapes:
+    """What the loader needs of a multigrid schedule: each epoch's loader batch as parts, and the
+    largest loader batch in bytes (the size of its shared-memory slots)."""
+
+    def __init__(self, schedule: multigrid.Schedule):
+        self.schedule = schedule
+        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e)) for e in range(schedule.epochs))
+
+    def parts(self, epoch: int):
+        return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1))
+
+    def batch_size(self, epoch: int) -> int:
+        return sum(p.clips for p in self.parts(epoch))
+
+
+class Growth:
+    """The per-rank batch of batch growth, decided alike on every rank."""
+
+    def __init__(self, mode: str, base: int, max_batch: int, world_size: int, points: tuple[float, ...]):
+        if mode == "noise" and world_size < 2:
+            raise ValueError("--batch-growth noise measures the gradient noise from the ranks' own gradients: "
+                             "it needs two or more ranks")
+        if mode == "points" and not points:
+            raise ValueError("--batch-growth points needs --growth-points")
+        self.mode, self.base, self.max_batch, self.world_size, self.points = mode, base, max_batch, world_size, points
+        self.batch = base
+        self.noise = batch_growth.NoiseScale()
+        self.since_change = 0
+
+    def decide(self, position: float, multiplier: float, warm: bool) -> int:
+        """The batch for the next step, ``position`` epochs into the run, the base schedule's
+        rate multiplier there ``multiplier``, warm-up over or not (``warm``)."""
+        if self.mode == "points":
+            self.batch = batch_growth.batch_at_points(position, self.base, self.points, self.max_batch)
+        elif self.mode == "decay" and warm:
+            self.batch = max(self.batch, batch_growth.batch_for_decay(multiplier, self.base, self.max_batch))
+        elif self.mode == "noise" and warm and self.since_change >= NOISE_MEASUREMENTS:
+            grown = batch_growth.batch_for_noise(self.batch * self.world_size, self.noise.value,
+                                                 self.max_batch * self.world_size) // self.world_size
+            if grown != self.batch:
+                self.batch, self.since_change = grown, 0
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {"batch": self.batch, "noise": self.noise.state_dict(), "since_change": self.since_change}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch, self.since_change = state["batch"], state["since_change"]
+        self.noise.load_state_dict(state["noise"])
+
+
+class Regime:
+    """The run's regime from the trainer's arguments, for ``world_size`` ranks and a training split
+    of ``samples`` clips."""
+
+    def __init__(self, args: argparse.Namespace, world_size: int, samples: int):
+        self.args, self.world_size = args, world_size
+        self.schedule = self.shapes = self.growth = None
+        if args.multigrid != "off":
+            if args.batch_growth != "off":
+                raise ValueError("--multigrid and --batch-growth both set the batch size: use one")
+            if args.decode_on_device:
+                raise ValueError("--multigrid decodes parts of several shapes per batch on the CPU: "
+                                 "not with --decode-on-device")
+            phases = multigrid.plan(args.epochs, stages_for(args), args.segments, args.crop_size,
+                                    long_cycle=args.multigrid in ("long", "both"),
+                                    short_cycle=args.multigrid in ("short", "both"))
+            self.schedule = multigrid.Schedule(phases, args.batch_size, world_size, samples)
+            self.shapes = EpochShapes(self.schedule)
+        if args.batch_growth != "off":
+            self.growth = Growth(args.batch_growth, args.batch_size, args.max_batch_size or 8 * args.batch_size,
+                                 world_size, tuple(args.growth_points))
+        varies = self.schedule is not None or self.growth is not None
+        self.bn_group = args.bn_group if args.bn_group is not None else (args.batch_size if varies else 0)
+        self.step = 0  # global iteration of the next step
+
+    @property
+    def epochs(self) -> int:
+        return self.schedule.epochs if self.schedule else self.args.epochs
+
+    def lr_factor(self, step: int) -> float:
+        """The base schedule's rate is multiplied by this at ``step`` (linear scaling in the batch)."""
+        if self.schedule:
+            return float(self.schedule.at(step).lr_factor)
+        if self.growth:
+            return self.growth.batch / self.growth.base
+        return 1.0
+
+    # --- synchronisation -------------------------------------------------------------------------
+    def backend(self, backend, local_after_steps: int):
+        """``backend`` as the run synchronises: itself, or wrapped for K-step averaging."""
+        if self.args.average_every is None:
+            if self.args.local_after_epochs:
+                raise ValueError("--local-after-epochs switches to K-step averaging: give --average-every")
+            return backend
+        if self.args.average_every < 1:
+            raise ValueError(f"--average-every must be at least 1, not {self.args.average_every}")
+        if self.args.batch_growth == "noise":
+            raise ValueError("--batch-growth noise measures the noise of synchronously averaged gradients: "
+                             "not with --average-every")
+        return KStepBackend(backend, self.args.average_every, local_after_steps)
+
+    # --- the steps of an epoch -------------------------------------------------------------------
+    def batches(self, loader, wrap, step: int):
+        """One batch per optimizer step for the rest of the loader's epoch, the next global
+        iteration being ``step``; ``wrap`` iterates the loader (``train.isolated``). Each batch says
+        whether it ends the loader batch (``period_end``): only there may a run stop, since the
+        loader's position counts whole loader batches. A growing batch re-splits the rest of the
+        epoch (``ClipLoader.resize``)."""
+        self.step = step
+        while True:
+            it = wrap(loader)
+            resized = False
+            for batch in it:
+                parts = batch.pop("parts", None) or [batch]
+                for i, part in enumerate(parts):
+                    if self.schedule:
+                        self._check(part)
+                    yield {**batch, **part, "period_end": i == len(parts) - 1}
+                    self.step += 1
+                if self.growth and self.growth.batch != loader.batch_size:
+                    it.close()
+                    loader.resize(self.growth.batch)
+                    resized = True
+                    break
+            if not resized:
+                return
+
+    def _check(self, part: dict) -> None:
+        """The loader's shape must be the schedule's at the global iteration (both are functions of it)."""
+        want = self.schedule.at(self.step)
+        got = tuple(part["clips"].shape[:2]) + (part["clips"].shape[-1],)
+        if got != (want.batch, want.shape.frames, want.shape.crop):
+            raise RuntimeError(f"iteration {self.step}: the loader gave {got} (clips, frames, crop), the multigrid "
+                               f"schedule says {(want.batch, want.shape.frames, want.shape.crop)}")
+
+    def after_step(self, position: float, multiplier: float, warm: bool, measure=None) -> None:
+        """Batch growth's decision for the next step; ``measure()`` -> (mean squared norm of the
+        ranks' own gradients, squared norm of the averaged one), for the noise scale."""
+        if not self.growth:
+            return
+        if self.growth.mode == "noise" and measure is not None:
+            local, averaged = measure()
+            b = self.growth.batch
+            self.growth.noise.update(local, b, averaged, b * self.world_size)
+            self.growth.since_change += 1
+        before = self.growth.batch
+        if self.growth.decide(position, multiplier, warm) != before:
+            log.info("batch growth (%s): %d -> %d clips per rank at epoch %.2f (noise scale %.0f)", self.growth.mode,
+                     before, self.growth.batch, position, self.growth.noise.value)
+
+    def state_dict(self) -> dict:
+        return {"growth": self.growth.state_dict() if self.growth else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.growth and state.get("growth"):
+            self.growth.load_state_dict(state["growth"])
+
+    def describe(self) -> str:
+        lines = []
+        if self.schedule:
+            s = self.schedule
+            lines.append(f"multigrid ({self.args.multigrid}): {s.epochs} epochs, {s.total} iterations, stages at "
+                         f"{list(stages_for(self.args))} of {self.args.epochs} baseline epochs")
+            for p in s.phases:
+                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop}@{self.args.batch_size * c.factor}" for c in p.cycle)
+                lines.append(f"  epochs {p.start}-{p.end}: stage {p.stage}, lr x{p.shape.factor}, {cycle}")
+        if self.growth:
+            g = self.growth
+            lines.append(f"batch growth ({g.mode}): {g.base} -> at most {g.max_batch} clips per rank"
+                         + (f" at epochs {list(g.points)}" if g.mode == "points" else ""))
+        if self.args.average_every is not None:
+            lines.append(f"K-step averaging every {self.args.average_every} steps"
+                         + (f" after {self.args.local_after_epochs:g} synchronous epochs" if self.args.local_after_epochs else ""))
+        if self.bn_group:
+            lines.append(f"sub-batch BN: groups of {self.bn_group} clips")
+        return "\n".join(lines)
+
+
+def steps_before_epoch(epoch: float, steps_in_epoch) -> int:
+    """Optimizer steps in the first ``epoch`` epochs (fractional), given ``steps_in_epoch(e)``."""
+    whole = int(epoch)
+    return sum(steps_in_epoch(e) for e in range(whole)) + round((epoch - whole) * steps_in_epoch(whole))
+
+
+class StepTrace:
+    """``--trace-steps``: one JSON line per optimizer step on every rank, to compare ranks and runs."""
+
+    def __init__(self, output_dir: str, rank: int, enabled: bool):
+        self.file = None
+        if enabled:
+            os.makedirs(output_dir, exist_ok=True)
+            self.file = open(os.path.join(output_dir, f"steps-rank{rank}.jsonl"), "a", encoding="utf-8")
+
+    def log(self, step: int, epoch: int, clips: torch.Tensor, lr: float, model: torch.nn.Module, **extra) -> None:
+        if self.file is None:
+            return
+        with torch.no_grad():
+            checksum = sum(p.double().sum().item() for p in model.parameters())
+        record = {"step": step, "epoch": epoch, "batch": clips.shape[0], "frames": clips.shape[1],
+                  "crop": clips.shape[-1], "lr": lr, "weights": checksum, **extra}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
