@@ -1,0 +1,190 @@
+"""Faster to the same accuracy? The fixed-shape baseline against multigrid, batch growth and K-step averaging.
+
+On ``ingest synth`` motion data (four classes that differ only in the direction a textured disc
+moves), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU) through
+``trainer train``, validating after every epoch:
+
+* ``baseline``: the fixed shape (8 frames, the full crop, the base batch), synchronous;
+* ``multigrid``: ``--multigrid`` (long and short cycles by default), synchronous;
+* ``growth``: ``--batch-growth`` (the gradient noise scale by default), synchronous;
+* ``kstep``: ``--average-every 4``: each rank steps alone, the ranks average every 4 steps.
+
+The target is the baseline's final validation accuracy. For each run: training wall-clock (the
+sum of the epochs' training time, validation left out), optimizer steps, model synchronisations
+(allreduce rounds of gradients or models; metric allreduces left out) and clips seen when the
+target is first reached, and the final accuracy. Variants run one after another, repeated
+``--repeats`` times in turn, so a neighbour's load hits them alike; the table gives each
+variant's median and its ratios to the baseline of the same repeat. One plot shows validation
+accuracy against training wall-clock for every run.
+
+    python bench/schedules.py                          # data in /tmp/kinetics-fast-schedules
+    python bench/schedules.py --repeats 3 --variants baseline multigrid --png schedules.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+# the model and data: a ResNet-10 of width 16, 8-frame clips, 32 px crops, 8 clips per rank
+COMMON = ["--segments", "8", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32",
+          "--no-flip", "--batch-size", "8", "--warmup-epochs", "2", "--lr-per-8", "0.1", "--workers", "1",
+          "--print-freq", "8", "--no-tensorboard"]
+VARIANTS = {
+    "baseline": [],
+    "multigrid": ["--multigrid", "both"],
+    "growth": ["--batch-growth", "noise", "--max-batch-size", "32"],
+    "kstep": ["--average-every", "4"],
+}
+
+
+def make_data(work: Path, train_per_class: int, val_per_class: int) -> Path:
+    """Motion videos (64x64, 2 s at 10 fps) ingested into 8-frame clips, four per training video."""
+    shards = work / "shards"
+    if (shards / "manifest.json").exists():
+        return shards
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    subprocess.run([str(BIN / "python"), "-m", "ingest", "synth", "--out", str(work / "videos"), "--classes", "4",
+                    "--train-per-class", str(train_per_class), "--val-per-class", str(val_per_class),
+                    "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2", "--workers", "2"],
+                   check=True, env=env)
+    subprocess.run([str(BIN / "python"), "-m", "ingest", "build", "--src", str(work / "videos"), "--out", str(shards),
+                    "--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples", "64",
+                    "--workers", "2"], check=True, env=env)
+    return shards
+
+
+def train(data: Path, out: Path, epochs: int, extra: list[str], ranks: int) -> float:
+    """One ``trainer train`` run on ``ranks`` Horovod ranks; returns its wall-clock seconds."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
+           str(BIN / "python"), "-m", "trainer", "train", "--data", str(data), "--output-dir", str(out),
+           "--epochs", str(epochs), *COMMON, *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    with open(out.with_suffix(".log"), "w") as log:
+        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return time.perf_counter() - start
+
+
+def curve(out: Path) -> list[dict]:
+    """Per epoch: cumulative training seconds, steps, synchronisations, clips seen, validation top-1."""
+    seconds, rows = 0.0, []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["event"] != "epoch":
+            continue
+        seconds += r["epoch_time"]
+        rows.append({"epoch": r["epoch"], "seconds": seconds, "steps": r["step"], "syncs": r["synchronisations"],
+                     "clips": r["clips"], "top1": r["val_top1"]})
+    return rows
+
+
+def at_target(rows: list[dict], target: float) -> dict | None:
+    return next((r for r in rows if r["top1"] >= target - 1e-9), None)
+
+
+def summarise(runs: dict[str, list[list[dict]]], target_of: list[float]) -> list[dict]:
+    """Per variant: medians over repeats of the figures at the target and of the ratios to the
+    baseline of the same repeat."""
+    table = []
+    for name, repeats in runs.items():
+        hits = [at_target(rows, target) for rows, target in zip(repeats, target_of)]
+        base = [at_target(rows, target) for rows, target in zip(runs["baseline"], target_of)]
+        row = {"variant": name, "reached": sum(h is not None for h in hits), "repeats": len(repeats),
+               "final_top1": statistics.median(rows[-1]["top1"] for rows in repeats),
+               "best_top1": statistics.median(max(r["top1"] for r in rows) for rows in repeats),
+               "total_seconds": statistics.median(rows[-1]["seconds"] for rows in repeats),
+               "total_steps": statistics.median(rows[-1]["steps"] for rows in repeats),
+               "total_syncs": statistics.median(rows[-1]["syncs"] for rows in repeats)}
+        reached = [(h, b) for h, b in zip(hits, base) if h is not None and b is not None]
+        for key in ("seconds", "steps", "syncs", "clips", "epoch"):
+            if reached:
+                row[key] = statistics.median(h[key] for h, _ in reached)
+                row[f"{key}_ratio"] = statistics.median(h[key] / b[key] for h, b in reached)
+        table.append(row)
+    return table
+
+
+def plot(runs: dict[str, list[list[dict]]], target: float, png: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, repeats in runs.items():
+        for i, rows in enumerate(repeats):
+            line, = ax.plot([0] + [r["seconds"] for r in rows], [25.0] + [r["top1"] for r in rows], "o-", ms=3,
+                            alpha=0.9 if i == 0 else 0.4, label=name if i == 0 else None,
+                            color=None if i == 0 else ax.lines[-1].get_color())
+    ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.1f}%")
+    ax.set_xlabel("training wall-clock (s), validation left out")
+    ax.set_ylabel("validation top-1 (%)")
+    ax.set_title("motion data, TSM ResNet-10, 2 Horovod ranks on CPU")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="/tmp/kinetics-fast-schedules", help="data and runs")
+    p.add_argument("--epochs", type=int, default=20, help="the baseline's epochs (multigrid runs 1.5x as many)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--train-per-class", type=int, default=64)
+    p.add_argument("--val-per-class", type=int, default=32)
+    p.add_argument("--png", default="schedules.png")
+    p.add_argument("--json", help="also write every curve and the table here")
+    args = p.parse_args()
+
+    work = Path(args.work)
+    data = make_data(work, args.train_per_class, args.val_per_class)
+    variants = ["baseline"] + [v for v in args.variants if v != "baseline"]
+    runs: dict[str, list[list[dict]]] = {v: [] for v in variants}
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    loads = []
+    for repeat in range(args.repeats):
+        for name in variants:
+            out = work / f"{name}-{repeat}"
+            loads.append(os.getloadavg()[0])
+            walls[name].append(train(data, out, args.epochs, VARIANTS[name], args.ranks))
+            runs[name].append(curve(out))
+            rows = runs[name][-1]
+            print(f"repeat {repeat} {name}: {rows[-1]['seconds']:.0f} s training, {rows[-1]['steps']} steps, "
+                  f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}% "
+                  f"(whole run {walls[name][-1]:.0f} s)", flush=True)
+    targets = [rows[-1]["top1"] for rows in runs["baseline"]]
+    table = summarise(runs, targets)
+    print(f"\ntarget: the baseline's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)}); "
+          f"load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}")
+    print("variant   | reached | s to target (x baseline) | steps (x) | syncs (x) | clips (x) | final top-1 | whole run: s, steps, syncs")
+    for r in table:
+        if "seconds" in r:
+            cells = (f"{r['seconds']:7.0f} ({r['seconds_ratio']:.2f}x)       | {r['steps']:5.0f} ({r['steps_ratio']:.2f}x) | "
+                     f"{r['syncs']:5.0f} ({r['syncs_ratio']:.2f}x) | {r['clips']:6.0f} ({r['clips_ratio']:.2f}x)")
+        else:
+            cells = f"{'not reached':<24} | {'':13} | {'':13} | {'':15}"
+        print(f"{r['variant']:<9} | {r['reached']}/{r['repeats']}     | {cells} | {r['final_top1']:10.1f}% | "
+              f"{r['total_seconds']:.0f}, {r['total_steps']:.0f}, {r['total_syncs']:.0f}")
+    plot(runs, statistics.median(targets), args.png)
+    print(f"plot: {args.png}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"targets": targets, "loads": loads, "walls": walls, "runs": runs, "table": table,
+                       "common": COMMON, "variants": {v: VARIANTS[v] for v in variants}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
