@@ -81,7 +81,7 @@ def engine(args, shift: bool, batch: int) -> Engine:
     flags += ["--compile", args.compile] if args.compile else []
     flags += [] if shift else ["--no-shift"]
     torch.manual_seed(0)
-    e = Engine(get_args_parser().parse_args(flags), Backend(), args.classes, steps_per_epoch=10**6)
+    e = Engine(get_args_parser().parse_args(flags), Backend(), args.classes, epoch_clips=10**7)
     e.model.train()
     return e
 

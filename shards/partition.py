@@ -244,3 +244,20 @@ def rank_sequence(n: int, seg: Segment, rank: int, remainder: str, bufsize: int,
         w, j = b % seg.num_workers, b // seg.num_workers
         out.extend(per_worker[w][j * seg.batch_size:(j + 1) * seg.batch_size])
     return out
+
+
+def step_samples(n: int, seg: Segment, remainder: str, bufsize: int, seed: int, epoch: int,
+                 segment: int = 0) -> list[int]:
+    """Samples of the order (padding repeats left out) in each global step after
+    ``seg.batches_done``: batch b of every rank makes step b, so this is the number of real
+    clips an optimizer step averages over. Only streams that reach past the order's end hold
+    padding, so only their emission orders are computed."""
+    steps = per_rank(n, seg.world_size, seg.batch_size, remainder) // seg.batch_size
+    counts = np.full(steps, seg.world_size * seg.batch_size)
+    for rank in range(seg.world_size):
+        for s in streams(n, seg.world_size, rank, seg.num_workers, seg.batch_size, remainder):
+            if s.valid_end < s.end:  # the worker's j-th batch is the rank's batch j * workers + worker
+                local = np.asarray(emission(s, bufsize, seed, epoch, segment)) + s.begin
+                padding = (local >= s.valid_end).reshape(-1, seg.batch_size).sum(axis=1)
+                counts[s.worker::seg.num_workers][:len(padding)] -= padding
+    return counts[seg.batches_done:].tolist()

@@ -36,7 +36,7 @@ def engine(*flags):
                                          "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", "0",
                                          "--lr-per-8", "0.5", *flags])
     torch.manual_seed(0)
-    e = Engine(args, Backend(), 3, steps_per_epoch=4)
+    e = Engine(args, Backend(), 3, epoch_clips=4 * BATCH)
     e.model.train()
     return e
 

@@ -37,7 +37,7 @@ def worker(out: str) -> None:
             "--data", "-", "--segments", str(SEGMENTS), "--depth", "10", "--width", "8", "--batch-size", str(share),
             "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", "0.4", *flags])
         torch.manual_seed(backend.rank)  # different initial weights: the broadcast must fix them
-        engine = Engine(args, backend, CLASSES, STEPS)
+        engine = Engine(args, backend, CLASSES, STEPS * GLOBAL_BATCH)
         backend.broadcast_state(engine.model, engine.optimizer)
         initial = {k: v.clone() for k, v in engine.model.state_dict().items()}
         engine.model.train()

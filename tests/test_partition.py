@@ -159,3 +159,19 @@ def test_elastic_resume_covers_the_epoch_once(hops, remainder):
     else:
         world, _, batch, _ = hops[-1]
         assert len(got) > N - world * batch - sum(w * b for w, _, b, _ in hops[:-1])
+
+
+@pytest.mark.parametrize("world_size,workers,batch,done", [(1, 1, 4, 0), (3, 2, 5, 1), (7, 3, 4, 2), (64, 2, 1, 0),
+                                                           (100, 1, 3, 0)])
+def test_step_samples_count_the_real_clips_of_each_global_step(world_size, workers, batch, done):
+    """Batch b of every rank is optimizer step b; its real (not padding) clips, counted from the
+    ranks' full sequences, are what ``step_samples`` gives from the padded streams alone."""
+    order = P.epoch_order(SIZES, 0, 0)
+    seg = P.Segment(world_size, workers, batch, done)
+    counts = P.step_samples(len(order), seg, "pad", 8, 0, 0)
+    seqs = [P.rank_sequence(len(order), seg, r, "pad", 8, 0, 0) for r in range(world_size)]
+    real = [sum(p < N for seq in seqs for p in seq[b * batch:(b + 1) * batch]) for b in range(len(counts))]
+    assert counts == real and len(counts) == len(seqs[0]) // batch
+    assert sum(P.step_samples(len(order), P.Segment(world_size, workers, batch), "pad", 8, 0, 0)) == N
+    assert P.step_samples(len(order), seg, "drop", 8, 0, 0) == [world_size * batch] * (
+        P.per_rank(N, world_size, batch, "drop") // batch - done)

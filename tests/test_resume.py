@@ -72,5 +72,5 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
         assert torch.equal(value, b["model"][key]), key
     for index, state in a["optimizer"]["state"].items():
         assert torch.equal(state["momentum_buffer"], b["optimizer"]["state"][index]["momentum_buffer"])
-    assert a["scheduler"] == b["scheduler"]
+    assert a["clips_seen"] == b["clips_seen"] == EPOCHS * 48
     assert torch.equal(a["rng"][0]["torch"], b["rng"][0]["torch"])

@@ -43,7 +43,7 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 class Engine:
     """Builds the network and its optimizer for one rank from the trainer's arguments."""
 
-    def __init__(self, args: argparse.Namespace, backend: Backend, num_classes: int, steps_per_epoch: int):
+    def __init__(self, args: argparse.Namespace, backend: Backend, num_classes: int, epoch_clips: int):
         self.args, self.backend = args, backend
         self.device = pick_device(backend)
         self.amp = amp_dtype(args.amp, self.device)
@@ -57,21 +57,29 @@ class Engine:
         self.model.to(self.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         self.global_batch = args.batch_size * backend.size
         self.peak_lr = recipe.scaled_lr(args.lr_per_8, self.global_batch)
-        self.total_steps = args.epochs * steps_per_epoch
-        self.warmup_steps = min(self.total_steps, round(args.warmup_epochs * steps_per_epoch))
+        total = args.epochs * epoch_clips
+        self.schedule = recipe.Schedule(self.peak_lr, min(total, round(args.warmup_epochs * epoch_clips)), total)
         optimizer = recipe.build_optimizer(self.model, self.peak_lr, args.momentum, args.weight_decay)
         self.net, self.optimizer = backend.prepare(self.model, optimizer, args.fp16_allreduce)
         if args.compile:
             self.net = compiling.compile_network(self.net, self.optimizer, self.device, args.compile)
-        self.scheduler = recipe.build_scheduler(self.optimizer, self.warmup_steps, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
+        self.seek(0)
+
+    def seek(self, clips_seen: int) -> None:
+        """Stand at ``clips_seen`` real clips trained (global): the next step's rate is the schedule's there."""
+        self.clips_seen = clips_seen
+        self.schedule.apply(self.optimizer, clips_seen)
 
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def train_step(self, clips: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on this rank's share of the global batch; returns the local loss."""
+    def train_step(self, clips: torch.Tensor, labels: torch.Tensor, global_valid: int | None = None) -> torch.Tensor:
+        """One optimizer step on this rank's share of the global batch; returns the local loss.
+
+        ``global_valid``: real clips in the step's global batch (the loader's count, padding left
+        out; default all of it), which the clips seen and so the learning rate move on by."""
         clips, labels = clips.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         with autocast(self.device, self.amp):
             logits = self.net(clips)
@@ -85,7 +93,7 @@ class Engine:
         with self.backend.skip_synchronize(self.optimizer):
             self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.scheduler.step()
+        self.seek(self.clips_seen + (self.global_batch if global_valid is None else global_valid))
         return loss.detach()
 
     @torch.no_grad()
@@ -96,7 +104,7 @@ class Engine:
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict()}
+                "clips_seen": self.clips_seen, "scaler": self.scaler.state_dict()}
 
     def describe(self) -> str:
         a, b = self.args, self.backend
@@ -108,7 +116,7 @@ class Engine:
             f"shift 1/{a.shift_div}, dropout {a.dropout}, BN {a.bn}, {self.config.num_classes} classes, "
             f"{params / 1e6:.2f} M parameters",
             f"recipe: global batch {self.global_batch} ({a.batch_size} x {b.size}), peak lr {self.peak_lr:g} "
-            f"({a.lr_per_8:g} per 8 clips), {a.epochs} epochs, {self.total_steps} steps, "
-            f"warm-up {self.warmup_steps} steps, cosine to 0, SGD momentum {a.momentum}, "
+            f"({a.lr_per_8:g} per 8 clips), {a.epochs} epochs, {self.schedule.total_clips} clips, "
+            f"warm-up {self.schedule.warmup_clips} clips, cosine to 0 (both over clips seen), SGD momentum {a.momentum}, "
             f"weight decay {a.weight_decay:g} (not on BN or biases), grad clip {a.clip_grad_norm or 'off'}, "
             f"fp16 allreduce {a.fp16_allreduce}"])

@@ -18,7 +18,9 @@ were decoded into (the CPU never transposes; ``clips.flatten(0, 1)`` is (B*T, C,
 That memory is a slot of the loader's shared-memory pool (``trainer.slots``): workers decode
 into it and send only its number; it is reused once every view of the batch's clips is gone,
 so a batch may be held as long as wanted (holding more than the pool has left costs speed,
-not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding repeats).
+not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding
+repeats); ``global_valid``, the real clips in this batch and the same batch of every other rank
+together (one optimizer step's, for the loss weights and the clips seen).
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.device_decode``.
 
@@ -327,6 +329,8 @@ class ClipLoader:
         # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
         plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
                  for i in range(self._workers)]
+        steps = partition.step_samples(len(order), self._segment(), self.remainder, self.shuffle_buffer,
+                                       self.seed, self.epoch, segment)
         needed = {r["shard"] for p in plans for r in p["reads"]}
         if self.cache:  # refuse before downloading anything if the epoch cannot fit
             self.cache.reserve(sum(self.shards[i].bytes for i in needed))
@@ -350,9 +354,9 @@ class ClipLoader:
                                 prefetch_factor=PREFETCH if self.num_workers else None,
                                 pin_memory=torch.cuda.is_available() and pool is None)
             batches = iter(loader)
-            for sent in batches:
+            for sent, global_valid in zip(batches, steps, strict=True):
                 self._done += 1
-                yield self._batch(sent, pool)
+                yield self._batch(sent, pool) | {"global_valid": global_valid}
         finally:
             if pool is not None:
                 getattr(batches, "_shutdown_workers", lambda: None)()  # no worker writes a slot any more

@@ -1,13 +1,14 @@
 """The large-batch recipe of "Training Kinetics in 15 Minutes" (Lin, Gan and Han, 2019).
 
 SGD with momentum; learning rate linear in the global batch (``lr_per_8`` per 8 clips);
-linear warm-up over the first epochs, then cosine decay to zero, updated every step;
-weight decay on conv and linear weights only, never on BatchNorm parameters or biases.
+linear warm-up over the first epochs, then cosine decay to zero, set before every step as a
+function of the clips seen so far (not of the step count: see :class:`Schedule`); weight decay
+on conv and linear weights only, never on BatchNorm parameters or biases.
 """
 from __future__ import annotations
 
-import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,18 +21,18 @@ def scaled_lr(lr_per_8: float, global_batch: int) -> float:
     return lr_per_8 * global_batch / 8
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Multiplier of the peak learning rate for optimizer step ``step`` (0-based).
+def warmup_cosine(seen: float, warmup: float, total: float) -> float:
+    """Multiplier of the peak learning rate after ``seen`` of ``total`` units of training
+    (clips for :class:`Schedule`; any unit works, e.g. steps).
 
-    Steps ``0 .. warmup-1`` ramp linearly, ``(step + 1) / warmup``, so the first update
-    already moves and step ``warmup - 1`` runs at the peak. From ``warmup`` on the
-    multiplier follows half a cosine from 1 at ``step = warmup`` to 0 at ``step = total``.
+    Linear from 0 at ``seen = 0`` to 1 at ``seen = warmup`` (the first update only fills the
+    momentum buffer), then half a cosine from 1 to 0 at ``seen = total``.
     """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if total_steps == warmup_steps:
+    if seen < warmup:
+        return seen / warmup
+    if total == warmup:
         return 0.0
-    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    progress = min(1.0, (seen - warmup) / (total - warmup))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -68,20 +69,31 @@ def build_optimizer(model: nn.Module, lr: float, momentum: float = 0.9, weight_d
     raise ValueError(f"optimizer {name!r} not one of {OPTIMIZERS}")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
-    """Per-step LambdaLR over :func:`warmup_cosine`; call ``step()`` after every optimizer step.
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate as a function of clips seen: ``peak`` x :func:`warmup_cosine` over clips.
 
-    The schedule itself is not part of its state: see :func:`load_scheduler_state`.
+    Clips seen counts every real clip the run has trained on (global, over all ranks; clips
+    repeated only to pad the last batches never count). Unlike a step count it means the same
+    whatever the world size, so a run resumed on more or fewer ranks (another global batch,
+    another number of steps per epoch) goes on along the same curve against clips seen, and a
+    run resumed with more epochs follows its new, longer curve from where it stands. ``peak`` is
+    the linear scaling rule's for the run's current global batch.
     """
-    if not 0 <= warmup_steps <= total_steps:
-        raise ValueError(f"need 0 <= warm-up steps ({warmup_steps}) <= total steps ({total_steps})")
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, functools.partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=total_steps))
+    peak: float
+    warmup_clips: int
+    total_clips: int
 
+    def __post_init__(self):
+        if not 0 <= self.warmup_clips <= self.total_clips:
+            raise ValueError(f"need 0 <= warm-up clips ({self.warmup_clips}) <= total clips ({self.total_clips})")
 
-def load_scheduler_state(scheduler, state: dict) -> None:
-    """Restore the step count, and set the learning rate from this run's schedule at that step
-    (a run resumed with more epochs follows its new, longer schedule from the first step on)."""
-    scheduler.load_state_dict(state)
-    for group, base, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * fn(scheduler.last_epoch)
+    def lr(self, clips_seen: int) -> float:
+        return self.peak * warmup_cosine(clips_seen, self.warmup_clips, self.total_clips)
+
+    def apply(self, optimizer: torch.optim.Optimizer, clips_seen: int) -> float:
+        """Set every parameter group's rate to the one at ``clips_seen``; returns it."""
+        lr = self.lr(clips_seen)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import checkpoint, compiling, distributed, metrics, recipe
+from . import checkpoint, compiling, distributed, metrics
 from .device_decode import clip_source
 from .engine import Engine
 from .loader import ClipLoader, shared_manifest
@@ -115,8 +115,7 @@ class Trainer:
         manifest = shared_manifest(args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
         self.train_loader = self._loader(manifest, args.train_split, train=True)
         self.val_loader = self._loader(manifest, args.val_split, train=False) if args.val_split else None
-        self.steps_per_epoch = len(self.train_loader)
-        self.engine = Engine(args, self.backend, len(manifest.classes), self.steps_per_epoch)
+        self.engine = Engine(args, self.backend, len(manifest.classes), manifest.splits[args.train_split].num_samples)
         self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
         self._resume()
@@ -143,11 +142,11 @@ class Trainer:
             e.model.load_state_dict(state["model"])
             e.optimizer.load_state_dict(state["optimizer"])
         small = None if state is None else {k: state[k] for k in
-                                            ("scheduler", "scaler", "loader", "epoch", "batch", "step", "rng")}
+                                            ("clips_seen", "scaler", "loader", "epoch", "batch", "step", "rng")}
         small = self.backend.broadcast_object(small)
         if small is None:
             return
-        recipe.load_scheduler_state(e.scheduler, small["scheduler"])
+        e.seek(small["clips_seen"])
         e.scaler.load_state_dict(small["scaler"])
         self.train_loader.load_state_dict(small["loader"])
         self.epoch, self.batch, self.step = small["epoch"], small["batch"], small["step"]
@@ -156,8 +155,8 @@ class Trainer:
         else:
             log.warning("resuming on %d ranks from %d: fresh random streams", self.backend.size, len(small["rng"]))
         if self.rank0:
-            log.info("resumed from %s at epoch %d, batch %d (step %d)", self.checkpoint_url,
-                     self.epoch, self.batch, self.step)
+            log.info("resumed from %s at epoch %d, batch %d (step %d, %d clips seen)", self.checkpoint_url,
+                     self.epoch, self.batch, self.step, e.clips_seen)
 
     def save(self) -> None:
         rng = self.backend.all_gather_object(checkpoint.rng_state())
@@ -210,7 +209,7 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
     for batch in isolated(loader):
         clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
         started = time.perf_counter()
-        loss = e.train_step(clips, batch["labels"]).item()  # .item() waits for the GPU
+        loss = e.train_step(clips, batch["labels"], batch["global_valid"]).item()  # .item() waits for the GPU
         done = time.perf_counter()
         data_time, compute_time = started - tick, done - started
         for avg, value in zip(window, (loss, data_time, compute_time)):
@@ -225,7 +224,7 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
                         data_ms=f"{1e3 * data_time:.0f}", compute_ms=f"{1e3 * compute_time:.0f}", refresh=False)
         if t.step % args.print_freq == 0:
             w_loss, w_data, w_compute = t.mean_over_ranks([a.avg for a in window])
-            t.log.log("train", t.step, epoch=t.epoch, loss=w_loss, lr=e.lr,
+            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w_loss, lr=e.lr,
                       clips_per_s=e.global_batch / (w_data + w_compute), data_time=w_data, compute_time=w_compute)
             window = [metrics.Average() for _ in range(3)]
         tick = time.perf_counter()
@@ -277,7 +276,7 @@ def main(args: argparse.Namespace) -> int:
                 summary.update(evaluate(t))
             t.epoch, t.batch = t.epoch + 1, 0
             t.save()
-            t.log.log("epoch", t.step, epoch=t.epoch, lr=t.engine.lr, **summary)
+            t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
             if t.rank0:
                 log.info("epoch %d/%d: %s", t.epoch, args.epochs,
                          ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
