@@ -16,7 +16,8 @@ equal batches on every rank; this module describes and renders the period:
   the detail that resizing would throw away). All parts are written one after the other into one
   flat uint8 buffer (a slot of the loader's shared-memory pool).
 * ``unpack`` (in the trainer's process): the flat buffer -> one batch per part, (B', T', C, c, c)
-  views in channels-last memory like ordinary batches, with their labels and validity.
+  views in channels-last memory like ordinary batches, with their labels, validity and real
+  clips over all ranks (``shards.partition.step_samples`` with ``parts``).
 """
 from __future__ import annotations
 
@@ -90,11 +91,16 @@ class PartsRenderer:
             offset += part.nbytes
 
 
-def unpack(flat: torch.Tensor, parts: tuple[Part, ...], labels: torch.Tensor, valid: torch.Tensor) -> list[dict]:
-    """One batch per part from the flat pixels of a loader batch: ``clips`` (B', T', C, c, c) views."""
+def unpack(batch: dict, parts: tuple[Part, ...]) -> dict:
+    """A loader batch whose ``clips`` are the flat pixels of ``parts`` and whose ``global_valid`` is
+    a count per part -> the batch with ``parts``: one batch per part, its ``clips`` a
+    (B', T', C, c, c) view in channels-last memory, its ``labels``, ``valid`` and ``global_valid``."""
+    flat, labels, valid = batch["clips"], batch["labels"], batch["valid"]
     out, clip, offset = [], 0, 0
-    for part in parts:
+    for part, global_valid in zip(parts, batch["global_valid"], strict=True):
         clips = flat[offset:offset + part.nbytes].view(part.clips, *part.clip_shape).movedim(-1, -3)
-        out.append({"clips": clips, "labels": labels[clip:clip + part.clips], "valid": valid[clip:clip + part.clips]})
+        out.append({"clips": clips, "labels": labels[clip:clip + part.clips], "valid": valid[clip:clip + part.clips],
+                    "global_valid": global_valid})
         clip, offset = clip + part.clips, offset + part.nbytes
-    return out
+    rest = {k: v for k, v in batch.items() if k != "clips"}
+    return rest | {"parts": out, "global_valid": sum(batch["global_valid"])}
