@@ -27,6 +27,8 @@ import os
 
 import torch
 
+from shards import partition
+
 from . import batch_growth, multigrid
 from .model_averaging import KStepBackend
 from .shapes import epoch_parts, parts_nbytes
@@ -125,11 +127,11 @@ class Growth:
 
 class Regime:
     """The run's regime from the trainer's arguments, for ``world_size`` ranks and a training split
-    of ``samples`` clips."""
+    of ``samples`` clips. Errors name the flags that cannot go together."""
 
     def __init__(self, args: argparse.Namespace, world_size: int, samples: int):
-        self.args, self.world_size = args, world_size
-        self.schedule = self.shapes = self.growth = None
+        self.args, self.world_size, self.samples = args, world_size, samples
+        self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = None
         if args.multigrid != "off":
             if args.batch_growth != "off":
                 raise ValueError("--multigrid and --batch-growth both set the batch size: use one")
@@ -146,10 +148,11 @@ class Regime:
                                  world_size, tuple(args.growth_points))
         varies = self.schedule is not None or self.growth is not None
         self.bn_group = args.bn_group if args.bn_group is not None else (args.batch_size if varies else 0)
-        self.step = 0  # global iteration of the next step
+        self.step = 0  # global iteration of the next batch ``batches`` yields
 
     @property
     def epochs(self) -> int:
+        """The run's epochs: a multigrid plan's, else ``--epochs``."""
         return self.schedule.epochs if self.schedule else self.args.epochs
 
     def lr_factor(self, step: int) -> float:
@@ -161,25 +164,57 @@ class Regime:
         return 1.0
 
     # --- synchronisation -------------------------------------------------------------------------
-    def backend(self, backend, local_after_steps: int):
+    def backend(self, backend):
         """``backend`` as the run synchronises: itself, or wrapped for K-step averaging."""
-        if self.args.average_every is None:
-            if self.args.local_after_epochs:
+        a = self.args
+        if a.average_every is None:
+            if a.local_after_epochs:
                 raise ValueError("--local-after-epochs switches to K-step averaging: give --average-every")
             return backend
-        if self.args.average_every < 1:
-            raise ValueError(f"--average-every must be at least 1, not {self.args.average_every}")
-        if self.args.batch_growth == "noise":
+        if a.average_every < 1:
+            raise ValueError(f"--average-every must be at least 1, not {a.average_every}")
+        if self.growth and self.growth.mode == "noise":
             raise ValueError("--batch-growth noise measures the noise of synchronously averaged gradients: "
                              "not with --average-every")
-        return KStepBackend(backend, self.args.average_every, local_after_steps)
+        self.kstep = KStepBackend(backend, a.average_every, self.steps_before(a.local_after_epochs))
+        return self.kstep
+
+    def steps_before(self, epoch: float) -> int:
+        """Optimizer steps in the run's first ``epoch`` epochs (at the base batch under batch growth)."""
+        if self.schedule:
+            whole = min(int(epoch), self.schedule.epochs)
+            frac = self.schedule.iterations[whole] * (epoch - whole) if whole < self.schedule.epochs else 0
+            return self.schedule.first[whole] + round(frac)
+        batch = self.args.batch_size
+        return round(epoch * (partition.per_rank(self.samples, self.world_size, batch, "pad") // batch))
+
+    @property
+    def drifted(self) -> bool:
+        """Whether the ranks hold different models now (K-step averaging between synchronisations)."""
+        return self.kstep is not None and self.kstep.drifted
+
+    def settle(self) -> None:
+        """Bring drifted ranks together (before a checkpoint, which holds rank 0's model alone)."""
+        if self.drifted:
+            self.kstep.average_buffers(self.engine.model)
+
+    def synchronisations(self, steps: int) -> int:
+        """Model synchronisations (gradient or model allreduce rounds) so far: one per step unless
+        K-step averaging."""
+        return self.kstep.synchronisations if self.kstep else steps
+
+    def attach(self, engine) -> None:
+        """The engine the regime steers; batch growth by noise watches the ranks' own gradients."""
+        self.engine = engine
+        if self.growth and self.growth.mode == "noise":
+            self.norms = batch_growth.LocalGradNorm(engine.model.parameters())
 
     # --- the steps of an epoch -------------------------------------------------------------------
     def batches(self, loader, wrap, step: int):
         """One batch per optimizer step for the rest of the loader's epoch, the next global
         iteration being ``step``; ``wrap`` iterates the loader (``train.isolated``). Each batch says
         whether it ends the loader batch (``period_end``): only there may a run stop, since the
-        loader's position counts whole loader batches. A growing batch re-splits the rest of the
+        loader's position counts whole loader batches. A grown batch re-splits the rest of the
         epoch (``ClipLoader.resize``)."""
         self.step = step
         while True:
@@ -203,32 +238,43 @@ class Regime:
     def _check(self, part: dict) -> None:
         """The loader's shape must be the schedule's at the global iteration (both are functions of it)."""
         want = self.schedule.at(self.step)
-        got = tuple(part["clips"].shape[:2]) + (part["clips"].shape[-1],)
+        got = (part["clips"].shape[0], part["clips"].shape[1], part["clips"].shape[-1])
         if got != (want.batch, want.shape.frames, want.shape.crop):
             raise RuntimeError(f"iteration {self.step}: the loader gave {got} (clips, frames, crop), the multigrid "
                                f"schedule says {(want.batch, want.shape.frames, want.shape.crop)}")
 
-    def after_step(self, position: float, multiplier: float, warm: bool, measure=None) -> None:
-        """Batch growth's decision for the next step; ``measure()`` -> (mean squared norm of the
-        ranks' own gradients, squared norm of the averaged one), for the noise scale."""
+    def after_step(self) -> None:
+        """Batch growth's decision for the next step, from what every rank knows alike."""
         if not self.growth:
             return
-        if self.growth.mode == "noise" and measure is not None:
-            local, averaged = measure()
-            b = self.growth.batch
-            self.growth.noise.update(local, b, averaged, b * self.world_size)
-            self.growth.since_change += 1
-        before = self.growth.batch
-        if self.growth.decide(position, multiplier, warm) != before:
-            log.info("batch growth (%s): %d -> %d clips per rank at epoch %.2f (noise scale %.0f)", self.growth.mode,
-                     before, self.growth.batch, position, self.growth.noise.value)
+        e, g = self.engine, self.growth
+        if self.norms is not None:  # the ranks' own squared gradient norms, averaged, and the averaged gradient's
+            local = e.backend.all_sum(torch.tensor([self.norms.pop()], dtype=torch.float64)).item() / self.world_size
+            g.noise.update(local, g.batch, batch_growth.grad_sq_norm(e.model.parameters()), g.batch * self.world_size)
+            g.since_change += 1
+        seen, sched = e.clips_seen, e.schedule
+        before = g.batch
+        g.decide(seen / self.samples, sched.lr(seen) / sched.peak, seen >= sched.warmup_clips)
+        if g.batch != before and e.backend.rank == 0:
+            log.info("batch growth (%s): %d -> %d clips per rank at epoch %.2f (noise scale %.0f)", g.mode,
+                     before, g.batch, seen / self.samples, g.noise.value)
 
+    # --- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"growth": self.growth.state_dict() if self.growth else None}
+        return {"world_size": self.world_size, "growth": self.growth.state_dict() if self.growth else None,
+                "averaging": self.kstep.state_dict() if self.kstep else None}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | None, loader) -> None:
+        """Continue from a checkpoint's regime (None: one written without), before ``loader``'s state is loaded."""
+        state = state or {}
+        if self.schedule and state.get("world_size", self.world_size) != self.world_size:
+            raise ValueError(f"a multigrid run's iterations depend on its world size: resume it on "
+                             f"{state['world_size']} ranks, not {self.world_size}")
         if self.growth and state.get("growth"):
             self.growth.load_state_dict(state["growth"])
+            loader.batch_size = self.growth.batch  # the loader's last segment goes on at this batch
+        if self.kstep and state.get("averaging"):
+            self.kstep.load_state_dict(state["averaging"])
 
     def describe(self) -> str:
         lines = []
@@ -237,24 +283,18 @@ class Regime:
             lines.append(f"multigrid ({self.args.multigrid}): {s.epochs} epochs, {s.total} iterations, stages at "
                          f"{list(stages_for(self.args))} of {self.args.epochs} baseline epochs")
             for p in s.phases:
-                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop}@{self.args.batch_size * c.factor}" for c in p.cycle)
-                lines.append(f"  epochs {p.start}-{p.end}: stage {p.stage}, lr x{p.shape.factor}, {cycle}")
+                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop} x {self.args.batch_size * c.factor}" for c in p.cycle)
+                lines.append(f"  epochs {p.start}-{p.end}: stage {p.stage}, lr x{p.shape.factor}: {cycle}")
         if self.growth:
             g = self.growth
             lines.append(f"batch growth ({g.mode}): {g.base} -> at most {g.max_batch} clips per rank"
                          + (f" at epochs {list(g.points)}" if g.mode == "points" else ""))
-        if self.args.average_every is not None:
-            lines.append(f"K-step averaging every {self.args.average_every} steps"
-                         + (f" after {self.args.local_after_epochs:g} synchronous epochs" if self.args.local_after_epochs else ""))
+        if self.kstep:
+            lines.append(f"K-step averaging every {self.kstep.every} steps"
+                         + (f", synchronous for the first {self.kstep.local_after} steps" if self.kstep.local_after else ""))
         if self.bn_group:
             lines.append(f"sub-batch BN: groups of {self.bn_group} clips")
         return "\n".join(lines)
-
-
-def steps_before_epoch(epoch: float, steps_in_epoch) -> int:
-    """Optimizer steps in the first ``epoch`` epochs (fractional), given ``steps_in_epoch(e)``."""
-    whole = int(epoch)
-    return sum(steps_in_epoch(e) for e in range(whole)) + round((epoch - whole) * steps_in_epoch(whole))
 
 
 class StepTrace:

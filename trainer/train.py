@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import checkpoint, compiling, distributed, metrics
+from . import checkpoint, compiling, distributed, metrics, recipe, regime
 from .device_decode import clip_source
 from .engine import Engine
 from .loader import ClipLoader, shared_manifest
@@ -61,7 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--epochs", type=int, default=100)
     o.add_argument("--lr-per-8", type=float, default=0.00125, help="learning rate per 8 clips of global batch")
     o.add_argument("--warmup-epochs", type=float, default=5.0)
-    o.add_argument("--momentum", type=float, default=0.9)
+    o.add_argument("--optimizer", choices=recipe.OPTIMIZERS, default="sgd",
+                   help="adam: weight decay as L2 in the gradient; adamw: decoupled; none decays BN or biases")
+    o.add_argument("--momentum", type=float, default=0.9, help="SGD's")
     o.add_argument("--weight-decay", type=float, default=1e-4, help="on conv/linear weights only")
     o.add_argument("--clip-grad-norm", type=float, default=0.0, help="max gradient norm (0: off)")
     r = p.add_argument_group("system")
@@ -79,6 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")
     r.add_argument("--print-freq", type=int, default=10, help="steps between metric records")
     r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
+    regime.add_arguments(p)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -113,9 +116,14 @@ class Trainer:
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(args.seed + self.backend.rank)
         manifest = shared_manifest(args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        samples = manifest.splits[args.train_split].num_samples
+        self.regime = regime.Regime(args, self.backend.size, samples)
         self.train_loader = self._loader(manifest, args.train_split, train=True)
         self.val_loader = self._loader(manifest, args.val_split, train=False) if args.val_split else None
-        self.engine = Engine(args, self.backend, len(manifest.classes), manifest.splits[args.train_split].num_samples)
+        self.engine = Engine(args, self.regime.backend(self.backend), len(manifest.classes), samples,
+                             epochs=self.regime.epochs, bn_group=self.regime.bn_group)
+        self.regime.attach(self.engine)
+        self.trace = regime.StepTrace(args.output_dir, self.backend.rank, args.trace_steps)
         self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
         self._resume()
@@ -128,7 +136,7 @@ class Trainer:
                           world_size=self.backend.size, train=train, seed=a.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
-                          decode_on_device=a.decode_on_device)
+                          decode_on_device=a.decode_on_device, shapes=self.regime.shapes)
 
     @property
     def checkpoint_url(self) -> str:
@@ -143,11 +151,14 @@ class Trainer:
             e.optimizer.load_state_dict(state["optimizer"])
         small = None if state is None else {k: state[k] for k in
                                             ("clips_seen", "scaler", "loader", "epoch", "batch", "step", "rng")}
+        if state is not None:
+            small["regime"] = state.get("regime")
         small = self.backend.broadcast_object(small)
         if small is None:
             return
         e.seek(small["clips_seen"])
         e.scaler.load_state_dict(small["scaler"])
+        self.regime.load_state_dict(small["regime"], self.train_loader)
         self.train_loader.load_state_dict(small["loader"])
         self.epoch, self.batch, self.step = small["epoch"], small["batch"], small["step"]
         if len(small["rng"]) == self.backend.size:
@@ -159,10 +170,12 @@ class Trainer:
                      self.epoch, self.batch, self.step, e.clips_seen)
 
     def save(self) -> None:
+        self.regime.settle()  # K-step averaging: rank 0's model is every rank's
         rng = self.backend.all_gather_object(checkpoint.rng_state())
         if self.rank0:
             checkpoint.save(self.checkpoint_url, {
-                **self.engine.state_dict(), "loader": self.train_loader.state_dict(), "epoch": self.epoch,
+                **self.engine.state_dict(), "regime": self.regime.state_dict(),
+                "loader": self.train_loader.state_dict(), "epoch": self.epoch,
                 "batch": self.batch, "step": self.step, "rng": rng, "model_config": asdict(self.engine.config),
                 "classes": list(self.train_loader.classes), "args": vars(self.args)})
 
@@ -201,34 +214,41 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
     loader.set_epoch(t.epoch)
     t.engine.model.train()
     loss_avg, data_avg, compute_avg = metrics.Average(), metrics.Average(), metrics.Average()
-    window = [metrics.Average() for _ in range(3)]
+    window = [metrics.Average() for _ in range(4)]
+    clips_before = e.clips_seen
     bar = tqdm(total=t.batch + len(loader), initial=t.batch, desc=f"epoch {t.epoch}", unit="step",
                disable=not t.rank0, dynamic_ncols=True, leave=False)
     completed = True
     epoch_start = tick = time.perf_counter()
-    for batch in isolated(loader):
+    # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
+    for batch in t.regime.batches(loader, isolated, t.step):
         clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
+        e.seek(e.clips_seen, t.regime.lr_factor(t.step))
+        lr, step_clips = e.lr, clips.shape[0] * t.backend.size
         started = time.perf_counter()
         loss = e.train_step(clips, batch["labels"], batch["global_valid"]).item()  # .item() waits for the GPU
         done = time.perf_counter()
         data_time, compute_time = started - tick, done - started
-        for avg, value in zip(window, (loss, data_time, compute_time)):
+        for avg, value in zip(window, (loss, data_time, compute_time, step_clips)):
             avg.update(value)
         loss_avg.update(loss)
         data_avg.update(data_time)
         compute_avg.update(compute_time)
-        t.batch += 1
+        t.trace.log(t.step, t.epoch, clips, lr, e.model, loss=loss, drifted=t.regime.drifted)
+        t.batch += batch["period_end"]
         t.step += 1
-        bar.update()
-        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{e.lr:.2e}", clips_s=f"{e.global_batch / (done - tick):.1f}",
+        t.regime.after_step()
+        bar.update(batch["period_end"])
+        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", clips_s=f"{step_clips / (done - tick):.1f}",
                         data_ms=f"{1e3 * data_time:.0f}", compute_ms=f"{1e3 * compute_time:.0f}", refresh=False)
         if t.step % args.print_freq == 0:
-            w_loss, w_data, w_compute = t.mean_over_ranks([a.avg for a in window])
-            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w_loss, lr=e.lr,
-                      clips_per_s=e.global_batch / (w_data + w_compute), data_time=w_data, compute_time=w_compute)
-            window = [metrics.Average() for _ in range(3)]
+            w_loss, w_data, w_compute, w_clips = t.mean_over_ranks([a.avg for a in window])
+            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w_loss, lr=lr,
+                      clips_per_s=w_clips / (w_data + w_compute), data_time=w_data, compute_time=w_compute)
+            window = [metrics.Average() for _ in range(4)]
         tick = time.perf_counter()
-        if t.agreed_stop(stop):
+        # a run stops only where the loader's position and every rank's model say where it is
+        if batch["period_end"] and not t.regime.drifted and t.agreed_stop(stop):
             completed = False
             break
     bar.close()
@@ -236,14 +256,15 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
     train_loss, = t.mean_over_ranks([loss_avg.avg])
     return completed, {"train_loss": train_loss, "epoch_time": elapsed, "data_time": data_avg.avg,
                        "compute_time": compute_avg.avg,
-                       "clips_per_s": e.global_batch * loss_avg.count / max(elapsed, 1e-9)}
+                       "clips_per_s": (e.clips_seen - clips_before) / max(elapsed, 1e-9),
+                       "synchronisations": t.regime.synchronisations(t.step)}
 
 
 @torch.no_grad()
 def evaluate(t: Trainer) -> dict:
     """Single-clip centre-crop loss, top-1 and top-5 on the validation split; padding never counts."""
     e = t.engine
-    t.backend.average_buffers(e.model)  # ranks saw different batches: agree on BN statistics first
+    e.backend.average_buffers(e.model)  # ranks saw different batches (or models): agree on BN statistics first
     e.model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # samples, loss, top-1, top-5
     for batch in isolated(t.val_loader):
@@ -262,10 +283,12 @@ def main(args: argparse.Namespace) -> int:
     t = Trainer(args)
     if t.rank0:
         log.info("%s", t.engine.describe())
+        if t.regime.describe():
+            log.info("%s", t.regime.describe())
         log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
     stop = StopFlag()
     try:
-        while t.epoch < args.epochs:
+        while t.epoch < t.regime.epochs:
             completed, summary = train_one_epoch(t, stop)
             if not completed:
                 t.save()
@@ -278,7 +301,7 @@ def main(args: argparse.Namespace) -> int:
             t.save()
             t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
             if t.rank0:
-                log.info("epoch %d/%d: %s", t.epoch, args.epochs,
+                log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs,
                          ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
             if t.agreed_stop(stop):
                 return 128 + (stop.signum or signal.SIGTERM)
@@ -286,6 +309,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         stop.restore()
         t.log.close()
+        t.trace.close()
         t.backend.shutdown()
 
 
