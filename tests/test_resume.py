@@ -1,9 +1,10 @@
-"""A run stopped by SIGTERM mid-epoch and resumed ends bitwise equal to an uninterrupted run.
+"""A run stopped by real signals at every kind of point and resumed each time ends bitwise equal
+to an uninterrupted run, with the same metrics step by step.
 
 Bitwise, not merely close, because on CPU every step is deterministic for a fixed thread
 count, and the checkpoint restores everything the rest of the run depends on: weights,
-momentum buffers, schedule position, the loader's place in the epoch (with a forked worker)
-and the RNG state that draws dropout masks.
+momentum buffers, clips seen (the learning rate), the loader's place in the epoch (with a
+forked worker), the epoch's training sums and the RNG state that draws dropout masks.
 """
 from __future__ import annotations
 
@@ -12,65 +13,67 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import torch
 from shardsets import make_shardset
 
-EPOCHS, STEPS_PER_EPOCH = 2, 12
+EPOCHS, STEPS_PER_EPOCH, TRAIN_CLIPS = 2, 6, 24
+FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# (fault, exit code, checkpoint's (epoch, batch, step) after it): the issue's four points and the end
+STOPS = [
+    ("step:1:TERM:group", 143, (0, 1, 1)),  # first step; the whole process group, loader worker too
+    ("step:2:INT:self", 130, (0, 3, 3)),  # mid-epoch, Ctrl-C
+    ("step:3:TERM:self", 143, (0, 6, 6)),  # the epoch's last step: validation still to run
+    ("validated:1:TERM:self", 143, (1, 0, 6)),  # just after validation (between epochs)
+    ("", 0, (EPOCHS, 0, EPOCHS * STEPS_PER_EPOCH)),
+]
 
 
-def train(data, out, *extra) -> subprocess.Popen:
-    return subprocess.Popen([
-        sys.executable, "-m", "trainer", "train", "--data", str(data), "--output-dir", str(out), "--val-split", "",
+def train(data, out, fault="", *extra) -> subprocess.CompletedProcess:
+    return subprocess.run([
+        sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir", str(out), "--backend", "none",
         "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
         "--batch-size", "4", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05",
         "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard", *extra],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env={**ENV, "FAULT": fault}, capture_output=True, text=True, timeout=300,
+        start_new_session=True)  # a signal to the process group reaches the trainer and its workers only
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    output, _ = proc.communicate(timeout=300)
-    return proc.returncode, output
+def records(out) -> list[dict]:
+    """metrics.jsonl without the timings (which differ between runs)."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if "time" not in k and k != "clips_per_s"} for line in lines]
 
 
-def logged_steps(out) -> int:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    return max((json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()), default=0)
-
-
-def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
+def test_stopped_at_first_middle_last_step_and_after_validation_resumes_bitwise(tmp_path):
     data = tmp_path / "data"
-    make_shardset(str(data), {"train": 48}, per_shard=10, num_classes=3, frames=4, size=(48, 40))
+    make_shardset(str(data), {"train": TRAIN_CLIPS, "val": 8}, per_shard=5, num_classes=3, frames=4, size=(48, 40))
 
-    code, output = finish(train(data, tmp_path / "straight"))
-    assert code == 0, output[-3000:]
+    straight = train(data, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
 
     broken = tmp_path / "broken"
-    proc = train(data, broken)
-    deadline = time.monotonic() + 240
-    while logged_steps(broken) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    code, output = finish(proc)
-    assert code == 128 + signal.SIGTERM, output[-3000:]
-    assert "checkpoint saved" in output
-    stopped = torch.load(broken / "checkpoint.pt", weights_only=True)
-    assert stopped["epoch"] == 0 and 2 <= stopped["batch"] < STEPS_PER_EPOCH  # mid-epoch
-
-    code, output = finish(train(data, broken, "--resume"))
-    assert code == 0, output[-3000:]
-    assert f"resumed from {broken / 'checkpoint.pt'} at epoch 0, batch {stopped['batch']}" in output
+    for i, (fault, code, position) in enumerate(STOPS):
+        run = train(data, broken, fault, *(["--resume"] if i else []))
+        assert run.returncode == code, (fault, run.stderr[-3000:])
+        ckpt = torch.load(broken / "checkpoint.pt", weights_only=True)
+        assert (ckpt["epoch"], ckpt["batch"], ckpt["step"]) == position, fault
+        if code:
+            assert "checkpoint saved" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+        if i:
+            epoch, batch, step = STOPS[i - 1][2]
+            assert f"resumed from {broken / 'checkpoint.pt'} at epoch {epoch}, batch {batch} (step {step}," in run.stderr
 
     a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
     b = torch.load(broken / "checkpoint.pt", weights_only=True)
-    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) == (EPOCHS, EPOCHS * STEPS_PER_EPOCH)
+    assert a["clips_seen"] == b["clips_seen"] == EPOCHS * TRAIN_CLIPS
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     for index, state in a["optimizer"]["state"].items():
         assert torch.equal(state["momentum_buffer"], b["optimizer"]["state"][index]["momentum_buffer"])
-    assert a["clips_seen"] == b["clips_seen"] == EPOCHS * 48
     assert torch.equal(a["rng"][0]["torch"], b["rng"][0]["torch"])
+    # every step once, with the same loss and learning rate; the epochs' train and val metrics alike
+    assert records(broken) == records(tmp_path / "straight")
+    assert [r["epoch"] for r in records(broken) if r["event"] == "epoch"] == [1, 2]

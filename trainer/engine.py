@@ -84,15 +84,25 @@ class Engine:
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def train_step(self, clips: torch.Tensor, labels: torch.Tensor, global_valid: int | None = None) -> torch.Tensor:
-        """One optimizer step on this rank's share of the global batch; returns the local loss.
+    def train_step(self, clips: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor | None = None,
+                   global_valid: int | None = None) -> torch.Tensor:
+        """One optimizer step on this rank's share of the global batch; returns this rank's loss
+        summed over its real clips.
 
-        ``global_valid``: real clips in the step's global batch (the loader's count, padding left
-        out; default all of it), which the clips seen and so the learning rate move on by."""
+        ``valid`` marks the real clips (False: a repeat that only pads the batch; default all) and
+        ``global_valid`` counts them over every rank's share (the loader's count; default the whole
+        global batch). The step minimises the mean loss over the real clips of the global batch:
+        padding weighs nothing, however it is spread over the ranks. The clips seen, and with them
+        the learning rate, move on by ``global_valid``."""
+        n = self.global_batch if global_valid is None else global_valid
         clips, labels = clips.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         with autocast(self.device, self.amp):
             logits = self.net(clips)
-        loss = F.cross_entropy(logits.float(), labels)
+        losses = F.cross_entropy(logits.float(), labels, reduction="none")
+        if valid is not None:
+            losses = losses * valid.to(self.device, losses.dtype, non_blocking=True)
+        # gradients are averaged over the ranks: each rank's sum over n / size clips averages to the mean over n
+        loss = losses.sum() / (n / self.backend.size)
         self.optimizer.zero_grad()  # sets grads to None (Horovod takes no argument)
         self.scaler.scale(loss).backward()
         self.backend.synchronize(self.optimizer)
@@ -102,8 +112,8 @@ class Engine:
         with self.backend.skip_synchronize(self.optimizer):
             self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.seek(self.clips_seen + (self.global_batch if global_valid is None else global_valid))
-        return loss.detach()
+        self.seek(self.clips_seen + n)
+        return losses.detach().sum()
 
     @torch.no_grad()
     def scores(self, clips: torch.Tensor) -> torch.Tensor:

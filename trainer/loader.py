@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from dataclasses import asdict
 
 import numpy as np
@@ -65,6 +66,17 @@ def shared_manifest(url: str, rank: int, broadcast) -> Manifest:
     """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
     e.g. ``horovod.torch.broadcast_object``."""
     return broadcast(Manifest.load(url) if rank == 0 else None, 0)
+
+
+def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
+    """A loader worker ignores SIGTERM and SIGINT: the trainer's process takes them, stops at a
+    step boundary, checkpoints and then ends its workers. Slurm (``scancel``, the time limit)
+    and Ctrl-C signal every process of the job or terminal, and PyTorch's handler in a worker
+    dies of SIGTERM, which ends the trainer ("DataLoader worker ... is killed by signal")
+    before it can save. A worker whose trainer is gone exits by itself (PyTorch checks its
+    parent every 5 s)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def video_id(key: str) -> str:
@@ -188,8 +200,9 @@ class ClipLoader:
     new process continue the identical sequence; with another world size, worker count or
     batch size, the rest of the epoch is split anew, every remaining clip exactly once.
 
-    Epochs: ``set_epoch(e)`` starts epoch e (it keeps a resumed mid-epoch position of e);
-    iterating again after a finished epoch moves on to the next one.
+    Epochs: ``set_epoch(e)`` starts epoch e, or keeps the position in it when e is the current
+    one (a resumed run stands mid-epoch, or at its end: see ``epoch_finished``); iterating
+    after a finished epoch moves on to the next one.
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -249,21 +262,22 @@ class ClipLoader:
     def __len__(self) -> int:
         """Batches the next iteration yields on this rank: the rest of the epoch after a resume,
         the whole next epoch once this one is finished."""
-        if self._finished():
+        if self.epoch_finished:
             n = self.manifest.splits[self.split].num_samples
             batch = self.shapes.batch_size(self.epoch + 1) if self.shapes else self.batch_size
             return partition.per_rank(n, self.world_size, batch, self.remainder) // batch
         return self._batches() - self._done
 
-    def _finished(self) -> bool:
+    @property
+    def epoch_finished(self) -> bool:
+        """Every batch of the current epoch has been handed out."""
         return self._done >= self._batches()
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch == self.epoch and (self._past or self._done) and not self._finished():
-            return  # resumed mid-epoch: keep the position
-        self.epoch, self._past, self._done = epoch, [], 0
-        if self.shapes:
-            self.batch_size = self.shapes.batch_size(epoch)
+        if epoch != self.epoch:
+            self.epoch, self._past, self._done = epoch, [], 0
+            if self.shapes:
+                self.batch_size = self.shapes.batch_size(epoch)
 
     def resize(self, batch_size: int) -> None:
         """Go on with ``batch_size`` clips per batch from here: the rest of the epoch is split anew
@@ -354,7 +368,7 @@ class ClipLoader:
         return self.cache.fetch(url, shard.sha256, shard.bytes) if self.cache else url
 
     def __iter__(self):
-        if self._finished():
+        if self.epoch_finished:
             self.set_epoch(self.epoch + 1)
         order, segment = self._order(), len(self._past)
         streams = partition.streams(len(order), self.world_size, self.rank, self._workers,
@@ -388,7 +402,8 @@ class ClipLoader:
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
-                                pin_memory=torch.cuda.is_available() and pool is None)
+                                pin_memory=torch.cuda.is_available() and pool is None,
+                                worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
                 self._done += 1

@@ -28,6 +28,33 @@ class Average:
         return self.total / max(self.count, 1)
 
 
+class StepTotals:
+    """Sums over training steps that add up over ranks and across a resume: the loss summed over
+    real clips (padding repeats never count), the real clips, data and compute seconds, steps
+    summed over ranks, and wall-clock seconds (rank 0 adds them, the others 0: one clock)."""
+
+    FIELDS = ("loss", "clips", "data_time", "compute_time", "rank_steps", "wall_time")
+
+    def __init__(self, values: dict | None = None):
+        self.values = dict.fromkeys(self.FIELDS, 0.0) | (values or {})
+
+    def add(self, loss: float, clips: int, data_time: float, compute_time: float, wall_time: float) -> None:
+        for name, value in zip(self.FIELDS, (loss, clips, data_time, compute_time, 1, wall_time)):
+            self.values[name] += value
+
+    def reduce(self, all_sum) -> "StepTotals":
+        """The sums over every rank; ``all_sum`` is the backend's (every rank must call this)."""
+        total = all_sum(torch.tensor([self.values[k] for k in self.FIELDS], dtype=torch.float64))
+        return StepTotals(dict(zip(self.FIELDS, total.tolist())))
+
+    def summary(self) -> dict:
+        v = self.values
+        steps, clips = max(v["rank_steps"], 1), max(v["clips"], 1)
+        return {"loss": v["loss"] / clips, "data_time": v["data_time"] / steps,
+                "compute_time": v["compute_time"] / steps, "clips_per_s": v["clips"] / max(v["wall_time"], 1e-9),
+                "time": v["wall_time"]}
+
+
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...], mask: torch.Tensor) -> list:
     """For each k, how many rows (where ``mask``) have their label among the top-k scores."""
     k_max = min(max(ks), logits.shape[1])

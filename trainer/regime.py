@@ -193,11 +193,6 @@ class Regime:
         """Whether the ranks hold different models now (K-step averaging between synchronisations)."""
         return self.kstep is not None and self.kstep.drifted
 
-    def settle(self) -> None:
-        """Bring drifted ranks together (before a checkpoint, which holds rank 0's model alone)."""
-        if self.drifted:
-            self.kstep.average_buffers(self.engine.model)
-
     def synchronisations(self, steps: int) -> int:
         """Model synchronisations (gradient or model allreduce rounds) so far: one per step unless
         K-step averaging."""

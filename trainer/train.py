@@ -3,9 +3,15 @@
 The defaults are the recipe of "Training Kinetics in 15 Minutes" (Lin, Gan and Han, 2019) for a
 TSM ResNet-50 on 8-frame clips: SGD momentum 0.9, 0.00125 learning rate per 8 clips of
 global batch, 5 warm-up epochs, cosine decay to zero, weight decay 1e-4 on weights only,
-no dropout. Every epoch ends with single-clip centre-crop validation and a checkpoint;
-SIGTERM or SIGINT stops every rank at the same step and checkpoints first, and --resume
-continues from that checkpoint as if nothing had happened.
+no dropout; the learning rate follows the clips seen, not the steps (``recipe.Schedule``).
+Every epoch ends with single-clip centre-crop validation and a checkpoint.
+
+Stopping (docs/faults.md): SIGTERM or SIGINT to any process of the job (one rank, every rank,
+the loader workers: they ignore it and leave it to their rank) stops every rank after the same
+step, or abandons validation; rank 0 writes the checkpoint, every rank waits for it and exits
+with 128 + the signal (143 for SIGTERM, 130 for SIGINT). A second SIGINT interrupts at once.
+``--resume`` continues from that checkpoint as if nothing had happened: stopped after an
+epoch's last step, it validates that epoch and goes on with the next.
 """
 from __future__ import annotations
 
@@ -91,16 +97,20 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT; a second signal interrupts at once."""
+    """Records SIGTERM or SIGINT for the training loop to act on at the next step boundary.
+
+    Repeated SIGTERMs are one request (Slurm signals every process of a job, horovodrun then
+    signals its ranks again); a SIGINT after any stop signal interrupts at once (Ctrl-C twice).
+    """
 
     def __init__(self):
         self.signum = 0
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
-        if self.signum:
+        if self.signum and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.signum = signum
+        self.signum = self.signum or signum
 
     def restore(self) -> None:
         for s, handler in self.previous.items():
@@ -116,6 +126,10 @@ class Trainer:
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(args.seed + self.backend.rank)
         manifest = shared_manifest(args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split)):
+            if split and split not in manifest.splits:
+                raise SystemExit(f"{args.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
+                                 + ("; --val-split '' trains without validation" if flag == "--val-split" else ""))
         samples = manifest.splits[args.train_split].num_samples
         self.regime = regime.Regime(args, self.backend.size, samples)
         self.train_loader = self._loader(manifest, args.train_split, train=True)
@@ -126,6 +140,7 @@ class Trainer:
         self.trace = regime.StepTrace(args.output_dir, self.backend.rank, args.trace_steps)
         self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
+        self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
         self._resume()
         self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
         self.log = metrics.MetricsLog(args.output_dir, enabled=self.rank0, tensorboard=args.tensorboard)
@@ -143,24 +158,29 @@ class Trainer:
         return os.path.join(self.args.output_dir, checkpoint.NAME)
 
     def _resume(self) -> None:
-        """Rank 0 reads the checkpoint; model and optimizer state reach the others by broadcast."""
+        """Rank 0 reads and checks the checkpoint; model and optimizer state reach the others by broadcast."""
         e = self.engine
         state = checkpoint.load(self.checkpoint_url) if self.args.resume and self.rank0 else None
-        if state is not None:
+        refused = state is not None and checkpoint.differences(
+            state, asdict(e.config), self.args.bn, self.train_loader.manifest.fingerprint, self.args.train_split)
+        if state is not None and not refused:
             e.model.load_state_dict(state["model"])
             e.optimizer.load_state_dict(state["optimizer"])
-        small = None if state is None else {k: state[k] for k in
-                                            ("clips_seen", "scaler", "loader", "epoch", "batch", "step", "rng")}
-        if state is not None:
-            small["regime"] = state.get("regime")
+        small = None if state is None else {"refused": refused} | ({} if refused else {
+            k: state[k] for k in ("clips_seen", "scaler", "loader", "epoch", "batch", "step", "rng", "epoch_totals")}
+            | {"regime": state.get("regime")})
         small = self.backend.broadcast_object(small)
         if small is None:
             return
+        if small["refused"]:
+            raise SystemExit(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
         e.seek(small["clips_seen"])
         e.scaler.load_state_dict(small["scaler"])
         self.regime.load_state_dict(small["regime"], self.train_loader)
         self.train_loader.load_state_dict(small["loader"])
         self.epoch, self.batch, self.step = small["epoch"], small["batch"], small["step"]
+        if self.rank0:  # the sums of every rank; the others add theirs from zero
+            self.epoch_totals = metrics.StepTotals(small["epoch_totals"])
         if len(small["rng"]) == self.backend.size:
             checkpoint.set_rng_state(small["rng"][self.backend.rank])
         else:
@@ -170,23 +190,25 @@ class Trainer:
                      self.epoch, self.batch, self.step, e.clips_seen)
 
     def save(self) -> None:
-        self.regime.settle()  # K-step averaging: rank 0's model is every rank's
+        """Rank 0 writes the checkpoint; every rank returns once it is in place (a rank that
+        exits earlier would make horovodrun end the others)."""
         rng = self.backend.all_gather_object(checkpoint.rng_state())
+        totals = self.epoch_totals.reduce(self.backend.all_sum)
         if self.rank0:
             checkpoint.save(self.checkpoint_url, {
                 **self.engine.state_dict(), "regime": self.regime.state_dict(),
                 "loader": self.train_loader.state_dict(), "epoch": self.epoch,
-                "batch": self.batch, "step": self.step, "rng": rng, "model_config": asdict(self.engine.config),
-                "classes": list(self.train_loader.classes), "args": vars(self.args)})
+                "batch": self.batch, "step": self.step, "rng": rng, "epoch_totals": totals.values,
+                "model_config": asdict(self.engine.config), "classes": list(self.train_loader.classes),
+                "args": vars(self.args)})
+        self.backend.all_sum(torch.zeros(1))
 
-    def agreed_stop(self, stop: StopFlag) -> bool:
-        """True on every rank as soon as any rank has been signalled, so all stop at the same step."""
-        if self.backend.size == 1:
-            return bool(stop.signum)
-        return self.backend.all_sum(torch.tensor([float(stop.signum > 0)])).item() > 0
-
-    def mean_over_ranks(self, values: list[float]) -> list[float]:
-        return (self.backend.all_sum(torch.tensor(values, dtype=torch.float64)) / self.backend.size).tolist()
+    def agreed_stop(self, stop: StopFlag) -> int:
+        """The stop signal (0: none) on every rank as soon as any rank has one, so all stop at the
+        same step and exit alike; SIGTERM wins where ranks got different signals."""
+        flags = torch.tensor([stop.signum == signal.SIGTERM, stop.signum == signal.SIGINT], dtype=torch.float32)
+        term, interrupt = (self.backend.all_sum(flags) if self.backend.size > 1 else flags).tolist()
+        return signal.SIGTERM if term else signal.SIGINT if interrupt else 0
 
 
 def isolated(batches):
@@ -205,66 +227,62 @@ def isolated(batches):
         yield batch
 
 
-def train_one_epoch(t: Trainer, stop: StopFlag) -> tuple[bool, dict]:
-    """Train to the end of the epoch or until a signal reaches every rank.
-
-    Returns (whether the epoch completed, epoch averages).
-    """
+def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
+    """Train to the end of the epoch or until a signal reaches every rank; returns the signal
+    (0: the epoch's training is done). Once the last step is done, with or without a signal,
+    the ranks agree on BN statistics (before validation and the checkpoint)."""
     args, loader, e = t.args, t.train_loader, t.engine
     loader.set_epoch(t.epoch)
-    t.engine.model.train()
-    loss_avg, data_avg, compute_avg = metrics.Average(), metrics.Average(), metrics.Average()
-    window = [metrics.Average() for _ in range(4)]
-    clips_before = e.clips_seen
+    if loader.epoch_finished:  # resumed after the epoch's last step: validation is what is left
+        return 0
+    e.model.train()
+    window = metrics.StepTotals()
     bar = tqdm(total=t.batch + len(loader), initial=t.batch, desc=f"epoch {t.epoch}", unit="step",
                disable=not t.rank0, dynamic_ncols=True, leave=False)
-    completed = True
-    epoch_start = tick = time.perf_counter()
+    signum = 0
+    tick = time.perf_counter()
     # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
     for batch in t.regime.batches(loader, isolated, t.step):
         clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
         e.seek(e.clips_seen, t.regime.lr_factor(t.step))
-        lr, step_clips = e.lr, clips.shape[0] * t.backend.size
+        lr = e.lr
         started = time.perf_counter()
-        loss = e.train_step(clips, batch["labels"], batch["global_valid"]).item()  # .item() waits for the GPU
+        loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
         done = time.perf_counter()
-        data_time, compute_time = started - tick, done - started
-        for avg, value in zip(window, (loss, data_time, compute_time, step_clips)):
-            avg.update(value)
-        loss_avg.update(loss)
-        data_avg.update(data_time)
-        compute_avg.update(compute_time)
+        step = {"loss": loss, "clips": int(batch["valid"].sum()), "data_time": started - tick,
+                "compute_time": done - started, "wall_time": (done - tick) if t.rank0 else 0.0}
+        window.add(**step)
+        t.epoch_totals.add(**step)
         t.trace.log(t.step, t.epoch, clips, lr, e.model, loss=loss, drifted=t.regime.drifted)
         t.batch += batch["period_end"]
         t.step += 1
         t.regime.after_step()
         bar.update(batch["period_end"])
-        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", clips_s=f"{step_clips / (done - tick):.1f}",
-                        data_ms=f"{1e3 * data_time:.0f}", compute_ms=f"{1e3 * compute_time:.0f}", refresh=False)
+        bar.set_postfix(loss=f"{loss / max(step['clips'], 1):.3f}", lr=f"{lr:.2e}",
+                        clips_s=f"{batch['global_valid'] / (done - tick):.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
+                        compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
         if t.step % args.print_freq == 0:
-            w_loss, w_data, w_compute, w_clips = t.mean_over_ranks([a.avg for a in window])
-            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w_loss, lr=lr,
-                      clips_per_s=w_clips / (w_data + w_compute), data_time=w_data, compute_time=w_compute)
-            window = [metrics.Average() for _ in range(4)]
+            w = window.reduce(t.backend.all_sum).summary()
+            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=lr,
+                      clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
+            window = metrics.StepTotals()
         tick = time.perf_counter()
-        # a run stops only where the loader's position and every rank's model say where it is
-        if batch["period_end"] and not t.regime.drifted and t.agreed_stop(stop):
-            completed = False
+        if not batch["period_end"] or t.regime.drifted:
+            continue  # the loader's position counts whole loader batches; a checkpoint holds one model
+        signum = t.agreed_stop(stop)
+        if signum:
             break
     bar.close()
-    elapsed = time.perf_counter() - epoch_start
-    train_loss, = t.mean_over_ranks([loss_avg.avg])
-    return completed, {"train_loss": train_loss, "epoch_time": elapsed, "data_time": data_avg.avg,
-                       "compute_time": compute_avg.avg,
-                       "clips_per_s": (e.clips_seen - clips_before) / max(elapsed, 1e-9),
-                       "synchronisations": t.regime.synchronisations(t.step)}
+    if loader.epoch_finished:
+        e.backend.average_buffers(e.model)  # ranks saw different batches (K-step averaging: models)
+    return signum
 
 
 @torch.no_grad()
-def evaluate(t: Trainer) -> dict:
-    """Single-clip centre-crop loss, top-1 and top-5 on the validation split; padding never counts."""
+def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
+    """Single-clip centre-crop loss, top-1 and top-5 on the validation split; padding never
+    counts. Abandoned when a signal reaches every rank: then the signal is returned."""
     e = t.engine
-    e.backend.average_buffers(e.model)  # ranks saw different batches (or models): agree on BN statistics first
     e.model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # samples, loss, top-1, top-5
     for batch in isolated(t.val_loader):
@@ -274,43 +292,62 @@ def evaluate(t: Trainer) -> dict:
         loss = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
         top1, top5 = metrics.topk_correct(logits, labels, (1, 5), valid)
         sums += torch.stack([valid.sum(), (loss * valid).sum(), top1, top5]).double()
+        signum = t.agreed_stop(stop)
+        if signum:
+            return signum
     n, loss, top1, top5 = t.backend.all_sum(sums).tolist()
     n = max(n, 1)
     return {"val_loss": loss / n, "val_top1": 100 * top1 / n, "val_top5": 100 * top5 / n, "val_samples": n}
 
 
-def main(args: argparse.Namespace) -> int:
-    t = Trainer(args)
-    if t.rank0:
-        log.info("%s", t.engine.describe())
-        if t.regime.describe():
-            log.info("%s", t.regime.describe())
-        log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
-    stop = StopFlag()
-    try:
-        while t.epoch < t.regime.epochs:
-            completed, summary = train_one_epoch(t, stop)
-            if not completed:
-                t.save()
-                if t.rank0:
-                    log.info("stopped by a signal at epoch %d, batch %d: checkpoint saved", t.epoch, t.batch)
-                return 128 + (stop.signum or signal.SIGTERM)
-            if t.val_loader is not None:
-                summary.update(evaluate(t))
-            t.epoch, t.batch = t.epoch + 1, 0
+def train(t: Trainer, stop: StopFlag) -> int:
+    """Epochs until the last, or until a signal reaches every rank: then the checkpoint is
+    saved and the signal returned (0: finished)."""
+    while t.epoch < t.regime.epochs:
+        signum = train_one_epoch(t, stop)
+        if not signum:
+            train = t.epoch_totals.reduce(t.backend.all_sum).summary()
+            summary = {"train_loss": train["loss"], "epoch_time": train["time"], "data_time": train["data_time"],
+                       "compute_time": train["compute_time"], "clips_per_s": train["clips_per_s"],
+                       "synchronisations": t.regime.synchronisations(t.step)}
+            val = evaluate(t, stop) if t.val_loader is not None else {}
+            signum = val if isinstance(val, int) else 0
+        if signum:
             t.save()
-            t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
-            if t.rank0:
-                log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs,
-                         ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-            if t.agreed_stop(stop):
-                return 128 + (stop.signum or signal.SIGTERM)
-        return 0
+            return signum
+        t.epoch, t.batch, t.epoch_totals = t.epoch + 1, 0, metrics.StepTotals()
+        t.save()
+        summary.update(val)
+        t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
+        if t.rank0:
+            log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+        signum = t.agreed_stop(stop)
+        if signum:
+            return signum
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    stop = StopFlag()  # first: a signal during start-up stops the run after its first step
+    t = None
+    try:
+        t = Trainer(args)
+        if t.rank0:
+            log.info("%s", t.engine.describe())
+            if t.regime.describe():
+                log.info("%s", t.regime.describe())
+            log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
+        signum = train(t, stop)
+        if signum and t.rank0:
+            log.info("stopped by signal %d at epoch %d, batch %d (step %d, %d clips seen): checkpoint saved",
+                     signum, t.epoch, t.batch, t.step, t.engine.clips_seen)
+        return 128 + signum if signum else 0
     finally:
         stop.restore()
-        t.log.close()
-        t.trace.close()
-        t.backend.shutdown()
+        if t is not None:
+            t.log.close()
+            t.trace.close()
+            t.backend.shutdown()
 
 
 def run(args: argparse.Namespace) -> int:
