@@ -27,10 +27,14 @@ from trainer.multigrid import Schedule, plan
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRAIN, EPOCHS, STAGES = 40, 4, (2, 3)  # 4 baseline epochs -> the plan's 6
+# epoch 3 is steps 12-20, three loader batches (periods) of 3 steps; with K=2 the only step of it
+# where a run may stop (a period's end and a synchronising step) is step 17: frozen at step 13,
+# the run stops after 18 steps, mid-epoch
+FREEZE_AT, STOP_STEPS, STOP_EPOCH, STOP_BATCH = 13, 18, 3, 2
 FLAGS = ["--segments", "8", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", "1", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05", "--workers", "1",
          "--print-freq", "1", "--no-tensorboard", "--multigrid", "both", "--multigrid-stages", *map(str, STAGES),
-         "--average-every", "2", "--trace-steps"]
+         "--average-every", "2", "--trace-steps", "--val-split", ""]
 
 
 def launch(data: Path, out: Path, *extra) -> subprocess.Popen:
@@ -63,24 +67,31 @@ def rank_processes(proc: subprocess.Popen) -> list[psutil.Process]:
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("mgtrain")
     data = tmp / "data"
-    make_shardset(str(data), {"train": TRAIN, "val": 6}, per_shard=7, frames=8, size=(48, 40))
+    make_shardset(str(data), {"train": TRAIN}, per_shard=7, frames=8, size=(48, 40))
     straight, broken = tmp / "straight", tmp / "broken"
     first = launch(data, straight)
     proc = launch(data, broken)  # both at once: two ranks each on two shared cores
     deadline = time.monotonic() + 240
-    while len(trace(broken, 1)) < 12 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    rank_processes(proc)[-1].send_signal(signal.SIGTERM)  # one rank: every rank stops at the same step
+    while min(len(trace(broken, r)) for r in (0, 1)) < FREEZE_AT and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ranks = rank_processes(proc)
+    for p in ranks:  # frozen a few steps into epoch 3, so the signal is seen before the epoch can end
+        p.suspend()
+    frozen_at = max(len(trace(broken, r)) for r in (0, 1))
+    ranks[-1].send_signal(signal.SIGTERM)  # one rank: every rank stops at the same step
+    for p in ranks:
+        p.resume()
     stopped = finish(proc)
     straight_output = finish(first)
     assert first.returncode == 0, straight_output[-3000:]
     assert "checkpoint saved" in stopped, stopped[-3000:]
-    halted = len(trace(broken, 0))
+    checkpoint = torch.load(broken / "checkpoint.pt", weights_only=True)
     resumed = launch(data, broken, "--resume")
     output = finish(resumed)
     assert resumed.returncode == 0, output[-3000:]
     return {"straight": [trace(straight, r) for r in (0, 1)], "broken": [trace(broken, r) for r in (0, 1)],
-            "halted": halted, "resumed_output": output, "checkpoint": torch.load(broken / "checkpoint.pt")}
+            "frozen_at": frozen_at, "stopped": checkpoint, "resumed_output": output,
+            "final": torch.load(broken / "checkpoint.pt", weights_only=True)}
 
 
 def shape(record: dict) -> tuple:
@@ -98,27 +109,26 @@ def test_every_rank_trains_the_schedules_shape_at_every_step(runs):
             want.epoch, want.batch, want.shape.frames, want.shape.crop)
     shapes = {(r["frames"], r["crop"]) for r in r0}
     assert {(2, 16), (2, 23), (4, 32), (8, 16), (8, 32)} <= shapes  # both cycles really ran
-    assert runs["checkpoint"]["epoch"] == sched.epochs
+    assert runs["final"]["epoch"] == sched.epochs
 
 
 def test_ranks_are_identical_after_each_averaging_step_and_apart_between(runs):
     r0, r1 = runs["straight"]
     for a, b in zip(r0, r1):
         assert a["drifted"] == b["drifted"] == (a["step"] % 2 == 0)  # K=2: odd steps synchronise
-        if a["drifted"]:
+        if a["drifted"] and a["lr"] > 0:  # (the first step, at rate 0, moves nothing)
             assert a["weights"] != b["weights"], a["step"]
         else:
             assert a["weights"] == b["weights"], a["step"]
 
 
 def test_resumed_mid_schedule_on_the_same_shape_batch_rate_and_weights(runs):
-    halted = runs["halted"]
-    straight = runs["straight"]
-    assert 12 <= halted < len(straight[0])
-    assert f"batch {runs['checkpoint']['batch']}" in runs["resumed_output"]
+    straight, stopped = runs["straight"], runs["stopped"]
+    assert FREEZE_AT <= runs["frozen_at"] <= STOP_STEPS
+    assert (stopped["step"], stopped["epoch"], stopped["batch"]) == (STOP_STEPS, STOP_EPOCH, STOP_BATCH)
+    assert f"at epoch {STOP_EPOCH}, batch {STOP_BATCH} (step {STOP_STEPS}" in runs["resumed_output"]
     for rank in (0, 1):
         broken = runs["broken"][rank]
         assert [r["step"] for r in broken] == list(range(len(straight[rank])))  # no step lost or repeated
-        first = broken[halted]
-        assert shape(first) == shape(straight[rank][halted])
-        assert broken == straight[rank]  # shapes, rates, losses and weights, bitwise
+        assert shape(broken[STOP_STEPS]) == shape(straight[rank][STOP_STEPS])  # where it resumed
+        assert broken == straight[rank]  # shapes, rates, losses and weights, bitwise, to the end
