@@ -293,7 +293,8 @@ class Regime:
 
 
 class StepTrace:
-    """``--trace-steps``: one JSON line per optimizer step on every rank, to compare ranks and runs."""
+    """``--trace-steps``: one JSON line per optimizer step on every rank, to compare ranks and runs:
+    the step's epoch, batch shape and rate, the weights' sum after it, and what the caller adds."""
 
     def __init__(self, output_dir: str, rank: int, enabled: bool):
         self.file = None

@@ -245,7 +245,7 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
     for batch in t.regime.batches(loader, isolated, t.step):
         clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
         e.seek(e.clips_seen, t.regime.lr_factor(t.step))
-        lr = e.lr
+        lr, seen = e.lr, e.clips_seen
         started = time.perf_counter()
         loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
         done = time.perf_counter()
@@ -253,7 +253,7 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
                 "compute_time": done - started, "wall_time": (done - tick) if t.rank0 else 0.0}
         window.add(**step)
         t.epoch_totals.add(**step)
-        t.trace.log(t.step, t.epoch, clips, lr, e.model, loss=loss, drifted=t.regime.drifted)
+        t.trace.log(t.step, t.epoch, clips, lr, e.model, seen=seen, loss=loss, drifted=t.regime.drifted)
         t.batch += batch["period_end"]
         t.step += 1
         t.regime.after_step()
