@@ -155,6 +155,10 @@ def test_the_loader_yields_the_schedules_parts_on_every_rank_and_resumes_mid_epo
     assert [b["keys"] for b in resumed] == [b["keys"] for b in rest] and rest
     for a, b in zip(rest, resumed):
         assert all(torch.equal(x["clips"], y["clips"]) for x, y in zip(a["parts"], b["parts"]))
+    # validation always at the full shape: an evaluation loader has no parts
+    val = ClipLoader(shardset, "train", batch_size=3, train=False, num_workers=0, crop_size=32, scale_size=36,
+                     shapes=shapes)
+    assert {tuple(b["clips"].shape) for b in val} == {(3, STORED, 3, 32, 32)}
 
 
 def test_resize_splits_the_rest_of_the_epoch_for_a_larger_batch(shardset):
