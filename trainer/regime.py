@@ -225,7 +225,7 @@ class Regime:
                 if self.growth and self.growth.batch != loader.batch_size:
                     it.close()
                     loader.resize(self.growth.batch)
-                    resized = True
+                    resized = not loader.epoch_finished  # (a finished epoch: the next starts at the new batch)
                     break
             if not resized:
                 return
