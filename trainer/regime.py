@@ -40,7 +40,7 @@ GROWTH = ("off", *batch_growth.MODES)
 # where the long cycle restarts when no stage is given: the learning-rate steps of the reference
 # multigrid config (epochs 94, 154, 196 of 239), as fractions of the baseline's epochs
 REFERENCE_STAGES = (94 / 239, 154 / 239, 196 / 239)
-NOISE_MEASUREMENTS = 16  # noise-scale measurements after warm-up or a change before the batch may double
+NOISE_MEASUREMENTS = 16  # noise-scale measurements (since the start or the last change) before the batch may double
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,6 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace-steps", action="store_true",
                    help="every rank writes each step's shape, batch, rate and a weight checksum to "
                         "OUTPUT_DIR/steps-rank<R>.jsonl")
+
+
+def refuse(message: str):
+    """Flags that cannot go together, or a run they cannot continue: one line, no traceback."""
+    raise SystemExit(f"trainer train: {message}")
 
 
 def stages_for(args: argparse.Namespace) -> tuple[int, ...]:
@@ -94,10 +99,10 @@ class Growth:
 
     def __init__(self, mode: str, base: int, max_batch: int, world_size: int, points: tuple[float, ...]):
         if mode == "noise" and world_size < 2:
-            raise ValueError("--batch-growth noise measures the gradient noise from the ranks' own gradients: "
+            refuse("--batch-growth noise measures the gradient noise from the ranks' own gradients: "
                              "it needs two or more ranks")
         if mode == "points" and not points:
-            raise ValueError("--batch-growth points needs --growth-points")
+            refuse("--batch-growth points needs --growth-points")
         self.mode, self.base, self.max_batch, self.world_size, self.points = mode, base, max_batch, world_size, points
         self.batch = base
         self.noise = batch_growth.NoiseScale()
@@ -134,14 +139,18 @@ class Regime:
         self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = None
         if args.multigrid != "off":
             if args.batch_growth != "off":
-                raise ValueError("--multigrid and --batch-growth both set the batch size: use one")
+                refuse("--multigrid and --batch-growth both set the batch size: use one")
             if args.decode_on_device:
-                raise ValueError("--multigrid decodes parts of several shapes per batch on the CPU: "
+                refuse("--multigrid decodes parts of several shapes per batch on the CPU: "
                                  "not with --decode-on-device")
-            phases = multigrid.plan(args.epochs, stages_for(args), args.segments, args.crop_size,
-                                    long_cycle=args.multigrid in ("long", "both"),
-                                    short_cycle=args.multigrid in ("short", "both"))
-            self.schedule = multigrid.Schedule(phases, args.batch_size, world_size, samples)
+            try:
+                phases = multigrid.plan(args.epochs, stages_for(args), args.segments, args.crop_size,
+                                        long_cycle=args.multigrid in ("long", "both"),
+                                        short_cycle=args.multigrid in ("short", "both"))
+                self.schedule = multigrid.Schedule(phases, args.batch_size, world_size, samples)
+            except ValueError as e:
+                refuse(f"--multigrid {args.multigrid} with --epochs {args.epochs}, --multigrid-stages "
+                       f"{list(stages_for(args))}, --batch-size {args.batch_size} on {world_size} ranks: {e}")
             self.shapes = EpochShapes(self.schedule)
         if args.batch_growth != "off":
             self.growth = Growth(args.batch_growth, args.batch_size, args.max_batch_size or 8 * args.batch_size,
@@ -169,12 +178,12 @@ class Regime:
         a = self.args
         if a.average_every is None:
             if a.local_after_epochs:
-                raise ValueError("--local-after-epochs switches to K-step averaging: give --average-every")
+                refuse("--local-after-epochs switches to K-step averaging: give --average-every")
             return backend
         if a.average_every < 1:
-            raise ValueError(f"--average-every must be at least 1, not {a.average_every}")
+            refuse(f"--average-every must be at least 1, not {a.average_every}")
         if self.growth and self.growth.mode == "noise":
-            raise ValueError("--batch-growth noise measures the noise of synchronously averaged gradients: "
+            refuse("--batch-growth noise measures the noise of synchronously averaged gradients: "
                              "not with --average-every")
         self.kstep = KStepBackend(backend, a.average_every, self.steps_before(a.local_after_epochs))
         return self.kstep
@@ -263,7 +272,7 @@ class Regime:
         """Continue from a checkpoint's regime (None: one written without), before ``loader``'s state is loaded."""
         state = state or {}
         if self.schedule and state.get("world_size", self.world_size) != self.world_size:
-            raise ValueError(f"a multigrid run's iterations depend on its world size: resume it on "
+            refuse(f"a multigrid run's iterations depend on its world size: resume it on "
                              f"{state['world_size']} ranks, not {self.world_size}")
         if self.growth and state.get("growth"):
             self.growth.load_state_dict(state["growth"])
