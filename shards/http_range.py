@@ -8,18 +8,39 @@ the dataset service does), the manifest's SHA-256. Anything else (a 200 with the
 a short body, a wrong total, another ETag, a 5xx, a dropped connection) is retried from the
 first missing byte with exponential backoff and jitter (``Retry.attempts`` requests in all
 per range), then fails naming the URL, the bytes and the last problem. 404 and other 4xx answers fail at once: asking again will not help.
+
+Headers from fsspec's configuration go with every request (``FSSPEC_HTTP_HEADERS='{"Authorization":
+"Bearer TOKEN"}'`` or ``~/.config/fsspec/http.json``), so a service started with ``--read-auth`` is read
+like any other.
+
+Fork safety (loader workers are forked): a connection is never shared by two processes.
+
+* A range opened before a fork and read on in the child asks again, from its first unread byte,
+  through the child's own connection; the parent's response is left to the parent.
+* fsspec gives a forked child new filesystems and a new event loop, but the child still holds
+  copies of the parent's, and cleaning those up (when collected, or at exit) closes their pooled
+  connections through the copied loop, whose epoll instance and sockets the kernel shares with
+  the parent: the parent's sockets are unregistered from its epoll, and its next request on such a
+  connection waits for an answer that never wakes it (5 minutes, aiohttp's timeout); and the
+  child's cleanup first waits a second for a loop whose thread did not survive the fork. So at the
+  fork the child's copies of those descriptors are pointed at /dev/null and the copied loop is
+  marked not running (``_after_fork_in_child``). This covers every fsspec filesystem on fsspec's
+  shared loop (HTTP here and in ``fsspec.open``, s3fs).
 """
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 import random
 import re
 import time
+from asyncio.selector_events import BaseSelectorEventLoop
 from dataclasses import dataclass
 from typing import Mapping
 
 import aiohttp
+import fsspec.asyn
 from fsspec.asyn import sync
 from fsspec.core import url_to_fs
 
@@ -97,6 +118,7 @@ class HTTPRange(io.RawIOBase):
         self.url, self.start, self.pos, self.end = url, start, start, end
         self.size, self.sha256, self.retry = size, sha256, retry
         self.fs, _ = url_to_fs(url)
+        self.pid = os.getpid()
         self.r, self.pending = None, b""  # the open response, and body bytes already received
         self.failures = 0
 
@@ -115,8 +137,9 @@ class HTTPRange(io.RawIOBase):
     async def _get(self, first: int) -> tuple[aiohttp.ClientResponse, bytes]:
         """GET the missing bytes and receive the first ``first`` of them: one hop to fsspec's loop."""
         session = await self.fs.set_session()
-        r = await session.get(self.fs.encode_url(self.url), headers={"Range": f"bytes={self.pos}-{self.end - 1}"},
-                              **self.fs.kwargs)
+        kwargs = dict(self.fs.kwargs)
+        headers = {**kwargs.pop("headers", {}), "Range": f"bytes={self.pos}-{self.end - 1}"}
+        r = await session.get(self.fs.encode_url(self.url), headers=headers, **kwargs)
         if r.status != 206:
             r.release()
             return r, b""
@@ -136,8 +159,18 @@ class HTTPRange(io.RawIOBase):
             return self._failed(problem)
         self.r, self.pending = r, data
 
+    def _forked(self) -> bool:
+        """After a fork, in the child: forget the parent's response and filesystem (the child asks
+        again, from ``pos``, on its own connection). True if that happened."""
+        if self.pid == os.getpid():
+            return False
+        self.fs, _ = url_to_fs(self.url)
+        self.pid, self.r, self.pending = os.getpid(), None, b""
+        return True
+
     def _next(self, want: int) -> bytes:
         """The next 1 to ``want`` bytes of the range (b"" at its end), opening or reopening as needed."""
+        self._forked()
         want = min(want, self.end - self.pos)
         while want > 0:
             if self.r is None:
@@ -172,10 +205,41 @@ class HTTPRange(io.RawIOBase):
         return b"".join(parts)
 
     def _drop(self) -> None:
-        if self.r is not None:
+        if not self._forked() and self.r is not None:
             self.fs.loop.call_soon_threadsafe(self.r.close)  # mid-body: the connection cannot be reused
             self.r, self.pending = None, b""
 
     def close(self) -> None:
         self._drop()
         super().close()
+
+
+# --- fork safety: the child's copy of fsspec's event loop -----------------------------------------
+_loop_at_fork: list = []
+
+
+def _before_fork() -> None:
+    _loop_at_fork[:] = [fsspec.asyn.loop[0]]  # fsspec forgets it in the child before our hook runs
+
+
+def _after_fork_in_child() -> None:
+    """Cut the parent's loop, as copied into this child, off from everything the parent uses: each
+    socket it holds open (connections, its wake-up socket pair) is pointed at /dev/null, so whatever
+    the child's copies do later (unregister from epoll, write, close) reaches none of the parent's
+    connections; and the loop is marked not running (its thread stayed in the parent), so fsspec
+    closes inherited sessions without waiting a second for it."""
+    loop = _loop_at_fork.pop() if _loop_at_fork else None
+    if not isinstance(loop, BaseSelectorEventLoop) or loop.is_closed():
+        return
+    loop._thread_id = None
+    # open sockets only: a closed transport's number may have been reused by another file since
+    sockets = [t.get_extra_info("socket") for t in list(loop._transports.values())]
+    fds = {s.fileno() for s in sockets if s is not None} | {loop._ssock.fileno(), loop._csock.fileno()}
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    for fd in fds - {-1}:
+        os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child,
+                    after_in_parent=_loop_at_fork.clear)

@@ -1,6 +1,6 @@
 """Test helper: check command lines written in docs and container files against the real CLIs.
 
-``project_commands(text)`` finds every ``ingest``/``shards``/``trainer``/``service`` invocation in
+``project_commands(text)`` finds every ``ingest``/``shards``/``trainer``/``shard-service`` invocation in
 shell text (also behind launchers such as ``horovodrun ... trainer train``), and ``parse(argv)``
 parses one with the project's own argparse parsers, so a misspelt or removed flag fails.
 """
@@ -13,12 +13,13 @@ import shlex
 
 from shards.commands import build_parser
 
-PROGRAMS = ("ingest", "shards", "trainer", "service")
+PROGRAMS = {"ingest": "ingest", "shards": "shards", "trainer": "trainer", "shard-service": "service",
+            "service": "service"}  # console script or ``python -m`` name -> package
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
     """The console script ``prog``'s parser, built by the same function as its ``cli.main``'s."""
-    cli = importlib.import_module(f"{prog}.cli")
+    cli = importlib.import_module(f"{PROGRAMS[prog]}.cli")
     return build_parser(prog, cli.__doc__, cli.COMMANDS, exit_on_error=False, allow_abbrev=False)[0]
 
 

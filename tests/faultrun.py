@@ -5,8 +5,9 @@ The fault is set by the environment, so that it reaches every rank through horov
 
     FAULT="<point>:<n>:<signal>:<target>" [FAULT_RANK=r (default 0)]
 
-* point ``step``: after this process's n-th training step, before the loop checks for a stop;
-  ``validation``: after its n-th validation batch; ``validated``: after its n-th whole validation.
+* point ``step``: as this process's n-th training step starts, so the signal lands mid-step
+  (the loop sees it after that step); ``validation``: as its n-th validation batch is scored;
+  ``validated``: once its n-th whole validation is done.
 * signal ``TERM`` or ``INT``.
 * target ``self`` (this rank), ``group`` (its process group: the rank and its loader workers, as
   ``kill -TERM -PGID`` or Ctrl-C in a terminal), ``job`` (every process of the horovodrun job:
@@ -14,13 +15,15 @@ The fault is set by the environment, so that it reaches every rank through horov
   limit signal every process of a job), ``launcher`` (horovodrun alone).
 
 ``CLIP_LOG=<prefix>``: each rank appends ``{"epoch", "clips_seen", "keys", "valid", "global_valid"}``
-per training step to ``<prefix>.rank<r>.jsonl`` (``clips_seen`` before the step).
+per training step to ``<prefix>.rank<r>.jsonl`` (``clips_seen`` before the step), and
+``{"exit": code}`` when the trainer returns (horovodrun reports a rank's helper's code, not the rank's).
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import psutil
@@ -43,32 +46,37 @@ def launcher() -> psutil.Process:
 
 
 def send(signum: int, target: str) -> None:
+    """Signal ``target``, from a ``kill`` process of its own where others are signalled: PyTorch's
+    loader workers take a SIGTERM from their own parent for a shutdown and exit quietly, so the
+    sender must be outside, as Slurm or a user's ``kill`` is."""
     if target == "self":
         os.kill(os.getpid(), signum)
-    elif target == "group":
-        os.killpg(os.getpgrp(), signum)
+        return
+    if target == "group":
+        pids = [f"-{os.getpgrp()}"]  # the kill process is in the group too, and dies of it once sent
     elif target == "launcher":
-        launcher().send_signal(signum)
+        pids = [str(launcher().pid)]
     elif target == "job":
         top = launcher()
-        for p in [top, *top.children(recursive=True)]:
-            if p.pid != os.getpid():
-                p.send_signal(signum)
-        os.kill(os.getpid(), signum)
+        pids = [str(p.pid) for p in [top, *top.children(recursive=True)]]
     else:
         raise ValueError(target)
+    subprocess.run(["kill", "-s", signal.Signals(signum).name, "--", *pids], stderr=subprocess.DEVNULL)
 
 
 def arm(point: str, n: int, signum: int, target: str) -> None:
-    """Wrap the function that ends at ``point`` so that its n-th call signals ``target``."""
+    """Wrap the function of ``point`` so that its n-th call signals ``target`` (before it runs,
+    or for ``validated`` after)."""
     owner, name = {"step": (Engine, "train_step"), "validation": (Engine, "scores"),
                    "validated": (train, "evaluate")}[point]
     original, calls = getattr(owner, name), [0]
 
     def wrapped(*args, **kwargs):
-        out = original(*args, **kwargs)
         calls[0] += 1
-        if calls[0] == n:
+        if calls[0] == n and point != "validated":
+            send(signum, target)
+        out = original(*args, **kwargs)
+        if calls[0] == n and point == "validated":
             send(signum, target)
         return out
 
@@ -103,4 +111,8 @@ if __name__ == "__main__":
     if os.environ.get("FAULT") and rank() == int(os.environ.get("FAULT_RANK", 0)):
         point, n, sig, target = os.environ["FAULT"].split(":")
         arm(point, int(n), getattr(signal, "SIG" + sig), target)
-    sys.exit(cli.main(sys.argv[1:]))
+    code = cli.main(sys.argv[1:])
+    if os.environ.get("CLIP_LOG"):
+        with open(f"{os.environ['CLIP_LOG']}.rank{rank()}.jsonl", "a") as f:
+            f.write(json.dumps({"exit": code}) + "\n")
+    sys.exit(code)

@@ -122,16 +122,19 @@ def register(catalog, directory: str, name: str, dataset_id: str | None = None):
 
 
 class ServiceProcess:
-    """``shard-service serve`` in a subprocess on 127.0.0.1, on a free port."""
+    """``shard-service serve`` in a subprocess on 127.0.0.1, on a free port; ``command``: how it is
+    started, without ``args``."""
 
-    def __init__(self, *args: str, env: dict | None = None):
+    def __init__(self, *args: str, env: dict | None = None, command: tuple[str, ...] | None = None):
+        import sys
+
         self.args, self.env, self.proc, self.url = args, env, None, None
+        self.command = command or (sys.executable, "-m", "service", "serve", "--port", "0")
 
     def start(self) -> str:
         import subprocess
-        import sys
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", "0", *self.args],
+        self.proc = subprocess.Popen([*self.command, *self.args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env)
         seen = []
         while not (line := self.proc.stdout.readline()).startswith("serving "):

@@ -1,9 +1,10 @@
-"""The streaming client against servers that answer ranges wrongly, and the node-local cache
-with real processes: one download per shard, killed and damaged downloads never visible, the
-LRU byte budget, pins."""
+"""The streaming client against servers that answer ranges wrongly and across forks (a loader's
+workers), and the node-local cache with real processes: one
+download per shard, killed and damaged downloads never visible, the LRU byte budget, pins."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import http.server
 import multiprocessing
@@ -13,11 +14,12 @@ import signal
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shards.cache import CacheFull, ShardCache
-from shards.http_range import RangeError, Retry, range_problem
+from shards.cache import ENV_BUDGET, CacheFull, ShardCache
+from shards.http_range import HTTPRange, RangeError, Retry, range_problem
 from shards.reading import open_range
 from shardsets import make_shardset
 
@@ -142,6 +144,75 @@ def test_client_retries_a_failed_answer_and_resumes_a_broken_body():
         assert 7 < resumed <= 7 + 125_000  # asked only for what was missing
 
 
+# --- across forks --------------------------------------------------------------------------
+def blocked_in(fn) -> float:
+    """Seconds the calling thread spent blocked (neither on a CPU nor waiting for one) in ``fn()``:
+    unlike its wall time, independent of the machine's load."""
+    def ran_and_queued():
+        on_cpu, queued, _ = map(int, open("/proc/thread-self/schedstat").read().split())
+        return (on_cpu + queued) / 1e9
+    t, busy = time.monotonic(), ran_and_queued()
+    fn()
+    return (time.monotonic() - t) - (ran_and_queued() - busy)
+
+
+SHAS = {path: hashlib.sha256(body).hexdigest() for path, body in BLOBS.items()}
+
+
+def read_blob(url, path):
+    return open_range(f"{url}{path}", 0, SIZE, size=SIZE, sha256=SHAS[path]).read()
+
+
+def _forked_reader(url, half, first, cache, out):
+    """A loader worker's reads: go on reading a range the parent opened, collect the parent's
+    objects (as a worker's garbage collector will at some point; that cleans up the parent's
+    sessions), then read every blob straight, concurrently, and through the parent's cache object."""
+    try:
+        gc.collect()  # what is garbage already, so that the timing below is of the parent's objects alone
+        got = {"continued": first + half.readall() == BLOB}  # drops the parent's filesystem
+        got["collect_blocked_s"] = blocked_in(gc.collect)
+        with ThreadPoolExecutor(4) as pool:  # concurrent reads, as the loader's stages make
+            got["straight"] = [b == BLOBS[p] for p, b in zip(BLOBS, pool.map(lambda p: read_blob(url, p), BLOBS))]
+        got["cached"] = [open(cache.fetch(f"{url}{p}", SHAS[p], SIZE), "rb").read() == BLOBS[p] for p in BLOBS]
+        cache.release()
+        out.put(got)
+    except Exception as e:  # reported to the test
+        out.put(repr(e))
+
+
+def test_forked_readers_never_use_the_parent_connections(tmp_path):
+    """Connections the parent opened (whole ranges read, one left half read) stay the parent's:
+    three forked children read concurrently with the parent and each other, every byte right, and
+    afterwards the parent's own pooled (keep-alive) connections still answer it."""
+    waiter = ThreadPoolExecutor(1)
+    within = lambda fn, seconds=60: waiter.submit(fn).result(timeout=seconds)  # noqa: E731  a hang fails
+    read_all = lambda times=1: all(read_blob(url, p) == BLOBS[p] for _ in range(times) for p in BLOBS)  # noqa: E731
+    with misbehaving() as (srv, url):
+        try:
+            assert within(read_all)
+            half = HTTPRange(f"{url}/blob.tar", 0, SIZE, SIZE, SHA)
+            first = half.read(1000)  # unbuffered: the rest of the answer is still the connection's
+            cache = ShardCache(str(tmp_path / "cache"), retry=FAST)
+            ctx = multiprocessing.get_context("fork")
+            results = ctx.Queue()
+            children = [ctx.Process(target=_forked_reader, args=(url, half, first, cache, results)) for _ in range(3)]
+            for c in children:
+                c.start()
+            assert within(lambda: read_all(2))  # while the children read
+            reports = [results.get(timeout=120) for _ in children]
+            for c in children:
+                c.join(timeout=60)
+            for r in reports:
+                assert isinstance(r, dict), r
+                assert r["continued"] and all(r["straight"]) and all(r["cached"]), r
+                assert r["collect_blocked_s"] < 0.5, r  # no wait on the parent's event loop, which has no thread here
+            assert [c.exitcode for c in children] == [0, 0, 0]
+            assert within(read_all, 30)  # the parent's pooled connections, after the children cleaned up theirs
+            assert first + half.readall() == BLOB  # and the range it left half read
+        finally:
+            waiter.shutdown(wait=False)
+
+
 # --- the cache ------------------------------------------------------------------------------
 def _fetch(directory, url, sha, size, out):
     try:
@@ -201,22 +272,22 @@ def test_a_damaged_download_is_never_visible(tmp_path):
     assert not os.path.exists(cache.path(SHA)) and leftovers(tmp_path) == []
 
 
-def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path):
-    shas = {p: hashlib.sha256(b).hexdigest() for p, b in BLOBS.items()}
-    cache = ShardCache(str(tmp_path), budget=2 * SIZE + 10, retry=FAST)
+def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_BUDGET, f"{(2 * SIZE + 10) / 1000}kB")  # as trainers set it
+    cache = ShardCache(str(tmp_path), retry=FAST)
     with misbehaving() as (srv, url):
-        fetch = lambda p: cache.fetch(f"{url}{p}", shas[p], SIZE)  # noqa: E731
+        fetch = lambda p: cache.fetch(f"{url}{p}", SHAS[p], SIZE)  # noqa: E731
         s0, s1 = fetch("/s0.tar"), fetch("/s1.tar")  # s0 is the least recently used, but pinned
-        cache.release(shas["/s1.tar"])
+        cache.release(SHAS["/s1.tar"])
         s2 = fetch("/s2.tar")
         assert os.path.exists(s0) and not os.path.exists(s1) and os.path.exists(s2)
         with pytest.raises(CacheFull, match="held by shards in use"):
             fetch("/s3.tar")  # s0 and s2 are both pinned
         other = ShardCache(str(tmp_path), budget=2 * SIZE + 10, retry=FAST)  # pins hold across processes too
         with pytest.raises(CacheFull):
-            other.fetch(f"{url}/s3.tar", shas["/s3.tar"], SIZE)
+            other.fetch(f"{url}/s3.tar", SHAS["/s3.tar"], SIZE)
         cache.release()
-        assert other.fetch(f"{url}/s3.tar", shas["/s3.tar"], SIZE)
+        assert other.fetch(f"{url}/s3.tar", SHAS["/s3.tar"], SIZE)
         assert sum(os.path.exists(p) for p in (s0, s2)) == 1
     with pytest.raises(CacheFull, match="cannot hold one epoch's shards"):
         cache.reserve(3 * SIZE)

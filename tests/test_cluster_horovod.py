@@ -4,35 +4,49 @@
 each. horovodrun treats a name as local when it resolves to one of the machine's addresses, so it
 starts both ranks without ssh, but gives them the topology of two single-GPU nodes: each rank is
 local rank 0 of a local size of 1, the cross size is 2, and the Gloo rendezvous runs on ``lo``
-(../shared/notes/horovod-elastic.md). The shards are read over HTTP from a server on 127.0.0.1
-(byte ranges, as from the shard service) through each host's own node-local cache
-(``--cache-dir``, a per-host path as on real nodes' local disks).
+(../shared/notes/horovod-elastic.md). The shards are read over HTTP from the shard service on
+127.0.0.1 (``shard-service serve --read-auth``, its catalog naming the set), with the token in
+fsspec's headers (``FSSPEC_HTTP_HEADERS``) as docs/runbooks/service.md says, through each host's own
+node-local cache (``--cache-dir``, a per-host path as on real nodes' local disks; its byte budget
+``SHARD_CACHE_BUDGET``). Each rank's loader forks a worker after downloading through its pooled
+keep-alive connections to the service, and goes on downloading through them afterwards.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shlex
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
-from shardsets import make_shardset, serve
+from shardsets import ServiceProcess, make_shardset, register
+
+from shards.catalog import Catalog
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 HOSTS = ("localhost", "127.0.0.1")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def test_two_host_horovodrun_trains_from_served_shards_through_node_local_caches(tmp_path):
-    data, out = tmp_path / "data", tmp_path / "run"
+def test_two_host_horovodrun_trains_from_the_service_through_node_local_caches(tmp_path):
+    data, out, token = tmp_path / "data", tmp_path / "run", secrets.token_urlsafe(32)
     manifest = make_shardset(str(data), {"train": 16, "val": 6}, per_shard=4, num_classes=3, frames=4,
                              size=(40, 32))
-    with serve(str(data)) as (url, requests):
+    register(Catalog(str(tmp_path / "catalog.sqlite")), str(data), "tiny")
+    (tmp_path / "tokens").write_text(token + "\n")
+    budget = sum(s.bytes for split in manifest.splits.values() for s in split.shards)  # room for every shard
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SHARD_CACHE_BUDGET": str(budget),
+           "FSSPEC_HTTP_HEADERS": json.dumps({"Authorization": f"Bearer {token}"})}
+    server = ServiceProcess("--catalog", str(tmp_path / "catalog.sqlite"), "--token-file", str(tmp_path / "tokens"),
+                            "--read-auth", "--access-log")
+    url = server.start()
+    try:
         # each rank records the topology horovodrun gave it, then runs the trainer; the cache path
         # expands per host, like a node-local scratch directory
-        train = ["-m", "trainer", "train", "--data", f"{url}/manifest.json", "--output-dir", str(out),
+        train = ["-m", "trainer", "train", "--data", f"{url}/v1/datasets/tiny", "--output-dir", str(out),
                  "--cache-dir", f"{tmp_path}/cache-$HOROVOD_HOSTNAME", "--segments", "4", "--depth", "10",
                  "--width", "8", "--crop-size", "32", "--scale-size", "32", "--batch-size", "2", "--epochs",
                  "2", "--warmup-epochs", "1", "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
@@ -40,7 +54,9 @@ def test_two_host_horovodrun_trains_from_served_shards_through_node_local_caches
                 f"exec {shlex.quote(sys.executable)} " + " ".join(
                     a if "$HOROVOD" in a else shlex.quote(a) for a in train))
         hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", ",".join(f"{h}:1" for h in HOSTS), "--gloo",
-                              "sh", "-c", rank], env=ENV, capture_output=True, text=True, timeout=300)
+                              "sh", "-c", rank], env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.kill(15)
     assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
 
     envs = [dict(line.split("=", 1) for line in (tmp_path / f"env-{r}").read_text().splitlines()) for r in (0, 1)]
@@ -55,13 +71,15 @@ def test_two_host_horovodrun_trains_from_served_shards_through_node_local_caches
     assert [r["epoch"] for r in epochs] == [1, 2] and all(r["val_samples"] == 6 for r in epochs)
     assert max(r["step"] for r in records if r["event"] == "train") == 2 * 4  # 16 clips / (2 ranks x 2)
 
-    # each host staged the shards it read into its own cache, verified, and read them from there
-    # afterwards: over two epochs of training and validation, no shard was downloaded more often
-    # than the number of hosts that hold it
-    shards = {f"/{s.name}": s.sha256 for split in manifest.splits.values() for s in split.shards}
-    cached = {host: {p.stem for p in (tmp_path / f"cache-{host}").rglob("*.tar")} for host in HOSTS}
-    assert all(cached.values()) and set().union(*cached.values()) <= set(shards.values()), cached
-    downloads = Counter(path for method, path in requests if method == "GET" and path in shards)
-    assert downloads
+    # each host staged the shards it read into its own cache, verified, within the budget, and read
+    # them from there afterwards: over two epochs of training and validation, no shard was
+    # downloaded more often than the number of hosts that hold it
+    shards = {f"/v1/datasets/tiny/{s.name}": s.sha256 for split in manifest.splits.values() for s in split.shards}
+    copies = {host: {p.stem: p.stat().st_size for p in (tmp_path / f"cache-{host}").rglob("*.tar")} for host in HOSTS}
+    assert all(copies.values()) and set().union(*copies.values()) <= set(shards.values()), copies
+    assert all(sum(c.values()) <= budget for c in copies.values())
+    requests = [m.groups() for m in map(re.compile(r'"(GET|HEAD) (\S+) HTTP/1\.1" (\d+)').search, server.log) if m]
+    downloads = Counter(path for method, path, status in requests if method == "GET" and path in shards)
+    assert downloads and {status for _, _, status in requests} <= {"200", "206"}, requests  # the token went along
     for path, count in downloads.items():
-        assert count <= sum(shards[path] in c for c in cached.values()), (path, count, downloads)
+        assert count <= sum(shards[path] in c for c in copies.values()), (path, count, downloads)

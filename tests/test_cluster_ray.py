@@ -4,7 +4,8 @@ A head and a worker node (``ray.cluster_utils.Cluster``: separate raylets, objec
 worker processes, all on 127.0.0.1; ../shared/notes/loopback.md), one CPU each, and the build
 launched as a user launches it: the ``ingest`` command in its own process, joining the cluster by
 address. The shards must be byte-identical to an embedded single-node build, with tasks run on
-both nodes (the build's summary counts tasks per Ray node id). Then the worker node is killed
+both nodes (the build's summary counts tasks per Ray node id), and the cluster build registered by
+name in a dataset catalog as docs/runbooks/service.md has it (``--catalog``, ``--name``). Then the worker node is killed
 (SIGKILL to its raylet and workers) in the middle of a second build: Ray retries the lost tasks
 on the head, and the build finishes with the same bytes.
 """
@@ -23,6 +24,8 @@ from pathlib import Path
 import pytest
 from media import make_video
 from ray.cluster_utils import Cluster
+
+from shards.catalog import Catalog
 
 VIDEOS = 16  # one video per decode task: enough tasks to kill the worker node among them
 BUILD = ["--frames", "4", "--short-side", "32", "--shard-samples", "5", "--videos-per-task", "1",
@@ -82,12 +85,17 @@ def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, c
     embedded = ingest(videos, tmp_path / "embedded", "--workers", "2")
     finish(embedded)
 
-    both = finish(ingest(videos, tmp_path / "cluster", "--address", c.address))
+    catalog = str(tmp_path / "catalog.sqlite")
+    both = finish(ingest(videos, tmp_path / "cluster", "--address", c.address, "--catalog", catalog,
+                         "--name", "two-nodes"))
     counts = tasks_per_node(both)
     assert set(counts) == {c.head_node.node_id[:12], worker.node_id[:12]}, counts
     assert sum(counts.values()) == VIDEOS + 4  # decode tasks + pack tasks (3 train shards, 1 val)
     assert min(counts.values()) >= 2, counts
     assert_same_files(tmp_path / "embedded", tmp_path / "cluster")
+    record = Catalog(catalog).resolve("two-nodes")
+    assert record.state == "ready" and record.location == str(tmp_path / "cluster")
+    assert sum(s["clips"] for s in record.splits.values()) == VIDEOS
 
     # the worker node dies once a few videos are staged, with the rest of the build still to come
     out = tmp_path / "lost-worker"

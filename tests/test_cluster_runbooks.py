@@ -4,8 +4,9 @@ a real cluster, and the figures they quote are what the project's tools print.
 Each ```bash block follows a marker line: "*Run by `FILE`.*" (the named test or script runs that
 command: for a shell file an invocation of the same subcommand with at least the same flags, for
 a Python test the program, subcommand and every flag as string literals) or "*Needs a real
-cluster.*". Every ``ingest``/``shards``/``trainer`` command in any block is parsed by the project's
-own argparse parsers, so a removed or misspelt flag fails here.
+cluster.*". Every ``ingest``/``shards``/``trainer``/``shard-service`` command in any code block
+(bash, a systemd unit, a crontab) is parsed by the project's own argparse parsers, so a removed or
+misspelt flag fails here, and every runbook is listed in the runbooks' README.
 """
 from __future__ import annotations
 
@@ -81,9 +82,23 @@ def program(line: str) -> str:
 
 
 def test_every_block_is_marked_and_there_are_both_kinds():
-    assert len(RUNBOOKS) >= 6
+    assert len(RUNBOOKS) >= 7 and "service.md" in {p.name for p in RUNBOOKS}
     kinds = {kind for _, kind, _, _ in ALL}
     assert kinds == {"run", "cluster"}
+
+
+def test_every_runbook_is_listed_and_every_example_command_parses():
+    listed = re.findall(r"\]\(([\w.-]+\.md)\)", (ROOT / "docs" / "runbooks" / "README.md").read_text())
+    assert sorted(listed) == sorted(p.name for p in RUNBOOKS if p.name != "README.md")
+    examples = 0
+    for path in RUNBOOKS:
+        fences = re.split(r"^```(\w*)\n", path.read_text(), flags=re.M)  # text, lang, code, "", text, ...
+        for lang, code in zip(fences[1::2], fences[2::2]):
+            if lang not in ("", "bash"):  # an opening fence (closing ones have no language)
+                for argv in project_commands(code):
+                    parse(argv)
+                    examples += 1
+    assert examples >= 3  # the service's systemd unit and crontab
 
 
 @pytest.mark.parametrize("name,kind,files,code", ALL, ids=[f"{a[0]}-{i}" for i, a in enumerate(ALL)])

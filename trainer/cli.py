@@ -1,11 +1,12 @@
-"""``trainer`` console script: ``trainer train``, ``trainer test`` and ``trainer plot``."""
+"""``trainer`` console script: ``trainer train``, ``trainer elastic``, ``trainer test`` and ``trainer plot``."""
 from __future__ import annotations
 
 import sys
 
 from shards.commands import main as run_commands
 
-COMMANDS = {"train": "trainer.train", "test": "trainer.evaluate", "plot": "trainer.plot"}
+COMMANDS = {"train": "trainer.train", "elastic": "trainer.elastic", "test": "trainer.evaluate",
+            "plot": "trainer.plot"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
-"""Metrics: running averages, top-k counts, and a rank-0 log to JSONL and TensorBoard.
+"""Metrics: training-step sums, top-k counts, and a rank-0 log to JSONL and TensorBoard.
 
 Every record is one JSON line ``{"event": ..., "step": ..., <name>: <number>, ...}`` in
-``<output>/metrics.jsonl``; ``trainer plot`` reads it back. The same numbers go to
-TensorBoard under ``<event>/<name>`` when it is enabled.
+``<output>/metrics.jsonl``; ``trainer plot`` reads it back. A resumed run continues the file,
+which then reads as one run's. The same numbers go to TensorBoard under ``<event>/<name>`` when
+it is enabled.
 """
 from __future__ import annotations
 
@@ -11,21 +12,7 @@ import os
 
 import torch
 
-
-class Average:
-    """Weighted running mean of a scalar."""
-
-    def __init__(self):
-        self.total = 0.0
-        self.count = 0
-
-    def update(self, value: float, n: int = 1) -> None:
-        self.total += value * n
-        self.count += n
-
-    @property
-    def avg(self) -> float:
-        return self.total / max(self.count, 1)
+from shards import storage
 
 
 class StepTotals:
@@ -66,15 +53,23 @@ def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...]
 class MetricsLog:
     """Append-only metrics of one run; a no-op object on ranks other than 0."""
 
-    def __init__(self, output_dir: str | None, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, output_dir: str | None, enabled: bool = True, tensorboard: bool = True,
+                 after_step: int | None = None):
+        """``after_step``: a resumed run's step; records of later steps (logged by a run killed
+        after its checkpoint, and about to be trained again) are dropped from the file first."""
         self.file = self.tb = None
         if not enabled or not output_dir:
             return
         os.makedirs(output_dir, exist_ok=True)
-        self.file = open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        path = os.path.join(output_dir, "metrics.jsonl")
+        if after_step is not None and os.path.exists(path):
+            kept = [r for r in read(path) if r["step"] <= after_step]
+            storage.atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        self.file = open(path, "a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+            self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"),
+                                    purge_step=None if after_step is None else after_step + 1)
 
     def log(self, event: str, step: int, **values) -> None:
         if self.file is None:

@@ -134,8 +134,11 @@ class Regime:
     """The run's regime from the trainer's arguments, for ``world_size`` ranks and a training split
     of ``samples`` clips. Errors name the flags that cannot go together."""
 
-    def __init__(self, args: argparse.Namespace, world_size: int, samples: int):
+    def __init__(self, args: argparse.Namespace, world_size: int, samples: int, elastic: bool = False):
         self.args, self.world_size, self.samples = args, world_size, samples
+        if elastic and (args.multigrid != "off" or args.batch_growth != "off" or args.average_every is not None):
+            refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's decisions "
+                   "and K-step averaging's drifted ranks depend on: use trainer train for those")
         self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = None
         if args.multigrid != "off":
             if args.batch_growth != "off":

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from shards.manifest import Manifest
+
 from . import checkpoint, compiling, distributed, metrics, recipe, regime
 from .device_decode import clip_source
 from .engine import Engine
@@ -85,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--output-dir", default="out/train", help="checkpoint, metrics.jsonl, tensorboard/")
     r.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")
+    r.add_argument("--checkpoint-steps", type=int, default=0,
+                   help="also checkpoint every N steps (0: only at epoch ends and stops); bounds what a "
+                        "SIGKILL, an OOM kill or a lost node costs to N steps")
     r.add_argument("--print-freq", type=int, default=10, help="steps between metric records")
     r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     regime.add_arguments(p)
@@ -120,18 +125,22 @@ class StopFlag:
 class Trainer:
     """A run: backend, loaders, engine (model, optimizer, schedule), position, metrics log."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, elastic: bool = False):
+        """``elastic``: no collective here, since a rank joining a running Horovod Elastic job meets the
+        others first in the elastic state's sync: every rank reads the manifest, and ``start`` is
+        left to ``trainer.elastic``."""
         self.args = args
         self.backend = distributed.init(args.backend)
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(args.seed + self.backend.rank)
-        manifest = shared_manifest(args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        manifest = Manifest.load(args.data) if elastic else shared_manifest(
+            args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
         for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split)):
             if split and split not in manifest.splits:
                 raise SystemExit(f"{args.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
                                  + ("; --val-split '' trains without validation" if flag == "--val-split" else ""))
         samples = manifest.splits[args.train_split].num_samples
-        self.regime = regime.Regime(args, self.backend.size, samples)
+        self.regime = regime.Regime(args, self.backend.size, samples, elastic)
         self.train_loader = self._loader(manifest, args.train_split, train=True)
         self.val_loader = self._loader(manifest, args.val_split, train=False) if args.val_split else None
         self.engine = Engine(args, self.regime.backend(self.backend), len(manifest.classes), samples,
@@ -140,10 +149,11 @@ class Trainer:
         self.trace = regime.StepTrace(args.output_dir, self.backend.rank, args.trace_steps)
         self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
+        self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
-        self._resume()
-        self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
-        self.log = metrics.MetricsLog(args.output_dir, enabled=self.rank0, tensorboard=args.tensorboard)
+        self.log = metrics.MetricsLog(None)  # nothing logged before start
+        if not elastic:
+            self.start()
 
     def _loader(self, manifest, split: str, train: bool) -> ClipLoader:
         a = self.args
@@ -152,6 +162,17 @@ class Trainer:
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
                           decode_on_device=a.decode_on_device, shapes=self.regime.shapes)
+
+    def start(self) -> None:
+        """Every rank at rank 0's place (the checkpoint's with --resume, else rank 0's initial
+        weights), and rank 0's metrics log opened there."""
+        a = self.args
+        self._resume()
+        self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
+        self.log.close()
+        # records past the checkpoint's step came from a run killed after it: those steps are trained again
+        self.log = metrics.MetricsLog(a.output_dir, enabled=self.rank0, tensorboard=a.tensorboard,
+                                      after_step=self.step if a.resume else None)
 
     @property
     def checkpoint_url(self) -> str:
@@ -179,6 +200,7 @@ class Trainer:
         self.regime.load_state_dict(small["regime"], self.train_loader)
         self.train_loader.load_state_dict(small["loader"])
         self.epoch, self.batch, self.step = small["epoch"], small["batch"], small["step"]
+        self.saved_step = self.step
         if self.rank0:  # the sums of every rank; the others add theirs from zero
             self.epoch_totals = metrics.StepTotals(small["epoch_totals"])
         if len(small["rng"]) == self.backend.size:
@@ -201,6 +223,7 @@ class Trainer:
                 "batch": self.batch, "step": self.step, "rng": rng, "epoch_totals": totals.values,
                 "model_config": asdict(self.engine.config), "classes": list(self.train_loader.classes),
                 "args": vars(self.args)})
+        self.saved_step = self.step
         self.backend.all_sum(torch.zeros(1))
 
     def agreed_stop(self, stop: StopFlag) -> int:
@@ -227,10 +250,9 @@ def isolated(batches):
         yield batch
 
 
-def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
+def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Train to the end of the epoch or until a signal reaches every rank; returns the signal
-    (0: the epoch's training is done). Once the last step is done, with or without a signal,
-    the ranks agree on BN statistics (before validation and the checkpoint)."""
+    (0: the epoch's training is done). ``commit()`` after every step (Horovod Elastic's)."""
     args, loader, e = t.args, t.train_loader, t.engine
     loader.set_epoch(t.epoch)
     if loader.epoch_finished:  # resumed after the epoch's last step: validation is what is left
@@ -257,6 +279,9 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
         t.batch += batch["period_end"]
         t.step += 1
         t.regime.after_step()
+        if loader.epoch_finished and batch["period_end"]:
+            # ranks saw different batches (K-step averaging: trained different models): agree before anything is saved
+            e.backend.average_buffers(e.model)
         bar.update(batch["period_end"])
         bar.set_postfix(loss=f"{loss / max(step['clips'], 1):.3f}", lr=f"{lr:.2e}",
                         clips_s=f"{batch['global_valid'] / (done - tick):.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
@@ -269,12 +294,14 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
         tick = time.perf_counter()
         if not batch["period_end"] or t.regime.drifted:
             continue  # the loader's position counts whole loader batches; a checkpoint holds one model
+        if args.checkpoint_steps and t.step // args.checkpoint_steps > t.saved_step // args.checkpoint_steps:
+            t.save()
+        if commit:
+            commit()
         signum = t.agreed_stop(stop)
         if signum:
             break
     bar.close()
-    if loader.epoch_finished:
-        e.backend.average_buffers(e.model)  # ranks saw different batches (K-step averaging: models)
     return signum
 
 
@@ -300,15 +327,16 @@ def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
     return {"val_loss": loss / n, "val_top1": 100 * top1 / n, "val_top5": 100 * top5 / n, "val_samples": n}
 
 
-def train(t: Trainer, stop: StopFlag) -> int:
+def train(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Epochs until the last, or until a signal reaches every rank: then the checkpoint is
-    saved and the signal returned (0: finished)."""
+    saved and the signal returned (0: finished). ``commit()`` after every step and epoch
+    (Horovod Elastic's, see ``trainer.elastic``)."""
     while t.epoch < t.regime.epochs:
-        signum = train_one_epoch(t, stop)
+        signum = train_one_epoch(t, stop, commit)
         if not signum:
-            train = t.epoch_totals.reduce(t.backend.all_sum).summary()
-            summary = {"train_loss": train["loss"], "epoch_time": train["time"], "data_time": train["data_time"],
-                       "compute_time": train["compute_time"], "clips_per_s": train["clips_per_s"],
+            totals = t.epoch_totals.reduce(t.backend.all_sum).summary()
+            summary = {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
+                       "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"],
                        "synchronisations": t.regime.synchronisations(t.step)}
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
@@ -321,23 +349,26 @@ def train(t: Trainer, stop: StopFlag) -> int:
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
         if t.rank0:
             log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+        if commit:
+            commit()
         signum = t.agreed_stop(stop)
         if signum:
             return signum
     return 0
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, elastic=None) -> int:
+    """``elastic(trainer, stop)``: Horovod Elastic's loop around ``train`` (``trainer.elastic``)."""
     stop = StopFlag()  # first: a signal during start-up stops the run after its first step
     t = None
     try:
-        t = Trainer(args)
+        t = Trainer(args, elastic=elastic is not None)
         if t.rank0:
             log.info("%s", t.engine.describe())
             if t.regime.describe():
                 log.info("%s", t.regime.describe())
             log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
-        signum = train(t, stop)
+        signum = (elastic or train)(t, stop)
         if signum and t.rank0:
             log.info("stopped by signal %d at epoch %d, batch %d (step %d, %d clips seen): checkpoint saved",
                      signum, t.epoch, t.batch, t.step, t.engine.clips_seen)

@@ -1,0 +1,149 @@
+"""Faults of a training job, injected for real (docs/faults.md): signals to one rank, to a process
+group and to every process of a horovodrun job; resuming on another world size; checkpoints of
+another run; a shard set without the validation split.
+
+One epoch of 42 clips is trained in three pieces that hand over by checkpoint:
+A. horovodrun, 2 ranks: rank 1 alone gets SIGTERM during its 2nd step;
+B. 1 rank (``--resume`` from 2 ranks): SIGTERM to its process group (it and its loader worker)
+   during its 3rd step;
+C. horovodrun, 2 ranks (``--resume`` from 1 rank): after the epoch's training, SIGTERM to every
+   process of the job (horovodrun, its helpers, the ranks, their loader workers: what Slurm's
+   ``scancel`` and time limit do) while the first validation batch is scored.
+``tests/faultrun.py`` sends the signals and logs the clips of every step of every rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from shardsets import make_shardset
+
+from trainer import recipe
+
+HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
+CLIPS, BATCH, LR_PER_8, WARMUP = 42, 4, 0.4, 0.5
+FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
+         "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", str(WARMUP), "--lr-per-8", str(LR_PER_8),
+         "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
+
+
+def train(data, out, ranks: int, fault: str, fault_rank: int = 0, *extra) -> subprocess.CompletedProcess:
+    launch = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo"] if ranks == 2 else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault, "FAULT_RANK": str(fault_rank),
+           "CLIP_LOG": str(out / "clips")}
+    return subprocess.run([*launch, sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir", str(out),
+                           *(["--backend", "none"] if ranks == 1 else []), *FLAGS, *extra],
+                          env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
+
+
+def ranks_output(run: subprocess.CompletedProcess) -> str:
+    """What the ranks printed (horovodrun prefixes it with [rank]), without horovodrun's own lines."""
+    return "".join(line for line in (run.stdout + run.stderr).splitlines(keepends=True) if line[:1] == "[")
+
+
+def clip_log(out, rank: int) -> list[dict]:
+    """The records ``tests/faultrun.py`` wrote for ``rank``: one per step, and the exit code at the end."""
+    path = out / f"clips.rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """Runs A, B and C; returns the data, output directory, each run and what it left."""
+    tmp = tmp_path_factory.mktemp("chain")
+    data, out = tmp / "data", tmp / "run"
+    make_shardset(str(data), {"train": CLIPS, "val": 8}, per_shard=5, num_classes=3, frames=4, size=(48, 40))
+    runs = {}
+    for name, ranks, fault, fault_rank in (("A", 2, "step:2:TERM:self", 1), ("B", 1, "step:3:TERM:group", 0),
+                                           ("C", 2, "validation:1:TERM:job", 0)):
+        before = {r: len(clip_log(out, r)) for r in (0, 1)}
+        run = train(data, out, ranks, fault, fault_rank, *(["--resume"] if runs else []))
+        logged = {r: clip_log(out, r)[before[r]:] for r in range(ranks)}
+        exits = {r: logged[r][-1].get("exit") for r in range(ranks)}
+        steps = {r: logged[r][:-1] for r in range(ranks)}
+        runs[name] = (run, torch.load(out / "checkpoint.pt", weights_only=True), steps, exits)
+    return data, out, runs
+
+
+def test_a_signal_to_one_rank_or_a_whole_job_stops_every_rank_at_the_same_step(chain):
+    _, _, runs = chain
+    (a, ckpt_a, steps_a, exits_a), (b, ckpt_b, steps_b, exits_b), (c, ckpt_c, steps_c, exits_c) = runs.values()
+    # A: rank 1 alone was signalled; both ranks trained 2 steps and exited 143, rank 0 saved step 2
+    assert [len(steps_a[r]) for r in (0, 1)] == [2, 2] and exits_a == {0: 143, 1: 143}, a.stderr[-3000:]
+    # (horovodrun's own report names the first rank out: the other may be ended by it while it exits)
+    assert "exit with status code 143." in a.stdout, a.stdout[-3000:]
+    assert a.returncode == 1  # horovodrun's own code whenever a rank exits non-zero
+    assert (ckpt_a["epoch"], ckpt_a["step"], len(ckpt_a["rng"])) == (0, 2, 2)
+    # B: the process group (rank and loader worker) got SIGTERM mid-step: saved after that step
+    assert b.returncode == exits_b[0] == 143 and "Traceback" not in b.stderr, b.stderr[-3000:]
+    assert len(steps_b[0]) == 3 and ckpt_b["step"] == 5
+    # C: every process of the job got SIGTERM during validation: validation abandoned, the
+    # finished epoch saved (resuming validates it), every rank out with 143
+    rest = -(-(CLIPS - ckpt_b["clips_seen"]) // (2 * BATCH))  # the epoch's steps left on 2 ranks
+    assert [len(steps_c[r]) for r in (0, 1)] == [rest, rest]
+    assert exits_c == {0: 143, 1: 143} and "Traceback" not in ranks_output(c), c.stderr[-3000:]
+    assert "stopped by signal 15 at epoch 0" in c.stderr and c.returncode == 1, c.stdout[-3000:]
+    assert (ckpt_c["epoch"], ckpt_c["step"], ckpt_c["clips_seen"]) == (0, 5 + rest, CLIPS)
+    assert ckpt_c["loader"]["samples_consumed"] == rest * BATCH and ckpt_c["loader"]["segments"][-1]["world_size"] == 2
+    records = [json.loads(line) for line in (chain[1] / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["event"] == "epoch"]  # the epoch is not over before its validation
+
+
+def test_resumed_on_another_world_size_every_clip_once_and_the_rate_follows_clips_seen(chain):
+    _, out, runs = chain
+    steps = [s for name in "ABC" for same_step in zip(*runs[name][2].values()) for s in same_step]
+    real = Counter(k for s in steps for k, ok in zip(s["keys"], s["valid"]) if ok)
+    assert set(real) == {f"train_v{i // 2:04d}_c{i % 2:02d}" for i in range(CLIPS)} and set(real.values()) == {1}
+    padding = [k for s in steps for k, ok in zip(s["keys"], s["valid"]) if not ok]
+    assert 0 < len(padding) < 3 * 2 * BATCH and set(padding) <= set(real)
+    # the clips seen (before each step, and in each checkpoint) are the real clips the earlier steps held
+    seen = 0
+    for name in "ABC":
+        for same_step in zip(*runs[name][2].values()):
+            assert {s["clips_seen"] for s in same_step} == {seen}
+            assert {s["global_valid"] for s in same_step} == {sum(sum(s["valid"]) for s in same_step)}
+            seen += same_step[0]["global_valid"]
+        assert runs[name][1]["clips_seen"] == seen
+    assert seen == CLIPS
+    # the learning rate is peak(global batch) x the schedule at the clips seen, whatever the world size
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["event"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, runs["C"][1]["step"] + 1))
+    for r in train:
+        ranks = 1 if r["step"] in (3, 4, 5) else 2  # B's steps
+        peak = recipe.scaled_lr(LR_PER_8, BATCH * ranks)
+        assert r["lr"] == pytest.approx(peak * recipe.warmup_cosine(r["clips"], WARMUP * CLIPS, CLIPS)), r
+
+
+def test_resume_of_another_models_or_data_sets_checkpoint_is_refused_saying_what_differs(chain, tmp_path):
+    data, out, _ = chain
+    other = tmp_path / "other"
+    make_shardset(str(other), {"train": 10, "val": 2}, per_shard=5, num_classes=3, frames=4, size=(48, 40))
+    run = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", str(other), "--output-dir", str(out),
+                          "--backend", "none", *FLAGS, "--no-shift", "--resume"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    message = run.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"--resume refused: {out / 'checkpoint.pt'} is another run's: ")
+    assert "model shift True in the checkpoint, False now" in message
+    assert "data: manifest fingerprint" in message and "Traceback" not in run.stderr
+    assert "width" not in message and "segments" not in message
+
+
+def test_a_shard_set_without_the_validation_split_is_one_line_before_training(tmp_path):
+    data = tmp_path / "data"
+    make_shardset(str(data), {"train": 10}, per_shard=5, num_classes=3, frames=4, size=(48, 40))
+    run = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", str(data), "--output-dir",
+                          str(tmp_path / "out"), "--backend", "none", *FLAGS], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"{data}: no split 'val' (--val-split); the set has train; --val-split '' trains without validation")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

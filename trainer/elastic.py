@@ -1,0 +1,67 @@
+"""Train under Horovod Elastic: a rank that dies does not end the job; ranks may come and go.
+
+The same training as ``trainer train`` (every flag of it) with Horovod Elastic around the loop:
+the state is committed in memory every ``--commit-every`` steps and at each epoch end; when a
+rank dies the others roll back to the last commit, re-form without it and continue the epoch
+with the clips left (each exactly once, the loader's elastic resume) at the learning rate of
+the new global batch; a rank that comes back joins at the next commit with rank 0's state.
+Launch it with a host discovery script and rank bounds, one host name per slot on one machine:
+
+    horovodrun -np 4 --min-np 2 --max-np 4 --host-discovery-script "scripts/discover-hosts.sh hosts.txt" \\
+        --blacklist-cooldown-range 10 60 --gloo-timeout-seconds 60 trainer elastic --data shards/k400 ...
+
+Details, commit frequency against work lost, and caveats: docs/elastic.md.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from . import train
+
+log = logging.getLogger("trainer.elastic")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    train.add_arguments(p)
+    g = p.add_argument_group("elastic")
+    g.add_argument("--commit-every", type=int, default=20,
+                   help="steps between in-memory commits, the most steps a failure costs (also at every epoch end)")
+    g.add_argument("--clip-log", action="store_true",
+                   help="log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/: the "
+                        "audit that each epoch trained on every clip once (trainer.elastic_clips)")
+
+
+def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: bool) -> int:
+    """``trainer.train.train`` under ``hvd.elastic.run``, committing after steps and epochs;
+    returns its signal (0: finished)."""
+    from .elastic_clips import ClipLog, weights_digest
+    from .elastic_state import ElasticState
+
+    hvd = t.backend.hvd
+    state = ElasticState(t, hvd, commit_every)
+    if clip_log:
+        t.clips = ClipLog(t, state, t.clips)
+
+    @hvd.elastic.run
+    def train_in_ring(state: ElasticState) -> int:
+        if not state.started:  # the first ring, all together (a joining rank gets started=True from rank 0)
+            t.start()
+            state.started = True
+            state.commit()
+        return train.train(t, stop, state.after_step)
+
+    signum = train_in_ring(state)
+    log.info("rank %d of %d: finished with %d commits (%.1f ms each), %d re-formations, %d steps lost; "
+             "weights sha256 %s", t.backend.rank, t.backend.size, state.commits,
+             1e3 * state.commit_seconds / max(state.commits, 1), state.resets, state.steps_lost,
+             weights_digest(t.engine.model.named_parameters()))
+    return signum
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.backend != "horovod":
+        raise SystemExit("trainer elastic: Horovod Elastic needs --backend horovod")
+    if args.commit_every < 1:
+        raise SystemExit(f"trainer elastic: --commit-every must be at least 1, not {args.commit_every}")
+    return train.main(args, elastic=lambda t, stop: elastic_train(t, stop, args.commit_every, args.clip_log))

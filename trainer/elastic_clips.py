@@ -1,0 +1,93 @@
+"""The clip log of an elastic run (``trainer elastic --clip-log``), and what it proves.
+
+Every process appends, before each training step, one JSON line to
+``OUTPUT_DIR/clips/<host>-<pid>.jsonl`` (``host`` as horovodrun names the slot):
+``{"time", "generation", "epoch", "batch", "rank", "size", "keys", "padding", "weights"}``, where
+``batch`` is the step's index in its epoch, ``keys`` the clips it trains on, ``padding`` how many
+repeats fill its batch and ``weights`` a digest of the weights it starts from (hashing them
+costs a copy to the CPU per step: this is an audit, not for production runs of large models).
+Written before the step, so a step that took part in a commit is always logged, even by a
+rank killed just after.
+
+``committed_clips`` reads the logs back as the run's effective history. A generation is one
+sync of the ring (``ElasticState.generation``); it starts from a commit, so its first step
+in an epoch marks where that epoch was rolled back to: every step an earlier generation logged
+at that index or later in the epoch was undone.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import socket
+import time
+from collections import Counter, defaultdict
+
+DIRECTORY = "clips"
+
+
+def weights_digest(named_tensors) -> str:
+    """SHA-256 of (name, tensor) pairs in order, e.g. ``model.named_parameters()``: equal on ranks
+    that hold the same weights."""
+    h = hashlib.sha256()
+    for name, tensor in named_tensors:
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class ClipLog:
+    """Wraps the trainer's clip source (``Trainer.clips``) to log each training batch."""
+
+    def __init__(self, t, state, clips):
+        self.t, self.state, self.clips = t, state, clips
+        directory = os.path.join(t.args.output_dir, DIRECTORY)
+        os.makedirs(directory, exist_ok=True)
+        host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())  # the name horovodrun gave this slot
+        self.file = open(os.path.join(directory, f"{host}-{os.getpid()}.jsonl"), "a",
+                         encoding="utf-8", buffering=1)
+
+    def __call__(self, batch: dict):
+        t = self.t
+        if t.engine.model.training:  # not evaluation batches
+            valid = batch["valid"].tolist()
+            record = {"time": round(time.time(), 3), "generation": self.state.generation, "epoch": t.epoch,
+                      "batch": t.batch, "rank": t.backend.rank, "size": t.backend.size,
+                      "keys": [k for k, v in zip(batch["keys"], valid) if v], "padding": valid.count(False),
+                      "weights": weights_digest(t.engine.model.named_parameters())[:16]}
+            self.file.write(json.dumps(record) + "\n")
+        return self.clips(batch)
+
+
+def read_file(path: str) -> list[dict]:
+    """One process's records; a line still being written (or cut by a kill) is left out."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def read(output_dir: str) -> list[dict]:
+    """Every process's records."""
+    return [r for path in sorted(glob.glob(os.path.join(output_dir, DIRECTORY, "*.jsonl"))) for r in read_file(path)]
+
+
+def committed(records: list[dict]) -> list[dict]:
+    """The records of steps that count: those no later generation rolled back."""
+    starts = defaultdict(dict)  # epoch -> generation -> first batch index
+    for r in records:
+        first = starts[r["epoch"]]
+        first[r["generation"]] = min(first.get(r["generation"], r["batch"]), r["batch"])
+    kept = []
+    for r in records:
+        later = [b for g, b in starts[r["epoch"]].items() if g > r["generation"]]
+        if r["batch"] < min(later, default=r["batch"] + 1):
+            kept.append(r)
+    return kept
+
+
+def committed_clips(output_dir: str) -> dict[int, Counter]:
+    """Epoch -> how many times each clip was trained on in the steps that count."""
+    out = defaultdict(Counter)
+    for r in committed(read(output_dir)):
+        out[r["epoch"]].update(r["keys"])
+    return dict(out)

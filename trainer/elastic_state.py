@@ -1,0 +1,136 @@
+"""The training state as Horovod Elastic handles it: committed in memory, rolled back, re-formed, synced.
+
+A commit copies (in memory, on every rank) the weights, optimizer, grad scaler, clips seen
+(the learning rate follows from them), epoch/batch/step, the loader's position and the epoch's
+training totals, summed over the ranks (``metrics.StepTotals``: rank 0 carries them on, as after
+a resume). When a rank dies the others get
+``HorovodInternalError`` from a collective; Horovod calls, in this order, ``restore`` (back to
+the last commit), then re-forms the ring, then ``reset`` (rank, size, loaders and recipe for
+the new world size), then ``sync`` (every rank, joining ones included, at rank 0's state).
+When ranks are added or removed, ``commit`` raises ``HostsUpdatedInterrupt`` right after saving,
+and the same re-forming follows without a rollback.
+
+Imports Horovod: load it only for ``trainer elastic`` (``trainer.elastic`` does so lazily).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+
+from horovod.common.elastic import State
+
+from . import metrics, recipe
+
+log = logging.getLogger("trainer.elastic")
+
+
+def rescale(engine, world_size: int) -> None:
+    """The recipe for a new world size: the peak rate linear in the new global batch; warm-up and
+    cosine are counted in clips, so the schedule goes on from the clips seen."""
+    engine.global_batch = engine.args.batch_size * world_size
+    engine.peak_lr = recipe.scaled_lr(engine.args.lr_per_8, engine.global_batch)
+    engine.schedule = dataclasses.replace(engine.schedule, peak=engine.peak_lr)
+    engine.seek(engine.clips_seen)
+
+
+class ElasticState(State):
+    """A ``trainer.train.Trainer``'s state for ``hvd.elastic.run``.
+
+    ``generation`` counts syncs (equal on every rank, never rolled back): each starts from a
+    commit, so a step recorded under a later generation replaces what a rollback undid (``--clip-log``).
+    """
+
+    def __init__(self, t, hvd, commit_every: int):
+        super().__init__(bcast_object=t.backend.broadcast_object, get_rank=hvd.rank)
+        self.t, self.hvd, self.every = t, hvd, commit_every
+        self.started = False  # True once the first ring has run Trainer.start (resume, broadcast)
+        self.totals = metrics.StepTotals().values  # the epoch's at the last commit, summed over the ranks
+        self.generation = 0
+        self.resets = 0
+        self.commits, self.commit_seconds, self.steps_lost = 0, 0.0, 0
+        self.saved: dict = {}
+        self.save()
+
+    def _small(self) -> dict:
+        t, e = self.t, self.t.engine
+        return {"epoch": t.epoch, "batch": t.batch, "step": t.step, "clips_seen": e.clips_seen,
+                "started": self.started, "loader": t.train_loader.state_dict(), "epoch_totals": self.totals,
+                "scaler": e.scaler.state_dict()}
+
+    def _load_small(self, small: dict) -> None:
+        t, e = self.t, self.t.engine
+        t.epoch, t.batch, t.step = small["epoch"], small["batch"], small["step"]
+        self.started, self.totals = small["started"], small["epoch_totals"]
+        e.seek(small["clips_seen"])
+        t.train_loader.load_state_dict(small["loader"])
+        e.scaler.load_state_dict(small["scaler"])
+        self._carry_totals()
+
+    def _carry_totals(self) -> None:
+        """Rank 0 goes on from the committed sums, the others from zero: their sum stays the epoch's."""
+        self.t.epoch_totals = metrics.StepTotals(self.totals if self.t.rank0 else None)
+
+    def save(self) -> None:
+        e = self.t.engine
+        self.saved = copy.deepcopy({"model": e.model.state_dict(), "optimizer": e.optimizer.state_dict(),
+                                    **self._small()})
+
+    def commit(self) -> None:
+        started = time.perf_counter()
+        self.totals = self.t.epoch_totals.reduce(self.t.backend.all_sum).values
+        self._carry_totals()
+        self.save()
+        self.commits += 1
+        self.commit_seconds += time.perf_counter() - started
+        self.check_host_updates()
+
+    def restore(self) -> None:
+        t, e = self.t, self.t.engine
+        lost = t.step - self.saved["step"]
+        e.model.load_state_dict(self.saved["model"])
+        e.optimizer.load_state_dict(self.saved["optimizer"])
+        self._load_small(self.saved)
+        self.steps_lost += lost
+        log.info("rank %d: a rank failed; back to the last commit, epoch %d batch %d (step %d): %d steps lost",
+                 t.backend.rank, t.epoch, t.batch, t.step, lost)
+
+    def sync(self) -> None:
+        """Every rank at rank 0's state (a joining rank gets it here), which becomes the commit."""
+        t = self.t
+        small, generation = t.backend.broadcast_object((self._small(), self.generation))
+        self.generation = generation + 1
+        self._load_small(small)
+        t.backend.broadcast_state(t.engine.model, t.engine.optimizer)
+        self.save()
+
+    def reset(self) -> None:
+        """After Horovod re-formed the ring, before ``sync``: rank, size, loaders and recipe for the
+        new world size, from the last commit (rolled back to, or just made)."""
+        t, b, hvd = self.t, self.t.backend, self.hvd
+        before = b.size
+        b.rank, b.size, b.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        was_rank0, t.rank0 = t.rank0, b.rank == 0
+        manifest = t.train_loader.manifest
+        t.train_loader = t._loader(manifest, t.args.train_split, train=True)
+        if t.val_loader is not None:
+            t.val_loader = t._loader(manifest, t.args.val_split, train=False)
+        t.train_loader.load_state_dict(self.saved["loader"])
+        rescale(t.engine, b.size)
+        self._carry_totals()  # a survivor may be the new rank 0
+        if t.rank0 != was_rank0:  # the metrics log moves with rank 0
+            t.log.close()
+            t.log = metrics.MetricsLog(t.args.output_dir, enabled=t.rank0, tensorboard=t.args.tensorboard)
+        self.resets += 1
+        if t.rank0:
+            log.info("ring re-formed: %d -> %d ranks; epoch %d continues at batch %d, %d batches left; "
+                     "global batch %d, lr %.3g", before, b.size, t.epoch, t.batch, len(t.train_loader),
+                     t.engine.global_batch, t.engine.lr)
+
+    def after_step(self) -> None:
+        """``trainer.train.train``'s hook, after every step (``t.batch`` > 0) and at every epoch
+        end (``t.batch`` == 0): commit when due. Restored after an epoch's last step, the loop
+        finds the loader's epoch finished and goes on to validation."""
+        if self.t.batch == 0 or self.t.step % self.every == 0:
+            self.commit()
