@@ -283,12 +283,12 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
             # ranks saw different batches (K-step averaging: trained different models): agree before anything is saved
             e.backend.average_buffers(e.model)
         bar.update(batch["period_end"])
-        bar.set_postfix(loss=f"{loss / max(step['clips'], 1):.3f}", lr=f"{lr:.2e}",
+        bar.set_postfix(loss=f"{loss / max(step['clips'], 1):.3f}", lr=f"{e.lr:.2e}",
                         clips_s=f"{batch['global_valid'] / (done - tick):.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
                         compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
         if t.step % args.print_freq == 0:
             w = window.reduce(t.backend.all_sum).summary()
-            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=lr,
+            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
                       clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
             window = metrics.StepTotals()
         tick = time.perf_counter()
