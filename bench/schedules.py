@@ -14,9 +14,10 @@ Multigrid's long cycle restarts once (``--multigrid-stages`` at 2/3 of the epoch
 cosine rate a restart at 8x the rate on 2-frame clips undoes much of what was learnt.
 
 The target is the baseline's final validation accuracy. For each run: training wall-clock (the
-sum of the epochs' training time, validation left out), optimizer steps, model synchronisations
-(allreduce rounds of gradients or models; metric allreduces left out) and clips seen when the
-target is first reached, and the final accuracy. Variants run one after another, repeated
+sum of the epochs' training time, validation left out), training CPU seconds (both ranks and
+their loader workers: the work done, much less sensitive than wall-clock to what else runs on a
+shared machine), optimizer steps, model synchronisations (allreduce rounds of gradients or models;
+metric allreduces left out) and clips seen when the target is first reached, and the final accuracy. Variants run one after another, repeated
 ``--repeats`` times in turn, so a neighbour's load hits them alike; the table gives each
 variant's median and its ratios to the baseline of the same repeat. One plot shows validation
 accuracy against training wall-clock for every run.
@@ -85,15 +86,17 @@ def train(data: Path, out: Path, epochs: int, extra: list[str], ranks: int) -> f
 
 
 def curve(out: Path) -> list[dict]:
-    """Per epoch: cumulative training seconds, steps, synchronisations, clips seen, validation top-1."""
-    seconds, rows = 0.0, []
+    """Per epoch, cumulative: training wall-clock and CPU seconds (all ranks and their loader
+    workers), steps, synchronisations, clips seen; and the validation top-1."""
+    seconds = cpu = 0.0
+    rows = []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["event"] != "epoch":
             continue
-        seconds += r["epoch_time"]
-        rows.append({"epoch": r["epoch"], "seconds": seconds, "steps": r["step"], "syncs": r["synchronisations"],
-                     "clips": r["clips"], "top1": r["val_top1"]})
+        seconds, cpu = seconds + r["epoch_time"], cpu + r["cpu_time"]
+        rows.append({"epoch": r["epoch"], "seconds": seconds, "cpu": cpu, "steps": r["step"],
+                     "syncs": r["synchronisations"], "clips": r["clips"], "top1": r["val_top1"]})
     return rows
 
 
@@ -112,10 +115,11 @@ def summarise(runs: dict[str, list[list[dict]]], target_of: list[float]) -> list
                "final_top1": statistics.median(rows[-1]["top1"] for rows in repeats),
                "best_top1": statistics.median(max(r["top1"] for r in rows) for rows in repeats),
                "total_seconds": statistics.median(rows[-1]["seconds"] for rows in repeats),
+               "total_cpu": statistics.median(rows[-1]["cpu"] for rows in repeats),
                "total_steps": statistics.median(rows[-1]["steps"] for rows in repeats),
                "total_syncs": statistics.median(rows[-1]["syncs"] for rows in repeats)}
         reached = [(h, b) for h, b in zip(hits, base) if h is not None and b is not None]
-        for key in ("seconds", "steps", "syncs", "clips", "epoch"):
+        for key in ("seconds", "cpu", "steps", "syncs", "clips", "epoch"):
             if reached:
                 row[key] = statistics.median(h[key] for h, _ in reached)
                 row[f"{key}_ratio"] = statistics.median(h[key] / b[key] for h, b in reached)
@@ -128,18 +132,19 @@ def plot(runs: dict[str, list[list[dict]]], target: float, png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name, repeats in runs.items():
-        for i, rows in enumerate(repeats):
-            ax.plot([r["seconds"] for r in rows], [r["top1"] for r in rows], "o-", ms=3,
-                    alpha=0.9 if i == 0 else 0.4, label=name if i == 0 else None,
-                    color=None if i == 0 else ax.lines[-1].get_color())
-    ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.1f}%")
-    ax.set_xlabel("training wall-clock (s), validation left out")
-    ax.set_ylabel("validation top-1 (%)")
-    ax.set_title("motion data, TSM ResNet-10, 2 Horovod ranks on CPU")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, key, label in zip(axes, ("seconds", "cpu"), ("training wall-clock (s), validation left out",
+                                                           "training CPU seconds, both ranks and their loaders")):
+        for n, (name, repeats) in enumerate(runs.items()):
+            for i, rows in enumerate(repeats):
+                ax.plot([r[key] for r in rows], [r["top1"] for r in rows], "o-", ms=3, color=f"C{n}",
+                        alpha=0.9 if i == 0 else 0.35, label=name if i == 0 else None)
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.1f}%")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation top-1 (%)")
+    axes[0].legend()
+    fig.suptitle("motion data, TSM ResNet-10, 2 Horovod ranks on 2 shared CPU cores")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
@@ -172,22 +177,22 @@ def main() -> None:
             walls[name].append(train(data, out, args.epochs, flags[name], args.ranks))
             runs[name].append(curve(out))
             rows = runs[name][-1]
-            print(f"repeat {repeat} {name}: {rows[-1]['seconds']:.0f} s training, {rows[-1]['steps']} steps, "
+            print(f"repeat {repeat} {name}: {rows[-1]['seconds']:.0f} s training ({rows[-1]['cpu']:.0f} CPU s), "
+                  f"{rows[-1]['steps']} steps, "
                   f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}% "
                   f"(whole run {walls[name][-1]:.0f} s)", flush=True)
     targets = [rows[-1]["top1"] for rows in runs["baseline"]]
     table = summarise(runs, targets)
     print(f"\ntarget: the baseline's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)}); "
           f"load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}")
-    print("variant        | reached | s to target (x baseline) | steps (x)     | syncs (x)     | clips (x)       | final top-1 | whole run: s, steps, syncs")
+    print("variant        | reached | wall s to target (x)  | CPU s to target (x)   | steps (x)     | syncs (x)     "
+          "| clips (x)      | final top-1 | whole run: wall s, CPU s, steps, syncs")
     for r in table:
-        if "seconds" in r:
-            cells = (f"{r['seconds']:7.0f} ({r['seconds_ratio']:.2f}x)       | {r['steps']:5.0f} ({r['steps_ratio']:.2f}x) | "
-                     f"{r['syncs']:5.0f} ({r['syncs_ratio']:.2f}x) | {r['clips']:6.0f} ({r['clips_ratio']:.2f}x)")
-        else:
-            cells = f"{'not reached':<24} | {'':13} | {'':13} | {'':15}"
+        cells = " | ".join(f"{r[k]:7.0f} ({r[k + '_ratio']:.2f}x)" + " " * (pad - 15) for k, pad in (
+            ("seconds", 20), ("cpu", 20), ("steps", 13), ("syncs", 13), ("clips", 14))) if "seconds" in r else \
+            f"{'not reached':<20} | {'':20} | {'':13} | {'':13} | {'':14}"
         print(f"{r['variant']:<14} | {r['reached']}/{r['repeats']}     | {cells} | {r['final_top1']:10.1f}% | "
-              f"{r['total_seconds']:.0f}, {r['total_steps']:.0f}, {r['total_syncs']:.0f}")
+              f"{r['total_seconds']:.0f}, {r['total_cpu']:.0f}, {r['total_steps']:.0f}, {r['total_syncs']:.0f}")
     plot(runs, statistics.median(targets), args.png)
     print(f"plot: {args.png}")
     if args.json:

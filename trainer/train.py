@@ -151,6 +151,7 @@ class Trainer:
         self.epoch, self.batch, self.step = 0, 0, 0
         self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
+        self.epoch_cpu = 0.0  # CPU seconds this process (and its loader workers) spent on the epoch's training
         self.log = metrics.MetricsLog(None)  # nothing logged before start
         if not elastic:
             self.start()
@@ -262,7 +263,7 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
     bar = tqdm(total=t.batch + len(loader), initial=t.batch, desc=f"epoch {t.epoch}", unit="step",
                disable=not t.rank0, dynamic_ncols=True, leave=False)
     signum = 0
-    tick = time.perf_counter()
+    tick, cpu = time.perf_counter(), metrics.cpu_seconds()
     # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
     for batch in t.regime.batches(loader, isolated, t.step):
         clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
@@ -302,6 +303,7 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
         if signum:
             break
     bar.close()
+    t.epoch_cpu += metrics.cpu_seconds() - cpu  # (the loader's workers have ended with the epoch's iteration)
     return signum
 
 
@@ -337,13 +339,14 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
             totals = t.epoch_totals.reduce(t.backend.all_sum).summary()
             summary = {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
                        "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"],
-                       "synchronisations": t.regime.synchronisations(t.step)}
+                       "synchronisations": t.regime.synchronisations(t.step),
+                       "cpu_time": t.backend.all_sum(torch.tensor([t.epoch_cpu], dtype=torch.float64)).item()}
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
         if signum:
             t.save()
             return signum
-        t.epoch, t.batch, t.epoch_totals = t.epoch + 1, 0, metrics.StepTotals()
+        t.epoch, t.batch, t.epoch_totals, t.epoch_cpu = t.epoch + 1, 0, metrics.StepTotals(), 0.0
         t.save()
         summary.update(val)
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
