@@ -247,17 +247,26 @@ def rank_sequence(n: int, seg: Segment, rank: int, remainder: str, bufsize: int,
 
 
 def step_samples(n: int, seg: Segment, remainder: str, bufsize: int, seed: int, epoch: int,
-                 segment: int = 0) -> list[int]:
+                 segment: int = 0, parts: tuple[int, ...] | None = None) -> list:
     """Samples of the order (padding repeats left out) in each global step after
     ``seg.batches_done``: batch b of every rank makes step b, so this is the number of real
     clips an optimizer step averages over. Only streams that reach past the order's end hold
-    padding, so only their emission orders are computed."""
+    padding, so only their emission orders are computed.
+
+    ``parts`` (clip counts adding up to the batch size) cuts every batch into consecutive parts,
+    each an optimizer step of its own (multigrid's short cycle): then each batch gives a list,
+    the real clips of each part over all ranks."""
+    cuts = parts or (seg.batch_size,)
+    if sum(cuts) != seg.batch_size:
+        raise ValueError(f"parts {list(cuts)} do not add up to the batch of {seg.batch_size}")
     steps = per_rank(n, seg.world_size, seg.batch_size, remainder) // seg.batch_size
-    counts = np.full(steps, seg.world_size * seg.batch_size)
+    counts = np.tile(np.asarray(cuts) * seg.world_size, (steps, 1))
+    starts = np.cumsum((0, *cuts[:-1]))
     for rank in range(seg.world_size):
         for s in streams(n, seg.world_size, rank, seg.num_workers, seg.batch_size, remainder):
             if s.valid_end < s.end:  # the worker's j-th batch is the rank's batch j * workers + worker
                 local = np.asarray(emission(s, bufsize, seed, epoch, segment)) + s.begin
-                padding = (local >= s.valid_end).reshape(-1, seg.batch_size).sum(axis=1)
+                padding = np.add.reduceat((local >= s.valid_end).reshape(-1, seg.batch_size), starts, axis=1)
                 counts[s.worker::seg.num_workers][:len(padding)] -= padding
-    return counts[seg.batches_done:].tolist()
+    counts = counts[seg.batches_done:]
+    return counts.tolist() if parts else counts[:, 0].tolist()

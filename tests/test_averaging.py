@@ -19,8 +19,11 @@ import torch.nn.functional as F
 
 from trainer import recipe
 from trainer.batch_growth import LocalGradNorm, grad_sq_norm
+from trainer.engine import Engine
 from trainer.model import ModelConfig, build
 from trainer.model_averaging import KStepAveraging, is_sync_step
+from trainer.regime import Regime
+from trainer.train import get_args_parser
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -97,6 +100,22 @@ def worker(out: str) -> None:
             steps.append(snapshot(model, optimizer))
         torch.save({"steps": steps, "collectives": averaging.collectives if averaging else None,
                     "measured": measured}, os.path.join(out, f"{name}-rank{backend.rank}.pt"))
+    for opt in SYNCHRONOUS:  # the trainer's own step, synchronised as trainer train does it
+        for every in (None, 1):
+            args = get_args_parser().parse_args([
+                "--data", "-", "--segments", str(FRAMES), "--depth", "10", "--width", "4", "--batch-size", str(share),
+                "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", str(HPARAMS[opt]["lr"]), "--optimizer", opt]
+                + ([] if every is None else ["--average-every", str(every)]))
+            torch.manual_seed(0)
+            engine = Engine(args, Regime(args, backend.size, STEPS * GLOBAL_BATCH).backend(backend), CLASSES,
+                            STEPS * GLOBAL_BATCH)
+            backend.broadcast_state(engine.model, engine.optimizer)
+            engine.model.train()
+            steps = []
+            for clips, labels in data:
+                engine.train_step(clips[mine], labels[mine])
+                steps.append(snapshot(engine.model, engine.optimizer))
+            torch.save({"steps": steps}, os.path.join(out, f"engine-{opt}-{every or 'sync'}-rank{backend.rank}.pt"))
     backend.shutdown()
 
 
@@ -161,6 +180,17 @@ def test_one_step_averaging_is_synchronous_training(runs):
             assert torch.allclose(a["params"], b["params"], rtol=1e-4, atol=1e-6), opt
             assert torch.allclose(a["state"], b["state"], rtol=1e-4, atol=1e-7), opt
         assert runs[f"k1-{opt}-rank0"]["collectives"] == STEPS  # one allreduce per step, like synchronous
+
+
+def test_the_trainers_step_with_one_step_averaging_is_its_synchronous_step(runs):
+    """``trainer train --average-every 1`` (the regime's K-step backend under the engine's step)
+    against the default, Horovod's synchronous optimizer: the same weights and state at every step."""
+    for opt in SYNCHRONOUS:
+        sync, k1 = runs[f"engine-{opt}-sync-rank0"]["steps"], runs[f"engine-{opt}-1-rank1"]["steps"]
+        assert (sync[-1]["params"] - sync[0]["params"]).abs().max().item() > 1e-3, opt  # it trained
+        for a, b in zip(sync, k1):
+            assert torch.allclose(a["params"], b["params"], rtol=1e-4, atol=1e-6), opt
+            assert torch.allclose(a["state"], b["state"], rtol=1e-4, atol=1e-7), opt
 
 
 def tiny_params() -> torch.Tensor:

@@ -1,10 +1,15 @@
 """Batch growth: the set points, Smith et al.'s decay rule, and the gradient noise scale estimate."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+from shardsets import make_shardset
 
 from trainer.batch_growth import (LocalGradNorm, NoiseScale, batch_at_points, batch_for_decay, batch_for_noise,
                                   grad_sq_norm, lr_multiplier, noise_terms)
@@ -98,3 +103,28 @@ def test_local_gradient_norm_hooks_see_each_backward_once():
     norms.remove()
     model(torch.randn(7, 5)).sum().backward()
     assert norms.pop() == 0.0
+
+
+def test_trainer_grows_the_batch_mid_epoch_with_the_rate_and_reads_every_clip_once(tmp_path):
+    """``trainer train --batch-growth points`` on one process: the batch doubles where the clips
+    seen cross each point (mid-epoch, where the loader splits the rest of the epoch anew, and at
+    an epoch's end), the rate doubles with it, and each epoch trains on every clip once."""
+    data, out = tmp_path / "data", tmp_path / "run"
+    make_shardset(str(data), {"train": 40}, per_shard=7, frames=4, size=(48, 40))
+    run = subprocess.run([sys.executable, "-m", "trainer", "train", "--backend", "none", "--data", str(data),
+                          "--output-dir", str(out), "--val-split", "", "--segments", "4", "--depth", "10",
+                          "--width", "8", "--crop-size", "32", "--scale-size", "36", "--batch-size", "2",
+                          "--epochs", "2", "--warmup-epochs", "0", "--lr-per-8", "0.05", "--workers", "1",
+                          "--print-freq", "100", "--no-tensorboard", "--batch-growth", "points",
+                          "--growth-points", "0.5", "1", "--trace-steps"],
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "steps-rank0.jsonl").read_text().splitlines()]
+    rates = []
+    for s in steps:  # the batch each step trained on follows the points, in real clips seen before it
+        assert s["batch"] == (2 if s["seen"] < 20 else 4 if s["seen"] < 40 else 8), s
+        rates.append(s["lr"] / warmup_cosine(s["seen"], 0, 80))  # the cosine taken out: peak x B/B0
+    assert rates == pytest.approx([0.0125 * s["batch"] / 2 for s in steps])
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["clips"], r["step"]) for r in epochs if r["event"] == "epoch"] == [(40, 15), (80, 20)]
+    assert "batch growth (points): 2 -> 4" in run.stderr

@@ -43,7 +43,10 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 class Engine:
     """Builds the network and its optimizer for one rank from the trainer's arguments."""
 
-    def __init__(self, args: argparse.Namespace, backend: Backend, num_classes: int, epoch_clips: int):
+    def __init__(self, args: argparse.Namespace, backend: Backend, num_classes: int, epoch_clips: int,
+                 epochs: int | None = None, bn_group: int = 0):
+        """``epochs``: the run's (default ``args.epochs``; a multigrid run's are its plan's);
+        ``bn_group``: clips per BN statistics group in training (0: the whole batch)."""
         self.args, self.backend = args, backend
         self.device = pick_device(backend)
         self.amp = amp_dtype(args.amp, self.device)
@@ -51,25 +54,31 @@ class Engine:
                                   width=args.width, shift=args.shift, shift_div=args.shift_div,
                                   dropout=args.dropout)
         channels_last = self.device.type == "cuda" if args.channels_last is None else args.channels_last
-        self.model = build(self.config, bn=args.bn, channels_last=channels_last)
+        self.model = build(self.config, bn=args.bn, channels_last=channels_last, bn_group=bn_group)
         if args.pretrained and backend.rank == 0:
             load_pretrained(self.model, args.pretrained)
         self.model.to(self.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         self.global_batch = args.batch_size * backend.size
         self.peak_lr = recipe.scaled_lr(args.lr_per_8, self.global_batch)
-        total = args.epochs * epoch_clips
+        self.epochs = epochs or args.epochs
+        total = self.epochs * epoch_clips
         self.schedule = recipe.Schedule(self.peak_lr, min(total, round(args.warmup_epochs * epoch_clips)), total)
-        optimizer = recipe.build_optimizer(self.model, self.peak_lr, args.momentum, args.weight_decay)
+        optimizer = recipe.build_optimizer(self.model, self.peak_lr, args.momentum, args.weight_decay,
+                                           name=args.optimizer)
         self.net, self.optimizer = backend.prepare(self.model, optimizer, args.fp16_allreduce)
         if args.compile:
             self.net = compiling.compile_network(self.net, self.optimizer, self.device, args.compile)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
+        self.lr_factor = 1.0
         self.seek(0)
 
-    def seek(self, clips_seen: int) -> None:
-        """Stand at ``clips_seen`` real clips trained (global): the next step's rate is the schedule's there."""
+    def seek(self, clips_seen: int, lr_factor: float | None = None) -> None:
+        """Stand at ``clips_seen`` real clips trained (global): the next step's rate is the schedule's
+        there, times ``lr_factor`` (kept until changed) for a step whose batch is that many base batches."""
         self.clips_seen = clips_seen
-        self.schedule.apply(self.optimizer, clips_seen)
+        if lr_factor is not None:
+            self.lr_factor = lr_factor
+        self.schedule.apply(self.optimizer, clips_seen, self.lr_factor)
 
     @property
     def lr(self) -> float:
@@ -126,7 +135,8 @@ class Engine:
             f"shift 1/{a.shift_div}, dropout {a.dropout}, BN {a.bn}, {self.config.num_classes} classes, "
             f"{params / 1e6:.2f} M parameters",
             f"recipe: global batch {self.global_batch} ({a.batch_size} x {b.size}), peak lr {self.peak_lr:g} "
-            f"({a.lr_per_8:g} per 8 clips), {a.epochs} epochs, {self.schedule.total_clips} clips, "
-            f"warm-up {self.schedule.warmup_clips} clips, cosine to 0 (both over clips seen), SGD momentum {a.momentum}, "
+            f"({a.lr_per_8:g} per 8 clips), {self.epochs} epochs, {self.schedule.total_clips} clips, "
+            f"warm-up {self.schedule.warmup_clips} clips, cosine to 0 (both over clips seen), {a.optimizer}"
+            f"{f' momentum {a.momentum}' if a.optimizer == 'sgd' else ''}, "
             f"weight decay {a.weight_decay:g} (not on BN or biases), grad clip {a.clip_grad_norm or 'off'}, "
             f"fp16 allreduce {a.fp16_allreduce}"])

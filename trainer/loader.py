@@ -23,6 +23,9 @@ repeats); ``global_valid``, the real clips in this batch and the same batch of e
 together (one optimizer step's, for the loss weights and the clips seen).
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.device_decode``.
+With ``shapes`` (multigrid, ``trainer.regime.EpochShapes``) an epoch's batches hold
+``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
+crops; ``trainer.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
 
 The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
 ``shared_manifest`` lets rank 0 read it and broadcasts it over the job's collective (one
@@ -46,6 +49,7 @@ from shards.manifest import Manifest
 from shards.cache import ShardCache
 from shards.reading import local_path, open_fd, open_range
 
+from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
 from .transforms import EvalTransform, TrainTransform, jpeg_size
 
@@ -132,9 +136,10 @@ def _frames(sample) -> list[bytes]:
 class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
-    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool):
+    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
         self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
+        self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.shapes)
 
     def _decode(self, samples: list[dict]) -> dict:
         """Stage: a batch of samples -> its pixels in a pool slot (only the slot number and the
@@ -147,7 +152,10 @@ class _Streams(IterableDataset):
         if self.decode_on_device:  # only the headers are parsed here
             return out | _pack_jpegs([{"jpegs": f, "geometry": self.transform.geometry(*jpeg_size(f[0]), rng)}
                                       for f, rng in zip(frames, rngs)])
-        shape = (len(samples), *self.transform.shape(len(frames[0])))
+        if self.renderer is not None:  # the parts one after the other, flat
+            shape = (self.renderer.nbytes,)
+        else:
+            shape = (len(samples), *self.transform.shape(len(frames[0])))
         slot = self.pool.acquire(self.worker) if self.pool and self.pool.fits(shape) else None
         if slot is None:  # all this worker's slots are held: memory of its own, as DataLoader would
             clips = torch.empty(shape, dtype=torch.uint8)
@@ -156,6 +164,9 @@ class _Streams(IterableDataset):
         else:
             pixels = self.pool.array(slot, shape)
             out["slot"], out["shape"] = slot, shape
+        if self.renderer is not None:
+            self.renderer.render(frames, rngs, pixels)
+            return out
         for f, rng, dest in zip(frames, rngs, pixels):
             self.transform.into(f, rng, dest)
         return out
@@ -200,7 +211,7 @@ class ClipLoader:
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None,
-                 decode_on_device: bool = False):
+                 decode_on_device: bool = False, shapes=None):
         self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
         self.split = split
         self.shards = self.manifest.splits[split].shards
@@ -211,6 +222,10 @@ class ClipLoader:
         self.shuffle_buffer = shuffle_buffer if train else 0
         self.cache = ShardCache(cache_dir, cache_budget) if cache_dir else None
         self.decode_on_device = decode_on_device
+        # multigrid (training only): shapes.batch_size(epoch) clips per batch, cut into shapes.parts(epoch)
+        self.shapes = shapes if train else None
+        if self.shapes:
+            batch_size = self.batch_size = self.shapes.batch_size(epoch)
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
         if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
@@ -249,7 +264,8 @@ class ClipLoader:
         the whole next epoch once this one is finished."""
         if self.epoch_finished:
             n = self.manifest.splits[self.split].num_samples
-            return partition.per_rank(n, self.world_size, self.batch_size, self.remainder) // self.batch_size
+            batch = self.shapes.batch_size(self.epoch + 1) if self.shapes else self.batch_size
+            return partition.per_rank(n, self.world_size, batch, self.remainder) // batch
         return self._batches() - self._done
 
     @property
@@ -260,6 +276,17 @@ class ClipLoader:
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self._past, self._done = epoch, [], 0
+            if self.shapes:
+                self.batch_size = self.shapes.batch_size(epoch)
+
+    def resize(self, batch_size: int) -> None:
+        """Go on with ``batch_size`` clips per batch from here: the rest of the epoch is split anew
+        (a new segment), every remaining clip exactly once (batch growth). Between iterations only."""
+        state = self.state_dict()
+        self.batch_size = batch_size
+        if self.slots is not None and not self.slots.fits((batch_size, *self._clip_shape())):
+            self.slots = None  # a new pool of larger slots at the next iteration
+        self.load_state_dict(state)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "seed": self.seed, "world_size": self.world_size,
@@ -274,6 +301,8 @@ class ClipLoader:
         if state["fingerprint"] != self.manifest.fingerprint or state["split"] != self.split:
             raise ValueError("state was saved for another shard set or split")
         self.epoch, self.seed = state["epoch"], state["seed"]
+        if self.shapes:
+            self.batch_size = self.shapes.batch_size(self.epoch)
         self.remainder, self.shuffle_buffer = state["remainder"], state["shuffle_buffer"]
         self.piece_samples = state["piece_samples"]
         segments = [partition.Segment(**s) for s in state["segments"]]
@@ -312,12 +341,16 @@ class ClipLoader:
         bytes, or another iteration of this loader still running (slots belong to one at a time)."""
         if self.decode_on_device or self._slots_in_use:
             return None
-        if self.slots is None:  # sized for the clip length ingest recorded; longer clips do without
-            frames = self.manifest.config.get("clip", {}).get("frames", 8)
-            self.slots = SlotPool(self._workers, PREFETCH + 2, self.batch_size * int(np.prod(self.transform.shape(frames))))
+        if self.slots is None:
+            size = self.shapes.max_nbytes if self.shapes else self.batch_size * int(np.prod(self._clip_shape()))
+            self.slots = SlotPool(self._workers, PREFETCH + 2, size)
         return self.slots
 
-    def _batch(self, sent: dict, pool: SlotPool | None) -> dict:
+    def _clip_shape(self) -> tuple[int, ...]:
+        """One clip's pixels, at the clip length ingest recorded (longer clips do without slots)."""
+        return self.transform.shape(self.manifest.config.get("clip", {}).get("frames", 8))
+
+    def _batch(self, sent: dict, pool: SlotPool | None, parts=None) -> dict:
         """A batch in the trainer's process from what a worker sent: pixels from its slot."""
         if "slot" in sent:
             sent["clips"] = pool.lease(sent.pop("slot"), sent.pop("shape"))
@@ -326,7 +359,7 @@ class ClipLoader:
             if pool.misses == 1:
                 log.info("batch slots: a batch came in memory of its own, all %d slots of its worker were "
                          "held (the caller keeps batches) or too small", pool.per_worker)
-        if "clips" in sent:
+        if "clips" in sent and not parts:  # (parts: flat pixels, cut by shapes.unpack)
             sent["clips"] = sent["clips"].movedim(-1, -3)  # a view: channels-last memory
         return {**sent, "labels": torch.tensor(sent["labels"], dtype=torch.int64),
                 "videos": [video_id(k) for k in sent["keys"]],
@@ -346,8 +379,9 @@ class ClipLoader:
         # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
         plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
                  for i in range(self._workers)]
+        parts = self.shapes.parts(self.epoch) if self.shapes else None
         steps = partition.step_samples(len(order), self._segment(), self.remainder, self.shuffle_buffer,
-                                       self.seed, self.epoch, segment)
+                                       self.seed, self.epoch, segment, parts and tuple(p.clips for p in parts))
         needed = {r["shard"] for p in plans for r in p["reads"]}
         if self.cache:  # refuse before downloading anything if the epoch cannot fit
             self.cache.reserve(sum(self.shards[i].bytes for i in needed))
@@ -364,8 +398,10 @@ class ClipLoader:
                     r["size"], r["sha256"] = self.shards[r["shard"]].bytes, self.shards[r["shard"]].sha256
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
+            renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
+                                               self.transform.flip)
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
-                               self.decode_on_device, pool)
+                               self.decode_on_device, pool, renderer)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
@@ -374,7 +410,8 @@ class ClipLoader:
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
                 self._done += 1
-                yield self._batch(sent, pool) | {"global_valid": global_valid}
+                batch = self._batch(sent, pool, parts) | {"global_valid": global_valid}
+                yield unpack(batch, parts) if parts else batch
         finally:
             if pool is not None:
                 getattr(batches, "_shutdown_workers", lambda: None)()  # no worker writes a slot any more

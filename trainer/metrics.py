@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 
 import torch
 
@@ -40,6 +41,13 @@ class StepTotals:
         return {"loss": v["loss"] / clips, "data_time": v["data_time"] / steps,
                 "compute_time": v["compute_time"] / steps, "clips_per_s": v["clips"] / max(v["wall_time"], 1e-9),
                 "time": v["wall_time"]}
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (a rank's loader workers,
+    which end with each epoch's iteration): the work done, whatever else shares the machine."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...], mask: torch.Tensor) -> list:

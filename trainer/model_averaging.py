@@ -42,6 +42,7 @@ drifting, also the parameters' and optimizer state's: 3x the gradients' for SGD 
 """
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from typing import Callable
 
@@ -132,3 +133,54 @@ class KStepAveraging:
 
     def load_state_dict(self, state: dict) -> None:
         self.drifted, self.collectives, self.floats = state["drifted"], state["collectives"], state["floats"]
+
+
+class KStepBackend:
+    """A data-parallel backend (``trainer.distributed``) whose ranks train by K-step averaging instead
+    of averaging gradients at every step: ``prepare`` leaves the optimizer unwrapped (no Horovod
+    allreduce hooks, no DDP), ``synchronize`` is :meth:`KStepAveraging.synchronize` for the next
+    optimizer step, and ``average_buffers`` (called before evaluation) first brings drifted ranks
+    together. Everything else (broadcasts, metric allreduces, rank and size) is the wrapped
+    backend's. ``local_after`` counts optimizer steps."""
+
+    def __init__(self, backend, every: int, local_after: int = 0):
+        self.inner, self.every, self.local_after = backend, every, local_after
+        self.averaging: KStepAveraging | None = None
+        self.step = 0  # optimizer steps taken: which of them synchronise is a function of it
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
+        if compression:
+            raise SystemExit("trainer train: --fp16-allreduce compresses the per-step gradient allreduce, which "
+                             "K-step averaging replaces; use one or the other")
+        self.averaging = KStepAveraging(model, optimizer, self.inner.all_sum, self.inner.size, self.every,
+                                        self.local_after)
+        return model, optimizer
+
+    def synchronize(self, optimizer) -> None:
+        self.averaging.synchronize(self.step)
+        self.step += 1
+
+    def skip_synchronize(self, optimizer):
+        return contextlib.nullcontext()
+
+    def average_buffers(self, model: nn.Module) -> None:
+        self.averaging.average_now()  # parameters too: evaluation must see one model on every rank
+
+    @property
+    def drifted(self) -> bool:
+        """Whether ranks hold different models now (a checkpoint would keep rank 0's alone)."""
+        return self.averaging.drifted
+
+    @property
+    def synchronisations(self) -> int:
+        return self.averaging.collectives
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, **self.averaging.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.averaging.load_state_dict({k: v for k, v in state.items() if k != "step"})

@@ -91,9 +91,10 @@ class Schedule:
     def lr(self, clips_seen: int) -> float:
         return self.peak * warmup_cosine(clips_seen, self.warmup_clips, self.total_clips)
 
-    def apply(self, optimizer: torch.optim.Optimizer, clips_seen: int) -> float:
-        """Set every parameter group's rate to the one at ``clips_seen``; returns it."""
-        lr = self.lr(clips_seen)
+    def apply(self, optimizer: torch.optim.Optimizer, clips_seen: int, factor: float = 1.0) -> float:
+        """Set every parameter group's rate to the one at ``clips_seen`` times ``factor`` (the linear
+        scaling rule for a step whose batch is ``factor`` x the base: multigrid, batch growth); returns it."""
+        lr = self.lr(clips_seen) * factor
         for group in optimizer.param_groups:
             group["lr"] = lr
         return lr

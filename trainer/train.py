@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from shards.manifest import Manifest
 
-from . import checkpoint, compiling, distributed, metrics
+from . import checkpoint, compiling, distributed, metrics, recipe, regime
 from .device_decode import clip_source
 from .engine import Engine
 from .loader import ClipLoader, shared_manifest
@@ -69,7 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--epochs", type=int, default=100)
     o.add_argument("--lr-per-8", type=float, default=0.00125, help="learning rate per 8 clips of global batch")
     o.add_argument("--warmup-epochs", type=float, default=5.0)
-    o.add_argument("--momentum", type=float, default=0.9)
+    o.add_argument("--optimizer", choices=recipe.OPTIMIZERS, default="sgd",
+                   help="adam: weight decay as L2 in the gradient; adamw: decoupled; none decays BN or biases")
+    o.add_argument("--momentum", type=float, default=0.9, help="SGD's")
     o.add_argument("--weight-decay", type=float, default=1e-4, help="on conv/linear weights only")
     o.add_argument("--clip-grad-norm", type=float, default=0.0, help="max gradient norm (0: off)")
     r = p.add_argument_group("system")
@@ -90,6 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "SIGKILL, an OOM kill or a lost node costs to N steps")
     r.add_argument("--print-freq", type=int, default=10, help="steps between metric records")
     r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
+    regime.add_arguments(p)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -136,12 +139,19 @@ class Trainer:
             if split and split not in manifest.splits:
                 raise SystemExit(f"{args.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
                                  + ("; --val-split '' trains without validation" if flag == "--val-split" else ""))
+        samples = manifest.splits[args.train_split].num_samples
+        self.regime = regime.Regime(args, self.backend.size, samples, elastic)
         self.train_loader = self._loader(manifest, args.train_split, train=True)
         self.val_loader = self._loader(manifest, args.val_split, train=False) if args.val_split else None
-        self.engine = Engine(args, self.backend, len(manifest.classes), manifest.splits[args.train_split].num_samples)
+        self.engine = Engine(args, self.regime.backend(self.backend), len(manifest.classes), samples,
+                             epochs=self.regime.epochs, bn_group=self.regime.bn_group)
+        self.regime.attach(self.engine)
+        self.trace = regime.StepTrace(args.output_dir, self.backend.rank, args.trace_steps)
         self.clips = clip_source(args.decode_on_device, self.engine.device)
         self.epoch, self.batch, self.step = 0, 0, 0
+        self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
+        self.epoch_cpu = 0.0  # CPU seconds this process (and its loader workers) spent on the epoch's training
         self.log = metrics.MetricsLog(None)  # nothing logged before start
         if not elastic:
             self.start()
@@ -152,7 +162,7 @@ class Trainer:
                           world_size=self.backend.size, train=train, seed=a.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
-                          decode_on_device=a.decode_on_device)
+                          decode_on_device=a.decode_on_device, shapes=self.regime.shapes)
 
     def start(self) -> None:
         """Every rank at rank 0's place (the checkpoint's with --resume, else rank 0's initial
@@ -179,7 +189,8 @@ class Trainer:
             e.model.load_state_dict(state["model"])
             e.optimizer.load_state_dict(state["optimizer"])
         small = None if state is None else {"refused": refused} | ({} if refused else {
-            k: state[k] for k in ("clips_seen", "scaler", "loader", "epoch", "batch", "step", "rng", "epoch_totals")})
+            k: state[k] for k in ("clips_seen", "scaler", "loader", "epoch", "batch", "step", "rng", "epoch_totals")}
+            | {"regime": state.get("regime")})
         small = self.backend.broadcast_object(small)
         if small is None:
             return
@@ -187,8 +198,10 @@ class Trainer:
             raise SystemExit(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
         e.seek(small["clips_seen"])
         e.scaler.load_state_dict(small["scaler"])
+        self.regime.load_state_dict(small["regime"], self.train_loader)
         self.train_loader.load_state_dict(small["loader"])
         self.epoch, self.batch, self.step = small["epoch"], small["batch"], small["step"]
+        self.saved_step = self.step
         if self.rank0:  # the sums of every rank; the others add theirs from zero
             self.epoch_totals = metrics.StepTotals(small["epoch_totals"])
         if len(small["rng"]) == self.backend.size:
@@ -206,10 +219,12 @@ class Trainer:
         totals = self.epoch_totals.reduce(self.backend.all_sum)
         if self.rank0:
             checkpoint.save(self.checkpoint_url, {
-                **self.engine.state_dict(), "loader": self.train_loader.state_dict(), "epoch": self.epoch,
+                **self.engine.state_dict(), "regime": self.regime.state_dict(),
+                "loader": self.train_loader.state_dict(), "epoch": self.epoch,
                 "batch": self.batch, "step": self.step, "rng": rng, "epoch_totals": totals.values,
                 "model_config": asdict(self.engine.config), "classes": list(self.train_loader.classes),
                 "args": vars(self.args)})
+        self.saved_step = self.step
         self.backend.all_sum(torch.zeros(1))
 
     def agreed_stop(self, stop: StopFlag) -> int:
@@ -248,9 +263,12 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
     bar = tqdm(total=t.batch + len(loader), initial=t.batch, desc=f"epoch {t.epoch}", unit="step",
                disable=not t.rank0, dynamic_ncols=True, leave=False)
     signum = 0
-    tick = time.perf_counter()
-    for batch in isolated(loader):
+    tick, cpu = time.perf_counter(), metrics.cpu_seconds()
+    # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
+    for batch in t.regime.batches(loader, isolated, t.step):
         clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
+        e.seek(e.clips_seen, t.regime.lr_factor(t.step))
+        lr, seen = e.lr, e.clips_seen
         started = time.perf_counter()
         loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
         done = time.perf_counter()
@@ -258,11 +276,14 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
                 "compute_time": done - started, "wall_time": (done - tick) if t.rank0 else 0.0}
         window.add(**step)
         t.epoch_totals.add(**step)
-        t.batch += 1
+        t.trace.log(t.step, t.epoch, clips, lr, e.model, seen=seen, loss=loss, drifted=t.regime.drifted)
+        t.batch += batch["period_end"]
         t.step += 1
-        if loader.epoch_finished:  # ranks saw different batches: agree on BN statistics before anything is saved
-            t.backend.average_buffers(e.model)
-        bar.update()
+        t.regime.after_step()
+        if loader.epoch_finished and batch["period_end"]:
+            # ranks saw different batches (K-step averaging: trained different models): agree before anything is saved
+            e.backend.average_buffers(e.model)
+        bar.update(batch["period_end"])
         bar.set_postfix(loss=f"{loss / max(step['clips'], 1):.3f}", lr=f"{e.lr:.2e}",
                         clips_s=f"{batch['global_valid'] / (done - tick):.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
                         compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
@@ -271,15 +292,18 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
             t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
                       clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
             window = metrics.StepTotals()
-        if args.checkpoint_steps and t.step % args.checkpoint_steps == 0:
-            t.save()
         tick = time.perf_counter()
+        if not batch["period_end"] or t.regime.drifted:
+            continue  # the loader's position counts whole loader batches; a checkpoint holds one model
+        if args.checkpoint_steps and t.step // args.checkpoint_steps > t.saved_step // args.checkpoint_steps:
+            t.save()
         if commit:
             commit()
         signum = t.agreed_stop(stop)
         if signum:
             break
     bar.close()
+    t.epoch_cpu += metrics.cpu_seconds() - cpu  # (the loader's workers have ended with the epoch's iteration)
     return signum
 
 
@@ -309,24 +333,25 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Epochs until the last, or until a signal reaches every rank: then the checkpoint is
     saved and the signal returned (0: finished). ``commit()`` after every step and epoch
     (Horovod Elastic's, see ``trainer.elastic``)."""
-    args = t.args
-    while t.epoch < args.epochs:
+    while t.epoch < t.regime.epochs:
         signum = train_one_epoch(t, stop, commit)
         if not signum:
             totals = t.epoch_totals.reduce(t.backend.all_sum).summary()
             summary = {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
-                       "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"]}
+                       "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"],
+                       "synchronisations": t.regime.synchronisations(t.step),
+                       "cpu_time": t.backend.all_sum(torch.tensor([t.epoch_cpu], dtype=torch.float64)).item()}
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
         if signum:
             t.save()
             return signum
-        t.epoch, t.batch, t.epoch_totals = t.epoch + 1, 0, metrics.StepTotals()
+        t.epoch, t.batch, t.epoch_totals, t.epoch_cpu = t.epoch + 1, 0, metrics.StepTotals(), 0.0
         t.save()
         summary.update(val)
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
         if t.rank0:
-            log.info("epoch %d/%d: %s", t.epoch, args.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+            log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
         if commit:
             commit()
         signum = t.agreed_stop(stop)
@@ -343,6 +368,8 @@ def main(args: argparse.Namespace, elastic=None) -> int:
         t = Trainer(args, elastic=elastic is not None)
         if t.rank0:
             log.info("%s", t.engine.describe())
+            if t.regime.describe():
+                log.info("%s", t.regime.describe())
             log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
         signum = (elastic or train)(t, stop)
         if signum and t.rank0:
@@ -353,6 +380,7 @@ def main(args: argparse.Namespace, elastic=None) -> int:
         stop.restore()
         if t is not None:
             t.log.close()
+            t.trace.close()
             t.backend.shutdown()
 
 

@@ -1,0 +1,205 @@
+"""Faster to the same accuracy? The fixed-shape baseline against multigrid, batch growth and K-step averaging.
+
+On ``ingest synth`` motion data (four classes that differ only in the direction a textured disc
+moves), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU) through
+``trainer train``, validating after every epoch:
+
+* ``baseline``: the fixed shape (8 frames, 32 px, 2 clips per rank), synchronous;
+* ``multigrid``: ``--multigrid both`` (long and short cycles), synchronous;
+* ``multigrid-long``: the long cycle alone;
+* ``growth``: ``--batch-growth noise``, up to 16 clips per rank, synchronous;
+* ``kstep``: ``--average-every 4``: each rank steps alone, the ranks average every 4 steps.
+
+Multigrid's long cycle restarts once (``--multigrid-stages`` at 2/3 of the epochs): with the
+cosine rate a restart at 8x the rate on 2-frame clips undoes much of what was learnt.
+
+The target is the baseline's final validation accuracy. For each run: training wall-clock (the
+sum of the epochs' training time, validation left out), training CPU seconds (both ranks and
+their loader workers: the work done, much less sensitive than wall-clock to what else runs on a
+shared machine), optimizer steps, model synchronisations (allreduce rounds of gradients or models;
+metric allreduces left out) and clips seen when the target is first reached, and the final accuracy. Variants run one after another, repeated
+``--repeats`` times in turn, so a neighbour's load hits them alike; the table gives each
+variant's median and its ratios to the baseline of the same repeat. One plot shows validation
+accuracy against training wall-clock for every run.
+
+    python bench/schedules.py                          # data in /tmp/kinetics-fast-schedules
+    python bench/schedules.py --repeats 3 --variants baseline multigrid --png schedules.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+# the model and data: a ResNet-10 of width 16, 8-frame clips, 32 px crops, 2 clips per rank; the
+# rate is low enough for multigrid's 8x (on this task 4x the baseline's rate already learns slower)
+COMMON = ["--segments", "8", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32",
+          "--no-flip", "--batch-size", "2", "--warmup-epochs", "2", "--lr-per-8", "0.0125", "--workers", "1",
+          "--print-freq", "64", "--no-tensorboard"]
+
+
+def variants(epochs: int) -> dict[str, list[str]]:
+    stages = ["--multigrid-stages", str(round(epochs * 2 / 3))]
+    return {"baseline": [], "multigrid": ["--multigrid", "both", *stages],
+            "multigrid-long": ["--multigrid", "long", *stages],
+            "growth": ["--batch-growth", "noise", "--max-batch-size", "16"], "kstep": ["--average-every", "4"]}
+
+
+VARIANTS = list(variants(12))
+
+
+def make_data(work: Path, train_per_class: int, val_per_class: int) -> Path:
+    """Motion videos (64x64, 2 s at 10 fps) ingested into 8-frame clips, four per training video."""
+    shards = work / "shards"
+    if (shards / "manifest.json").exists():
+        return shards
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    subprocess.run([str(BIN / "python"), "-m", "ingest", "synth", "--out", str(work / "videos"), "--classes", "4",
+                    "--train-per-class", str(train_per_class), "--val-per-class", str(val_per_class),
+                    "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2", "--workers", "2"],
+                   check=True, env=env)
+    subprocess.run([str(BIN / "python"), "-m", "ingest", "build", "--src", str(work / "videos"), "--out", str(shards),
+                    "--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples", "64",
+                    "--workers", "2"], check=True, env=env)
+    return shards
+
+
+def train(data: Path, out: Path, epochs: int, extra: list[str], ranks: int) -> float:
+    """One ``trainer train`` run on ``ranks`` Horovod ranks; returns its wall-clock seconds."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
+           str(BIN / "python"), "-m", "trainer", "train", "--data", str(data), "--output-dir", str(out),
+           "--epochs", str(epochs), *COMMON, *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    with open(out.with_suffix(".log"), "w") as log:
+        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return time.perf_counter() - start
+
+
+def curve(out: Path) -> list[dict]:
+    """Per epoch, cumulative: training wall-clock and CPU seconds (all ranks and their loader
+    workers), steps, synchronisations, clips seen; and the validation top-1."""
+    seconds = cpu = 0.0
+    rows = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["event"] != "epoch":
+            continue
+        seconds, cpu = seconds + r["epoch_time"], cpu + r["cpu_time"]
+        rows.append({"epoch": r["epoch"], "seconds": seconds, "cpu": cpu, "steps": r["step"],
+                     "syncs": r["synchronisations"], "clips": r["clips"], "top1": r["val_top1"]})
+    return rows
+
+
+def at_target(rows: list[dict], target: float) -> dict | None:
+    return next((r for r in rows if r["top1"] >= target - 1e-9), None)
+
+
+def summarise(runs: dict[str, list[list[dict]]], target_of: list[float]) -> list[dict]:
+    """Per variant: medians over repeats of the figures at the target and of the ratios to the
+    baseline of the same repeat."""
+    table = []
+    for name, repeats in runs.items():
+        hits = [at_target(rows, target) for rows, target in zip(repeats, target_of)]
+        base = [at_target(rows, target) for rows, target in zip(runs["baseline"], target_of)]
+        row = {"variant": name, "reached": sum(h is not None for h in hits), "repeats": len(repeats),
+               "final_top1": statistics.median(rows[-1]["top1"] for rows in repeats),
+               "best_top1": statistics.median(max(r["top1"] for r in rows) for rows in repeats),
+               "total_seconds": statistics.median(rows[-1]["seconds"] for rows in repeats),
+               "total_cpu": statistics.median(rows[-1]["cpu"] for rows in repeats),
+               "total_steps": statistics.median(rows[-1]["steps"] for rows in repeats),
+               "total_syncs": statistics.median(rows[-1]["syncs"] for rows in repeats)}
+        reached = [(h, b) for h, b in zip(hits, base) if h is not None and b is not None]
+        for key in ("seconds", "cpu", "steps", "syncs", "clips", "epoch"):
+            if reached:
+                row[key] = statistics.median(h[key] for h, _ in reached)
+                row[f"{key}_ratio"] = statistics.median(h[key] / b[key] for h, b in reached)
+        table.append(row)
+    return table
+
+
+def plot(runs: dict[str, list[list[dict]]], target: float, png: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, key, label in zip(axes, ("seconds", "cpu"), ("training wall-clock (s), validation left out",
+                                                           "training CPU seconds, both ranks and their loaders")):
+        for n, (name, repeats) in enumerate(runs.items()):
+            for i, rows in enumerate(repeats):
+                ax.plot([r[key] for r in rows], [r["top1"] for r in rows], "o-", ms=3, color=f"C{n}",
+                        alpha=0.9 if i == 0 else 0.35, label=name if i == 0 else None)
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.1f}%")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation top-1 (%)")
+    axes[0].legend()
+    fig.suptitle("motion data, TSM ResNet-10, 2 Horovod ranks on 2 shared CPU cores")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="/tmp/kinetics-fast-schedules", help="data and runs")
+    p.add_argument("--epochs", type=int, default=12, help="the baseline's epochs (multigrid runs 1.5x as many)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
+    p.add_argument("--train-per-class", type=int, default=64)
+    p.add_argument("--val-per-class", type=int, default=32)
+    p.add_argument("--png", default="schedules.png")
+    p.add_argument("--json", help="also write every curve and the table here")
+    args = p.parse_args()
+
+    work = Path(args.work)
+    data = make_data(work, args.train_per_class, args.val_per_class)
+    flags = variants(args.epochs)
+    names = ["baseline"] + [v for v in args.variants if v != "baseline"]
+    runs: dict[str, list[list[dict]]] = {v: [] for v in names}
+    walls: dict[str, list[float]] = {v: [] for v in names}
+    loads = []
+    for repeat in range(args.repeats):
+        for name in names:
+            out = work / f"{name}-{repeat}"
+            loads.append(os.getloadavg()[0])
+            walls[name].append(train(data, out, args.epochs, flags[name], args.ranks))
+            runs[name].append(curve(out))
+            rows = runs[name][-1]
+            print(f"repeat {repeat} {name}: {rows[-1]['seconds']:.0f} s training ({rows[-1]['cpu']:.0f} CPU s), "
+                  f"{rows[-1]['steps']} steps, "
+                  f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}% "
+                  f"(whole run {walls[name][-1]:.0f} s)", flush=True)
+    targets = [rows[-1]["top1"] for rows in runs["baseline"]]
+    table = summarise(runs, targets)
+    print(f"\ntarget: the baseline's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)}); "
+          f"load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}")
+    print("variant        | reached | wall s to target (x)  | CPU s to target (x)   | steps (x)     | syncs (x)     "
+          "| clips (x)      | final top-1 | whole run: wall s, CPU s, steps, syncs")
+    for r in table:
+        cells = " | ".join(f"{r[k]:7.0f} ({r[k + '_ratio']:.2f}x)" + " " * (pad - 15) for k, pad in (
+            ("seconds", 20), ("cpu", 20), ("steps", 13), ("syncs", 13), ("clips", 14))) if "seconds" in r else \
+            f"{'not reached':<20} | {'':20} | {'':13} | {'':13} | {'':14}"
+        print(f"{r['variant']:<14} | {r['reached']}/{r['repeats']}     | {cells} | {r['final_top1']:10.1f}% | "
+              f"{r['total_seconds']:.0f}, {r['total_cpu']:.0f}, {r['total_steps']:.0f}, {r['total_syncs']:.0f}")
+    plot(runs, statistics.median(targets), args.png)
+    print(f"plot: {args.png}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"targets": targets, "loads": loads, "walls": walls, "runs": runs, "table": table,
+                       "common": COMMON, "variants": {v: flags[v] for v in names}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""The training regime: what every optimizer step trains on, and how often the ranks synchronise.
+
+``trainer train`` takes the flags below (docs/schedules.md has the rules and the reasoning):
+
+* ``--multigrid long|short|both``: the batch shape and size of every iteration follow
+  ``trainer.multigrid`` (Wu et al. 2020). The run takes the multigrid plan's epochs (1.5x
+  ``--epochs``, far fewer iterations); ``--epochs`` stays the baseline's, which the plan is made from.
+* ``--batch-growth points|decay|noise``: the batch doubles at set epochs, in place of the
+  learning-rate decay, or when the gradient noise scale exceeds it (``trainer.batch_growth``).
+* ``--average-every K`` (``--local-after-epochs E``): K-step model averaging, synchronous for the
+  first E epochs (``trainer.model_averaging``).
+* ``--bn-group N``: clips per BN statistics group (``trainer.subbatch_bn``); by default the base
+  batch whenever the batch varies, so BN sees the same number of clips whatever the batch.
+
+Every decision is a function of numbers every rank shares (the global iteration, the epoch's
+position, allreduced gradient norms), so every rank takes the same shape and batch at every step
+and the same number of steps per epoch. The learning rate is the base schedule's times
+``lr_factor``: the long-cycle batch factor (multigrid) or B/B0 (batch growth), the linear scaling rule.
+``batches`` turns the loader's batches into one batch per optimizer step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+import torch
+
+from shards import partition
+
+from . import batch_growth, multigrid
+from .model_averaging import KStepBackend
+from .shapes import epoch_parts, parts_nbytes
+
+log = logging.getLogger(__name__)
+
+MULTIGRID = ("off", "long", "short", "both")
+GROWTH = ("off", *batch_growth.MODES)
+# where the long cycle restarts when no stage is given: the learning-rate steps of the reference
+# multigrid config (epochs 94, 154, 196 of 239), as fractions of the baseline's epochs
+REFERENCE_STAGES = (94 / 239, 154 / 239, 196 / 239)
+NOISE_MEASUREMENTS = 16  # noise-scale measurements (since the start or the last change) before the batch may double
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("schedules (docs/schedules.md)")
+    g.add_argument("--multigrid", choices=MULTIGRID, default="off",
+                   help="multigrid batch shapes: the long cycle (T, S and B over each stage), the short cycle "
+                        "(crops over successive iterations), or both; runs the plan's 1.5x --epochs")
+    g.add_argument("--multigrid-stages", type=int, nargs="+",
+                   help="epochs of the baseline (--epochs) where the long cycle restarts (default: the reference "
+                        "config's learning-rate steps, 94, 154 and 196 of 239, scaled to --epochs)")
+    g.add_argument("--batch-growth", choices=GROWTH, default="off",
+                   help="double the batch at --growth-points epochs, in place of the rate's decay, or when the "
+                        "gradient noise scale exceeds the global batch (needs 2+ ranks)")
+    g.add_argument("--growth-points", type=float, nargs="+", default=[], help="epochs where the batch doubles")
+    g.add_argument("--max-batch-size", type=int, help="clips per rank the batch grows to at most (default 8x --batch-size)")
+    g.add_argument("--average-every", type=int,
+                   help="K-step model averaging: each rank steps alone, ranks average every K steps (default: "
+                        "gradients averaged at every step by the backend)")
+    g.add_argument("--local-after-epochs", type=float, default=0.0,
+                   help="post-local averaging: synchronous for these first epochs, K-step after")
+    g.add_argument("--bn-group", type=int,
+                   help="clips per BN statistics group (0: the whole batch; default: --batch-size when the batch varies)")
+    g.add_argument("--trace-steps", action="store_true",
+                   help="every rank writes each step's shape, batch, rate and a weight checksum to "
+                        "OUTPUT_DIR/steps-rank<R>.jsonl")
+
+
+def refuse(message: str):
+    """Flags that cannot go together, or a run they cannot continue: one line, no traceback."""
+    raise SystemExit(f"trainer train: {message}")
+
+
+def stages_for(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.multigrid_stages:
+        return tuple(args.multigrid_stages)
+    return tuple(sorted({max(1, min(args.epochs - 1, round(f * args.epochs))) for f in REFERENCE_STAGES}))
+
+
+class EpochShapes:
+    """What the loader needs of a multigrid schedule: each epoch's loader batch as parts, and the
+    largest loader batch in bytes (the size of its shared-memory slots)."""
+
+    def __init__(self, schedule: multigrid.Schedule):
+        self.schedule = schedule
+        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e)) for e in range(schedule.epochs))
+
+    def parts(self, epoch: int):
+        return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1))
+
+    def batch_size(self, epoch: int) -> int:
+        return sum(p.clips for p in self.parts(epoch))
+
+
+class Growth:
+    """The per-rank batch of batch growth, decided alike on every rank."""
+
+    def __init__(self, mode: str, base: int, max_batch: int, world_size: int, points: tuple[float, ...]):
+        if mode == "noise" and world_size < 2:
+            refuse("--batch-growth noise measures the gradient noise from the ranks' own gradients: "
+                             "it needs two or more ranks")
+        if mode == "points" and not points:
+            refuse("--batch-growth points needs --growth-points")
+        self.mode, self.base, self.max_batch, self.world_size, self.points = mode, base, max_batch, world_size, points
+        self.batch = base
+        self.noise = batch_growth.NoiseScale()
+        self.since_change = 0
+
+    def decide(self, position: float, multiplier: float, warm: bool) -> int:
+        """The batch for the next step, ``position`` epochs into the run, the base schedule's
+        rate multiplier there ``multiplier``, warm-up over or not (``warm``)."""
+        if self.mode == "points":
+            self.batch = batch_growth.batch_at_points(position, self.base, self.points, self.max_batch)
+        elif self.mode == "decay" and warm:
+            self.batch = max(self.batch, batch_growth.batch_for_decay(multiplier, self.base, self.max_batch))
+        elif self.mode == "noise" and warm and self.since_change >= NOISE_MEASUREMENTS:
+            grown = batch_growth.batch_for_noise(self.batch * self.world_size, self.noise.value,
+                                                 self.max_batch * self.world_size) // self.world_size
+            if grown != self.batch:
+                self.batch, self.since_change = grown, 0
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {"batch": self.batch, "noise": self.noise.state_dict(), "since_change": self.since_change}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch, self.since_change = state["batch"], state["since_change"]
+        self.noise.load_state_dict(state["noise"])
+
+
+class Regime:
+    """The run's regime from the trainer's arguments, for ``world_size`` ranks and a training split
+    of ``samples`` clips. Errors name the flags that cannot go together."""
+
+    def __init__(self, args: argparse.Namespace, world_size: int, samples: int, elastic: bool = False):
+        self.args, self.world_size, self.samples = args, world_size, samples
+        if elastic and (args.multigrid != "off" or args.batch_growth != "off" or args.average_every is not None):
+            refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's decisions "
+                   "and K-step averaging's drifted ranks depend on: use trainer train for those")
+        self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = None
+        if args.multigrid != "off":
+            if args.batch_growth != "off":
+                refuse("--multigrid and --batch-growth both set the batch size: use one")
+            if args.decode_on_device:
+                refuse("--multigrid decodes parts of several shapes per batch on the CPU: "
+                                 "not with --decode-on-device")
+            try:
+                phases = multigrid.plan(args.epochs, stages_for(args), args.segments, args.crop_size,
+                                        long_cycle=args.multigrid in ("long", "both"),
+                                        short_cycle=args.multigrid in ("short", "both"))
+                self.schedule = multigrid.Schedule(phases, args.batch_size, world_size, samples)
+            except ValueError as e:
+                refuse(f"--multigrid {args.multigrid} with --epochs {args.epochs}, --multigrid-stages "
+                       f"{list(stages_for(args))}, --batch-size {args.batch_size} on {world_size} ranks: {e}")
+            self.shapes = EpochShapes(self.schedule)
+        if args.batch_growth != "off":
+            self.growth = Growth(args.batch_growth, args.batch_size, args.max_batch_size or 8 * args.batch_size,
+                                 world_size, tuple(args.growth_points))
+        varies = self.schedule is not None or self.growth is not None
+        self.bn_group = args.bn_group if args.bn_group is not None else (args.batch_size if varies else 0)
+        self.step = 0  # global iteration of the next batch ``batches`` yields
+
+    @property
+    def epochs(self) -> int:
+        """The run's epochs: a multigrid plan's, else ``--epochs``."""
+        return self.schedule.epochs if self.schedule else self.args.epochs
+
+    def lr_factor(self, step: int) -> float:
+        """The base schedule's rate is multiplied by this at ``step`` (linear scaling in the batch)."""
+        if self.schedule:
+            return float(self.schedule.at(step).lr_factor)
+        if self.growth:
+            return self.growth.batch / self.growth.base
+        return 1.0
+
+    # --- synchronisation -------------------------------------------------------------------------
+    def backend(self, backend):
+        """``backend`` as the run synchronises: itself, or wrapped for K-step averaging."""
+        a = self.args
+        if a.average_every is None:
+            if a.local_after_epochs:
+                refuse("--local-after-epochs switches to K-step averaging: give --average-every")
+            return backend
+        if a.average_every < 1:
+            refuse(f"--average-every must be at least 1, not {a.average_every}")
+        if self.growth and self.growth.mode == "noise":
+            refuse("--batch-growth noise measures the noise of synchronously averaged gradients: "
+                             "not with --average-every")
+        self.kstep = KStepBackend(backend, a.average_every, self.steps_before(a.local_after_epochs))
+        return self.kstep
+
+    def steps_before(self, epoch: float) -> int:
+        """Optimizer steps in the run's first ``epoch`` epochs (at the base batch under batch growth)."""
+        if self.schedule:
+            whole = min(int(epoch), self.schedule.epochs)
+            frac = self.schedule.iterations[whole] * (epoch - whole) if whole < self.schedule.epochs else 0
+            return self.schedule.first[whole] + round(frac)
+        batch = self.args.batch_size
+        return round(epoch * (partition.per_rank(self.samples, self.world_size, batch, "pad") // batch))
+
+    @property
+    def drifted(self) -> bool:
+        """Whether the ranks hold different models now (K-step averaging between synchronisations)."""
+        return self.kstep is not None and self.kstep.drifted
+
+    def synchronisations(self, steps: int) -> int:
+        """Model synchronisations (gradient or model allreduce rounds) so far: one per step unless
+        K-step averaging."""
+        return self.kstep.synchronisations if self.kstep else steps
+
+    def attach(self, engine) -> None:
+        """The engine the regime steers; batch growth by noise watches the ranks' own gradients."""
+        self.engine = engine
+        if self.growth and self.growth.mode == "noise":
+            self.norms = batch_growth.LocalGradNorm(engine.model.parameters())
+
+    # --- the steps of an epoch -------------------------------------------------------------------
+    def batches(self, loader, wrap, step: int):
+        """One batch per optimizer step for the rest of the loader's epoch, the next global
+        iteration being ``step``; ``wrap`` iterates the loader (``train.isolated``). Each batch says
+        whether it ends the loader batch (``period_end``): only there may a run stop, since the
+        loader's position counts whole loader batches. A grown batch re-splits the rest of the
+        epoch (``ClipLoader.resize``)."""
+        self.step = step
+        while True:
+            it = wrap(loader)
+            resized = False
+            for batch in it:
+                parts = batch.pop("parts", None) or [batch]
+                for i, part in enumerate(parts):
+                    if self.schedule:
+                        self._check(part)
+                    yield {**batch, **part, "period_end": i == len(parts) - 1}
+                    self.step += 1
+                if self.growth and self.growth.batch != loader.batch_size:
+                    it.close()
+                    loader.resize(self.growth.batch)
+                    resized = not loader.epoch_finished  # (a finished epoch: the next starts at the new batch)
+                    break
+            if not resized:
+                return
+
+    def _check(self, part: dict) -> None:
+        """The loader's shape must be the schedule's at the global iteration (both are functions of it)."""
+        want = self.schedule.at(self.step)
+        got = (part["clips"].shape[0], part["clips"].shape[1], part["clips"].shape[-1])
+        if got != (want.batch, want.shape.frames, want.shape.crop):
+            raise RuntimeError(f"iteration {self.step}: the loader gave {got} (clips, frames, crop), the multigrid "
+                               f"schedule says {(want.batch, want.shape.frames, want.shape.crop)}")
+
+    def after_step(self) -> None:
+        """Batch growth's decision for the next step, from what every rank knows alike."""
+        if not self.growth:
+            return
+        e, g = self.engine, self.growth
+        if self.norms is not None:  # the ranks' own squared gradient norms, averaged, and the averaged gradient's
+            local = e.backend.all_sum(torch.tensor([self.norms.pop()], dtype=torch.float64)).item() / self.world_size
+            g.noise.update(local, g.batch, batch_growth.grad_sq_norm(e.model.parameters()), g.batch * self.world_size)
+            g.since_change += 1
+        seen, sched = e.clips_seen, e.schedule
+        before = g.batch
+        g.decide(seen / self.samples, sched.lr(seen) / sched.peak, seen >= sched.warmup_clips)
+        if g.batch != before and e.backend.rank == 0:
+            log.info("batch growth (%s): %d -> %d clips per rank at epoch %.2f (noise scale %.0f)", g.mode,
+                     before, g.batch, seen / self.samples, g.noise.value)
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"world_size": self.world_size, "growth": self.growth.state_dict() if self.growth else None,
+                "averaging": self.kstep.state_dict() if self.kstep else None}
+
+    def load_state_dict(self, state: dict | None, loader) -> None:
+        """Continue from a checkpoint's regime (None: one written without), before ``loader``'s state is loaded."""
+        state = state or {}
+        if self.schedule and state.get("world_size", self.world_size) != self.world_size:
+            refuse(f"a multigrid run's iterations depend on its world size: resume it on "
+                             f"{state['world_size']} ranks, not {self.world_size}")
+        if self.growth and state.get("growth"):
+            self.growth.load_state_dict(state["growth"])
+            loader.batch_size = self.growth.batch  # the loader's last segment goes on at this batch
+        if self.kstep and state.get("averaging"):
+            self.kstep.load_state_dict(state["averaging"])
+
+    def describe(self) -> str:
+        lines = []
+        if self.schedule:
+            s = self.schedule
+            lines.append(f"multigrid ({self.args.multigrid}): {s.epochs} epochs, {s.total} iterations, stages at "
+                         f"{list(stages_for(self.args))} of {self.args.epochs} baseline epochs")
+            for p in s.phases:
+                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop} x {self.args.batch_size * c.factor}" for c in p.cycle)
+                lines.append(f"  epochs {p.start}-{p.end}: stage {p.stage}, lr x{p.shape.factor}: {cycle}")
+        if self.growth:
+            g = self.growth
+            lines.append(f"batch growth ({g.mode}): {g.base} -> at most {g.max_batch} clips per rank"
+                         + (f" at epochs {list(g.points)}" if g.mode == "points" else ""))
+        if self.kstep:
+            lines.append(f"K-step averaging every {self.kstep.every} steps"
+                         + (f", synchronous for the first {self.kstep.local_after} steps" if self.kstep.local_after else ""))
+        if self.bn_group:
+            lines.append(f"sub-batch BN: groups of {self.bn_group} clips")
+        return "\n".join(lines)
+
+
+class StepTrace:
+    """``--trace-steps``: one JSON line per optimizer step on every rank, to compare ranks and runs:
+    the step's epoch, batch shape and rate, the weights' sum after it, and what the caller adds."""
+
+    def __init__(self, output_dir: str, rank: int, enabled: bool):
+        self.file = None
+        if enabled:
+            os.makedirs(output_dir, exist_ok=True)
+            self.file = open(os.path.join(output_dir, f"steps-rank{rank}.jsonl"), "a", encoding="utf-8")
+
+    def log(self, step: int, epoch: int, clips: torch.Tensor, lr: float, model: torch.nn.Module, **extra) -> None:
+        if self.file is None:
+            return
+        with torch.no_grad():
+            checksum = sum(p.double().sum().item() for p in model.parameters())
+        record = {"step": step, "epoch": epoch, "batch": clips.shape[0], "frames": clips.shape[1],
+                  "crop": clips.shape[-1], "lr": lr, "weights": checksum, **extra}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+

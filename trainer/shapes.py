@@ -1,0 +1,106 @@
+"""Mini-batch shapes in the loader: one loader batch of a multigrid epoch, cut into parts of their own shape.
+
+A multigrid epoch (``trainer.multigrid.Schedule``) reads its clips in *periods*: one pass through
+the short cycle, successive iterations of different crops and batch sizes (one iteration without
+the short cycle). A rank's loader batch is one period, so ``shards.partition`` still plans whole,
+equal batches on every rank; this module describes and renders the period:
+
+* ``Part(clips, frames, crop)``: one iteration's share of the loader batch. ``epoch_parts`` gives
+  an epoch's parts from the schedule, the same on every rank (the schedule is a function of the
+  epoch, never of anything rank-local).
+* ``PartsRenderer`` (in a loader worker): clip i of the batch goes to the part it falls in. A part
+  of T' < T frames takes every (T/T')-th stored frame from a random start below that stride
+  (``multigrid.clip_frames``): the same time span, a coarser grid, and only the frames taken are
+  read and decoded. A part of crop c < S is TSM's multi-scale crop of the same field of view
+  resized to c, decoded with its short side scaled by c/S as well (so JPEG's DCT scaling can skip
+  the detail that resizing would throw away). All parts are written one after the other into one
+  flat uint8 buffer (a slot of the loader's shared-memory pool).
+* ``unpack`` (in the trainer's process): the flat buffer -> one batch per part, (B', T', C, c, c)
+  views in channels-last memory like ordinary batches, with their labels, validity and real
+  clips over all ranks (``shards.partition.step_samples`` with ``parts``).
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .multigrid import Schedule, clip_frames
+from .transforms import TrainTransform
+
+
+@dataclass(frozen=True)
+class Part:
+    """``clips`` clips of ``frames`` x ``crop`` x ``crop`` pixels: one iteration of a loader batch."""
+    clips: int
+    frames: int
+    crop: int
+
+    @property
+    def clip_shape(self) -> tuple[int, int, int, int]:
+        return self.frames, self.crop, self.crop, 3
+
+    @property
+    def nbytes(self) -> int:
+        return self.clips * math.prod(self.clip_shape)
+
+
+def epoch_parts(schedule: Schedule, epoch: int) -> tuple[Part, ...]:
+    """The parts of every loader batch of ``epoch``: one per shape of its phase's cycle."""
+    phase = schedule.epoch_phase[epoch]
+    return tuple(Part(schedule.batch * s.factor, s.frames, s.crop) for s in phase.cycle)
+
+
+def parts_nbytes(parts: tuple[Part, ...]) -> int:
+    return sum(p.nbytes for p in parts)
+
+
+class PartsRenderer:
+    """Decodes one loader batch into its parts; ``crop_size`` and ``scale_size`` are those of the
+    full shape, which the parts' own are scaled from."""
+
+    def __init__(self, parts: tuple[Part, ...], crop_size: int, scale_size: int, flip: bool):
+        self.parts = parts
+        self.transforms = [TrainTransform(p.crop, max(1, round(scale_size * p.crop / crop_size)), flip)
+                           for p in parts]
+
+    @property
+    def clips(self) -> int:
+        return sum(p.clips for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return parts_nbytes(self.parts)
+
+    def render(self, frames: list[list[bytes]], rngs: list[random.Random], pixels: np.ndarray) -> None:
+        """Clip i's stored JPEG frames ``frames[i]`` (drawing from ``rngs[i]``) into the flat ``pixels``."""
+        if len(frames) != self.clips:
+            raise ValueError(f"a loader batch of {len(frames)} clips for parts of {self.clips}")
+        clip, offset = 0, 0
+        for part, transform in zip(self.parts, self.transforms):
+            out = pixels[offset:offset + part.nbytes].reshape(part.clips, *part.clip_shape)
+            for dest in out:
+                stored, rng = frames[clip], rngs[clip]
+                stride = len(stored) // part.frames
+                start = rng.randrange(stride) if stride > 1 else 0
+                transform.into([stored[k] for k in clip_frames(len(stored), part.frames, start)], rng, dest)
+                clip += 1
+            offset += part.nbytes
+
+
+def unpack(batch: dict, parts: tuple[Part, ...]) -> dict:
+    """A loader batch whose ``clips`` are the flat pixels of ``parts`` and whose ``global_valid`` is
+    a count per part -> the batch with ``parts``: one batch per part, its ``clips`` a
+    (B', T', C, c, c) view in channels-last memory, its ``labels``, ``valid`` and ``global_valid``."""
+    flat, labels, valid = batch["clips"], batch["labels"], batch["valid"]
+    out, clip, offset = [], 0, 0
+    for part, global_valid in zip(parts, batch["global_valid"], strict=True):
+        clips = flat[offset:offset + part.nbytes].view(part.clips, *part.clip_shape).movedim(-1, -3)
+        out.append({"clips": clips, "labels": labels[clip:clip + part.clips], "valid": valid[clip:clip + part.clips],
+                    "global_valid": global_valid})
+        clip, offset = clip + part.clips, offset + part.nbytes
+    rest = {k: v for k, v in batch.items() if k != "clips"}
+    return rest | {"parts": out, "global_valid": sum(batch["global_valid"])}
