@@ -5,7 +5,8 @@ For a fixed time, CLIENTS clients (PROCS processes x threads) each read random r
 consecutive clips (the reads a loader makes) of random shards, and check every answer's length
 (one in 20 byte for byte). Reported per source: MB/s, requests/s, latency p50/p99, errors; for
 servers also their peak memory (RSS sampled every 0.2 s, with the first and last sample to show
-it stays flat) and CPU seconds per GB served. Sources, in one run: local disk, this service
+it stays flat) and CPU seconds per GB served (with the share spent in the kernel), and for the clients
+their CPU seconds per GB read. Sources, in one run: local disk, this service
 (aiohttp, sendfile), and with --compare a Starlette FileResponse app on uvicorn serving the same
 files (the alternative the issue asks to measure). Then one epoch of the trainer's loader
 streamed from the service against local disk: the time spent waiting for batches.
@@ -99,6 +100,7 @@ def _client_thread(base, shards, deadline, seed, out, local_root):
 
 def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
     out = []
+    cpu = os.times()  # this process's threads
     deadline = time.perf_counter() + seconds
     ts = [threading.Thread(target=_client_thread, args=(base, shards, deadline, seed * 1000 + k, out, local_root))
           for k in range(threads)]
@@ -106,7 +108,8 @@ def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
         t.start()
     for t in ts:
         t.join()
-    queue.put(out)
+    now = os.times()
+    queue.put((out, (now.user - cpu.user, now.system - cpu.system)))
 
 
 def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seconds: float,
@@ -115,7 +118,7 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
               for s in m.splits["train"].shards]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    cpu0 = sum(server.cpu_times()[:2]) if server else 0.0
+    cpu0 = server.cpu_times() if server else None
     rss = []
     ps = [ctx.Process(target=_client_proc, args=(base, shards, seconds, clients // procs, k, queue, local_root))
           for k in range(procs)]
@@ -133,14 +136,21 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     for p in ps:
         p.join()
     wall = time.perf_counter() - t0
+    client_user, client_sys = (sum(cpu[k] for _, cpu in results) for k in (0, 1))
+    results = [r for r, _ in results]
     lat = np.array([x for r in results for t in r for x in t[0]])
     nbytes = sum(t[1] for r in results for t in r)
     out = {"MB_s": nbytes / wall / 1e6, "req_s": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50) * 1e3),
            "p99_ms": float(np.percentile(lat, 99) * 1e3), "errors": sum(t[2] for r in results for t in r),
            "requests": len(lat), "GB": nbytes / 1e9}
+    gb = max(out["GB"], 1e-9)
+    out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
+        client_user + client_sys, 1e-9)})
     if server:
         out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
-                    "cpu_s_per_GB": (sum(server.cpu_times()[:2]) - cpu0) / max(out["GB"], 1e-9)})
+                    "cpu_s_per_GB": (sum(server.cpu_times()[:2]) - sum(cpu0[:2])) / gb,
+                    "sys_share": (server.cpu_times().system - cpu0.system) / max(
+                        sum(server.cpu_times()[:2]) - sum(cpu0[:2]), 1e-9)})
     return out
 
 
@@ -196,6 +206,7 @@ def main() -> int:
     p.add_argument("--clips", type=int, default=100, help="clips per shard")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
+    p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
     p.add_argument("--role", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
@@ -229,6 +240,10 @@ def main() -> int:
         print(label, res[label], flush=True)
     service = "service (aiohttp, sendfile)"
     res["service_vs_local_MB_s"] = res[service]["MB_s"] / res["local"]["MB_s"]
+    print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
+    if args.no_epoch:
+        print("BENCH_JSON " + json.dumps(res, sort_keys=True))
+        return 0
 
     proc, url = start(servers[service][0])
     try:
@@ -241,7 +256,6 @@ def main() -> int:
     print(f"one epoch ({res['epoch_local']['batches']} batches, {args.epoch_workers} workers): data wait "
           f"{res['epoch_local']['data_wait_s']:.2f} s local, {res['epoch_http']['data_wait_s']:.2f} s over HTTP "
           f"({res['epoch_http_vs_local']:.2f}x)")
-    print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
     print("BENCH_JSON " + json.dumps(res, sort_keys=True))
     return 0
 

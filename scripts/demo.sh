@@ -23,7 +23,7 @@ echo "== 1/4 data: 320 videos (64x64, 2 s), ingested into shards of 4-frame JPEG
 # A ResNet-10 of width 16 on 32 px crops, 4 frames, no flips (left and right are classes). The
 # features that see motion appear after a few hundred steps, then TSM's accuracy jumps.
 train=(--data demo/shards --segments 4 --depth 10 --width 16 --crop-size 32 --scale-size 32 --no-flip
-       --batch-size 16 --epochs 16 --warmup-epochs 1 --lr-per-8 0.05 --workers 0 --print-freq 8)
+       --batch-size 16 --epochs 16 --warmup-epochs 1 --lr-per-8 0.1 --workers 0 --print-freq 8)
 echo "== 2/4 training TSM and TSN side by side, one core each (logs: demo/tsm.log, demo/tsn.log)"
 rm -rf demo/tsm demo/tsn
 OMP_NUM_THREADS=1 "$bin/trainer" train "${train[@]}" --output-dir demo/tsm > demo/tsm.log 2>&1 & tsm=$!

@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep every Ray on 127.0.0.1 (../shared/notes/loopback.md)
-exec .venv/bin/python -m pytest -q "$@"
+# Two pytest processes (KF_TEST_WORKERS; 0: one), each test file whole in one of them: much of
+# the suite waits on launches, rendezvous and timeouts, which the other process fills.
+exec .venv/bin/python -m pytest -q -n "${KF_TEST_WORKERS:-2}" --dist loadfile "$@"

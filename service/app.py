@@ -34,6 +34,7 @@ from . import housekeeping
 from .builds import BadRequest, Builds
 from .files import Entry, Refused, content_type, file_table, open_local
 from .ranges import evaluate
+from .records import RecordCache
 
 log = logging.getLogger("service.app")
 MAX_BODY = 64 * 1024
@@ -44,6 +45,7 @@ BUILDS = web.AppKey("builds", Builds)
 TOKENS = web.AppKey("tokens", list)
 READ_AUTH = web.AppKey("read_auth", bool)
 TABLES = web.AppKey("tables", dict)
+RECORDS = web.AppKey("records", RecordCache)
 
 
 def error(status: int, message: str, **headers) -> web.Response:
@@ -91,7 +93,8 @@ def _reader(request: web.Request) -> None:
 
 
 def _record(request: web.Request, ready: bool = False) -> Record:
-    rec = request.app[CATALOG].resolve(request.match_info["ref"])
+    """The request's set; a ready one (a file read) from the record cache."""
+    rec = (request.app[RECORDS] if ready else request.app[CATALOG]).resolve(request.match_info["ref"])
     if rec is None:
         raise web.HTTPNotFound(text=f"no dataset {request.match_info['ref']!r}")
     if ready and rec.state != "ready":
@@ -158,7 +161,7 @@ async def get_file(request: web.Request) -> web.StreamResponse:
     headers["Content-Type"] = content_type(name)
     root = local_path(rec.location)
     if root is not None:
-        fd = await asyncio.to_thread(open_local, root, name, entry)
+        fd = open_local(root, name, entry)  # a few system calls on a local directory: no thread hop
         response = _Sendfile(fd, answer.start, answer.length, status=answer.status, headers=headers)
     else:
         response = _Streamed(f"{rec.location}/{name}", entry, answer.start, answer.end, status=answer.status,
@@ -268,12 +271,18 @@ async def _reap_periodically(app: web.Application):
     task.cancel()
 
 
+async def _close_records(app: web.Application) -> None:
+    app[RECORDS].close()
+
+
 def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = False, data_root: str,
              ray_address: str | None = None) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH], app[TABLES] = catalog, list(tokens), read_auth, {}
+    app[RECORDS] = RecordCache(catalog)
     app[BUILDS] = Builds(catalog, data_root, ray_address)
     app.cleanup_ctx.append(_reap_periodically)
+    app.on_cleanup.append(_close_records)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/datasets", list_datasets)
     app.router.add_get("/v1/datasets/{ref}", show_dataset)

@@ -1,5 +1,5 @@
-"""Byte ranges over HTTP, checked and retried: one streamed GET per range through fsspec's
-HTTP filesystem, resumed where it broke off.
+"""Byte ranges over HTTP, checked and retried: one GET per range on a kept-alive connection,
+resumed where it broke off.
 
 Every response must be exactly what was asked (``range_problem``): 206, a ``Content-Range``
 whose first and last byte and total size are the requested ones, a ``Content-Length`` equal
@@ -9,6 +9,12 @@ a short body, a wrong total, another ETag, a 5xx, a dropped connection) is retri
 first missing byte with exponential backoff and jitter (``Retry.attempts`` requests in all
 per range), then fails naming the URL, the bytes and the last problem. 404 and other 4xx answers fail at once: asking again will not help.
 
+The hot path is the standard library's blocking HTTP/1.1 client (``http.client``) in the reading
+thread: no hop to an event loop, the body received straight into the bytes object the reader
+gets (one copy from the kernel), and connections kept alive in a per-process pool, so a range
+costs one request on an open connection. A pooled connection the server has since closed is
+replaced once without counting as a failure.
+
 Headers from fsspec's configuration go with every request (``FSSPEC_HTTP_HEADERS='{"Authorization":
 "Bearer TOKEN"}'`` or ``~/.config/fsspec/http.json``), so a service started with ``--read-auth`` is read
 like any other.
@@ -17,6 +23,8 @@ Fork safety (loader workers are forked): a connection is never shared by two pro
 
 * A range opened before a fork and read on in the child asks again, from its first unread byte,
   through the child's own connection; the parent's response is left to the parent.
+* The child starts with an empty connection pool (``_POOL``); its copies of the parent's pooled
+  sockets are dropped unused (closing a copied descriptor leaves the parent's connection open).
 * fsspec gives a forked child new filesystems and a new event loop, but the child still holds
   copies of the parent's, and cleaning those up (when collected, or at exit) closes their pooled
   connections through the copied loop, whose epoll instance and sockets the kernel shares with
@@ -25,24 +33,24 @@ Fork safety (loader workers are forked): a connection is never shared by two pro
   child's cleanup first waits a second for a loop whose thread did not survive the fork. So at the
   fork the child's copies of those descriptors are pointed at /dev/null and the copied loop is
   marked not running (``_after_fork_in_child``). This covers every fsspec filesystem on fsspec's
-  shared loop (HTTP here and in ``fsspec.open``, s3fs).
+  shared loop (HTTP in ``fsspec.open``, which reads manifests, and s3fs).
 """
 from __future__ import annotations
 
-import asyncio
+import http.client
 import io
 import os
 import random
 import re
+import threading
 import time
+import urllib.parse
 from asyncio.selector_events import BaseSelectorEventLoop
 from dataclasses import dataclass
 from typing import Mapping
 
-import aiohttp
 import fsspec.asyn
-from fsspec.asyn import sync
-from fsspec.core import url_to_fs
+import fsspec.config
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 _SHA256_ETAG = re.compile(r'"([0-9a-f]{64})"$')
@@ -93,21 +101,39 @@ def range_problem(status: int, headers: Mapping[str, str], start: int, end: int,
     return None
 
 
-async def _read_upto(content: aiohttp.StreamReader, n: int) -> bytes:
-    """Up to ``n`` bytes of a response body, fewer only at its end: one hop to fsspec's event
-    loop per call instead of one per network chunk."""
-    parts, got = [], 0
-    try:
-        while got < n:
-            chunk = await content.read(n - got)
-            if not chunk:
-                break
-            parts.append(chunk)
-            got += len(chunk)
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        if not parts:
-            raise  # else keep what arrived; the next read meets the error again
-    return b"".join(parts)
+class _Pool:
+    """Idle kept-alive connections of this process, by (scheme, host, port)."""
+
+    def __init__(self, idle_per_host: int = 64):
+        self.idle: dict[tuple, list[http.client.HTTPConnection]] = {}
+        self.lock = threading.Lock()
+        self.idle_per_host = idle_per_host
+
+    def get(self, key: tuple) -> http.client.HTTPConnection | None:
+        with self.lock:
+            conns = self.idle.get(key)
+            return conns.pop() if conns else None
+
+    def put(self, key: tuple, conn: http.client.HTTPConnection) -> None:
+        with self.lock:
+            conns = self.idle.setdefault(key, [])
+            if len(conns) < self.idle_per_host:
+                conns.append(conn)
+                return
+        conn.close()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's connections are not ours to use."""
+        self.idle, self.lock = {}, threading.Lock()
+
+
+_POOL = _Pool()
+TIMEOUT = 60.0  # seconds without progress on a connection before the request is retried
+
+
+def _config_headers(scheme: str) -> dict:
+    conf = fsspec.config.conf
+    return {**conf.get("http", {}).get("headers", {}), **conf.get(scheme, {}).get("headers", {})}
 
 
 class HTTPRange(io.RawIOBase):
@@ -117,9 +143,13 @@ class HTTPRange(io.RawIOBase):
                  retry: Retry = DEFAULT_RETRY):
         self.url, self.start, self.pos, self.end = url, start, start, end
         self.size, self.sha256, self.retry = size, sha256, retry
-        self.fs, _ = url_to_fs(url)
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"{url}: not an http(s) URL")
+        self.key = (u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80))
+        self.target = urllib.parse.quote(u.path or "/", safe="/%~@:+!$&'()*,;=") + (f"?{u.query}" if u.query else "")
         self.pid = os.getpid()
-        self.r, self.pending = None, b""  # the open response, and body bytes already received
+        self.conn, self.r = None, None  # the connection and its open response
         self.failures = 0
 
     def readable(self) -> bool:
@@ -134,22 +164,40 @@ class HTTPRange(io.RawIOBase):
                              f"gave up after {self.failures} attempts")
         self.retry.sleep(self.failures)
 
-    async def _get(self, first: int) -> tuple[aiohttp.ClientResponse, bytes]:
-        """GET the missing bytes and receive the first ``first`` of them: one hop to fsspec's loop."""
-        session = await self.fs.set_session()
-        kwargs = dict(self.fs.kwargs)
-        headers = {**kwargs.pop("headers", {}), "Range": f"bytes={self.pos}-{self.end - 1}"}
-        r = await session.get(self.fs.encode_url(self.url), headers=headers, **kwargs)
-        if r.status != 206:
-            r.release()
-            return r, b""
-        return r, await _read_upto(r.content, first)
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection to the URL's server, and whether it was pooled (so may have been closed by now)."""
+        conn = _POOL.get(self.key)
+        if conn is not None:
+            return conn, True
+        scheme, host, port = self.key
+        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        return cls(host, port, timeout=TIMEOUT), False
 
-    def _open(self, first: int) -> None:
+    def _request(self) -> None:
+        """Send the GET for the missing bytes and receive the answer's headers."""
+        headers = {**_config_headers(self.key[0]), "Range": f"bytes={self.pos}-{self.end - 1}"}
+        while True:
+            conn, pooled = self._connection()
+            try:
+                conn.request("GET", self.target, headers=headers)
+                self.conn, self.r = conn, conn.getresponse()
+                return
+            except (ConnectionError, http.client.BadStatusLine):
+                conn.close()
+                if not pooled:
+                    raise  # a stale pooled connection is replaced; a fresh one failing is a failure
+            except BaseException:
+                conn.close()
+                raise
+
+    def _open(self) -> None:
         try:
-            r, data = sync(self.fs.loop, self._get, first)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            self._request()
+        except (http.client.HTTPException, OSError) as e:
             return self._failed(f"{type(e).__name__}: {e}")
+        r = self.r
+        if r.status != 206:
+            self._drop()  # whatever its body, this connection is not reused
         if r.status == 404:
             raise FileNotFoundError(f"{self.url}: not found (404)")
         if 400 <= r.status < 500 and r.status not in _RETRIED_4XX:
@@ -157,57 +205,60 @@ class HTTPRange(io.RawIOBase):
         problem = range_problem(r.status, r.headers, self.pos, self.end, self.size, self.sha256)
         if problem:
             return self._failed(problem)
-        self.r, self.pending = r, data
 
     def _forked(self) -> bool:
-        """After a fork, in the child: forget the parent's response and filesystem (the child asks
+        """After a fork, in the child: forget the parent's response and connection (the child asks
         again, from ``pos``, on its own connection). True if that happened."""
         if self.pid == os.getpid():
             return False
-        self.fs, _ = url_to_fs(self.url)
-        self.pid, self.r, self.pending = os.getpid(), None, b""
+        self.pid, self.conn, self.r = os.getpid(), None, None
         return True
 
-    def _next(self, want: int) -> bytes:
-        """The next 1 to ``want`` bytes of the range (b"" at its end), opening or reopening as needed."""
+    def _body(self, read, want: int):
+        """The next 1 to ``want`` bytes of the range through ``read(r, want)`` (nothing at its end),
+        opening or reopening as needed."""
         self._forked()
         want = min(want, self.end - self.pos)
         while want > 0:
             if self.r is None:
-                self._open(want)
+                self._open()
                 continue
-            data, self.pending = self.pending, b""
-            if not data:
-                try:
-                    data = sync(self.fs.loop, _read_upto, self.r.content, want)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                    self._failed(f"reading the body: {type(e).__name__}: {e}")
-                    continue
-            if not data:
+            try:
+                got = read(self.r, want)
+            except (http.client.HTTPException, OSError) as e:
+                self._failed(f"reading the body: {type(e).__name__}: {e}")
+                continue
+            if not got:
                 self._failed(f"the body ended {self.end - self.pos} bytes short")
                 continue
-            data, self.pending = data[:want], data[want:]
-            self.pos += len(data)
+            self.pos += got if isinstance(got, int) else len(got)
             if self.pos == self.end:
-                self.r = None  # read to its end: aiohttp has put the connection back in its pool
-            return data
-        return b""
+                self._release()
+            return got
+        return None
 
     def readinto(self, buf) -> int:
-        data = self._next(len(buf))
-        buf[:len(data)] = data
-        return len(data)
+        return self._body(lambda r, n: r.readinto(memoryview(buf)[:n]), len(buf)) or 0
 
     def readall(self) -> bytes:
         parts = []
-        while chunk := self._next(8 << 20):
+        while chunk := self._body(http.client.HTTPResponse.read, self.end - self.pos):
             parts.append(chunk)
         return b"".join(parts)
 
+    def _release(self) -> None:
+        """The whole answer read: its connection goes back to the pool."""
+        conn, r = self.conn, self.r
+        self.conn, self.r = None, None
+        if r.will_close or r.read(1):  # the server closes it, or a chunked body has more than the range
+            conn.close()
+        else:
+            _POOL.put(self.key, conn)
+
     def _drop(self) -> None:
-        if not self._forked() and self.r is not None:
-            self.fs.loop.call_soon_threadsafe(self.r.close)  # mid-body: the connection cannot be reused
-            self.r, self.pending = None, b""
+        if not self._forked() and self.conn is not None:
+            self.conn.close()  # mid-body: the connection cannot be reused
+        self.conn, self.r = None, None
 
     def close(self) -> None:
         self._drop()
@@ -223,11 +274,12 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """Cut the parent's loop, as copied into this child, off from everything the parent uses: each
+    """Forget this module's pooled connections, which are the parent's. Cut the parent's loop, as copied into this child, off from everything the parent uses: each
     socket it holds open (connections, its wake-up socket pair) is pointed at /dev/null, so whatever
     the child's copies do later (unregister from epoll, write, close) reaches none of the parent's
     connections; and the loop is marked not running (its thread stayed in the parent), so fsspec
     closes inherited sessions without waiting a second for it."""
+    _POOL.forget()
     loop = _loop_at_fork.pop() if _loop_at_fork else None
     if not isinstance(loop, BaseSelectorEventLoop) or loop.is_closed():
         return

@@ -40,6 +40,7 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
         srv = self.server
         srv.counts[self.path] += 1
         srv.ranges.append(self.headers.get("Range"))
+        srv.ports.append(self.client_address[1])  # which connection asked
         data = BLOBS[self.path]
         first = srv.counts[self.path] == 1
         mode = srv.mode
@@ -65,6 +66,8 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
             if mode == "short-first":
                 time.sleep(0.3)  # let the client take the first half before the connection drops
             return None
+        if mode == "hang-up":  # a whole answer, then the connection is closed without saying so beforehand
+            return self._reply(206, headers, body, close=True)
         if mode == "stall-first" and first:
             self._reply(206, headers, body[: len(body) // 2])
             srv.release.wait(30)
@@ -90,7 +93,7 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
 def misbehaving(mode="ok"):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
     srv.daemon_threads = True
-    srv.mode, srv.counts, srv.ranges, srv.release = mode, Counter(), [], threading.Event()
+    srv.mode, srv.counts, srv.ranges, srv.release, srv.ports = mode, Counter(), [], threading.Event(), []
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
@@ -142,6 +145,11 @@ def test_client_retries_a_failed_answer_and_resumes_a_broken_body():
         assert first == "bytes=7-250006"
         resumed = int(re.match(r"bytes=(\d+)-250006", second)[1])
         assert 7 < resumed <= 7 + 125_000  # asked only for what was missing
+    with misbehaving("hang-up") as (srv, url):  # a kept-alive connection the server has closed since is
+        once = Retry(attempts=1)  # replaced, and that is no failed attempt
+        assert [open_range(f"{url}/blob.tar", 0, 99, size=SIZE, sha256=SHA, retry=once).read() for _ in range(3)] \
+            == [BLOB[:99]] * 3
+        assert len(set(srv.ports)) == 3
 
 
 # --- across forks --------------------------------------------------------------------------
@@ -189,9 +197,10 @@ def test_forked_readers_never_use_the_parent_connections(tmp_path):
     read_all = lambda times=1: all(read_blob(url, p) == BLOBS[p] for _ in range(times) for p in BLOBS)  # noqa: E731
     with misbehaving() as (srv, url):
         try:
-            assert within(read_all)
             half = HTTPRange(f"{url}/blob.tar", 0, SIZE, SIZE, SHA)
             first = half.read(1000)  # unbuffered: the rest of the answer is still the connection's
+            assert within(read_all)  # on another connection, kept alive in the pool at the fork
+            parents, asked = set(srv.ports), len(srv.ports)  # the parent's connections: pooled, and half's
             cache = ShardCache(str(tmp_path / "cache"), retry=FAST)
             ctx = multiprocessing.get_context("fork")
             results = ctx.Queue()
@@ -207,6 +216,8 @@ def test_forked_readers_never_use_the_parent_connections(tmp_path):
                 assert r["continued"] and all(r["straight"]) and all(r["cached"]), r
                 assert r["collect_blocked_s"] < 0.5, r  # no wait on the parent's event loop, which has no thread here
             assert [c.exitcode for c in children] == [0, 0, 0]
+            # the parent's reads went over its kept-alive connections, and not one child request did
+            assert sum(port in parents for port in srv.ports[asked:]) == 2 * len(BLOBS)
             assert within(read_all, 30)  # the parent's pooled connections, after the children cleaned up theirs
             assert first + half.readall() == BLOB  # and the range it left half read
         finally:

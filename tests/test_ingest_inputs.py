@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 
@@ -49,8 +50,12 @@ GOOD = {  # file name -> factory; each must produce a clip of exactly the right 
     "edit_list.mp4": media.make_edit_list,  # 48 frames listed, 35 shown: frame 0 is the 13th encoded
 }
 FIRST_SHOWN = {"edit_list": 13}
-# where the red marker of the first frame's top-left corner must be once the rotation is applied
-MARKER = {"plain": "top-left", "rotated": "top-right", "rotated180": "bottom-right", "rotated270": "bottom-left"}
+# Where the red marker of the first frame's top-left corner must be once the display matrix's
+# rotation is applied, and whether the frame is then portrait: together they tell every turn and
+# mirror apart (a mirrored 90-degree turn puts the marker in another corner; a plain mirror keeps
+# the frame landscape).
+ORIENTATION = {"plain": ("top-left", False), "rotated": ("top-right", True),
+               "rotated180": ("bottom-right", False), "rotated270": ("bottom-left", True)}
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +94,26 @@ def test_unlabeled_training_videos_never_reach_the_shards(built):
     assert m.splits["train"].num_failed == len(UNLABELED)
 
 
-def test_rotated_frames_come_out_the_right_way_up(built):
-    got = samples(built[1], "val")
-    for name, corner in MARKER.items():
+@pytest.fixture(scope="module")
+def built_with_ffmpeg(built, tmp_path_factory):
+    """The same turned videos built again through the ffmpeg command line (``--decoder ffmpeg``)."""
+    src = tmp_path_factory.mktemp("turned")
+    (src / "val" / "good").mkdir(parents=True)
+    for name in ORIENTATION:
+        shutil.copy(built[0] / "val" / "good" / f"{name}.mp4", src / "val" / "good")
+    out = tmp_path_factory.mktemp("out-ffmpeg")
+    build(str(src), str(out), ClipConfig(short_side=32, decoder="ffmpeg"), workers=2, shard_samples=50)
+    return out
+
+
+@pytest.mark.parametrize("decoder", ["pyav", "ffmpeg"])
+def test_rotated_frames_come_out_the_right_way_up(request, decoder):
+    out = request.getfixturevalue("built")[1] if decoder == "pyav" else request.getfixturevalue("built_with_ffmpeg")
+    got = samples(out, "val")
+    for name, (corner, portrait) in ORIENTATION.items():
+        assert json.loads(got[f"{name}_c00"]["json"])["decoder"] == decoder
         frames = [np.asarray(Image.open(io.BytesIO(got[f"{name}_c00"][f"{t:02d}.jpg"]))) for t in range(8)]
-        assert [media.marker_corner(f) for f in frames] == [corner] * 8, name
+        assert [(media.marker_corner(f), f.shape[0] > f.shape[1]) for f in frames] == [(corner, portrait)] * 8, name
 
 
 def test_every_good_input_gives_its_exact_frames(built):

@@ -131,23 +131,6 @@ def test_elastic_resume_from_4_ranks_to_3_covers_the_epoch_once(shardset):
     assert len(seen) == TRAIN and set(seen.values()) == {1}
 
 
-def test_reads_open_each_piece_once_and_never_list(shardset, monkeypatch):
-    """Spy on the real os calls: one open per shard read, no stat, no listing."""
-    calls = Counter()
-    for name in ("open", "stat", "listdir", "scandir"):
-        real = getattr(os, name)
-        def spy(*a, _real=real, _name=name, **k):
-            calls[_name, str(a[0]).endswith(".tar")] += 1
-            return _real(*a, **k)
-        monkeypatch.setattr(os, name, spy)
-    ld = loader(shardset, world_size=3, rank=2, batch_size=2)
-    calls.clear()
-    list(ld)
-    order = ld._order()
-    shards = {r.shard for s in P.streams(TRAIN, 3, 2, 1, 2) for r in order.slice(s.begin, s.end)}
-    assert calls == Counter({("open", True): len(shards)})
-
-
 def test_reading_over_http_matches_disk(shardset):
     local = list(loader(shardset, world_size=2, rank=0, num_workers=2))
     with serve(shardset) as (url, requests):

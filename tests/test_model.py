@@ -1,11 +1,13 @@
 """TSM model: the temporal shift, the ResNet backbone, pretrained loading and BN modes."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from trainer.model import ModelConfig, TSM, build, load_pretrained
-from trainer.resnet import ResNet
+from trainer.resnet import NoShift, ResNet
 from trainer.temporal_shift import TemporalShift, temporal_shift
 
 
@@ -112,22 +114,107 @@ def test_resnet_matches_torchvision_sizes_and_names(depth, params):
         assert key in keys
 
 
-def test_load_pretrained_reports_loaded_new_and_ignored(tmp_path):
-    torch.manual_seed(1)
-    source = ResNet(18, width=8)
-    state = {f"module.{k}": v for k, v in source.state_dict().items()}
-    state["module.fc.weight"], state["module.fc.bias"] = torch.randn(1000, 64), torch.randn(1000)
-    path = tmp_path / "resnet18.pth"
-    torch.save({"state_dict": state}, path)
-    model = tiny(True)
-    head_before = model.fc.weight.clone()
-    report = load_pretrained(model, str(path))
-    assert set(report["loaded"]) == set(source.state_dict())
-    assert report["new"] == ["fc.weight", "fc.bias"]
-    assert report["ignored"] == ["fc.bias", "fc.weight"]
-    for key, value in source.state_dict().items():
-        assert torch.equal(model.backbone.state_dict()[key], value)
-    assert torch.equal(model.fc.weight, head_before)
+# torchvision's resnet.py: block type, blocks per stage, and the ImageNet checkpoints' sizes
+TORCHVISION = {18: ("basic", (2, 2, 2, 2), 122, 11_689_512), 50: ("bottleneck", (3, 4, 6, 3), 320, 25_557_032)}
+
+
+def torchvision_shapes(depth: int) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of ``torchvision.models.resnet<depth>().state_dict()``, written out
+    from torchvision's model definition (not from this project's ResNet)."""
+    kind, counts, _, _ = TORCHVISION[depth]
+
+    def bn(name, c):
+        return {f"{name}.weight": (c,), f"{name}.bias": (c,), f"{name}.running_mean": (c,),
+                f"{name}.running_var": (c,), f"{name}.num_batches_tracked": ()}
+    shapes, cin = {"conv1.weight": (64, 3, 7, 7), **bn("bn1", 64)}, 64
+    for stage, (planes, blocks) in enumerate(zip((64, 128, 256, 512), counts), 1):
+        cout = planes * (4 if kind == "bottleneck" else 1)
+        for b in range(blocks):
+            at = f"layer{stage}.{b}"
+            if kind == "basic":
+                shapes |= {f"{at}.conv1.weight": (planes, cin, 3, 3), **bn(f"{at}.bn1", planes),
+                           f"{at}.conv2.weight": (planes, planes, 3, 3), **bn(f"{at}.bn2", planes)}
+            else:
+                shapes |= {f"{at}.conv1.weight": (planes, cin, 1, 1), **bn(f"{at}.bn1", planes),
+                           f"{at}.conv2.weight": (planes, planes, 3, 3), **bn(f"{at}.bn2", planes),
+                           f"{at}.conv3.weight": (cout, planes, 1, 1), **bn(f"{at}.bn3", cout)}
+            if b == 0 and (stage > 1 or cin != cout):
+                shapes |= {f"{at}.downsample.0.weight": (cout, cin, 1, 1), **bn(f"{at}.downsample.1", cout)}
+            cin = cout
+    return shapes | {"fc.weight": (1000, cin), "fc.bias": (1000,)}
+
+
+def handmade_state(depth: int) -> dict[str, torch.Tensor]:
+    """Every tensor distinct: He-scaled random convolutions, BN statistics and affine parameters
+    drawn per layer, ``num_batches_tracked`` numbered."""
+    g = torch.Generator().manual_seed(depth)
+    state = {}
+    for i, (name, shape) in enumerate(torchvision_shapes(depth).items()):
+        if name.endswith("num_batches_tracked"):
+            state[name] = torch.tensor(i)
+        elif len(shape) == 4:
+            state[name] = torch.randn(shape, generator=g) * (2 / (shape[1] * shape[2] * shape[3])) ** 0.5
+        elif name.endswith(("running_var", "weight")) and not name.startswith("fc"):
+            state[name] = 0.5 + torch.rand(shape, generator=g)
+        else:
+            state[name] = 0.1 * torch.randn(shape, generator=g)
+    return state
+
+
+def reference_features(state: dict[str, torch.Tensor], depth: int, x: torch.Tensor) -> torch.Tensor:
+    """torchvision's ResNet forward in eval mode, in plain functional calls on ``state``."""
+    import torch.nn.functional as F
+
+    def bn(name, y):
+        return F.batch_norm(y, state[f"{name}.running_mean"], state[f"{name}.running_var"], state[f"{name}.weight"],
+                            state[f"{name}.bias"], False, 0.0, 1e-5)
+    kind, counts, _, _ = TORCHVISION[depth]
+    y = F.max_pool2d(F.relu(bn("bn1", F.conv2d(x, state["conv1.weight"], stride=2, padding=3))), 3, 2, 1)
+    for stage, blocks in enumerate(counts, 1):
+        for b in range(blocks):
+            at, stride = f"layer{stage}.{b}", 2 if stage > 1 and b == 0 else 1
+            if kind == "basic":
+                out = F.relu(bn(f"{at}.bn1", F.conv2d(y, state[f"{at}.conv1.weight"], stride=stride, padding=1)))
+                out = bn(f"{at}.bn2", F.conv2d(out, state[f"{at}.conv2.weight"], padding=1))
+            else:  # v1.5: the stride is in the 3x3 convolution
+                out = F.relu(bn(f"{at}.bn1", F.conv2d(y, state[f"{at}.conv1.weight"])))
+                out = F.relu(bn(f"{at}.bn2", F.conv2d(out, state[f"{at}.conv2.weight"], stride=stride, padding=1)))
+                out = bn(f"{at}.bn3", F.conv2d(out, state[f"{at}.conv3.weight"]))
+            if f"{at}.downsample.0.weight" in state:
+                y = bn(f"{at}.downsample.1", F.conv2d(y, state[f"{at}.downsample.0.weight"], stride=stride))
+            y = F.relu(out + y)
+    return y.mean((2, 3))
+
+
+@pytest.mark.parametrize("depth,wrap", [(18, False), (50, True)])
+def test_torchvision_weights_land_in_the_right_layers(tmp_path, depth, wrap):
+    """A state dict with torchvision's exact names and shapes, written by hand with a distinct
+    value in every tensor: each lands where torchvision uses it (a functional torchvision forward
+    on the dict gives the backbone's features), the classifier stays new. ``wrap``: saved the way
+    a DataParallel training script does (``module.`` prefixes under ``state_dict``)."""
+    shapes = torchvision_shapes(depth)
+    params = sum(math.prod(s) for k, s in shapes.items() if not k.endswith(("running_mean", "running_var", "tracked")))
+    assert (len(shapes), params) == TORCHVISION[depth][2:]  # the published checkpoints' sizes
+    state = handmade_state(depth)
+    saved = {"state_dict": {f"module.{k}": v for k, v in state.items()}} if wrap else state
+    torch.save(saved, tmp_path / "weights.pth")
+    torch.manual_seed(0)
+    model = build(ModelConfig(num_classes=7, segments=2, depth=depth)).eval()
+    head = model.fc.weight.clone(), model.fc.bias.clone()
+    report = load_pretrained(model, str(tmp_path / "weights.pth"))
+    backbone = sorted(k for k in shapes if not k.startswith("fc."))
+    assert report == {"loaded": backbone, "new": ["fc.weight", "fc.bias"], "ignored": ["fc.bias", "fc.weight"]}
+    assert torch.equal(model.fc.weight, head[0]) and torch.equal(model.fc.bias, head[1])
+    last, conv = len(model.backbone.layer4) - 1, "conv3" if depth == 50 else "conv2"
+    assert torch.equal(getattr(model.backbone.layer4[last], conv).weight, state[f"layer4.{last}.{conv}.weight"])
+    assert torch.equal(model.backbone.layer2[0].downsample[1].running_var, state["layer2.0.downsample.1.running_var"])
+    for block in (b for stage in (1, 2, 3, 4) for b in getattr(model.backbone, f"layer{stage}")):
+        block.shift = NoShift()  # the frames' own features: torchvision's network
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, reference = model.backbone(x, 1), reference_features(state, depth, x)
+    assert reference.abs().mean() > 0.1  # the activations did not die out
+    assert torch.allclose(ours, reference, rtol=1e-4, atol=1e-4)
 
 
 def test_partial_bn_freezes_all_but_the_first():

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 # 32 px crops, a ResNet-10 of width 16; TSM and TSN train side by side, one core each. Motion
 # features appear after a few hundred steps, then TSM's accuracy jumps.
 RUN = ["--segments", "4", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32",
-       "--no-flip", "--batch-size", "16", "--epochs", "16", "--warmup-epochs", "1", "--lr-per-8", "0.05",
+       "--no-flip", "--batch-size", "16", "--epochs", "16", "--warmup-epochs", "1", "--lr-per-8", "0.1",
        "--workers", "0", "--print-freq", "8", "--no-tensorboard"]
 
 

@@ -219,8 +219,14 @@ def test_writes_need_the_token(env):
     status, _, answer = http(url, "PUT", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)
     assert status == 200 and json.loads(answer)["tags"] == ["exp-1", "prod"]
     assert http(url, "DELETE", f"/v1/datasets/{tiny.id}", auth)[0] == 409  # tagged
+    assert http(url, path="/v1/datasets/exp-1/classes.txt")[0] == 200  # the server now remembers exp-1 -> tiny
     assert http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)[0] == 200
     assert env["catalog"].get(tiny.id).tags == ["prod"]
+    assert http(url, path="/v1/datasets/exp-1/classes.txt")[0] == 404  # and forgets it at once
+    env["catalog"].tag(tiny.id, "exp-2")  # a write by another process: the same
+    assert http(url, path="/v1/datasets/exp-2/classes.txt")[0] == 200
+    env["catalog"].untag("exp-2")
+    assert http(url, path="/v1/datasets/exp-2/classes.txt")[0] == 404
 
 
 @pytest.mark.parametrize("body, status, says", [

@@ -325,8 +325,11 @@ class ClipLoader:
             if len(hits):
                 shard = self.shards[run.shard]
                 a, b = run.start + int(hits[0]), run.start + int(hits[-1]) + 1
-                reads.append({"shard": run.shard, "start": shard.offsets[a],
-                              "end": shard.offsets[b - 1] + shard.lengths[b - 1]})
+                end = shard.offsets[b - 1] + shard.lengths[b - 1]
+                if reads and (reads[-1]["shard"], reads[-1]["end"]) == (run.shard, shard.offsets[a]):
+                    reads[-1]["end"] = end  # runs that meet in the file (the order wraps inside a shard): one read
+                else:
+                    reads.append({"shard": run.shard, "start": shard.offsets[a], "end": end})
                 expected += [(shard.keys[i], local + i - run.start if wanted[local + i - run.start] else None)
                              for i in range(a, b)]
             local += run.size
