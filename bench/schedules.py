@@ -10,8 +10,9 @@ moves), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU) 
 * ``growth``: ``--batch-growth noise``, up to 16 clips per rank, synchronous;
 * ``kstep``: ``--average-every 4``: each rank steps alone, the ranks average every 4 steps.
 
-Multigrid's long cycle restarts once (``--multigrid-stages`` at 2/3 of the epochs): with the
-cosine rate a restart at 8x the rate on 2-frame clips undoes much of what was learnt.
+Multigrid gets one stage boundary (``--multigrid-stages`` at 2/3 of the epochs), so its long cycle
+runs once: with the cosine rate, a restart at 8x the rate on 2-frame clips undoes much of what
+was learnt (BENCHMARKS.md).
 
 The target is the baseline's final validation accuracy. For each run: training wall-clock (the
 sum of the epochs' training time, validation left out), training CPU seconds (both ranks and
@@ -185,14 +186,15 @@ def main() -> None:
     table = summarise(runs, targets)
     print(f"\ntarget: the baseline's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)}); "
           f"load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}")
-    print("variant        | reached | wall s to target (x)  | CPU s to target (x)   | steps (x)     | syncs (x)     "
-          "| clips (x)      | final top-1 | whole run: wall s, CPU s, steps, syncs")
+    keys = (("seconds", "wall s to target"), ("cpu", "CPU s to target"), ("steps", "steps"), ("syncs", "syncs"),
+            ("clips", "clips"))
+    print(f"{'variant':<14} | reached | " + " | ".join(f"{h + ' (x)':<16}" for _, h in keys)
+          + " | final top-1 | whole run: wall s, CPU s, steps, syncs")
     for r in table:
-        cells = " | ".join(f"{r[k]:7.0f} ({r[k + '_ratio']:.2f}x)" + " " * (pad - 15) for k, pad in (
-            ("seconds", 20), ("cpu", 20), ("steps", 13), ("syncs", 13), ("clips", 14))) if "seconds" in r else \
-            f"{'not reached':<20} | {'':20} | {'':13} | {'':13} | {'':14}"
-        print(f"{r['variant']:<14} | {r['reached']}/{r['repeats']}     | {cells} | {r['final_top1']:10.1f}% | "
-              f"{r['total_seconds']:.0f}, {r['total_cpu']:.0f}, {r['total_steps']:.0f}, {r['total_syncs']:.0f}")
+        cells = [f"{r[k]:7.0f} ({r[k + '_ratio']:.2f}x)" if k in r else "not reached" for k, _ in keys]
+        print(f"{r['variant']:<14} | {r['reached']}/{r['repeats']}     | " + " | ".join(f"{c:<16}" for c in cells)
+              + f" | {r['final_top1']:10.1f}% | {r['total_seconds']:.0f}, {r['total_cpu']:.0f}, "
+              f"{r['total_steps']:.0f}, {r['total_syncs']:.0f}")
     plot(runs, statistics.median(targets), args.png)
     print(f"plot: {args.png}")
     if args.json:
