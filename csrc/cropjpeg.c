@@ -243,13 +243,14 @@ static int find_intervals(const unsigned char *d, unsigned long n, unsigned long
   return -1;
 }
 
-/* Decode the rectangle (x, y, w, h) of the frame scaled by 1/denom as RGB into out, whose
- * rows are out_stride bytes apart. Returns 0, or -1 with a message in msg. */
-int kf_decode_crop(const unsigned char *data, unsigned long size, int denom, int x, int y, int w, int h,
-                   unsigned char *out, long out_stride, char *msg, int msg_len) {
+/* Cut the JPEG down to the restart intervals under the rectangle (x, y, w, h) of the frame at
+ * 1/denom and the context around it: writes a smaller JPEG (at most size bytes) into cut and
+ * the rectangle's position in it, scaled, to (*cx, *cy). Returns the smaller JPEG's size; 0 when
+ * the JPEG cannot be cut or is best decoded whole (nothing written); -1 with a message in msg. */
+long kf_cut(const unsigned char *data, unsigned long size, int denom, int x, int y, int w, int h,
+            unsigned char *cut, int *cx, int *cy, char *msg, int msg_len) {
   struct layout L;
-  if (!restart_layout(data, size, &L) || (denom != 1 && denom != 2 && denom != 4 && denom != 8))
-    return decode_band(data, size, denom, x, y, w, h, out, out_stride, msg, msg_len);
+  if (!restart_layout(data, size, &L) || (denom != 1 && denom != 2 && denom != 4 && denom != 8)) return 0;
   int fw = (L.width + denom - 1) / denom, fh = (L.height + denom - 1) / denom;
   if (x < 0 || y < 0 || w <= 0 || h <= 0 || x + w > fw || y + h > fh) {
     snprintf(msg, msg_len, "rectangle %dx%d+%d+%d outside the %dx%d frame", w, h, x, y, fw, fh);
@@ -268,18 +269,19 @@ int kf_decode_crop(const unsigned char *data, unsigned long size, int denom, int
     else c1++;
   }
   if (r1 > L.mcus_y) r1 = L.mcus_y;
-  if (c0 == 0 && c1 == per_row && r0 == 0 && r1 == L.mcus_y)
-    return decode_band(data, size, denom, x, y, w, h, out, out_stride, msg, msg_len);
+  if (c0 == 0 && c1 == per_row && r0 == 0 && r1 == L.mcus_y) return 0;
   int last = (r1 - 1) * per_row + c1 - 1;
   unsigned long *start = malloc(sizeof(unsigned long) * 2 * (last + 2)), *end = start + last + 2;
-  unsigned char *cut = malloc(size + 2 * (unsigned long)(r1 - r0) * (c1 - c0) + 2);
-  int rc = -1;
-  if (!start || !cut) {
+  if (!start) {
     snprintf(msg, msg_len, "out of memory");
-    goto done;
+    return -1;
   }
-  if (find_intervals(data, size, L.scan, last, start, end, msg, msg_len)) goto done;
-  /* headers as they are but for the size in the SOF, then the intervals, renumbered */
+  if (find_intervals(data, size, L.scan, last, start, end, msg, msg_len)) {
+    free(start);
+    return -1;
+  }
+  /* the headers as they are but for the size in the SOF, then the intervals renumbered: each
+   * copied interval had a marker after it, so the result is no longer than the input */
   unsigned long k = L.scan;
   memcpy(cut, data, k);
   int cut_w = (c1 * L.interval * L.mcu_w < L.width ? c1 * L.interval * L.mcu_w : L.width) - c0 * L.interval * L.mcu_w;
@@ -295,9 +297,27 @@ int kf_decode_crop(const unsigned char *data, unsigned long size, int denom, int
       copied++;
     }
   cut[k++] = 0xFF, cut[k++] = 0xD9;
-  rc = decode_band(cut, k, denom, x - c0 * L.interval * sw, y - r0 * sh, w, h, out, out_stride, msg, msg_len);
-done:
   free(start);
+  *cx = x - c0 * L.interval * sw;
+  *cy = y - r0 * sh;
+  return (long)k;
+}
+
+/* Decode the rectangle (x, y, w, h) of the frame scaled by 1/denom as RGB into out, whose
+ * rows are out_stride bytes apart: from the intervals under it where the JPEG can be cut
+ * (kf_cut), else from the whole JPEG. Returns 0, or -1 with a message in msg. */
+int kf_decode_crop(const unsigned char *data, unsigned long size, int denom, int x, int y, int w, int h,
+                   unsigned char *out, long out_stride, char *msg, int msg_len) {
+  unsigned char *cut = malloc(size + 1);
+  int cx, cy;
+  if (!cut) {
+    snprintf(msg, msg_len, "out of memory");
+    return -1;
+  }
+  long n = kf_cut(data, size, denom, x, y, w, h, cut, &cx, &cy, msg, msg_len);
+  int rc = n < 0 ? -1
+           : n ? decode_band(cut, n, denom, cx, cy, w, h, out, out_stride, msg, msg_len)
+               : decode_band(data, size, denom, x, y, w, h, out, out_stride, msg, msg_len);
   free(cut);
   return rc;
 }

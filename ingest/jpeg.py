@@ -43,3 +43,16 @@ def encode(image: Image.Image, quality: int, restart_interval: int = 1) -> bytes
     image.save(buf, format="JPEG", quality=quality, subsampling="4:2:0",
                restart_marker_blocks=restart_mcus(image.size[0], restart_interval))
     return buf.getvalue()
+
+
+def restart_interval(jpeg: bytes) -> int:
+    """MCUs per restart interval from a JPEG's DRI marker (0: none), read from the headers only."""
+    p = 2
+    while p + 4 <= len(jpeg) and jpeg[p] == 0xFF:
+        marker, length = jpeg[p + 1], int.from_bytes(jpeg[p + 2:p + 4], "big")
+        if marker == 0xDD:
+            return int.from_bytes(jpeg[p + 4:p + 6], "big")
+        if marker == 0xDA:  # start of scan: the headers are over
+            break
+        p += 2 + length
+    return 0
