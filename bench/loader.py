@@ -444,11 +444,11 @@ LOADERS = (("shards-rst", "(a) shards+RST, crop decoding"), ("shards", "(a) shar
            ("shards-whole", "(a) shards, whole frames"), ("shards-rst-eval", "(a) shards+RST, eval tf"),
            ("shards-eval", "(a) shards, eval tf"), ("frames", "(b) frame folders"), ("mp4", "(c) mp4 on the fly"))
 MEMORY = ([("decode:" + d, "whole frames, " + d) for d in DECODERS]
-          + [("decode:simplejpeg-rst", "whole frames+RST, simplejpeg"),
+          + [("decode:simplejpeg-rst", "whole+RST, simplejpeg"),
              ("decode+train-whole", "whole frames + train tf"), ("decode+train", "crop decoding + train tf"),
              ("decode+train-rst", "crop dec.+RST + train tf"), ("decode+eval", "crop decoding + eval tf"),
              ("decode+eval-rst", "crop dec.+RST + eval tf")])
-ENCODERS = (("encode:0", "ingest encoding, no RST"), ("encode:%d" % RESTART, "ingest encoding, RST"))
+ENCODERS = [("encode:0", "ingest encoding, no RST"), ("encode:%d" % RESTART, "ingest encoding, RST")]
 
 
 def report(res: dict) -> str:
