@@ -57,15 +57,17 @@ def variants(epochs: int) -> dict[str, list[str]]:
 VARIANTS = list(variants(12))
 
 
-def make_data(work: Path, train_per_class: int, val_per_class: int) -> Path:
-    """Motion videos (64x64, 2 s at 10 fps) ingested into 8-frame clips, four per training video."""
+def make_data(work: Path, train_per_class: int, val_per_class: int, speed_scale: float) -> Path:
+    """Motion videos (64x64, 2 s at 10 fps, speeds times ``speed_scale``) ingested into 8-frame
+    clips, four per training video."""
     shards = work / "shards"
     if (shards / "manifest.json").exists():
         return shards
     env = {**os.environ, "RAY_ADDRESS": ""}
     subprocess.run([str(BIN / "python"), "-m", "ingest", "synth", "--out", str(work / "videos"), "--classes", "4",
                     "--train-per-class", str(train_per_class), "--val-per-class", str(val_per_class),
-                    "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2", "--workers", "2"],
+                    "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2", "--workers", "2",
+                    "--speed-scale", str(speed_scale)],
                    check=True, env=env)
     subprocess.run([str(BIN / "python"), "-m", "ingest", "build", "--src", str(work / "videos"), "--out", str(shards),
                     "--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples", "64",
@@ -160,12 +162,14 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
     p.add_argument("--train-per-class", type=int, default=64)
     p.add_argument("--val-per-class", type=int, default=32)
+    p.add_argument("--speed-scale", type=float, default=0.5,
+                   help="ingest synth's speeds times this (0.5: a 2-frame clip's disc moves at most a radius)")
     p.add_argument("--png", default="schedules.png")
     p.add_argument("--json", help="also write every curve and the table here")
     args = p.parse_args()
 
     work = Path(args.work)
-    data = make_data(work, args.train_per_class, args.val_per_class)
+    data = make_data(work, args.train_per_class, args.val_per_class, args.speed_scale)
     flags = variants(args.epochs)
     names = ["baseline"] + [v for v in args.variants if v != "baseline"]
     runs: dict[str, list[list[dict]]] = {v: [] for v in names}

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from shards.manifest import Manifest
 
-from . import checkpoint, compiling, distributed, metrics, recipe, regime
+from . import checkpoint, compiling, distributed, metrics, precise_bn, recipe, regime
 from .device_decode import clip_source
 from .engine import Engine
 from .loader import ClipLoader, shared_manifest
@@ -93,6 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--print-freq", type=int, default=10, help="steps between metric records")
     r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     regime.add_arguments(p)
+    precise_bn.add_arguments(p)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -341,6 +342,8 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
                        "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"],
                        "synchronisations": t.regime.synchronisations(t.step),
                        "cpu_time": t.backend.all_sum(torch.tensor([t.epoch_cpu], dtype=torch.float64)).item()}
+            if t.args.precise_bn:
+                summary |= precise_bn.update(t)
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
         if signum:
