@@ -47,14 +47,14 @@ COMMON = ["--segments", "8", "--depth", "10", "--width", "16", "--crop-size", "3
           "--print-freq", "64", "--no-tensorboard"]
 
 
-def variants(epochs: int) -> dict[str, list[str]]:
-    stages = ["--multigrid-stages", str(round(epochs * 2 / 3))]
+def variants(epochs: int, precise_bn: int) -> dict[str, list[str]]:
+    stages = ["--multigrid-stages", str(round(epochs * 2 / 3)), "--precise-bn", str(precise_bn)]
     return {"baseline": [], "multigrid": ["--multigrid", "both", *stages],
             "multigrid-long": ["--multigrid", "long", *stages],
             "growth": ["--batch-growth", "noise", "--max-batch-size", "16"], "kstep": ["--average-every", "4"]}
 
 
-VARIANTS = list(variants(12))
+VARIANTS = list(variants(12, 0))
 
 
 def make_data(work: Path, train_per_class: int, val_per_class: int, speed_scale: float) -> Path:
@@ -97,7 +97,9 @@ def curve(out: Path) -> list[dict]:
         r = json.loads(line)
         if r["event"] != "epoch":
             continue
-        seconds, cpu = seconds + r["epoch_time"], cpu + r["cpu_time"]
+        # precise BN changes the model: its time counts as training
+        seconds = seconds + r["epoch_time"] + r.get("precise_bn_time", 0.0)
+        cpu = cpu + r["cpu_time"] + r.get("precise_bn_cpu", 0.0)
         rows.append({"epoch": r["epoch"], "seconds": seconds, "cpu": cpu, "steps": r["step"],
                      "syncs": r["synchronisations"], "clips": r["clips"], "top1": r["val_top1"]})
     return rows
@@ -164,13 +166,16 @@ def main() -> None:
     p.add_argument("--val-per-class", type=int, default=32)
     p.add_argument("--speed-scale", type=float, default=0.5,
                    help="ingest synth's speeds times this (0.5: a 2-frame clip's disc moves at most a radius)")
+    p.add_argument("--precise-bn", type=int, default=64,
+                   help="multigrid variants: BN statistics recomputed on this many full-shape batches per rank "
+                        "before each validation (0: off)")
     p.add_argument("--png", default="schedules.png")
     p.add_argument("--json", help="also write every curve and the table here")
     args = p.parse_args()
 
     work = Path(args.work)
     data = make_data(work, args.train_per_class, args.val_per_class, args.speed_scale)
-    flags = variants(args.epochs)
+    flags = variants(args.epochs, args.precise_bn)
     names = ["baseline"] + [v for v in args.variants if v != "baseline"]
     runs: dict[str, list[list[dict]]] = {v: [] for v in names}
     walls: dict[str, list[float]] = {v: [] for v in names}
