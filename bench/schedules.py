@@ -1,7 +1,8 @@
 """Faster to the same accuracy? The fixed-shape baseline against multigrid, batch growth and K-step averaging.
 
 On ``ingest synth`` motion data (four classes that differ only in the direction a textured disc
-moves), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU) through
+moves; ``--speed-scale 0.5`` by default, so that a 2-frame clip's disc moves at most a radius per
+step instead of up to half the frame), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU) through
 ``trainer train``, validating after every epoch:
 
 * ``baseline``: the fixed shape (8 frames, 32 px, 2 clips per rank), synchronous;
@@ -12,7 +13,8 @@ moves), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU) 
 
 Multigrid gets one stage boundary (``--multigrid-stages`` at 2/3 of the epochs), so its long cycle
 runs once: with the cosine rate, a restart at 8x the rate on 2-frame clips undoes much of what
-was learnt (BENCHMARKS.md).
+was learnt (BENCHMARKS.md). Its variants recompute BN statistics at the full shape before every
+validation (``--precise-bn``); that time counts as training.
 
 The target is the baseline's final validation accuracy. For each run: training wall-clock (the
 sum of the epochs' training time, validation left out), training CPU seconds (both ranks and
