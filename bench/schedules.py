@@ -168,7 +168,7 @@ def main() -> None:
     p.add_argument("--val-per-class", type=int, default=32)
     p.add_argument("--speed-scale", type=float, default=0.5,
                    help="ingest synth's speeds times this (0.5: a 2-frame clip's disc moves at most a radius)")
-    p.add_argument("--precise-bn", type=int, default=64,
+    p.add_argument("--precise-bn", type=int, default=16,
                    help="multigrid variants: BN statistics recomputed on this many full-shape batches per rank "
                         "before each validation (0: off)")
     p.add_argument("--png", default="schedules.png")
