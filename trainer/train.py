@@ -204,8 +204,8 @@ class Trainer:
         if state is not None and not refused:
             e.model.load_state_dict(state["model"])
             e.optimizer.load_state_dict(state["optimizer"])
-        small = None if state is None else {"refused": refused, **({} if refused else {
-            k: state.get(k) for k in (*POSITION, "epoch_totals", "rng", "regime")})}  # no regime: written without
+        small = None if state is None else {"refused": refused, **({} if refused else {  # (regime: None before regimes)
+            k: state.get(k) for k in (*POSITION, "epoch_totals", "rng", "regime")})}
         small = self.backend.broadcast_object(small)
         if small is None:
             return
