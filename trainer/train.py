@@ -126,7 +126,8 @@ class StopFlag:
             signal.signal(s, handler)
 
 
-POSITION = ("epoch", "batch", "step", "clips_seen", "scaler", "loader")  # the keys of Trainer.position()
+# what every rank takes from a checkpoint besides weights and optimizer (older checkpoints have no "regime")
+RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_totals", "rng", "regime")
 
 
 class Trainer:
@@ -204,8 +205,9 @@ class Trainer:
         if state is not None and not refused:
             e.model.load_state_dict(state["model"])
             e.optimizer.load_state_dict(state["optimizer"])
-        small = None if state is None else {"refused": refused, **({} if refused else {  # (regime: None before regimes)
-            k: state.get(k) for k in (*POSITION, "epoch_totals", "rng", "regime")})}
+        small = None
+        if state is not None:
+            small = {"refused": refused, **({} if refused else {k: state.get(k) for k in RESUMED})}
         small = self.backend.broadcast_object(small)
         if small is None:
             return
@@ -223,7 +225,7 @@ class Trainer:
                      self.epoch, self.batch, self.step, e.clips_seen)
 
     def position(self) -> dict:
-        """Where the run stands besides weights, optimizer and sums (``POSITION``)."""
+        """Where the run stands, besides weights, optimizer and the epoch's sums."""
         e = self.engine
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "clips_seen": e.clips_seen,
                 "scaler": e.scaler.state_dict(), "loader": self.train_loader.state_dict()}
