@@ -31,7 +31,7 @@ from commandlines import parse, project_commands
 from shardsets import make_shardset
 
 from trainer import metrics
-from trainer.elastic_clips import committed_clips, read, read_file, weights_digest
+from trainer.clip_log import committed_clips, read, read_file, weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
