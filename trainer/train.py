@@ -409,6 +409,7 @@ def epoch_summary(t: Trainer) -> dict:
     return {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
             "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"],
             "synchronisations": t.regime.synchronisations(t.step),
+            "allreduced_floats": t.regime.allreduced_floats(t.step),
             "cpu_time": t.backend.all_sum(torch.tensor([t.epoch_cpu], dtype=torch.float64)).item()}
 
 
