@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from . import metrics
+from .device_decode import clip_source
 from .engine import autocast
 from .loader import ClipLoader
 
@@ -83,11 +84,12 @@ def full_shape_batches(t, count: int):
                         world_size=t.backend.size, train=True, seed=a.seed, epoch=t.epoch, num_workers=a.workers,
                         crop_size=a.crop_size, scale_size=a.scale_size, flip=a.flip,
                         shuffle_buffer=a.shuffle_buffer, cache_dir=a.cache_dir, decode_on_device=a.decode_on_device)
+    clips = clip_source(a.decode_on_device, t.engine.device)  # not t.clips: --clip-log records training steps only
     batches = iter(loader)
     try:
         for _, batch in zip(range(count), batches):
             if batch["valid"].any():
-                yield t.clips(batch)[batch["valid"]]
+                yield clips(batch)[batch["valid"]]
     finally:
         batches.close()  # the workers end here, so their CPU time counts
 
