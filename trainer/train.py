@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from shards.manifest import Manifest
 
-from . import checkpoint, compiling, distributed, metrics, recipe, regime
+from . import checkpoint, compiling, distributed, metrics, precise_bn, recipe, regime
 from .clip_log import ClipLog
 from .device_decode import clip_source
 from .engine import Engine
@@ -97,6 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(trainer.clip_log): the audit that each epoch trained on every clip once")
     r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     regime.add_arguments(p)
+    precise_bn.add_arguments(p)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -421,6 +422,8 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
         signum = train_one_epoch(t, stop, commit)
         if not signum:
             summary = epoch_summary(t)
+            if t.args.precise_bn:
+                summary |= precise_bn.update(t)
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
         if signum:
