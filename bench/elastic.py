@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from trainer.elastic_clips import read, read_file  # noqa: E402
+from trainer.clip_log import read, read_file  # noqa: E402
 
 HOSTS = ["localhost", "127.0.0.1", "127.1"]
 LOST = re.compile(r"rank (\d+): a rank failed; .*: (\d+) steps lost")

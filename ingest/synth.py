@@ -58,6 +58,7 @@ class VideoJob:
     height: int
     fps: int
     frames: int
+    speed_scale: float = 1.0
 
 
 def _smooth_noise(rng: np.random.Generator, h: int, w: int, sigma: float) -> np.ndarray:
@@ -123,8 +124,8 @@ def render(job: VideoJob):
     disc = _texture(rng, side, side, sigma=radius / 5, contrast=DISC_CONTRAST)
     x0, y0 = rng.uniform(0, w), rng.uniform(0, h)
     angle0 = rng.uniform(0, 2 * math.pi)
-    speed = rng.uniform(*SPEED) * short
-    spin = math.radians(rng.uniform(*SPIN_DEG))
+    speed = rng.uniform(*SPEED) * short * job.speed_scale
+    spin = math.radians(rng.uniform(*SPIN_DEG)) * job.speed_scale
     mx, my, turn = _MOTION[job.label]
     for n in range(job.frames):
         t = n / job.fps
@@ -160,7 +161,7 @@ def encode(job: VideoJob) -> None:
 
 
 def plan(out: str, classes: int, train_per_class: int, val_per_class: int, width: int, height: int,
-         fps: int, seconds: float, seed: int) -> list[VideoJob]:
+         fps: int, seconds: float, seed: int, speed_scale: float = 1.0) -> list[VideoJob]:
     """Every video of the dataset, in a fixed order."""
     frames = max(1, round(seconds * fps))
     jobs = []
@@ -168,20 +169,24 @@ def plan(out: str, classes: int, train_per_class: int, val_per_class: int, width
         for class_index, label in enumerate(CLASSES[:classes]):
             for i in range(count):
                 path = os.path.join(out, split, label, f"{label}_{split}_{i:04d}.mp4")
-                jobs.append(VideoJob(path, (seed, split_index, class_index, i), label, width, height, fps, frames))
+                jobs.append(VideoJob(path, (seed, split_index, class_index, i), label, width, height, fps, frames,
+                                    speed_scale))
     return jobs
 
 
 def synthesize(out: str, classes: int = 4, train_per_class: int = 12, val_per_class: int = 4,
                width: int = 160, height: int = 120, fps: int = 10, seconds: float = 2.0, seed: int = 0,
-               workers: int | None = None) -> dict:
-    """Write the dataset under ``out`` (skipping videos already there) and return a summary."""
+               workers: int | None = None, speed_scale: float = 1.0) -> dict:
+    """Write the dataset under ``out`` (skipping videos already there) and return a summary.
+    ``speed_scale`` multiplies every video's translation and spin speeds (the rest is unchanged)."""
     if not 1 <= classes <= len(CLASSES):
         raise ValueError(f"classes must be in 1..{len(CLASSES)}, got {classes}")
     if width % 2 or height % 2:
         raise ValueError(f"width and height must be even for yuv420p, got {width}x{height}")
+    if not speed_scale > 0:
+        raise ValueError(f"speed_scale must be positive, got {speed_scale}")
     start = time.perf_counter()
-    jobs = plan(out, classes, train_per_class, val_per_class, width, height, fps, seconds, seed)
+    jobs = plan(out, classes, train_per_class, val_per_class, width, height, fps, seconds, seed, speed_scale)
     todo = [job for job in jobs if not os.path.exists(job.path)]
     for job in todo:
         os.makedirs(os.path.dirname(job.path), exist_ok=True)
@@ -215,13 +220,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fps", type=int, help="frame rate; None: the preset's")
     parser.add_argument("--seconds", type=float, help="video length; None: the preset's")
     parser.add_argument("--seed", type=int, default=0, help="dataset seed (each video derives its own)")
+    parser.add_argument("--speed-scale", type=float, default=1.0,
+                        help=f"multiplies the speeds ({SPEED[0]:g}-{SPEED[1]:g} short sides per second, "
+                             f"{SPIN_DEG[0]:g}-{SPIN_DEG[1]:g} degrees per second); slower motion survives "
+                             "clips whose frames lie far apart (multigrid's 2-frame clips)")
     parser.add_argument("--workers", type=int, help="encoder processes; None: all CPUs")
 
 
 def run(args: argparse.Namespace) -> int:
     shape = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()}
     summary = synthesize(args.out, classes=args.classes, train_per_class=args.train_per_class,
-                         val_per_class=args.val_per_class, seed=args.seed, workers=args.workers, **shape)
+                         val_per_class=args.val_per_class, seed=args.seed, workers=args.workers,
+                         speed_scale=args.speed_scale, **shape)
     print(f"synth: {summary['written']} written, {summary['skipped']} already present; "
           f"{len(summary['classes'])} classes, train {summary['videos']['train']} / val {summary['videos']['val']} "
           f"videos of {shape['width']}x{shape['height']} at {shape['fps']} fps, "

@@ -1,5 +1,5 @@
 """Test launcher: ``python tests/faultrun.py train ...`` is ``trainer train ...`` plus a real signal
-sent at an exact point of the run, and a log of the clips each training step got.
+sent at an exact point of the run, and each rank's exit code.
 
 The fault is set by the environment, so that it reaches every rank through horovodrun:
 
@@ -14,9 +14,9 @@ The fault is set by the environment, so that it reaches every rank through horov
   horovodrun, its helpers, every rank and every loader worker, as Slurm's ``scancel`` and time
   limit signal every process of a job), ``launcher`` (horovodrun alone).
 
-``CLIP_LOG=<prefix>``: each rank appends ``{"epoch", "clips_seen", "keys", "valid", "global_valid"}``
-per training step to ``<prefix>.rank<r>.jsonl`` (``clips_seen`` before the step), and
-``{"exit": code}`` when the trainer returns (horovodrun reports a rank's helper's code, not the rank's).
+``EXIT_LOG=<prefix>``: each rank appends ``{"exit": code}`` to ``<prefix>.rank<r>.jsonl`` when the
+trainer returns (horovodrun reports a rank's helper's code, not the rank's). The clips of every
+step are the trainer's own ``--clip-log`` (``trainer.clip_log``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ import psutil
 
 from trainer import cli, train
 from trainer.engine import Engine
-from trainer.loader import ClipLoader
 
 
 def rank() -> int:
@@ -83,36 +82,12 @@ def arm(point: str, n: int, signum: int, target: str) -> None:
     setattr(owner, name, wrapped)
 
 
-def log_clips(prefix: str) -> None:
-    original_iter, original_step = ClipLoader.__iter__, Engine.train_step
-    path = f"{prefix}.rank{rank()}.jsonl"
-    pending = {}
-
-    def logged_iter(self):
-        for batch in original_iter(self):
-            if self.train:
-                pending.update(epoch=self.epoch, keys=batch["keys"], valid=batch["valid"].tolist(),
-                               global_valid=batch["global_valid"])
-            yield batch
-
-    def logged_step(self, *args, **kwargs):
-        record = {"clips_seen": self.clips_seen, **pending}
-        out = original_step(self, *args, **kwargs)
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        return out
-
-    ClipLoader.__iter__, Engine.train_step = logged_iter, logged_step
-
-
 if __name__ == "__main__":
-    if os.environ.get("CLIP_LOG"):
-        log_clips(os.environ["CLIP_LOG"])
     if os.environ.get("FAULT") and rank() == int(os.environ.get("FAULT_RANK", 0)):
         point, n, sig, target = os.environ["FAULT"].split(":")
         arm(point, int(n), getattr(signal, "SIG" + sig), target)
     code = cli.main(sys.argv[1:])
-    if os.environ.get("CLIP_LOG"):
-        with open(f"{os.environ['CLIP_LOG']}.rank{rank()}.jsonl", "a") as f:
+    if os.environ.get("EXIT_LOG"):
+        with open(f"{os.environ['EXIT_LOG']}.rank{rank()}.jsonl", "a") as f:
             f.write(json.dumps({"exit": code}) + "\n")
     sys.exit(code)

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import fsspec
 import pytest
 
 from shards.cache import ENV_BUDGET, CacheFull, ShardCache
@@ -222,6 +223,55 @@ def test_forked_readers_never_use_the_parent_connections(tmp_path):
             assert first + half.readall() == BLOB  # and the range it left half read
         finally:
             waiter.shutdown(wait=False)
+
+
+def read_through_fsspec(url) -> bytes:
+    """A range through fsspec's HTTP filesystem, looked up as ``fsspec.open`` does (manifests, s3fs
+    share its event loop): in a forked child the lookup drops the parent's instance."""
+    return fsspec.filesystem("http").cat_file(f"{url}/blob.tar", start=0, end=1000)
+
+
+def _fsspec_child(url, out):
+    """A loader worker: reads through fsspec, then collects what it dropped (the parent's filesystem)."""
+    got = {}
+
+    def work():
+        got["read"] = read_through_fsspec(url) == BLOB[:1000]
+        gc.collect()
+    try:
+        got["blocked_s"] = blocked_in(work)
+        out.put(got)
+    except Exception as e:  # reported to the test
+        out.put(repr(e))
+
+
+def test_a_forked_child_leaves_the_parents_fsspec_connections_working():
+    """The parent reads through fsspec (a kept-alive connection on fsspec's loop); a forked child
+    reads through fsspec and collects the parent's filesystem; the parent's next read on its
+    connection must answer (without the fork hook the child's clean-up unregistered the parent's
+    socket from the shared epoll and that read hung for good), and the child's clean-up must not
+    wait for the parent's loop, whose thread did not survive the fork."""
+    def within(fn, seconds=10):  # a daemon thread: a hung read fails the test without hanging pytest
+        done = []
+        threading.Thread(target=lambda: done.append(fn()), daemon=True).start()
+        deadline = time.monotonic() + seconds
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return done[0] if done else f"no answer within {seconds} s"
+
+    read_right = lambda: read_through_fsspec(url) == BLOB[:1000]  # noqa: E731
+    with misbehaving() as (srv, url):
+        assert within(read_right) is True
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=_fsspec_child, args=(url, results))
+        child.start()
+        got = results.get(timeout=60)
+        child.join(timeout=60)
+        assert child.exitcode == 0 and isinstance(got, dict) and got["read"], got
+        assert within(read_right) is True
+        assert len(set(srv.ports)) == 2  # the parent's second read went over its kept-alive connection
+        assert got["blocked_s"] < 0.5, got
 
 
 # --- the cache ------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ three names of 127.0.0.1 (Horovod blacklists a whole host name when a rank on it
 slot is its own name), hosts from ``scripts/discover-hosts.sh``. Rank 0 is killed mid-epoch 0
 (the hardest case: the new rank 0 must be a survivor, which holds the state), and its name
 is taken out of the hosts file; the survivors roll back to their last commit and go on as two.
-Once they train as two, the name is listed again and a new rank joins at their next commit.
+Once they train as two, they are paused (SIGSTOP) while the name is listed again and horovodrun's
+discovery sees it after the name's blacklist cool-down; resumed, they admit a new rank at their next
+commit. (Without the pause, on an idle machine the survivors could finish before the driver noticed.)
 
 What is observed: the job's exit status; the clip log (every clip each rank trained on and a
 digest of the weights it started from, step by step, before the step), from which each epoch's
@@ -31,7 +33,7 @@ from commandlines import parse, project_commands
 from shardsets import make_shardset
 
 from trainer import metrics
-from trainer.elastic_clips import committed_clips, read, read_file, weights_digest
+from trainer.clip_log import committed_clips, read, read_file, weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
@@ -68,14 +70,30 @@ def rank0_mid_epoch(out: Path):
     return None
 
 
+def survivors(out: Path) -> list[int]:
+    """Pids of the processes that logged a step of the two-rank ring."""
+    return [int(path.stem.rsplit("-", 1)[1]) for path in (out / "clips").glob("*.jsonl")
+            if any(r["size"] == 2 for r in read_file(str(path)))]
+
+
+def host_seen(calls: Path, written: float, back: float) -> bool:
+    """Whether horovodrun's discovery has seen the name listed again once its cool-down was over:
+    a run after ``back``, or a run after ``written`` followed by silence (the driver found the
+    change and is blocked notifying the paused rank 0, so it runs no more discovery)."""
+    times = [float(t) for t in calls.read_text().split()] if calls.exists() else []
+    last = max(times, default=0.0)
+    return last > back or (last > written and time.time() - last > 1.5)
+
+
 def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
     data, out, hosts, log = tmp_path / "data", tmp_path / "run", tmp_path / "hosts.txt", tmp_path / "job.log"
+    calls = tmp_path / "discovery-calls"
     manifest = make_shardset(str(data), {"train": CLIPS}, per_shard=6, num_classes=3, frames=4, size=(48, 40))
     split = Counter(k for shard in manifest.splits["train"].shards for k in shard.keys)
     write_hosts(hosts, HOSTS)
     proc = subprocess.Popen([
         HOROVODRUN, "-np", "3", "--min-np", "2", "--max-np", "3", "--gloo", "--gloo-timeout-seconds", "30",
-        "--host-discovery-script", f"{ROOT / 'scripts' / 'discover-hosts.sh'} {hosts}",
+        "--host-discovery-script", f"{ROOT / 'scripts' / 'discover-hosts.sh'} {hosts} && date +%s.%N >> {calls}",
         "--blacklist-cooldown-range", "1", "2",
         sys.executable, "-m", "trainer", "elastic", "--data", str(data), "--output-dir", str(out),
         "--val-split", "", "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32",
@@ -86,8 +104,18 @@ def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
         host, pid = wait_for(proc, log, "rank 0 in mid-epoch", lambda: rank0_mid_epoch(out))
         os.kill(pid, signal.SIGKILL)
         write_hosts(hosts, [h for h in HOSTS if h != host])  # back only when listed again
-        wait_for(proc, log, "a step of the two survivors", lambda: any(r["size"] == 2 for r in read(str(out))))
+        paused = wait_for(proc, log, "a step of the two survivors", lambda: survivors(out))
+        for survivor in paused:
+            os.kill(survivor, signal.SIGSTOP)
+        written = time.time()
         write_hosts(hosts, HOSTS)
+        # the name was blacklisted before the survivors re-formed, for 2 s (the first cool-down of
+        # --blacklist-cooldown-range 1 2); a discovery run after that lists it as available again
+        back = written + 2.5
+        wait_for(proc, log, "discovery of the listed name", lambda: host_seen(calls, written, back))
+        time.sleep(0.5)  # the driver's notification of the new host reaches the paused rank 0 on resume
+        for survivor in paused:
+            os.kill(survivor, signal.SIGCONT)
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:

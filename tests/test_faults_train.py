@@ -9,7 +9,8 @@ B. 1 rank (``--resume`` from 2 ranks): SIGTERM to its process group (it and its 
 C. horovodrun, 2 ranks (``--resume`` from 1 rank): after the epoch's training, SIGTERM to every
    process of the job (horovodrun, its helpers, the ranks, their loader workers: what Slurm's
    ``scancel`` and time limit do) while the first validation batch is scored.
-``tests/faultrun.py`` sends the signals and logs the clips of every step of every rank.
+``tests/faultrun.py`` sends the signals and records every rank's exit code; the trainer's
+``--clip-log`` logs the clips of every step of every rank.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 from shardsets import make_shardset
 
 from trainer import cli, recipe
+from trainer.clip_log import read_file
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
@@ -37,9 +39,9 @@ FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32"
 def train(data, out, ranks: int, fault: str, fault_rank: int = 0, *extra) -> subprocess.CompletedProcess:
     launch = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo"] if ranks == 2 else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault, "FAULT_RANK": str(fault_rank),
-           "CLIP_LOG": str(out / "clips")}
+           "EXIT_LOG": str(out / "exits")}
     return subprocess.run([*launch, sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir", str(out),
-                           *(["--backend", "none"] if ranks == 1 else []), *FLAGS, *extra],
+                           *(["--backend", "none"] if ranks == 1 else []), *FLAGS, "--clip-log", *extra],
                           env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
 
 
@@ -48,10 +50,15 @@ def ranks_output(run: subprocess.CompletedProcess) -> str:
     return "".join(line for line in (run.stdout + run.stderr).splitlines(keepends=True) if line[:1] == "[")
 
 
-def clip_log(out, rank: int) -> list[dict]:
-    """The records ``tests/faultrun.py`` wrote for ``rank``: one per step, and the exit code at the end."""
-    path = out / f"clips.rank{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def clip_logs(out) -> dict[str, list[dict]]:
+    """Every process's ``--clip-log`` records (one per training step), by file."""
+    return {path.name: read_file(str(path)) for path in (out / "clips").glob("*.jsonl")}
+
+
+def exit_codes(out, rank: int) -> list[int]:
+    """The codes ``rank``'s trainer returned, run after run (``tests/faultrun.py``)."""
+    path = out / f"exits.rank{rank}.jsonl"
+    return [json.loads(line)["exit"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +70,13 @@ def chain(tmp_path_factory):
     runs = {}
     for name, ranks, fault, fault_rank in (("A", 2, "step:2:TERM:self", 1), ("B", 1, "step:3:TERM:group", 0),
                                            ("C", 2, "validation:1:TERM:job", 0)):
-        before = {r: len(clip_log(out, r)) for r in (0, 1)}
+        logs, codes = clip_logs(out), {r: len(exit_codes(out, r)) for r in (0, 1)}
         run = train(data, out, ranks, fault, fault_rank, *(["--resume"] if runs else []))
-        logged = {r: clip_log(out, r)[before[r]:] for r in range(ranks)}
-        exits = {r: logged[r][-1].get("exit") for r in range(ranks)}
-        steps = {r: logged[r][:-1] for r in range(ranks)}
+        steps = {r: [] for r in range(ranks)}
+        for path, records in clip_logs(out).items():
+            for record in records[len(logs.get(path, [])):]:  # this run's
+                steps[record["rank"]].append(record)
+        exits = {r: exit_codes(out, r)[codes[r]:] for r in range(ranks)}
         runs[name] = (run, torch.load(out / "checkpoint.pt", weights_only=True), steps, exits)
     return data, out, runs
 
@@ -76,19 +85,19 @@ def test_a_signal_to_one_rank_or_a_whole_job_stops_every_rank_at_the_same_step(c
     _, _, runs = chain
     (a, ckpt_a, steps_a, exits_a), (b, ckpt_b, steps_b, exits_b), (c, ckpt_c, steps_c, exits_c) = runs.values()
     # A: rank 1 alone was signalled; both ranks trained 2 steps and exited 143, rank 0 saved step 2
-    assert [len(steps_a[r]) for r in (0, 1)] == [2, 2] and exits_a == {0: 143, 1: 143}, a.stderr[-3000:]
+    assert [len(steps_a[r]) for r in (0, 1)] == [2, 2] and exits_a == {0: [143], 1: [143]}, a.stderr[-3000:]
     # (horovodrun's own report names the first rank out: the other may be ended by it while it exits)
     assert "exit with status code 143." in a.stdout, a.stdout[-3000:]
     assert a.returncode == 1  # horovodrun's own code whenever a rank exits non-zero
     assert (ckpt_a["epoch"], ckpt_a["step"], len(ckpt_a["rng"])) == (0, 2, 2)
     # B: the process group (rank and loader worker) got SIGTERM mid-step: saved after that step
-    assert b.returncode == exits_b[0] == 143 and "Traceback" not in b.stderr, b.stderr[-3000:]
+    assert b.returncode == 143 and exits_b == {0: [143]} and "Traceback" not in b.stderr, b.stderr[-3000:]
     assert len(steps_b[0]) == 3 and ckpt_b["step"] == 5
     # C: every process of the job got SIGTERM during validation: validation abandoned, the
     # finished epoch saved (resuming validates it), every rank out with 143
     rest = -(-(CLIPS - ckpt_b["clips_seen"]) // (2 * BATCH))  # the epoch's steps left on 2 ranks
     assert [len(steps_c[r]) for r in (0, 1)] == [rest, rest]
-    assert exits_c == {0: 143, 1: 143} and "Traceback" not in ranks_output(c), c.stderr[-3000:]
+    assert exits_c == {0: [143], 1: [143]} and "Traceback" not in ranks_output(c), c.stderr[-3000:]
     assert "stopped by signal 15 at epoch 0" in c.stderr and c.returncode == 1, c.stdout[-3000:]
     assert (ckpt_c["epoch"], ckpt_c["step"], ckpt_c["clips_seen"]) == (0, 5 + rest, CLIPS)
     assert ckpt_c["loader"]["samples_consumed"] == rest * BATCH and ckpt_c["loader"]["segments"][-1]["world_size"] == 2
@@ -99,17 +108,16 @@ def test_a_signal_to_one_rank_or_a_whole_job_stops_every_rank_at_the_same_step(c
 def test_resumed_on_another_world_size_every_clip_once_and_the_rate_follows_clips_seen(chain):
     _, out, runs = chain
     steps = [s for name in "ABC" for same_step in zip(*runs[name][2].values()) for s in same_step]
-    real = Counter(k for s in steps for k, ok in zip(s["keys"], s["valid"]) if ok)
+    real = Counter(k for s in steps for k in s["keys"])
     assert set(real) == {f"train_v{i // 2:04d}_c{i % 2:02d}" for i in range(CLIPS)} and set(real.values()) == {1}
-    padding = [k for s in steps for k, ok in zip(s["keys"], s["valid"]) if not ok]
+    padding = [k for s in steps for k in s["padding"]]
     assert 0 < len(padding) < 3 * 2 * BATCH and set(padding) <= set(real)
     # the clips seen (before each step, and in each checkpoint) are the real clips the earlier steps held
     seen = 0
     for name in "ABC":
         for same_step in zip(*runs[name][2].values()):
-            assert {s["clips_seen"] for s in same_step} == {seen}
-            assert {s["global_valid"] for s in same_step} == {sum(sum(s["valid"]) for s in same_step)}
-            seen += same_step[0]["global_valid"]
+            assert {(s["clips_seen"], s["size"]) for s in same_step} == {(seen, len(same_step))}
+            seen += sum(len(s["keys"]) for s in same_step)
         assert runs[name][1]["clips_seen"] == seen
     assert seen == CLIPS
     # the learning rate is peak(global batch) x the schedule at the clips seen, whatever the world size

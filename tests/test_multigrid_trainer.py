@@ -22,6 +22,7 @@ import pytest
 import torch
 from shardsets import make_shardset
 
+from trainer.clip_log import read
 from trainer.multigrid import Schedule, plan
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
@@ -67,9 +68,9 @@ def rank_processes(proc: subprocess.Popen) -> list[psutil.Process]:
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("mgtrain")
     data = tmp / "data"
-    make_shardset(str(data), {"train": TRAIN}, per_shard=7, frames=8, size=(48, 40))
+    manifest = make_shardset(str(data), {"train": TRAIN}, per_shard=7, frames=8, size=(48, 40))
     straight, broken = tmp / "straight", tmp / "broken"
-    first = launch(data, straight)
+    first = launch(data, straight, "--clip-log")
     proc = launch(data, broken)  # both at once: two ranks each on two shared cores
     deadline = time.monotonic() + 240
     while min(len(trace(broken, r)) for r in (0, 1)) < FREEZE_AT and proc.poll() is None and time.monotonic() < deadline:
@@ -90,6 +91,7 @@ def runs(tmp_path_factory) -> dict:
     output = finish(resumed)
     assert resumed.returncode == 0, output[-3000:]
     return {"straight": [trace(straight, r) for r in (0, 1)], "broken": [trace(broken, r) for r in (0, 1)],
+            "keys": [k for shard in manifest.splits["train"].shards for k in shard.keys], "clips": read(str(straight)),
             "frozen_at": frozen_at, "stopped": checkpoint, "resumed_output": output,
             "final": torch.load(broken / "checkpoint.pt", weights_only=True)}
 
@@ -109,6 +111,12 @@ def test_every_rank_trains_the_schedules_shape_at_every_step(runs):
             want.epoch, want.batch, want.shape.frames, want.shape.crop)
     shapes = {(r["frames"], r["crop"]) for r in r0}
     assert {(2, 16), (2, 23), (4, 32), (8, 16), (8, 32)} <= shapes  # both cycles really ran
+    # the clip log (--clip-log) names each step's own clips, whatever its shape: every clip once an epoch
+    batches = {(r, s["step"]): s["batch"] for r, steps in enumerate((r0, r1)) for s in steps}
+    assert sorted((c["rank"], c["step"]) for c in runs["clips"]) == sorted(batches)
+    assert all(len(c["keys"]) + len(c["padding"]) == batches[(c["rank"], c["step"])] for c in runs["clips"])
+    for epoch in range(sched.epochs):
+        assert sorted(k for c in runs["clips"] if c["epoch"] == epoch for k in c["keys"]) == sorted(runs["keys"])
     assert runs["final"]["epoch"] == sched.epochs
 
 

@@ -161,3 +161,20 @@ def test_each_class_moves_as_its_name_says(dataset, moves):
         mean = moves[labels == i].mean(0) / moves.std(0)
         axis = int(np.argmax(np.abs(mean)))
         assert (axis, int(np.sign(mean[axis]))) == DIRECTION[label], (label, mean)
+
+
+def test_speed_scale_slows_the_same_videos(dataset, tmp_path):
+    """At half the speed, the same video (start, textures) shows at frame 2n what it showed at frame n."""
+    out, videos, _, _ = dataset
+    synth.synthesize(str(tmp_path), classes=6, train_per_class=1, val_per_class=0, seconds=1.0, workers=2,
+                     speed_scale=0.5)
+    paths = sorted(tmp_path.rglob("*.mp4"))
+    assert len(paths) == 6
+    originals = sorted(out.rglob("*.mp4"))
+    for path in paths:
+        slow, fast = decode_gray(path, 160, 120), videos[originals.index(out / path.relative_to(tmp_path))]
+        same = np.abs(slow[0::2] - fast[:5]).mean(axis=(1, 2))
+        moved = np.abs(slow[2::2] - fast[2::2]).mean(axis=(1, 2))
+        assert same.max() < 1.5 and moved.min() > 2 * same.max(), (path.name, same, moved)
+    with pytest.raises(ValueError):
+        synth.synthesize(str(tmp_path / "bad"), speed_scale=0.0)

@@ -18,6 +18,7 @@ import argparse
 import logging
 
 from . import train
+from .clip_log import ClipLog, weights_digest
 
 log = logging.getLogger("trainer.elastic")
 
@@ -27,21 +28,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("elastic")
     g.add_argument("--commit-every", type=int, default=20,
                    help="steps between in-memory commits, the most steps a failure costs (also at every epoch end)")
-    g.add_argument("--clip-log", action="store_true",
-                   help="log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/: the "
-                        "audit that each epoch trained on every clip once (trainer.elastic_clips)")
 
 
-def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int, clip_log: bool) -> int:
+def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> int:
     """``trainer.train.train`` under ``hvd.elastic.run``, committing after steps and epochs;
     returns its signal (0: finished)."""
-    from .elastic_clips import ClipLog, weights_digest
     from .elastic_state import ElasticState
 
     hvd = t.backend.hvd
     state = ElasticState(t, hvd, commit_every)
-    if clip_log:
-        t.clips = ClipLog(t, state, t.clips)
+    if t.args.clip_log:
+        t.clips = ClipLog(t, t.clips, generation=lambda: state.generation)
 
     @hvd.elastic.run
     def train_in_ring(state: ElasticState) -> int:
@@ -64,4 +61,4 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("trainer elastic: Horovod Elastic needs --backend horovod")
     if args.commit_every < 1:
         raise SystemExit(f"trainer elastic: --commit-every must be at least 1, not {args.commit_every}")
-    return train.main(args, elastic=lambda t, stop: elastic_train(t, stop, args.commit_every, args.clip_log))
+    return train.main(args, elastic=lambda t, stop: elastic_train(t, stop, args.commit_every))

@@ -54,23 +54,11 @@ class ElasticState(State):
         self.save()
 
     def _small(self) -> dict:
-        t, e = self.t, self.t.engine
-        return {"epoch": t.epoch, "batch": t.batch, "step": t.step, "clips_seen": e.clips_seen,
-                "started": self.started, "loader": t.train_loader.state_dict(), "epoch_totals": self.totals,
-                "scaler": e.scaler.state_dict()}
+        return {**self.t.position(), "started": self.started, "epoch_totals": self.totals}
 
     def _load_small(self, small: dict) -> None:
-        t, e = self.t, self.t.engine
-        t.epoch, t.batch, t.step = small["epoch"], small["batch"], small["step"]
         self.started, self.totals = small["started"], small["epoch_totals"]
-        e.seek(small["clips_seen"])
-        t.train_loader.load_state_dict(small["loader"])
-        e.scaler.load_state_dict(small["scaler"])
-        self._carry_totals()
-
-    def _carry_totals(self) -> None:
-        """Rank 0 goes on from the committed sums, the others from zero: their sum stays the epoch's."""
-        self.t.epoch_totals = metrics.StepTotals(self.totals if self.t.rank0 else None)
+        self.t.load_position(small)
 
     def save(self) -> None:
         e = self.t.engine
@@ -80,7 +68,7 @@ class ElasticState(State):
     def commit(self) -> None:
         started = time.perf_counter()
         self.totals = self.t.epoch_totals.reduce(self.t.backend.all_sum).values
-        self._carry_totals()
+        self.t.carry_totals(self.totals)
         self.save()
         self.commits += 1
         self.commit_seconds += time.perf_counter() - started
@@ -112,16 +100,12 @@ class ElasticState(State):
         before = b.size
         b.rank, b.size, b.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         was_rank0, t.rank0 = t.rank0, b.rank == 0
-        manifest = t.train_loader.manifest
-        t.train_loader = t._loader(manifest, t.args.train_split, train=True)
-        if t.val_loader is not None:
-            t.val_loader = t._loader(manifest, t.args.val_split, train=False)
+        t.make_loaders(t.train_loader.manifest)
         t.train_loader.load_state_dict(self.saved["loader"])
         rescale(t.engine, b.size)
-        self._carry_totals()  # a survivor may be the new rank 0
+        t.carry_totals(self.totals)  # a survivor may be the new rank 0
         if t.rank0 != was_rank0:  # the metrics log moves with rank 0
-            t.log.close()
-            t.log = metrics.MetricsLog(t.args.output_dir, enabled=t.rank0, tensorboard=t.args.tensorboard)
+            t.open_log()
         self.resets += 1
         if t.rank0:
             log.info("ring re-formed: %d -> %d ranks; epoch %d continues at batch %d, %d batches left; "

@@ -121,10 +121,6 @@ class Engine:
         with autocast(self.device, self.amp):
             return self.model(clips.to(self.device, non_blocking=True)).float()
 
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "clips_seen": self.clips_seen, "scaler": self.scaler.state_dict()}
-
     def describe(self) -> str:
         a, b = self.args, self.backend
         params = sum(p.numel() for p in self.model.parameters())

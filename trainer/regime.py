@@ -210,6 +210,14 @@ class Regime:
         K-step averaging."""
         return self.kstep.synchronisations if self.kstep else steps
 
+    def allreduced_floats(self, steps: int) -> int:
+        """Values each rank has put into model synchronisations so far: every gradient at every step,
+        or what K-step averaging sent (gradients and BN statistics, plus parameters and optimizer
+        state after drifting). Allreduce rounds alone undersell what averaging a drifted model costs."""
+        if self.kstep:
+            return self.kstep.averaging.floats
+        return steps * sum(p.numel() for p in self.engine.model.parameters() if p.requires_grad)
+
     def attach(self, engine) -> None:
         """The engine the regime steers; batch growth by noise watches the ranks' own gradients."""
         self.engine = engine

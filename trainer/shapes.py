@@ -94,13 +94,13 @@ class PartsRenderer:
 def unpack(batch: dict, parts: tuple[Part, ...]) -> dict:
     """A loader batch whose ``clips`` are the flat pixels of ``parts`` and whose ``global_valid`` is
     a count per part -> the batch with ``parts``: one batch per part, its ``clips`` a
-    (B', T', C, c, c) view in channels-last memory, its ``labels``, ``valid`` and ``global_valid``."""
+    (B', T', C, c, c) view in channels-last memory, its ``labels``, ``valid``, ``keys`` and ``global_valid``."""
     flat, labels, valid = batch["clips"], batch["labels"], batch["valid"]
     out, clip, offset = [], 0, 0
     for part, global_valid in zip(parts, batch["global_valid"], strict=True):
         clips = flat[offset:offset + part.nbytes].view(part.clips, *part.clip_shape).movedim(-1, -3)
         out.append({"clips": clips, "labels": labels[clip:clip + part.clips], "valid": valid[clip:clip + part.clips],
-                    "global_valid": global_valid})
+                    "keys": batch["keys"][clip:clip + part.clips], "global_valid": global_valid})
         clip, offset = clip + part.clips, offset + part.nbytes
     rest = {k: v for k, v in batch.items() if k != "clips"}
     return rest | {"parts": out, "global_valid": sum(batch["global_valid"])}

@@ -29,7 +29,8 @@ from tqdm import tqdm
 
 from shards.manifest import Manifest
 
-from . import checkpoint, compiling, distributed, metrics, recipe, regime
+from . import checkpoint, compiling, distributed, metrics, precise_bn, recipe, regime
+from .clip_log import ClipLog
 from .device_decode import clip_source
 from .engine import Engine
 from .loader import ClipLoader, shared_manifest
@@ -91,8 +92,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also checkpoint every N steps (0: only at epoch ends and stops); bounds what a "
                         "SIGKILL, an OOM kill or a lost node costs to N steps")
     r.add_argument("--print-freq", type=int, default=10, help="steps between metric records")
+    r.add_argument("--clip-log", action="store_true",
+                   help="log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/ "
+                        "(trainer.clip_log): the audit that each epoch trained on every clip once")
     r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     regime.add_arguments(p)
+    precise_bn.add_arguments(p)
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -122,6 +127,10 @@ class StopFlag:
             signal.signal(s, handler)
 
 
+# what every rank takes from a checkpoint besides weights and optimizer (older checkpoints have no "regime")
+RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_totals", "rng", "regime")
+
+
 class Trainer:
     """A run: backend, loaders, engine (model, optimizer, schedule), position, metrics log."""
 
@@ -135,19 +144,17 @@ class Trainer:
         torch.manual_seed(args.seed + self.backend.rank)
         manifest = Manifest.load(args.data) if elastic else shared_manifest(
             args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
-        for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split)):
-            if split and split not in manifest.splits:
-                raise SystemExit(f"{args.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
-                                 + ("; --val-split '' trains without validation" if flag == "--val-split" else ""))
+        check_splits(manifest, args)
         samples = manifest.splits[args.train_split].num_samples
         self.regime = regime.Regime(args, self.backend.size, samples, elastic)
-        self.train_loader = self._loader(manifest, args.train_split, train=True)
-        self.val_loader = self._loader(manifest, args.val_split, train=False) if args.val_split else None
+        self.make_loaders(manifest)
         self.engine = Engine(args, self.regime.backend(self.backend), len(manifest.classes), samples,
                              epochs=self.regime.epochs, bn_group=self.regime.bn_group)
         self.regime.attach(self.engine)
         self.trace = regime.StepTrace(args.output_dir, self.backend.rank, args.trace_steps)
         self.clips = clip_source(args.decode_on_device, self.engine.device)
+        if args.clip_log and not elastic:  # trainer.elastic's log adds the ring's generation
+            self.clips = ClipLog(self, self.clips)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
@@ -156,7 +163,13 @@ class Trainer:
         if not elastic:
             self.start()
 
-    def _loader(self, manifest, split: str, train: bool) -> ClipLoader:
+    def make_loaders(self, manifest: Manifest) -> None:
+        """The training and validation loaders of this rank in this world size."""
+        a = self.args
+        self.train_loader = self._loader(manifest, a.train_split, train=True)
+        self.val_loader = self._loader(manifest, a.val_split, train=False) if a.val_split else None
+
+    def _loader(self, manifest: Manifest, split: str, train: bool) -> ClipLoader:
         a = self.args
         return ClipLoader(manifest, split, batch_size=a.batch_size, rank=self.backend.rank,
                           world_size=self.backend.size, train=train, seed=a.seed, num_workers=a.workers,
@@ -167,20 +180,25 @@ class Trainer:
     def start(self) -> None:
         """Every rank at rank 0's place (the checkpoint's with --resume, else rank 0's initial
         weights), and rank 0's metrics log opened there."""
-        a = self.args
         self._resume()
         self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
-        self.log.close()
         # records past the checkpoint's step came from a run killed after it: those steps are trained again
+        self.open_log(after_step=self.step if self.args.resume else None)
+
+    def open_log(self, after_step: int | None = None) -> None:
+        """The metrics log, written by rank 0 (``after_step``: ``metrics.MetricsLog``'s)."""
+        a = self.args
+        self.log.close()
         self.log = metrics.MetricsLog(a.output_dir, enabled=self.rank0, tensorboard=a.tensorboard,
-                                      after_step=self.step if a.resume else None)
+                                      after_step=after_step)
 
     @property
     def checkpoint_url(self) -> str:
         return os.path.join(self.args.output_dir, checkpoint.NAME)
 
     def _resume(self) -> None:
-        """Rank 0 reads and checks the checkpoint; model and optimizer state reach the others by broadcast."""
+        """Rank 0 reads and checks the checkpoint; the weights and optimizer reach the others in
+        ``start``'s broadcast, the rest of it (or the refusal) here."""
         e = self.engine
         state = checkpoint.load(self.checkpoint_url) if self.args.resume and self.rank0 else None
         refused = state is not None and checkpoint.differences(
@@ -188,22 +206,17 @@ class Trainer:
         if state is not None and not refused:
             e.model.load_state_dict(state["model"])
             e.optimizer.load_state_dict(state["optimizer"])
-        small = None if state is None else {"refused": refused} | ({} if refused else {
-            k: state[k] for k in ("clips_seen", "scaler", "loader", "epoch", "batch", "step", "rng", "epoch_totals")}
-            | {"regime": state.get("regime")})
+        small = None
+        if state is not None:
+            small = {"refused": refused, **({} if refused else {k: state.get(k) for k in RESUMED})}
         small = self.backend.broadcast_object(small)
         if small is None:
             return
         if small["refused"]:
             raise SystemExit(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
-        e.seek(small["clips_seen"])
-        e.scaler.load_state_dict(small["scaler"])
         self.regime.load_state_dict(small["regime"], self.train_loader)
-        self.train_loader.load_state_dict(small["loader"])
-        self.epoch, self.batch, self.step = small["epoch"], small["batch"], small["step"]
+        self.load_position(small)
         self.saved_step = self.step
-        if self.rank0:  # the sums of every rank; the others add theirs from zero
-            self.epoch_totals = metrics.StepTotals(small["epoch_totals"])
         if len(small["rng"]) == self.backend.size:
             checkpoint.set_rng_state(small["rng"][self.backend.rank])
         else:
@@ -212,6 +225,26 @@ class Trainer:
             log.info("resumed from %s at epoch %d, batch %d (step %d, %d clips seen)", self.checkpoint_url,
                      self.epoch, self.batch, self.step, e.clips_seen)
 
+    def position(self) -> dict:
+        """Where the run stands, besides weights, optimizer and the epoch's sums."""
+        e = self.engine
+        return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "clips_seen": e.clips_seen,
+                "scaler": e.scaler.state_dict(), "loader": self.train_loader.state_dict()}
+
+    def load_position(self, state: dict) -> None:
+        """Stand where ``state`` (a checkpoint's or an elastic commit's) says, its ``epoch_totals`` too."""
+        e = self.engine
+        self.epoch, self.batch, self.step = state["epoch"], state["batch"], state["step"]
+        e.seek(state["clips_seen"])
+        e.scaler.load_state_dict(state["scaler"])
+        self.train_loader.load_state_dict(state["loader"])
+        self.carry_totals(state["epoch_totals"])
+
+    def carry_totals(self, values: dict) -> None:
+        """Rank 0 goes on from the epoch's sums over every rank (``values``), the others from zero:
+        their sum stays the epoch's."""
+        self.epoch_totals = metrics.StepTotals(values if self.rank0 else None)
+
     def save(self) -> None:
         """Rank 0 writes the checkpoint; every rank returns once it is in place (a rank that
         exits earlier would make horovodrun end the others)."""
@@ -219,11 +252,10 @@ class Trainer:
         totals = self.epoch_totals.reduce(self.backend.all_sum)
         if self.rank0:
             checkpoint.save(self.checkpoint_url, {
-                **self.engine.state_dict(), "regime": self.regime.state_dict(),
-                "loader": self.train_loader.state_dict(), "epoch": self.epoch,
-                "batch": self.batch, "step": self.step, "rng": rng, "epoch_totals": totals.values,
-                "model_config": asdict(self.engine.config), "classes": list(self.train_loader.classes),
-                "args": vars(self.args)})
+                "model": self.engine.model.state_dict(), "optimizer": self.engine.optimizer.state_dict(),
+                **self.position(), "regime": self.regime.state_dict(), "rng": rng,
+                "epoch_totals": totals.values, "model_config": asdict(self.engine.config),
+                "classes": list(self.train_loader.classes), "args": vars(self.args)})
         self.saved_step = self.step
         self.backend.all_sum(torch.zeros(1))
 
@@ -233,6 +265,19 @@ class Trainer:
         flags = torch.tensor([stop.signum == signal.SIGTERM, stop.signum == signal.SIGINT], dtype=torch.float32)
         term, interrupt = (self.backend.all_sum(flags) if self.backend.size > 1 else flags).tolist()
         return signal.SIGTERM if term else signal.SIGINT if interrupt else 0
+
+    def close(self) -> None:
+        self.log.close()
+        self.trace.close()
+        self.backend.shutdown()
+
+
+def check_splits(manifest: Manifest, args: argparse.Namespace) -> None:
+    """The splits the flags name are in the shard set, or the run ends in one line saying which."""
+    for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split)):
+        if split and split not in manifest.splits:
+            raise SystemExit(f"{args.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
+                             + ("; --val-split '' trains without validation" if flag == "--val-split" else ""))
 
 
 def isolated(batches):
@@ -251,58 +296,88 @@ def isolated(batches):
         yield batch
 
 
+def train_step(t: Trainer, batch: dict, tick: float) -> dict:
+    """One optimizer step on ``batch``, the previous one having ended at ``tick``; returns its
+    loss and real clips on this rank, and its data, compute and wall time."""
+    e = t.engine
+    clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
+    e.seek(e.clips_seen, t.regime.lr_factor(t.step))
+    lr, seen = e.lr, e.clips_seen
+    started = time.perf_counter()
+    loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
+    done = time.perf_counter()
+    t.trace.log(t.step, t.epoch, clips, lr, e.model, seen=seen, loss=loss, drifted=t.regime.drifted)
+    t.batch += batch["period_end"]
+    t.step += 1
+    t.regime.after_step()
+    if t.train_loader.epoch_finished and batch["period_end"]:
+        # ranks saw different batches (K-step averaging: trained different models): agree before anything is saved
+        e.backend.average_buffers(e.model)
+    return {"loss": loss, "clips": int(batch["valid"].sum()), "data_time": started - tick,
+            "compute_time": done - started, "wall_time": (done - tick) if t.rank0 else 0.0}
+
+
+class Progress:
+    """An epoch's progress bar (rank 0's) and its ``train`` records, the steps' totals over every
+    rank every ``--print-freq`` steps."""
+
+    def __init__(self, t: Trainer):
+        self.t, self.window = t, metrics.StepTotals()
+        self.bar = tqdm(total=t.batch + len(t.train_loader), initial=t.batch, desc=f"epoch {t.epoch}", unit="step",
+                        disable=not t.rank0, dynamic_ncols=True, leave=False)
+
+    def update(self, step: dict, batch: dict) -> None:
+        t, e = self.t, self.t.engine
+        self.window.add(**step)
+        seconds = step["data_time"] + step["compute_time"]
+        self.bar.update(batch["period_end"])
+        self.bar.set_postfix(loss=f"{step['loss'] / max(step['clips'], 1):.3f}", lr=f"{e.lr:.2e}",
+                             clips_s=f"{batch['global_valid'] / seconds:.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
+                             compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
+        if t.step % t.args.print_freq == 0:
+            w = self.window.reduce(t.backend.all_sum).summary()
+            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
+                      clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
+            self.window = metrics.StepTotals()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def at_boundary(t: Trainer, stop: StopFlag, commit=None) -> int:
+    """Where a run may stop (the end of a loader batch, one model on every rank): the periodic
+    checkpoint when due, ``commit()``, then the signal every rank agrees on (0: none)."""
+    every = t.args.checkpoint_steps
+    if every and t.step // every > t.saved_step // every:
+        t.save()
+    if commit:
+        commit()
+    return t.agreed_stop(stop)
+
+
 def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Train to the end of the epoch or until a signal reaches every rank; returns the signal
     (0: the epoch's training is done). ``commit()`` after every step (Horovod Elastic's)."""
-    args, loader, e = t.args, t.train_loader, t.engine
+    loader = t.train_loader
     loader.set_epoch(t.epoch)
     if loader.epoch_finished:  # resumed after the epoch's last step: validation is what is left
         return 0
-    e.model.train()
-    window = metrics.StepTotals()
-    bar = tqdm(total=t.batch + len(loader), initial=t.batch, desc=f"epoch {t.epoch}", unit="step",
-               disable=not t.rank0, dynamic_ncols=True, leave=False)
+    t.engine.model.train()
+    progress = Progress(t)
     signum = 0
     tick, cpu = time.perf_counter(), metrics.cpu_seconds()
     # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
     for batch in t.regime.batches(loader, isolated, t.step):
-        clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
-        e.seek(e.clips_seen, t.regime.lr_factor(t.step))
-        lr, seen = e.lr, e.clips_seen
-        started = time.perf_counter()
-        loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
-        done = time.perf_counter()
-        step = {"loss": loss, "clips": int(batch["valid"].sum()), "data_time": started - tick,
-                "compute_time": done - started, "wall_time": (done - tick) if t.rank0 else 0.0}
-        window.add(**step)
+        step = train_step(t, batch, tick)
         t.epoch_totals.add(**step)
-        t.trace.log(t.step, t.epoch, clips, lr, e.model, seen=seen, loss=loss, drifted=t.regime.drifted)
-        t.batch += batch["period_end"]
-        t.step += 1
-        t.regime.after_step()
-        if loader.epoch_finished and batch["period_end"]:
-            # ranks saw different batches (K-step averaging: trained different models): agree before anything is saved
-            e.backend.average_buffers(e.model)
-        bar.update(batch["period_end"])
-        bar.set_postfix(loss=f"{loss / max(step['clips'], 1):.3f}", lr=f"{e.lr:.2e}",
-                        clips_s=f"{batch['global_valid'] / (done - tick):.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
-                        compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
-        if t.step % args.print_freq == 0:
-            w = window.reduce(t.backend.all_sum).summary()
-            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
-                      clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
-            window = metrics.StepTotals()
+        progress.update(step, batch)
         tick = time.perf_counter()
-        if not batch["period_end"] or t.regime.drifted:
-            continue  # the loader's position counts whole loader batches; a checkpoint holds one model
-        if args.checkpoint_steps and t.step // args.checkpoint_steps > t.saved_step // args.checkpoint_steps:
-            t.save()
-        if commit:
-            commit()
-        signum = t.agreed_stop(stop)
-        if signum:
-            break
-    bar.close()
+        # the loader's position counts whole loader batches; a checkpoint holds one model
+        if batch["period_end"] and not t.regime.drifted:
+            signum = at_boundary(t, stop, commit)
+            if signum:
+                break
+    progress.close()
     t.epoch_cpu += metrics.cpu_seconds() - cpu  # (the loader's workers have ended with the epoch's iteration)
     return signum
 
@@ -329,6 +404,16 @@ def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
     return {"val_loss": loss / n, "val_top1": 100 * top1 / n, "val_top5": 100 * top5 / n, "val_samples": n}
 
 
+def epoch_summary(t: Trainer) -> dict:
+    """The epoch's training over every rank: loss, times, throughput, synchronisations, CPU seconds."""
+    totals = t.epoch_totals.reduce(t.backend.all_sum).summary()
+    return {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
+            "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"],
+            "synchronisations": t.regime.synchronisations(t.step),
+            "allreduced_floats": t.regime.allreduced_floats(t.step),
+            "cpu_time": t.backend.all_sum(torch.tensor([t.epoch_cpu], dtype=torch.float64)).item()}
+
+
 def train(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Epochs until the last, or until a signal reaches every rank: then the checkpoint is
     saved and the signal returned (0: finished). ``commit()`` after every step and epoch
@@ -336,11 +421,9 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
     while t.epoch < t.regime.epochs:
         signum = train_one_epoch(t, stop, commit)
         if not signum:
-            totals = t.epoch_totals.reduce(t.backend.all_sum).summary()
-            summary = {"train_loss": totals["loss"], "epoch_time": totals["time"], "data_time": totals["data_time"],
-                       "compute_time": totals["compute_time"], "clips_per_s": totals["clips_per_s"],
-                       "synchronisations": t.regime.synchronisations(t.step),
-                       "cpu_time": t.backend.all_sum(torch.tensor([t.epoch_cpu], dtype=torch.float64)).item()}
+            summary = epoch_summary(t)
+            if t.args.precise_bn:
+                summary |= precise_bn.update(t)
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
         if signum:
@@ -352,9 +435,7 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
         if t.rank0:
             log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-        if commit:
-            commit()
-        signum = t.agreed_stop(stop)
+        signum = at_boundary(t, stop, commit)
         if signum:
             return signum
     return 0
@@ -379,9 +460,7 @@ def main(args: argparse.Namespace, elastic=None) -> int:
     finally:
         stop.restore()
         if t is not None:
-            t.log.close()
-            t.trace.close()
-            t.backend.shutdown()
+            t.close()
 
 
 def run(args: argparse.Namespace) -> int:

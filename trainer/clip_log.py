@@ -1,16 +1,19 @@
-"""The clip log of an elastic run (``trainer elastic --clip-log``), and what it proves.
+"""The clip log (``--clip-log`` of ``trainer train`` and ``trainer elastic``): the clips every
+training step of every process trained on, and what they prove.
 
 Every process appends, before each training step, one JSON line to
 ``OUTPUT_DIR/clips/<host>-<pid>.jsonl`` (``host`` as horovodrun names the slot):
-``{"time", "generation", "epoch", "batch", "rank", "size", "keys", "padding", "weights"}``, where
-``batch`` is the step's index in its epoch, ``keys`` the clips it trains on, ``padding`` how many
-repeats fill its batch and ``weights`` a digest of the weights it starts from (hashing them
-costs a copy to the CPU per step: this is an audit, not for production runs of large models).
-Written before the step, so a step that took part in a commit is always logged, even by a
-rank killed just after.
+``{"time", "epoch", "batch", "step", "rank", "size", "clips_seen", "keys", "padding", "weights"}``
+and, under ``trainer elastic``, ``"generation"``. ``batch`` is the step's index in its epoch,
+``step`` the run's, ``clips_seen`` the real clips of every earlier step (the learning rate's
+position), ``keys`` the real clips the step trains on, ``padding`` the keys of the repeats that
+fill its batch and ``weights`` a digest of the weights it starts from (hashing them costs a copy
+to the CPU per step: this is an audit, not for production runs of large models). Written
+before the step, so a step that took part in a commit is always logged, even by a rank killed
+just after.
 
-``committed_clips`` reads the logs back as the run's effective history. A generation is one
-sync of the ring (``ElasticState.generation``); it starts from a commit, so its first step
+``committed_clips`` reads an elastic run's logs back as its effective history. A generation is
+one sync of the ring (``ElasticState.generation``); it starts from a commit, so its first step
 in an epoch marks where that epoch was rolled back to: every step an earlier generation logged
 at that index or later in the epoch was undone.
 """
@@ -38,10 +41,11 @@ def weights_digest(named_tensors) -> str:
 
 
 class ClipLog:
-    """Wraps the trainer's clip source (``Trainer.clips``) to log each training batch."""
+    """Wraps the trainer's clip source (``Trainer.clips``) to log each training batch;
+    ``generation()``, where given, goes in every record (``trainer elastic``)."""
 
-    def __init__(self, t, state, clips):
-        self.t, self.state, self.clips = t, state, clips
+    def __init__(self, t, clips, generation=None):
+        self.t, self.clips, self.generation = t, clips, generation
         directory = os.path.join(t.args.output_dir, DIRECTORY)
         os.makedirs(directory, exist_ok=True)
         host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())  # the name horovodrun gave this slot
@@ -52,10 +56,13 @@ class ClipLog:
         t = self.t
         if t.engine.model.training:  # not evaluation batches
             valid = batch["valid"].tolist()
-            record = {"time": round(time.time(), 3), "generation": self.state.generation, "epoch": t.epoch,
-                      "batch": t.batch, "rank": t.backend.rank, "size": t.backend.size,
-                      "keys": [k for k, v in zip(batch["keys"], valid) if v], "padding": valid.count(False),
+            record = {"time": round(time.time(), 3), "epoch": t.epoch, "batch": t.batch, "step": t.step,
+                      "rank": t.backend.rank, "size": t.backend.size, "clips_seen": t.engine.clips_seen,
+                      "keys": [k for k, v in zip(batch["keys"], valid, strict=True) if v],
+                      "padding": [k for k, v in zip(batch["keys"], valid, strict=True) if not v],
                       "weights": weights_digest(t.engine.model.named_parameters())[:16]}
+            if self.generation is not None:
+                record["generation"] = self.generation()
             self.file.write(json.dumps(record) + "\n")
         return self.clips(batch)
 
@@ -72,7 +79,7 @@ def read(output_dir: str) -> list[dict]:
 
 
 def committed(records: list[dict]) -> list[dict]:
-    """The records of steps that count: those no later generation rolled back."""
+    """The records of an elastic run's steps that count: those no later generation rolled back."""
     starts = defaultdict(dict)  # epoch -> generation -> first batch index
     for r in records:
         first = starts[r["epoch"]]
@@ -86,7 +93,7 @@ def committed(records: list[dict]) -> list[dict]:
 
 
 def committed_clips(output_dir: str) -> dict[int, Counter]:
-    """Epoch -> how many times each clip was trained on in the steps that count."""
+    """Epoch -> how many times each clip was trained on in the steps that count (``trainer elastic``)."""
     out = defaultdict(Counter)
     for r in committed(read(output_dir)):
         out[r["epoch"]].update(r["keys"])
