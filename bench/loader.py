@@ -6,12 +6,16 @@ the same TSM training transform; each runs its epochs in its own process with on
 worker, so clips/s is per loader worker; per core divides the clips by the CPU time of the
 worker and the trainer's process together. This loader runs twice: decoding only each clip's
 crop (the default, ``trainer.cropdecode``) and decoding whole frames with the same
-libjpeg-turbo call (what it does without crop decoding).
+libjpeg-turbo call (what it does without crop decoding). The clips' frames are JPEG-encoded by
+ingest's encoder (``ingest.jpeg``, quality 90) twice: without restart markers (shards, frame
+folders, the limit) and with one every MCU (``--restart-interval 1``, ingest's default: a
+second set of shards), so that crop decoding can skip the data around the crop.
 
-The full-decode limit: the same JPEG bytes held in memory decoded whole into reused memory by
-the fastest of pillow-simd, simplejpeg, PyTurboJPEG and libjpeg-turbo called directly
-(``cropdecode`` on the whole frame), one process, no I/O, no transform, no batching; each
-decoder's rate is printed. File opens, stats and directory listings are counted for real with
+The full-decode limit: the same JPEG bytes (without restart markers) held in memory decoded
+whole into reused memory by the fastest of pillow-simd, simplejpeg, PyTurboJPEG and
+libjpeg-turbo called directly (``cropdecode`` on the whole frame), one process, no I/O, no
+transform, no batching; each decoder's rate is printed, and so is the encoding rate of
+ingest's encoder with and without restart markers. File opens, stats and directory listings are counted for real with
 ``strace -f`` between two marker syscalls around the epoch. Also printed: the shuffle quality
 of the partition plan against a random permutation, and ``shards plan`` figures for
 Kinetics-400 at 1,536 and 6,144 ranks.
@@ -25,8 +29,10 @@ The last line of output is ``BENCH_JSON {...}`` with every figure.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -47,6 +53,7 @@ from shards.packing import shard_name, write_shard  # noqa: E402
 from shards.tarformat import sample_bytes, sanitize_key  # noqa: E402
 
 T, SHORT_SIDE, CLASSES = 8, 256, 10
+QUALITY, RESTART = 90, 1  # ingest's defaults
 START, END = "/.bench-epoch-start", "/.bench-epoch-end"
 
 
@@ -78,43 +85,72 @@ def extract_frames(video: str, folder: str) -> None:
                     "-start_number", "1", os.path.join(folder, "img_%05d.jpg")], check=True)
 
 
+def write_shards(sdir: str, rows: list[dict], clips: list[list[bytes]]) -> float:
+    """The clips as one split of 16-clip shards in ``sdir``; returns the mean bytes per clip."""
+    samples = []
+    for r, frames in zip(rows, clips):
+        members = [(f"{t:02d}.jpg", jpeg) for t, jpeg in enumerate(frames)]
+        members += [("cls", str(r["label"]).encode()),
+                    ("json", json.dumps({"frame_indices": segment_centres(r["frames"])}).encode())]
+        samples.append((f"{r['id']}_c00", r["label"], sample_bytes(f"{r['id']}_c00", members)))
+    by_key = {s[0]: s for s in samples}
+    samples = [by_key[k] for k in shuffled(by_key, 0)]  # stored order as ingest writes it
+    per_shard = 16
+    shards = [write_shard(os.path.join(sdir, shard_name("train", j)), shard_name("train", j),
+                          samples[a:a + per_shard]) for j, a in enumerate(range(0, len(samples), per_shard))]
+    Manifest(classes=[f"class{c}" for c in range(CLASSES)], splits={"train": SplitInfo(shards)},
+             config={"clip": {"frames": T}}, fingerprint=digest([r["id"] for r in rows])).save(sdir)
+    return sum(s.bytes for s in shards) / len(rows)
+
+
 def prepare(out: str, videos_dir: str | None, count: int, seconds: float) -> dict:
-    """Videos, frame folders, a list file and shards under ``out``; reused when present."""
-    info_path = os.path.join(out, "dataset.json")
+    """Videos, frame folders, and shards without and with restart markers under ``out``;
+    reused when present. The frames kept (segment centres) are re-encoded by ingest's encoder,
+    and the frame folders hold the same bytes as the shards without markers."""
+    from PIL import Image
+
+    from ingest import jpeg
+    info_path = os.path.join(out, "dataset-ingest-jpeg.json")
     if os.path.exists(info_path):
         return json.load(open(info_path))
     vdir = videos_dir or os.path.join(out, "videos")
     os.makedirs(vdir, exist_ok=True)
     if not videos_dir:
         with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda i: synth_video(os.path.join(vdir, f"video{i:04d}.mp4"), seconds, i), range(count)))
+            list(pool.map(lambda i: os.path.exists(path := os.path.join(vdir, f"video{i:04d}.mp4"))
+                          or synth_video(path, seconds, i), range(count)))
     videos = sorted(f for f in os.listdir(vdir) if f.endswith(".mp4"))[:count]
-    rows = []
+    rows, plain, marked = [], [], []
     for i, name in enumerate(videos):
         vid = sanitize_key(name[:-4])
         folder = os.path.join(out, "frames", vid)
+        shutil.rmtree(folder, ignore_errors=True)
         extract_frames(os.path.join(vdir, name), folder)
-        rows.append({"video": os.path.join(vdir, name), "folder": folder, "id": vid, "label": i % CLASSES,
-                     "frames": len(os.listdir(folder))})
-    samples = []
-    for r in rows:
-        picks = segment_centres(r["frames"])
-        members = [(f"{t:02d}.jpg", open(os.path.join(r["folder"], f"img_{p + 1:05d}.jpg"), "rb").read())
-                   for t, p in enumerate(picks)]
-        members += [("cls", str(r["label"]).encode()), ("json", json.dumps({"frame_indices": picks}).encode())]
-        samples.append((f"{r['id']}_c00", r["label"], sample_bytes(f"{r['id']}_c00", members)))
-    by_key = {s[0]: s for s in samples}
-    samples = [by_key[k] for k in shuffled(by_key, 0)]  # stored order as ingest writes it
-    sdir = os.path.join(out, "shards")
-    per_shard = 16
-    shards = [write_shard(os.path.join(sdir, shard_name("train", j)), shard_name("train", j),
-                          samples[a:a + per_shard]) for j, a in enumerate(range(0, len(samples), per_shard))]
-    Manifest(classes=[f"class{c}" for c in range(CLASSES)], splits={"train": SplitInfo(shards)},
-             config={"clip": {"frames": T}}, fingerprint=digest([r["id"] for r in rows])).save(sdir)
-    info = {"rows": rows, "shards": sdir, "clips": len(rows),
-            "clip_bytes": sum(s.bytes for s in shards) / len(rows)}
+        r = {"video": os.path.join(vdir, name), "folder": folder, "id": vid, "label": i % CLASSES,
+             "frames": len(os.listdir(folder))}
+        images = [Image.open(os.path.join(folder, f"img_{p + 1:05d}.jpg")).convert("RGB")
+                  for p in segment_centres(r["frames"])]
+        plain.append([jpeg.encode(im, QUALITY, 0) for im in images])
+        marked.append([jpeg.encode(im, QUALITY, RESTART) for im in images])
+        for p, data in zip(segment_centres(r["frames"]), plain[-1]):
+            with open(os.path.join(folder, f"img_{p + 1:05d}.jpg"), "wb") as f:
+                f.write(data)
+        rows.append(r)
+    with open(os.path.join(out, "clips.pickle"), "wb") as f:
+        pickle.dump({"plain": plain, "restart": marked}, f)
+    info = {"rows": rows, "clips": len(rows), "quality": QUALITY, "restart_interval": RESTART,
+            "shards": os.path.join(out, "shards"), "shards_rst": os.path.join(out, "shards-rst")}
+    info["clip_bytes"] = write_shards(info["shards"], rows, plain)
+    info["clip_bytes_rst"] = write_shards(info["shards_rst"], rows, marked)
+    info["frame_bytes"] = float(np.mean([len(b) for c in plain for b in c]))
+    info["frame_bytes_rst"] = float(np.mean([len(b) for c in marked for b in c]))
     json.dump(info, open(info_path, "w"))
     return info
+
+
+def clip_bytes(info: dict, restart: bool) -> list[list[bytes]]:
+    with open(os.path.join(os.path.dirname(info["shards"]), "clips.pickle"), "rb") as f:
+        return pickle.load(f)["restart" if restart else "plain"]
 
 
 # --- the loaders, each run in its own process by --role -------------------------------------
@@ -187,8 +223,8 @@ def make_loader(role: str, info: dict, batch_size: int):
     if role.startswith("shards"):
         if role == "shards-whole":
             whole_frames()
-        return ClipLoader(info["shards"], "train", batch_size=batch_size, num_workers=1,
-                          train=role != "shards-eval", remainder="drop")
+        return ClipLoader(info["shards_rst" if role.startswith("shards-rst") else "shards"], "train",
+                          batch_size=batch_size, num_workers=1, train=not role.endswith("eval"), remainder="drop")
     dataset = (FrameFolders if role == "frames" else VideoFiles)(info["rows"], TrainTransform())
     collate = lambda b: (torch.from_numpy(np.stack([c for c, _ in b])), torch.tensor([y for _, y in b]))  # noqa: E731
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=1, drop_last=True,
@@ -212,7 +248,7 @@ def cpu_seconds() -> float:
 def run_role(role: str, info: dict, batch_size: int, epochs: int) -> dict:
     """``epochs`` epochs; clips/s counted from each epoch's first batch to its last (worker
     start-up excluded), per core over the CPU time of all processes in that window."""
-    if role.startswith("decode"):
+    if role.startswith(("decode", "encode")):
         return in_memory(role, info, epochs)
     loader = make_loader(role, info, batch_size)
     per_epoch = len(loader)
@@ -333,14 +369,23 @@ def whole_decoder(name: str):
 def in_memory(kind: str, info: dict, passes: int) -> dict:
     """Clips/s on the clips' JPEG bytes held in memory (no I/O): whole-frame decoding by one
     decoder (``decode:NAME``; the fastest is the limit), or decoding plus a transform (what the
-    loader could reach with free I/O and no batching). Best pass; one thread."""
+    loader could reach with free I/O and no batching), on the frames without restart markers or
+    (``...-rst``) with them; or ingest's JPEG encoding of the decoded frames (``encode:N``,
+    restart markers every N MCUs). Best pass; one thread."""
     from trainer.transforms import EvalTransform, TrainTransform
-    clips = [[open(os.path.join(r["folder"], f"img_{p + 1:05d}.jpg"), "rb").read()
-              for p in segment_centres(r["frames"])] for r in info["rows"]]
+    clips = clip_bytes(info, kind.endswith("-rst"))
+    kind = kind.removesuffix("-rst")
     train, evaluate = TrainTransform(), EvalTransform()
     if kind.startswith("decode:"):
         decoder = whole_decoder(kind.split(":", 1)[1])
         fn = lambda i, c: [decoder(b) for b in c]  # noqa: E731
+    elif kind.startswith("encode:"):
+        from PIL import Image
+
+        from ingest import jpeg
+        interval = int(kind.split(":", 1)[1])
+        clips = [[Image.open(io.BytesIO(b)).convert("RGB") for b in c] for c in clips[:64]]  # 64: 180 MB of pixels
+        fn = lambda i, c: [jpeg.encode(im, QUALITY, interval) for im in c]  # noqa: E731
     else:
         if kind == "decode+train-whole":
             whole_frames()
@@ -395,13 +440,23 @@ def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int =
             "ours": metrics(ours), "random_permutation": metrics(rand)}
 
 
-LOADERS = (("shards", "(a) shards, crop decoding"), ("shards-whole", "(a) shards, whole frames"),
+LOADERS = (("shards-rst", "(a) shards+RST, crop decoding"), ("shards", "(a) shards, crop decoding"),
+           ("shards-whole", "(a) shards, whole frames"), ("shards-rst-eval", "(a) shards+RST, eval tf"),
            ("shards-eval", "(a) shards, eval tf"), ("frames", "(b) frame folders"), ("mp4", "(c) mp4 on the fly"))
+MEMORY = ([("decode:" + d, "whole frames, " + d) for d in DECODERS]
+          + [("decode:simplejpeg-rst", "whole+RST, simplejpeg"),
+             ("decode+train-whole", "whole frames + train tf"), ("decode+train", "crop decoding + train tf"),
+             ("decode+train-rst", "crop dec.+RST + train tf"), ("decode+eval", "crop decoding + eval tf"),
+             ("decode+eval-rst", "crop dec.+RST + eval tf")])
+ENCODERS = [("encode:0", "ingest encoding, no RST"), ("encode:%d" % RESTART, "ingest encoding, RST")]
 
 
 def report(res: dict) -> str:
     limit, limit_cpu, mem = res["jpeg_limit"], res["jpeg_limit_cpu"], res["in_memory"]
-    lines = [f"{res['clips']} clips of {T} frames, {res['clip_bytes'] / 1e3:.0f} kB each; batch {res['batch_size']}, "
+    lines = [f"{res['clips']} clips of {T} frames, {res['clip_bytes'] / 1e3:.1f} kB each without restart markers, "
+             f"{res['clip_bytes_rst'] / 1e3:.1f} kB with one every {res['restart_interval']} MCU "
+             f"(+{res['clip_bytes_rst'] / res['clip_bytes'] - 1:.1%}; frames {res['frame_bytes']:.0f} and "
+             f"{res['frame_bytes_rst']:.0f} bytes, ingest's encoder at quality {res['quality']}); batch {res['batch_size']}, "
              "one DataLoader worker per loader; TSM train transform (multi-scale crop + flip to 224)", "",
              f"{'loader':<28} {'clips/s/worker':>14} {'x limit':>8} {'clips/s/core':>12} {'x limit':>8} | {'opens':>6} "
              f"{'stats':>6} {'listings':>8} {'fstat':>6} {'getdents':>8} {'other opens':>11}"]
@@ -417,11 +472,12 @@ def report(res: dict) -> str:
                      f"{c.get('listings', 0):>8} {c.get('fstat (any fd)', 0):>6} {c.get('getdents64 (any dir)', 0):>8} "
                      f"{c.get('other opens', 0):>11}")
     lines.append("in memory (JPEG bytes in memory, no I/O, no batching, one thread):")
-    for role, label in [("decode:" + d, "whole frames, " + d) for d in DECODERS] + [
-            ("decode+train-whole", "whole frames + train tf"), ("decode+train", "crop decoding + train tf"),
-            ("decode+eval", "crop decoding + eval tf")]:
+    for role, label in MEMORY:
         lines.append(f"{'  ' + label:<28} {rates(mem[role])} |"
                      + ("  the full-decode limit" if mem[role]["clips_per_s"] == limit else ""))
+    for role, label in ENCODERS:
+        lines.append(f"{'  ' + label:<28} {mem[role]['clips_per_s']:>14.1f} clips/s "
+                     f"{mem[role]['clips_per_cpu_s']:>21.1f} clips/CPU-s")
     lines += ["", "opens/stats/listings: of files under the data directory during one epoch, all processes;",
               "fstat: on any open descriptor; other opens: outside the data directory (libraries, /dev/shm, /proc).",
               f"shards read by (a): {res['shards_read']} (the rank opens each once; its worker shares the descriptor)", ""]
@@ -466,14 +522,15 @@ def main() -> int:
         print(json.dumps(run_role(args.role, info, args.batch_size, args.epochs)))
         return 0
     roles = [role for role, _ in LOADERS if role not in args.skip]
-    memory_roles = ["decode:" + d for d in DECODERS] + ["decode+train-whole", "decode+train", "decode+eval"]
+    memory_roles = [role for role, _ in MEMORY + ENCODERS]
     roots = tuple(os.path.abspath(d) for d in (args.out, args.videos_dir) if d)
     speeds = timed(memory_roles + roles, args)
-    res = {"clips": info["clips"], "clip_bytes": info["clip_bytes"], "batch_size": args.batch_size,
+    res = {**{k: info[k] for k in ("clips", "clip_bytes", "clip_bytes_rst", "frame_bytes", "frame_bytes_rst",
+                                   "quality", "restart_interval")}, "batch_size": args.batch_size,
            "in_memory": {k: speeds.pop(k) for k in memory_roles},
            "loaders": speeds,
            "syscalls": {r: count_syscalls(r, args, roots) for r in roles
-                        if shutil.which("strace") and r != "shards-whole"},
+                        if shutil.which("strace") and r in ("shards", "shards-eval", "frames", "mp4")},
            "shards_read": len(Manifest.load(info["shards"]).splits["train"].shards),
            "shuffle": [shuffle_quality(8), shuffle_quality(1536)],
            "plan": layout.plan(layout.Totals(240_000, info["clip_bytes"], T), 6144, 8, 8, [1536])}

@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="clips per val/test video, at evenly spread offsets (1 = segment centres)")
     p.add_argument("--short-side", type=int, default=256, help="resize frames so the short side is this")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    p.add_argument("--restart-interval", type=int, default=1, metavar="MCUS",
+                   help="JPEG restart marker every MCUS macroblocks of 16x16 pixels (rounded down to tile the "
+                        "rows), so the loader decodes only the intervals under its crop; 0: none (smaller files)")
     p.add_argument("--seed", type=int, default=0, help="seeds frame sampling and sample order")
     p.add_argument("--decoder", choices=DECODERS, default="pyav",
                    help="pyav: decode in-process, only the packets the kept frames need (what PyAV cannot "
@@ -103,7 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
-                     short_side=args.short_side, quality=args.quality, seed=args.seed, decoder=args.decoder)
+                     short_side=args.short_side, quality=args.quality,
+                     restart_interval=args.restart_interval, seed=args.seed, decoder=args.decoder)
     kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,
                   shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
                   splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,

@@ -38,12 +38,15 @@ class ClipConfig:
     eval_clips: int = 1  # val/test splits: evenly spread centre offsets
     short_side: int = 256
     quality: int = 90
+    restart_interval: int = 1  # MCUs between JPEG restart markers (ingest.jpeg); 0: none
     seed: int = 0
     decoder: str = "pyav"  # "ffmpeg": the command line for every video (the reference, and slower)
 
     def __post_init__(self):
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, not {self.decoder!r}")
+        if self.restart_interval < 0:
+            raise ValueError(f"restart_interval must be 0 (no markers) or more MCUs, not {self.restart_interval}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -123,7 +126,7 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
         decoded = decode(path, lambda n: [i for p in picks(n) for i in p], cfg, threads, deadline)
     info = decoded.info
     deadline.check("encoding")
-    encoded = {i: jpeg.encode(image, cfg.quality) for i, image in decoded.frames.items()}
+    encoded = {i: jpeg.encode(image, cfg.quality, cfg.restart_interval) for i, image in decoded.frames.items()}
     out = []
     for clip, indices in enumerate(picks(info.num_frames)):
         key = f"{video.video_id}_c{clip:02d}"

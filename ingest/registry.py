@@ -5,7 +5,7 @@ The dataset id (``shards.catalog_id``) is taken over
     (mtime, or the store's ETag or update time where there is no mtime) and label, and the
     class list (an empty class folder shifts the class indices);
   * the options that change the output bytes: the clip config (frames, clips per video, eval
-    clips, short side, quality, seed, decoder), the shard size or sample count, the splits;
+    clips, short side, quality, restart interval, seed, decoder), the shard size or sample count, the splits;
   * the shard format version.
 Workers, videos per task, timeouts, ffmpeg threads, the output location and the Ray address
 cannot change the bytes and are left out, so the same build asked for anywhere is found.

@@ -23,7 +23,7 @@ log = logging.getLogger("service.builds")
 
 # body key -> (type, where it goes); everything else in a body is refused
 CLIP_KEYS = {"frames": int, "clips_per_video": int, "eval_clips": int, "short_side": int, "quality": int,
-             "seed": int, "decoder": str}
+             "restart_interval": int, "seed": int, "decoder": str}
 RUN_KEYS = {"workers": int, "videos_per_task": int, "ffmpeg_threads": int, "timeout": (int, float)}
 OTHER_KEYS = {"src": str, "name": str, "shard_size": (int, str), "shard_samples": int, "splits": (list, str)}
 

@@ -22,6 +22,7 @@ from PIL import Image
 
 from ingest.build import STAGING, build
 from ingest.clips import ClipConfig
+from ingest.jpeg import restart_interval
 from shards.manifest import Manifest
 
 import media
@@ -77,6 +78,7 @@ def test_class_folder_layout_labels_and_class_list(reference):
             assert meta["label"] == key[:4] and int(members["cls"]) == m.classes.index(key[:4])
             assert meta["source"] == f"{split}/{key[:4]}/{key[:-4]}.mp4"
             assert sorted(s for s in members if s.endswith(".jpg")) == [f"{t:02d}.jpg" for t in range(8)]
+            assert {restart_interval(members[f"{t:02d}.jpg"]) for t in range(8)} == {1}  # the default
     for key, members in samples(reference, "test").items():
         assert "cls" not in members and json.loads(members["json"])["label"] is None
     shard = m.splits["test"].shards[0]
@@ -187,17 +189,27 @@ def test_build_killed_at_random_points_and_rerun_with_other_flags_gives_the_same
 
 def test_staged_videos_are_reused_only_under_the_same_clip_options(class_tree, tmp_path):
     """Staging left by an earlier build (kept here, as a killed build leaves it) holds 32-pixel
-    clips; a rerun with another short side must decode again, not pack the staged samples."""
+    clips; a rerun with another short side must decode again, not pack the staged samples; so
+    must a rerun without JPEG restart markers over staged samples that have them."""
     out = tmp_path / "out"
     build(str(class_tree), str(out), CFG, workers=2, shard_samples=4, splits=("val",), keep_staging=True)
     assert staged_videos(out) == 4
     build(str(class_tree), str(out), ClipConfig(frames=8, short_side=24), workers=2, shard_samples=4,
-          splits=("val",))
+          splits=("val",), keep_staging=True)
     got = samples(out, "val")
-    assert len(got) == 4 and not (out / ".staging").exists()
+    assert len(got) == 4
     for key, members in got.items():
         frames = [Image.open(io.BytesIO(members[f"{t:02d}.jpg"])) for t in range(8)]
         assert {min(f.size) for f in frames} == {24} and json.loads(members["json"])["frame_size"][1] == 24, key
+        assert restart_interval(members["00.jpg"]) == 1, key
+    build(str(class_tree), str(out), ClipConfig(frames=8, short_side=24, restart_interval=0), workers=2,
+          shard_samples=4, splits=("val",))
+    assert Manifest.load(str(out)).config["clip"]["restart_interval"] == 0 and not (out / ".staging").exists()
+    without = samples(out, "val")
+    assert without.keys() == got.keys()
+    for key, members in without.items():
+        assert {restart_interval(members[f"{t:02d}.jpg"]) for t in range(8)} == {0}, key
+        assert len(members["00.jpg"]) < len(got[key]["00.jpg"]), key  # the markers' bytes
 
 
 def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path):

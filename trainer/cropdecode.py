@@ -1,10 +1,13 @@
 """Decoding only the crop of a JPEG frame: ``csrc/cropjpeg.c`` (libjpeg-turbo) through ctypes.
 
 The train transform draws its crop from the frame size in the header before anything is
-decoded, so only that rectangle needs decoding: libjpeg-turbo skips the rows above it
-(entropy decoding only), stops after its last row, and transforms only the block columns
-around it. Pixels equal a full decode followed by the same crop (``tests/test_crop_decode.py``),
-and DCT-domain scaling by 1/2, 1/4 or 1/8 applies as in ``transforms.decode``.
+decoded, so only that rectangle needs decoding. A frame with restart markers that tile its MCU
+rows (what ingest writes, ``ingest.jpeg``) is first cut down to the restart intervals under the
+rectangle (``cut``): the entropy data around it is never decoded. Then, or for frames without
+such markers, libjpeg-turbo skips the rows above the rectangle (entropy decoding only), stops
+after its last row, and transforms only the block columns around it. Pixels equal a full decode
+followed by the same crop (``tests/test_crop_decode.py``), and DCT-domain scaling by 1/2, 1/4
+or 1/8 applies as in ``transforms.decode``.
 
 The library is built by ``scripts/build-native.sh`` (``scripts/setup.sh`` runs it) into
 ``trainer/libcropjpeg.so``; ``KF_CROPJPEG`` names another path. Without it, ``available()``
@@ -44,6 +47,8 @@ def load(path: str | None = None) -> ctypes.CDLL | None:
     lib.kf_decode_crop.restype = i
     lib.kf_scaled_size.argtypes = [p, ctypes.c_ulong, i, ip, ip, ctypes.c_char_p, i]
     lib.kf_scaled_size.restype = i
+    lib.kf_cut.argtypes = [p, ctypes.c_ulong, i, i, i, i, i, p, ip, ip, ctypes.c_char_p, i]
+    lib.kf_cut.restype = ctypes.c_long
     _lib = lib
     return lib
 
@@ -74,3 +79,17 @@ def decode_crop(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1,
                              out.strides[0], msg, len(msg)):
         raise ValueError(f"JPEG decode: {msg.value.decode(errors='replace')}")
     return out
+
+
+def cut(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1) -> tuple[bytes, tuple[int, int]] | None:
+    """The smaller JPEG that ``decode_crop`` decodes for ``box`` (left, top, right, bottom) of
+    the frame at 1/denom: the restart intervals under it and its context, with the box's
+    (left, top) in it at that scale; None when the JPEG is decoded whole instead (no restart
+    markers, or none that tile its MCU rows, or a box that needs every interval)."""
+    x0, y0, x1, y1 = box
+    buf, cx, cy, msg = ctypes.create_string_buffer(len(jpeg) + 1), ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(200)
+    n = load().kf_cut(jpeg, len(jpeg), denom, x0, y0, x1 - x0, y1 - y0, buf, ctypes.byref(cx), ctypes.byref(cy),
+                      msg, len(msg))
+    if n < 0:
+        raise ValueError(f"JPEG cut: {msg.value.decode(errors='replace')}")
+    return (buf.raw[:n], (cx.value, cy.value)) if n else None

@@ -8,7 +8,8 @@ undecoded bytes with their geometry for the GPU (``trainer.device_decode``), wit
 random draws as here.
 
 Decoding (libjpeg-turbo): only the rectangle the views need is decoded (``trainer.cropdecode``:
-rows above skipped, rows below never decoded, columns outside not transformed); without that
+of a frame with restart markers, only the intervals under it; else rows above skipped, rows
+below never decoded, columns outside not transformed); without that
 library, whole frames with PIL. When a stored frame is at least twice the size needed, the
 decoder's DCT scaling decodes it at 1/2, 1/4 or 1/8 size directly (the rule of PIL's
 ``draft``, ``dct_denom``), and boxes are drawn on the scaled frame. A box of exactly the output
