@@ -92,7 +92,8 @@ def train(data: Path, out: Path, epochs: int, extra: list[str], ranks: int) -> f
 
 def curve(out: Path) -> list[dict]:
     """Per epoch, cumulative: training wall-clock and CPU seconds (all ranks and their loader
-    workers), steps, synchronisations, clips seen; and the validation top-1."""
+    workers), steps, synchronisations, the values each rank put into them (millions), clips seen;
+    and the validation top-1."""
     seconds = cpu = 0.0
     rows = []
     for line in (out / "metrics.jsonl").read_text().splitlines():
@@ -103,7 +104,8 @@ def curve(out: Path) -> list[dict]:
         seconds = seconds + r["epoch_time"] + r.get("precise_bn_time", 0.0)
         cpu = cpu + r["cpu_time"] + r.get("precise_bn_cpu", 0.0)
         rows.append({"epoch": r["epoch"], "seconds": seconds, "cpu": cpu, "steps": r["step"],
-                     "syncs": r["synchronisations"], "clips": r["clips"], "top1": r["val_top1"]})
+                     "syncs": r["synchronisations"], "mfloats": r["allreduced_floats"] / 1e6, "clips": r["clips"],
+                     "top1": r["val_top1"]})
     return rows
 
 
@@ -126,7 +128,7 @@ def summarise(runs: dict[str, list[list[dict]]], target_of: list[float]) -> list
                "total_steps": statistics.median(rows[-1]["steps"] for rows in repeats),
                "total_syncs": statistics.median(rows[-1]["syncs"] for rows in repeats)}
         reached = [(h, b) for h, b in zip(hits, base) if h is not None and b is not None]
-        for key in ("seconds", "cpu", "steps", "syncs", "clips", "epoch"):
+        for key in ("seconds", "cpu", "steps", "syncs", "mfloats", "clips", "epoch"):
             if reached:
                 row[key] = statistics.median(h[key] for h, _ in reached)
                 row[f"{key}_ratio"] = statistics.median(h[key] / b[key] for h, b in reached)
@@ -198,7 +200,7 @@ def main() -> None:
     print(f"\ntarget: the baseline's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)}); "
           f"load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}")
     keys = (("seconds", "wall s to target"), ("cpu", "CPU s to target"), ("steps", "steps"), ("syncs", "syncs"),
-            ("clips", "clips"))
+            ("mfloats", "M floats sent"), ("clips", "clips"))
     print(f"{'variant':<14} | reached | " + " | ".join(f"{h + ' (x)':<16}" for _, h in keys)
           + " | final top-1 | whole run: wall s, CPU s, steps, syncs")
     for r in table:
