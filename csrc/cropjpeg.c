@@ -194,7 +194,7 @@ static int restart_layout(const unsigned char *d, unsigned long n, struct layout
       if (len != 4) return 0;
       L->interval = be16(s);
     } else if (m == 0xDA) {
-      if (!L->sof || s[0] != components) return 0; /* one interleaved scan only */
+      if (!L->sof || len < 3 || s[0] != components) return 0; /* one interleaved scan only */
       L->scan = p + 2 + len;
       break;
     }
