@@ -173,7 +173,7 @@ def main() -> None:
     p.add_argument("--precise-bn", type=int, default=16,
                    help="multigrid variants: BN statistics recomputed on this many full-shape batches per rank "
                         "before each validation (0: off)")
-    p.add_argument("--png", default="schedules.png")
+    p.add_argument("--png", help="the plot (default: WORK/schedules.png)")
     p.add_argument("--json", help="also write every curve and the table here")
     args = p.parse_args()
 
@@ -208,8 +208,9 @@ def main() -> None:
         print(f"{r['variant']:<14} | {r['reached']}/{r['repeats']}     | " + " | ".join(f"{c:<16}" for c in cells)
               + f" | {r['final_top1']:10.1f}% | {r['total_seconds']:.0f}, {r['total_cpu']:.0f}, "
               f"{r['total_steps']:.0f}, {r['total_syncs']:.0f}")
-    plot(runs, statistics.median(targets), args.png)
-    print(f"plot: {args.png}")
+    png = args.png or str(work / "schedules.png")
+    plot(runs, statistics.median(targets), png)
+    print(f"plot: {png}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"targets": targets, "loads": loads, "walls": walls, "runs": runs, "table": table,
