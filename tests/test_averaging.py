@@ -107,15 +107,19 @@ def worker(out: str) -> None:
                 "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", str(HPARAMS[opt]["lr"]), "--optimizer", opt]
                 + ([] if every is None else ["--average-every", str(every)]))
             torch.manual_seed(0)
-            engine = Engine(args, Regime(args, backend.size, STEPS * GLOBAL_BATCH).backend(backend), CLASSES,
-                            STEPS * GLOBAL_BATCH)
+            regime = Regime(args, backend.size, STEPS * GLOBAL_BATCH)
+            engine = Engine(args, regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH)
+            regime.attach(engine)
             backend.broadcast_state(engine.model, engine.optimizer)
             engine.model.train()
             steps = []
             for clips, labels in data:
                 engine.train_step(clips[mine], labels[mine])
                 steps.append(snapshot(engine.model, engine.optimizer))
-            torch.save({"steps": steps}, os.path.join(out, f"engine-{opt}-{every or 'sync'}-rank{backend.rank}.pt"))
+            sizes = {"params": sum(p.numel() for p in engine.model.parameters()),
+                     "bn": sum(b.numel() for n, b in engine.model.named_buffers() if "running" in n)}
+            torch.save({"steps": steps, "floats": regime.allreduced_floats(STEPS), "sizes": sizes},
+                       os.path.join(out, f"engine-{opt}-{every or 'sync'}-rank{backend.rank}.pt"))
     backend.shutdown()
 
 
@@ -191,6 +195,15 @@ def test_the_trainers_step_with_one_step_averaging_is_its_synchronous_step(runs)
         for a, b in zip(sync, k1):
             assert torch.allclose(a["params"], b["params"], rtol=1e-4, atol=1e-6), opt
             assert torch.allclose(a["state"], b["state"], rtol=1e-4, atol=1e-7), opt
+
+
+def test_the_regime_counts_the_values_each_rank_allreduces(runs):
+    """Synchronous training sends every gradient at every step; one-step averaging also the BN
+    statistics, as counted from the tensors it really allreduced."""
+    for opt in SYNCHRONOUS:
+        sync, k1 = runs[f"engine-{opt}-sync-rank0"], runs[f"engine-{opt}-1-rank0"]
+        assert sync["floats"] == STEPS * sync["sizes"]["params"], opt
+        assert k1["floats"] == STEPS * (k1["sizes"]["params"] + k1["sizes"]["bn"]), opt
 
 
 def tiny_params() -> torch.Tensor:
