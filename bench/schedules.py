@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainer import metrics
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # the model and data: a ResNet-10 of width 16, 8-frame clips, 32 px crops, 2 clips per rank; the
@@ -96,8 +98,7 @@ def curve(out: Path) -> list[dict]:
     and the validation top-1."""
     seconds = cpu = 0.0
     rows = []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in metrics.read(str(out / "metrics.jsonl")):
         if r["event"] != "epoch":
             continue
         # precise BN changes the model: its time counts as training

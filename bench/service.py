@@ -147,10 +147,10 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
         client_user + client_sys, 1e-9)})
     if server:
+        cpu1 = server.cpu_times()  # once, so both figures are of the same interval
+        used = cpu1.user + cpu1.system - cpu0.user - cpu0.system
         out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
-                    "cpu_s_per_GB": (sum(server.cpu_times()[:2]) - sum(cpu0[:2])) / gb,
-                    "sys_share": (server.cpu_times().system - cpu0.system) / max(
-                        sum(server.cpu_times()[:2]) - sum(cpu0[:2]), 1e-9)})
+                    "cpu_s_per_GB": used / gb, "sys_share": (cpu1.system - cpu0.system) / max(used, 1e-9)})
     return out
 
 

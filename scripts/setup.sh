@@ -48,7 +48,7 @@ fi
 command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
-command -v strace >/dev/null || need_apt+=(strace)  # bench/loader.py counts metadata syscalls with it
+command -v strace >/dev/null || need_apt+=(strace)  # tests/syscalls.py and bench/loader.py count metadata syscalls with it
 dpkg -s libjpeg-dev >/dev/null 2>&1 || need_apt+=(libjpeg-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
 dpkg -s libjpeg62-turbo-dev >/dev/null 2>&1 || need_apt+=(libjpeg62-turbo-dev)  # crop decoding builds on it

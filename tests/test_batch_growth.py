@@ -1,7 +1,6 @@
 """Batch growth: the set points, Smith et al.'s decay rule, and the gradient noise scale estimate."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -11,6 +10,7 @@ import pytest
 import torch
 from shardsets import make_shardset
 
+from trainer import metrics
 from trainer.batch_growth import (LocalGradNorm, NoiseScale, batch_at_points, batch_for_decay, batch_for_noise,
                                   grad_sq_norm, lr_multiplier, noise_terms)
 from trainer.recipe import warmup_cosine
@@ -119,12 +119,12 @@ def test_trainer_grows_the_batch_mid_epoch_with_the_rate_and_reads_every_clip_on
                           "--growth-points", "0.5", "1", "--trace-steps"],
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    steps = [json.loads(line) for line in (out / "steps-rank0.jsonl").read_text().splitlines()]
+    steps = metrics.read(str(out / "steps-rank0.jsonl"))
     rates = []
     for s in steps:  # the batch each step trained on follows the points, in real clips seen before it
         assert s["batch"] == (2 if s["seen"] < 20 else 4 if s["seen"] < 40 else 8), s
         rates.append(s["lr"] / warmup_cosine(s["seen"], 0, 80))  # the cosine taken out: peak x B/B0
     assert rates == pytest.approx([0.0125 * s["batch"] / 2 for s in steps])
-    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = metrics.read(str(out / "metrics.jsonl"))
     assert [(r["clips"], r["step"]) for r in epochs if r["event"] == "epoch"] == [(40, 15), (80, 20)]
     assert "batch growth (points): 2 -> 4" in run.stderr

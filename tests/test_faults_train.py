@@ -25,7 +25,7 @@ import pytest
 import torch
 from shardsets import make_shardset
 
-from trainer import cli, recipe
+from trainer import cli, metrics, recipe
 from trainer.clip_log import read_file
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
@@ -101,7 +101,7 @@ def test_a_signal_to_one_rank_or_a_whole_job_stops_every_rank_at_the_same_step(c
     assert "stopped by signal 15 at epoch 0" in c.stderr and c.returncode == 1, c.stdout[-3000:]
     assert (ckpt_c["epoch"], ckpt_c["step"], ckpt_c["clips_seen"]) == (0, 5 + rest, CLIPS)
     assert ckpt_c["loader"]["samples_consumed"] == rest * BATCH and ckpt_c["loader"]["segments"][-1]["world_size"] == 2
-    records = [json.loads(line) for line in (chain[1] / "metrics.jsonl").read_text().splitlines()]
+    records = metrics.read(str(chain[1] / "metrics.jsonl"))
     assert not [r for r in records if r["event"] == "epoch"]  # the epoch is not over before its validation
 
 
@@ -121,7 +121,7 @@ def test_resumed_on_another_world_size_every_clip_once_and_the_rate_follows_clip
         assert runs[name][1]["clips_seen"] == seen
     assert seen == CLIPS
     # the learning rate is peak(global batch) x the schedule at the clips seen, whatever the world size
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics.read(str(out / "metrics.jsonl"))
     train = [r for r in records if r["event"] == "train"]
     assert [r["step"] for r in train] == list(range(1, runs["C"][1]["step"] + 1))
     for r in train:

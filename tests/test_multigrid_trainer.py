@@ -9,7 +9,6 @@ and weights as the straight run, step for step to the end.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 import torch
 from shardsets import make_shardset
 
+from trainer import metrics
 from trainer.clip_log import read
 from trainer.multigrid import Schedule, plan
 
@@ -51,7 +51,7 @@ def finish(proc: subprocess.Popen) -> str:
 
 def trace(out: Path, rank: int) -> list[dict]:
     path = out / f"steps-rank{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return metrics.read(str(path)) if path.exists() else []
 
 
 def rank_processes(proc: subprocess.Popen) -> list[psutil.Process]:

@@ -9,7 +9,6 @@ first BN layer holds the statistics of the first two full-shape training batches
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from shardsets import make_shardset
 from torch import nn
 
 from shards.manifest import Manifest
+from trainer import metrics
 from trainer.loader import ClipLoader
 from trainer.model import ModelConfig, build
 from trainer.precise_bn import recompute
@@ -95,7 +95,7 @@ def test_trainer_recomputes_at_the_full_shape_before_validation(tmp_path):
                     "--warmup-epochs", "0", "--multigrid", "short", "--precise-bn", "2", "--no-tensorboard",
                     "--val-split", "", *flags], check=True, capture_output=True, timeout=300,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics.read(str(out / "metrics.jsonl"))
     epochs = [r for r in records if r["event"] == "epoch"]
     assert epochs and all(r["precise_bn_time"] > 0 and r["precise_bn_cpu"] > 0 for r in epochs)
 

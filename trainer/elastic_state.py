@@ -30,8 +30,8 @@ def rescale(engine, world_size: int) -> None:
     """The recipe for a new world size: the peak rate linear in the new global batch; warm-up and
     cosine are counted in clips, so the schedule goes on from the clips seen."""
     engine.global_batch = engine.args.batch_size * world_size
-    engine.peak_lr = recipe.scaled_lr(engine.args.lr_per_8, engine.global_batch)
-    engine.schedule = dataclasses.replace(engine.schedule, peak=engine.peak_lr)
+    engine.schedule = dataclasses.replace(engine.schedule,
+                                          peak=recipe.scaled_lr(engine.args.lr_per_8, engine.global_batch))
     engine.seek(engine.clips_seen)
 
 

@@ -59,11 +59,11 @@ class Engine:
             load_pretrained(self.model, args.pretrained)
         self.model.to(self.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
         self.global_batch = args.batch_size * backend.size
-        self.peak_lr = recipe.scaled_lr(args.lr_per_8, self.global_batch)
+        peak_lr = recipe.scaled_lr(args.lr_per_8, self.global_batch)
         self.epochs = epochs or args.epochs
         total = self.epochs * epoch_clips
-        self.schedule = recipe.Schedule(self.peak_lr, min(total, round(args.warmup_epochs * epoch_clips)), total)
-        optimizer = recipe.build_optimizer(self.model, self.peak_lr, args.momentum, args.weight_decay,
+        self.schedule = recipe.Schedule(peak_lr, min(total, round(args.warmup_epochs * epoch_clips)), total)
+        optimizer = recipe.build_optimizer(self.model, peak_lr, args.momentum, args.weight_decay,
                                            name=args.optimizer)
         self.net, self.optimizer = backend.prepare(self.model, optimizer, args.fp16_allreduce)
         if args.compile:
@@ -79,6 +79,10 @@ class Engine:
         if lr_factor is not None:
             self.lr_factor = lr_factor
         self.schedule.apply(self.optimizer, clips_seen, self.lr_factor)
+
+    @property
+    def peak_lr(self) -> float:
+        return self.schedule.peak
 
     @property
     def lr(self) -> float:

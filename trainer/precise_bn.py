@@ -24,7 +24,6 @@ from torch import nn
 from . import metrics
 from .device_decode import clip_source
 from .engine import autocast
-from .loader import ClipLoader
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,10 +79,8 @@ def full_shape_batches(t, count: int):
     """The first ``count`` training batches of the current epoch at the full shape (the loader
     the trainer would have without multigrid), real clips only."""
     a = t.args
-    loader = ClipLoader(t.train_loader.manifest, a.train_split, batch_size=a.batch_size, rank=t.backend.rank,
-                        world_size=t.backend.size, train=True, seed=a.seed, epoch=t.epoch, num_workers=a.workers,
-                        crop_size=a.crop_size, scale_size=a.scale_size, flip=a.flip,
-                        shuffle_buffer=a.shuffle_buffer, cache_dir=a.cache_dir, decode_on_device=a.decode_on_device)
+    loader = t.new_loader(t.train_loader.manifest, a.train_split, train=True, full_shape=True)
+    loader.set_epoch(t.epoch)
     clips = clip_source(a.decode_on_device, t.engine.device)  # not t.clips: --clip-log records training steps only
     batches = iter(loader)
     try:

@@ -91,7 +91,7 @@ class EpochShapes:
         return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1))
 
     def batch_size(self, epoch: int) -> int:
-        return sum(p.clips for p in self.parts(epoch))
+        return self.schedule.period(self.schedule.epoch_phase[min(epoch, self.schedule.epochs - 1)])
 
 
 class Growth:
@@ -326,7 +326,7 @@ class StepTrace:
         if self.file is None:
             return
         with torch.no_grad():
-            checksum = sum(p.double().sum().item() for p in model.parameters())
+            checksum = torch.stack([p.double().sum() for p in model.parameters()]).sum().item()  # one device sync
         record = {"step": step, "epoch": epoch, "batch": clips.shape[0], "frames": clips.shape[1],
                   "crop": clips.shape[-1], "lr": lr, "weights": checksum, **extra}
         self.file.write(json.dumps(record) + "\n")

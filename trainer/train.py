@@ -166,16 +166,19 @@ class Trainer:
     def make_loaders(self, manifest: Manifest) -> None:
         """The training and validation loaders of this rank in this world size."""
         a = self.args
-        self.train_loader = self._loader(manifest, a.train_split, train=True)
-        self.val_loader = self._loader(manifest, a.val_split, train=False) if a.val_split else None
+        self.train_loader = self.new_loader(manifest, a.train_split, train=True)
+        self.val_loader = self.new_loader(manifest, a.val_split, train=False) if a.val_split else None
 
-    def _loader(self, manifest: Manifest, split: str, train: bool) -> ClipLoader:
+    def new_loader(self, manifest: Manifest, split: str, train: bool, full_shape: bool = False) -> ClipLoader:
+        """A loader of this rank's share of ``split`` in this world size, with the run's flags; its
+        batches have the regime's shapes unless ``full_shape``."""
         a = self.args
         return ClipLoader(manifest, split, batch_size=a.batch_size, rank=self.backend.rank,
                           world_size=self.backend.size, train=train, seed=a.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
-                          decode_on_device=a.decode_on_device, shapes=self.regime.shapes)
+                          decode_on_device=a.decode_on_device,
+                          shapes=None if full_shape else self.regime.shapes)
 
     def start(self) -> None:
         """Every rank at rank 0's place (the checkpoint's with --resume, else rank 0's initial
