@@ -34,7 +34,6 @@ import json
 import os
 import pickle
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -45,7 +44,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
+import syscalls  # noqa: E402  (the suite's strace runner and parser)
 from shards import layout, partition  # noqa: E402
 from shards.manifest import Manifest, SplitInfo, digest  # noqa: E402
 from shards.ordering import shuffled  # noqa: E402
@@ -54,7 +55,6 @@ from shards.tarformat import sample_bytes, sanitize_key  # noqa: E402
 
 T, SHORT_SIDE, CLASSES = 8, 256, 10
 QUALITY, RESTART = 90, 1  # ingest's defaults
-START, END = "/.bench-epoch-start", "/.bench-epoch-end"
 
 
 # --- data: videos, frame folders and shards of the same clips -------------------------------
@@ -254,7 +254,7 @@ def run_role(role: str, info: dict, batch_size: int, epochs: int) -> dict:
     per_epoch = len(loader)
     clips = steady = seconds = cpu = 0
     for _ in range(epochs):
-        os.path.exists(START)  # markers for the syscall trace
+        syscalls.mark("epoch")  # phases of the syscall trace
         first = None
         for i, batch in enumerate(loader):
             n = len(batch["keys"]) if isinstance(batch, dict) else len(batch[1])
@@ -267,7 +267,7 @@ def run_role(role: str, info: dict, batch_size: int, epochs: int) -> dict:
                 seconds += time.perf_counter() - first
                 cpu += cpu_seconds() - cpu_first
             del batch  # hands its slot back, as a training loop does
-        os.path.exists(END)
+        syscalls.mark("after")
     return {"clips": clips, "epochs": epochs, "clips_per_s": steady / seconds, "clips_per_cpu_s": steady / cpu}
 
 
@@ -289,44 +289,24 @@ def timed(roles: list[str], args) -> dict:
     return best
 
 
-SYSCALL = re.compile(r'^\d+\s+(\w+)\((.*)')
-OPENS = {"open", "openat", "openat2", "creat"}
-STATS = {"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat"}
-
-
 def count_syscalls(role: str, args, data_roots: tuple[str, ...]) -> dict:
     """Metadata syscalls during one epoch, traced with strace -f (worker and ffmpeg processes too);
     strace slows the traced process, so this run is not timed."""
-    trace = os.path.join(args.out, f"strace-{role}.txt")
-    subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=%file,fstat,getdents64", "-o", trace,
-                    sys.executable, __file__, "--role", role, "--out", args.out,
-                    "--batch-size", str(args.batch_size)], check=True, capture_output=True)
-    counts, inside = Counter(), False
-    for line in open(trace):
-        m = SYSCALL.match(line)
-        if not m:
-            continue
-        name, rest = m.groups()
-        if START in rest or END in rest:
-            inside = START in rest
-            if not inside:
-                break  # one epoch
-            continue
-        if not inside:
-            continue
-        path = re.search(r'"([^"]*)"', rest)
-        path = path.group(1) if path else None
-        ours = path is not None and os.path.abspath(path).startswith(data_roots)
-        if name == "fstat" or (name in ("newfstatat", "statx") and path == ""):
+    done, trace = syscalls.trace([sys.executable, __file__, "--role", role, "--out", args.out,
+                                  "--batch-size", str(args.batch_size)],
+                                 os.path.join(args.out, f"strace-{role}.txt"), timeout=3600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = Counter()
+    for call in trace.phases.get("epoch", []):
+        ours = call.path.startswith(data_roots)
+        if call.kind == "fstat":
             counts["fstat (any fd)"] += 1
-        elif name == "getdents64":
+        elif call.name == "getdents64":
             counts["getdents64 (any dir)"] += 1
-        elif name in OPENS and ours:
-            counts["listings" if "O_DIRECTORY" in rest else "opens"] += 1
-        elif name in STATS and ours:
+        elif call.kind in ("open", "listing"):
+            counts[("opens" if call.kind == "open" else "listings") if ours else "other opens"] += 1
+        elif call.kind == "stat" and ours:
             counts["stats"] += 1
-        elif name in OPENS:
-            counts["other opens"] += 1
     return dict(counts)
 
 
