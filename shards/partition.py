@@ -120,12 +120,15 @@ def per_rank(n: int, world_size: int, batch_size: int, remainder: str = "pad") -
     ``"pad"`` rounds up (at least one batch whenever n > 0); ``"drop"`` rounds down, to 0 when
     n < world_size * batch_size (callers that must hand every rank work check for that).
     """
+    return batches_per_rank(n, world_size, batch_size, remainder) * batch_size
+
+
+def batches_per_rank(n: int, world_size: int, batch_size: int, remainder: str = "pad") -> int:
+    """Batches each rank reads per epoch (``per_rank`` samples in batches of ``batch_size``)."""
     if remainder not in REMAINDERS:
         raise ValueError(f"remainder must be one of {REMAINDERS}, not {remainder!r}")
     batches, left = divmod(n, world_size * batch_size)
-    if remainder == "pad" and left:
-        batches += 1
-    return batches * batch_size
+    return batches + 1 if remainder == "pad" and left else batches
 
 
 def worker_batches(num_batches: int, num_workers: int, worker: int, done: int = 0) -> int:
@@ -240,7 +243,7 @@ def rank_sequence(n: int, seg: Segment, rank: int, remainder: str, bufsize: int,
         order = emission(s, bufsize, seed, epoch, segment)
         per_worker.append([s.begin + i for i in order])
     out = []
-    for b in range(seg.batches_done, per_rank(n, seg.world_size, seg.batch_size, remainder) // seg.batch_size):
+    for b in range(seg.batches_done, batches_per_rank(n, seg.world_size, seg.batch_size, remainder)):
         w, j = b % seg.num_workers, b // seg.num_workers
         out.extend(per_worker[w][j * seg.batch_size:(j + 1) * seg.batch_size])
     return out
@@ -259,7 +262,7 @@ def step_samples(n: int, seg: Segment, remainder: str, bufsize: int, seed: int, 
     cuts = parts or (seg.batch_size,)
     if sum(cuts) != seg.batch_size:
         raise ValueError(f"parts {list(cuts)} do not add up to the batch of {seg.batch_size}")
-    steps = per_rank(n, seg.world_size, seg.batch_size, remainder) // seg.batch_size
+    steps = batches_per_rank(n, seg.world_size, seg.batch_size, remainder)
     counts = np.tile(np.asarray(cuts) * seg.world_size, (steps, 1))
     starts = np.cumsum((0, *cuts[:-1]))
     for rank in range(seg.world_size):

@@ -257,7 +257,7 @@ class ClipLoader:
 
     def _batches(self) -> int:
         n = len(self._order())
-        return partition.per_rank(n, self.world_size, self.batch_size, self.remainder) // self.batch_size
+        return partition.batches_per_rank(n, self.world_size, self.batch_size, self.remainder)
 
     def __len__(self) -> int:
         """Batches the next iteration yields on this rank: the rest of the epoch after a resume,
@@ -265,7 +265,7 @@ class ClipLoader:
         if self.epoch_finished:
             n = self.manifest.splits[self.split].num_samples
             batch = self.shapes.batch_size(self.epoch + 1) if self.shapes else self.batch_size
-            return partition.per_rank(n, self.world_size, batch, self.remainder) // batch
+            return partition.batches_per_rank(n, self.world_size, batch, self.remainder)
         return self._batches() - self._done
 
     @property

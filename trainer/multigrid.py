@@ -38,7 +38,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
-from shards.partition import per_rank
+from shards.partition import batches_per_rank
 
 LONG_CYCLE = ((1 / 4, 2**-0.5), (1 / 2, 2**-0.5), (1 / 2, 1.0), (1.0, 1.0))  # (T, S) factors
 SHORT_CYCLE = (1 / 2, 2**-0.5)  # S factors of the full crop, before the long-cycle shape's own
@@ -156,7 +156,7 @@ class Schedule:
         self.iterations, self.global_clips = [], []
         for p in self.epoch_phase:
             period = self.period(p)
-            periods = per_rank(samples, world_size, period, remainder) // period
+            periods = batches_per_rank(samples, world_size, period, remainder)
             if not periods:
                 raise ValueError(f"{samples} clips cannot fill one period of {period} clips on {world_size} ranks")
             self.iterations.append(periods * len(p.cycle))

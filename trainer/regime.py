@@ -198,7 +198,7 @@ class Regime:
             frac = self.schedule.iterations[whole] * (epoch - whole) if whole < self.schedule.epochs else 0
             return self.schedule.first[whole] + round(frac)
         batch = self.args.batch_size
-        return round(epoch * (partition.per_rank(self.samples, self.world_size, batch, "pad") // batch))
+        return round(epoch * (partition.batches_per_rank(self.samples, self.world_size, batch)))
 
     @property
     def drifted(self) -> bool:
