@@ -31,13 +31,14 @@ from fsspec.core import url_to_fs
 from shards import storage
 from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record
 from shards.catalog_id import dataset_id
-from shards.manifest import MANIFEST_NAME, Manifest
+from shards.manifest import MANIFEST_NAME, SET_FILES, Manifest
 
+from .build import Summary
+from .build import build as ingest_build
 from .clips import ClipConfig
 from .sources import Source, discover
 
 log = logging.getLogger("ingest.registry")
-SET_FILES = (MANIFEST_NAME, "classes.txt", "errors.jsonl")  # besides the shards, what a set holds
 _STAMP_KEYS = ("mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "md5Hash", "created")
 
 
@@ -101,8 +102,6 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
           force: bool = False, poll: float = 1.0, shard_size: int | None = 256 * 10**6,
           shard_samples: int | None = None, splits=("train", "val", "test"), **build_kwargs):
     """``ingest.build.build`` through the catalog; returns (summary, record)."""
-    from .build import Summary
-
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits)
     waited = False
@@ -135,8 +134,6 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
 def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kwargs):
     """Build a claimed id into its record's location: heartbeat, progress, then ready or failed.
     ``force``: rebuild even if the location holds a finished build."""
-    from .build import build as ingest_build
-
     dataset, owner = c.record.id, c.owner
     stop = threading.Event()
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 
 from fsspec.core import url_to_fs
 
 from .reading import local_path
 
+TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{8}$")  # the suffix of a file being written, before its rename
 
 def join(base: str, *parts: str) -> str:
     """Join path components onto a local path or an fsspec URL."""
@@ -41,6 +43,10 @@ def read_bytes(url: str) -> bytes:
     return fs.cat_file(path)
 
 
+def _temporary(path: str) -> str:
+    return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+
+
 def makedirs(url: str) -> None:
     fs, path = url_to_fs(url)
     fs.makedirs(path, exist_ok=True)
@@ -52,7 +58,7 @@ def atomic_write(url: str, data: bytes) -> None:
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
     if parent:
         fs.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = _temporary(path)
     if is_local(url):
         with open(tmp, "wb") as f:
             f.write(data)
@@ -73,7 +79,7 @@ class AtomicWriter:
         parent = self.path.rsplit("/", 1)[0] if "/" in self.path else ""
         if parent:
             self.fs.makedirs(parent, exist_ok=True)
-        self.tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+        self.tmp = _temporary(self.path)
         self.f = self.fs.open(self.tmp, "wb")
 
     def write(self, data: bytes) -> int:
