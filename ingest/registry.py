@@ -1,6 +1,6 @@
 """``ingest build --catalog``: builds registered in the dataset catalog, found again by content.
 
-The dataset id (``shards.catalog_id``) is taken over
+The dataset id (``shards.catalog.ids``) is taken over
   * the inputs: every video's URL (local paths made absolute), size, modification stamp
     (mtime, or the store's ETag or update time where there is no mtime) and label, and the
     class list (an empty class folder shifts the class indices);
@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from fsspec.core import url_to_fs
 
 from shards import storage
-from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record
-from shards.catalog_id import dataset_id
+from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record, dataset_id
 from shards.manifest import MANIFEST_NAME, SET_FILES, Manifest
 
 from .build import Summary
