@@ -24,7 +24,7 @@ from shards import ordering, packing, storage
 from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
                              SplitInfo)
 
-from . import ray_runtime, staging
+from . import content_digests, ray_runtime, staging
 from .clips import ClipConfig
 from .sources import LABELED_SPLITS, SPLITS, Source, Video, discover
 
@@ -64,18 +64,24 @@ class Summary:
 def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | None = None,
           address: str | None = None, shard_size: int | None = 256 * 10**6, shard_samples: int | None = None,
           splits=("train", "val", "test"), videos_per_task: int = 8, threads: int = 1,
-          timeout: float = 600, keep_staging: bool = False, force: bool = False, source: Source | None = None,
-          progress=None) -> Summary:
-    """``source``: already discovered; ``progress``: called with a dict of counts as work is done."""
+          timeout: float = 600, keep_staging: bool = False, force: bool = False, fingerprint: str = "stat",
+          hash_cache: str | None = None, source: Source | None = None, progress=None) -> Summary:
+    """``fingerprint``: what identifies the inputs, ``"stat"`` or ``"content"`` (their SHA-256,
+    cached in ``hash_cache``; see ``ingest.content_digests``); ``source``: already discovered;
+    ``progress``: called with a dict of counts as work is done."""
     t0 = time.time()
     source = source or discover(src)
     videos = [v for v in source.videos if v.split in splits]
     config = {"src": src, "layout": source.layout, "clip": cfg.as_dict(), "shard_size": shard_size,
               "shard_samples": shard_samples, "splits": sorted({v.split for v in videos})}
-    fingerprint = source.fingerprint()
+    digests = None
+    if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
+        digests = content_digests.digests(videos, hash_cache, ray_runtime.start(address, workers))
+        config["fingerprint"] = "content"
+    inputs_id = source.fingerprint(digests)
     summary = Summary(videos=len(videos), missing=sum(source.missing.values()))
     existing = _existing(out)
-    if existing and existing.config == config and existing.fingerprint == fingerprint and not force:
+    if existing and existing.config == config and existing.fingerprint == inputs_id and not force:
         log.info("%s is already built from these inputs with this config", out)
         _tidy(out, existing, keep_staging)
         return _summarise_existing(existing, summary)
@@ -88,12 +94,12 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
              len(source.classes), stage)
     parallel = ray_runtime.start(address, workers)
     report = progress or (lambda state: None)
-    entries = _decode_all(stage, videos, source, cfg, parallel, videos_per_task, threads, timeout,
+    entries = _decode_all(stage, videos, source, cfg, digests, parallel, videos_per_task, threads, timeout,
                           summary.tasks_per_node, report)
 
     errors = sorted([_unlabeled(v, source.layout) for v in unlabeled] + [e["error"] for e in entries if e["error"]],
                     key=lambda e: e["path"])
-    manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=fingerprint)
+    manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=inputs_id)
     packing_started = time.time()
     for split in config["splits"]:
         split_entries = [e for e in entries if e["split"] == split]
@@ -162,14 +168,16 @@ def _summarise_existing(m: Manifest, summary: Summary) -> Summary:
     return summary
 
 
-def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, threads, timeout,
-                nodes: Counter, report) -> list[dict]:
+def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parallel, videos_per_task, threads,
+                timeout, nodes: Counter, report) -> list[dict]:
     """Every video's staged entry: reused when staging already holds it, else decoded by Ray tasks
-    in fixed batches of the remaining videos (path order). ``nodes`` counts tasks per Ray node;
-    ``report`` gets the counts as work is done."""
+    in fixed batches of the remaining videos (path order). ``digests``: the videos' content
+    digests by URL, when they identify them; ``nodes`` counts tasks per Ray node; ``report`` gets
+    the counts as work is done."""
     index = {c: i for i, c in enumerate(source.classes)}
     labels = {v.relpath: index[v.label] if v.label is not None else -1 for v in videos}
-    keys = {v.relpath: staging.video_key(v, labels[v.relpath], cfg) for v in videos}
+    keys = {v.relpath: staging.video_key(v, labels[v.relpath], cfg, digests and digests.get(v.url))
+            for v in videos}
     done = staging.staged(stage)
     entries = [done[keys[v.relpath]] for v in videos if keys[v.relpath] in done]
     todo = sorted((v for v in videos if keys[v.relpath] not in done), key=lambda v: v.relpath)

@@ -19,6 +19,7 @@ from shards.manifest import LEDGER_NAME
 from . import registry
 from .build import build
 from .clips import DECODERS, ClipConfig
+from .content_digests import FINGERPRINTS, default_cache
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +58,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", help="register the build in this dataset catalog (SQLite file); a set with the same "
                                      "inputs and output options already built anywhere is reused, nothing decoded")
     p.add_argument("--name", help="catalog name of the set (default: the last part of --out)")
+    p.add_argument("--fingerprint", choices=FINGERPRINTS, default="stat",
+                   help="what identifies the inputs, for the catalog, a finished --out and staged videos: stat: "
+                        "each one's path and size, and for the catalog its modification time (a video rewritten "
+                        "with the same size, its mtime kept, passes for the old one); content: the SHA-256 of "
+                        "its bytes, read by the Ray workers (a corrected video is new, the same videos under "
+                        "another source directory are the same)")
+    p.add_argument("--hash-cache", metavar="FILE", default=default_cache(),
+                   help="SQLite file of content digests by path, size, mtime, ctime and inode, so a rebuild does "
+                        "not reread unchanged inputs (keep it on a local disk)")
     p.add_argument("--force", action="store_true", help="rebuild even if the same build is already finished")
 
 
@@ -67,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,
                   shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
                   splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
-                  timeout=args.timeout, keep_staging=args.keep_staging, force=args.force)
+                  timeout=args.timeout, keep_staging=args.keep_staging, force=args.force,
+                  fingerprint=args.fingerprint, hash_cache=args.hash_cache)
     if args.catalog:
         try:
             summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)
