@@ -59,9 +59,9 @@ def test_the_server_outlives_its_builds_and_builds_again_minutes_later(tmp_path,
         status, first = post(server.url, videos, splits=["val"], short_side=30, shard_samples=2)
         assert status == 202
         assert wait_for(server.url, first["id"], ("ready", "failed"))["state"] == "ready"
-        no_children(server)
-        time.sleep(65)  # past the 60 s in which a driver notices its Ray is gone and ends its process
+        time.sleep(65)  # past the 60 s in which a Ray driver notices its Ray is gone and ends its process
         assert server.proc.poll() is None and http(server.url, path="/v1/health")[0] == 200
+        no_children(server)  # the build's process and its Ray ended with the build
         # two more builds, different, posted together: they queue for the one build slot, both finish
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(lambda side: post(server.url, videos, splits=["train"], short_side=side,
