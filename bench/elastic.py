@@ -81,7 +81,7 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
 def commit_cost(flags: list[str], repeats: int) -> dict:
     import torch
 
-    from trainer.distributed import Backend
+    from trainer.distributed.backends import Backend
     from trainer.engine import Engine
     from trainer.train import get_args_parser
 

@@ -25,7 +25,7 @@ import time
 import torch
 from torch import nn
 
-from trainer.distributed import Backend
+from trainer.distributed.backends import Backend
 from trainer.engine import Engine
 from trainer.train import get_args_parser
 

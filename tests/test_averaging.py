@@ -3,7 +3,7 @@
 Run as a script (``horovodrun ... python tests/test_averaging.py OUT``) this file is the worker: each
 variant trains a tiny TSM (sub-batch BN on) on fixed batches, rank r taking its half of every global
 batch, and saves every rank's parameters, BN buffers and optimizer state after every step. The same
-launch also measures the gradient noise terms (trainer.batch_growth) under Horovod's optimizer.
+launch also measures the gradient noise terms (trainer.schedules.batch_growth) under Horovod's optimizer.
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer import recipe
-from trainer.batch_growth import LocalGradNorm, grad_sq_norm
+from trainer.schedules import recipe
+from trainer.schedules.batch_growth import LocalGradNorm, grad_sq_norm
 from trainer.engine import Engine
-from trainer.model import ModelConfig, build
-from trainer.model_averaging import KStepAveraging, is_sync_step
-from trainer.regime import Regime
+from trainer.model.tsm import ModelConfig, build
+from trainer.schedules.model_averaging import KStepAveraging, is_sync_step
+from trainer.schedules.regime import Regime
 from trainer.train import get_args_parser
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
@@ -68,7 +68,7 @@ def loss_of(model, clips, labels):
 def worker(out: str) -> None:
     import horovod.torch as hvd
 
-    from trainer import distributed
+    from trainer.distributed import backends as distributed
     backend = distributed.init("horovod")
     share = GLOBAL_BATCH // backend.size
     mine = slice(backend.rank * share, (backend.rank + 1) * share)

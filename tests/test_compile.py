@@ -6,11 +6,11 @@ import torch
 import torch._dynamo
 from torch._dynamo.eval_frame import OptimizedModule
 
-from trainer import compiling
-from trainer.distributed import Backend
+from trainer.model import compiling
+from trainer.distributed.backends import Backend
 from trainer.engine import Engine
-from trainer.model import ModelConfig, build
-from trainer.temporal_shift import TemporalShift
+from trainer.model.tsm import ModelConfig, build
+from trainer.model.temporal_shift import TemporalShift
 from trainer.train import get_args_parser
 
 SEGMENTS, SIZE, BATCH = 4, 16, 2

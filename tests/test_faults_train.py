@@ -25,7 +25,8 @@ import pytest
 import torch
 from shardsets import make_shardset
 
-from trainer import cli, metrics, recipe
+from trainer import cli, metrics
+from trainer.schedules import recipe
 from trainer.clip_log import read_file
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")

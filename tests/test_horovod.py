@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from shardsets import make_shardset
 
-from trainer import distributed
+from trainer.distributed import backends as distributed
 from trainer.engine import Engine
 from trainer.train import get_args_parser
 

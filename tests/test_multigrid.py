@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from shards.partition import per_rank
-from trainer.multigrid import Schedule, Shape, clip_frames, plan, step_lr
+from trainer.data.shapes import clip_frames
+from trainer.schedules.multigrid import Schedule, Shape, plan, step_lr
 
 # SlowFast's MultigridSchedule (slowfast/utils/multigrid.py) on its own multigrid config,
 # configs/Kinetics/SLOWFAST_8x8_R50_stepwise_multigrid.yaml: 32 frames, 224 crop, lr steps at

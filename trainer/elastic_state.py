@@ -21,7 +21,8 @@ import time
 
 from horovod.common.elastic import State
 
-from . import metrics, recipe
+from . import metrics
+from .schedules import recipe
 
 log = logging.getLogger("trainer.elastic")
 

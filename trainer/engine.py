@@ -11,9 +11,10 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from . import compiling, recipe
-from .distributed import Backend
-from .model import ModelConfig, build, load_pretrained
+from .distributed.backends import Backend
+from .model import compiling
+from .model.tsm import ModelConfig, build, load_pretrained
+from .schedules import recipe
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,12 @@ import logging
 
 import torch
 
-from . import checkpoint, distributed, metrics
-from .device_decode import clip_source
+from . import checkpoint, metrics
+from .data.device_decode import clip_source
+from .data.loader import ClipLoader, shared_manifest
+from .distributed import backends as distributed
 from .engine import amp_dtype, autocast, pick_device
-from .loader import ClipLoader, shared_manifest
-from .model import build
+from .model.tsm import build
 
 log = logging.getLogger("trainer.test")
 
@@ -90,7 +91,7 @@ class VideoScores:
 @torch.no_grad()
 def score_split(model, loader: ClipLoader, device, amp, clips_of) -> VideoScores:
     """This rank's share of the split, views averaged per clip, clips summed per video.
-    ``clips_of``: batch -> clips (``trainer.device_decode.clip_source``)."""
+    ``clips_of``: batch -> clips (``trainer.data.device_decode.clip_source``)."""
     model.eval()
     acc = VideoScores()
     for batch in loader:

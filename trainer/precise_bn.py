@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import metrics
-from .device_decode import clip_source
+from .data.device_decode import clip_source
 from .engine import autocast
 
 

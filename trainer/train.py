@@ -29,12 +29,15 @@ from tqdm import tqdm
 
 from shards.manifest import Manifest
 
-from . import checkpoint, compiling, distributed, metrics, precise_bn, recipe, regime
+from . import checkpoint, metrics, precise_bn
+from .data.device_decode import clip_source
+from .data.loader import ClipLoader, shared_manifest
+from .distributed import backends as distributed
+from .model import compiling
+from .model.tsm import BN_MODES
+from .schedules import recipe, regime
 from .clip_log import ClipLog
-from .device_decode import clip_source
 from .engine import Engine
-from .loader import ClipLoader, shared_manifest
-from .model import BN_MODES
 
 log = logging.getLogger("trainer.train")
 
@@ -84,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="NHWC activations (default: on GPU only)")
     r.add_argument("--compile", nargs="?", const="auto", choices=compiling.MODES,
                    help="torch.compile the training network, temporal shift inside the graph (mode: see "
-                        "trainer/compiling.py; reduce-overhead adds CUDA graphs); on CUDA also a fused SGD")
+                        "trainer/model/compiling.py; reduce-overhead adds CUDA graphs); on CUDA also a fused SGD")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--output-dir", default="out/train", help="checkpoint, metrics.jsonl, tensorboard/")
     r.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")

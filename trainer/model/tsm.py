@@ -7,7 +7,7 @@ one). With ``shift=False`` no frame ever sees another before the average: that i
 ``segments`` is the T the network is built and evaluated for; training batches may have fewer
 frames per clip (multigrid's shorter clips): the shift and the BN groups follow the T of each
 batch. ``bn_group`` clips per BN statistics group (0: the whole batch) is a training choice, not
-part of the architecture or the checkpoint (see ``trainer.subbatch_bn``).
+part of the architecture or the checkpoint (see ``trainer.model.subbatch_bn``).
 """
 from __future__ import annotations
 

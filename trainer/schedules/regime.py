@@ -3,13 +3,13 @@
 ``trainer train`` takes the flags below (docs/schedules.md has the rules and the reasoning):
 
 * ``--multigrid long|short|both``: the batch shape and size of every iteration follow
-  ``trainer.multigrid`` (Wu et al. 2020). The run takes the multigrid plan's epochs (1.5x
+  ``trainer.schedules.multigrid`` (Wu et al. 2020). The run takes the multigrid plan's epochs (1.5x
   ``--epochs``, far fewer iterations); ``--epochs`` stays the baseline's, which the plan is made from.
 * ``--batch-growth points|decay|noise``: the batch doubles at set epochs, in place of the
-  learning-rate decay, or when the gradient noise scale exceeds it (``trainer.batch_growth``).
+  learning-rate decay, or when the gradient noise scale exceeds it (``trainer.schedules.batch_growth``).
 * ``--average-every K`` (``--local-after-epochs E``): K-step model averaging, synchronous for the
-  first E epochs (``trainer.model_averaging``).
-* ``--bn-group N``: clips per BN statistics group (``trainer.subbatch_bn``); by default the base
+  first E epochs (``trainer.schedules.model_averaging``).
+* ``--bn-group N``: clips per BN statistics group (``trainer.model.subbatch_bn``); by default the base
   batch whenever the batch varies, so BN sees the same number of clips whatever the batch.
 
 Every decision is a function of numbers every rank shares (the global iteration, the epoch's
@@ -31,7 +31,7 @@ from shards import partition
 
 from . import batch_growth, multigrid
 from .model_averaging import KStepBackend
-from .shapes import epoch_parts, parts_nbytes
+from ..data.shapes import EpochShapes
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +77,6 @@ def stages_for(args: argparse.Namespace) -> tuple[int, ...]:
     if args.multigrid_stages:
         return tuple(args.multigrid_stages)
     return tuple(sorted({max(1, min(args.epochs - 1, round(f * args.epochs))) for f in REFERENCE_STAGES}))
-
-
-class EpochShapes:
-    """What the loader needs of a multigrid schedule: each epoch's loader batch as parts, and the
-    largest loader batch in bytes (the size of its shared-memory slots)."""
-
-    def __init__(self, schedule: multigrid.Schedule):
-        self.schedule = schedule
-        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e)) for e in range(schedule.epochs))
-
-    def parts(self, epoch: int):
-        return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1))
-
-    def batch_size(self, epoch: int) -> int:
-        return self.schedule.period(self.schedule.epoch_phase[min(epoch, self.schedule.epochs - 1)])
 
 
 class Growth:

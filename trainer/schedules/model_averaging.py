@@ -136,7 +136,7 @@ class KStepAveraging:
 
 
 class KStepBackend:
-    """A data-parallel backend (``trainer.distributed``) whose ranks train by K-step averaging instead
+    """A data-parallel backend (``trainer.distributed.backends``) whose ranks train by K-step averaging instead
     of averaging gradients at every step: ``prepare`` leaves the optimizer unwrapped (no Horovod
     allreduce hooks, no DDP), ``synchronize`` is :meth:`KStepAveraging.synchronize` for the next
     optimizer step, and ``average_buffers`` (called before evaluation) first brings drifted ranks

@@ -28,7 +28,7 @@ With the long cycle alone, the reference implementation (SlowFast's ``slowfast/u
 raises IndexError; here its final phase is simply the full shape. With the short cycle alone, the
 stage boundaries and the epoch count are scaled by ``epoch_factor`` as the reference does.
 
-Shorter clips come from the frames already stored (``clip_frames``): a shard's clips hold the full
+Shorter clips come from the frames already stored (``trainer.data.shapes.clip_frames``): a shard's clips hold the full
 T frames, one per segment of the video; T/2 takes every second of them and T/4 every fourth, so the
 clip spans the same time at a coarser temporal grid, and only the frames taken are decoded.
 """
@@ -118,18 +118,6 @@ def plan(epochs: int, stages: tuple[int, ...], frames: int, crop: int, *, long_c
 def step_lr(phase: Phase, gamma: float = 0.1) -> float:
     """The reference's step schedule: ``gamma`` per stage, times the long-cycle batch factor."""
     return gamma ** phase.stage * phase.shape.factor
-
-
-def clip_frames(stored: int, frames: int, offset: int) -> list[int]:
-    """Indices of the ``frames`` of a stored ``stored``-frame clip that a shorter clip takes: every
-    (stored / frames)-th, starting at ``offset`` < that stride (training draws it; evaluation
-    uses the full clip)."""
-    if frames <= 0 or stored % frames:
-        raise ValueError(f"cannot take {frames} of {stored} stored frames at a fixed stride")
-    stride = stored // frames
-    if not 0 <= offset < stride:
-        raise ValueError(f"offset {offset} outside [0, {stride})")
-    return list(range(offset, stored, stride))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``--compile``: the training step's network through ``torch.compile``, temporal shift included.
 
-The shift (``trainer.temporal_shift``) is a custom autograd function of slices and copies;
+The shift (``trainer.model.temporal_shift``) is a custom autograd function of slices and copies;
 Dynamo traces it, forward and backward, into the same graph as the convolutions around it
 (``tests/test_compile.py`` checks that there is no graph break), so Inductor can fuse the
 shift's copies with its neighbours instead of running them as separate memory passes.
