@@ -23,7 +23,7 @@ from trainer.engine import Engine
 from trainer.model.tsm import ModelConfig, build
 from trainer.schedules.model_averaging import KStepAveraging, is_sync_step
 from trainer.schedules.regime import Regime
-from trainer.train import get_args_parser
+from trainer.config import Data, Model, Recipe, Schedules, TrainConfig
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -102,13 +102,13 @@ def worker(out: str) -> None:
                     "measured": measured}, os.path.join(out, f"{name}-rank{backend.rank}.pt"))
     for opt in SYNCHRONOUS:  # the trainer's own step, synchronised as trainer train does it
         for every in (None, 1):
-            args = get_args_parser().parse_args([
-                "--data", "-", "--segments", str(FRAMES), "--depth", "10", "--width", "4", "--batch-size", str(share),
-                "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", str(HPARAMS[opt]["lr"]), "--optimizer", opt]
-                + ([] if every is None else ["--average-every", str(every)]))
+            cfg = TrainConfig(data=Data(data="-", batch_size=share), model=Model(segments=FRAMES, depth=10, width=4),
+                              recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=HPARAMS[opt]["lr"], optimizer=opt),
+                              schedules=Schedules(average_every=every))
             torch.manual_seed(0)
-            regime = Regime(args, backend.size, STEPS * GLOBAL_BATCH)
-            engine = Engine(args, regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH)
+            regime = Regime(cfg, backend.size, STEPS * GLOBAL_BATCH)
+            engine = Engine(regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH, model=cfg.model, recipe=cfg.recipe,
+                            system=cfg.system, batch_size=share)
             regime.attach(engine)
             backend.broadcast_state(engine.model, engine.optimizer)
             engine.model.train()

@@ -1,7 +1,7 @@
 """The trainer's rooms (docs/architecture.md) import each other in one direction only, read from the
 source's import statements: a new import that breaks the order fails here, before it becomes a knot.
 
-    model, distributed, data  <  schedules  <  the loop (trainer/*.py)
+    config, errors  <  model, distributed, data  <  schedules  <  the loop (trainer/*.py)
 
 A room imports the rooms it stands above, never one beside or above it, and never the loop; only
 the loop (and the rooms) may import ``shards``, and no part of the trainer imports ``ingest`` or ``service``.
@@ -12,6 +12,8 @@ import ast
 from pathlib import Path
 
 TRAINER = Path(__file__).resolve().parent.parent / "trainer"
+# trainer.config and trainer.errors stand under every room: they import nothing of the trainer
+BASE = {"trainer.config", "trainer.errors"}
 ROOMS = {"model": set(), "distributed": set(), "data": set(), "schedules": {"data"}}
 
 
@@ -39,6 +41,8 @@ def room_of(module: str) -> str | None:
         return None
     if len(parts) == 1:
         return "loop"
+    if any(module == b or module.startswith(b + ".") for b in BASE):
+        return "base"
     return parts[1] if parts[1] in ROOMS else "loop"
 
 
@@ -56,8 +60,12 @@ def edges() -> dict[str, set[tuple[str, str]]]:
 
 def test_rooms_import_only_the_rooms_below_them():
     wrong = [(path, module) for room, found in edges().items() if room != "loop"
-             for path, module in found if room_of(module) not in ROOMS[room]]
+             for path, module in found if room_of(module) not in ROOMS.get(room, set()) | {"base"} - {room}]
     assert wrong == []
+
+
+def test_the_base_imports_nothing_of_the_trainer():
+    assert "base" not in edges()
 
 
 def test_the_trainer_imports_no_other_package_of_the_project_than_shards():

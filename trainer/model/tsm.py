@@ -18,24 +18,23 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..config import BN_MODES
 from .resnet import NoShift, ResNet
 from .subbatch_bn import set_clips_per_group
 from .temporal_shift import TemporalShift
 
 log = logging.getLogger(__name__)
 
-# train: every BN layer learns; partial: TSM's partial BN, all but the first frozen (for
-# fine-tuning on small datasets such as UCF101); frozen: all use their running statistics
-BN_MODES = ("train", "partial", "frozen")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass
 class ModelConfig:
-    """Everything needed to rebuild the network; stored in every checkpoint."""
+    """Everything needed to rebuild the network; stored in every checkpoint. ``segments`` (T) has
+    no default: a network built or called without its frames per clip would be TSN in disguise."""
     num_classes: int
-    segments: int = 8
+    segments: int
     depth: int = 50
     width: int = 64
     shift: bool = True

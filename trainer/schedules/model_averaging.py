@@ -49,6 +49,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..errors import ConfigError
+
 
 def is_sync_step(step: int, every: int, local_after: int = 0) -> bool:
     """Whether optimizer step ``step`` (0-based) synchronises: all before ``local_after``, then
@@ -153,7 +155,7 @@ class KStepBackend:
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         if compression:
-            raise SystemExit("trainer train: --fp16-allreduce compresses the per-step gradient allreduce, which "
+            raise ConfigError("trainer train: --fp16-allreduce compresses the per-step gradient allreduce, which "
                              "K-step averaging replaces; use one or the other")
         self.averaging = KStepAveraging(model, optimizer, self.inner.all_sum, self.inner.size, self.every,
                                         self.local_after)

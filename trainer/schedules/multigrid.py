@@ -100,10 +100,16 @@ def plan(epochs: int, stages: tuple[int, ...], frames: int, crop: int, *, long_c
         cycles.append(_cycle(Shape(t, s, batch_factor(frames, crop, t, s)), crop, short_cycle, short_factors))
     mean_factor = [sum(s.factor for s in c) / len(c) for c in cycles]
     spans = []  # (stage, cycle, epochs before scaling)
+    iterations = 0.0  # of the long-cycle stages, in epochs at the base batch
     for stage, (a, b) in enumerate(zip(starts, starts[1:])):
         # equal iterations per shape: epochs in proportion to the shape's mean batch factor
-        spans += [(stage, c, (b - a) * m / sum(mean_factor)) for c, m in zip(cycles, mean_factor)]
-    saving = sum(mean_factor) / len(mean_factor)  # iterations of the baseline per multigrid iteration
+        for c, m in zip(cycles, mean_factor):
+            spans.append((stage, c, (b - a) * m / sum(mean_factor)))
+            iterations += spans[-1][2] / m
+    # iterations of the baseline per multigrid iteration, in the reference's order (baseline iterations
+    # over the sum above): equal to the mean batch factor in exact arithmetic, but not in floating
+    # point, where it can move the rounded end of the final phase by an epoch (81 epochs: 121, not 122)
+    saving = starts[-1] / iterations
     final = (epochs - starts[-1]) / saving * (sum(s.factor for s in full_cycle) / len(full_cycle))
     spans.append((len(starts) - 1, full_cycle, final))
     scale = epochs * epoch_factor / sum(e for _, _, e in spans)
