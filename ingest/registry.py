@@ -65,11 +65,12 @@ def normalise(url: str) -> str:
 
 def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 256 * 10**6,
          shard_samples: int | None = None, splits=("train", "val", "test"), fingerprint: str = "stat",
-         hash_cache: str | None = None, address: str | None = None, workers: int | None = None) -> Plan:
+         hash_cache: str | None = None, address: str | None = None, workers: int | None = None,
+         split_set: int = 1) -> Plan:
     """List the inputs and compute the dataset id of building them with these options.
     ``fingerprint="content"`` hashes the inputs on Ray (``address``, ``workers``) first."""
     src = normalise(src)
-    source = discover(src)
+    source = discover(src, split_set)  # the split set is in source.layout, and so in the id
     videos = [v for v in source.videos if v.split in splits]
     present = sorted({v.split for v in videos})
     shard_size = None if shard_samples else shard_size
@@ -100,7 +101,8 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
     """``ingest.build.build`` through the catalog; returns (summary, record)."""
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits, fingerprint=fingerprint,
-             hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"))
+             hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"),
+             split_set=build_kwargs.get("split_set", 1))
     waited = False
     while True:
         c = claim(cat, p, out, name, force)
