@@ -74,9 +74,18 @@ def _picture_types(path: Path) -> list[str]:
 INTERIOR = (slice(2, -2), slice(2, -2))  # cells whose content does not enter or leave the frame
 
 
-def test_mv_fields_give_the_translation_for_p_and_b_frames(translated):
-    fields, indices = _fields(translated, "mv", frames=12)
-    types = _picture_types(translated)
+@pytest.fixture(scope="module")
+def pyramid(tmp_path_factory) -> Path:
+    """x264's default B-pyramid: the middle B-frame of three is a reference for the others and
+    decoded after the P-frame it is displayed before, which the P-frame cannot refer to."""
+    return _translated(tmp_path_factory.mktemp("motion") / "pyramid.mp4", "bframes=3:b-adapt=0:b-pyramid=normal:ref=1")
+
+
+@pytest.mark.parametrize("video", ["translated", "pyramid"])
+def test_mv_fields_give_the_translation_for_p_and_b_frames(request, video):
+    path = request.getfixturevalue(video)
+    fields, indices = _fields(path, "mv", frames=12)
+    types = _picture_types(path)
     seen = set()
     for i in indices:
         field, valid = fields[i]
