@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.build import build
-from ingest.clips import ClipConfig
+from ingest import cli
 from ingest.sources import discover
-from shards import tarformat
+from shards import tarformat, verify
 from shards.manifest import Manifest
 
 import media
@@ -108,13 +107,18 @@ def test_hmdb51_split_sets(hmdb51, split_set):
     assert _by_split(source) == expected
 
 
+# docs/runbooks/ingest-on-ray.md shows this command
+COMMAND = "ingest build --src {src} --out {out} --split-set 2 --motion mv --frames 2 --short-side 32 --shard-samples 50"
+
+
 @pytest.mark.parametrize("dataset", ["ucf101", "hmdb51"])
 def test_build_labels_clips_with_the_official_class_index(ray_local, request, tmp_path, dataset):
     src = request.getfixturevalue(dataset)
     classes = UCF_CLASSES if dataset == "ucf101" else HMDB_CLASSES
-    build(str(src), str(tmp_path), ClipConfig(frames=2, short_side=32), workers=1, shard_samples=50, split_set=2)
+    assert cli.main(COMMAND.format(src=src, out=tmp_path).split()[1:]) == 0
     m = Manifest.load(str(tmp_path))
-    assert m.classes == classes and m.config["layout"] == f"{dataset}-split2"
+    assert m.classes == classes and m.config["layout"] == f"{dataset}-split2" and m.motion == "mv"
+    assert verify.verify(m, deep=True) == []
     counts = {"ucf101": {"train": 5, "val": 3}, "hmdb51": {"train": 3, "val": 3}}[dataset]
     assert {name: s.num_samples for name, s in m.splits.items()} == counts
     source = discover(str(src), 2)
