@@ -10,6 +10,7 @@
     DELETE /v1/datasets/{ref}/tags/{tag}    remove a tag                                   [token]
     POST   /v1/builds                       start an ingest (JSON body: src + options): 202 [token]
     GET    /v1/builds/{id}                  a build's state and progress
+    GET    /, /sets/{ref}[/clips], /static/{name}, /v1/viewer/...   the dataset viewer (service.viewer)
 
 Errors are JSON ``{"error": ..., "status": ...}``. Request paths must be plain: percent-escapes,
 backslashes, dot segments and empty segments are refused (400) before routing, and a file is

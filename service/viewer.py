@@ -60,7 +60,7 @@ SECURITY = {
 }
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
                 ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
-PAGES = {"catalog": "catalog.html", "set": "set.html", "clips": "clips.html"}
+SHELL = "viewer.html"  # every page: the script draws the one the path names
 
 
 class _Static:
@@ -81,8 +81,7 @@ class _Static:
         headers = {"ETag": etag, "Cache-Control": "no-cache", **SECURITY}
         if evaluate("HEAD", len(data), etag, request.headers).status == 304:  # If-None-Match only
             return web.Response(status=304, headers=headers)
-        return web.Response(body=data, content_type=ctype.split(";")[0], charset="utf-8" if "charset" in ctype
-                            else None, headers=headers)
+        return web.Response(body=data, headers={**headers, "Content-Type": ctype})
 
 
 class Viewer:
@@ -110,7 +109,7 @@ class Viewer:
 
     async def frames(self, rec: Record, manifest: Manifest, clip) -> list[tuple[int, int]]:
         """(offset in the shard, size) of each frame of ``clip``: one read of the clip, then kept."""
-        key = (rec.id, clip.split, clip.n)
+        key = (rec.id, rec.manifest_sha256, clip.split, clip.n)
         if key not in self._frames:
             sample = await asyncio.to_thread(read_clip, manifest, clip)
             self._frames[key] = [(clip.offset + offset, size) for offset, size in frame_spans(sample)]
@@ -186,16 +185,14 @@ def _clip_json(index: ClipIndex, clip) -> dict:
 
 
 # --- pages and static files --------------------------------------------------------------------
-def _page(name: str):
-    async def page(request: web.Request) -> web.Response:
-        return request.app[VIEWER].static.response(request, PAGES[name])
-    return page
+async def page(request: web.Request) -> web.Response:
+    return request.app[VIEWER].static.response(request, SHELL)
 
 
 async def static(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name.endswith(".html"):
-        raise web.HTTPNotFound(text=f"no static file {name!r}")  # pages have their own routes
+        raise web.HTTPNotFound(text=f"no static file {name!r}")  # the pages' shell has its own routes
     return request.app[VIEWER].static.response(request, name)
 
 
@@ -272,9 +269,8 @@ async def frame(request: web.Request) -> web.StreamResponse:
 
 def add_routes(app: web.Application) -> None:
     app[VIEWER] = Viewer()
-    app.router.add_get("/", _page("catalog"))
-    app.router.add_get("/sets/{ref}", _page("set"))
-    app.router.add_get("/sets/{ref}/clips", _page("clips"))
+    for path in ("/", "/sets/{ref}", "/sets/{ref}/clips"):
+        app.router.add_get(path, page)
     app.router.add_get("/static/{name}", static)
     app.router.add_get("/v1/viewer", settings)
     app.router.add_get("/v1/viewer/{ref}", overview)

@@ -6,6 +6,9 @@
 
 const TOKEN_KEY = "shard-service-token";
 const POLL_BUILDING_MS = 2000, POLL_IDLE_MS = 10000, FRAME_MS = 250;
+// One shell for every page: "/" is the catalog, "/sets/REF" a set, "/sets/REF/clips" its clips.
+const PARTS = location.pathname.split("/").filter(Boolean);  // [], ["sets", REF] or ["sets", REF, "clips"]
+const KIND = PARTS.length === 0 ? "catalog" : PARTS.length === 2 ? "set" : "clips";
 
 class NeedToken extends Error {}
 
@@ -41,7 +44,7 @@ const fill = (node, ...children) => node.replaceChildren(...children);
 const bytes = (n) => n >= 1e9 ? (n / 1e9).toFixed(2) + " GB" : n >= 1e6 ? (n / 1e6).toFixed(1) + " MB"
   : (n / 1e3).toFixed(1) + " kB";
 const count = (n) => Number(n).toLocaleString("en");
-const refFromPath = () => decodeURIComponent(location.pathname.split("/")[2] || "");
+const refFromPath = () => decodeURIComponent(PARTS[1] || "");
 
 // Frames are fetched (with the token when there is one) and shown from blob: URLs, kept per page.
 const frameURLs = new Map();
@@ -213,7 +216,7 @@ async function clipsPage() {
   const ask = new URLSearchParams();
   for (const k of ["split", "class", "page", "per_page"]) if (query.get(k)) ask.set(k, query.get(k));
   const data = await api(`/v1/viewer/${encodeURIComponent(ref)}/clips?${ask}`);
-  fill($("name"), ref);
+  fill($("clips-name"), ref);
   fill($("crumbs"), " / ", el("a", {href: `/sets/${encodeURIComponent(ref)}`}, ref), " / clips");
   fill($("split"), ...data.splits.map((s) => el("option", {value: s}, s)));
   $("split").value = data.split;
@@ -269,8 +272,12 @@ function login(problem) {
   $("token").focus();
 }
 
+const TITLES = {catalog: "Datasets", set: "Set", clips: "Clips"};
+
 async function start() {
-  const page = {catalog: catalogPage, set: setPage, clips: clipsPage}[document.body.dataset.page];
+  const page = {catalog: catalogPage, set: setPage, clips: clipsPage}[KIND];
+  document.title = `${TITLES[KIND]} - shard-service`;
+  $("page-" + KIND).hidden = false;
   $("login").onsubmit = (event) => {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
