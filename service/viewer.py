@@ -93,7 +93,8 @@ class Viewer:
         self._frames: OrderedDict[tuple, list[tuple[int, int]]] = OrderedDict()
 
     async def indexed(self, rec: Record) -> dict:
-        """{"manifest", "index", "overview"} of a ready set, built once (in a thread) and shared."""
+        """{"manifest", "index", "overview"} of a ready set, built once (in a thread) and shared
+        (the probe route adds "probe")."""
         key = (rec.id, rec.manifest_sha256)
         if key not in self._sets:
             self._sets[key] = asyncio.ensure_future(asyncio.to_thread(_index, rec))
@@ -213,10 +214,13 @@ async def overview(request: web.Request) -> web.Response:
 
 async def probe(request: web.Request) -> web.Response:
     rec, data = await _ready(request)
-    manifest = data["manifest"]
-    stats = await asyncio.to_thread(lambda: {name: split_stats(manifest, name, PROBE_CLIPS) for name in manifest.splits})
-    keys = ("probed_clips", "frames_per_clip", "frame_sizes", "bytes_per_frame", "shard_bytes")
-    return _json({"splits": {name: {k: s[k] for k in keys} for name, s in stats.items()}})
+    if "probe" not in data:  # kept with the set's index
+        manifest = data["manifest"]
+        stats = await asyncio.to_thread(lambda: {name: split_stats(manifest, name, PROBE_CLIPS)
+                                                 for name in manifest.splits})
+        keys = ("probed_clips", "frames_per_clip", "frame_sizes", "bytes_per_frame", "shard_bytes")
+        data["probe"] = {"splits": {name: {k: s[k] for k in keys} for name, s in stats.items()}}
+    return _json(data["probe"])
 
 
 async def clips(request: web.Request) -> web.Response:

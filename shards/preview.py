@@ -52,10 +52,16 @@ def _drawable(text: str, limit: int = 36) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _fit(im: Image.Image, height: int) -> Image.Image:
+    """``im`` at ``height`` pixels: enlarged pixel by pixel (what was stored, only bigger), reduced smoothly."""
+    size = (max(1, round(im.width * height / im.height)), height)
+    return im.resize(size, Image.Resampling.NEAREST if height >= im.height else Image.Resampling.BILINEAR)
+
+
 def sheet(rows: list[tuple[str, str, list[bytes]]], height: int) -> Image.Image:
     """One row per (label, key, frames): the text, then the frames scaled to ``height`` pixels."""
     decoded = [[Image.open(io.BytesIO(f)).convert("RGB") for f in frames] for _, _, frames in rows]
-    scaled = [[im.resize((max(1, round(im.width * height / im.height)), height)) for im in ims] for ims in decoded]
+    scaled = [[_fit(im, height) for im in ims] for ims in decoded]
     width = LABEL_WIDTH + max((sum(im.width + GAP for im in ims) for ims in scaled), default=0)
     out = Image.new("RGB", (width, max(1, len(rows)) * (height + GAP) + GAP), "white")
     draw, font = ImageDraw.Draw(out), ImageFont.load_default()
