@@ -10,7 +10,8 @@
     DELETE /v1/datasets/{ref}/tags/{tag}    remove a tag                                   [token]
     POST   /v1/builds                       start an ingest (JSON body: src + options): 202 [token]
     GET    /v1/builds/{id}                  a build's state and progress
-    GET    /, /sets/{ref}[/clips], /static/{name}, /v1/viewer/...   the dataset viewer (service.viewer)
+    GET    /, /sets/{ref}[/clips], /static/{name}, /v1/viewer/...   the dataset viewer (service.viewer,
+                                            added by service.serve)
 
 Errors are JSON ``{"error": ..., "status": ...}``. Request paths must be plain: percent-escapes,
 backslashes, dot segments and empty segments are refused (400) before routing, and a file is
@@ -301,7 +302,4 @@ def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = Fals
     app.router.add_get("/v1/datasets/{ref}/{path:.+}", get_file)  # HEAD too
     app.router.add_post("/v1/builds", post_build)
     app.router.add_get("/v1/builds/{id}", get_build)
-    from .viewer import add_routes as add_viewer  # the viewer uses this module's responses
-
-    add_viewer(app)
     return app
