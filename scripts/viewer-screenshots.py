@@ -4,7 +4,7 @@ Generates a small motion dataset (``ingest synth``, plus two broken files for th
 ledger), builds it into a catalog (``ingest build --catalog``), serves the catalog, asks the
 server for a second, larger build over HTTP so that the catalog page shows one in progress,
 and photographs the catalog, the set page and the clips page in headless chromium. The PNGs
-are reduced to 64 colours to stay small.
+are reduced to 256 colours to stay small.
 
     .venv/bin/python scripts/viewer-screenshots.py [--work /tmp/kf-viewer-shots] [--out docs]
 
@@ -14,6 +14,9 @@ installs them).
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -31,20 +34,27 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the server's 
 
 
 def shoot(driver, url: str, ready: str, path: str) -> None:
+    """The whole page once ``ready`` (JavaScript) is true, as a PNG of 256 colours."""
     driver.get(url)
     WebDriverWait(driver, 120).until(lambda d: d.execute_script(ready))
-    driver.save_screenshot(path)
-    Image.open(path).convert("RGB").quantize(64).save(path, optimize=True)
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
+        "x": 0, "y": 0, "width": size["width"], "height": max(size["height"], 600), "scale": 1}})
+    image = Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB")
+    image.quantize(256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
     print(f"{path}: {os.path.getsize(path) / 1e3:.0f} kB")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/tmp/kf-viewer-shots", help="working directory (rebuilt)")
+    p.add_argument("--work", default="/tmp/kf-viewer-shots", help="working directory (its videos are reused)")
     p.add_argument("--out", default="docs", help="where the PNGs go")
     args = p.parse_args()
-    shutil.rmtree(args.work, ignore_errors=True)
-    src, big = os.path.join(args.work, "src"), os.path.join(args.work, "big")
+    src, big = os.path.join(args.work, "src"), os.path.join(args.work, "big")  # kept: synth skips what is there
+    shutil.rmtree(os.path.join(args.work, "sets"), ignore_errors=True)
+    for name in ("catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(args.work, name))
     run = lambda *a: subprocess.run(a, check=True)  # noqa: E731
     run(f"{BIN}/ingest", "synth", "--out", src, "--classes", "4", "--train-per-class", "12", "--val-per-class", "4",
         "--width", "96", "--height", "96", "--fps", "10", "--seconds", "2")

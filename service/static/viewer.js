@@ -94,11 +94,12 @@ async function catalogPage() {
     const size = splits.reduce((a, s) => a + (s.bytes || 0), 0);
     const ref = rec.name || rec.id;
     return el("tr", {"data-id": rec.id},
-      el("td", {}, el("a", {href: "/sets/" + encodeURIComponent(ref)}, rec.name || "(unnamed)")),
-      el("td", {class: "mono"}, rec.id.slice(0, 12)), stateCell(rec),
+      el("td", {class: "nowrap"}, el("a", {href: "/sets/" + encodeURIComponent(ref)}, rec.name || "(unnamed)")),
+      el("td", {class: "mono nowrap"}, rec.id.slice(0, 12)), stateCell(rec),
       el("td", {class: "num"}, rec.state === "ready" ? count(clips) : ""),
-      el("td", {class: "num"}, rec.state === "ready" ? bytes(size) : ""),
-      el("td", {}, rec.tags.join(", ")), el("td", {}, rec.created || ""), el("td", {}, rec.finished || ""),
+      el("td", {class: "num nowrap"}, rec.state === "ready" ? bytes(size) : ""),
+      el("td", {}, rec.tags.join(", ")), el("td", {class: "nowrap"}, rec.created || ""),
+      el("td", {class: "nowrap"}, rec.finished || ""),
       el("td", {}, verifyText(rec.verified)));
   });
   fill($("sets").tBodies[0], ...rows);
@@ -110,7 +111,8 @@ async function catalogPage() {
 // --- a set ----------------------------------------------------------------------------------
 function histogram(counts, classes) {
   const order = counts.map((n, c) => [n, c]).sort((a, b) => b[0] - a[0] || a[1] - b[1]);
-  const width = 800, height = 160, bar = width / Math.max(1, order.length), top = Math.max(1, order[0]?.[0] || 1);
+  const bar = Math.min(24, 800 / Math.max(1, order.length)), width = Math.ceil(bar * order.length), height = 160;
+  const top = Math.max(1, order[0]?.[0] || 1);
   const chart = svg("svg", {width, height: height + 2, viewBox: `0 0 ${width} ${height + 2}`, role: "img"});
   order.forEach(([n, c], i) => {
     const h = Math.round(height * n / top);
