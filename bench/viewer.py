@@ -7,7 +7,7 @@ by ``shard-service serve``. Then, one request at a time: the set page's JSON the
 (which parses the manifest and indexes it) and again, the largest page of clips (per_page 200)
 at the start and at the end of the split, a page filtered by one class, and a class's last page.
 Reported per request: the answer's bytes and the median time of REPEATS, beside the manifest's
-size, which the browser never downloads.
+size, which the browser never downloads, and the server's memory (RSS) at the end.
 
     python bench/viewer.py                        # 400 classes, 240,000 clips
     python bench/viewer.py --clips 24000 --repeats 5
@@ -27,6 +27,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -115,12 +117,14 @@ def main() -> int:
         for name, path in requests.items():
             times = [get(conn, path) for _ in range(args.repeats)]
             res[name] = {"ms": statistics.median(t for t, _ in times) * 1e3, "bytes": times[0][1]}
+        res["server_rss_MB"] = psutil.Process(proc.pid).memory_info().rss / 2**20
     finally:
         proc.terminate()
         proc.wait()
     for name, r in res.items():
         if isinstance(r, dict):
             print(f"{name:>22}: {r['bytes'] / 1e3:8.1f} kB in {r['ms']:8.1f} ms")
+    print(f"server RSS after indexing the set: {res['server_rss_MB']:.0f} MiB")
     print("BENCH_JSON " + json.dumps(res, sort_keys=True))
     return 0
 
