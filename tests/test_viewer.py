@@ -7,6 +7,7 @@ console errors, and with --read-auth nothing before the token). Also ``shards.cl
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import shutil
@@ -21,7 +22,7 @@ from shards.catalog import Catalog
 from shards.clipindex import ClipIndex, frame_spans
 from shards.manifest import Manifest
 from shards.tarformat import read_members
-from shardsets import ServiceProcess, frame_colour, make_shardset, register
+from shardsets import ServiceProcess, frame_colour, make_shardset, register, serve
 from test_service import TRAVERSALS, http
 
 TOKEN = "viewer-token-for-tests"
@@ -44,6 +45,9 @@ def site(tmp_path_factory):
     cat.tag(tiny.id, "prod")
     building = cat.claim("ee" * 32, source="tests", location=str(root / "half"), options={}, name="half")
     (root / "tokens").write_text(TOKEN + "\n")
+    stack = contextlib.ExitStack()
+    base, _ = stack.enter_context(serve(str(root)))  # the same set on another HTTP server: a remote set
+    register(cat, f"{base}/tiny", "remote", dataset_id="ab" * 32)
     servers = {"open": ServiceProcess("--catalog", str(root / "catalog.sqlite")),
                "auth": ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--read-auth", "--token-file",
                                       str(root / "tokens"))}
@@ -56,6 +60,7 @@ def site(tmp_path_factory):
         for server in servers.values():
             if server.proc:
                 server.kill(15)
+        stack.close()
 
 
 def frame_bytes(site, split: str, n: int) -> list[bytes]:
@@ -144,6 +149,15 @@ def test_the_frame_route_serves_the_shards_jpeg_bytes_with_ranges_and_conditiona
     assert status == 200 and body == b"" and int(headers["content-length"]) == len(jpegs[3])
     status, headers, body = http(url, path="/v1/viewer/prod/frames/train/7/3")  # a tag can move: revalidate
     assert status == 200 and body == jpegs[3] and headers["cache-control"] == "no-cache"
+
+
+def test_frames_of_a_remote_set_stream_through_the_service(site):
+    jpegs = frame_bytes(site, "val", 4)
+    for t in (0, 5):
+        status, headers, body = http(site["open"].url, path=f"/v1/viewer/{'ab' * 32}/frames/val/4/{t}")
+        assert status == 200 and body == jpegs[t] and headers["content-type"] == "image/jpeg"
+    status, _, body = http(site["open"].url, path="/v1/viewer/remote/frames/val/4/5", headers={"Range": "bytes=-7"})
+    assert status == 206 and body == jpegs[5][-7:]
 
 
 FRAME_TRAVERSALS = [t.replace(b"/v1/datasets/tiny/", b"/v1/viewer/tiny/frames/") for t in TRAVERSALS]
