@@ -1,5 +1,7 @@
-"""Look at clips before training on them: a contact sheet, one row per clip (its label and key,
-then its T frames in order), as a PNG (``--out``) and/or a static HTML page (``--html DIR``).
+"""Contact sheets of clips, as a PNG and/or a static HTML page: look before training.
+
+One row per clip (its label and key, then its T frames in order), as a PNG (``--out``) and/or
+a static HTML page (``--html DIR``).
 
     shards preview shards/k400 --split val --classes "riding a bike" juggling --clips 12 --out sheet.png
     shards preview http://127.0.0.1:8765/v1/datasets/k400 --html preview/
