@@ -3,7 +3,6 @@ byte-range support on 127.0.0.1, and the shard service in a subprocess with a pl
 from __future__ import annotations
 
 import contextlib
-import http.server
 import io
 import json
 import os
@@ -11,6 +10,7 @@ import socket
 import threading
 import time
 from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # not `import http`: http() below
 
 from PIL import Image
 
@@ -70,7 +70,7 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     return m
 
 
-class RangeHandler(http.server.SimpleHTTPRequestHandler):
+class RangeHandler(SimpleHTTPRequestHandler):
     """Static files with single byte-range support (``Range: bytes=a-b``); records (method, path)."""
 
     def send_head(self):
@@ -102,7 +102,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 @contextlib.contextmanager
 def serve(directory: str):
     """Serve ``directory`` over HTTP on 127.0.0.1; yields (base URL, list of (method, path) requested)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
