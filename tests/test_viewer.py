@@ -22,8 +22,8 @@ from shards.catalog import Catalog
 from shards.clipindex import ClipIndex, frame_spans
 from shards.manifest import Manifest
 from shards.tarformat import read_members
-from shardsets import ServiceProcess, frame_colour, make_shardset, register, serve
-from test_service import TRAVERSALS, http
+from shardsets import ServiceProcess, frame_colour, http, make_shardset, register, serve
+from test_service import TRAVERSALS
 
 TOKEN = "viewer-token-for-tests"
 HOSTILE = '<img src=x onerror="window.pwned=1">'  # a class folder name
