@@ -23,9 +23,7 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 
 import psutil
@@ -36,6 +34,7 @@ from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
 from shards.manifest import Manifest, ShardInfo, SplitInfo  # noqa: E402
 from shards.packing import shard_name  # noqa: E402
+from bench.service import start  # noqa: E402  (the service started as bench/service.py starts it)
 
 SHARD_BYTES = 256 * 10**6
 
@@ -94,14 +93,9 @@ def main() -> int:
     print(f"{args.classes} classes, {args.clips:,} training clips in {len(m.splits['train'].shards)} shards; "
           f"manifest.json {manifest_bytes / 1e6:.1f} MB", flush=True)
 
-    proc = subprocess.Popen([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path])
     try:
-        for line in proc.stdout:
-            if line.startswith("serving "):
-                break
-        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-        host, port = line.split()[1].split("//")[1].split("/")[0].split(":")
+        host, port = url.split("//")[1].split("/")[0].split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=600)
         last = args.clips // 200
         one_class = sum(1 for s in m.splits["train"].shards for label in s.labels if label == 7)

@@ -271,14 +271,14 @@ async def frame(request: web.Request) -> web.StreamResponse:
     return response
 
 
+ROUTES = {"/": page, "/sets/{ref}": page, "/sets/{ref}/clips": page, "/static/{name}": static,
+          "/v1/viewer": settings, "/v1/viewer/{ref}": overview, "/v1/viewer/{ref}/probe": probe,
+          "/v1/viewer/{ref}/clips": clips, "/v1/viewer/{ref}/clips/{split}/{n}": clip_detail,
+          "/v1/viewer/{ref}/frames/{split}/{n}/{t}": frame}  # GET, and HEAD with it
+
+
 def add_routes(app: web.Application) -> None:
+    """The viewer's pages and routes on the API's application (``service.serve`` calls it)."""
     app[VIEWER] = Viewer()
-    for path in ("/", "/sets/{ref}", "/sets/{ref}/clips"):
-        app.router.add_get(path, page)
-    app.router.add_get("/static/{name}", static)
-    app.router.add_get("/v1/viewer", settings)
-    app.router.add_get("/v1/viewer/{ref}", overview)
-    app.router.add_get("/v1/viewer/{ref}/probe", probe)
-    app.router.add_get("/v1/viewer/{ref}/clips", clips)
-    app.router.add_get("/v1/viewer/{ref}/clips/{split}/{n}", clip_detail)
-    app.router.add_get("/v1/viewer/{ref}/frames/{split}/{n}/{t}", frame)
+    for path, handler in ROUTES.items():
+        app.router.add_get(path, handler)
