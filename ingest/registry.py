@@ -8,8 +8,9 @@ The dataset id (``shards.catalog.ids``) is taken over
     input and the same videos under another source directory are the same; and the class list
     (an empty class folder shifts the class indices);
   * the options that change the output bytes: the clip config (frames, clips per video, eval
-    clips, short side, quality, restart interval, seed, decoder), the shard size or sample count, the
-    splits, and ``fingerprint: content`` when the inputs were hashed;
+    clips, short side, quality, restart interval, seed, decoder, and the motion fields when there are
+    any), the shard size or sample count, the splits, the source layout (for UCF101 and HMDB51 with
+    its split set), and ``fingerprint: content`` when the inputs were hashed;
   * the shard format version.
 Workers, videos per task, timeouts, ffmpeg threads, the output location and the Ray address
 cannot change the bytes and are left out, so the same build asked for anywhere is found.
