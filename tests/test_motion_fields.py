@@ -19,7 +19,7 @@ import ffmpeg
 import numpy as np
 import pytest
 
-from ingest import build_cli
+from ingest import build_cli, registry, staging
 from ingest.build import build
 from ingest.clips import ClipConfig, make_clips
 from ingest.sources import Video
@@ -219,3 +219,12 @@ def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixtur
     (out / shard.name).write_bytes(bytes(data))
     problems = [p.message for p in verify.verify(m, deep=True)]
     assert f"motion field {motionfield.member(3, kind)} does not decode" in " ".join(problems), problems
+
+
+def test_motion_is_in_the_staging_key_and_the_catalog_id(fixture_src):
+    video = _video(next(fixture_src.rglob("*.mp4")))
+    keys = {kind: staging.video_key(video, 0, ClipConfig(motion=kind)) for kind in ("none", "mv", "flow")}
+    ids = {kind: registry.plan(str(fixture_src), ClipConfig(motion=kind)).id for kind in ("none", "mv", "flow")}
+    assert len(set(keys.values())) == 3 and len(set(ids.values())) == 3
+    assert keys["none"] == staging.video_key(video, 0, ClipConfig())
+    assert ids["none"] == registry.plan(str(fixture_src), ClipConfig()).id
