@@ -61,28 +61,29 @@ def coded_velocity(vectors: np.ndarray | None, width: int, height: int,
     grid of a ``width`` x ``height`` frame, from its motion vectors (steps 2 and 3; None: an
     intra frame)."""
     rows, cols = -(-height // CELL), -(-width // CELL)
-    total, count = np.zeros((rows, cols, 2)), np.zeros((rows, cols))
     back, ahead = distances
-    for source, distance, sign in ((-1, back, -1.0), (1, ahead, 1.0)):
-        if vectors is None or not distance:
-            continue
-        v = vectors[vectors["source"] == source]
-        if not len(v):
-            continue
-        velocity = sign * np.stack([v["motion_x"], v["motion_y"]], 1) / v["motion_scale"][:, None] / distance
-        for (w, h) in {(int(a), int(b)) for a, b in zip(v["w"], v["h"])}:
-            same = (v["w"] == w) & (v["h"] == h)
-            x0 = (v["dst_x"][same].astype(int) - w // 2) // CELL
-            y0 = (v["dst_y"][same].astype(int) - h // 2) // CELL
-            for dy in range(max(1, h // CELL)):
-                for dx in range(max(1, w // CELL)):
-                    y, x = y0 + dy, x0 + dx
-                    inside = (y >= 0) & (y < rows) & (x >= 0) & (x < cols)
-                    np.add.at(total, (y[inside], x[inside]), velocity[same][inside])
-                    np.add.at(count, (y[inside], x[inside]), 1)
+    used = [(vectors["source"] == source, distance, sign) for source, distance, sign in
+            ((-1, back, -1.0), (1, ahead, 1.0)) if vectors is not None and distance]
+    if not used:
+        return np.zeros((rows, cols, 2)), np.zeros((rows, cols), bool)
+    v = np.concatenate([vectors[m] for m, _, _ in used])
+    scale = np.concatenate([np.full(m.sum(), sign / distance) for m, distance, sign in used])
+    velocity = np.stack([v["motion_x"], v["motion_y"]], 1) * (scale / np.maximum(v["motion_scale"], 1))[:, None]
+    # every vector's block as the 4 x 4 cells it covers, cell k of a block at (k % nx, k // nx)
+    nx, ny = np.maximum(v["w"] // CELL, 1).astype(int), np.maximum(v["h"] // CELL, 1).astype(int)
+    per = nx * ny
+    owner = np.repeat(np.arange(len(v)), per)
+    k = np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per)
+    x = (v["dst_x"].astype(int) - v["w"] // 2) // CELL
+    y = (v["dst_y"].astype(int) - v["h"] // 2) // CELL
+    x, y = x[owner] + k % nx[owner], y[owner] + k // nx[owner]
+    inside = (y >= 0) & (y < rows) & (x >= 0) & (x < cols)
+    flat, owner = (y * cols + x)[inside], owner[inside]
+    count = np.bincount(flat, minlength=rows * cols)
+    total = np.stack([np.bincount(flat, velocity[owner, c], rows * cols) for c in (0, 1)], 1)
     inter = count > 0
     total[inter] /= count[inter][:, None]
-    return total, inter
+    return total.reshape(rows, cols, 2), inter.reshape(rows, cols)
 
 
 def to_output_grid(velocity: np.ndarray, valid: np.ndarray, coded: tuple[int, int], scaled: tuple[int, int],
