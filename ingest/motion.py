@@ -61,21 +61,23 @@ def coded_velocity(vectors: np.ndarray | None, width: int, height: int,
     grid of a ``width`` x ``height`` frame, from its motion vectors (steps 2 and 3; None: an
     intra frame)."""
     rows, cols = -(-height // CELL), -(-width // CELL)
-    back, ahead = distances
-    used = [(vectors["source"] == source, distance, sign) for source, distance, sign in
-            ((-1, back, -1.0), (1, ahead, 1.0)) if vectors is not None and distance]
-    if not used:
+    scale = np.zeros(0 if vectors is None else len(vectors))  # per vector: sign / reference distance
+    for source, distance, sign in ((-1, distances[0], -1.0), (1, distances[1], 1.0)):
+        if distance:
+            scale[vectors["source"] == source] = sign / distance
+    used = scale != 0
+    if not used.any():
         return np.zeros((rows, cols, 2)), np.zeros((rows, cols), bool)
-    v = np.concatenate([vectors[m] for m, _, _ in used])
-    scale = np.concatenate([np.full(m.sum(), sign / distance) for m, distance, sign in used])
-    velocity = np.stack([v["motion_x"], v["motion_y"]], 1) * (scale / np.maximum(v["motion_scale"], 1))[:, None]
+    # plain arrays of the fields used (a structured array's indexing is slow)
+    w, h, dst_x, dst_y, mx, my, ms = (vectors[f][used].astype(np.int64) for f in
+                                      ("w", "h", "dst_x", "dst_y", "motion_x", "motion_y", "motion_scale"))
+    velocity = np.stack([mx, my], 1) * (scale[used] / np.maximum(ms, 1))[:, None]
     # every vector's block as the 4 x 4 cells it covers, cell k of a block at (k % nx, k // nx)
-    nx, ny = np.maximum(v["w"] // CELL, 1).astype(int), np.maximum(v["h"] // CELL, 1).astype(int)
+    nx, ny = np.maximum(w // CELL, 1), np.maximum(h // CELL, 1)
     per = nx * ny
-    owner = np.repeat(np.arange(len(v)), per)
+    owner = np.repeat(np.arange(len(w)), per)
     k = np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per)
-    x = (v["dst_x"].astype(int) - v["w"] // 2) // CELL
-    y = (v["dst_y"].astype(int) - v["h"] // 2) // CELL
+    x, y = (dst_x - w // 2) // CELL, (dst_y - h // 2) // CELL
     x, y = x[owner] + k % nx[owner], y[owner] + k // nx[owner]
     inside = (y >= 0) & (y < rows) & (x >= 0) & (x < cols)
     flat, owner = (y * cols + x)[inside], owner[inside]
