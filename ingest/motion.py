@@ -63,7 +63,7 @@ def coded_velocity(vectors: np.ndarray | None, width: int, height: int,
     rows, cols = -(-height // CELL), -(-width // CELL)
     scale = np.zeros(0 if vectors is None else len(vectors))  # per vector: sign / reference distance
     for source, distance, sign in ((-1, distances[0], -1.0), (1, distances[1], 1.0)):
-        if distance:
+        if distance and vectors is not None:
             scale[vectors["source"] == source] = sign / distance
     used = scale != 0
     if not used.any():
