@@ -2,12 +2,14 @@
 serve`` with real Ray and ffmpeg: the server outlives its builds (it serves and builds again past
 the 60 s after which Ray, started by a finished build thread, used to take the server down), a
 build process that is killed or stopped is recorded failed with its reason at once and leaves no
-process behind, and different builds posted together all finish."""
+process behind, a Ray that cannot be joined fails the build at once with the reason, and
+different builds posted together all finish (queued for one slot, or sharing a Ray cluster)."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -123,3 +125,34 @@ def _group(p: psutil.Process) -> int | None:
         return os.getpgid(p.pid)
     except ProcessLookupError:
         return None
+
+
+def test_a_ray_that_cannot_be_joined_fails_the_build_at_once_with_the_reason(tmp_path, videos):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = serve(tmp_path, "--ray-address", f"127.0.0.1:{port}")
+    try:
+        status, answer = post(server.url, videos, splits=["val"], short_side=30, shard_samples=2)
+        assert status == 202
+        failed = wait_for(server.url, answer["id"], ("ready", "failed"), timeout=60)
+        assert failed["state"] == "failed", failed
+        assert failed["error"].startswith(f"could not join the Ray cluster at 127.0.0.1:{port}: ConnectionError: "
+                                          f"nothing answers at 127.0.0.1:{port}"), failed["error"]
+        assert http(server.url, path="/v1/health")[0] == 200
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+def test_different_builds_posted_together_share_a_ray_cluster(tmp_path, videos, ray_local):
+    server = serve(tmp_path, "--ray-address", ray_local.get_runtime_context().gcs_address, "--max-builds", "2")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda seed: post(server.url, videos, splits=["val"], short_side=30, seed=seed,
+                                                      shard_samples=2), (1, 2)))
+        assert [status for status, _ in answers] == [202, 202] and answers[0][1]["id"] != answers[1][1]["id"]
+        for _, answer in answers:
+            done = wait_for(server.url, answer["id"], ("ready", "failed"))
+            assert done["state"] == "ready", done
+    finally:
+        server.kill(signal.SIGTERM)
