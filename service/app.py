@@ -35,6 +35,7 @@ from .builds import BadRequest, Builds
 from .files import Entry, Refused, content_type, file_table, open_local
 from .ranges import evaluate
 from .records import RecordCache
+from .roots import SourceRefused, SourceRoots
 
 log = logging.getLogger("service.app")
 MAX_BODY = 64 * 1024
@@ -222,6 +223,8 @@ async def post_build(request: web.Request) -> web.Response:
         status, answer = await request.app[BUILDS].request(body)
     except (BadRequest, CatalogError) as e:
         raise web.HTTPBadRequest(text=str(e)) from None
+    except SourceRefused as e:
+        raise web.HTTPForbidden(text=str(e)) from None
     return web.json_response(answer, status=status, headers={"Location": answer["status_url"]})
 
 
@@ -280,11 +283,13 @@ async def _stop_builds(app: web.Application) -> None:
 
 
 def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = False, data_root: str,
-             ray_address: str | None = None, max_builds: int = 1) -> web.Application:
+             ray_address: str | None = None, source_roots: SourceRoots = SourceRoots([]),
+             max_build_workers: int = 1, max_builds: int = 1) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH], app[TABLES] = catalog, list(tokens), read_auth, {}
     app[RECORDS] = RecordCache(catalog)
-    app[BUILDS] = Builds(catalog, data_root, ray_address, max_builds)
+    app[BUILDS] = Builds(catalog, data_root, ray_address, roots=source_roots, max_workers=max_build_workers,
+                         max_running=max_builds)
     app.cleanup_ctx.append(_reap_periodically)
     app.on_shutdown.append(_stop_builds)
     app.on_cleanup.append(_close_records)

@@ -17,6 +17,7 @@ from aiohttp import web
 from shards.catalog import Catalog, default_path
 
 from .app import make_app
+from .roots import SourceRoots
 
 log = logging.getLogger("service.serve")
 
@@ -31,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
                                        "default: a 'sets' directory beside the catalog)")
     p.add_argument("--ray-address", help="run builds on this Ray cluster (default: an embedded local Ray)")
+    p.add_argument("--source-root", action="append", default=[], metavar="DIR_OR_URL",
+                   help="builds asked for over HTTP may read only sources under this local directory (symbolic "
+                        "links resolved) or URL prefix (e.g. s3://bucket/videos); repeat for several. Without "
+                        "any, POST /v1/builds is refused (403)")
+    p.add_argument("--max-build-workers", type=int, default=os.cpu_count(),
+                   help="the most decode tasks a build request may ask for (its 'workers')")
     p.add_argument("--max-builds", type=int, default=1,
                    help="build processes run at once; further builds wait their turn (each build process starts "
                         "its own embedded Ray, or joins --ray-address)")
@@ -48,12 +55,18 @@ def read_tokens(path: str | None) -> list[str]:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    if args.max_builds < 1:
-        raise SystemExit(f"--max-builds {args.max_builds}: must be at least 1")
+    for flag in ("max_builds", "max_build_workers"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
+    try:
+        roots = SourceRoots(args.source_root)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
     data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
-                   ray_address=args.ray_address, max_builds=args.max_builds)
+                   ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
+                   max_builds=args.max_builds)
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False)
     await runner.setup()
