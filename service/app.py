@@ -242,9 +242,8 @@ async def delete_tag(request: web.Request) -> web.Response:
     _authorised(request)
     rec = _record(request)
     tag = request.match_info["tag"]
-    if tag not in rec.tags:
+    if not await asyncio.to_thread(request.app[CATALOG].untag, tag, rec.id):  # conditioned on the set
         raise web.HTTPNotFound(text=f"dataset {rec.id} has no tag {tag!r}")
-    await asyncio.to_thread(request.app[CATALOG].untag, tag)
     return web.json_response(request.app[CATALOG].get(rec.id).to_json())
 
 

@@ -206,6 +206,11 @@ def test_writes_need_the_token(env):
     assert http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)[0] == 200
     assert env["catalog"].get(tiny.id).tags == ["prod"]
     assert http(url, path="/v1/datasets/exp-1/classes.txt")[0] == 404  # and forgets it at once
+    env["catalog"].tag(env["building"].id, "exp-3")
+    status, _, answer = http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-3", auth)  # a tag of another set
+    assert status == 404 and "has no tag 'exp-3'" in json.loads(answer)["error"]
+    assert env["catalog"].resolve("exp-3").id == env["building"].id
+    env["catalog"].untag("exp-3")
     env["catalog"].tag(tiny.id, "exp-2")  # a write by another process: the same
     assert http(url, path="/v1/datasets/exp-2/classes.txt")[0] == 200
     env["catalog"].untag("exp-2")
