@@ -24,8 +24,7 @@ from ingest import registry
 from ingest.clips import DECODERS, ClipConfig
 from ingest.sources import SPLITS
 from shards import storage
-from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim
-from shards.catalog_id import canonical_json
+from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, canonical_json
 from shards.packing import parse_size
 
 from .roots import SourceRoots
