@@ -19,6 +19,7 @@ from shards.catalog import Catalog, default_path
 from .app import make_app
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
 from .roots import SourceRoots
+from .viewer import add_routes as add_viewer
 
 log = logging.getLogger("service.serve")
 MAX_CONNECTIONS = 8192
@@ -87,6 +88,7 @@ async def serve(args: argparse.Namespace) -> None:
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
                    max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files)
+    add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False, keepalive_timeout=args.header_timeout)
     await runner.setup()
