@@ -36,7 +36,8 @@ def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> 
     hvd = t.backend.hvd
     state = ElasticState(t, hvd, commit_every)
     if t.cfg.system.clip_log:
-        t.clips = ClipLog(t, t.clips, generation=lambda: state.generation)
+        t.hooks.append(ClipLog(t.cfg.system.output_dir, generation=lambda: state.generation))
+    t.hooks.append(state)  # commits at the step boundaries and epoch ends (after any periodic checkpoint)
 
     @hvd.elastic.run
     def train_in_ring(state: ElasticState) -> int:
@@ -44,7 +45,7 @@ def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> 
             t.start()
             state.started = True
             state.commit()
-        return train.train(t, stop, state.after_step)
+        return train.train(t, stop)
 
     signum = train_in_ring(state)
     log.info("rank %d of %d: finished with %d commits (%.1f ms each), %d re-formations, %d steps lost; "

@@ -130,10 +130,11 @@ class Engine:
         return losses.detach().sum()
 
     @torch.no_grad()
-    def scores(self, clips: torch.Tensor) -> torch.Tensor:
-        """Class scores in float32 for evaluation (call ``model.eval()`` first)."""
+    def scores(self, clips: torch.Tensor, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Class scores in float32 for evaluation, of ``model`` (default: the one trained; call
+        ``model.eval()`` first)."""
         with autocast(self.device, self.amp):
-            return self.model(clips.to(self.device, non_blocking=True)).float()
+            return (model or self.model)(clips.to(self.device, non_blocking=True)).float()
 
     def describe(self) -> str:
         c, r, b = self.config, self.recipe, self.backend
