@@ -85,6 +85,8 @@ class Recipe:
     momentum: float = flag(0.9, "SGD's")
     weight_decay: float = flag(1e-4, "on conv/linear weights only")
     clip_grad_norm: float = flag(0.0, "max gradient norm (0: off)")
+    ema_decay: float = flag(0.0, "keep an exponential moving average of the weights with this decay per step (e.g. "
+                                 "0.9998), validated (ema_val_*) and checkpointed beside them (trainer/ema.py); 0: off")
 
 
 @dataclass(frozen=True)

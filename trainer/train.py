@@ -36,6 +36,7 @@ from .distributed import backends as distributed
 from .errors import ConfigError
 from .schedules import regime
 from .clip_log import ClipLog
+from .ema import WeightEMA
 from .engine import Engine
 from .hooks import Hook, PeriodicCheckpoint, StepTrace
 from .precise_bn import PreciseBN
@@ -102,6 +103,8 @@ class Trainer:
             self.hooks.append(StepTrace(s.output_dir, self.backend.rank))
         if s.clip_log and not elastic:  # trainer.elastic's log adds the ring's generation
             self.hooks.append(ClipLog(s.output_dir))
+        if cfg.recipe.ema_decay:
+            self.hooks.append(WeightEMA(self.engine.model, cfg.recipe.ema_decay))
         if cfg.schedules.precise_bn:
             self.hooks.append(PreciseBN(cfg.schedules.precise_bn))
         if s.checkpoint_steps:

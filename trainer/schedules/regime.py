@@ -103,6 +103,11 @@ class Regime(Hook):
             refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's decisions "
                    "and K-step averaging's drifted ranks depend on: use trainer train for those")
         self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = self.loader = None
+        if not 0 <= cfg.recipe.ema_decay < 1:
+            refuse(f"--ema-decay must be in [0, 1) (0: off), not {cfg.recipe.ema_decay}")
+        if cfg.recipe.ema_decay and s.average_every is not None:
+            refuse("--ema-decay averages one model's weights, and K-step averaging's ranks hold different ones "
+                   "between synchronisations: not with --average-every")
         if s.multigrid != "off":
             if s.batch_growth != "off":
                 refuse("--multigrid and --batch-growth both set the batch size: use one")
