@@ -24,10 +24,6 @@ from .clip_log import ClipLog, weights_digest
 log = logging.getLogger("trainer.elastic")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    config.add_elastic_arguments(p)
-
-
 def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> int:
     """``trainer.train.train`` under ``hvd.elastic.run``, committing after steps and epochs;
     returns its signal (0: finished)."""

@@ -44,10 +44,6 @@ from .precise_bn import PreciseBN
 log = logging.getLogger("trainer.train")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    config.add_train_arguments(p)
-
-
 class StopFlag:
     """Records SIGTERM or SIGINT for the training loop to act on at the next step boundary.
 
