@@ -89,6 +89,13 @@ class Engine:
         self.optimizer.load_state_dict(state)
         for group, hyper in zip(self.optimizer.param_groups, own):
             group.update(hyper)
+            if group.get("momentum") == 0:
+                # SGD without momentum neither reads nor keeps buffers; kept from the checkpoint, they would
+                # be state the other ranks cannot match in Horovod's broadcast of it (a hang)
+                for p in group["params"]:
+                    self.optimizer.state.get(p, {}).pop("momentum_buffer", None)
+        for p in [p for p, s in self.optimizer.state.items() if not s]:
+            del self.optimizer.state[p]
 
     @property
     def peak_lr(self) -> float:
