@@ -32,6 +32,7 @@ from shards import storage
 from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record
 from shards.catalog_id import dataset_id
 from shards.manifest import MANIFEST_NAME, Manifest
+from shards.verify import stamps
 
 from .clips import ClipConfig
 from .sources import Source, discover
@@ -166,6 +167,7 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kw
         raise
     stop.set()
     if not cat.finish(dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
+                      verified_files=stamps(Manifest.load(c.record.location)),
                       builder_version=_version(),
                       progress={"videos_done": summary.videos, "videos_total": summary.videos,
                                 "failed": summary.failed, "shards_written": summary.shards}):

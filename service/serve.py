@@ -2,6 +2,13 @@
 
 Prints ``serving http://HOST:PORT/v1`` once listening (``--port 0`` picks a free port).
 SIGTERM or SIGINT stops it; builds it started die with it and are marked failed at the next start.
+
+``--workers N`` (N > 1) forks N server processes that share the port through ``SO_REUSEPORT``
+(the kernel spreads connections over them) and the one catalog file (SQLite, as any number of
+processes may; each notices the others' commits, ``service.records``). The parent holds the
+port, starts the workers, forwards SIGTERM and SIGINT to them, and stops them all if one dies.
+Each worker would start its own embedded Ray for a build asked of it (give ``--ray-address`` to
+share a cluster); the catalog's claim still makes one build of one id.
 """
 from __future__ import annotations
 
@@ -10,12 +17,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 
 from aiohttp import web
 
 from shards.catalog import Catalog, default_path
 
 from .app import make_app
+from .stats import Counters
 
 log = logging.getLogger("service.serve")
 
@@ -24,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", default=default_path(), help="catalog file ($SHARD_SERVICE_CATALOG)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
+    p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
+    p.add_argument("--redirect", type=int, default=0, metavar="SECONDS",
+                   help="answer GETs of shards of sets in an object store with 307 to a presigned URL valid "
+                        "this long, so their bytes bypass the server (default 0: stream them through)")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true", help="reads need a token too (all but /v1/health)")
@@ -43,26 +56,95 @@ def read_tokens(path: str | None) -> list[str]:
     return tokens
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_fd: int | None = None) -> None:
+    """One server process; ``ready_fd``: a pipe to write a byte to once listening (a worker), else
+    the ``serving`` line is printed."""
     catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
     data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
-                   ray_address=args.ray_address)
+                   ray_address=args.ray_address, counters=counters, redirect_seconds=args.redirect)
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, backlog=1024, reuse_address=True)
+    site = web.TCPSite(runner, args.host, port, backlog=1024, reuse_address=True,
+                       reuse_port=ready_fd is not None or None)
     await site.start()
-    host, port = runner.addresses[0][:2]
-    print(f"serving http://{host}:{port}/v1 (catalog {args.catalog})", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    if ready_fd is None:
+        host, port = runner.addresses[0][:2]
+        print(f"serving http://{host}:{port}/v1 (catalog {args.catalog})", flush=True)
+    else:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
     await stop.wait()
     log.info("stopping")
     await runner.cleanup()
 
 
+def _hold_port(host: str, port: int) -> socket.socket:
+    """A socket bound (not listening) to host:port with SO_REUSEPORT: the port the workers share."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _fork_workers(args: argparse.Namespace) -> int:
+    Catalog(args.catalog).close()  # its migrations run once, here, before any worker opens it
+    counters = Counters(args.workers)
+    held = _hold_port(args.host, args.port)
+    port = held.getsockname()[1]
+    ready_r, ready_w = os.pipe()
+    pids = []
+    for row in range(args.workers):
+        pid = os.fork()
+        if pid == 0:  # a worker
+            held.close()
+            os.close(ready_r)
+            counters.in_worker(row)
+            code = 0
+            try:
+                asyncio.run(serve(args, counters, port, ready_w))
+            except BaseException:
+                log.exception("worker %d", row)
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    os.close(ready_w)
+    stopping = []
+
+    def stop(signum, _frame):
+        stopping.append(signum)
+        for p in pids:
+            os.kill(p, signal.SIGTERM)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    started = 0
+    while started < args.workers and (got := os.read(ready_r, args.workers)):
+        started += len(got)
+    os.close(ready_r)
+    if started == args.workers:
+        print(f"serving http://{args.host}:{port}/v1 (catalog {args.catalog}, {args.workers} workers)", flush=True)
+    code = 0
+    while pids:
+        pid, status = os.wait()
+        pids.remove(pid)
+        if status and not stopping:
+            log.error("worker %d exited (status %d); stopping the others", pid, status)
+            code = 1
+            stop(signal.SIGTERM, None)
+    held.close()
+    return code if started == args.workers else 1
+
+
 def run(args: argparse.Namespace) -> int:
-    asyncio.run(serve(args))
-    return 0
+    if args.workers < 1:
+        raise SystemExit(f"--workers {args.workers}: give 1 or more")
+    if args.workers == 1:
+        asyncio.run(serve(args, Counters(), args.port))
+        return 0
+    return _fork_workers(args)

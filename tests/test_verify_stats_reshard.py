@@ -52,7 +52,8 @@ def test_flipped_byte_is_caught(shardset, capsys):
     data = bytearray(open(path, "rb").read())
     data[shard.offsets[2] + 3000] ^= 0x10  # inside a JPEG of the third sample
     open(path, "wb").write(data)
-    assert problems(shardset) == [f"{shard.name}: SHA-256 differs from the manifest (content changed)"]
+    assert problems(shardset) == [f"{shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs from the manifest's",
+                                  f"{shard.name}: SHA-256 differs from the manifest (content changed)"]
     assert main(["verify", shardset]) == 1
     assert "SHA-256" in capsys.readouterr().out
 

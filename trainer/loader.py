@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from shards import partition
 from shards.manifest import Manifest
 from shards.cache import ShardCache
-from shards.reading import local_path, open_fd, open_range
+from shards.reading import local_path, open_fd, open_samples
 
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
@@ -87,7 +87,7 @@ def video_id(key: str) -> str:
 def _open_reads(reads):
     """Stage: each planned read as an open stream of its byte range, closed once consumed."""
     for r in reads:
-        stream = open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"])
+        stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"])
         try:
             yield {"url": r["url"], "stream": stream}
         finally:
@@ -395,7 +395,7 @@ class ClipLoader:
             for p in plans:
                 for r in p["reads"]:
                     r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
-                    r["size"], r["sha256"] = self.shards[r["shard"]].bytes, self.shards[r["shard"]].sha256
+                    r["shard_info"] = self.shards[r["shard"]]  # sizes, digests: every sample checked as read
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
