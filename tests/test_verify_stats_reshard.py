@@ -171,11 +171,11 @@ def flip_a_jpeg_byte(d, split="train", k=1):
 def test_reshard_refuses_a_damaged_source_naming_the_shard(shardset, tmp_path, capsys):
     shard = flip_a_jpeg_byte(shardset)
     dst = tmp_path / "new"
-    with pytest.raises(BadShard, match=f"^{shard.name}: SHA-256 differs from the manifest"):
+    with pytest.raises(BadShard, match=f"^{shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs"):
         reshard(shardset, str(dst), shard_samples=7)
     assert [p for p in dst.rglob("*") if p.is_file()] == []  # shards written before it are removed
     assert main(["reshard", shardset, str(dst), "--num-shards", "2"]) == 1
-    assert f"error: {shard.name}: SHA-256 differs" in capsys.readouterr().err
+    assert f"error: {shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs" in capsys.readouterr().err
 
 
 def test_reshard_refuses_a_sample_under_another_key(shardset, tmp_path):
