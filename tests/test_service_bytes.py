@@ -54,7 +54,7 @@ def env(tmp_path_factory):
     cat = Catalog(str(root / "catalog.sqlite"))
     sets = {}
     for name in ("alpha", "beta", "rot", "changed", "flagged"):
-        make_shardset(str(root / name), {"train": 8}, per_shard=4)
+        make_shardset(str(root / name), {"train": 12 if name == "beta" else 8}, per_shard=4)
         sets[name] = register(cat, str(root / name), name)
     cat.tag(sets["alpha"].id, "prod")
     server = ServiceProcess("--catalog", str(root / "catalog.sqlite"))
@@ -193,6 +193,7 @@ def test_a_proxy_serves_repeated_reads_by_id_and_never_a_moved_tag_stale(env, pr
     assert open_range(f"{proxy}{path}", 7, 9007, size=shard.bytes, sha256=shard.sha256).read() == data[7:9007]
     assert stats(url)["shard_requests"] == before
     manifests = [(env["root"] / n / "manifest.json").read_bytes() for n in ("alpha", "beta")]
+    assert manifests[0] != manifests[1]
     assert http(proxy, path="/v1/datasets/prod/manifest.json")[2] == manifests[0]
     cat.tag(beta.id, "prod")
     try:
