@@ -86,8 +86,14 @@ class Manifest:
         return url
 
     @classmethod
-    def load(cls, url: str) -> "Manifest":
-        """Load from a directory URL or from the manifest file's URL."""
+    def load(cls, url: str, direct: str = "never") -> "Manifest":
+        """Load from a directory URL or from the manifest file's URL. ``direct``: for a set of the
+        dataset service, whether its shards are read from where they lie when visible here
+        (auto, never, always: ``shards.direct``)."""
+        if direct != "never" and not url.rstrip("/").endswith(".json"):
+            from .direct import resolve  # it reads manifests too
+
+            url = resolve(url, direct)
         if url.rstrip("/").endswith(".json"):
             base = url.rsplit("/", 1)[0] if "/" in url else "."
         else:

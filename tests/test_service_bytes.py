@@ -78,10 +78,11 @@ def flip_a_byte(directory, keep_mtime: bool) -> tuple:
     return shard
 
 
-def loader_batches(url: str):
+def loader_batches(url: str, direct: str = "never"):
     from trainer.loader import ClipLoader
 
-    return list(ClipLoader(url, "train", batch_size=4, num_workers=0, crop_size=32, scale_size=36))
+    return list(ClipLoader(url, "train", batch_size=4, num_workers=0, crop_size=32, scale_size=36,
+                           direct_reads=direct))
 
 
 # --- integrity ---------------------------------------------------------------------------------
@@ -131,6 +132,37 @@ def test_a_range_of_5000_digits_gets_a_4xx(env):
         status, _, body = http(url, path=path, headers={"Range": header})
         assert status in (206, 416), (status, body[:200])
     assert http(url, path="/v1/health")[0] == 200
+
+
+# --- direct reads ------------------------------------------------------------------------------
+def test_a_visible_set_is_read_directly_with_no_shard_byte_through_the_server(env, caplog):
+    url, alpha = env["server"].url, env["sets"]["alpha"]
+    local = loader_batches(alpha.location)
+    before = stats(url)
+    with caplog.at_level("INFO", logger="shards.direct"):
+        direct = loader_batches(f"{url}/v1/datasets/alpha", "auto")
+    assert stats(url)["shard_bytes"] == before["shard_bytes"] and stats(url)["shard_requests"] == before["shard_requests"]
+    assert f"its 2 shards are read directly from {alpha.location}" in caplog.text
+    assert [b["keys"] for b in direct] == [b["keys"] for b in local]
+    assert all((a["clips"] == b["clips"]).all() for a, b in zip(local, direct))
+    loader_batches(f"{url}/v1/datasets/alpha", "never")  # the same set through the server: counted
+    assert stats(url)["shard_bytes"] - before["shard_bytes"] == sum(  # every sample, once
+        sum(s.lengths) for s in Manifest.load(alpha.location).splits["train"].shards)
+
+
+def test_direct_reads_fall_back_or_fail_when_the_files_are_not_the_served_ones(env, tmp_path):
+    from shards.direct import NoDirectRead, resolve
+
+    url, cat = env["server"].url, env["catalog"]
+    make_shardset(str(tmp_path / "moved"), {"train": 8}, per_shard=4)
+    rec = register(cat, str(tmp_path / "moved"), "moved")
+    (tmp_path / "moved" / "manifest.json").write_bytes(b"{}")  # not the manifest the catalog recorded
+    assert resolve(f"{url}/v1/datasets/moved", "auto") == f"{url}/v1/datasets/moved"
+    with pytest.raises(NoDirectRead, match="SHA-256 differs"):
+        resolve(f"{url}/v1/datasets/moved", "always")
+    shutil.rmtree(tmp_path / "moved")
+    with pytest.raises(NoDirectRead, match="not visible here"):
+        resolve(f"{url}/v1/datasets/{rec.id}", "always")
 
 
 # --- cache headers, behind a real nginx proxy_cache --------------------------------------------

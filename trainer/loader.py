@@ -62,10 +62,10 @@ SHARED_FDS_MAX = 256
 PREFETCH = 2
 
 
-def shared_manifest(url: str, rank: int, broadcast) -> Manifest:
+def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
     """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
-    e.g. ``horovod.torch.broadcast_object``."""
-    return broadcast(Manifest.load(url) if rank == 0 else None, 0)
+    e.g. ``horovod.torch.broadcast_object``. ``direct``: ``Manifest.load``'s."""
+    return broadcast(Manifest.load(url, direct) if rank == 0 else None, 0)
 
 
 def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
@@ -211,8 +211,8 @@ class ClipLoader:
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None,
-                 decode_on_device: bool = False, shapes=None):
-        self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
+                 decode_on_device: bool = False, shapes=None, direct_reads: str = "never"):
+        self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest, direct_reads)
         self.split = split
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes

@@ -52,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no horizontal flips (for classes that tell left from right)")
     d.add_argument("--shuffle-buffer", type=int, default=256)
     d.add_argument("--cache-dir", help="local shard cache for remote shard sets")
+    d.add_argument("--direct-reads", choices=("auto", "never", "always"), default="never",
+                   help="a set of the dataset service (--data http://HOST/v1/datasets/REF) whose files are visible "
+                        "here with the same manifest: read its shards from there (auto), never, or fail if not "
+                        "possible (always)")
     d.add_argument("--decode-on-device", action="store_true",
                    help="decode JPEGs on the GPU with nvJPEG (needs torchvision): loader workers only read "
                         "bytes and parse headers")
@@ -142,8 +146,8 @@ class Trainer:
         self.backend = distributed.init(args.backend)
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(args.seed + self.backend.rank)
-        manifest = Manifest.load(args.data) if elastic else shared_manifest(
-            args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        manifest = Manifest.load(args.data, args.direct_reads) if elastic else shared_manifest(
+            args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), args.direct_reads)
         check_splits(manifest, args)
         samples = manifest.splits[args.train_split].num_samples
         self.regime = regime.Regime(args, self.backend.size, samples, elastic)
