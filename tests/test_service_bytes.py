@@ -4,6 +4,7 @@ parse for 32 first requests, Cache-Control behind a real nginx ``proxy_cache``, 
 and a ``307`` to a presigned URL of moto's S3 server followed with the right bytes."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from shards.catalog import Catalog
 from shards.digests import CorruptSample
 from shards.http_range import RangeError
 from shards.manifest import Manifest
-from shards.reading import open_range
+from shards.reading import iter_samples, open_range
 from shardsets import RangeHandler, ServiceProcess, make_shardset, register
 from test_service import http
 
@@ -95,6 +96,36 @@ def test_bit_rot_is_caught_by_the_per_sample_digest_over_http(env):
     message = str(e.value)
     assert f"{url}/v1/datasets/rot/{shard.name}" in message and shard.keys[2] in message and "read twice" in message
     assert stats(url)["shard_requests"] - before >= 2  # the sample was asked for again before giving up
+
+
+class FlipsOnce(RangeHandler):
+    """Static files with ranges; the first answer for a shard has a byte flipped on the way."""
+
+    def send_head(self):
+        body = super().send_head()
+        if body is not None and self.path.endswith(".tar") and not self.server.flipped:
+            self.server.flipped = True
+            data = bytearray(body.read())
+            data[len(data) // 2] ^= 0x01
+            body = io.BytesIO(bytes(data))
+        return body
+
+
+def test_a_sample_damaged_once_on_the_way_is_read_again_and_passes(tmp_path):
+    m = make_shardset(str(tmp_path / "set"), {"train": 4}, per_shard=4)
+    shard = m.splits["train"].shards[0]
+    origin = ThreadingHTTPServer(("127.0.0.1", 0), partial(FlipsOnce, directory=str(tmp_path / "set")))
+    origin.requests, origin.flipped = [], False
+    threading.Thread(target=origin.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{origin.server_address[1]}/{shard.name}"
+        got = [data for _, data in iter_samples(url, shard, 0, 4)]
+    finally:
+        origin.shutdown()
+        origin.server_close()
+    raw = (tmp_path / "set" / shard.name).read_bytes()
+    assert got == [raw[o:o + n] for o, n in zip(shard.offsets, shard.lengths)]
+    assert origin.flipped and len(origin.requests) == 2  # the range, then the one damaged sample again
 
 
 def test_a_changed_shard_is_hashed_again_and_its_etag_refused(env):
