@@ -89,7 +89,7 @@ def main() -> int:
     shutil.rmtree(args.out, ignore_errors=True)
     root = os.path.join(args.out, "set")
     m = make_set(root, 8, 100)
-    proc, base = start_nginx(root, args.out, 2)
+    proc, base = start_nginx(args.out, 2, f"root {root};")
     res = {"stdlib (shards.http_range)": [], "urllib3 PoolManager": []}
     try:
         clients = {"stdlib (shards.http_range)": stdlib_read, "urllib3 PoolManager": urllib3_reader()}

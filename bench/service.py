@@ -187,8 +187,9 @@ def start(cmd: list[str], env=None) -> tuple[subprocess.Popen, str]:
 NGINX = "/usr/sbin/nginx"
 
 
-def start_nginx(root: str, workdir: str, workers: int) -> tuple[subprocess.Popen, str]:
-    """nginx serving ``root`` with sendfile on a free loopback port, as ../shared/notes/nginx.md has it."""
+def start_nginx(workdir: str, workers: int, site: str, http_extra: str = "") -> tuple[subprocess.Popen, str]:
+    """nginx on a free loopback port as ../shared/notes/nginx.md has it; ``site``: its server
+    block's directives (``root DIR;`` for a static server), ``http_extra``: more in ``http``."""
     import socket
 
     with socket.socket() as sock:
@@ -203,7 +204,7 @@ def start_nginx(root: str, workdir: str, workers: int) -> tuple[subprocess.Popen
         f.write(f"user root; worker_processes {workers}; daemon off; pid {prefix}/nginx.pid; "
                 f"error_log {prefix}/error.log;\nevents {{ worker_connections 4096; }}\n"
                 f"http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000; {temps}\n"
-                f"  server {{ listen 127.0.0.1:{port}; root {root}; }} }}\n")
+                f"  {http_extra.replace('PREFIX', prefix)}\n  server {{ listen 127.0.0.1:{port}; {site} }} }}\n")
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
     deadline = time.monotonic() + 30
     while True:
@@ -287,7 +288,7 @@ def main() -> int:
     if args.compare:
         servers["starlette FileResponse on uvicorn"] = ([sys.executable, os.path.abspath(__file__), "--role", root], "")
     for label, (cmd, path) in servers.items():
-        proc, url = start(cmd) if cmd else start_nginx(root, args.out, args.workers)
+        proc, url = start(cmd) if cmd else start_nginx(args.out, args.workers, f"root {root};")
         try:
             res[label] = load(url.removesuffix("/v1") + path, m, root, args.clients, args.procs, args.seconds,
                               Server(proc.pid))
