@@ -49,6 +49,18 @@ def until(condition, what: str, seconds: float = 60):
         time.sleep(0.02)
 
 
+def listening(proc: subprocess.Popen, port: int, what: str) -> None:
+    """Wait until ``proc`` accepts connections on ``port``; fail if it exits first."""
+    def up():
+        assert proc.poll() is None, f"{what} exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+    until(up, f"{what} listening")
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("bytes")
@@ -213,18 +225,9 @@ http {{ access_log off; client_body_temp_path {prefix}/t1; proxy_temp_path {pref
     location / {{ proxy_pass http://{upstream}; proxy_http_version 1.1; proxy_cache shards;
                   add_header X-Cache-Status $upstream_cache_status; }} }} }}
 """)
-    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(prefix)], stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-
-    def listening():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-    until(listening, "nginx listening")
-    yield url
+    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(prefix)])
+    listening(proc, port, "nginx")
+    yield f"http://127.0.0.1:{port}"
     proc.send_signal(signal.SIGQUIT)
     proc.wait(timeout=60)
 
@@ -332,14 +335,7 @@ def moto(tmp_path_factory):
                              "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, **creds})
     endpoint = f"http://127.0.0.1:{port}"
-
-    def up():
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-    until(up, "moto's server listening")
+    listening(proc, port, "moto's server")
     yield endpoint, {**creds, "AWS_ENDPOINT_URL": endpoint}
     proc.terminate()
     proc.wait(timeout=60)
