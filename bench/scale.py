@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.service import Server, make_set, start, start_nginx  # noqa: E402
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
-from shards.manifest import Manifest  # noqa: E402
+from shards.direct import load_manifest  # noqa: E402
 from shards.reading import iter_samples  # noqa: E402
 from shards.verify import stamps  # noqa: E402
 
@@ -76,7 +76,7 @@ def server_stats(url: str) -> dict:
 def read_set(url: str, direct: str = "never") -> dict:
     """Every sample of the set at ``url`` (checked against its digest), one range per shard."""
     t, clips = time.perf_counter(), 0
-    m = Manifest.load(url, direct)
+    m = load_manifest(url, direct)
     for split in m.splits.values():
         for s in split.shards:
             clips += sum(1 for _ in iter_samples(m.shard_url(s), s, 0, s.num_samples))

@@ -13,12 +13,8 @@ the sample and the URL.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
 
 import xxhash
-
-if TYPE_CHECKING:
-    from .manifest import ShardInfo
 
 ALGORITHM = "xxh3-64"
 
@@ -32,11 +28,12 @@ class CorruptSample(OSError):
 
 
 class CheckedSamples(io.RawIOBase):
-    """Bytes [offsets[first], end of sample last) of a shard, read through ``opener(start, end)``
+    """Bytes [offsets[first], end of sample last) of a shard (``info``, a manifest ``ShardInfo``),
+    read through ``opener(start, end)``
     (a function returning a readable binary stream of those bytes of the shard), each sample
     checked against ``info.digests`` before it is handed on."""
 
-    def __init__(self, url: str, info: "ShardInfo", first: int, last: int, opener):
+    def __init__(self, url: str, info, first: int, last: int, opener):
         self.url, self.info, self.opener = url, info, opener
         self.next, self.last = first, last  # samples [next, last] are still to come
         self.src = opener(info.offsets[first], info.offsets[last] + info.lengths[last])

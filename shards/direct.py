@@ -17,8 +17,8 @@ import logging
 import re
 
 from . import storage
-from .manifest import MANIFEST_NAME
-from .reading import local_path
+from .manifest import MANIFEST_NAME, Manifest
+from .storage import local_path
 
 log = logging.getLogger("shards.direct")
 MODES = ("auto", "never", "always")
@@ -27,6 +27,11 @@ _SERVICE_SET = re.compile(r"https?://[^/]+(/[^/]+)*/v1/datasets/[^/]+")
 
 class NoDirectRead(ValueError):
     """``always`` asked for, and the set cannot be read directly (the message says why)."""
+
+
+def load_manifest(url: str, mode: str = "never") -> Manifest:
+    """``Manifest.load`` of the set at ``url``, its shards to be read directly as ``mode`` says."""
+    return Manifest.load(url if url.rstrip("/").endswith(".json") else resolve(url, mode))
 
 
 def resolve(url: str, mode: str = "auto") -> str:

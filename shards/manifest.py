@@ -17,6 +17,10 @@ from dataclasses import asdict, dataclass, field
 from . import storage
 
 MANIFEST_NAME = "manifest.json"
+CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
+LEDGER_NAME = "errors.jsonl"  # one JSON line per input that could not be used
+STAGING_NAME = ".staging"  # a build's work in progress, gone once it finishes
+SET_FILES = (MANIFEST_NAME, CLASSES_NAME, LEDGER_NAME)  # besides the shards, what a set holds
 FORMAT = "kinetics-fast-shards/2"
 READABLE_FORMATS = ("kinetics-fast-shards/1", FORMAT)
 
@@ -86,14 +90,8 @@ class Manifest:
         return url
 
     @classmethod
-    def load(cls, url: str, direct: str = "never") -> "Manifest":
-        """Load from a directory URL or from the manifest file's URL. ``direct``: for a set of the
-        dataset service, whether its shards are read from where they lie when visible here
-        (auto, never, always: ``shards.direct``)."""
-        if direct != "never" and not url.rstrip("/").endswith(".json"):
-            from .direct import resolve  # it reads manifests too
-
-            url = resolve(url, direct)
+    def load(cls, url: str) -> "Manifest":
+        """Load from a directory URL or from the manifest file's URL."""
         if url.rstrip("/").endswith(".json"):
             base = url.rsplit("/", 1)[0] if "/" in url else "."
         else:

@@ -45,6 +45,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import partition
+from shards.direct import load_manifest
 from shards.manifest import Manifest
 from shards.cache import ShardCache
 from shards.reading import local_path, open_fd, open_samples
@@ -64,8 +65,8 @@ PREFETCH = 2
 
 def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
     """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
-    e.g. ``horovod.torch.broadcast_object``. ``direct``: ``Manifest.load``'s."""
-    return broadcast(Manifest.load(url, direct) if rank == 0 else None, 0)
+    e.g. ``horovod.torch.broadcast_object``. ``direct``: direct reads (``shards.direct``)."""
+    return broadcast(load_manifest(url, direct) if rank == 0 else None, 0)
 
 
 def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
@@ -212,7 +213,7 @@ class ClipLoader:
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None,
                  decode_on_device: bool = False, shapes=None, direct_reads: str = "never"):
-        self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest, direct_reads)
+        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
         self.split = split
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from shards.direct import load_manifest
 from shards.manifest import Manifest
 
 from . import checkpoint, compiling, distributed, metrics, precise_bn, recipe, regime
@@ -146,7 +147,7 @@ class Trainer:
         self.backend = distributed.init(args.backend)
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(args.seed + self.backend.rank)
-        manifest = Manifest.load(args.data, args.direct_reads) if elastic else shared_manifest(
+        manifest = load_manifest(args.data, args.direct_reads) if elastic else shared_manifest(
             args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), args.direct_reads)
         check_splits(manifest, args)
         samples = manifest.splits[args.train_split].num_samples
