@@ -140,6 +140,40 @@ def test_a_sample_damaged_once_on_the_way_is_read_again_and_passes(tmp_path):
     assert origin.flipped and len(origin.requests) == 2  # the range, then the one damaged sample again
 
 
+def test_format_1_sets_are_still_read(tmp_path):
+    """A set written before per-sample digests: its manifest says format /1 and has none."""
+    from shards.verify import verify
+
+    make_shardset(str(tmp_path / "old"), {"train": 8}, per_shard=4)
+    path = tmp_path / "old" / "manifest.json"
+    old = json.loads(path.read_bytes())
+    old["format"] = "kinetics-fast-shards/1"
+    for shard in old["splits"]["train"]["shards"]:
+        del shard["digests"]
+    path.write_text(json.dumps(old))
+    m = Manifest.load(str(tmp_path / "old"))
+    assert m.format == "kinetics-fast-shards/1" and m.splits["train"].shards[0].digests == []
+    assert verify(m) == [] and sum(len(b["keys"]) for b in loader_batches(str(tmp_path / "old"))) == 8
+
+
+def test_file_tables_keep_the_most_recently_used(env):
+    import asyncio
+
+    from service.stats import Counters
+    from service.tables import FileTables
+
+    sets = env["sets"]
+    tables = FileTables(env["catalog"], Counters(), limit=2)
+    order = ["alpha", "beta", "alpha", "rot", "beta", "alpha"]  # rot evicts beta; then beta evicts alpha
+
+    async def ask():
+        for name in order:
+            await tables.table(env["catalog"].get(sets[name].id))
+    asyncio.run(ask())
+    assert tables.counters.rows()[0]["manifest_parses"] == 5
+    assert [key[0] for key in tables.tables] == [sets["beta"].id, sets["alpha"].id]
+
+
 def test_a_changed_shard_is_hashed_again_and_its_etag_refused(env):
     url, cat, rec = env["server"].url, env["catalog"], env["sets"]["changed"]
     shard = flip_a_byte(env["root"] / "changed", keep_mtime=False)
