@@ -1,14 +1,15 @@
 """Serve the catalog's shard sets over HTTP (see docs/service.md for the API).
 
 Prints ``serving http://HOST:PORT/v1`` once listening (``--port 0`` picks a free port).
-SIGTERM or SIGINT stops it; builds it started die with it and are marked failed at the next start.
+SIGTERM or SIGINT stops it, and the builds it runs (each in a process of its own, recorded failed:
+``stopped``); builds of a server killed outright stop by themselves (``abandoned``).
 
 ``--workers N`` (N > 1) forks N server processes that share the port through ``SO_REUSEPORT``
 (the kernel spreads connections over them) and the one catalog file (SQLite, as any number of
 processes may; each notices the others' commits, ``service.records``). The parent holds the
 port, starts the workers, forwards SIGTERM and SIGINT to them, and stops them all if one dies.
-Each worker would start its own embedded Ray for a build asked of it (give ``--ray-address`` to
-share a cluster); the catalog's claim still makes one build of one id.
+Each worker runs the builds asked of it (up to ``--max-builds`` each); the catalog's claim still
+makes one build of one id.
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
                                        "default: a 'sets' directory beside the catalog)")
     p.add_argument("--ray-address", help="run builds on this Ray cluster (default: an embedded local Ray)")
+    p.add_argument("--max-builds", type=int, default=1,
+                   help="build processes run at once (per worker); further builds wait their turn (each build "
+                        "process starts its own embedded Ray, or joins --ray-address)")
     p.add_argument("--access-log", action="store_true", help="log every request")
 
 
@@ -62,7 +66,8 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
     data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
-                   ray_address=args.ray_address, counters=counters, redirect_seconds=args.redirect)
+                   ray_address=args.ray_address, max_builds=args.max_builds, counters=counters,
+                   redirect_seconds=args.redirect)
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False)
     await runner.setup()
@@ -144,6 +149,8 @@ def _fork_workers(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SystemExit(f"--workers {args.workers}: give 1 or more")
+    if args.max_builds < 1:
+        raise SystemExit(f"--max-builds {args.max_builds}: must be at least 1")
     if args.workers == 1:
         asyncio.run(serve(args, Counters(), args.port))
         return 0
