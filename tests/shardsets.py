@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from functools import partial
+from http.server import ThreadingHTTPServer
 
 from PIL import Image
 
@@ -100,7 +101,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 @contextlib.contextmanager
 def serve(directory: str):
     """Serve ``directory`` over HTTP on 127.0.0.1; yields (base URL, list of (method, path) requested)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))  # `http` below is the test client, not the module
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -25,8 +25,7 @@ from shards.digests import CorruptSample
 from shards.http_range import RangeError
 from shards.manifest import Manifest
 from shards.reading import iter_samples, open_range
-from shardsets import RangeHandler, ServiceProcess, make_shardset, register
-from test_service import http
+from shardsets import RangeHandler, ServiceProcess, http, make_shardset, register
 
 NGINX = "/usr/sbin/nginx"
 
@@ -92,7 +91,7 @@ def flip_a_byte(directory, keep_mtime: bool) -> tuple:
 
 
 def loader_batches(url: str, direct: str = "never"):
-    from trainer.loader import ClipLoader
+    from trainer.data.loader import ClipLoader
 
     return list(ClipLoader(url, "train", batch_size=4, num_workers=0, crop_size=32, scale_size=36,
                            direct_reads=direct))
