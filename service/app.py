@@ -11,6 +11,8 @@
     DELETE /v1/datasets/{ref}/tags/{tag}    remove a tag                                   [token]
     POST   /v1/builds                       start an ingest (JSON body: src + options): 202 [token]
     GET    /v1/builds/{id}                  a build's state and progress
+    GET    /, /sets/{ref}[/clips], /static/{name}, /v1/viewer/...   the dataset viewer (service.viewer,
+                                            added by service.serve)
 
 Errors are JSON ``{"error": ..., "status": ...}``. Request paths must be plain: percent-escapes,
 backslashes, dot segments and empty segments are refused (400) before routing, and a file is
@@ -52,7 +54,7 @@ from .tables import FileTables
 log = logging.getLogger("service.app")
 MAX_BODY = 64 * 1024
 STREAM_CHUNK = 1 << 20
-_PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_\-~]+(\.[A-Za-z0-9_\-~]+)*)+/?")
+_PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_\-~]+(\.[A-Za-z0-9_\-~]+)*)*/?")
 CATALOG = web.AppKey("catalog", Catalog)
 BUILDS = web.AppKey("builds", Builds)
 TOKENS = web.AppKey("tokens", list)
@@ -161,22 +163,27 @@ async def _entry(request: web.Request, rec: Record, name: str) -> Entry:
     return entry
 
 
-async def _opened(request: web.Request, rec: Record, name: str) -> tuple[Record, Entry, int]:
-    """The file's entry and a descriptor of it (a local set), hashed again first if it changed."""
+async def open_file(request: web.Request, rec: Record, name: str) -> tuple[Record, Entry, int | None]:
+    """The file's entry and, for a local set, a descriptor of it, the file hashed again first if it
+    changed since it was last hashed (``service.tables``); the record as it then stands."""
     entry = await _entry(request, rec, name)
+    root = local_path(rec.location)
+    if root is None:
+        return rec, entry, None
     try:
-        return rec, entry, open_local(local_path(rec.location), name, entry)  # a few system calls: no thread hop
+        return rec, entry, open_local(root, name, entry)  # a few system calls: no thread hop
     except Changed:
         await request.app[TABLES].rehash(rec, name)
     rec = _record(request, ready=True)  # as recorded after hashing
     entry = await _entry(request, rec, name)
     try:
-        return rec, entry, open_local(local_path(rec.location), name, entry)
+        return rec, entry, open_local(root, name, entry)
     except Changed:
         raise Refused(503, f"{name} is changing while it is served; try again later") from None
 
 
-def _cache_control(request: web.Request, rec: Record) -> str:
+def cache_control(request: web.Request, rec: Record) -> str:
+    """How caches may keep a file of ``rec`` asked for by this request's reference."""
     if request.match_info["ref"] != rec.id:
         return "no-cache"  # a name or tag may point at another set tomorrow
     return f"{'private' if request.app[READ_AUTH] else 'public'}, {IMMUTABLE}"
@@ -186,38 +193,43 @@ async def get_file(request: web.Request) -> web.StreamResponse:
     _reader(request)
     rec = _record(request, ready=True)
     name = request.match_info["path"]
-    counters, fd = request.app[COUNTERS], None
-    if local_path(rec.location) is not None:
-        rec, entry, fd = await _opened(request, rec, name)
-    else:
-        entry = await _entry(request, rec, name)
-        if request.app[REDIRECT] and name.endswith(".tar"):
-            url = await asyncio.to_thread(presign, f"{rec.location}/{name}", request.app[REDIRECT])
-            if url:
-                counters.add("redirects")
-                return web.Response(status=307, headers={"Location": url, "ETag": entry.etag,
-                                                         "Cache-Control": "no-store"})
-    answer = evaluate(request.method, entry.size, entry.etag, request.headers)
-    headers = {"ETag": entry.etag, "Accept-Ranges": "bytes", "Cache-Control": _cache_control(request, rec)}
+    rec, entry, fd = await open_file(request, rec, name)
+    if fd is None and request.app[REDIRECT] and name.endswith(".tar"):
+        url = await asyncio.to_thread(presign, f"{rec.location}/{name}", request.app[REDIRECT])
+        if url:
+            request.app[COUNTERS].add("redirects")
+            return web.Response(status=307, headers={"Location": url, "ETag": entry.etag, "Cache-Control": "no-store"})
+    return send_span(request, rec, name, entry, 0, entry.size, entry.etag, {"Content-Type": content_type(name)},
+                     fd=fd, cache=cache_control(request, rec))
+
+
+def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset: int, size: int, etag: str,
+              extra: dict, *, fd: int | None, cache: str) -> web.StreamResponse:
+    """Bytes [offset, offset + size) of a set's file as one representation with its own strong
+    ``etag`` (a whole file, or one frame inside a shard), conditionals and ranges applied;
+    ``extra``: headers of a 200 or 206 answer (its Content-Type); ``fd``: the file, opened by
+    ``open_file`` (None: a remote set, streamed); ``cache``: its Cache-Control."""
+    answer = evaluate(request.method, size, etag, request.headers)
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": cache}
     if answer.status not in (200, 206):
         if fd is not None:
             os.close(fd)
         if answer.status == 304:
             return web.Response(status=304, headers=headers)
         if answer.status == 416:
-            headers["Content-Range"] = f"bytes */{entry.size}"
+            headers["Content-Range"] = f"bytes */{size}"
         return error(answer.status, answer.reason or "precondition failed", **headers)
     if answer.status == 206:
-        headers["Content-Range"] = f"bytes {answer.start}-{answer.end - 1}/{entry.size}"
-    headers["Content-Type"] = content_type(name)
+        headers["Content-Range"] = f"bytes {answer.start}-{answer.end - 1}/{size}"
+    headers.update(extra)
     if request.method == "GET" and name.endswith(".tar"):
-        counters.add("shard_requests")
-        counters.add("shard_bytes", answer.length)
+        request.app[COUNTERS].add("shard_requests")
+        request.app[COUNTERS].add("shard_bytes", answer.length)
     if fd is not None:
-        response = _Sendfile(fd, answer.start, answer.length, status=answer.status, headers=headers)
+        response = _Sendfile(fd, offset + answer.start, answer.length, status=answer.status, headers=headers)
     else:
-        response = _Streamed(f"{rec.location}/{name}", entry, answer.start, answer.end, status=answer.status,
-                             headers=headers)
+        response = _Streamed(f"{rec.location}/{name}", entry, offset + answer.start, offset + answer.end,
+                             status=answer.status, headers=headers)
     response.content_length = answer.length
     return response
 

@@ -26,6 +26,7 @@ from shards.catalog import Catalog, default_path
 
 from .app import make_app
 from .stats import Counters
+from .viewer import add_routes as add_viewer
 
 log = logging.getLogger("service.serve")
 
@@ -68,6 +69,7 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, max_builds=args.max_builds, counters=counters,
                    redirect_seconds=args.redirect)
+    add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False)
     await runner.setup()
