@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from shards import storage
 from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record, dataset_id
 from shards.manifest import MANIFEST_NAME, SET_FILES, Manifest
+from shards.verify import stamps
 
 from . import content_digests, ray_runtime
 from .build import Summary
@@ -163,6 +164,7 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kw
         raise
     stop.set()
     if not cat.finish(dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
+                      verified_files=stamps(Manifest.load(c.record.location)),
                       builder_version=_version(),
                       progress={"videos_done": summary.videos, "videos_total": summary.videos,
                                 "failed": summary.failed, "shards_written": summary.shards}):

@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ import fsspec
 from PIL import Image
 
 from . import motionfield, tarformat
+from .digests import ALGORITHM, sample_digest
 from .manifest import Manifest, ShardInfo
+from .reading import local_path
 
 CHUNK = 8 << 20
 
@@ -92,11 +95,14 @@ def _check_fields(suffixes: dict[str, bytes], fields: list[str]) -> list[str]:
 
 
 def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool = False,
-                keep: list[bytes] | None = None, motion: str = "none") -> list[Problem]:
+                keep: list[bytes] | None = None, motion: str = "none", hashed: dict | None = None) -> list[Problem]:
     """All problems of one shard: read sequentially, samples checked at their manifest offsets.
 
     ``keep``: a list that receives each sample's bytes as read (``shards reshard`` copies them,
-    and only when the whole shard came out clean)."""
+    and only when the whole shard came out clean). ``hashed``: a dict that receives the file's
+    ``[size, mtime_ns, sha256]`` as read (local files only; the stamp taken before reading, so a
+    file that changes meanwhile no longer matches it)."""
+    stamp = _stamp(url)
     out = []
     bad = lambda sample, msg: out.append(Problem(info.name, sample, msg))  # noqa: E731
     h, pos, complete = hashlib.sha256(), 0, False
@@ -116,6 +122,8 @@ def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool
             if len(data) < info.lengths[i]:
                 bad(key, f"shard ends inside this sample; {info.num_samples - i - 1} later samples missing")
                 break
+            if info.digests and sample_digest(data) != info.digests[i]:
+                bad(key, f"{ALGORITHM} digest differs from the manifest's")
             for msg in check_members(key, info.labels[i], data, frames, deep, motion):
                 bad(key, msg)
             if keep is not None:
@@ -133,17 +141,43 @@ def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool
         bad(None, "data after the last sample")
     if h.hexdigest() != info.sha256:
         bad(None, "SHA-256 differs from the manifest (content changed)")
+    if hashed is not None and stamp is not None:
+        hashed[info.name] = [*stamp, h.hexdigest()]
     if len(info.keys) != info.num_samples or len(set(info.keys)) != len(info.keys):
         bad(None, "manifest lists inconsistent or duplicate sample keys")
     return out
 
 
+def _stamp(url: str) -> list[int] | None:
+    """A local file's [size, mtime_ns] (None when missing or remote)."""
+    path = local_path(url)
+    try:
+        st = os.stat(path) if path is not None else None
+    except FileNotFoundError:
+        return None
+    return None if st is None else [st.st_size, st.st_mtime_ns]
+
+
+def stamps(manifest: Manifest) -> dict:
+    """{shard: [size, mtime_ns, sha256]} of a freshly written local set, the SHA-256 the writer
+    computed as it wrote each shard (what ``verify(hashed=...)`` records after hashing again)."""
+    out = {}
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            stamp = _stamp(manifest.shard_url(shard))
+            if stamp is not None:
+                out[shard.name] = [*stamp, shard.sha256]
+    return out
+
+
 def verify(manifest: Manifest, splits: list[str] | None = None, deep: bool = False,
-           frames: int | None = None, workers: int = 4) -> list[Problem]:
+           frames: int | None = None, workers: int = 4, hashed: dict | None = None) -> list[Problem]:
+    """Every problem of the set's shards; ``hashed`` receives what was hashed (``check_shard``)."""
     jobs = [(manifest.shard_url(s), s) for name, split in manifest.splits.items()
             if not splits or name in splits for s in split.shards]
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = pool.map(lambda job: check_shard(job[0], job[1], frames, deep, motion=manifest.motion), jobs)
+        results = pool.map(lambda job: check_shard(job[0], job[1], frames, deep, motion=manifest.motion,
+                                                   hashed=hashed), jobs)
         return [p for r in results for p in r]
 
 

@@ -57,6 +57,10 @@ class Data:
     flip: bool = flag(True, "no horizontal flips (for classes that tell left from right)", spelling="--no-flip")
     shuffle_buffer: int = flag(256)
     cache_dir: str | None = flag(None, "local shard cache for remote shard sets")
+    direct_reads: str = flag("never", "a set of the dataset service (--data http://HOST/v1/datasets/REF) whose "
+                                      "files are visible here with the same manifest: read its shards from there "
+                                      "(auto), never, or fail if not possible (always)",
+                             choices=("auto", "never", "always"))
     decode_on_device: bool = flag(False, "decode JPEGs on the GPU with nvJPEG (needs torchvision): loader workers "
                                          "only read bytes and parse headers")
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from shards.direct import load_manifest
 from shards.manifest import Manifest
 
 from . import checkpoint, config, metrics
@@ -81,8 +82,8 @@ class Trainer:
         self.backend = distributed.init(s.backend)
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(s.seed + self.backend.rank)
-        manifest = Manifest.load(d.data) if elastic else shared_manifest(
-            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        manifest = load_manifest(d.data, d.direct_reads) if elastic else shared_manifest(
+            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads)
         check_splits(manifest, d)
         samples = manifest.splits[d.train_split].num_samples
         self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
