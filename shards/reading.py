@@ -6,14 +6,17 @@ no stat, no directory listing. Local files are read with ``pread`` on a plain de
 forked loader workers. HTTP ranges are one streamed GET with a ``Range`` header, every
 response checked and retried (``shards.http_range``). Other fsspec filesystems (s3, gcs,
 memory) are read with one ranged ``cat_file`` per chunk: object stores get no metadata
-request (a HEAD) per range, since the manifest already gave the size. The node-local shard
-cache is ``shards.cache``.
+request (a HEAD) per range, since the manifest already gave the size. ``read_ahead`` reads a
+list of remote ranges a bounded number of bytes ahead of their reader, in a thread. The
+node-local shard cache is ``shards.cache``.
 """
 from __future__ import annotations
 
 import io
 import os
-from typing import BinaryIO
+import queue
+import threading
+from typing import BinaryIO, Iterator
 
 from fsspec.core import url_to_fs
 
@@ -114,6 +117,75 @@ def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: i
     if url.startswith(("http://", "https://")):
         return io.BufferedReader(HTTPRange(url, start, end, size, sha256, retry), READ_BUFFER)
     return io.BufferedReader(_Chunked(url, start, end, retry), READ_BUFFER)
+
+
+class _Ahead(io.RawIOBase):
+    """The reader's side of one range of ``read_ahead``: chunks as the thread queued them."""
+
+    def __init__(self, chunks: queue.Queue):
+        self.chunks, self.buf, self.done = chunks, memoryview(b""), False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while not self.buf and not self.done:
+            item = self.chunks.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                self.done = True
+            else:
+                self.buf = memoryview(item)
+        n = min(len(buf), len(self.buf))
+        buf[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
+
+    def close(self) -> None:
+        while not self.done:  # what is left of this range, so that the next starts at its own bytes
+            self.buf = memoryview(b"")
+            self.readinto(bytearray(READ_BUFFER))
+        super().close()
+
+
+def read_ahead(reads: list[tuple], max_bytes: int) -> Iterator[BinaryIO]:
+    """Each (url, start, end, size, sha256) range as a stream, in order, its bytes read by a
+    background thread up to ``max_bytes`` ahead of the reader, across range boundaries (the next
+    range is asked for while the last is still being consumed). A stream must be read to its end
+    before the next is taken."""
+    chunks: queue.Queue = queue.Queue(max(2, max_bytes // READ_BUFFER))
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                chunks.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def reader():
+        try:
+            for url, start, end, size, sha256 in reads:
+                with open_range(url, start, end, size=size, sha256=sha256) as f:
+                    while chunk := f.read(READ_BUFFER):
+                        if not put(chunk):
+                            return
+                if not put(None):
+                    return
+        except Exception as e:  # handed to the reader, who raises it where it reads
+            put(e)
+
+    thread = threading.Thread(target=reader, daemon=True, name="read-ahead")
+    thread.start()
+    try:
+        for _ in reads:
+            yield io.BufferedReader(_Ahead(chunks), READ_BUFFER)
+    finally:
+        stop.set()
+        thread.join()
 
 
 def read_range(url: str, start: int, end: int) -> bytes:

@@ -479,14 +479,3 @@ def test_a_waiter_gives_up_on_a_downloader_that_stopped_renewing_its_lease(tmp_p
         finally:
             os.kill(first.pid, signal.SIGKILL)
             first.join()
-
-
-def test_loader_refuses_an_epoch_the_cache_budget_cannot_hold(tmp_path):
-    from trainer.loader import ClipLoader
-
-    make_shardset(str(tmp_path / "set"), {"train": 20}, per_shard=5)
-    loader = ClipLoader(str(tmp_path / "set"), "train", batch_size=4, num_workers=0, crop_size=32,
-                        scale_size=36, cache_dir=str(tmp_path / "cache"), cache_budget="10kB")
-    with pytest.raises(CacheFull, match="cannot hold one epoch's shards"):
-        next(iter(loader))
-    assert leftovers(tmp_path / "cache") == [] and not os.listdir(tmp_path / "cache")
