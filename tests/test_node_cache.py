@@ -12,7 +12,7 @@ import pytest
 from shards.cache import CacheFull
 from shards.manifest import Manifest
 from shardsets import make_shardset, serve
-from trainer.loader import ClipLoader
+from trainer.data.loader import ClipLoader
 
 SMALL = dict(crop_size=32, scale_size=36, shuffle_buffer=1, batch_size=2)
 
