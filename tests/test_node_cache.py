@@ -131,3 +131,22 @@ def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path):
         assert len(asked) == len(set(asked)) and len({p for p, _, _ in asked}) == len(asked)  # one copy per shard
     assert sum(b - a for p, a, b in ranges) <= sum(s.bytes for s in split.shards)
     assert len(ranges) == 4  # the whole shards each node owns, and a piece each of the one they share
+
+
+@pytest.mark.parametrize("before,after", [((2, 2), (3, 1)), ((2, 2), (1, 3)), ((1, 4), (2, 1))])
+def test_node_affine_resume_with_other_nodes_covers_the_epoch_once(forty, before, after):
+    """Two batches per rank on (nodes, ranks per node) ``before``, then the rest of the epoch from
+    rank 0's state on ``after``: every clip once (node counts change: the rest is split anew)."""
+    def loaders(nodes, per_node, mode="node"):
+        return [ClipLoader(forty, "train", rank=r, world_size=nodes * per_node, local_size=per_node, shuffle=mode,
+                           num_workers=1, seed=3, **SMALL) for r in range(nodes * per_node)]
+    first, got = loaders(*before), Counter()
+    for loader in first:
+        batches = iter(loader)
+        got.update(keys([next(batches), next(batches)]))
+        batches.close()
+    state = first[0].state_dict()
+    for loader in loaders(*after, mode="global" if after[0] == 1 else "node"):
+        loader.load_state_dict(state)
+        got.update(keys(loader))
+    assert len(got) == 40 and set(got.values()) == {1}

@@ -232,6 +232,8 @@ class ClipLoader:
     downloads each once per run, not every epoch. Through the cache, each worker asks for its
     copies in read order, ``lookahead`` ahead of its reading; the budget (``cache_budget``, one for
     every process using the directory) must hold ``local_size`` x workers x ``lookahead`` copies.
+    The mode is this loader's, not the state's: a resumed epoch is split anew when it changes (its
+    segments record their node counts).
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -338,7 +340,7 @@ class ClipLoader:
                 "samples_consumed": self._done * self.batch_size,
                 "segments": [asdict(s) for s in self._past + [self._segment()]],
                 "remainder": self.remainder, "shuffle_buffer": self.shuffle_buffer,
-                "piece_samples": self.piece_samples, "shuffle": self.shuffle, "split": self.split,
+                "piece_samples": self.piece_samples, "split": self.split,
                 "fingerprint": self.manifest.fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
@@ -348,7 +350,7 @@ class ClipLoader:
         if self.shapes:
             self.batch_size = self.shapes.batch_size(self.epoch)
         self.remainder, self.shuffle_buffer = state["remainder"], state["shuffle_buffer"]
-        self.piece_samples, self.shuffle = state["piece_samples"], state.get("shuffle", "global")
+        self.piece_samples = state["piece_samples"]
         segments = [partition.Segment(**s) for s in state["segments"]]
         last = segments[-1]
         if (last.world_size, last.num_workers, last.batch_size, last.nodes) == (
