@@ -29,7 +29,8 @@ keeps an account another could not read from the directory.
   budget that cannot hold what the node's readers pin at once (their lookahead).
 * Streaming: ``stream(pieces, lookahead)`` yields the copies in the order asked, downloading in a
   background thread up to ``lookahead`` copies ahead of the reader (the first is there after one
-  download), each pinned until the reader asks for the next.
+  download), each pinned until the reader asks for the next; ``descriptor`` gives the pin's
+  descriptor, so a warm copy costs one open per process that reads it.
 
 The locks are POSIX ``flock``: keep the cache on a node-local filesystem.
 """
@@ -139,7 +140,7 @@ class ShardCache:
             piece = Piece("", piece, 0)
         return os.path.join(self.directory, piece.sha256[:2], piece.name)
 
-    def reserve(self, nbytes: int, what: str = "one epoch's shards") -> None:
+    def reserve(self, nbytes: int, what: str) -> None:
         """Refuse (``CacheFull``) when ``nbytes`` could never fit in the budget."""
         if self.budget is not None and nbytes > self.budget:
             raise CacheFull(f"{self.directory}: a cache budget of {self.budget:,} bytes cannot hold {what} "
@@ -157,7 +158,6 @@ class ShardCache:
             if piece.name in self._pins:
                 self._pins[piece.name][1] += 1
                 return dest
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
         while not self._pin(dest, piece.name):
             lock = self._lock_download(dest, piece.url)
             if lock is None:
@@ -170,6 +170,12 @@ class ShardCache:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
                 os.close(lock)
         return dest
+
+    def descriptor(self, piece: Piece) -> int:
+        """The read-only descriptor that pins a copy this object holds (read it with ``pread``; it
+        stays open until the last ``release``)."""
+        with self._pins_lock:
+            return self._pins[piece.name][0]
 
     def release(self, piece: Piece | str | None = None) -> None:
         """Unpin a copy (a ``Piece``, or a whole shard's SHA-256) once, or all this object pinned."""
@@ -238,6 +244,7 @@ class ShardCache:
     def _lock_download(self, dest: str, url: str) -> int | None:
         """Hold the copy's download lock (returns its fd), or None once the copy exists."""
         lock_path = dest + ".lock"
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
         while True:
             if os.path.exists(dest):
                 return None
@@ -268,7 +275,7 @@ class ShardCache:
         tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
         size = piece.nbytes
         self._make_room(size, tmp)
-        h, n = hashlib.sha256(), 0
+        h, n, began = hashlib.sha256(), 0, time.monotonic()
         try:
             with open(tmp, "r+b") as out, open_range(piece.url, piece.start, piece.stop, size=piece.size,
                                                      sha256=piece.sha256, retry=self.retry) as src:
@@ -283,6 +290,8 @@ class ShardCache:
                               f"sha256 {h.hexdigest()[:12]}; manifest says {size} bytes"
                               + (f", sha256 {piece.sha256[:12]}" if piece.whole else ""))
             os.replace(tmp, dest)
+            log.info("%s: downloaded %s (%d bytes) in %.2f s", self.directory, piece.name, n, time.monotonic() - began,
+                     extra={"piece": piece.name, "nbytes": n})
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)

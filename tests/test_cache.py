@@ -350,8 +350,8 @@ def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path, monkey
         cache.release()
         assert cache.fetch(f"{url}/s3.tar", SHAS["/s3.tar"], SIZE)
         assert sum(os.path.exists(p) for p in (s0, s2)) == 1
-    with pytest.raises(CacheFull, match="cannot hold one epoch's shards"):
-        cache.reserve(3 * SIZE)
+    with pytest.raises(CacheFull, match="budget of 600,010 bytes cannot hold three shards \\(900,000 bytes\\)"):
+        cache.reserve(3 * SIZE, "three shards")
 
 
 def wait_for(condition, what, seconds=60):

@@ -94,8 +94,8 @@ def _open_reads(reads, cache: ShardCache | None, lookahead: int):
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r["piece"] for r in reads], lookahead)
-        opened = (open_range(path, r["start"] - r["piece"].start, r["end"] - r["piece"].start)
-                  for r, path in zip(reads, copies))
+        opened = (open_range(path, r["start"] - r["piece"].start, r["end"] - r["piece"].start,
+                             fd=cache.descriptor(r["piece"])) for r, path in zip(reads, copies))
     elif reads and local_path(reads[0]["url"]) is None:
         opened = read_ahead([(r["url"], r["start"], r["end"], r["size"], r["sha256"]) for r in reads],
                             lookahead * READ_AHEAD_BYTES)
