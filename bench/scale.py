@@ -9,7 +9,8 @@ reading byte ranges without a cache. Reported: per rank the time to its first ba
 and the slowest later epoch) and the clips it trained each epoch (checked: every clip once per
 epoch over all ranks); per node the bytes downloaded each epoch and the downloads per copy (from
 the cache's own record of each download); the server's peak memory and CPU seconds (psutil on
-its process). The bytes without a cache are the byte ranges the loaders asked for (their plans).
+its process). Without a cache nothing is recorded per node: each epoch reads its share again, as
+byte ranges (``shards.layout.traffic`` counts them).
 
 Then ``shards.layout.traffic`` at the paper's scale (1,536 ranks on 256 nodes of 6, 240,000
 clips of 150 kB, 100 epochs): bytes over the network per epoch and per run, the aggregate rate
