@@ -99,7 +99,8 @@ class ElasticState(State):
         new world size, from the last commit (rolled back to, or just made)."""
         t, b, hvd = self.t, self.t.backend, self.hvd
         before = b.size
-        b.rank, b.size, b.local_rank, b.local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
+        b.rank, b.size, b.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        b.local_size = b.node_size(hvd.local_size(), hvd.cross_rank())
         was_rank0, t.rank0 = t.rank0, b.rank == 0
         t.make_loaders(t.train_loader.manifest)
         t.train_loader.load_state_dict(self.saved["loader"])

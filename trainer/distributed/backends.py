@@ -29,7 +29,7 @@ class Backend:
 
     name = "none"
     rank, size, local_rank = 0, 1, 0
-    local_size = 1  # ranks on this node; a node's ranks are consecutive (Horovod's and torchrun's placement)
+    local_size = 1  # ranks per node as the loader's node-affine epochs see them (``node_size``)
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         """-> (module to call forward on, optimizer to step); gradients are averaged over ranks."""
@@ -50,6 +50,14 @@ class Backend:
 
     def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+    def node_size(self, local_size: int, node: int) -> int:
+        """``local_size`` when every node runs that many ranks, numbered consecutively (node n: ranks
+        n x local_size ...), else 1 (every rank a node of its own): node-affine epochs need the same
+        node boundaries on every rank, so each decides from what all report. Every rank calls it."""
+        everyone = self.all_gather_object((self.rank, local_size, node))
+        same = len({size for _, size, _ in everyone}) == 1 and all(r // size == n for r, size, n in everyone)
+        return local_size if same else 1
 
     def all_gather_object(self, obj) -> list:
         return [obj]
@@ -78,7 +86,7 @@ class Horovod(Backend):
         hvd.init()
         self.hvd = hvd
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
-        self.local_size = hvd.local_size()
+        self.local_size = self.node_size(hvd.local_size(), hvd.cross_rank())
 
     def prepare(self, model, optimizer, compression):
         hvd = self.hvd
@@ -125,12 +133,13 @@ class TorchDistributed(Backend):
         import torch.distributed as dist
         self.dist = dist
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
         # Gloo for the CPU tensors (metrics, stop flags), NCCL for the GPU ones where there are GPUs
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.local_size = self.node_size(int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                         int(os.environ.get("GROUP_RANK", 0)))
 
     def prepare(self, model, optimizer, compression):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
