@@ -150,3 +150,15 @@ def test_node_affine_resume_with_other_nodes_covers_the_epoch_once(forty, before
         loader.load_state_dict(state)
         got.update(keys(loader))
     assert len(got) == 40 and set(got.values()) == {1}
+
+
+@pytest.mark.parametrize("rank,size,local,nodes,node,expect", [
+    (4, 6, 3, 2, 1, 3),  # 2 hosts x 3 slots: nodes of 3
+    (0, 2, 1, 2, 0, 1),  # test_cluster_horovod's two single-slot "hosts"
+    (0, 5, 2, 3, 0, 1),  # hosts of 2, 2 and 1: every rank its own node
+    (4, 5, 1, 3, 2, 1),
+    (2, 4, 2, 2, 0, 1),  # ranks not placed host by host
+])
+def test_the_node_size_the_loader_gets(rank, size, local, nodes, node, expect):
+    from trainer.distributed.backends import node_size
+    assert node_size(rank, size, local, nodes, node) == expect
