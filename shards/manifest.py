@@ -55,6 +55,11 @@ class Manifest:
     format: str = FORMAT
     base: str = ""  # directory URL the manifest was loaded from; not serialised
 
+    @property
+    def motion(self) -> str:
+        """The motion fields stored beside the frames (``shards.motionfield``): "mv", "flow" or "none"."""
+        return self.config.get("clip", {}).get("motion", "none")
+
     def shard_url(self, shard: ShardInfo) -> str:
         return storage.join(self.base, shard.name)
 

@@ -3,8 +3,9 @@ a real cluster, and the figures they quote are what the project's tools print.
 
 Each ```bash block follows a marker line: "*Run by `FILE`.*" (the named test or script runs that
 command: for a shell file an invocation of the same subcommand with at least the same flags, for
-a Python test the program, subcommand and every flag as string literals) or "*Needs a real
-cluster.*". Every ``ingest``/``shards``/``trainer``/``shard-service`` command in any code block
+a Python test the program, subcommand and every flag as string literals), "*Needs a real
+cluster.*" or "*Needs the real dataset.*" (UCF101, HMDB51, Kinetics: downloads no test makes).
+Every ``ingest``/``shards``/``trainer``/``shard-service`` command in any code block
 (bash, a systemd unit, a crontab) is parsed by the project's own argparse parsers, so a removed or
 misspelt flag fails here, and every runbook is listed in the runbooks' README.
 """
@@ -26,7 +27,7 @@ from trainer.schedules.recipe import scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = sorted((ROOT / "docs" / "runbooks").glob("*.md"))
-MARKER = re.compile(r"^\*(?:Run by (?P<files>.+?)|(?P<cluster>Needs a real cluster))\.\*$")
+MARKER = re.compile(r"^\*(?:Run by (?P<files>.+?)|(?P<cluster>Needs a real cluster|Needs the real dataset))\.\*$")
 LAUNCHERS = {"python", "python3", "bash", "sh", "exec", "env", "export"}
 
 

@@ -91,3 +91,9 @@ def changes(state: dict, cfg: TrainConfig) -> list[str]:
 
 def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
+
+
+def hook_states(state: dict) -> dict:
+    """The hooks' states by key (``trainer.hooks``); a checkpoint written before the hooks holds the
+    regime's alone, under ``regime`` (and none before the regime)."""
+    return state["hooks"] if "hooks" in state else {"regime": state.get("regime")}
