@@ -384,20 +384,24 @@ def in_memory(kind: str, info: dict, passes: int) -> dict:
 
 
 def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int = 256, num_shards: int = 141,
-                    per_shard: int = 1703, classes: int = 400, ranks_measured: int = 16, seed: int = 0) -> dict:
+                    per_shard: int = 1703, classes: int = 400, ranks_measured: int = 16, seed: int = 0,
+                    per_node: int | None = None) -> dict:
     """Shuffle quality of one epoch's plan on a Kinetics-sized layout vs a random permutation.
 
     Measured on each rank's stream of clips: how far apart consecutive clips were in the
     stored order (fraction of the dataset; random: 1/3), how often consecutive clips come from
     the same shard (random: 1/shards), and distinct classes per batch, both with the stored
     order ingest writes (hash-shuffled) and with a class-sorted stored order (the worst case).
+    ``per_node``: node-affine epochs on nodes of that many ranks (``shards.partition.assign``).
     """
     n = num_shards * per_shard
     rng = np.random.default_rng(seed)
     stored_random = rng.permutation(np.arange(n) % classes)
     stored_sorted = np.sort(np.arange(n) % classes)
-    order = partition.epoch_order([per_shard] * num_shards, seed, 0)
-    seg = partition.Segment(world, workers, batch)
+    nodes = world // per_node if per_node else 1
+    orders = partition.epoch_orders([per_shard] * num_shards, nodes, seed, 0)
+    lengths = tuple(len(o) for o in orders)
+    seg = partition.Segment(world, workers, batch, nodes=nodes)
 
     def metrics(seqs):
         d = np.concatenate([np.abs(np.diff(s)) for s in seqs]) / n
@@ -413,10 +417,11 @@ def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int =
     perm = rng.permutation(n)
     share = partition.per_rank(n, world, batch)
     for rank in range(min(world, ranks_measured)):
-        seq = partition.rank_sequence(n, seg, rank, "pad", bufsize, seed, 0)
-        ours.append(np.array([s * per_shard + i for s, i in (order.locate(p % n) for p in seq)]))
+        seq = partition.rank_sequence(lengths, seg, rank, "pad", bufsize, seed, 0)
+        order = orders[rank * nodes // world]
+        ours.append(np.array([s * per_shard + i for s, i in (order.locate(p % len(order)) for p in seq)]))
         rand.append(perm[np.arange(rank * share, (rank + 1) * share) % n])
-    return {"world_size": world, "workers": workers, "batch": batch, "buffer": bufsize,
+    return {"world_size": world, "nodes": nodes, "workers": workers, "batch": batch, "buffer": bufsize,
             "ours": metrics(ours), "random_permutation": metrics(rand)}
 
 
@@ -463,8 +468,9 @@ def report(res: dict) -> str:
               f"shards read by (a): {res['shards_read']} (the rank opens each once; its worker shares the descriptor)", ""]
     for q in res["shuffle"]:
         o, r = q["ours"], q["random_permutation"]
-        lines.append(f"shuffle quality, {q['world_size']} ranks x {q['workers']} workers, batch {q['batch']}, buffer {q['buffer']} "
-                     "(Kinetics-sized: 141 shards x 1,703 clips, 400 classes):")
+        mode = f"node-affine on {q['nodes']} nodes" if q["nodes"] > 1 else "global"
+        lines.append(f"shuffle quality, {mode}, {q['world_size']} ranks x {q['workers']} workers, batch {q['batch']}, "
+                     f"buffer {q['buffer']} (Kinetics-sized: 141 shards x 1,703 clips, 400 classes):")
         lines.append(f"  consecutive clips' distance in stored order: {o['consecutive_distance']:.4f} of the set "
                      f"(random {r['consecutive_distance']:.3f}); same shard: {o['same_shard']:.3f} (random {r['same_shard']:.4f})")
         lines.append(f"  distinct classes per batch: {o['classes_per_batch']['hashed']:.2f} with ingest's hashed order "
@@ -512,7 +518,8 @@ def main() -> int:
            "syscalls": {r: count_syscalls(r, args, roots) for r in roles
                         if shutil.which("strace") and r in ("shards", "shards-eval", "frames", "mp4")},
            "shards_read": len(Manifest.load(info["shards"]).splits["train"].shards),
-           "shuffle": [shuffle_quality(8), shuffle_quality(1536)],
+           "shuffle": [shuffle_quality(8), shuffle_quality(1536), shuffle_quality(8, per_node=4),
+                       shuffle_quality(1536, per_node=6)],
            "plan": layout.plan(layout.Totals(240_000, info["clip_bytes"], T), 6144, 8, 8, [1536])}
     for key, rate in (("jpeg_limit", "clips_per_s"), ("jpeg_limit_cpu", "clips_per_cpu_s")):
         res[key] = max(res["in_memory"]["decode:" + d][rate] for d in DECODERS)

@@ -1,185 +1,236 @@
-"""Reading a shard set at scale: where the bytes come from and what each source costs, one row per
-way of reading, the same set read whole in each.
+"""Node-affine epochs and the node cache at scale: simulated on loopback, then the arithmetic at the
+paper's scale.
 
-Structure (kept simple so columns can be added by anyone): ``SCENARIOS`` maps a row's name to a
-function ``(ctx) -> dict`` of its figures; ``COLUMNS`` lists (key, header, format) in the order
-printed; a figure a row has not got prints as ``-``. ``ctx`` holds the set (local directory,
-manifest) and the servers started for the run. A client-side figure belongs in the row's dict
-like a server-side one.
+Simulated (``--nodes`` x ``--ranks-per-node`` rank processes, all started at once, a cache
+directory per node, 3 epochs, against this project's shard service on 127.0.0.1): for each of
+global and node-affine epochs, through a node cache with room for the whole set, through one
+smaller than the set (``--small-budget`` of it: the dataset is larger than a node's budget), and
+reading byte ranges without a cache. Reported: per rank the time to its first batch (epoch 1,
+and the slowest later epoch) and the clips it trained each epoch (checked: every clip once per
+epoch over all ranks); per node the bytes downloaded each epoch and the downloads per copy (from
+the cache's own record of each download); the server's peak memory and CPU seconds (psutil on
+its process). Without a cache nothing is recorded per node: each epoch reads its share again, as
+byte ranges (``shards.layout.traffic`` counts them).
 
-The server's columns (from the service's own counters, ``GET /v1/stats``, and psutil on all its
-processes): the shard bytes and the requests it carried, its peak memory and its CPU seconds.
-Rows: the service as the source; behind a caching proxy (nginx's ``proxy_cache``, Debian's),
-first and second read of the set by id; with ``--redirect`` for a set in an object store (moto's
-S3 server on loopback: presigned URLs); with direct reads of a set whose files are visible here.
-Targets: no shard byte through the service with redirects or direct reads, and none on the
-second read by id behind the proxy.
+Then ``shards.layout.traffic`` at the paper's scale (1,536 ranks on 256 nodes of 6, 240,000
+clips of 150 kB, 100 epochs): bytes over the network per epoch and per run, the aggregate rate
+from storage and the requests per second at the service at ``--epoch-seconds`` per epoch, in the
+global and node-affine modes, for the shard counts of ``--paper-shards``.
 
-    python bench/scale.py                   # 4 shards of 25 clips (~48 MB)
+    python bench/scale.py                    # 2 nodes x 2 ranks, 3 epochs; ~2 min on 2 cores
+    python bench/scale.py --paper-only       # the arithmetic alone (~30 s)
 
-The last line is ``BENCH_JSON {...}``.
+The last line of output is ``BENCH_JSON {...}`` with every figure.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import multiprocessing
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
+from collections import Counter
 
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.service import Server, make_set, start, start_nginx  # noqa: E402
+from bench.service import make_set, start  # noqa: E402
 from ingest.registry import describe_set  # noqa: E402
+from shards import layout  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
-from shards.direct import load_manifest  # noqa: E402
-from shards.reading import iter_samples  # noqa: E402
-from shards.verify import stamps  # noqa: E402
 
-COLUMNS = [("clips", "clips read", "{:,}"), ("wall_s", "client wall s", "{:.2f}"),
-           ("server_shard_MB", "shard MB through the server", "{:.1f}"),
-           ("server_requests", "server requests", "{:,}"), ("server_rss_peak_MB", "server peak RSS MB", "{:.0f}"),
-           ("server_cpu_s", "server CPU s", "{:.2f}")]
-CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+EPOCHS = 3
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class _Downloads(logging.Handler):
+    """The node cache's record of each completed download, kept in the rank process."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.done: list[tuple[str, int]] = []
+
+    def emit(self, record):
+        if hasattr(record, "nbytes"):
+            self.done.append((record.piece, record.nbytes))
 
 
-def wait_listening(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{proc.args[0]} did not start") from None
-            time.sleep(0.05)
+def _rank(url, rank, world, per_node, mode, cache, budget, crop, go, out):
+    """One simulated rank: three epochs of its loader; per epoch its first-batch time, its valid
+    clips, the downloads its node cache made in this process and the range bytes it planned."""
+    from trainer.data.loader import ClipLoader
 
-
-def server_stats(url: str) -> dict:
-    with urllib.request.urlopen(f"{url}/v1/stats") as r:
-        return json.loads(r.read())["total"]
-
-
-def read_set(url: str, direct: str = "never") -> dict:
-    """Every sample of the set at ``url`` (checked against its digest), one range per shard."""
-    t, clips = time.perf_counter(), 0
-    m = load_manifest(url, direct)
-    for split in m.splits.values():
-        for s in split.shards:
-            clips += sum(1 for _ in iter_samples(m.shard_url(s), s, 0, s.num_samples))
-    return {"clips": clips, "wall_s": time.perf_counter() - t}
-
-
-def measured(server_url: str, server: Server, read) -> dict:
-    """``read()``'s figures and what the server did meanwhile."""
-    before, cpu0, rss, done = server_stats(server_url), server.cpu_times(), [server.rss()], threading.Event()
-
-    def sample():
-        while not done.wait(0.1):
-            rss.append(server.rss())
-    threading.Thread(target=sample, daemon=True).start()
+    downloads = _Downloads()
+    logging.getLogger("shards.cache").addHandler(downloads)
+    logging.getLogger("shards.cache").setLevel(logging.INFO)
     try:
-        out = read()
-    finally:
-        done.set()
-    after, cpu1 = server_stats(server_url), server.cpu_times()
-    return {**out, "server_shard_MB": (after["shard_bytes"] - before["shard_bytes"]) / 1e6,
-            "server_requests": after["requests"] - before["requests"] - 1,  # less the first /v1/stats
-            "server_rss_peak_MB": max(rss) / 2**20, "server_cpu_s": sum(cpu1) - sum(cpu0)}
+        loader = ClipLoader(url, "train", batch_size=4, rank=rank, world_size=world, local_size=per_node,
+                            shuffle=mode, num_workers=0, crop_size=crop, scale_size=crop + crop // 8,
+                            shuffle_buffer=16, cache_dir=cache, cache_budget=budget, lookahead=2)
+        go.wait()
+        epochs = []
+        for epoch in range(EPOCHS):
+            loader.set_epoch(epoch)
+            t, first, keys, before = time.perf_counter(), None, [], len(downloads.done)
+            for batch in loader:
+                first = first if first is not None else time.perf_counter() - t
+                keys += [k for k, ok in zip(batch["keys"], batch["valid"].tolist()) if ok]
+            epochs.append({"first_batch_s": first, "keys": keys, "downloads": downloads.done[before:],
+                           "seconds": time.perf_counter() - t})
+        out.put((rank, epochs))
+    except Exception as e:  # reported by the parent
+        out.put((rank, repr(e)))
 
 
-def service_source(ctx) -> dict:
-    return measured(ctx["service"], ctx["server"], lambda: read_set(f"{ctx['service']}/v1/datasets/{ctx['id']}"))
+def simulate(url: str, work: str, nodes: int, per_node: int, mode: str, budget: int | None, cached: bool,
+             server: psutil.Process, crop: int, clips: int, shard_bytes: dict) -> dict:
+    ctx = multiprocessing.get_context("fork")
+    out, go = ctx.Queue(), ctx.Event()
+    caches = [os.path.join(work, f"{mode}-{budget}-{cached}-node{n}") for n in range(nodes)]
+    world = nodes * per_node
+    procs = [ctx.Process(target=_rank, args=(url, r, world, per_node, mode, caches[r // per_node] if cached else None,
+                                             budget, crop, go, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    cpu0 = server.cpu_times()
+    peak = server.memory_info().rss
+    go.set()
+    got = {}
+    while len(got) < world:
+        try:
+            rank, res = out.get(timeout=0.2)
+            got[rank] = res
+        except Exception:  # queue.Empty: sample the server meanwhile
+            pass
+        peak = max(peak, server.memory_info().rss)
+    for p in procs:
+        p.join()
+    cpu1 = server.cpu_times()
+    bad = {r: v for r, v in got.items() if isinstance(v, str)}
+    if bad:
+        raise RuntimeError(f"{mode}: ranks failed: {bad}")
+    ranks = [got[r] for r in range(world)]
+    per_epoch_clips = [Counter(k for r in ranks for k in r[e]["keys"]) for e in range(EPOCHS)]
+    every_clip_once = all(len(c) == clips and set(c.values()) == {1} for c in per_epoch_clips)
+    node_rows = []
+    for n in range(nodes):
+        mine = ranks[n * per_node:(n + 1) * per_node]
+        per_copy = Counter(name for r in mine for e in r for name, _ in e["downloads"])
+        node_rows.append({"bytes_per_epoch": [sum(b for r in mine for _, b in r[e]["downloads"]) for e in range(EPOCHS)],
+                          "downloads": sum(per_copy.values()), "copies": len(per_copy),
+                          "max_downloads_per_copy": max(per_copy.values(), default=0)})
+    return {
+        "mode": mode, "cache": cached, "budget": budget, "every_clip_once": every_clip_once,
+        "first_batch_s": [r[0]["first_batch_s"] for r in ranks],
+        "later_first_batch_s_max": [max(e["first_batch_s"] for e in r[1:]) for r in ranks],
+        "clips_per_rank_per_epoch": [[len(e["keys"]) for e in r] for r in ranks],
+        "epoch_s_max": [max(r[e]["seconds"] for r in ranks) for e in range(EPOCHS)],
+        "nodes": node_rows,
+        "downloaded_bytes": sum(sum(n["bytes_per_epoch"]) for n in node_rows),
+        "server_peak_rss_mb": peak / 1e6, "server_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+    }
 
 
-def proxy_first(ctx) -> dict:
-    return measured(ctx["service"], ctx["server"], lambda: read_set(f"{ctx['proxy']}/v1/datasets/{ctx['id']}"))
+def paper(shard_counts: list[int], epoch_seconds: float, epochs: int) -> list[dict]:
+    clips, clip_bytes, nodes, per_node = 240_000, 150e3, 256, 6
+    rows = []
+    for count in shard_counts:
+        sizes = [clips * (j + 1) // count - clips * j // count for j in range(count)]
+        t = layout.traffic(sizes, clip_bytes, nodes, per_node, epochs, batch_size=8)
+        for mode, v in t["modes"].items():
+            run = sum(v["bytes"])
+            requests = v["requests"] and sum(v["requests"])
+            rows.append({"shards": count, "mode": mode, "run_TB": run / 1e12, "x_dataset": run / t["dataset_bytes"],
+                         "epoch1_GB": v["bytes"][0] / 1e9, "later_epoch_GB": max(v["bytes"][1:]) / 1e9,
+                         "epoch1_GB_s": v["bytes"][0] / 1e9 / epoch_seconds,
+                         "mean_GB_s": run / 1e9 / (epochs * epoch_seconds),
+                         "requests_per_s_epoch1": v["requests"] and v["requests"][0] / epoch_seconds,
+                         "requests_run": requests})
+        rows[-1]["node_share_MB"] = t["node_share_bytes"] / 1e6
+    return rows
 
 
-def proxy_second(ctx) -> dict:
-    return proxy_first(ctx)
+def report_paper(rows: list[dict], epoch_seconds: float, epochs: int) -> str:
+    lines = [f"At the paper's scale: 240,000 clips x 150 kB (36 GB), 1,536 ranks on 256 nodes of 6, {epochs} epochs of "
+             f"{epoch_seconds:g} s", "",
+             f"{'shards':>6} {'mode':<56} {'run TB':>7} {'x set':>6} {'ep.1 GB':>8} {'later GB':>8} "
+             f"{'ep.1 GB/s':>9} {'run GB/s':>8} {'req/s ep.1':>10}"]
+    for r in rows:
+        req = f"{r['requests_per_s_epoch1']:>10,.0f}" if r["requests_per_s_epoch1"] is not None else f"{'-':>10}"
+        lines.append(f"{r['shards']:>6} {r['mode']:<56} {r['run_TB']:>7.2f} {r['x_dataset']:>6.1f} "
+                     f"{r['epoch1_GB']:>8.1f} {r['later_epoch_GB']:>8.1f} {r['epoch1_GB_s']:>9.2f} "
+                     f"{r['mean_GB_s']:>8.3f} {req}")
+    return "\n".join(lines)
 
 
-def redirects(ctx) -> dict:
-    return measured(ctx["s3service"], ctx["s3server"], lambda: read_set(f"{ctx['s3service']}/v1/datasets/ons3"))
-
-
-def direct_reads(ctx) -> dict:
-    return measured(ctx["service"], ctx["server"],
-                    lambda: read_set(f"{ctx['service']}/v1/datasets/{ctx['id']}", "always"))
-
-
-SCENARIOS = {"service as the source": service_source, "caching proxy, 1st read by id": proxy_first,
-             "caching proxy, 2nd read by id": proxy_second, "redirects to S3 (moto, presigned)": redirects,
-             "direct reads (visible path)": direct_reads}
+def report_sim(rows: list[dict], clips: int, set_mb: float) -> str:
+    lines = [f"{clips} clips, {set_mb:.0f} MB; per node MB downloaded in epochs 1/2/3; first batch s (max over ranks)"]
+    for r in rows:
+        label = f"{r['mode']:<6} " + (f"cache, budget {r['budget'] / 1e6:.0f} MB" if r["cache"] and r["budget"]
+                                      else "cache, no budget" if r["cache"] else "byte ranges, no cache")
+        nodes = "; ".join("/".join(f"{b / 1e6:.0f}" for b in n["bytes_per_epoch"]) +
+                          f" ({n['downloads']} downloads of {n['copies']} copies)" for n in r["nodes"])
+        lines.append(f"{label:<34} first batch {max(r['first_batch_s']):.2f} s (later {max(r['later_first_batch_s_max']):.2f}),"
+                     f" epoch {max(r['epoch_s_max']):.1f} s; clips/rank {r['clips_per_rank_per_epoch'][0]}; every clip "
+                     f"once: {r['every_clip_once']}; nodes: {nodes or '-'}; total {r['downloaded_bytes'] / 1e6:.0f} MB; "
+                     f"server peak {r['server_peak_rss_mb']:.0f} MB, {r['server_cpu_s']:.2f} CPU s")
+    return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="/tmp/kinetics-fast-bench-scale", help="working directory (rebuilt)")
-    p.add_argument("--shards", type=int, default=4)
-    p.add_argument("--clips", type=int, default=25, help="clips per shard")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--clips", type=int, default=24, help="clips per shard (~160 kB each)")
+    p.add_argument("--small-budget", type=float, default=0.6, help="the small cache budget, as a fraction of the set")
+    p.add_argument("--crop", type=int, default=64, help="the loaders' crop (small: the CPU is not what is measured)")
+    p.add_argument("--paper-shards", type=int, nargs="+", default=[130, 256, 512])
+    p.add_argument("--paper-epochs", type=int, default=100)
+    p.add_argument("--epoch-seconds", type=float, default=9.0, help="an epoch at the paper's scale (15 min / 100)")
+    p.add_argument("--paper-only", action="store_true")
     args = p.parse_args()
-    shutil.rmtree(args.out, ignore_errors=True)
-    root = os.path.join(args.out, "set")
-    m = make_set(root, args.shards, args.clips)
-    cat = Catalog(os.path.join(args.out, "catalog.sqlite"))
-    claim = cat.claim("5c" * 32, source="bench", location=root, options={}, name="local")
-    splits, files, sha = describe_set(root)
-    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha,
-               builder_version="bench", verified_files=stamps(m))
-    ctx, procs = {"id": claim.record.id}, []
-    try:
-        port = free_port()  # moto's S3 server, the set uploaded, and a service redirecting to it
-        moto = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
-                                 "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={**os.environ, **CREDS})
-        procs.append(moto)
-        wait_listening(port, moto)
-        s3env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-        import s3fs
-        fs = s3fs.S3FileSystem(endpoint_url=s3env["AWS_ENDPOINT_URL"], key="bench", secret="bench",
-                               skip_instance_cache=True)
-        fs.mkdir("bench-scale")
-        fs.put(root, "bench-scale/set", recursive=True)
-        s3cat = Catalog(os.path.join(args.out, "s3catalog.sqlite"))
-        c = s3cat.claim("53" * 32, source="bench", location="s3://bench-scale/set", options={}, name="ons3")
-        s3cat.finish(c.record.id, c.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="bench")
-        for key, catalog, extra, env in (("service", cat, [], None), ("s3service", s3cat, ["--redirect", "600"], s3env)):
-            proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", catalog.path,
-                               *extra], env=env)
-            procs.append(proc)
-            ctx[key], ctx[key.replace("service", "server")] = url.removesuffix("/v1"), Server(proc.pid)
-        proxy, ctx["proxy"] = start_nginx(  # a caching proxy in front of the service
-            args.out, 2, f"location / {{ proxy_pass {ctx['service']}; proxy_http_version 1.1; proxy_cache shards; }}",
-            "proxy_cache_path PREFIX/cache keys_zone=shards:10m max_size=4g;")
-        procs.append(proxy)
-        rows = {}
-        for name, scenario in SCENARIOS.items():
-            rows[name] = scenario(ctx)
-            print(name, rows[name], flush=True)
-    finally:
-        for proc in reversed(procs):
+    res = {}
+    if not args.paper_only:
+        shutil.rmtree(args.out, ignore_errors=True)
+        root = os.path.join(args.out, "set")
+        m = make_set(root, args.shards, args.clips)
+        shards = m.splits["train"].shards
+        set_bytes = sum(s.bytes for s in shards)
+        cat = Catalog(os.path.join(args.out, "catalog.sqlite"))
+        claim = cat.claim("5c" * 32, source="bench", location=root, options={}, name="bench")
+        splits, files, sha = describe_set(root)
+        cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha,
+                   builder_version="bench")
+        proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path])
+        rows = []
+        try:
+            server = psutil.Process(proc.pid)
+            base = url.removesuffix("/v1") + "/v1/datasets/bench"
+            small = int(args.small_budget * set_bytes)
+            for mode in ("global", "node"):
+                for cached, budget in ((True, None), (True, small), (False, None)):
+                    rows.append(simulate(base, args.out, args.nodes, args.ranks_per_node, mode, budget, cached,
+                                         server, args.crop, len(shards) * args.clips,
+                                         {s.sha256: s.bytes for s in shards}))
+                    print(report_sim(rows[-1:], len(shards) * args.clips, set_bytes / 1e6).splitlines()[-1],
+                          flush=True)
+        finally:
             proc.terminate()
             proc.wait()
-    width = max(map(len, rows))
-    print(f"{'':{width}} | " + " | ".join(h for _, h, _ in COLUMNS))
-    for name, row in rows.items():
-        print(f"{name:{width}} | " + " | ".join(fmt.format(row[k]) if k in row else "-" for k, _, fmt in COLUMNS))
-    print("BENCH_JSON " + json.dumps(rows, sort_keys=True))
+        res["simulated"] = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "shards": args.shards,
+                            "clips": len(shards) * args.clips, "set_bytes": set_bytes,
+                            "shard_bytes": shards[0].bytes, "small_budget": small, "rows": rows}
+        print()
+        print(report_sim(rows, len(shards) * args.clips, set_bytes / 1e6))
+        print()
+    res["paper"] = paper(args.paper_shards, args.epoch_seconds, args.paper_epochs)
+    print(report_paper(res["paper"], args.epoch_seconds, args.paper_epochs))
+    print("BENCH_JSON " + json.dumps(res, sort_keys=True))
     return 0
 
 

@@ -1,23 +1,36 @@
-"""The node-local shard cache: verified copies named by their SHA-256, each downloaded once per
-node, within an optional byte budget that evicts the least recently used shard not in use.
+"""The node-local shard cache: verified copies of shards (or of the byte ranges of them a node
+owns), each downloaded once per node, streamed through one byte budget that every process using
+the directory shares.
 
-Files: ``DIR/ab/<sha256>.tar`` (a verified copy), ``DIR/ab/<sha256>.tar.tmp-<random>`` (a
-download in progress) and ``DIR/ab/<sha256>.tar.lock`` (exists while a download is under way).
+Files: ``DIR/ab/<sha256>.tar`` (a whole shard), ``DIR/ab/<sha256>.<start>-<end>.tar`` (bytes
+[start, end) of it, a piece), ``<name>.tmp-<random>`` (a download in progress) and
+``<name>.lock`` (exists while a download is under way). The files are the ledger: no process
+keeps an account another could not read from the directory.
 
-* One download per shard: the process holding an exclusive ``flock`` on the ``.lock`` file
-  downloads to a temporary name while hashing, and renames into place only when size and
-  SHA-256 match the manifest; a killed download leaves no file under the final name. Other
-  processes (ranks, loader workers) wait, and return as soon as the copy exists. The kernel
-  drops a dead process's lock, so a waiter then takes the download over (deleting the dead
-  one's temporary file). A waiter gives up with an error when the download it waits for makes
-  no progress for ``stall_timeout`` seconds.
+* One download per copy: the process holding an exclusive ``flock`` on the ``.lock`` file
+  downloads to a temporary name, and renames into place only when it is whole and verified (a
+  whole shard: size and SHA-256 from the manifest; a piece: its length, and the range checks of
+  ``shards.http_range``, which include the shard's size and SHA-256 ETag); a killed download
+  leaves no file under the final name. While it works (and retries, and waits for room), the
+  downloader renews a lease: it touches the ``.lock`` file every ``heartbeat`` seconds. Other
+  processes (ranks, loader workers, other jobs) wait for as long as the lease is renewed, and
+  fail only when it has not been for ``lease`` seconds (a hung downloader). The kernel drops a
+  dead process's lock, so a waiter then takes the download over (deleting the dead one's
+  temporary file).
 * In use: ``fetch`` returns a path pinned by a shared ``flock`` on the copy itself, held until
-  ``release``. Eviction first takes an exclusive non-blocking lock, so a shard pinned by any
+  ``release`` (a forked child, such as a loader worker, starts without its parent's pins). Eviction first takes an exclusive non-blocking lock, so a copy pinned by any
   process on the node is never evicted.
-* Budget (``budget`` bytes, or ``$SHARD_CACHE_BUDGET`` such as ``500GB``): under a lock on
-  the cache directory, copies and downloads in progress (preallocated to their full size) are
-  summed, and unpinned copies deleted oldest-used first until the new shard fits; if it cannot
-  fit, ``CacheFull``. ``reserve`` refuses up front a job whose one epoch needs more than the budget.
+* Budget (``budget`` bytes, or ``$SHARD_CACHE_BUDGET`` such as ``500GB``), one per directory:
+  under a lock on the directory, copies and downloads in progress (preallocated to their full
+  size) are summed, and unpinned copies deleted oldest-used first until the new one fits. When
+  pins of other processes hold the room, the download waits for them to let go (a budget
+  smaller than an epoch's share streams through); only what this process pins itself could never
+  make room, and that is ``CacheFull``. ``reserve`` refuses up front, before any download, a
+  budget that cannot hold what the node's readers pin at once (their lookahead).
+* Streaming: ``stream(pieces, lookahead)`` yields the copies in the order asked, downloading in a
+  background thread up to ``lookahead`` copies ahead of the reader (the first is there after one
+  download), each pinned until the reader asks for the next; ``descriptor`` gives the pin's
+  descriptor, so a warm copy costs one open per process that reads it.
 
 The locks are POSIX ``flock``: keep the cache on a node-local filesystem.
 """
@@ -26,68 +39,191 @@ from __future__ import annotations
 import fcntl
 import glob
 import hashlib
+import logging
 import os
+import threading
 import time
 import uuid
+import weakref
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 from .http_range import DEFAULT_RETRY, Retry
 from .packing import parse_size
 from .reading import READ_BUFFER, open_range
 
 ENV_BUDGET = "SHARD_CACHE_BUDGET"
+log = logging.getLogger(__name__)
+
+
+_CACHES: weakref.WeakSet = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [cache._forget_pins() for cache in list(_CACHES)])
 
 
 class CacheFull(OSError):
     """The budget cannot hold what is asked."""
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Bytes [start, end) of the shard at ``url`` (its ``size`` and ``sha256`` from the
+    manifest); ``end`` None: to the shard's end."""
+    url: str
+    sha256: str
+    size: int
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def stop(self) -> int:
+        return self.size if self.end is None else self.end
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.stop == self.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def name(self) -> str:
+        return f"{self.sha256}.tar" if self.whole else f"{self.sha256}.{self.start}-{self.stop}.tar"
+
+
+class _Lease(threading.Thread):
+    """Touches the download's lock file every ``interval`` seconds until stopped."""
+
+    def __init__(self, fd: int, interval: float):
+        super().__init__(daemon=True, name="shard-cache-lease")
+        self.fd, self.interval, self.stopped = fd, interval, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            os.utime(self.fd)
+
+    def __enter__(self):
+        os.utime(self.fd)
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.join()
+
+
 class ShardCache:
-    def __init__(self, directory: str, budget: int | str | None = None, stall_timeout: float = 120.0,
-                 poll: float = 0.05, retry: Retry = DEFAULT_RETRY):
+    def __init__(self, directory: str, budget: int | str | None = None, *, heartbeat: float = 5.0,
+                 lease: float = 120.0, poll: float = 0.05, retry: Retry = DEFAULT_RETRY):
         self.directory = directory
         self.budget = parse_size(budget if budget is not None else os.environ.get(ENV_BUDGET) or None)
-        self.stall_timeout, self.poll, self.retry = stall_timeout, poll, retry
-        self._pins: dict[str, int] = {}
+        self.heartbeat, self.lease, self.poll, self.retry = heartbeat, lease, poll, retry
+        self._pins: dict[str, list[int]] = {}  # name -> [fd holding the shared lock, times pinned]
+        self._pins_lock = threading.Lock()
         os.makedirs(directory, exist_ok=True)
+        _CACHES.add(self)
 
-    def path(self, sha256: str) -> str:
-        return os.path.join(self.directory, sha256[:2], f"{sha256}.tar")
+    def _forget_pins(self) -> None:
+        """In a forked child: the parent's pins stay the parent's (a copied descriptor would keep
+        the copy pinned after the parent released it)."""
+        for fd, _ in self._pins.values():
+            os.close(fd)
+        self._pins.clear()
+        self._pins_lock = threading.Lock()  # another thread may have held it at the fork
 
-    def reserve(self, nbytes: int, what: str = "one epoch's shards") -> None:
+    def path(self, piece: Piece | str) -> str:
+        """Where the copy of a piece (or of the whole shard with this SHA-256) lives."""
+        if isinstance(piece, str):
+            piece = Piece("", piece, 0)
+        return os.path.join(self.directory, piece.sha256[:2], piece.name)
+
+    def reserve(self, nbytes: int, what: str) -> None:
         """Refuse (``CacheFull``) when ``nbytes`` could never fit in the budget."""
         if self.budget is not None and nbytes > self.budget:
             raise CacheFull(f"{self.directory}: a cache budget of {self.budget:,} bytes cannot hold {what} "
                             f"({nbytes:,} bytes); raise ${ENV_BUDGET} or read without a cache")
 
-    def fetch(self, url: str, sha256: str, size: int) -> str:
-        """The local path of a verified copy of the shard at ``url``, downloaded if needed and
-        pinned (never evicted) until ``release``."""
-        dest = self.path(sha256)
-        if sha256 in self._pins:
-            return dest
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        while not self._pin(dest, sha256):
-            lock = self._lock_download(dest, url)
+    def fetch(self, url: str, sha256: str, size: int, start: int = 0, end: int | None = None) -> str:
+        """The local path of a verified copy of the shard at ``url`` (or of its bytes [start, end):
+        the copy's byte 0 is the shard's byte ``start``), downloaded if needed and pinned (never
+        evicted) until as many ``release`` calls as ``fetch`` calls."""
+        return self.get(Piece(url, sha256, size, start, end))
+
+    def get(self, piece: Piece) -> str:
+        dest = self.path(piece)
+        with self._pins_lock:
+            if piece.name in self._pins:
+                self._pins[piece.name][1] += 1
+                return dest
+        while not self._pin(dest, piece.name):
+            lock = self._lock_download(dest, piece.url)
             if lock is None:
                 continue  # someone else's copy appeared
             try:
-                if not os.path.exists(dest):
-                    self._download(url, sha256, size, dest)
+                with _Lease(lock, self.heartbeat):
+                    if not os.path.exists(dest):
+                        self._download(piece, dest)
             finally:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
                 os.close(lock)
         return dest
 
-    def release(self, sha256: str | None = None) -> None:
-        """Unpin one shard, or all this cache object pinned."""
-        for sha in [sha256] if sha256 else list(self._pins):
-            fd = self._pins.pop(sha, None)
-            if fd is not None:
-                os.close(fd)
+    def descriptor(self, piece: Piece) -> int:
+        """The read-only descriptor that pins a copy this object holds (read it with ``pread``; it
+        stays open until the last ``release``)."""
+        with self._pins_lock:
+            return self._pins[piece.name][0]
+
+    def release(self, piece: Piece | str | None = None) -> None:
+        """Unpin a copy (a ``Piece``, or a whole shard's SHA-256) once, or all this object pinned."""
+        with self._pins_lock:
+            if piece is None:
+                for fd, _ in self._pins.values():
+                    os.close(fd)
+                self._pins.clear()
+                return
+            name = piece.name if isinstance(piece, Piece) else f"{piece}.tar"
+            pin = self._pins.get(name)
+            if pin is not None:
+                pin[1] -= 1
+                if not pin[1]:
+                    os.close(self._pins.pop(name)[0])
+
+    def stream(self, pieces: Iterable[Piece], lookahead: int = 2) -> Iterator[str]:
+        """The local path of each piece, in order, downloaded by a background thread up to
+        ``lookahead`` pieces ahead; each is pinned until the next is asked for (or the iterator is
+        closed)."""
+        todo = iter(pieces)
+        ahead: deque = deque()
+        with ThreadPoolExecutor(1, thread_name_prefix="shard-cache") as downloader:
+            def more():
+                piece = next(todo, None)
+                if piece is not None:
+                    ahead.append((piece, downloader.submit(self.get, piece)))
+            for _ in range(max(1, lookahead)):
+                more()
+            try:
+                while ahead:
+                    piece, copy = ahead[0]
+                    path = copy.result()
+                    ahead.popleft()
+                    try:
+                        yield path
+                    finally:
+                        self.release(piece)
+                    more()
+            finally:
+                for piece, copy in ahead:
+                    if copy.cancel():
+                        continue
+                    if copy.exception() is None:
+                        self.release(piece)
 
     # --- pins and download locks --------------------------------------------------------------
-    def _pin(self, dest: str, sha256: str) -> bool:
+    def _pin(self, dest: str, name: str) -> bool:
         try:
             fd = os.open(dest, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -97,13 +233,18 @@ class ShardCache:
             os.close(fd)
             return False
         os.utime(fd)  # recency for LRU
-        self._pins[sha256] = fd
+        with self._pins_lock:
+            if name in self._pins:  # pinned meanwhile by another thread of this process
+                self._pins[name][1] += 1
+                os.close(fd)
+            else:
+                self._pins[name] = [fd, 1]
         return True
 
     def _lock_download(self, dest: str, url: str) -> int | None:
-        """Hold the shard's download lock (returns its fd), or None once the copy exists."""
+        """Hold the copy's download lock (returns its fd), or None once the copy exists."""
         lock_path = dest + ".lock"
-        seen, since = None, time.monotonic()
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
         while True:
             if os.path.exists(dest):
                 return None
@@ -111,13 +252,13 @@ class ShardCache:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                os.close(fd)
-                now, state = time.monotonic(), self._partial_state(dest)
-                if state != seen:
-                    seen, since = state, now
-                elif now - since > self.stall_timeout:
-                    raise TimeoutError(f"{url}: another process has been downloading this shard to "
-                                       f"{os.path.dirname(dest)} without progress for {now - since:.0f} s")
+                try:
+                    silent = time.time() - os.fstat(fd).st_mtime
+                finally:
+                    os.close(fd)
+                if silent > self.lease:
+                    raise TimeoutError(f"{url}: the process downloading this shard to {os.path.dirname(dest)} "
+                                       f"has not renewed its lease for {silent:.0f} s (lease {self.lease:g} s)")
                 time.sleep(self.poll)
                 continue
             try:
@@ -128,41 +269,29 @@ class ShardCache:
                 return fd
             os.close(fd)  # we locked a lock file its finished owner had already removed: look again
 
-    @staticmethod
-    def _partial_state(dest: str) -> tuple:
-        """What changes while a download progresses: its temporary files and their mtimes."""
-        out = []
-        for p in glob.glob(glob.escape(dest) + ".tmp-*"):
-            try:
-                out.append((p, os.stat(p).st_mtime_ns))
-            except FileNotFoundError:
-                pass
-        return tuple(sorted(out))
-
-    def _download(self, url: str, sha256: str, size: int, dest: str) -> None:
+    def _download(self, piece: Piece, dest: str) -> None:
         for stale in glob.glob(glob.escape(dest) + ".tmp-*"):  # a dead downloader's; we hold the lock
             os.remove(stale)
         tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-        with self._directory_lock():
-            self._make_room(size)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                os.posix_fallocate(fd, 0, size)  # the budget counts it from now on
-            except OSError:
-                os.ftruncate(fd, size)
-        h, n = hashlib.sha256(), 0
+        size = piece.nbytes
+        self._make_room(size, tmp)
+        h, n, began = hashlib.sha256(), 0, time.monotonic()
         try:
-            with open(fd, "wb") as out, open_range(url, 0, size, size=size, sha256=sha256, retry=self.retry) as src:
+            with open(tmp, "r+b") as out, open_range(piece.url, piece.start, piece.stop, size=piece.size,
+                                                     sha256=piece.sha256, retry=self.retry) as src:
                 while chunk := src.read(READ_BUFFER * 8):
                     h.update(chunk)
                     n += len(chunk)
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())  # a copy under its final name must survive a crash whole
-            if n != size or h.hexdigest() != sha256:
-                raise OSError(f"{url}: staged copy has {n} bytes, sha256 {h.hexdigest()[:12]}; "
-                              f"manifest says {size} bytes, sha256 {sha256[:12]}")
+            if n != size or (piece.whole and h.hexdigest() != piece.sha256):
+                raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes, "
+                              f"sha256 {h.hexdigest()[:12]}; manifest says {size} bytes"
+                              + (f", sha256 {piece.sha256[:12]}" if piece.whole else ""))
             os.replace(tmp, dest)
+            log.info("%s: downloaded %s (%d bytes) in %.2f s", self.directory, piece.name, n, time.monotonic() - began,
+                     extra={"piece": piece.name, "nbytes": n})
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -180,17 +309,43 @@ class ShardCache:
         finally:
             os.close(fd)
 
-    def _make_room(self, size: int) -> None:
-        if self.budget is None:
-            return
+    def _make_room(self, size: int, tmp: str) -> None:
+        """Create ``tmp`` at its full size once the budget has room for it, evicting unpinned
+        copies oldest-used first, and waiting while other processes' pins hold the room."""
         self.reserve(size, "this shard")
+        waiting = False
+        while True:
+            with self._directory_lock():
+                if self._evict_for(size):
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    try:
+                        os.posix_fallocate(fd, 0, size)  # the budget counts it from now on
+                    except OSError:
+                        os.ftruncate(fd, size)
+                    os.close(fd)
+                    if waiting:
+                        log.info("%s: room for %s bytes", self.directory, f"{size:,}")
+                    return
+            if not waiting:
+                log.warning("%s: the %s-byte budget is held by shards in use or being downloaded; waiting for "
+                            "room for %s more", self.directory, f"{self.budget:,}", f"{size:,}")
+                waiting = True
+            time.sleep(self.poll)
+
+    def _evict_for(self, size: int) -> bool:
+        """Under the directory lock: evict until ``size`` more bytes fit; False if pins hold the room."""
+        if self.budget is None:
+            return True
         copies, used = [], 0
         for sub in os.scandir(self.directory):
             if not sub.is_dir(follow_symlinks=False):
                 continue
             for e in os.scandir(sub.path):
                 if e.name.endswith(".tar") or ".tar.tmp-" in e.name:
-                    st = e.stat(follow_symlinks=False)
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
                     used += st.st_size
                     if e.name.endswith(".tar"):
                         copies.append((st.st_mtime_ns, e.path, st.st_size))
@@ -199,9 +354,14 @@ class ShardCache:
                 break
             if self._evict(path):
                 used -= nbytes
-        if used + size > self.budget:
-            raise CacheFull(f"{self.directory}: {used:,} of the {self.budget:,}-byte budget are held by shards "
-                            f"in use or being downloaded; no room for {size:,} more")
+        if used + size <= self.budget:
+            return True
+        with self._pins_lock:
+            mine = sum(os.fstat(fd).st_size for fd, _ in self._pins.values())
+        if mine + size > self.budget:
+            raise CacheFull(f"{self.directory}: this process pins {mine:,} of the {self.budget:,}-byte budget; "
+                            f"no room for {size:,} more")
+        return False
 
     @staticmethod
     def _evict(path: str) -> bool:

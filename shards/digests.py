@@ -29,14 +29,15 @@ class CorruptSample(OSError):
 
 class CheckedSamples(io.RawIOBase):
     """Bytes [offsets[first], end of sample last) of a shard (``info``, a manifest ``ShardInfo``),
-    read through ``opener(start, end)``
-    (a function returning a readable binary stream of those bytes of the shard), each sample
-    checked against ``info.digests`` before it is handed on."""
+    read from ``src`` (a stream of those bytes; by default ``opener`` of them), each sample
+    checked against ``info.digests`` before it is handed on; one that fails is read again through
+    ``opener(start, end)`` (a function returning a readable binary stream of those bytes of the
+    shard, from its source)."""
 
-    def __init__(self, url: str, info, first: int, last: int, opener):
+    def __init__(self, url: str, info, first: int, last: int, opener, src=None):
         self.url, self.info, self.opener = url, info, opener
         self.next, self.last = first, last  # samples [next, last] are still to come
-        self.src = opener(info.offsets[first], info.offsets[last] + info.lengths[last])
+        self.src = src if src is not None else opener(info.offsets[first], info.offsets[last] + info.lengths[last])
         self.buf, self.at = b"", 0
 
     def readable(self) -> bool:

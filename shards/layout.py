@@ -7,10 +7,15 @@ Shard opens are not estimated from a formula: they are counted on the real parti
 are what the loader does. A rank opens each shard its range of the epoch order touches once
 and its forked loader workers share the descriptor; where descriptors cannot be shared
 (remote storage), each worker opens the shards its own chunk touches (the "per worker" column).
+
+``traffic`` counts, the same way, the bytes and requests that cross the network per epoch when
+the ranks of a node share a node cache, in the global mode and node-affine
+(``partition.assign``), and what a node's cache holds.
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from . import partition
@@ -142,3 +147,80 @@ def format_plan(p: dict) -> str:
     lines += ["", "ops = opens + stats + listings per epoch; shards total includes the manifest (1 open per job);",
               "ratio = frame-folder total / shard total.", "", explain(p)]
     return "\n".join(lines)
+
+
+def _lru_misses(touches: list[set[int]], sizes: list[float], capacity: float) -> list[float]:
+    """Bytes a node cache of whole shards downloads each epoch, evicting the least recently used
+    when ``capacity`` (inf: never) is exceeded; ``touches``: the shards the node reads each epoch."""
+    held, out = OrderedDict(), []
+    for shards in touches:
+        got = 0.0
+        for s in sorted(shards):
+            if s in held:
+                held.move_to_end(s)
+                continue
+            held[s] = sizes[s]
+            got += sizes[s]
+            while sum(held.values()) > capacity and len(held) > 1:
+                held.popitem(last=False)
+        out.append(got)
+    return out
+
+
+def traffic(shard_sizes: list[int], clip_bytes: float, nodes: int, ranks_per_node: int, epochs: int,
+            batch_size: int, seed: int = 0) -> dict:
+    """Bytes and requests over the network in each epoch of a run, counted on the partition plans.
+
+    Global mode (one order for all ranks, re-shuffled every epoch): the ranks reading byte ranges
+    (no cache), or through a node cache of whole shards that never evicts or holds one epoch's
+    shards. Node-affine (each node owns its pieces for the run): a node cache of its pieces, or of
+    the whole shards they are cut from, or byte ranges (no cache, or a budget below the node's
+    share, streamed through every epoch). Requests: one per run of a rank's range (ranges),
+    one per shard or piece downloaded (caches).
+    """
+    world = nodes * ranks_per_node
+    whole = [n * clip_bytes for n in shard_sizes]
+    ranges = {"bytes": [], "requests": []}
+    node_touches: list[list[set[int]]] = [[] for _ in range(nodes)]
+    node_ranges = {"bytes": [], "requests": []}
+    owned = partition.assign(shard_sizes, nodes, seed) if nodes > 1 else [partition.pieces(shard_sizes)]
+    for epoch in range(epochs):
+        order = partition.epoch_order(shard_sizes, seed, epoch)
+        share = partition.per_rank(len(order), world, batch_size)
+        runs = [order.slice(r * share, (r + 1) * share) for r in range(world)]
+        ranges["bytes"].append(sum(run.size for rs in runs for run in rs) * clip_bytes)
+        ranges["requests"].append(sum(len(rs) for rs in runs))
+        for node in range(nodes):
+            node_touches[node].append({run.shard for rs in runs[node * ranks_per_node:(node + 1) * ranks_per_node]
+                                       for run in rs})
+        orders = partition.epoch_orders(shard_sizes, nodes, seed, epoch)
+        lengths = tuple(len(o) for o in orders)
+        share = partition.per_rank(lengths, world, batch_size)
+        runs = [orders[r // ranks_per_node].slice((r % ranks_per_node) * share, (r % ranks_per_node + 1) * share)
+                for r in range(world)]
+        node_ranges["bytes"].append(sum(run.size for rs in runs for run in rs) * clip_bytes)
+        node_ranges["requests"].append(sum(len(rs) for rs in runs))
+    never, one_epoch = [0.0] * epochs, [0.0] * epochs
+    for touches in node_touches:
+        capacity = sum(whole[s] for s in touches[0])
+        for e, (a, b) in enumerate(zip(_lru_misses(touches, whole, math.inf), _lru_misses(touches, whole, capacity))):
+            never[e] += a
+            one_epoch[e] += b
+    first = lambda total: [total] + [0.0] * (epochs - 1)  # noqa: E731  a cache that holds the node's share
+    pieces = [r for runs in owned for r in runs]
+    return {
+        "dataset_bytes": sum(whole), "epochs": epochs, "nodes": nodes, "ranks": world,
+        "node_share_bytes": max(sum(r.size for r in runs) for runs in owned) * clip_bytes,
+        "largest_piece_bytes": max(r.size for r in pieces) * clip_bytes,
+        "modes": {
+            "global, byte ranges": ranges,
+            "global, node cache of whole shards, never evicting": {"bytes": never, "requests": None},
+            "global, node cache of whole shards, one epoch's": {"bytes": one_epoch, "requests": None},
+            "node-affine, byte ranges (no cache or budget < share)": node_ranges,
+            "node-affine, node cache of its pieces": {
+                "bytes": first(sum(r.size for r in pieces) * clip_bytes), "requests": first(len(pieces))},
+            "node-affine, node cache of whole shards": {
+                "bytes": first(sum(whole[s] for runs in owned for s in {r.shard for r in runs})),
+                "requests": first(sum(len({r.shard for r in runs}) for runs in owned))},
+        },
+    }

@@ -18,6 +18,25 @@ An epoch is planned in three steps, each a function of a few integers:
 Because the whole order is a function of integers, a mid-epoch position is just "k batches
 done"; ``remaining`` turns that into the still-unread samples when the world size changes
 (a new *segment* of the epoch, as in MosaicML streaming's elastic resumption).
+
+Node-affine epochs (``nodes`` > 1; a node is the ranks that share a host) make step 1 per node,
+so that a node cache downloads each shard once per run instead of every epoch:
+
+a. ``assign``: for the whole run, the shards in an order shuffled by the seed alone, cut at the
+   sample positions n * k // nodes: node k owns the runs between its two cuts (whole shards and,
+   at its ends, a contiguous piece of a shard it shares with a neighbour; with fewer shards
+   than nodes, only pieces). Nodes differ by at most one sample.
+b. ``epoch_orders``: each epoch, node k's runs shuffled and rotated by (seed, epoch, k): one
+   ``Order`` per node. Step 2 then splits node k's order among its ``world_size // nodes``
+   ranks (rank r is on node r // ranks_per_node). Every function below that takes ``n`` takes
+   either one order's length or the tuple of every node's: the share is the same on every rank
+   of the job (the largest node's with ``"pad"``, the smallest's with ``"drop"``), and a node
+   pads from its own order. One node is the global mode: ``epoch_orders(..., nodes=1)`` is
+   ``[epoch_order(...)]``.
+c. Resume: ``remaining`` keeps each node's unread samples on that node; a segment with another
+   node count (or one where a node has nothing left and others do) regroups them into contiguous
+   balanced parts (``regroup``): every clip still once; the new count's assignment takes over at
+   the next epoch.
 """
 from __future__ import annotations
 
@@ -26,11 +45,12 @@ import random
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 REMAINDERS = ("pad", "drop")
+Sizes = int | Sequence[int]  # one order's length, or each node's order's length
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,25 +106,26 @@ def rng_for(*parts) -> random.Random:
 
 def pieces(shard_sizes: list[int], piece_samples: int | None = None) -> list[Run]:
     """Each shard as one run, or cut into near-equal runs of at most ``piece_samples``."""
+    return cut([Run(shard, 0, size) for shard, size in enumerate(shard_sizes)], piece_samples)
+
+
+def cut(runs: Iterable[Run], piece_samples: int | None = None) -> list[Run]:
+    """Each run as it is, or cut into near-equal runs of at most ``piece_samples``."""
     out = []
-    for shard, size in enumerate(shard_sizes):
-        k = max(1, -(-size // piece_samples)) if piece_samples else 1
-        bounds = [size * j // k for j in range(k + 1)]
-        out.extend(Run(shard, a, b) for a, b in zip(bounds, bounds[1:]))
+    for run in runs:
+        k = max(1, -(-run.size // piece_samples)) if piece_samples else 1
+        bounds = [run.start + run.size * j // k for j in range(k + 1)]
+        out.extend(Run(run.shard, a, b) for a, b in zip(bounds, bounds[1:]))
     return out
 
 
-def epoch_order(shard_sizes: list[int], seed: int, epoch: int, shuffle: bool = True,
-                piece_samples: int | None = None) -> Order:
-    """The epoch's global order: pieces shuffled by (seed, epoch), rotated by a random offset.
+def shuffled(runs: Iterable[Run], rng: random.Random) -> Order:
+    """``runs`` in a random order, rotated by a random offset.
 
     The rotation moves rank boundaries to new places inside shards every epoch, so the same
-    samples do not meet in the same batches epoch after epoch. Without ``shuffle``: stored order.
+    samples do not meet in the same batches epoch after epoch.
     """
-    runs = pieces(shard_sizes, piece_samples)
-    if not shuffle:
-        return Order(runs)
-    rng = rng_for("order", seed, epoch)
+    runs = list(runs)
     rng.shuffle(runs)
     order = Order(runs)
     n = len(order)
@@ -114,7 +135,59 @@ def epoch_order(shard_sizes: list[int], seed: int, epoch: int, shuffle: bool = T
     return Order(order.slice(offset, offset + n))
 
 
-def per_rank(n: int, world_size: int, batch_size: int, remainder: str = "pad") -> int:
+def epoch_order(shard_sizes: list[int], seed: int, epoch: int, shuffle: bool = True,
+                piece_samples: int | None = None) -> Order:
+    """The epoch's global order: pieces shuffled by (seed, epoch), rotated by a random offset.
+    Without ``shuffle``: stored order."""
+    runs = pieces(shard_sizes, piece_samples)
+    return shuffled(runs, rng_for("order", seed, epoch)) if shuffle else Order(runs)
+
+
+def assign(shard_sizes: list[int], nodes: int, seed: int) -> list[list[Run]]:
+    """The runs node k owns for the whole run (step a of the module docstring)."""
+    runs = pieces(shard_sizes)
+    rng_for("assign", seed).shuffle(runs)
+    order = Order(runs)
+    n = len(order)
+    if not 0 < nodes <= n:
+        raise ValueError(f"cannot give each of {nodes} nodes a share of {n} samples")
+    return [order.slice(n * k // nodes, n * (k + 1) // nodes) for k in range(nodes)]
+
+
+def epoch_orders(shard_sizes: list[int], nodes: int, seed: int, epoch: int, shuffle: bool = True,
+                 piece_samples: int | None = None) -> list[Order]:
+    """One order per node for the epoch (step b); ``nodes=1``: the global order."""
+    if nodes == 1:
+        return [epoch_order(shard_sizes, seed, epoch, shuffle, piece_samples)]
+    out = []
+    for node, runs in enumerate(assign(shard_sizes, nodes, seed)):
+        runs = cut(runs, piece_samples)
+        out.append(shuffled(runs, rng_for("node order", seed, epoch, node)) if shuffle else Order(runs))
+    return out
+
+
+def regroup(orders: list[Order], nodes: int) -> list[Order]:
+    """``orders`` as they are when there are ``nodes`` of them and none is empty while another
+    is not; else their runs, one after the other, cut into ``nodes`` contiguous balanced parts."""
+    sizes = [len(o) for o in orders]
+    if len(orders) == nodes and (all(sizes) or not any(sizes)):
+        return orders
+    whole = Order(r for o in orders for r in o.runs)
+    n = len(whole)
+    return [Order(whole.slice(n * k // nodes, n * (k + 1) // nodes)) for k in range(nodes)]
+
+
+def sizes_of(n: Sizes) -> tuple[int, ...]:
+    return (int(n),) if isinstance(n, (int, np.integer)) else tuple(n)
+
+
+def ranks_per_node(world_size: int, nodes: int) -> int:
+    if world_size % nodes:
+        raise ValueError(f"world size {world_size} is not a whole number of ranks on each of {nodes} nodes")
+    return world_size // nodes
+
+
+def per_rank(n: Sizes, world_size: int, batch_size: int, remainder: str = "pad") -> int:
     """Samples each rank reads per epoch: equal on every rank, a whole number of batches.
 
     ``"pad"`` rounds up (at least one batch whenever n > 0); ``"drop"`` rounds down, to 0 when
@@ -123,12 +196,17 @@ def per_rank(n: int, world_size: int, batch_size: int, remainder: str = "pad") -
     return batches_per_rank(n, world_size, batch_size, remainder) * batch_size
 
 
-def batches_per_rank(n: int, world_size: int, batch_size: int, remainder: str = "pad") -> int:
+def batches_per_rank(n: Sizes, world_size: int, batch_size: int, remainder: str = "pad") -> int:
     """Batches each rank reads per epoch (``per_rank`` samples in batches of ``batch_size``)."""
     if remainder not in REMAINDERS:
         raise ValueError(f"remainder must be one of {REMAINDERS}, not {remainder!r}")
-    batches, left = divmod(n, world_size * batch_size)
-    return batches + 1 if remainder == "pad" and left else batches
+    sizes = sizes_of(n)
+    step = ranks_per_node(world_size, len(sizes)) * batch_size
+    counts = [k // step + (remainder == "pad" and k % step > 0) for k in sizes]
+    batches = max(counts) if remainder == "pad" else min(counts)
+    if batches and not all(sizes):
+        raise ValueError(f"a node without samples cannot pad {batches} batches (node sizes {list(sizes)})")
+    return batches
 
 
 def worker_batches(num_batches: int, num_workers: int, worker: int, done: int = 0) -> int:
@@ -140,28 +218,32 @@ def worker_batches(num_batches: int, num_workers: int, worker: int, done: int = 
 
 @dataclass(frozen=True)
 class Stream:
-    """One loader worker's share of a rank's epoch: positions [begin, end) of the padded order."""
+    """One loader worker's share of a rank's epoch: positions [begin, end) of its node's padded order."""
     rank: int
     worker: int
     begin: int
     end: int
     valid_end: int  # positions >= valid_end repeat earlier samples (padding)
+    node: int = 0  # which node's order the positions are in
 
     @property
     def size(self) -> int:
         return self.end - self.begin
 
 
-def streams(n: int, world_size: int, rank: int, num_workers: int, batch_size: int,
+def streams(n: Sizes, world_size: int, rank: int, num_workers: int, batch_size: int,
             remainder: str = "pad") -> list[Stream]:
-    """The ``num_workers`` streams of ``rank`` over an order of ``n`` samples."""
+    """The ``num_workers`` streams of ``rank`` over its node's order (of ``n`` samples, or
+    ``n[node]``)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world size {world_size}")
-    share = per_rank(n, world_size, batch_size, remainder)
-    begin, out = rank * share, []
+    sizes = sizes_of(n)
+    node, local = divmod(rank, ranks_per_node(world_size, len(sizes)))
+    share = per_rank(sizes, world_size, batch_size, remainder)
+    begin, out = local * share, []
     for w in range(num_workers):
         size = worker_batches(share // batch_size, num_workers, w) * batch_size
-        out.append(Stream(rank, w, begin, begin + size, n))
+        out.append(Stream(rank, w, begin, begin + size, sizes[node], node))
         begin += size
     return out
 
@@ -197,46 +279,61 @@ class Segment:
     num_workers: int
     batch_size: int
     batches_done: int = 0
+    nodes: int = 1  # the orders the ranks were split over (1: the global mode)
 
 
-def remaining(order: Order, seg: Segment, remainder: str, bufsize: int, seed: int, epoch: int,
-              segment: int) -> Order:
-    """The samples of ``order`` that segment number ``segment`` had not handed out yet, as a new
-    order (stored order kept, so runs stay long).
+def remaining(orders: list[Order], seg: Segment, remainder: str, bufsize: int, seed: int, epoch: int,
+              segment: int) -> list[Order]:
+    """The samples of each node's order that segment number ``segment`` had not handed out yet, as
+    new orders, one per node (stored order kept, so runs stay long).
 
     Samples left out by ``remainder="drop"`` stay left out; padding repeats count as nothing.
     """
-    n = len(order)
-    share = per_rank(n, seg.world_size, seg.batch_size, remainder)
-    todo = np.zeros(n, dtype=bool)
-    todo[: min(n, seg.world_size * share)] = True
-    for rank in range(seg.world_size):
-        for s in streams(n, seg.world_size, rank, seg.num_workers, seg.batch_size, remainder):
-            done = worker_batches(seg.batches_done, seg.num_workers, s.worker) * seg.batch_size
-            if done:
-                local = np.asarray(emission(s, bufsize, seed, epoch, segment)[:done]) + s.begin
-                todo[local[local < n]] = False
-    runs, pos = [], 0
-    for run in order.runs:
-        mask = todo[pos: pos + run.size].view(np.int8)
-        pos += run.size
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], mask, [0]))))  # starts and ends of True stretches
-        runs.extend(Run(run.shard, run.start + int(a), run.start + int(b)) for a, b in zip(edges[::2], edges[1::2]))
-    return Order(runs)
+    sizes = tuple(len(o) for o in orders)
+    share = per_rank(sizes, seg.world_size, seg.batch_size, remainder)
+    ranks = ranks_per_node(seg.world_size, len(orders))
+    out = []
+    for node, order in enumerate(orders):
+        n = len(order)
+        todo = np.zeros(n, dtype=bool)
+        todo[: min(n, ranks * share)] = True
+        for rank in range(node * ranks, (node + 1) * ranks):
+            for s in streams(sizes, seg.world_size, rank, seg.num_workers, seg.batch_size, remainder):
+                done = worker_batches(seg.batches_done, seg.num_workers, s.worker) * seg.batch_size
+                if done:
+                    local = np.asarray(emission(s, bufsize, seed, epoch, segment)[:done]) + s.begin
+                    todo[local[local < n]] = False
+        runs, pos = [], 0
+        for run in order.runs:
+            mask = todo[pos: pos + run.size].view(np.int8)
+            pos += run.size
+            edges = np.flatnonzero(np.diff(np.concatenate(([0], mask, [0]))))  # starts and ends of True stretches
+            runs.extend(Run(run.shard, run.start + int(a), run.start + int(b))
+                        for a, b in zip(edges[::2], edges[1::2]))
+        out.append(Order(runs))
+    return out
+
+
+def segment_orders(base: list[Order], past: list[Segment], remainder: str, bufsize: int, seed: int,
+                   epoch: int, nodes: int) -> list[Order]:
+    """What is left of the epoch's orders ``base`` (made for ``past[0].nodes`` nodes) after the
+    completed segments ``past``, as ``nodes`` orders for the next segment."""
+    orders = base
+    for i, seg in enumerate(past):
+        orders = remaining(regroup(orders, seg.nodes), seg, remainder, bufsize, seed, epoch, i)
+    return regroup(orders, nodes)
 
 
 def segment_order(base: Order, past: list[Segment], remainder: str, bufsize: int, seed: int,
                   epoch: int) -> Order:
-    """What is left of the epoch order ``base`` after the completed segments ``past``."""
-    order = base
-    for i, seg in enumerate(past):
-        order = remaining(order, seg, remainder, bufsize, seed, epoch, i)
+    """``segment_orders`` in the global mode: one order for all ranks."""
+    (order,) = segment_orders([base], past, remainder, bufsize, seed, epoch, 1)
     return order
 
 
-def rank_sequence(n: int, seg: Segment, rank: int, remainder: str, bufsize: int, seed: int,
+def rank_sequence(n: Sizes, seg: Segment, rank: int, remainder: str, bufsize: int, seed: int,
                   epoch: int, segment: int = 0) -> list[int]:
-    """Positions (in the segment's padded order) that ``rank`` receives after ``seg.batches_done``
+    """Positions (in its node's padded order) that ``rank`` receives after ``seg.batches_done``
     batches, in the order its DataLoader yields them: batch b from worker b % num_workers."""
     per_worker = []
     for s in streams(n, seg.world_size, rank, seg.num_workers, seg.batch_size, remainder):
@@ -249,7 +346,7 @@ def rank_sequence(n: int, seg: Segment, rank: int, remainder: str, bufsize: int,
     return out
 
 
-def step_samples(n: int, seg: Segment, remainder: str, bufsize: int, seed: int, epoch: int,
+def step_samples(n: Sizes, seg: Segment, remainder: str, bufsize: int, seed: int, epoch: int,
                  segment: int = 0, parts: tuple[int, ...] | None = None) -> list:
     """Samples of the order (padding repeats left out) in each global step after
     ``seg.batches_done``: batch b of every rank makes step b, so this is the number of real

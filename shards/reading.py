@@ -7,15 +7,18 @@ forked loader workers. HTTP ranges are one streamed GET with a ``Range`` header,
 response checked and retried (``shards.http_range``). Other fsspec filesystems (s3, gcs,
 memory) are read with one ranged ``cat_file`` per chunk: object stores get no metadata
 request (a HEAD) per range, since the manifest already gave the size. ``open_samples`` checks
-each sample of a range against the manifest's digest on the way (``shards.digests``). The
-node-local shard cache is ``shards.cache``.
+each sample of a range against the manifest's digest on the way (``shards.digests``), whatever
+stream the bytes came through. ``read_ahead`` reads a list of remote ranges a bounded number of
+bytes ahead of their reader, in a thread. The node-local shard cache is ``shards.cache``.
 """
 from __future__ import annotations
 
 import bisect
 import io
 import os
-from typing import BinaryIO
+import queue
+import threading
+from typing import BinaryIO, Iterator
 
 from fsspec.core import url_to_fs
 
@@ -120,18 +123,89 @@ def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: i
 
 
 def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *,
-                 retry: Retry = DEFAULT_RETRY) -> BinaryIO:
+                 retry: Retry = DEFAULT_RETRY, stream: BinaryIO | None = None) -> BinaryIO:
     """``open_range`` of bytes [start, end) of a shard (a manifest ``ShardInfo``) that begin and end
     at sample boundaries, every sample checked against the manifest's digest (format /2 manifests;
-    older ones have none, and their ranges are read unchecked)."""
+    older ones have none, and their ranges are read unchecked). ``stream``: those bytes already
+    opened elsewhere (a node-cache copy, a read-ahead); a sample that fails its check is still read
+    again from ``url``, the source."""
     opener = lambda a, b: open_range(url, a, b, fd, size=shard.bytes, sha256=shard.sha256, retry=retry)  # noqa: E731
     if not shard.digests:
-        return opener(start, end)
+        return stream if stream is not None else opener(start, end)
     first = bisect.bisect_left(shard.offsets, start)
     last = bisect.bisect_left(shard.offsets, end) - 1
     if first > last or shard.offsets[first] != start or shard.offsets[last] + shard.lengths[last] != end:
         raise ValueError(f"{url}: bytes {start}-{end - 1} are not whole samples of {shard.name}")
-    return io.BufferedReader(CheckedSamples(url, shard, first, last, opener), READ_BUFFER)
+    return io.BufferedReader(CheckedSamples(url, shard, first, last, opener, stream), READ_BUFFER)
+
+
+class _Ahead(io.RawIOBase):
+    """The reader's side of one range of ``read_ahead``: chunks as the thread queued them."""
+
+    def __init__(self, chunks: queue.Queue):
+        self.chunks, self.buf, self.done = chunks, memoryview(b""), False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while not self.buf and not self.done:
+            item = self.chunks.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                self.done = True
+            else:
+                self.buf = memoryview(item)
+        n = min(len(buf), len(self.buf))
+        buf[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
+
+    def close(self) -> None:
+        while not self.done:  # what is left of this range, so that the next starts at its own bytes
+            self.buf = memoryview(b"")
+            self.readinto(bytearray(READ_BUFFER))
+        super().close()
+
+
+def read_ahead(reads: list[tuple], max_bytes: int) -> Iterator[BinaryIO]:
+    """Each (url, start, end, size, sha256) range as a stream, in order, its bytes read by a
+    background thread up to ``max_bytes`` ahead of the reader, across range boundaries (the next
+    range is asked for while the last is still being consumed). A stream must be read to its end
+    before the next is taken."""
+    chunks: queue.Queue = queue.Queue(max(2, max_bytes // READ_BUFFER))
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                chunks.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def reader():
+        try:
+            for url, start, end, size, sha256 in reads:
+                with open_range(url, start, end, size=size, sha256=sha256) as f:
+                    while chunk := f.read(READ_BUFFER):
+                        if not put(chunk):
+                            return
+                if not put(None):
+                    return
+        except Exception as e:  # handed to the reader, who raises it where it reads
+            put(e)
+
+    thread = threading.Thread(target=reader, daemon=True, name="read-ahead")
+    thread.start()
+    try:
+        for _ in reads:
+            yield io.BufferedReader(_Ahead(chunks), READ_BUFFER)
+    finally:
+        stop.set()
+        thread.join()
 
 
 def read_range(url: str, start: int, end: int) -> bytes:

@@ -87,6 +87,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
         size = os.fstat(f.fileno()).st_size
         a, b = rng.split("=", 1)[1].split("-")
         start, end = int(a), min(int(b) if b else size - 1, size - 1)
+        if self.server.gate:
+            self.server.gate(self.path, start, end + 1)  # may hold the answer
         f.seek(start)
         self.send_response(206)
         self.send_header("Content-Type", "application/octet-stream")
@@ -100,10 +102,13 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(directory: str):
-    """Serve ``directory`` over HTTP on 127.0.0.1; yields (base URL, list of (method, path) requested)."""
+def serve(directory: str, gate=None):
+    """Serve ``directory`` over HTTP on 127.0.0.1; yields (base URL, list of (method, path) requested).
+    ``gate(path, start, end)`` is called with every byte range asked for before it is answered (it
+    may hold the answer)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
-    server.requests = []
+    server.daemon_threads = True
+    server.requests, server.gate = [], gate
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

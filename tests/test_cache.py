@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import fsspec
 import pytest
 
-from shards.cache import ENV_BUDGET, CacheFull, ShardCache
+from shards.cache import ENV_BUDGET, CacheFull, Piece, ShardCache
 from shards.http_range import HTTPRange, RangeError, Retry, range_problem
 from shards.reading import open_range
 from shardsets import make_shardset
@@ -47,6 +47,8 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
         mode = srv.mode
         if mode == "slow":
             time.sleep(0.3)
+        if self.path in srv.held:  # answered once the test lets go
+            srv.release.wait(60)
         if mode == "flaky" and first:
             return self._reply(503, {"Content-Length": "0"}, b"")
         if mode == "busy" and first:
@@ -76,7 +78,7 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
             return self._reply(206, headers, body, close=True)
         if mode == "stall-first" and first:
             self._reply(206, headers, body[: len(body) // 2])
-            srv.release.wait(30)
+            srv.release.wait(60)
             self.close_connection = True
             return None
         return self._reply(206, headers, body)
@@ -101,6 +103,7 @@ def misbehaving(mode="ok"):
     srv.daemon_threads = True
     srv.mode, srv.counts, srv.ranges, srv.release, srv.ports = mode, Counter(), [], threading.Event(), []
     srv.auth = []
+    srv.held = set()
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
@@ -307,9 +310,9 @@ def test_a_forked_child_leaves_the_parents_fsspec_connections_working():
 
 
 # --- the cache ------------------------------------------------------------------------------
-def _fetch(directory, url, sha, size, out):
+def _fetch(directory, url, sha, size, out, **lease):
     try:
-        out.put(ShardCache(directory, retry=FAST).fetch(url, sha, size))
+        out.put(ShardCache(directory, retry=FAST, **lease).fetch(url, sha, size))
     except Exception as e:  # reported to the test
         out.put(repr(e))
 
@@ -374,24 +377,137 @@ def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path, monkey
         cache.release(SHAS["/s1.tar"])
         s2 = fetch("/s2.tar")
         assert os.path.exists(s0) and not os.path.exists(s1) and os.path.exists(s2)
-        with pytest.raises(CacheFull, match="held by shards in use"):
-            fetch("/s3.tar")  # s0 and s2 are both pinned
-        other = ShardCache(str(tmp_path), budget=2 * SIZE + 10, retry=FAST)  # pins hold across processes too
-        with pytest.raises(CacheFull):
-            other.fetch(f"{url}/s3.tar", SHAS["/s3.tar"], SIZE)
+        with pytest.raises(CacheFull, match="this process pins 600,000 of the 600,010-byte budget; no room for 300,000"):
+            fetch("/s3.tar")  # s0 and s2 are both pinned, by this process
         cache.release()
-        assert other.fetch(f"{url}/s3.tar", SHAS["/s3.tar"], SIZE)
+        assert cache.fetch(f"{url}/s3.tar", SHAS["/s3.tar"], SIZE)
         assert sum(os.path.exists(p) for p in (s0, s2)) == 1
-    with pytest.raises(CacheFull, match="cannot hold one epoch's shards"):
-        cache.reserve(3 * SIZE)
+    with pytest.raises(CacheFull, match="budget of 600,010 bytes cannot hold three shards \\(900,000 bytes\\)"):
+        cache.reserve(3 * SIZE, "three shards")
 
 
-def test_loader_refuses_an_epoch_the_cache_budget_cannot_hold(tmp_path):
-    from trainer.data.loader import ClipLoader
+def wait_for(condition, what, seconds=60):
+    """Hold the test until ``condition()`` (a hang fails it, naming what never happened)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
 
-    make_shardset(str(tmp_path / "set"), {"train": 20}, per_shard=5)
-    loader = ClipLoader(str(tmp_path / "set"), "train", batch_size=4, num_workers=0, crop_size=32,
-                        scale_size=36, cache_dir=str(tmp_path / "cache"), cache_budget="10kB")
-    with pytest.raises(CacheFull, match="cannot hold one epoch's shards"):
-        next(iter(loader))
-    assert leftovers(tmp_path / "cache") == [] and not os.listdir(tmp_path / "cache")
+
+def _stream(directory, url, paths, budget, out):
+    """A rank's reader: every shard of ``paths`` through the cache, checked byte for byte."""
+    try:
+        cache = ShardCache(directory, budget, retry=FAST, poll=0.01)
+        got = [open(p, "rb").read() == BLOBS[path]
+               for path, p in zip(paths, cache.stream([Piece(f"{url}{q}", SHAS[q], SIZE) for q in paths], 2))]
+        out.put(got)
+    except Exception as e:  # reported to the test
+        out.put(repr(e))
+
+
+def test_processes_share_one_budget_and_wait_for_room_another_process_holds(tmp_path):
+    """Another job pins the whole budget: a reader streaming three shards through it waits for room
+    instead of failing, and finishes once the other job lets go; then two readers stream eight
+    shards through three shards of room, every byte right."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    with misbehaving() as (srv, url):
+        other = ShardCache(str(tmp_path), 2 * SIZE, retry=FAST)
+        for p in ("/s0.tar", "/s1.tar"):
+            other.fetch(f"{url}{p}", SHAS[p], SIZE)
+        reader = ctx.Process(target=_stream, args=(str(tmp_path), url, ["/s2.tar", "/s3.tar", "/blob.tar"], 2 * SIZE,
+                                                   results))
+        reader.start()
+        lock = ShardCache(str(tmp_path)).path(SHAS["/s2.tar"]) + ".lock"
+        wait_for(lambda: not reader.is_alive() or os.path.exists(lock), "the reader locks its first download")
+        time.sleep(0.5)  # (it would fail within this if it did not wait)
+        assert reader.is_alive() and results.empty() and srv.counts["/s2.tar"] == 0  # it waits for room
+        other.release()
+        assert results.get(timeout=60) == [True] * 3
+        reader.join()
+        budget = 3 * SIZE
+        BLOBS.update({f"/t{i}.tar": bytes([100 + i]) * SIZE for i in range(8)})
+        SHAS.update({p: hashlib.sha256(BLOBS[p]).hexdigest() for p in BLOBS})
+        try:
+            readers = [ctx.Process(target=_stream, args=(str(tmp_path), url, [f"/t{i}.tar" for i in range(k, 8, 2)],
+                                                         budget, results)) for k in (0, 1)]
+            for r in readers:
+                r.start()
+            assert [results.get(timeout=120) for _ in readers] == [[True] * 4] * 2
+            for r in readers:
+                r.join()
+        finally:
+            for i in range(8):
+                BLOBS.pop(f"/t{i}.tar"), SHAS.pop(f"/t{i}.tar")
+        assert all(srv.counts[f"/t{i}.tar"] == 1 for i in range(8))
+    assert leftovers(tmp_path) == []
+
+
+def test_a_stream_yields_the_first_copy_while_the_next_still_downloads(tmp_path):
+    """The server holds the second shard until the reader has the first: the first copy arrives."""
+    cache = ShardCache(str(tmp_path), retry=FAST)
+    waiter = ThreadPoolExecutor(1)
+    with misbehaving() as (srv, url):
+        srv.held.add("/s1.tar")
+        copies = cache.stream([Piece(f"{url}/s{i}.tar", SHAS[f"/s{i}.tar"], SIZE) for i in range(3)], lookahead=2)
+        try:
+            first = waiter.submit(next, copies).result(timeout=60)  # a hang (waiting for /s1.tar) fails
+            assert open(first, "rb").read() == BLOBS["/s0.tar"]
+            wait_for(lambda: srv.counts["/s1.tar"] == 1, "the second download starts before the first is read")
+            assert srv.counts["/s2.tar"] == 0  # lookahead 2: the reader's copy and one more
+            srv.release.set()
+            assert [open(p, "rb").read() for p in copies] == [BLOBS["/s1.tar"], BLOBS["/s2.tar"]]
+        finally:
+            srv.release.set()
+            copies.close()
+            waiter.shutdown()
+    assert not cache._pins and leftovers(tmp_path) == []
+
+
+def test_a_piece_of_a_shard_is_its_own_copy(tmp_path):
+    cache = ShardCache(str(tmp_path), retry=FAST)
+    with misbehaving() as (srv, url):
+        piece = cache.fetch(f"{url}/blob.tar", SHA, SIZE, 1000, 5000)
+        assert open(piece, "rb").read() == BLOB[1000:5000] and piece != cache.path(SHA)
+        assert srv.ranges == ["bytes=1000-4999"]
+
+
+def test_a_waiter_follows_the_downloaders_lease_through_a_long_stall(tmp_path):
+    """The downloader's server stalls mid-body for many lease periods (the old waiter gave up after
+    a fixed time without file growth): the waiter waits as long as the downloader renews its lease,
+    and both get the one download once the server goes on (dropping the connection: the downloader
+    asks for the rest)."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    lease = {"heartbeat": 0.05, "lease": 1.5}  # the lease leaves room for a busy machine's scheduling
+    with misbehaving("stall-first") as (srv, url):
+        first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results), kwargs=lease)
+        first.start()
+        wait_for(lambda: srv.counts["/blob.tar"] == 1, "the download starts")
+        waiter = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results), kwargs=lease)
+        waiter.start()
+        time.sleep(3 * lease["lease"])  # the stall, not an assertion: 3 leases without a byte
+        assert waiter.is_alive() and results.empty()
+        srv.release.set()
+        assert [results.get(timeout=60) for _ in range(2)] == [ShardCache(str(tmp_path)).path(SHA)] * 2
+        first.join(), waiter.join()
+        assert srv.ranges == [f"bytes=0-{SIZE - 1}", f"bytes={SIZE // 2}-{SIZE - 1}"]  # the downloader's, resumed
+
+
+def test_a_waiter_gives_up_on_a_downloader_that_stopped_renewing_its_lease(tmp_path):
+    """A downloader that is alive but stopped (SIGSTOP: hung) keeps its lock, not its lease."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    lease = {"heartbeat": 0.05, "lease": 0.5}
+    with misbehaving("stall-first") as (srv, url):
+        first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results), kwargs=lease)
+        first.start()
+        wait_for(lambda: srv.counts["/blob.tar"] == 1, "the download starts")
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            _fetch(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results, **lease)
+            assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has not renewed "
+                                r"its lease for \d+ s \(lease 0.5 s\)'\)", results.get(timeout=60))
+        finally:
+            os.kill(first.pid, signal.SIGKILL)
+            first.join()

@@ -175,3 +175,128 @@ def test_step_samples_count_the_real_clips_of_each_global_step(world_size, worke
     assert sum(P.step_samples(len(order), P.Segment(world_size, workers, batch), "pad", 8, 0, 0)) == N
     assert P.step_samples(len(order), seg, "drop", 8, 0, 0) == [world_size * batch] * (
         P.per_rank(N, world_size, batch, "drop") // batch - done)
+
+
+# --- node-affine epochs ----------------------------------------------------------------------
+def node_epoch(nodes, ranks, workers, batch, remainder="pad", seed=0, ep=0, bufsize=8, sizes=SIZES):
+    """Every rank's sequence of (shard, index, valid) for one node-affine epoch."""
+    orders = P.epoch_orders(sizes, nodes, seed, ep)
+    lengths = tuple(len(o) for o in orders)
+    seg = P.Segment(nodes * ranks, workers, batch, nodes=nodes)
+    out = []
+    for rank in range(nodes * ranks):
+        node = rank // ranks
+        seq = P.rank_sequence(lengths, seg, rank, remainder, bufsize, seed, ep)
+        out.append([(*orders[node].locate(p), p < lengths[node]) for p in seq])
+    return out
+
+
+def owned(nodes, seed=0, sizes=SIZES):
+    return [{(r.shard, i) for r in runs for i in range(r.start, r.stop)} for runs in P.assign(sizes, nodes, seed)]
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3, 4, 7, 16, 79])
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("workers,batch", [(1, 1), (3, 4), (2, 5)])
+def test_node_affine_gives_equal_shares_every_sample_once_and_only_the_nodes_own(nodes, ranks, workers, batch):
+    ranks_seen = node_epoch(nodes, ranks, workers, batch)
+    share = len(ranks_seen[0])
+    assert all(len(r) == share for r in ranks_seen) and share % batch == 0
+    assert share == P.per_rank(N, nodes * ranks, batch)  # the same steps per epoch as the global mode
+    valid = Counter((s, i) for r in ranks_seen for s, i, ok in r if ok)
+    assert set(valid) == {(s, i) for s, n in enumerate(SIZES) for i in range(n)} and set(valid.values()) == {1}
+    mine = owned(nodes)
+    for rank, seq in enumerate(ranks_seen):
+        assert {(s, i) for s, i, _ in seq} <= mine[rank // ranks]  # padding too comes from the node's own set
+    drop = node_epoch(nodes, ranks, workers, batch, remainder="drop")
+    assert len({len(r) for r in drop}) == 1 and len(drop[0]) == P.per_rank(N, nodes * ranks, batch, "drop")
+    assert set(Counter((s, i) for r in drop for s, i, _ in r).values()) <= {1}
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 5, 6, 7, 13, 40, 79])
+def test_assignment_is_balanced_fixed_for_the_run_and_cuts_few_shards(nodes):
+    parts = P.assign(SIZES, nodes, 3)
+    counts = [sum(r.size for r in runs) for runs in parts]
+    assert max(counts) - min(counts) <= 1 and sum(counts) == N
+    shared = Counter(r.shard for runs in parts for r in runs)
+    assert sum(k - 1 for k in shared.values()) <= nodes - 1  # a cut splits at most one shard
+    for runs in parts:  # a node holds contiguous pieces: at most one run per shard
+        assert len({r.shard for r in runs}) == len(runs)
+    assert P.assign(SIZES, nodes, 3) == parts and P.assign(SIZES, nodes, 4) != parts
+    for ep in (1, 2):
+        orders = P.epoch_orders(SIZES, nodes, 3, ep)
+        assert [{(r.shard, i) for r in o.runs for i in range(r.start, r.stop)} for o in orders] == owned(nodes, 3)
+    if nodes < 40:  # (with one or two samples per node there is little to reorder)
+        assert [o.runs for o in P.epoch_orders(SIZES, nodes, 3, 1)] != [o.runs for o in P.epoch_orders(SIZES, nodes, 3, 2)]
+
+
+def test_one_node_is_the_global_order():
+    assert P.epoch_orders(SIZES, 1, 5, 2)[0].runs == P.epoch_order(SIZES, 5, 2).runs
+    assert node_epoch(1, 3, 2, 4) == epoch(3, 2, 4)
+
+
+def test_node_affine_refuses_what_it_cannot_split():
+    with pytest.raises(ValueError, match="80 nodes a share of 79 samples"):
+        P.assign(SIZES, 80, 0)
+    with pytest.raises(ValueError, match="world size 5 is not a whole number of ranks on each of 2 nodes"):
+        P.streams((40, 39), 5, 0, 1, 1)
+
+
+def test_node_affine_resume_continues_the_same_sequence():
+    lengths = tuple(len(o) for o in P.epoch_orders(SIZES, 3, 4, 2))
+    for rank in range(6):
+        full = P.rank_sequence(lengths, P.Segment(6, 2, 4, nodes=3), rank, "pad", 8, 4, 2)
+        for done in (1, 2):
+            assert P.rank_sequence(lengths, P.Segment(6, 2, 4, done, 3), rank, "pad", 8, 4, 2) == full[done * 4:]
+
+
+@pytest.mark.parametrize("hops", [
+    [(2, 3, 2, 2, 1), (2, 1, 1, 3, 0)],  # fewer ranks per node, same nodes
+    [(3, 2, 2, 4, 2), (3, 1, 1, 3, 0)],  # same nodes, padding handed out early: 13, 12, 14 left
+    [(4, 2, 1, 2, 2), (2, 2, 3, 1, 1), (3, 1, 1, 2, 0)],  # node count 4 -> 2 -> 3
+    [(1, 4, 2, 2, 3), (7, 1, 1, 1, 0)],  # global -> node-affine mid-epoch
+    [(16, 1, 1, 1, 2), (5, 2, 2, 1, 0)],
+    [(13, 1, 1, 3, 2), (13, 1, 1, 2, 0)],  # a node with nothing left while others have: regrouped
+])
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_node_affine_elastic_resume_covers_the_epoch_once(hops, remainder):
+    """k batches per rank on some nodes and ranks, then the rest on others: no sample twice,
+    none skipped (drop: only tails), and where the node count stays, the node's samples stay."""
+    seed, ep, buf = 5, 1, 6
+    base = P.epoch_orders(SIZES, hops[0][0], seed, ep)
+    past, got, owners = [], Counter(), []
+    for i, (nodes, ranks, workers, batch, done) in enumerate(hops):
+        orders = P.segment_orders(base, past, remainder, buf, seed, ep, nodes)
+        lengths = tuple(len(o) for o in orders)
+        seg = P.Segment(nodes * ranks, workers, batch, nodes=nodes)
+        upto = done or P.batches_per_rank(lengths, nodes * ranks, batch, remainder)
+        owners.append([{(r.shard, j) for r in o.runs for j in range(r.start, r.stop)} for o in orders])
+        for rank in range(nodes * ranks):
+            node = rank // ranks
+            seq = P.rank_sequence(lengths, seg, rank, remainder, buf, seed, ep, i)
+            took = [orders[node].locate(p) for p in seq[: upto * batch] if p < lengths[node]]
+            assert set(took) <= owners[-1][node]
+            got.update(took)
+        past.append(P.Segment(nodes * ranks, workers, batch, done, nodes))
+    assert set(got.values()) == {1}
+    if remainder == "pad":
+        assert len(got) == N
+    else:
+        assert len(got) > N - sum(n * r * b for n, r, _, b, _ in hops)
+    if hops[0][0] == hops[1][0] and all(len(o) for o in P.remaining(base, past[0], remainder, buf, seed, ep, 0)):
+        # same nodes: what node k had left stayed on node k
+        assert all(after <= before for before, after in zip(owners[0], owners[1]))
+
+
+@pytest.mark.parametrize("nodes,ranks,workers,batch,done", [(2, 1, 1, 4, 0), (3, 2, 2, 5, 1), (7, 1, 3, 4, 0),
+                                                            (16, 2, 1, 1, 1)])
+def test_node_affine_step_samples_count_the_real_clips(nodes, ranks, workers, batch, done):
+    orders = P.epoch_orders(SIZES, nodes, 0, 0)
+    lengths = tuple(len(o) for o in orders)
+    seg = P.Segment(nodes * ranks, workers, batch, done, nodes)
+    counts = P.step_samples(lengths, seg, "pad", 8, 0, 0)
+    seqs = [P.rank_sequence(lengths, seg, r, "pad", 8, 0, 0) for r in range(nodes * ranks)]
+    real = [sum(p < lengths[r // ranks] for r, seq in enumerate(seqs) for p in seq[b * batch:(b + 1) * batch])
+            for b in range(len(counts))]
+    assert counts == real
+    assert sum(P.step_samples(lengths, P.Segment(nodes * ranks, workers, batch, 0, nodes), "pad", 8, 0, 0)) == N

@@ -27,7 +27,8 @@ MODEL_FIELDS = ("shift", "segments", "shift_div", "depth", "width", "num_classes
 REFUSED = (("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
 # (the shard set itself is checked by its fingerprint)
-INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("system", "backend"),
+INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("data", "lookahead"),
+         ("system", "backend"),
          ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"), ("system", "print_freq"),
          ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))
 

@@ -36,6 +36,7 @@ BN_MODES = ("train", "partial", "frozen")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MULTIGRID = ("off", "long", "short", "both")
+SHUFFLES = ("auto", "global", "node")
 GROWTH = ("off", "points", "decay", "noise")  # trainer.schedules.batch_growth's modes, or none
 
 
@@ -56,7 +57,14 @@ class Data:
     scale_size: int = flag(256, "short side before cropping")
     flip: bool = flag(True, "no horizontal flips (for classes that tell left from right)", spelling="--no-flip")
     shuffle_buffer: int = flag(256)
-    cache_dir: str | None = flag(None, "local shard cache for remote shard sets")
+    cache_dir: str | None = flag(None, "node-local shard cache for remote shard sets, shared by the node's ranks (budget: "
+                                       "$SHARD_CACHE_BUDGET, e.g. 500GB)")
+    shuffle: str = flag("auto", "global: one order of all shards for all ranks each epoch; node: node-affine epochs, "
+                                "each node reads only the shards (or pieces) it owns for the run, reordered every "
+                                "epoch, so a --cache-dir downloads each once per run; auto: node with --cache-dir, "
+                                "else global", choices=SHUFFLES)
+    lookahead: int = flag(2, "shards each loader worker fetches ahead through --cache-dir (or 32 MB ranges it reads "
+                             "ahead from a remote set without one)")
     direct_reads: str = flag("never", "a set of the dataset service (--data http://HOST/v1/datasets/REF) whose "
                                       "files are visible here with the same manifest: read its shards from there "
                                       "(auto), never, or fail if not possible (always)",

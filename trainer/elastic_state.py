@@ -22,6 +22,7 @@ import time
 from horovod.common.elastic import State
 
 from . import metrics
+from .distributed.backends import node_size
 from .hooks import Hook
 from .schedules import recipe
 
@@ -103,6 +104,7 @@ class ElasticState(State, Hook):
         t, b, hvd = self.t, self.t.backend, self.hvd
         before = b.size
         b.rank, b.size, b.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        b.local_size = node_size(b.rank, b.size, hvd.local_size(), hvd.cross_size(), hvd.cross_rank())
         was_rank0, t.rank0 = t.rank0, b.rank == 0
         t.make_loaders(t.train_loader.manifest)
         t.train_loader.load_state_dict(self.saved["loader"])

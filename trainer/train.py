@@ -128,6 +128,8 @@ class Trainer:
                           world_size=self.backend.size, train=train, seed=self.cfg.system.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
+                          shuffle=("node" if a.cache_dir else "global") if a.shuffle == "auto" else a.shuffle,
+                          local_size=self.backend.local_size, lookahead=a.lookahead,
                           decode_on_device=a.decode_on_device,
                           shapes=None if full_shape else self.regime.shapes)
 

@@ -47,8 +47,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from shards import partition
 from shards.direct import load_manifest
 from shards.manifest import Manifest
-from shards.cache import ShardCache
-from shards.reading import local_path, open_fd, open_samples
+from shards.cache import Piece, ShardCache
+from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 SHARED_FDS_MAX = 256
 # Batches a DataLoader worker works ahead (its prefetch factor); the slot pool has two more per worker.
 PREFETCH = 2
+# Reading remote ranges without a cache, a worker reads ahead lookahead x this many bytes.
+READ_AHEAD_BYTES = 32 << 20
+SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
 
 
 def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
@@ -85,14 +88,33 @@ def video_id(key: str) -> str:
     return key.rsplit("_c", 1)[0]
 
 
-def _open_reads(reads):
-    """Stage: each planned read as an open stream of its byte range, closed once consumed."""
-    for r in reads:
-        stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"])
-        try:
-            yield {"url": r["url"], "stream": stream}
-        finally:
-            stream.close()
+def _open_reads(reads, cache: ShardCache | None, lookahead: int):
+    """Stage: each planned read as an open stream of its byte range, closed once consumed. Through
+    the node cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads
+    without a cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread. Every sample
+    is checked against the manifest's digest, whichever way its bytes came (``open_samples``)."""
+    reads = list(reads)
+    if cache is not None:
+        copies = cache.stream([r["piece"] for r in reads], lookahead)
+        opened = (open_range(path, r["start"] - r["piece"].start, r["end"] - r["piece"].start,
+                             fd=cache.descriptor(r["piece"])) for r, path in zip(reads, copies))
+    elif reads and local_path(reads[0]["url"]) is None:
+        opened = read_ahead([(r["url"], r["start"], r["end"], r["size"], r["sha256"]) for r in reads],
+                            lookahead * READ_AHEAD_BYTES)
+    else:
+        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"])
+                  for r in reads)
+    try:
+        for r, raw in zip(reads, opened):
+            stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"], stream=raw)
+            try:
+                yield {"url": r["url"], "stream": stream}
+            finally:
+                stream.close()
+    finally:
+        getattr(opened, "close", lambda: None)()
+        if cache is not None:
+            copies.close()
 
 
 def _tag(samples, expected):
@@ -137,8 +159,10 @@ def _frames(sample) -> list[bytes]:
 class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
-    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None):
+    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None,
+                 cache=None, lookahead=2):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
+        self.cache, self.lookahead = cache, lookahead
         self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
         self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.data.shapes)
 
@@ -180,7 +204,7 @@ class _Streams(IterableDataset):
             return iter(())
         pipeline = wds.DataPipeline(
             lambda: iter(self.plan["reads"]),
-            _open_reads,
+            lambda reads: _open_reads(reads, self.cache, self.lookahead),
             wds.tariterators.tar_file_expander,
             wds.tariterators.group_by_keys,
             lambda src: _tag(src, self.plan["expected"]),
@@ -204,6 +228,15 @@ class ClipLoader:
     Epochs: ``set_epoch(e)`` starts epoch e, or keeps the position in it when e is the current
     one (a resumed run stands mid-epoch, or at its end: see ``epoch_finished``); iterating
     after a finished epoch moves on to the next one.
+
+    ``shuffle="node"`` (training): node-affine epochs (``shards.partition``): the ranks of a node
+    (``local_size`` consecutive ranks, Horovod's and torchrun's placement) read only the shards,
+    or pieces of shards, their node owns for the whole run, so a node cache (``cache_dir``)
+    downloads each once per run, not every epoch. Through the cache, each worker asks for its
+    copies in read order, ``lookahead`` ahead of its reading; the budget (``cache_budget``, one for
+    every process using the directory) must hold ``local_size`` x workers x ``lookahead`` copies.
+    The mode is this loader's, not the state's: a resumed epoch is split anew when it changes (its
+    segments record their node counts).
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -211,8 +244,8 @@ class ClipLoader:
                  crop_size: int = 224, scale_size: int = 256, flip: bool = True,
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
-                 piece_samples: int | None = None,
-                 decode_on_device: bool = False, shapes=None, direct_reads: str = "never"):
+                 piece_samples: int | None = None, shuffle: str = "global", local_size: int = 1,
+                 lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never"):
         self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
         self.split = split
         self.shards = self.manifest.splits[split].shards
@@ -222,6 +255,11 @@ class ClipLoader:
         self.remainder, self.piece_samples = remainder, piece_samples
         self.shuffle_buffer = shuffle_buffer if train else 0
         self.cache = ShardCache(cache_dir, cache_budget) if cache_dir else None
+        if shuffle not in SHUFFLES:
+            raise ValueError(f"shuffle must be one of {SHUFFLES}, not {shuffle!r}")
+        if world_size % local_size:
+            raise ValueError(f"world size {world_size} is not a whole number of nodes of {local_size} ranks")
+        self.shuffle, self.local_size, self.lookahead = shuffle, local_size, lookahead
         self.decode_on_device = decode_on_device
         # multigrid (training only): shapes.batch_size(epoch) clips per batch, cut into shapes.parts(epoch)
         self.shapes = shapes if train else None
@@ -242,23 +280,33 @@ class ClipLoader:
     def _workers(self) -> int:
         return max(1, self.num_workers)
 
-    def _segment(self) -> partition.Segment:
-        return partition.Segment(self.world_size, self._workers, self.batch_size, self._done)
+    @property
+    def _nodes(self) -> int:
+        """The orders the ranks split: one per node in the node-affine mode, else one."""
+        return self.world_size // self.local_size if self.shuffle == "node" and self.train else 1
 
-    def _order(self) -> partition.Order:
-        """The order the current segment partitions (the whole epoch unless resumed elastically)."""
-        key = (self.epoch, self.seed, self.remainder, self.shuffle_buffer, self.piece_samples, tuple(self._past))
+    def _segment(self) -> partition.Segment:
+        return partition.Segment(self.world_size, self._workers, self.batch_size, self._done, self._nodes)
+
+    def _orders(self) -> list[partition.Order]:
+        """The orders the current segment partitions, one per node (the whole epoch unless resumed
+        elastically)."""
+        key = (self.epoch, self.seed, self.remainder, self.shuffle_buffer, self.piece_samples, tuple(self._past),
+               self._nodes)
         if self._cached_order is None or self._cached_order[0] != key:
-            base = partition.epoch_order([s.num_samples for s in self.shards], self.seed, self.epoch,
-                                         self.train, self.piece_samples)
-            order = partition.segment_order(base, self._past, self.remainder, self.shuffle_buffer,
-                                            self.seed, self.epoch)
-            self._cached_order = (key, order)
+            base = partition.epoch_orders([s.num_samples for s in self.shards],
+                                          self._past[0].nodes if self._past else self._nodes,
+                                          self.seed, self.epoch, self.train, self.piece_samples)
+            orders = partition.segment_orders(base, self._past, self.remainder, self.shuffle_buffer,
+                                              self.seed, self.epoch, self._nodes)
+            self._cached_order = (key, orders)
         return self._cached_order[1]
 
+    def _lengths(self) -> tuple[int, ...]:
+        return tuple(len(o) for o in self._orders())
+
     def _batches(self) -> int:
-        n = len(self._order())
-        return partition.batches_per_rank(n, self.world_size, self.batch_size, self.remainder)
+        return partition.batches_per_rank(self._lengths(), self.world_size, self.batch_size, self.remainder)
 
     def __len__(self) -> int:
         """Batches the next iteration yields on this rank: the rest of the epoch after a resume,
@@ -308,7 +356,8 @@ class ClipLoader:
         self.piece_samples = state["piece_samples"]
         segments = [partition.Segment(**s) for s in state["segments"]]
         last = segments[-1]
-        if (last.world_size, last.num_workers, last.batch_size) == (self.world_size, self._workers, self.batch_size):
+        if (last.world_size, last.num_workers, last.batch_size, last.nodes) == (
+                self.world_size, self._workers, self.batch_size, self._nodes):
             self._past, self._done = segments[:-1], last.batches_done
         else:
             self._past, self._done = segments, 0
@@ -366,43 +415,66 @@ class ClipLoader:
                 "videos": [video_id(k) for k in sent["keys"]],
                 "valid": torch.tensor(sent["valid"], dtype=torch.bool)}
 
-    def _url(self, shard_index: int) -> str:
-        shard = self.shards[shard_index]
-        url = self.manifest.shard_url(shard)
-        return self.cache.fetch(url, shard.sha256, shard.bytes) if self.cache else url
+    def _pieces(self, node: int) -> dict[int, tuple[int, int]]:
+        """What the node's cache holds of each shard it owns (node-affine): the byte range of its
+        samples there, when that is not the whole shard."""
+        if self._nodes == 1:
+            return {}
+        out = {}
+        for run in partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed)[node]:
+            shard = self.shards[run.shard]
+            if run.size < shard.num_samples:
+                out[run.shard] = (shard.offsets[run.start], shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1])
+        return out
+
+    def _piece(self, read: dict, pieces: dict[int, tuple[int, int]]) -> Piece:
+        """The cached copy a read comes from: the node's piece of the shard if it holds the read
+        (it may not, for the rest of an epoch after the node count changed), else the whole shard."""
+        shard = self.shards[read["shard"]]
+        start, end = pieces.get(read["shard"], (0, None))
+        if not (start <= read["start"] and (end is None or read["end"] <= end)):
+            start, end = 0, None
+        return Piece(self.manifest.shard_url(shard), shard.sha256, shard.bytes, start, end)
 
     def __iter__(self):
         if self.epoch_finished:
             self.set_epoch(self.epoch + 1)
-        order, segment = self._order(), len(self._past)
-        streams = partition.streams(len(order), self.world_size, self.rank, self._workers,
+        orders, lengths, segment = self._orders(), self._lengths(), len(self._past)
+        streams = partition.streams(lengths, self.world_size, self.rank, self._workers,
                                     self.batch_size, self.remainder)
+        order = orders[streams[0].node]
         # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
         plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
                  for i in range(self._workers)]
         parts = self.shapes.parts(self.epoch) if self.shapes else None
-        steps = partition.step_samples(len(order), self._segment(), self.remainder, self.shuffle_buffer,
+        steps = partition.step_samples(lengths, self._segment(), self.remainder, self.shuffle_buffer,
                                        self.seed, self.epoch, segment, parts and tuple(p.clips for p in parts))
-        needed = {r["shard"] for p in plans for r in p["reads"]}
-        if self.cache:  # refuse before downloading anything if the epoch cannot fit
-            self.cache.reserve(sum(self.shards[i].bytes for i in needed))
-        urls = {i: self._url(i) for i in needed}
+        reads = [r for p in plans for r in p["reads"]]
+        for r in reads:
+            shard = self.shards[r["shard"]]
+            r["url"], r["size"], r["sha256"] = self.manifest.shard_url(shard), shard.bytes, shard.sha256
+        if self.cache:  # refuse before downloading anything if the node's readers cannot fit
+            pieces = self._pieces(streams[0].node)
+            for r in reads:
+                r["piece"] = self._piece(r, pieces)
+            largest = max((r["piece"].nbytes for r in reads), default=0)
+            self.cache.reserve(self.local_size * self._workers * self.lookahead * largest,
+                               f"the lookahead of this node's {self.local_size} ranks x {self._workers} loader "
+                               f"workers x {self.lookahead} shards of up to {largest:,} bytes")
+        local = {r["shard"]: r["url"] for r in reads if local_path(r["url"]) is not None and not self.cache}
         fds, pool, batches = {}, None, None
         try:
-            if len(urls) <= SHARED_FDS_MAX:
-                for i, u in urls.items():
-                    if local_path(u) is not None:
-                        fds[i] = open_fd(u)
-            for p in plans:
-                for r in p["reads"]:
-                    r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
-                    r["shard_info"] = self.shards[r["shard"]]  # sizes, digests: every sample checked as read
+            if len(local) <= SHARED_FDS_MAX:
+                fds = {i: open_fd(u) for i, u in local.items()}
+            for r in reads:
+                r["fd"] = fds.get(r["shard"])
+                r["shard_info"] = self.shards[r["shard"]]  # sizes, digests: every sample checked as read
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
                                                self.transform.flip)
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
-                               self.decode_on_device, pool, renderer)
+                               self.decode_on_device, pool, renderer, self.cache, self.lookahead)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
@@ -420,5 +492,3 @@ class ClipLoader:
                 self._slots_in_use = False
             for fd in fds.values():
                 os.close(fd)
-            if self.cache:
-                self.cache.release()

@@ -24,11 +24,21 @@ import torch
 from torch import nn
 
 
+def node_size(rank: int, size: int, local_size: int, nodes: int, node: int) -> int:
+    """``local_size`` when the job looks like ``nodes`` nodes of ``local_size`` consecutive ranks from
+    here (node n: ranks n x local_size ...), else 1 (every rank a node of its own, which every rank
+    agrees on). Decided without a collective (a joining elastic rank could not meet the others in
+    one); a job whose hosts run different rank counts that still add up to nodes x local_size on
+    some host would disagree: give hosts equal slot counts."""
+    return local_size if size == local_size * nodes and rank // local_size == node else 1
+
+
 class Backend:
     """One process, no communication; the base the others override."""
 
     name = "none"
     rank, size, local_rank = 0, 1, 0
+    local_size = 1  # ranks per node as the loader's node-affine epochs see them (``node_size``)
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         """-> (module to call forward on, optimizer to step); gradients are averaged over ranks."""
@@ -77,6 +87,7 @@ class Horovod(Backend):
         hvd.init()
         self.hvd = hvd
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.local_size = node_size(self.rank, self.size, hvd.local_size(), hvd.cross_size(), hvd.cross_rank())
 
     def prepare(self, model, optimizer, compression):
         hvd = self.hvd
@@ -128,6 +139,9 @@ class TorchDistributed(Backend):
         # Gloo for the CPU tensors (metrics, stop flags), NCCL for the GPU ones where there are GPUs
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        self.local_size = node_size(self.rank, self.size, local, self.size // local,
+                                    int(os.environ.get("GROUP_RANK", 0)))
 
     def prepare(self, model, optimizer, compression):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

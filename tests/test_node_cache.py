@@ -1,0 +1,164 @@
+"""The loader with node-affine epochs and the node cache, against a real HTTP server: ranks of a
+node stream through one budget smaller than their shares, the first batch comes while later
+shards still download, and each node downloads its pieces once in a run of several epochs."""
+import multiprocessing
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from shards.cache import CacheFull
+from shards.manifest import Manifest
+from shardsets import make_shardset, serve
+from trainer.data.loader import ClipLoader
+
+SMALL = dict(crop_size=32, scale_size=36, shuffle_buffer=1, batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def forty(tmp_path_factory):
+    """40 clips in 8 shards (as in the issue's reproduction)."""
+    d = str(tmp_path_factory.mktemp("forty"))
+    make_shardset(d, {"train": 40}, per_shard=5)
+    return d
+
+
+def keys(batches):
+    return [k for b in batches for k, ok in zip(b["keys"], b["valid"].tolist()) if ok]
+
+
+def _rank(url, rank, cache, budget, epochs, out):
+    """One rank of a two-rank node: its clips of each epoch, or what went wrong."""
+    try:
+        loader = ClipLoader(url, "train", rank=rank, world_size=2, local_size=2, shuffle="node", num_workers=1,
+                            cache_dir=cache, cache_budget=budget, lookahead=2, **SMALL)
+        out.put((rank, [keys(loader) for _ in range(epochs)]))
+    except Exception as e:  # reported to the test
+        out.put((rank, repr(e)))
+
+
+def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares(forty, tmp_path):
+    """Budget 0.7x the split (each rank's share fits, both together do not): both ranks finish two
+    epochs, every clip once per epoch, no CacheFull."""
+    split = Manifest.load(forty).splits["train"]
+    budget = int(0.7 * sum(s.bytes for s in split.shards))
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    with serve(forty) as (url, _):
+        ranks = [ctx.Process(target=_rank, args=(url, r, str(tmp_path / "cache"), budget, 2, out)) for r in (0, 1)]
+        for p in ranks:
+            p.start()
+        got = dict(out.get(timeout=300) for _ in ranks)
+        for p in ranks:
+            p.join()
+    assert all(isinstance(v, list) for v in got.values()), got
+    for epoch in range(2):
+        clips = Counter(k for r in (0, 1) for k in got[r][epoch])
+        assert len(clips) == 40 and set(clips.values()) == {1}
+
+
+def test_a_budget_below_the_nodes_lookahead_is_refused_before_any_download(forty, tmp_path):
+    with serve(forty) as (url, requests):
+        loader = ClipLoader(url, "train", rank=1, world_size=4, local_size=2, shuffle="node", num_workers=2,
+                            cache_dir=str(tmp_path), cache_budget="100kB", lookahead=3, **SMALL)
+        with pytest.raises(CacheFull, match=r"a cache budget of 100,000 bytes cannot hold the lookahead of this node's "
+                                            r"2 ranks x 2 loader workers x 3 shards of up to [\d,]+ bytes \([\d,]+ bytes\)"):
+            next(iter(loader))
+        assert not [p for _, p in requests if p.endswith(".tar")]
+
+
+def wait_for(condition, what, seconds=60):
+    """Hold the test until ``condition()`` (a hang fails it, naming what never happened)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_first_batch_comes_while_later_shards_still_download(forty, tmp_path, cached):
+    """The server answers the first shard asked for and holds every other until the test has the
+    first batch: the batch (of one clip) must come out of the first shard alone, and while the
+    test holds the loader there, the next shard must be asked for (through the node cache, or read
+    ahead without one)."""
+    first, held, release = [], [], threading.Event()
+
+    def gate(path, start, end):
+        if not path.endswith(".tar"):
+            return
+        first.append(first[0] if first else path)
+        if path != first[0]:
+            held.append(path)
+            release.wait(120)
+    waiter = ThreadPoolExecutor(1)
+    with serve(forty, gate) as (url, _):
+        loader = ClipLoader(url, "train", num_workers=0, cache_dir=str(tmp_path) if cached else None, lookahead=2,
+                            **(SMALL | {"batch_size": 1}))
+        batches = iter(loader)
+        try:
+            batch = waiter.submit(next, batches).result(timeout=120)  # a hang fails
+            wait_for(lambda: held, "the next shard asked for while the loader stands at its first batch")
+        finally:
+            release.set()
+        rest = list(batches)
+        waiter.shutdown()
+    assert sorted(keys([batch] + rest)) == sorted(k for s in Manifest.load(forty).splits["train"].shards for k in s.keys)
+
+
+def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path):
+    """Two nodes of two ranks, three shards (one split between the nodes), three epochs through a
+    cache per node: every clip once per epoch; each node asks the server for each byte range once,
+    and the two nodes together for no more than the split's bytes (global epochs: up to twice)."""
+    d = str(tmp_path / "set")
+    make_shardset(d, {"train": 15}, per_shard=5)
+    ranges, per_node = [], {}
+    with serve(d, lambda path, start, end: ranges.append((path, start, end))) as (url, _):
+        per_epoch = [Counter() for _ in range(3)]
+        for node in (0, 1):
+            before = len(ranges)
+            for rank in (2 * node, 2 * node + 1):
+                loader = ClipLoader(url, "train", rank=rank, world_size=4, local_size=2, shuffle="node", num_workers=0,
+                                    cache_dir=str(tmp_path / f"node{node}"), lookahead=2, **SMALL)
+                for epoch in range(3):
+                    loader.set_epoch(epoch)
+                    per_epoch[epoch].update(keys(loader))
+            per_node[node] = ranges[before:]
+    assert all(len(c) == 15 and set(c.values()) == {1} for c in per_epoch)
+    split = Manifest.load(d).splits["train"]
+    for asked in per_node.values():
+        assert len(asked) == len(set(asked)) and len({p for p, _, _ in asked}) == len(asked)  # one copy per shard
+    assert sum(b - a for p, a, b in ranges) <= sum(s.bytes for s in split.shards)
+    assert len(ranges) == 4  # the whole shards each node owns, and a piece each of the one they share
+
+
+@pytest.mark.parametrize("before,after", [((2, 2), (3, 1)), ((2, 2), (1, 3)), ((1, 4), (2, 1))])
+def test_node_affine_resume_with_other_nodes_covers_the_epoch_once(forty, before, after):
+    """Two batches per rank on (nodes, ranks per node) ``before``, then the rest of the epoch from
+    rank 0's state on ``after``: every clip once (node counts change: the rest is split anew)."""
+    def loaders(nodes, per_node, mode="node"):
+        return [ClipLoader(forty, "train", rank=r, world_size=nodes * per_node, local_size=per_node, shuffle=mode,
+                           num_workers=1, seed=3, **SMALL) for r in range(nodes * per_node)]
+    first, got = loaders(*before), Counter()
+    for loader in first:
+        batches = iter(loader)
+        got.update(keys([next(batches), next(batches)]))
+        batches.close()
+    state = first[0].state_dict()
+    for loader in loaders(*after, mode="global" if after[0] == 1 else "node"):
+        loader.load_state_dict(state)
+        got.update(keys(loader))
+    assert len(got) == 40 and set(got.values()) == {1}
+
+
+@pytest.mark.parametrize("rank,size,local,nodes,node,expect", [
+    (4, 6, 3, 2, 1, 3),  # 2 hosts x 3 slots: nodes of 3
+    (0, 2, 1, 2, 0, 1),  # test_cluster_horovod's two single-slot "hosts"
+    (0, 5, 2, 3, 0, 1),  # hosts of 2, 2 and 1: every rank its own node
+    (4, 5, 1, 3, 2, 1),
+    (2, 4, 2, 2, 0, 1),  # ranks not placed host by host
+])
+def test_the_node_size_the_loader_gets(rank, size, local, nodes, node, expect):
+    from trainer.distributed.backends import node_size
+    assert node_size(rank, size, local, nodes, node) == expect
