@@ -3,6 +3,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# What only the tests need: a one-node Slurm (tests/test_cluster_slurm.py runs the Slurm runbook on
+# loopback), installed once (apt-get update + install took 13 s on the development machine).
+need_apt=()
+command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null || need_apt+=(slurm-wlm)
+command -v munged >/dev/null || need_apt+=(munge)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "test: apt-get install ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+export KF_REQUIRE_SLURM=1  # here the Slurm test fails instead of skipping when Slurm cannot run
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep every Ray on 127.0.0.1 (../shared/notes/loopback.md)
 # Two pytest processes (KF_TEST_WORKERS; 0: one), each test file whole in one of them: much of
 # the suite waits on launches, rendezvous and timeouts, which the other process fills.

@@ -146,5 +146,6 @@ class ServiceProcess:
         return self.url
 
     def kill(self, signum: int = 9) -> None:
-        self.proc.send_signal(signum)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
         self.proc.wait(timeout=60)
