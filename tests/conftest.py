@@ -95,6 +95,7 @@ def pytest_sessionfinish(session):
             pass
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+        reporter.write_line("")
         reporter.write_sep("=", f"{len(alive)} processes started by the suite were still running (now killed)",
                            red=True)
         for line in lines:
