@@ -1,16 +1,14 @@
-"""Decode Kinetics videos into pre-sampled T-frame JPEG clips in WebDataset shards, on Ray.
+"""The build engine behind ``ingest build``: videos in, a finished shard set out, on Ray.
 
-Reads SRC in the class-folder layout (SRC/{train,val,test}/<label>/<id>.<ext>) or the CVDF
-layout (flat SRC/<split>/<youtube_id>_<start>_<end>.mp4 with SRC/annotations/<split>.csv) and
-writes OUT/<split>/<split>-NNNNNN.tar, OUT/manifest.json, OUT/classes.txt and the error ledger
-OUT/errors.jsonl. Bad videos, and videos of the train and val splits without a label, are
-recorded in the ledger and skipped; the command exits non-zero only when the failed fraction
-exceeds --max-error-fraction. A killed build resumes when rerun, with any batching, worker count
-or timeout: each video's staged samples are found by what decides their bytes.
+``build`` lists the inputs (``sources.discover``), plans fixed batches of videos, has Ray tasks
+decode them into ``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into
+shards in their final order (``staging.pack_shard``), then writes the manifest, ``classes.txt``
+and the error ledger. A finished build with the same inputs and config is left as it is; a
+killed one resumes, reusing every staged video. The command line is ``ingest.build_cli``; the
+catalog's wrapper around ``build`` is ``ingest.registry``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -23,16 +21,14 @@ from fsspec.core import url_to_fs
 from tqdm import tqdm
 
 from shards import ordering, packing, storage
-from shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
+from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
+                             SplitInfo)
 
-from . import ray_runtime, staging
-from .clips import DECODERS, ClipConfig
+from . import content_digests, ray_runtime, staging
+from .clips import ClipConfig
 from .sources import LABELED_SPLITS, SPLITS, Source, Video, discover
 
 log = logging.getLogger("ingest.build")
-LEDGER = "errors.jsonl"
-STAGING = ".staging"
-_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{8}$")  # shards.storage's atomic writes before their rename
 _SHARD = re.compile(rf"({'|'.join(SPLITS)})/\1-\d{{6}}\.tar")  # packing.shard_name
 
 
@@ -65,94 +61,32 @@ class Summary:
         return text
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--src", required=True, help="source tree (local path or fsspec URL)")
-    p.add_argument("--out", required=True, help="output directory (local path or fsspec URL)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="parallel decode tasks (default: all CPUs of the Ray cluster)")
-    p.add_argument("--address", default=None,
-                   help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' joined on this node) instead of starting a local Ray")
-    p.add_argument("--frames", type=int, default=8, help="frames per clip (TSN/TSM segments T)")
-    p.add_argument("--clips-per-video", type=int, default=1,
-                   help="independently sampled training clips stored per training video")
-    p.add_argument("--eval-clips", type=int, default=1,
-                   help="clips per val/test video, at evenly spread offsets (1 = segment centres)")
-    p.add_argument("--short-side", type=int, default=256, help="resize frames so the short side is this")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality")
-    p.add_argument("--restart-interval", type=int, default=1, metavar="MCUS",
-                   help="JPEG restart marker every MCUS macroblocks of 16x16 pixels (rounded down to tile the "
-                        "rows), so the loader decodes only the intervals under its crop; 0: none (smaller files)")
-    p.add_argument("--seed", type=int, default=0, help="seeds frame sampling and sample order")
-    p.add_argument("--decoder", choices=DECODERS, default="pyav",
-                   help="pyav: decode in-process, only the packets the kept frames need (what PyAV cannot "
-                        "open goes to the ffmpeg command line); ffmpeg: the command line for every video")
-    p.add_argument("--shard-size", default="256MB", help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
-    p.add_argument("--shard-samples", type=int, default=None, help="cut shards at this many samples instead")
-    p.add_argument("--max-error-fraction", type=float, default=0.05,
-                   help="exit non-zero if more than this fraction of the videos fail (the good ones are "
-                        "written all the same)")
-    p.add_argument("--splits", default="train,val,test", help="comma-separated splits to build")
-    p.add_argument("--videos-per-task", type=int, default=8, help="videos decoded per Ray task")
-    p.add_argument("--ffmpeg-threads", type=int, default=1, help="decoder threads per video")
-    p.add_argument("--timeout", type=float, default=600,
-                   help="seconds one video may take, download, probe and decode included, before it is "
-                        "abandoned and recorded in the ledger")
-    p.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging after a successful build")
-    p.add_argument("--catalog", help="register the build in this dataset catalog (SQLite file); a set with the same "
-                                     "inputs and output options already built anywhere is reused, nothing decoded")
-    p.add_argument("--name", help="catalog name of the set (default: the last part of --out)")
-    p.add_argument("--force", action="store_true", help="rebuild even if the same build is already finished")
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
-                     short_side=args.short_side, quality=args.quality,
-                     restart_interval=args.restart_interval, seed=args.seed, decoder=args.decoder)
-    kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,
-                  shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
-                  splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
-                  timeout=args.timeout, keep_staging=args.keep_staging, force=args.force)
-    if args.catalog:
-        from shards.catalog import CatalogError
-
-        from . import registry
-        try:
-            summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)
-        except CatalogError as e:
-            print(f"error: {e}")
-            return 2
-        print(("reused " if summary.reused else "registered ") + registry.where(record))
-    else:
-        summary = build(args.src, args.out, cfg, **kwargs)
-    print(("up to date: " if summary.reused else "done: ") + summary.line())
-    fraction = summary.failed / max(1, summary.videos)
-    if fraction > args.max_error_fraction:
-        print(f"error: {summary.failed} of {summary.videos} videos failed ({fraction:.1%} > "
-              f"--max-error-fraction {args.max_error_fraction:.1%}); see {storage.join(args.out, LEDGER)}")
-        return 1
-    return 0
-
-
 def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | None = None,
           address: str | None = None, shard_size: int | None = 256 * 10**6, shard_samples: int | None = None,
           splits=("train", "val", "test"), videos_per_task: int = 8, threads: int = 1,
-          timeout: float = 600, keep_staging: bool = False, force: bool = False, source: Source | None = None,
-          progress=None) -> Summary:
-    """``source``: already discovered; ``progress``: called with a dict of counts as work is done."""
+          timeout: float = 600, keep_staging: bool = False, force: bool = False, fingerprint: str = "stat",
+          hash_cache: str | None = None, source: Source | None = None, progress=None) -> Summary:
+    """``fingerprint``: what identifies the inputs, ``"stat"`` or ``"content"`` (their SHA-256,
+    cached in ``hash_cache``; see ``ingest.content_digests``); ``source``: already discovered;
+    ``progress``: called with a dict of counts as work is done."""
     t0 = time.time()
     source = source or discover(src)
     videos = [v for v in source.videos if v.split in splits]
     config = {"src": src, "layout": source.layout, "clip": cfg.as_dict(), "shard_size": shard_size,
               "shard_samples": shard_samples, "splits": sorted({v.split for v in videos})}
-    fingerprint = source.fingerprint()
+    digests = None
+    if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
+        digests = content_digests.digests(videos, hash_cache, ray_runtime.start(address, workers))
+        config["fingerprint"] = "content"
+    inputs_id = source.fingerprint(digests)
     summary = Summary(videos=len(videos), missing=sum(source.missing.values()))
     existing = _existing(out)
-    if existing and existing.config == config and existing.fingerprint == fingerprint and not force:
+    if existing and existing.config == config and existing.fingerprint == inputs_id and not force:
         log.info("%s is already built from these inputs with this config", out)
         _tidy(out, existing, keep_staging)
         return _summarise_existing(existing, summary)
 
-    stage = storage.join(out, STAGING)
+    stage = storage.join(out, STAGING_NAME)
     unlabeled = [v for v in videos if v.split in LABELED_SPLITS and v.label is None]
     videos = [v for v in videos if not (v.split in LABELED_SPLITS and v.label is None)]
     log.info("%s: %s layout, %d videos (%s), %d classes; staging in %s", src, source.layout, len(videos),
@@ -160,12 +94,12 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
              len(source.classes), stage)
     parallel = ray_runtime.start(address, workers)
     report = progress or (lambda state: None)
-    entries = _decode_all(stage, videos, source, cfg, parallel, videos_per_task, threads, timeout,
+    entries = _decode_all(stage, videos, source, cfg, digests, parallel, videos_per_task, threads, timeout,
                           summary.tasks_per_node, report)
 
     errors = sorted([_unlabeled(v, source.layout) for v in unlabeled] + [e["error"] for e in entries if e["error"]],
                     key=lambda e: e["path"])
-    manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=fingerprint)
+    manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=inputs_id)
     packing_started = time.time()
     for split in config["splits"]:
         split_entries = [e for e in entries if e["split"] == split]
@@ -177,9 +111,9 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
         manifest.splits[split] = SplitInfo(shards=shards,
                                            num_failed=sum(e["split"] == split for e in errors))
     summary.pack_seconds = time.time() - packing_started
-    storage.atomic_write(storage.join(out, LEDGER),
+    storage.atomic_write(storage.join(out, LEDGER_NAME),
                          b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in errors))
-    storage.atomic_write(storage.join(out, "classes.txt"), "".join(c + "\n" for c in source.classes).encode())
+    storage.atomic_write(storage.join(out, CLASSES_NAME), "".join(c + "\n" for c in source.classes).encode())
     manifest.save(out)
     _tidy(out, manifest, keep_staging)
 
@@ -207,12 +141,12 @@ def _tidy(out: str, manifest: Manifest, keep_staging: bool) -> None:
     of a killed or earlier build left beside the shards the manifest lists."""
     fs, root = url_to_fs(out)
     root = root.rstrip("/")
-    if not keep_staging and fs.exists(f"{root}/{STAGING}"):
-        fs.rm(f"{root}/{STAGING}", recursive=True)
+    if not keep_staging and fs.exists(f"{root}/{STAGING_NAME}"):
+        fs.rm(f"{root}/{STAGING_NAME}", recursive=True)
     listed = {s.name for split in manifest.splits.values() for s in split.shards}
     for path in fs.find(root):
         rel = path.rstrip("/")[len(root) + 1:]
-        if _TEMPORARY.search(rel) or (_SHARD.fullmatch(rel) and rel not in listed):
+        if storage.TEMPORARY.search(rel) or (_SHARD.fullmatch(rel) and rel not in listed):
             fs.rm(path)
 
 
@@ -234,14 +168,16 @@ def _summarise_existing(m: Manifest, summary: Summary) -> Summary:
     return summary
 
 
-def _decode_all(stage, videos, source: Source, cfg, parallel, videos_per_task, threads, timeout,
-                nodes: Counter, report) -> list[dict]:
+def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parallel, videos_per_task, threads,
+                timeout, nodes: Counter, report) -> list[dict]:
     """Every video's staged entry: reused when staging already holds it, else decoded by Ray tasks
-    in fixed batches of the remaining videos (path order). ``nodes`` counts tasks per Ray node;
-    ``report`` gets the counts as work is done."""
+    in fixed batches of the remaining videos (path order). ``digests``: the videos' content
+    digests by URL, when they identify them; ``nodes`` counts tasks per Ray node; ``report`` gets
+    the counts as work is done."""
     index = {c: i for i, c in enumerate(source.classes)}
     labels = {v.relpath: index[v.label] if v.label is not None else -1 for v in videos}
-    keys = {v.relpath: staging.video_key(v, labels[v.relpath], cfg) for v in videos}
+    keys = {v.relpath: staging.video_key(v, labels[v.relpath], cfg, digests and digests.get(v.url))
+            for v in videos}
     done = staging.staged(stage)
     entries = [done[keys[v.relpath]] for v in videos if keys[v.relpath] in done]
     todo = sorted((v for v in videos if keys[v.relpath] not in done), key=lambda v: v.relpath)

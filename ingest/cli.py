@@ -5,7 +5,7 @@ import sys
 
 from shards.commands import main as run_commands
 
-COMMANDS = {"build": "ingest.build", "synth": "ingest.synth"}
+COMMANDS = {"build": "ingest.build_cli", "synth": "ingest.synth"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import fsspec
 from fsspec.core import url_to_fs
 
-from shards import reading
+from shards import storage
 from shards.tarformat import sample_bytes
 
 from . import ffmpeg_cli, jpeg, pyav_decoder, sampling
@@ -56,7 +56,7 @@ class ClipConfig:
 def local_copy(video: Video, deadline: Deadline):
     """A local path to the video: itself if local, else a temporary download
     (ffmpeg cannot seek in a pipe, and most mp4s keep their index at the end)."""
-    local = reading.local_path(video.url)
+    local = storage.local_path(video.url)
     if local is not None:
         yield local
         return
@@ -90,7 +90,7 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
                timeout: float = 600) -> list[tuple[str, int, bytes]]:
     """Return ``(key, label_index, sample_bytes)`` for each clip of ``video``; everything it
     does (download, probe, decode, encode) must end within ``timeout`` seconds."""
-    if reading.local_path(video.url) is None:
+    if storage.local_path(video.url) is None:
         url_to_fs(video.url)  # sets up (and caches) the remote filesystem: our start-up, not the input's time
     deadline = Deadline(timeout)
     try:

@@ -1,11 +1,15 @@
-"""``ingest build --catalog``: builds registered in the dataset catalog, found again by content.
+"""``ingest build --catalog``: builds registered in the dataset catalog, found again by their id.
 
-The dataset id (``shards.catalog_id``) is taken over
-  * the inputs: every video's URL (local paths made absolute), size, modification stamp
-    (mtime, or the store's ETag or update time where there is no mtime) and label, and the
-    class list (an empty class folder shifts the class indices);
+The dataset id (``shards.catalog.ids``) is taken over
+  * the inputs: with ``--fingerprint stat`` (the default) every video's URL (local paths made
+    absolute), size, modification stamp (mtime, or the store's ETag or update time where there is
+    no mtime) and label; with ``--fingerprint content`` every video's path under the source, the
+    SHA-256 of its bytes and its label (``ingest.content_digests``), so a corrected video is a new
+    input and the same videos under another source directory are the same; and the class list
+    (an empty class folder shifts the class indices);
   * the options that change the output bytes: the clip config (frames, clips per video, eval
-    clips, short side, quality, restart interval, seed, decoder), the shard size or sample count, the splits;
+    clips, short side, quality, restart interval, seed, decoder), the shard size or sample count, the
+    splits, and ``fingerprint: content`` when the inputs were hashed;
   * the shard format version.
 Workers, videos per task, timeouts, ffmpeg threads, the output location and the Ray address
 cannot change the bytes and are left out, so the same build asked for anywhere is found.
@@ -26,19 +30,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fsspec.core import url_to_fs
-
 from shards import storage
-from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record
-from shards.catalog_id import dataset_id
-from shards.manifest import MANIFEST_NAME, Manifest
+from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record, dataset_id
+from shards.manifest import MANIFEST_NAME, SET_FILES, Manifest
 
+from . import content_digests, ray_runtime
+from .build import Summary
+from .build import build as ingest_build
 from .clips import ClipConfig
 from .sources import Source, discover
 
 log = logging.getLogger("ingest.registry")
-SET_FILES = (MANIFEST_NAME, "classes.txt", "errors.jsonl")  # besides the shards, what a set holds
-_STAMP_KEYS = ("mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "md5Hash", "created")
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Plan:
     shard_samples: int | None
     splits: list[str]
     options: dict  # the byte-changing options, as recorded
+    fingerprint: str = "stat"  # what identifies the inputs (``ingest.content_digests``)
+    hash_cache: str | None = None  # where content digests are cached (None: the default)
 
 
 def normalise(url: str) -> str:
@@ -59,34 +63,26 @@ def normalise(url: str) -> str:
     return url.rstrip("/") if "://" in url else os.path.abspath(url)
 
 
-def _stamps(src: str, splits) -> dict[str, object]:
-    """relpath -> modification stamp of every file under the splits, from one listing each."""
-    out = {}
-    for split in splits:
-        fs, root = url_to_fs(storage.join(src, split))
-        if not fs.exists(root):
-            continue
-        root = root.rstrip("/")
-        for path, info in fs.find(root, detail=True).items():
-            stamp = next((info[k] for k in _STAMP_KEYS if info.get(k) is not None), None)
-            out[f"{split}/{path[len(root) + 1:]}"] = stamp if isinstance(stamp, (int, float)) else str(stamp)
-    return out
-
-
 def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 256 * 10**6,
-         shard_samples: int | None = None, splits=("train", "val", "test")) -> Plan:
-    """List the inputs and compute the dataset id of building them with these options."""
+         shard_samples: int | None = None, splits=("train", "val", "test"), fingerprint: str = "stat",
+         hash_cache: str | None = None, address: str | None = None, workers: int | None = None) -> Plan:
+    """List the inputs and compute the dataset id of building them with these options.
+    ``fingerprint="content"`` hashes the inputs on Ray (``address``, ``workers``) first."""
     src = normalise(src)
     source = discover(src)
     videos = [v for v in source.videos if v.split in splits]
     present = sorted({v.split for v in videos})
     shard_size = None if shard_samples else shard_size
-    stamps = _stamps(src, present)
-    inputs = [{"path": storage.join(src, v.relpath), "size": v.size, "stamp": stamps.get(v.relpath),
-               "label": v.label} for v in videos]
     options = {"clip": cfg.as_dict(), "shard_size": shard_size, "shard_samples": shard_samples, "splits": present}
+    if fingerprint == "content":
+        digests = content_digests.digests(videos, hash_cache, ray_runtime.start(address, workers))
+        inputs = [{"path": v.relpath, "sha256": digests.get(v.url), "label": v.label} for v in videos]
+        options["fingerprint"] = "content"
+    else:  # the ids of every set built before content fingerprints existed: left as they were
+        inputs = [{"path": storage.join(src, v.relpath), "size": v.size, "stamp": v.stamp, "label": v.label}
+                  for v in videos]
     ident = dataset_id(inputs, {**options, "classes": source.classes, "layout": source.layout})
-    return Plan(ident, src, source, cfg, shard_size, shard_samples, present, options)
+    return Plan(ident, src, source, cfg, shard_size, shard_samples, present, options, fingerprint, hash_cache)
 
 
 def claim(catalog: Catalog, p: Plan, out: str, name: str | None = None, force: bool = False) -> Claim:
@@ -99,12 +95,12 @@ def claim(catalog: Catalog, p: Plan, out: str, name: str | None = None, force: b
 
 def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConfig(), *, name: str | None = None,
           force: bool = False, poll: float = 1.0, shard_size: int | None = 256 * 10**6,
-          shard_samples: int | None = None, splits=("train", "val", "test"), **build_kwargs):
+          shard_samples: int | None = None, splits=("train", "val", "test"), fingerprint: str = "stat",
+          hash_cache: str | None = None, **build_kwargs):
     """``ingest.build.build`` through the catalog; returns (summary, record)."""
-    from .build import Summary
-
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits)
+    p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits, fingerprint=fingerprint,
+             hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"))
     waited = False
     while True:
         c = claim(cat, p, out, name, force)
@@ -135,8 +131,6 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
 def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kwargs):
     """Build a claimed id into its record's location: heartbeat, progress, then ready or failed.
     ``force``: rebuild even if the location holds a finished build."""
-    from .build import build as ingest_build
-
     dataset, owner = c.record.id, c.owner
     stop = threading.Event()
 
@@ -157,8 +151,8 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kw
     threading.Thread(target=beat, daemon=True, name=f"heartbeat-{dataset[:8]}").start()
     try:
         summary = ingest_build(p.src, c.record.location, p.cfg, source=p.source, shard_size=p.shard_size,
-                               shard_samples=p.shard_samples, splits=p.splits, progress=progress, force=force,
-                               **build_kwargs)
+                               shard_samples=p.shard_samples, splits=p.splits, fingerprint=p.fingerprint,
+                               hash_cache=p.hash_cache, progress=progress, force=force, **build_kwargs)
         splits, files, manifest_sha = describe_set(c.record.location)
     except BaseException as e:
         stop.set()

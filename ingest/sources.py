@@ -16,7 +16,7 @@ import hashlib
 import io
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fsspec.core import url_to_fs
 
@@ -27,6 +27,7 @@ log = logging.getLogger("ingest.sources")
 
 SPLITS = ("train", "val", "test")
 LABELED_SPLITS = ("train", "val")  # what the trainer learns and validates on; test may be unlabeled
+_STAMP_KEYS = ("mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "md5Hash", "created")
 VIDEO_EXTS = {".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".flv", ".mpg", ".mpeg",
               ".3gp", ".ogv", ".wmv", ".ts"}
 
@@ -40,6 +41,9 @@ class Video:
     video_id: str  # sample keys are built from it
     size: int  # bytes; -1 when it is not a regular file
     kind: str = "file"  # "file", "directory" or "other": anything but a file is a failure later
+    stamp: float | str | None = None  # modification time, or the store's ETag or update time
+    ctime: float | None = None  # local files: the inode's last change (what a preserved mtime hides)
+    inode: int = 0  # local files
 
 
 @dataclass
@@ -49,11 +53,12 @@ class Source:
     classes: list[str]
     missing: dict[str, int]  # annotated videos with no file, per split (normal for Kinetics)
 
-    def fingerprint(self) -> str:
-        """Hash of the input set: relative paths, sizes and labels (not mtimes, not content)."""
+    def fingerprint(self, digests: dict[str, str] | None = None) -> str:
+        """Hash of the input set: relative paths, labels and sizes (not mtimes), or, given
+        ``digests`` (URL -> SHA-256 of the content), those digests in place of the sizes."""
         h = hashlib.sha256()
         for v in sorted(self.videos, key=lambda v: v.relpath):
-            h.update(f"{v.relpath}\0{v.size}\0{v.label}\n".encode())
+            h.update(f"{v.relpath}\0{v.size if digests is None else digests.get(v.url)}\0{v.label}\n".encode())
         return h.hexdigest()[:16]
 
 
@@ -62,9 +67,16 @@ def _ext(name: str) -> str:
     return name[dot:].lower() if dot >= 0 else ""
 
 
-def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str]], set[str]]:
-    """Video-named entries of a split, dirs included, as (relpath under src, size, kind), and the
-    names of its top-level folders (class folders, empty ones too), from one recursive listing."""
+def stamp_of(info: dict) -> float | str | None:
+    """A listing entry's modification stamp: the mtime, else the store's update time or ETag."""
+    stamp = next((info[k] for k in _STAMP_KEYS if info.get(k) is not None), None)
+    return stamp if isinstance(stamp, (int, float)) or stamp is None else str(stamp)
+
+
+def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str, dict]], set[str]]:
+    """Video-named entries of a split, dirs included, as (relpath under src, size, kind, what
+    ``Video`` records of its stat), and the names of its top-level folders (class folders, empty
+    ones too), from one recursive listing (plus a stat of each symbolic link's target)."""
     fs, root = url_to_fs(storage.join(src, split))
     if not fs.exists(root):
         return [], set()
@@ -77,9 +89,14 @@ def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str]], set[str]]:
             if kind == "directory" and rel and "/" not in rel:
                 folders.add(rel)
             continue
-        if kind == "file" and info.get("islink") and not fs.exists(path):
-            kind = "other"  # dangling link
-        videos.append((f"{split}/{rel}", (info.get("size") or 0) if kind == "file" else -1, kind))
+        if kind == "file" and info.get("islink"):
+            try:
+                info = fs.info(path)  # the target's times and inode, not the link's
+            except FileNotFoundError:
+                kind = "other"  # dangling link
+        stat = {"stamp": stamp_of(info), "ctime": info.get("created") if "ino" in info else None,
+                "inode": info.get("ino") or 0} if kind == "file" else {}
+        videos.append((f"{split}/{rel}", (info.get("size") or 0) if kind == "file" else -1, kind, stat))
     return videos, folders
 
 
@@ -113,21 +130,21 @@ def discover(src: str) -> Source:
             ann = annotations[split] or {}
             classes.update(l for l in ann.values() if l)
             present = set()
-            for rel, size, kind in entries:
+            for rel, size, kind, stat in entries:
                 vid = _stem(rel)
                 present.add(vid)
                 if ann and vid not in ann:
                     log.warning("%s: not in annotations/%s.csv; skipped", rel, split)
                     continue
-                videos.append(Video(split, rel, storage.join(src, rel), ann.get(vid), vid, size, kind))
+                videos.append(Video(split, rel, storage.join(src, rel), ann.get(vid), vid, size, kind, **stat))
             missing[split] = sum(1 for vid in ann if vid not in present)
         else:
             classes.update(folders)
-            for rel, size, kind in entries:
+            for rel, size, kind, stat in entries:
                 parts = rel.split("/")
                 label = parts[1] if len(parts) >= 3 else None
                 classes.update([label] if label else [])
-                videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind))
+                videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind, **stat))
     if not videos:
         raise FileNotFoundError(f"{src}: no videos found under {'/'.join(SPLITS)} (extensions: "
                                 f"{', '.join(sorted(VIDEO_EXTS))})")
@@ -142,5 +159,5 @@ def _unique_ids(videos: list[Video]) -> list[Video]:
     for v, k in keyed:
         if counts[(v.split, k)] > 1:
             k = f"{k}_{hashlib.sha1(v.relpath.encode()).hexdigest()[:8]}"
-        out.append(Video(v.split, v.relpath, v.url, v.label, k, v.size, v.kind))
+        out.append(replace(v, video_id=k))
     return out

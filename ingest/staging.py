@@ -2,10 +2,10 @@
 
 ``decode_batch``: some videos -> one staged file of sample bytes plus a small JSON index,
 written under ``OUT/.staging``. Staging is keyed by what it holds: each video's entry is filed
-under ``video_key`` (its URL, size, class index and every clip option), and a batch file is
-named after the keys it holds, so a rerun with other batching, worker count or timeout finds
-exactly the videos already done, whichever batch they went in (``staged``). The index is
-written last and marks the batch done. ``pack_shard``: sample byte ranges cut from staged
+under ``video_key`` (its URL, size, class index, every clip option and, for a build identified
+by content, its digest), and a batch file is named after the keys it holds, so a rerun with
+other batching, worker count or timeout finds exactly the videos already done, whichever batch
+they went in (``staged``). The index is written last and marks the batch done. ``pack_shard``: sample byte ranges cut from staged
 files -> one final shard. Only small indexes travel back to the driver.
 """
 from __future__ import annotations
@@ -30,9 +30,11 @@ log = logging.getLogger("ingest.staging")
 RETRY = "retry"  # an entry whose failure may not recur (a timeout, a crash): done again on a rerun
 
 
-def video_key(video: Video, label: int, cfg: ClipConfig) -> str:
-    """Names one video's staged samples: everything that decides their bytes."""
-    return digest({"url": video.url, "size": video.size, "label": label, "clip": cfg.as_dict()})
+def video_key(video: Video, label: int, cfg: ClipConfig, sha256: str | None = None) -> str:
+    """Names one video's staged samples: everything that decides their bytes (with ``sha256``, the
+    digest of its content, when the build is identified by content)."""
+    key = {"url": video.url, "size": video.size, "label": label, "clip": cfg.as_dict()}
+    return digest(key if sha256 is None else {**key, "sha256": sha256})
 
 
 def batch_urls(stage: str, batch_id: str) -> tuple[str, str]:

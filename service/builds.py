@@ -15,8 +15,7 @@ import threading
 from ingest import ray_runtime, registry
 from ingest.clips import DECODERS, ClipConfig
 from shards import storage
-from shards.catalog import Catalog
-from shards.catalog_id import canonical_json
+from shards.catalog import Catalog, canonical_json
 from shards.packing import parse_size
 
 log = logging.getLogger("service.builds")

@@ -10,9 +10,9 @@ import logging
 
 from fsspec.core import url_to_fs
 
-from ingest.registry import SET_FILES
 from shards import storage
 from shards.catalog import Catalog, CatalogError, Record
+from shards.manifest import SET_FILES, STAGING_NAME
 
 log = logging.getLogger("service.housekeeping")
 
@@ -20,7 +20,7 @@ log = logging.getLogger("service.housekeeping")
 def purge(rec: Record) -> list[str]:
     """Delete the files a build of ``rec`` wrote; returns what was deleted."""
     removed = []
-    for name in (*SET_FILES, ".staging", *rec.options.get("splits", [])):
+    for name in (*SET_FILES, STAGING_NAME, *rec.options.get("splits", [])):
         fs, path = url_to_fs(storage.join(rec.location, name))
         if fs.exists(path):
             fs.rm(path, recursive=True)

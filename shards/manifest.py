@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass, field
 from . import storage
 
 MANIFEST_NAME = "manifest.json"
+CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
+LEDGER_NAME = "errors.jsonl"  # one JSON line per input that could not be used
+STAGING_NAME = ".staging"  # a build's work in progress, gone once it finishes
+SET_FILES = (MANIFEST_NAME, CLASSES_NAME, LEDGER_NAME)  # besides the shards, what a set holds
 FORMAT = "kinetics-fast-shards/1"
 
 

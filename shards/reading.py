@@ -18,16 +18,10 @@ from typing import BinaryIO
 from fsspec.core import url_to_fs
 
 from .http_range import DEFAULT_RETRY, HTTPRange, RangeError, Retry
+from .storage import local_path, open_fd
 
 READ_BUFFER = 1 << 20  # bytes per read call on local files; tar parsing asks for 10 KiB at a time
 OBJECT_CHUNK = 16 << 20  # bytes per request to an object store
-
-
-def local_path(url: str) -> str | None:
-    """The OS path of a local URL (plain path or ``file://``), None for anything remote."""
-    if "://" not in url:
-        return url
-    return url[len("file://"):] if url.startswith("file://") else None
 
 
 class _PreadFile(io.RawIOBase):
@@ -100,11 +94,6 @@ class _Chunked(io.RawIOBase):
         self.at += n
         self.pos += n
         return n
-
-
-def open_fd(url: str) -> int:
-    """One read-only descriptor for a local shard (for sharing among forked workers)."""
-    return os.open(local_path(url), os.O_RDONLY | os.O_CLOEXEC)
 
 
 def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: int | None = None,

@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from shards.catalog import Catalog, CatalogError, new_owner
-from shards.catalog_id import dataset_id
-from shards.catalog_schema import MIGRATIONS, SCHEMA_VERSION
+from shards.catalog import Catalog, CatalogError, dataset_id, new_owner
+from shards.catalog.schema import MIGRATIONS, SCHEMA_VERSION
 
 ID = "ab" * 32
 

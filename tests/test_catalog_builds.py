@@ -1,5 +1,5 @@
 """``ingest build --catalog``: real ffmpeg, real Ray, a real catalog file. A build is found again
-by content (nothing decoded, even for another --out), ids change exactly when the bytes can, and
+by its inputs and options (nothing decoded, even for another --out), ids change exactly when the bytes can, and
 a build whose process is killed is taken over by the one waiting for it."""
 from __future__ import annotations
 

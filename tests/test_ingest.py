@@ -20,10 +20,10 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from ingest.build import STAGING, build
+from ingest.build import build
 from ingest.clips import ClipConfig
 from ingest.jpeg import restart_interval
-from shards.manifest import Manifest
+from shards.manifest import STAGING_NAME, Manifest
 
 import media
 
@@ -137,14 +137,14 @@ def test_rerun_of_a_finished_build_is_a_no_op_that_clears_what_killed_runs_left(
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     left = [out / "train" / "train-000000.tar.tmp-0123abcd",  # a shard being written when killed
             out / "val" / "val-000042.tar",  # a shard of an earlier build with other cuts
-            out / STAGING / "0123abcd.tar.tmp-89abcdef"]
+            out / STAGING_NAME / "0123abcd.tar.tmp-89abcdef"]
     for p in left:
         p.parent.mkdir(exist_ok=True)
         p.write_bytes(b"partial")
     summary = build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, videos_per_task=2)
     assert summary.reused
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
-    assert not (out / STAGING).exists()
+    assert not (out / STAGING_NAME).exists()
 
 
 def staged_videos(out: Path) -> int:

@@ -1,6 +1,6 @@
 """The dataset catalog: one SQLite file recording every shard set built, all its SQL here.
 
-A record is keyed by the dataset id (a content fingerprint, see ``shards.catalog_id``) and
+A record is keyed by the dataset id (see ``shards.catalog.ids``) and
 moves through the states building -> ready | failed, and to deleted when forgotten. The
 process building a set holds a lease on its record: an owner (host, pid, random token) and a
 heartbeat it refreshes. A lease is dead when the heartbeat is older than the lease time, or
@@ -26,7 +26,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .catalog_schema import MIGRATIONS
+from .schema import MIGRATIONS
 
 ENV_VAR = "SHARD_SERVICE_CATALOG"
 STATES = ("building", "ready", "failed", "deleted")

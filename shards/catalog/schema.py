@@ -1,7 +1,7 @@
 """The catalog's SQLite schema as an ordered list of migrations.
 
 Migration k (counting from 1) takes a database whose ``PRAGMA user_version`` is k-1 to k.
-``shards.catalog`` applies the missing ones at open, all in one transaction, and refuses a
+``shards.catalog.store`` applies the missing ones at open, all in one transaction, and refuses a
 file whose version is newer than ``len(MIGRATIONS)``. Never edit a migration that has
 shipped: append a new one.
 """

@@ -1,0 +1,97 @@
+"""Decode Kinetics videos into pre-sampled T-frame JPEG clips in WebDataset shards, on Ray.
+
+Reads SRC in the class-folder layout (SRC/{train,val,test}/<label>/<id>.<ext>) or the CVDF
+layout (flat SRC/<split>/<youtube_id>_<start>_<end>.mp4 with SRC/annotations/<split>.csv) and
+writes OUT/<split>/<split>-NNNNNN.tar, OUT/manifest.json, OUT/classes.txt and the error ledger
+OUT/errors.jsonl. Bad videos, and videos of the train and val splits without a label, are
+recorded in the ledger and skipped; the command exits non-zero only when the failed fraction
+exceeds --max-error-fraction. A killed build resumes when rerun, with any batching, worker count
+or timeout: each video's staged samples are found by what decides their bytes.
+"""
+from __future__ import annotations
+
+import argparse
+
+from shards import packing, storage
+from shards.catalog import CatalogError
+from shards.manifest import LEDGER_NAME
+
+from . import registry
+from .build import build
+from .clips import DECODERS, ClipConfig
+from .content_digests import FINGERPRINTS, default_cache
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True, help="source tree (local path or fsspec URL)")
+    p.add_argument("--out", required=True, help="output directory (local path or fsspec URL)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel decode tasks (default: all CPUs of the Ray cluster)")
+    p.add_argument("--address", default=None,
+                   help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' joined on this node) instead of starting a local Ray")
+    p.add_argument("--frames", type=int, default=8, help="frames per clip (TSN/TSM segments T)")
+    p.add_argument("--clips-per-video", type=int, default=1,
+                   help="independently sampled training clips stored per training video")
+    p.add_argument("--eval-clips", type=int, default=1,
+                   help="clips per val/test video, at evenly spread offsets (1 = segment centres)")
+    p.add_argument("--short-side", type=int, default=256, help="resize frames so the short side is this")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    p.add_argument("--restart-interval", type=int, default=1, metavar="MCUS",
+                   help="JPEG restart marker every MCUS macroblocks of 16x16 pixels (rounded down to tile the "
+                        "rows), so the loader decodes only the intervals under its crop; 0: none (smaller files)")
+    p.add_argument("--seed", type=int, default=0, help="seeds frame sampling and sample order")
+    p.add_argument("--decoder", choices=DECODERS, default="pyav",
+                   help="pyav: decode in-process, only the packets the kept frames need (what PyAV cannot "
+                        "open goes to the ffmpeg command line); ffmpeg: the command line for every video")
+    p.add_argument("--shard-size", default="256MB", help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
+    p.add_argument("--shard-samples", type=int, default=None, help="cut shards at this many samples instead")
+    p.add_argument("--max-error-fraction", type=float, default=0.05,
+                   help="exit non-zero if more than this fraction of the videos fail (the good ones are "
+                        "written all the same)")
+    p.add_argument("--splits", default="train,val,test", help="comma-separated splits to build")
+    p.add_argument("--videos-per-task", type=int, default=8, help="videos decoded per Ray task")
+    p.add_argument("--ffmpeg-threads", type=int, default=1, help="decoder threads per video")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds one video may take, download, probe and decode included, before it is "
+                        "abandoned and recorded in the ledger")
+    p.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging after a successful build")
+    p.add_argument("--catalog", help="register the build in this dataset catalog (SQLite file); a set with the same "
+                                     "inputs and output options already built anywhere is reused, nothing decoded")
+    p.add_argument("--name", help="catalog name of the set (default: the last part of --out)")
+    p.add_argument("--fingerprint", choices=FINGERPRINTS, default="stat",
+                   help="what identifies the inputs, for the catalog, a finished --out and staged videos: stat: "
+                        "each one's path and size, and for the catalog its modification time (a video rewritten "
+                        "with the same size, its mtime kept, passes for the old one); content: the SHA-256 of "
+                        "its bytes, read by the Ray workers (a corrected video is new, the same videos under "
+                        "another source directory are the same)")
+    p.add_argument("--hash-cache", metavar="FILE", default=default_cache(),
+                   help="SQLite file of content digests by path, size, mtime, ctime and inode, so a rebuild does "
+                        "not reread unchanged inputs (keep it on a local disk)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the same build is already finished")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
+                     short_side=args.short_side, quality=args.quality,
+                     restart_interval=args.restart_interval, seed=args.seed, decoder=args.decoder)
+    kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,
+                  shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
+                  splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
+                  timeout=args.timeout, keep_staging=args.keep_staging, force=args.force,
+                  fingerprint=args.fingerprint, hash_cache=args.hash_cache)
+    if args.catalog:
+        try:
+            summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)
+        except CatalogError as e:
+            print(f"error: {e}")
+            return 2
+        print(("reused " if summary.reused else "registered ") + registry.where(record))
+    else:
+        summary = build(args.src, args.out, cfg, **kwargs)
+    print(("up to date: " if summary.reused else "done: ") + summary.line())
+    fraction = summary.failed / max(1, summary.videos)
+    if fraction > args.max_error_fraction:
+        print(f"error: {summary.failed} of {summary.videos} videos failed ({fraction:.1%} > "
+              f"--max-error-fraction {args.max_error_fraction:.1%}); see {storage.join(args.out, LEDGER_NAME)}")
+        return 1
+    return 0

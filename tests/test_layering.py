@@ -1,0 +1,103 @@
+"""The import graph of the project's four packages, read from their source: no module imports
+itself round a circle (lazy imports inside functions count: they only hide a circle), and the
+packages depend on each other in one direction only, with ``shards`` at the bottom; and the most
+basic helper, ``shards.storage``, loads no HTTP client."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("ingest", "shards", "trainer", "service")
+ALLOWED = {"shards": set(), "ingest": {"shards"}, "trainer": {"shards"}, "service": {"shards", "ingest"}}
+
+
+def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the project modules it imports anywhere in its file (a package is its ``__init__``)."""
+    files = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def owner(name: str) -> str | None:  # the project module a dotted name lives in
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in files.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[:len(here) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module
+                targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names)
+        graph[module] = {m for m in map(owner, targets) if m and m != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_reader_finds_a_lazy_circle_and_a_relative_import(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("from .leaf import f\n")
+    (tmp_path / "pkg" / "sub" / "leaf.py").write_text("def f():\n    from ..top import g\n")
+    (tmp_path / "pkg" / "top.py").write_text("from pkg.sub import f\n\ndef g():\n    pass\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.sub"] == {"pkg.sub.leaf"} and graph["pkg.sub.leaf"] == {"pkg.top"}
+    assert circles(graph) == [["pkg.sub", "pkg.sub.leaf", "pkg.top"]]
+
+
+def test_no_module_of_the_project_imports_itself_round_a_circle():
+    assert circles(import_graph(ROOT)) == []
+
+
+def test_packages_depend_downwards_only_and_shards_on_none_of_the_others():
+    graph = import_graph(ROOT)
+    used = {p: set() for p in PACKAGES}
+    for module, targets in graph.items():
+        for target in targets:
+            used[module.split(".")[0]].add(target.split(".")[0])
+    beyond = {p: sorted(used[p] - ALLOWED[p] - {p}) for p in PACKAGES if used[p] - ALLOWED[p] - {p}}
+    assert beyond == {}
+
+
+def test_the_basic_path_helper_loads_no_http_client():
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, shards.storage; print(' '.join(sorted(sys.modules)))"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert "shards.storage" in loaded
+    assert [m for m in loaded if m.startswith(("shards.reading", "shards.http_range", "http.client", "aiohttp"))] == []
