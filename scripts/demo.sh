@@ -18,6 +18,7 @@ echo "== 1/4 data: 320 videos (64x64, 2 s), ingested into shards of 4-frame JPEG
 "$bin/ingest" build --src demo/src --out demo/shards --frames 4 --clips-per-video 4 --short-side 32 --shard-samples 64
 "$bin/shards" verify demo/shards
 "$bin/shards" stats demo/shards
+"$bin/shards" preview demo/shards --split val --clips 8 --out demo/preview.png   # look before training
 "$bin/shards" plan demo/shards --max-world-size 64 --world-sizes 1,2,4,8,16,64
 
 # A ResNet-10 of width 16 on 32 px crops, 4 frames, no flips (left and right are classes). The
@@ -56,6 +57,7 @@ cat <<EOF
 Where things are:
   demo/src/                 the generated videos (class folders: demo/src/{train,val}/<class>/*.mp4)
   demo/shards/              WebDataset shards, manifest.json, classes.txt, errors.jsonl
+  demo/preview.png          8 validation clips, a row each (shards preview; --html DIR for a page)
   demo/tsm/, demo/tsn/      checkpoint.pt, metrics.jsonl, tensorboard/; demo/tsm/test-val.json
   demo/tsm-vs-tsn.png       loss, accuracy, learning rate and throughput of both runs
 What to run next:

@@ -3,14 +3,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# What only the tests need: a one-node Slurm (tests/test_cluster_slurm.py runs the Slurm runbook on
-# loopback), installed once (apt-get update + install took 13 s on the development machine).
+# What only the tests need, each checked first so that a second run installs nothing: a headless
+# browser and its driver for tests/test_viewer_browser.py (Debian's chromium and chromium-driver;
+# Selenium comes with the dev extras), and a one-node Slurm for tests/test_cluster_slurm.py, which
+# runs the Slurm runbook on loopback (slurm-wlm and munge: apt-get update + install took 13 s on
+# the development machine).
 need_apt=()
+command -v chromium >/dev/null && command -v chromedriver >/dev/null || need_apt+=(chromium chromium-driver)
 command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null || need_apt+=(slurm-wlm)
 command -v munged >/dev/null || need_apt+=(munge)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test: apt-get install ${need_apt[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi

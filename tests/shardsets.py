@@ -1,14 +1,16 @@
-"""Test helpers: small synthetic shard sets (PIL-made JPEG frames, no ffmpeg), and an HTTP
-server with byte-range support on 127.0.0.1."""
+"""Test helpers: small synthetic shard sets (PIL-made JPEG frames, no ffmpeg), an HTTP server with
+byte-range support on 127.0.0.1, and the shard service in a subprocess with a plain-socket client."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import io
 import json
 import os
+import socket
 import threading
+import time
 from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # not `import http`: http() below
 
 from PIL import Image
 
@@ -44,11 +46,13 @@ def clip_samples(split: str, count: int, num_classes: int, frames: int, size, la
 
 
 def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, num_classes: int = 3,
-                  frames: int = 8, size=(64, 48), unlabeled=("test",)) -> Manifest:
+                  frames: int = 8, size=(64, 48), unlabeled=("test",), classes: list[str] | None = None) -> Manifest:
     """Write ``splits`` ({name: clip count}) as shards of ``per_shard`` clips plus a manifest.
 
     Clip i of a split has label i % num_classes and frame t coloured ``frame_colour(i, t)``.
+    ``classes``: the class names (default ``class0``, ``class1``, ...; their number overrides num_classes).
     """
+    num_classes = len(classes) if classes else num_classes
     out = {}
     for split, count in splits.items():
         samples = list(clip_samples(split, count, num_classes, frames, size, split not in unlabeled))
@@ -57,7 +61,7 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
             name = shard_name(split, k)
             shards.append(write_shard(os.path.join(directory, name), name, samples[start:start + per_shard]))
         out[split] = SplitInfo(shards=shards)
-    classes = [f"class{c}" for c in range(num_classes)]
+    classes = classes or [f"class{c}" for c in range(num_classes)]
     m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames}},
                  fingerprint=digest({"splits": splits, "per_shard": per_shard}))
     m.save(directory)
@@ -66,7 +70,7 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     return m
 
 
-class RangeHandler(http.server.SimpleHTTPRequestHandler):
+class RangeHandler(SimpleHTTPRequestHandler):
     """Static files with single byte-range support (``Range: bytes=a-b``); records (method, path)."""
 
     def send_head(self):
@@ -98,7 +102,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 @contextlib.contextmanager
 def serve(directory: str):
     """Serve ``directory`` over HTTP on 127.0.0.1; yields (base URL, list of (method, path) requested)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -149,3 +153,41 @@ class ServiceProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
         self.proc.wait(timeout=60)
+
+    def build_process(self, nth: int = 0):
+        """The ``nth`` build process this server started (a psutil.Process), once its log says so."""
+        import psutil
+
+        deadline = time.time() + 60
+        while len(started := [line for line in self.log if "build process" in line and "started" in line]) <= nth:
+            assert time.time() < deadline and self.proc.poll() is None, "".join(self.log)
+            time.sleep(0.05)
+        return psutil.Process(int(started[nth].split("build process ")[1].split()[0]))
+
+
+def http(url: str, method: str = "GET", path: str = "/", headers: dict | None = None, body: bytes = b"",
+         raw_path: bytes | None = None) -> tuple[int, dict, bytes]:
+    """One request over a plain socket, the path sent byte for byte as given."""
+    host, port = url.split("//")[1].split(":")
+    lines = [b"%s %s HTTP/1.1" % (method.encode(), raw_path if raw_path is not None else path.encode()),
+             f"Host: {host}:{port}".encode(), b"Connection: close", b"Content-Length: %d" % len(body)]
+    lines += [f"{k}: {v}".encode() for k, v in (headers or {}).items()]
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        data = b""
+        while chunk := s.recv(1 << 16):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    got = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in header_lines)}
+    return int(status_line.split()[1]), got, payload
+
+
+def wait_for(url, dataset, states, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        answer = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
+        if answer["state"] in states:
+            return answer
+        time.sleep(0.2)
+    raise AssertionError(f"build {dataset} still {answer['state']}: {answer}")

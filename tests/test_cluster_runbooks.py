@@ -29,7 +29,7 @@ from runbooks import RUNBOOKS, parse as parse_blocks, run_block
 from shardsets import make_shardset
 
 from shards.partition import per_rank
-from trainer.recipe import scaled_lr
+from trainer.schedules.recipe import scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = [b for path in RUNBOOKS for b in parse_blocks(path)]

@@ -20,7 +20,7 @@ from shardsets import make_shardset
 
 from trainer import metrics
 from trainer.clip_log import read
-from trainer.multigrid import Schedule, plan
+from trainer.schedules.multigrid import Schedule, plan
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
