@@ -78,11 +78,15 @@ def describe(p: psutil.Process) -> str:
         return f"pid {p.pid}: (gone)"
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_sessionfinish(session):
-    yield  # after every other plugin's finish: xdist has shut its workers down by then
-    if not controller(session.config) or SESSION_VAR not in os.environ:
-        return
+    result = yield  # after every other plugin's finish: xdist has shut its workers down by then
+    if controller(session.config) and SESSION_VAR in os.environ:
+        check_leftovers(session)
+    return result
+
+
+def check_leftovers(session) -> None:
     _, alive = psutil.wait_procs(suite_processes(), timeout=LEFTOVER_GRACE_S)
     alive = [p for p in alive if running(p)]
     if not alive:
