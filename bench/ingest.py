@@ -4,6 +4,10 @@ On the same videos, in one run, with the same number of single-threaded workers:
   ingest      this project's ``ingest build`` end to end (Ray tasks, in-process PyAV decoding of
               only the packets the 8 kept frames need, scaling, JPEG encoding, staging, shards);
   ingest_cli  the same with ``--decoder ffmpeg`` (one ffmpeg process per video, every frame decoded);
+  ingest_mv   (``--modes`` only) ``ingest`` with ``--motion mv``: motion fields from the codec's
+              vectors of the same decode; ``ingest_flow``: with ``--motion flow`` (OpenCV DIS);
+              their cost is printed as time over ``ingest``'s, with DIS against Farneback on a
+              known translation (error, ms per frame pair) for the choice of flow algorithm;
   cli_limit   the command-line limit: ``ffmpeg -threads 1 -i V -f null -`` per video;
   pyav_limit  the in-process limit: PyAV decoding every frame of every video and dropping it;
   folders     (``--modes`` only) the practice ingest replaces: every frame to a JPEG file in a
@@ -61,8 +65,9 @@ def decode_all_pyav(path: str) -> int:
         return sum(1 for _ in c.decode(s))
 
 
-def mode_ingest(src: Path, work: Path, workers: int, decoder: str) -> dict:
-    s = build(str(src), str(work / "shards"), ClipConfig(decoder=decoder), workers=workers, shard_size=256 * 10**6)
+def mode_ingest(src: Path, work: Path, workers: int, decoder: str, motion: str = "none") -> dict:
+    s = build(str(src), str(work / "shards"), ClipConfig(decoder=decoder, motion=motion), workers=workers,
+              shard_size=256 * 10**6)
     assert s.failed == 0, s.line()
     return {"pack_seconds": s.pack_seconds, "bytes": s.bytes}
 
@@ -179,6 +184,8 @@ def main() -> int:
             modes = {
                 "ingest": lambda wk: mode_ingest(src, wk, args.workers, "pyav"),
                 "ingest_cli": lambda wk: mode_ingest(src, wk, args.workers, "ffmpeg"),
+                "ingest_mv": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "mv"),
+                "ingest_flow": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "flow"),
                 "cli_limit": lambda wk: mode_cli_limit(videos, wk, args.workers),
                 "pyav_limit": lambda wk: mode_pyav_limit(videos, wk, args.workers, pool),
                 "folders": lambda wk: mode_folders(videos, wk, args.workers),
@@ -198,6 +205,8 @@ def main() -> int:
             rate = {m: len(videos) / t / args.workers for m, t in med.items()}
             ratios = {f"{a}/{b}": round(rate[a] / rate[b], 2) for a in ("ingest", "ingest_cli") if a in rate
                       for b in ("cli_limit", "pyav_limit", "folders") if b in rate}
+            ratios.update({f"{m} time/ingest time": round(med[m] / med["ingest"], 3)
+                           for m in ("ingest_mv", "ingest_flow") if m in med and "ingest" in med})
             row = {"set": name, "videos": len(videos), "workers": args.workers, "repeats": args.repeats,
                    "videos_per_s_per_core": {m: round(r, 3) for m, r in rate.items()}, "ratios": ratios,
                    "gop": gop_structure([v for v in videos if not re.search(r"_(?!00)\d\d$", v.stem)][:8])}
@@ -214,8 +223,37 @@ def main() -> int:
             if "ingest_pack_share" in row:
                 print(f"  ingest: packing (staged bytes read, shards written) {row['ingest_pack_share']:.1%} of the "
                       f"build; {row['ingest_bytes_per_video'] / 1e3:.0f} kB of shards per video")
+    if "ingest_flow" in args.modes.split(","):
+        rows.append({"flow_methods": flow_methods()})
+        print("flow on a 340x256 texture moving (-3, 2) px per frame: " + ", ".join(
+            f"{k}: error {v['mean_error_px']} px, {v['ms_per_pair']} ms/pair" for k, v in rows[-1]["flow_methods"].items()))
     print(json.dumps(rows))
     return 0
+
+
+def flow_methods(repeats: int = 20) -> dict:
+    """OpenCV's dense flow algorithms on a known translation: mean end-point error over the
+    interior (px) and time per frame pair, one thread."""
+    import cv2
+    import numpy as np
+
+    cv2.setNumThreads(1)
+    rng = np.random.default_rng(0)
+    texture = cv2.GaussianBlur(rng.integers(0, 256, (300, 400), dtype=np.uint8), (5, 5), 0)
+    a, b = (np.ascontiguousarray(t) for t in (texture[10:266, 10:350], texture[8:264, 13:353]))  # b: moved 3 left, 2 down
+    methods = {f"DIS {p}": (lambda p=p: cv2.DISOpticalFlow_create(getattr(cv2, f"DISOPTICAL_FLOW_PRESET_{p}")).calc)
+               for p in ("ULTRAFAST", "FAST", "MEDIUM")}
+    methods["Farneback"] = lambda: lambda x, y, f: cv2.calcOpticalFlowFarneback(x, y, f, 0.5, 3, 15, 3, 5, 1.2, 0)
+    out = {}
+    for name, make in methods.items():
+        calc = make()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            flow = calc(a, b, None)
+        ms = (time.perf_counter() - t0) / repeats * 1e3
+        error = np.hypot(flow[16:-16, 16:-16, 0] + 3, flow[16:-16, 16:-16, 1] - 2).mean()
+        out[name] = {"mean_error_px": round(float(error), 3), "ms_per_pair": round(ms, 2)}
+    return out
 
 
 if __name__ == "__main__":

@@ -6,24 +6,37 @@ consecutive clips (the reads a loader makes) of random shards, and check every a
 (one in 20 byte for byte). Reported per source: MB/s, requests/s, latency p50/p99, errors; for
 servers also their peak memory (RSS sampled every 0.2 s, with the first and last sample to show
 it stays flat) and CPU seconds per GB served (with the share spent in the kernel), and for the clients
-their CPU seconds per GB read. Sources, in one run: local disk, this service
-(aiohttp, sendfile), and with --compare a Starlette FileResponse app on uvicorn serving the same
-files (the alternative the issue asks to measure). Then one epoch of the trainer's loader
-streamed from the service against local disk: the time spent waiting for batches.
+their CPU seconds per GB read (a server's CPU and memory are those of all its processes). Sources,
+in one run: local disk, this service (aiohttp, sendfile; ``--workers N`` processes), nginx with
+``sendfile`` serving the same files (Debian's nginx-light, the reference static server; its
+worker count is the service's), and with --compare a Starlette FileResponse app on uvicorn. Then
+one epoch of the trainer's loader streamed from the service against local disk: the time spent
+waiting for batches.
 
     python bench/service.py                      # 32 clients, 10 s per source
+    python bench/service.py --workers 2 --no-epoch --seconds 8
     python bench/service.py --compare --seconds 8
+    python bench/service.py --slowloris 1500 --seconds 10   # slow clients: the server's bounds off, then on
+
+With ``--slowloris N`` it measures instead what N slowloris connections (from 127.0.0.2: a
+request head sent a byte a second, reconnecting whenever the server closes them) do to normal
+clients (from 127.0.0.1: 4 threads, a new connection per 1-clip range read, 5 s timeout), with
+the server under a 1,024 open-files limit (a common host default, soft and hard): first with no
+slow client, then with its bounds off (no header deadline, no connection caps), then with its defaults.
 
 The last line of output is ``BENCH_JSON {...}`` with every figure.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import http.client
 import io
 import json
 import multiprocessing
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -112,8 +125,25 @@ def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
     queue.put((out, (now.user - cpu.user, now.system - cpu.system)))
 
 
+class Server:
+    """A server's processes (the first and all its children) as one, for CPU and memory."""
+
+    def __init__(self, pid: int):
+        self.top = psutil.Process(pid)
+
+    def procs(self) -> list[psutil.Process]:
+        return [self.top, *self.top.children(recursive=True)]
+
+    def cpu_times(self) -> tuple[float, float]:
+        times = [p.cpu_times() for p in self.procs()]
+        return sum(t.user for t in times), sum(t.system for t in times)
+
+    def rss(self) -> int:
+        return sum(p.memory_info().rss for p in self.procs())
+
+
 def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seconds: float,
-         server: psutil.Process | None) -> dict:
+         server: Server | None) -> dict:
     shards = [{"name": s.name, "offsets": s.offsets, "lengths": s.lengths, "bytes": s.bytes, "sha256": s.sha256}
               for s in m.splits["train"].shards]
     ctx = multiprocessing.get_context("fork")
@@ -128,7 +158,7 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     results = []
     while len(results) < procs:
         if server:
-            rss.append(server.memory_info().rss)
+            rss.append(server.rss())
         try:
             results.append(queue.get(timeout=0.2))
         except Exception:  # queue.Empty: sample again
@@ -148,9 +178,9 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
         client_user + client_sys, 1e-9)})
     if server:
         cpu1 = server.cpu_times()  # once, so both figures are of the same interval
-        used = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+        used = cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1]
         out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
-                    "cpu_s_per_GB": used / gb, "sys_share": (cpu1.system - cpu0.system) / max(used, 1e-9)})
+                    "cpu_s_per_GB": used / gb, "sys_share": (cpu1[1] - cpu0[1]) / max(used, 1e-9)})
     return out
 
 
@@ -162,6 +192,39 @@ def start(cmd: list[str], env=None) -> tuple[subprocess.Popen, str]:
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
             return proc, line.split()[1]
     raise RuntimeError("server did not start")
+
+
+NGINX = "/usr/sbin/nginx"
+
+
+def start_nginx(workdir: str, workers: int, site: str, http_extra: str = "") -> tuple[subprocess.Popen, str]:
+    """nginx on a free loopback port as ../shared/notes/nginx.md has it; ``site``: its server
+    block's directives (``root DIR;`` for a static server), ``http_extra``: more in ``http``."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    prefix = os.path.join(workdir, "nginx")
+    os.makedirs(prefix, exist_ok=True)
+    conf = os.path.join(prefix, "nginx.conf")
+    temps = " ".join(f"{k}_temp_path {prefix}/t{i};" for i, k in
+                     enumerate(("client_body", "proxy", "fastcgi", "uwsgi", "scgi")))
+    with open(conf, "w") as f:
+        f.write(f"user root; worker_processes {workers}; daemon off; pid {prefix}/nginx.pid; "
+                f"error_log {prefix}/error.log;\nevents {{ worker_connections 4096; }}\n"
+                f"http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000; {temps}\n"
+                f"  {http_extra.replace('PREFIX', prefix)}\n  server {{ listen 127.0.0.1:{port}; {site} }} }}\n")
+    proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"nginx did not start (see {prefix}/error.log)") from None
+            time.sleep(0.05)
 
 
 def starlette_main(root: str) -> None:
@@ -181,6 +244,93 @@ def starlette_main(root: str) -> None:
     print(f"serving http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     app = Starlette(routes=[Route("/{path:path}", shard)])
     uvicorn.Server(uvicorn.Config(app, log_level="warning", backlog=1024)).run(sockets=[sock])
+
+
+# --- slow clients -----------------------------------------------------------------------------
+def _slowloris(port: int, n: int, stop: threading.Event, stats: dict) -> None:
+    """N connections from 127.0.0.2 sending a request head a byte a second, reopened when closed."""
+    async def one():
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            except OSError:
+                await asyncio.sleep(0.5)
+                continue
+            stats["opened"] += 1
+            try:
+                writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                while not stop.is_set():
+                    await asyncio.sleep(1)
+                    if reader.at_eof():
+                        break
+                    writer.write(b"a")
+                    await writer.drain()
+            except OSError:
+                pass
+            stats["closed"] += not stop.is_set()
+            writer.close()
+            await asyncio.sleep(0.2)  # then again
+
+    async def main():
+        await asyncio.gather(*(one() for _ in range(n)))
+
+    asyncio.run(main())
+
+
+def _normal_client(port: int, path: str, deadline: float, out: list) -> None:
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", path, headers={"Range": "bytes=0-99999"})
+            answer = conn.getresponse()
+            ok = answer.status == 206 and len(answer.read()) == 100000
+            conn.close()
+        except OSError:
+            ok = False
+        out.append((ok, time.perf_counter() - t0))
+
+
+def slowloris(cat: Catalog, shard: str, n: int, seconds: float) -> dict:
+    """Normal clients' figures with ``n`` slowloris connections open, the server's bounds off and on."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds the N connections
+    limit = ["prlimit", "--nofile=1024:1024"]
+    serve = [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path]
+    off = ["--header-timeout", "3630", "--max-connections", "0", "--max-connections-per-client", "0"]
+    variants = {"no slow clients": ([], 0), "bounds off": (off, n), "bounds on (defaults)": ([], n)}
+    res = {}
+    for label, (flags, slow) in variants.items():
+        proc, url = start(limit + serve + flags)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        stop, stats = threading.Event(), {"opened": 0, "closed": 0}
+        attacker = threading.Thread(target=_slowloris, args=(port, slow, stop, stats))
+        try:
+            attacker.start()
+            time.sleep(3)  # the connections open
+            out: list = []
+            deadline = time.perf_counter() + seconds
+            path = f"/v1/datasets/bench/{shard}"
+            clients = [threading.Thread(target=_normal_client, args=(port, path, deadline, out)) for _ in range(4)]
+            for t in clients:
+                t.start()
+            for t in clients:
+                t.join()
+            server = psutil.Process(proc.pid)
+            held = sum(1 for c in server.net_connections("tcp") if c.raddr and c.raddr[0] == "127.0.0.2")
+        finally:
+            stop.set()
+            attacker.join()
+            proc.terminate()
+            proc.wait()
+        lat = np.array([t for ok, t in out if ok] or [float("nan")])
+        res[label] = {"ok_req_s": sum(ok for ok, _ in out) / seconds, "failed": sum(not ok for ok, _ in out),
+                      "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
+                      "slow_connections_held": held, "slow_opened": stats["opened"],
+                      "slow_closed_by_server": stats["closed"]}
+        print(f"{slow} slowloris connections, {label}: {res[label]}", flush=True)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return res
 
 
 # --- one epoch's data wait ----------------------------------------------------------------------
@@ -204,9 +354,13 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10, help="load time per source")
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--clips", type=int, default=100, help="clips per shard")
+    p.add_argument("--workers", type=int, default=1, help="service processes (serve --workers), and nginx's")
+    p.add_argument("--no-nginx", action="store_true", help="leave out the nginx row")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
+    p.add_argument("--slowloris", type=int, default=0, metavar="N",
+                   help="instead: normal clients beside N slowloris connections, the server's bounds off then on")
     p.add_argument("--role", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
@@ -222,25 +376,38 @@ def main() -> int:
     claim = cat.claim("be" * 32, source="bench", location=root, options={}, name="bench")
     splits, files, sha = describe_set(root)
     cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="bench")
+    if args.slowloris:
+        res = {"slowloris": slowloris(cat, m.splits["train"].shards[0].name, args.slowloris, args.seconds)}
+        print("BENCH_JSON " + json.dumps(res, sort_keys=True))
+        return 0
 
     res = {"local": load(root, m, root, args.clients, args.procs, args.seconds, None)}
     print("local disk", res["local"], flush=True)
-    servers = {"service (aiohttp, sendfile)": ([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog",
-                                                cat.path], "/v1/datasets/bench")}
+    service = "service (aiohttp, sendfile)"
+    servers = {service: ([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
+                          "--workers", str(args.workers)], "/v1/datasets/bench")}
+    if not args.no_nginx:
+        servers["nginx (sendfile)"] = (None, "")
     if args.compare:
         servers["starlette FileResponse on uvicorn"] = ([sys.executable, os.path.abspath(__file__), "--role", root], "")
     for label, (cmd, path) in servers.items():
-        proc, url = start(cmd)
+        proc, url = start(cmd) if cmd else start_nginx(args.out, args.workers, f"root {root};")
         try:
             res[label] = load(url.removesuffix("/v1") + path, m, root, args.clients, args.procs, args.seconds,
-                              psutil.Process(proc.pid))
+                              Server(proc.pid))
         finally:
             proc.terminate()
             proc.wait()
         print(label, res[label], flush=True)
-    service = "service (aiohttp, sendfile)"
+    res["workers"] = args.workers
     res["service_vs_local_MB_s"] = res[service]["MB_s"] / res["local"]["MB_s"]
     print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
+    if not args.no_nginx:
+        nginx = res["nginx (sendfile)"]
+        res["service_vs_nginx_MB_s"] = res[service]["MB_s"] / nginx["MB_s"]
+        res["service_vs_nginx_cpu_per_GB"] = res[service]["cpu_s_per_GB"] / nginx["cpu_s_per_GB"]
+        print(f"service / nginx, {args.workers} worker(s) each: throughput {res['service_vs_nginx_MB_s']:.2f}x "
+              f"(goal >= 0.9), server CPU per GB {res['service_vs_nginx_cpu_per_GB']:.2f}x (goal <= 1.2)")
     if args.no_epoch:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))
         return 0

@@ -65,12 +65,14 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
           address: str | None = None, shard_size: int | None = 256 * 10**6, shard_samples: int | None = None,
           splits=("train", "val", "test"), videos_per_task: int = 8, threads: int = 1,
           timeout: float = 600, keep_staging: bool = False, force: bool = False, fingerprint: str = "stat",
-          hash_cache: str | None = None, source: Source | None = None, progress=None) -> Summary:
+          hash_cache: str | None = None, split_set: int = 1, source: Source | None = None,
+          progress=None) -> Summary:
     """``fingerprint``: what identifies the inputs, ``"stat"`` or ``"content"`` (their SHA-256,
-    cached in ``hash_cache``; see ``ingest.content_digests``); ``source``: already discovered;
+    cached in ``hash_cache``; see ``ingest.content_digests``); ``split_set``: UCF101's or HMDB51's
+    train/test split (``sources.discover``); ``source``: already discovered;
     ``progress``: called with a dict of counts as work is done."""
     t0 = time.time()
-    source = source or discover(src)
+    source = source or discover(src, split_set)
     videos = [v for v in source.videos if v.split in splits]
     config = {"src": src, "layout": source.layout, "clip": cfg.as_dict(), "shard_size": shard_size,
               "shard_samples": shard_samples, "splits": sorted({v.split for v in videos})}

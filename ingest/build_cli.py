@@ -1,7 +1,8 @@
 """Decode Kinetics videos into pre-sampled T-frame JPEG clips in WebDataset shards, on Ray.
 
-Reads SRC in the class-folder layout (SRC/{train,val,test}/<label>/<id>.<ext>) or the CVDF
-layout (flat SRC/<split>/<youtube_id>_<start>_<end>.mp4 with SRC/annotations/<split>.csv) and
+Reads SRC in the class-folder layout (SRC/{train,val,test}/<label>/<id>.<ext>), the CVDF
+layout (flat SRC/<split>/<youtube_id>_<start>_<end>.mp4 with SRC/annotations/<split>.csv), or
+UCF101 or HMDB51 as distributed, with their split files (``ingest.sources``), and
 writes OUT/<split>/<split>-NNNNNN.tar, OUT/manifest.json, OUT/classes.txt and the error ledger
 OUT/errors.jsonl. Bad videos, and videos of the train and val splits without a label, are
 recorded in the ledger and skipped; the command exits non-zero only when the failed fraction
@@ -20,6 +21,8 @@ from . import registry
 from .build import build
 from .clips import DECODERS, ClipConfig
 from .content_digests import FINGERPRINTS, default_cache
+from .motion import MOTIONS
+from .sources import SPLIT_SETS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,12 +46,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoder", choices=DECODERS, default="pyav",
                    help="pyav: decode in-process, only the packets the kept frames need (what PyAV cannot "
                         "open goes to the ffmpeg command line); ffmpeg: the command line for every video")
+    p.add_argument("--motion", choices=MOTIONS, default="none",
+                   help="also store each frame's motion from the frame before it, NN.<motion>.png on a grid of "
+                        "8x8 pixels (shards.motionfield): mv: the codec's motion vectors from the same decode "
+                        "(needs --decoder pyav); flow: optical flow (OpenCV DIS; decodes the frame before each)")
     p.add_argument("--shard-size", default="256MB", help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
     p.add_argument("--shard-samples", type=int, default=None, help="cut shards at this many samples instead")
     p.add_argument("--max-error-fraction", type=float, default=0.05,
                    help="exit non-zero if more than this fraction of the videos fail (the good ones are "
                         "written all the same)")
     p.add_argument("--splits", default="train,val,test", help="comma-separated splits to build")
+    p.add_argument("--split-set", type=int, choices=SPLIT_SETS, default=1,
+                   help="UCF101 and HMDB51: which official train/test split (its test list becomes the val split)")
     p.add_argument("--videos-per-task", type=int, default=8, help="videos decoded per Ray task")
     p.add_argument("--ffmpeg-threads", type=int, default=1, help="decoder threads per video")
     p.add_argument("--timeout", type=float, default=600,
@@ -71,14 +80,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
-                     short_side=args.short_side, quality=args.quality,
-                     restart_interval=args.restart_interval, seed=args.seed, decoder=args.decoder)
+    try:
+        cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
+                         short_side=args.short_side, quality=args.quality, restart_interval=args.restart_interval,
+                         seed=args.seed, decoder=args.decoder, motion=args.motion)
+    except ValueError as e:
+        print(f"error: {e}")
+        return 2
     kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,
                   shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
                   splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
                   timeout=args.timeout, keep_staging=args.keep_staging, force=args.force,
-                  fingerprint=args.fingerprint, hash_cache=args.hash_cache)
+                  fingerprint=args.fingerprint, hash_cache=args.hash_cache, split_set=args.split_set)
     if args.catalog:
         try:
             summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)

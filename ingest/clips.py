@@ -3,7 +3,9 @@
 The video is decoded once for the union of the frames all its clips keep, in-process with PyAV
 (``pyav_decoder``: only the packets those frames need), or with the ffmpeg command line
 (``ffmpeg_cli``) for what PyAV cannot open or with ``decoder="ffmpeg"``. Each clip becomes one
-sample: T JPEG frames ``NN.jpg`` in temporal order, ``cls`` and ``json``.
+sample: T JPEG frames ``NN.jpg`` in temporal order, ``cls`` and ``json``; with a ``motion`` other
+than ``"none"``, also each frame's motion field ``NN.mv.png`` or ``NN.flow.png``
+(``shards.motionfield``, made by ``ingest.motion``).
 """
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import fsspec
+import numpy as np
 from fsspec.core import url_to_fs
 
-from shards import storage
+from shards import motionfield, storage
 from shards.tarformat import sample_bytes
 
-from . import ffmpeg_cli, jpeg, pyav_decoder, sampling
+from . import ffmpeg_cli, jpeg, motion, pyav_decoder, sampling
 from .deadline import Deadline, TimedOut
 from .sources import Video
 from .video import Decoded, DecodeError
@@ -41,15 +44,24 @@ class ClipConfig:
     restart_interval: int = 1  # MCUs between JPEG restart markers (ingest.jpeg); 0: none
     seed: int = 0
     decoder: str = "pyav"  # "ffmpeg": the command line for every video (the reference, and slower)
+    motion: str = "none"  # "mv": the codec's motion vectors; "flow": optical flow (ingest.motion)
 
     def __post_init__(self):
+        if self.motion not in motion.MOTIONS:
+            raise ValueError(f"motion must be one of {motion.MOTIONS}, not {self.motion!r}")
+        if self.motion == "mv" and self.decoder != "pyav":
+            raise ValueError("motion 'mv' needs decoder 'pyav' (the command line does not export motion vectors)")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, not {self.decoder!r}")
         if self.restart_interval < 0:
             raise ValueError(f"restart_interval must be 0 (no markers) or more MCUs, not {self.restart_interval}")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The config as recorded; without motion, as before motion existed (same ids and keys)."""
+        d = asdict(self)
+        if d["motion"] == "none":
+            del d["motion"]
+        return d
 
 
 @contextmanager
@@ -104,7 +116,8 @@ def decode(path: str, wanted, cfg: ClipConfig, threads: int, deadline: Deadline)
     """``wanted(frame count)``'s frames, in-process when possible, else with the command line."""
     if cfg.decoder == "pyav":
         try:
-            return pyav_decoder.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline)
+            return pyav_decoder.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline,
+                                       motion_vectors=cfg.motion == "mv")
         except DecodeError as e:
             if not e.reason.startswith(FALLBACK_REASONS):
                 raise
@@ -121,12 +134,19 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
                                       video_id=video.video_id, clip=k, num_clips=num_clips)
                 for k in range(num_clips)]
 
+    def wanted(num_frames: int) -> list[int]:
+        kept = [i for p in picks(num_frames) for i in p]
+        return motion.with_previous(kept) if cfg.motion == "flow" else kept
+
     with local_copy(video, deadline) as path:
         _check_file(video, path, deadline)
-        decoded = decode(path, lambda n: [i for p in picks(n) for i in p], cfg, threads, deadline)
+        decoded = decode(path, wanted, cfg, threads, deadline)
     info = decoded.info
     deadline.check("encoding")
-    encoded = {i: jpeg.encode(image, cfg.quality, cfg.restart_interval) for i, image in decoded.frames.items()}
+    kept = {i for p in picks(info.num_frames) for i in p}
+    encoded = {i: jpeg.encode(decoded.frames[i], cfg.quality, cfg.restart_interval) for i in sorted(kept)}
+    fields = {} if cfg.motion == "none" else {i: motionfield.encode(*_field(decoded, i, cfg.motion))
+                                                for i in sorted(kept)}
     out = []
     for clip, indices in enumerate(picks(info.num_frames)):
         key = f"{video.video_id}_c{clip:02d}"
@@ -141,8 +161,21 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
             "decoder": decoded.decoder, "packets_decoded": decoded.packets_decoded,
         }
         members = [(f"{t:02d}.jpg", encoded[i]) for t, i in enumerate(indices)]
+        if fields:
+            members += [(motionfield.member(t, cfg.motion), fields[i]) for t, i in enumerate(indices)]
         if label_index >= 0:
             members.append(("cls", str(label_index).encode()))
         members.append(("json", json.dumps(meta, sort_keys=True).encode()))
         out.append((key, label_index, sample_bytes(key, members)))
     return out
+
+
+def _field(decoded: Decoded, i: int, kind: str):
+    """(field, valid) of kept frame ``i``: from the decoder's motion vectors (none from the
+    command line: invalid), or the flow from the frame before it (none before frame 0)."""
+    size = decoded.frames[i].size
+    if kind == "mv":
+        return decoded.motion.get(i) or motion.nothing(*size)
+    if i == 0:
+        return motion.nothing(*size)
+    return motion.flow(np.asarray(decoded.frames[i - 1]), np.asarray(decoded.frames[i]))

@@ -13,11 +13,14 @@ only the packets the kept frames need.
    once to count the displayed frames, once to keep the picks.
 
 ``decode_frames`` returns the kept frames as the decoder gives them; ``decode`` scales and turns
-them for the JPEG encoder.
+them for the JPEG encoder. With ``motion_vectors`` the decoder also exports the codec's motion
+vectors of the kept frames, which ``decode`` makes into fields (``ingest.motion``): no other
+frame is decoded for them. Where the packet index cannot order the frames (two passes), the
+reference distances are unknown and the fields are left invalid.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
 
@@ -25,7 +28,7 @@ import av
 import av.logging
 from PIL import Image
 
-from . import bitstream, packets
+from . import bitstream, motion, packets
 from .deadline import Deadline
 from .video import Decoded, DecodeError, VideoInfo, display_size, output_size
 
@@ -43,6 +46,7 @@ class Frames:
     packets: int | None
     errors: list[str]
     stream: dict  # codec, sample aspect ratio, frame rate, duration
+    distances: dict[int, tuple] = field(default_factory=dict)  # pick -> reference distances (ingest.motion)
 
 
 def _stream_facts(stream) -> dict:
@@ -87,10 +91,12 @@ def _index(container, stream, deadline: Deadline) -> tuple[list, list[packets.Pa
     return demuxed, index
 
 
-def _decoder(stream, threads: int):
+def _decoder(stream, threads: int, motion_vectors: bool = False):
     cc = stream.codec_context
     cc.thread_count = threads
     cc.thread_type = "AUTO" if threads > 1 else "NONE"
+    if motion_vectors:
+        cc.options = {"flags2": "+export_mvs"}
     return cc
 
 
@@ -105,7 +111,7 @@ def _frames(cc, packet, errors: list[str]):
 
 
 def decode_frames(path: str, wanted: Callable[[int], list[int]], *, threads: int = 1,
-                  deadline: Deadline) -> Frames:
+                  deadline: Deadline, motion_vectors: bool = False) -> Frames:
     """The frames ``wanted(frame count)`` (display indices) of ``path``, decoded from the packets
     they need, or from all of them when the index cannot tell."""
     if av.logging.get_level() is None:
@@ -119,18 +125,18 @@ def decode_frames(path: str, wanted: Callable[[int], list[int]], *, threads: int
             if order is not None:
                 if not order:
                     raise DecodeError("video stream has no frames")
-                found = _selective(demuxed, index, order, stream, wanted, threads, deadline)
+                found = _selective(demuxed, index, order, stream, wanted, threads, deadline, motion_vectors)
                 if found is not None:
                     return found
-    return _two_passes(path, wanted, threads, deadline)
+    return _two_passes(path, wanted, threads, deadline, motion_vectors)
 
 
-def _selective(demuxed, index, order, stream, wanted, threads, deadline) -> Frames | None:
+def _selective(demuxed, index, order, stream, wanted, threads, deadline, motion_vectors) -> Frames | None:
     """Decode only the packets the picks need; None if a pick does not come out."""
     picks = sorted(set(wanted(len(order))))
     by_pts = {demuxed[order[i]].pts: i for i in picks}
     feed = packets.plan(index, {order[i] for i in picks})
-    cc, frames, errors = _decoder(stream, threads), {}, []
+    cc, frames, errors = _decoder(stream, threads, motion_vectors), {}, []
     for k in [*feed, None]:
         deadline.check("decoding")
         for frame in _frames(cc, None if k is None else demuxed[k], errors):
@@ -139,22 +145,23 @@ def _selective(demuxed, index, order, stream, wanted, threads, deadline) -> Fram
                 frames[i] = frame
     if len(frames) < len(picks):
         return None
-    return Frames(frames, len(order), "packets", len(feed), len(demuxed), errors, _stream_facts(stream))
+    distances = motion.reference_distances(index, order, picks) if motion_vectors else {}
+    return Frames(frames, len(order), "packets", len(feed), len(demuxed), errors, _stream_facts(stream), distances)
 
 
-def _every_frame(path, threads, deadline, step, errors):
+def _every_frame(path, threads, deadline, step, errors, motion_vectors=False):
     """(stream, frame) for every frame a full decode of a fresh open of ``path`` displays."""
     with open(path, "rb") as f:
         container, stream = _open(f)
         with container:
-            cc = _decoder(stream, threads)
+            cc = _decoder(stream, threads, motion_vectors)
             for packet in container.demux(stream):
                 deadline.check(step)
                 for frame in _frames(cc, packet if packet.size else None, errors):
                     yield stream, frame
 
 
-def _two_passes(path, wanted, threads, deadline) -> Frames:
+def _two_passes(path, wanted, threads, deadline, motion_vectors) -> Frames:
     """Decode everything once to count the displayed frames, then again up to the last pick."""
     errors = []
     counted = sum(1 for _ in _every_frame(path, threads, deadline, "counting frames", errors))
@@ -162,7 +169,8 @@ def _two_passes(path, wanted, threads, deadline) -> Frames:
         raise DecodeError("no frame decodes", " | ".join(errors[-4:]))
     picks = sorted(set(wanted(counted)))
     frames, facts = {}, {}
-    for shown, (stream, frame) in enumerate(_every_frame(path, threads, deadline, "decoding", errors)):
+    for shown, (stream, frame) in enumerate(_every_frame(path, threads, deadline, "decoding", errors,
+                                                         motion_vectors)):
         if shown in picks:
             frames[shown], facts = frame, _stream_facts(stream)
         if shown >= picks[-1]:
@@ -174,12 +182,13 @@ def _two_passes(path, wanted, threads, deadline) -> Frames:
 
 
 def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, threads: int = 1,
-           deadline: Deadline) -> Decoded:
-    """The frames ``wanted(frame count)`` (display indices) of ``path``, scaled and upright.
+           deadline: Deadline, motion_vectors: bool = False) -> Decoded:
+    """The frames ``wanted(frame count)`` (display indices) of ``path``, scaled and upright, and
+    with ``motion_vectors`` their motion fields from the codec's vectors.
 
     A frame is converted and scaled by one swscale pass into a 4-byte-per-pixel buffer that a
     PIL image uses in place (no copy); a rotation is one transpose of the scaled image."""
-    found = decode_frames(path, wanted, threads=threads, deadline=deadline)
+    found = decode_frames(path, wanted, threads=threads, deadline=deadline, motion_vectors=motion_vectors)
     first = next(iter(found.frames.values()))
     facts = found.stream
     rotation = round((first.rotation or 0) / 90) * 90 % 360  # counter-clockwise, as ffprobe reports it
@@ -188,10 +197,22 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
                      found.counted_by, facts["codec"], facts["duration"])
     size = output_size(info, short_side)
     scaled = size if rotation not in (90, 270) else size[::-1]  # scaled before turning
-    images = {}
+    images, fields = {}, {}
     for i, frame in found.frames.items():
+        if motion_vectors:
+            fields[i] = _mv_field(frame, found.distances.get(i, (None, None)), scaled, rotation)
         rgb = frame.reformat(width=scaled[0], height=scaled[1], format="rgb0", interpolation="AREA", threads=threads)
         plane = rgb.planes[0]
         image = Image.frombuffer("RGBX", scaled, plane, "raw", "RGBX", plane.line_size, 1)
         images[i] = image.transpose(TRANSPOSE[rotation]) if rotation in TRANSPOSE else image
-    return Decoded(info, images, "pyav", packets_decoded=found.packets_decoded, detail=" | ".join(found.errors[-4:]))
+    return Decoded(info, images, "pyav", packets_decoded=found.packets_decoded, detail=" | ".join(found.errors[-4:]),
+                   motion=fields)
+
+
+def _mv_field(frame, distances: tuple, scaled: tuple[int, int], rotation: int):
+    """(field, valid) of one decoded frame from its exported motion vectors (none: intra)."""
+    side = frame.side_data.get("MOTION_VECTORS")
+    vectors = side.to_ndarray() if side is not None else None
+    velocity, inter = motion.coded_velocity(vectors, frame.width, frame.height, distances)
+    return motion.to_output_grid(velocity, inter, (frame.width, frame.height), scaled, rotation)
+

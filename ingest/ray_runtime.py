@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import socket
 
 import ray
 
@@ -15,6 +17,7 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     """Connect to Ray (reusing one already started in this process); return the task parallelism."""
     if not ray.is_initialized():
         if address:
+            _check_reachable(address)
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
         else:
             # Keeps a single-machine Ray on 127.0.0.1 instead of the machine's network address.
@@ -27,6 +30,18 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     parallel = min(workers, cpus) if workers else cpus
     log.info("Ray: %d CPUs in the cluster, %d tasks at a time", cpus, parallel)
     return max(1, parallel)
+
+
+def _check_reachable(address: str) -> None:
+    """Raise ConnectionError at once when nothing listens at a HOST:PORT address: ray.init would
+    retry it for about ten minutes."""
+    found = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address)
+    if found is None:  # 'auto' and other forms: Ray resolves them
+        return
+    try:
+        socket.create_connection((found[1], int(found[2])), timeout=10).close()
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {address}: {e.strerror or e}") from None
 
 
 def task(fn):

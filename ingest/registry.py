@@ -8,8 +8,9 @@ The dataset id (``shards.catalog.ids``) is taken over
     input and the same videos under another source directory are the same; and the class list
     (an empty class folder shifts the class indices);
   * the options that change the output bytes: the clip config (frames, clips per video, eval
-    clips, short side, quality, restart interval, seed, decoder), the shard size or sample count, the
-    splits, and ``fingerprint: content`` when the inputs were hashed;
+    clips, short side, quality, restart interval, seed, decoder, and the motion fields when there are
+    any), the shard size or sample count, the splits, the source layout (for UCF101 and HMDB51 with
+    its split set), and ``fingerprint: content`` when the inputs were hashed;
   * the shard format version.
 Workers, videos per task, timeouts, ffmpeg threads, the output location and the Ray address
 cannot change the bytes and are left out, so the same build asked for anywhere is found.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from shards import storage
 from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record, dataset_id
 from shards.manifest import MANIFEST_NAME, SET_FILES, Manifest
+from shards.verify import stamps
 
 from . import content_digests, ray_runtime
 from .build import Summary
@@ -65,11 +67,12 @@ def normalise(url: str) -> str:
 
 def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 256 * 10**6,
          shard_samples: int | None = None, splits=("train", "val", "test"), fingerprint: str = "stat",
-         hash_cache: str | None = None, address: str | None = None, workers: int | None = None) -> Plan:
+         hash_cache: str | None = None, address: str | None = None, workers: int | None = None,
+         split_set: int = 1) -> Plan:
     """List the inputs and compute the dataset id of building them with these options.
     ``fingerprint="content"`` hashes the inputs on Ray (``address``, ``workers``) first."""
     src = normalise(src)
-    source = discover(src)
+    source = discover(src, split_set)  # the split set is in source.layout, and so in the id
     videos = [v for v in source.videos if v.split in splits]
     present = sorted({v.split for v in videos})
     shard_size = None if shard_samples else shard_size
@@ -100,7 +103,8 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
     """``ingest.build.build`` through the catalog; returns (summary, record)."""
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits, fingerprint=fingerprint,
-             hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"))
+             hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"),
+             split_set=build_kwargs.get("split_set", 1))
     waited = False
     while True:
         c = claim(cat, p, out, name, force)
@@ -160,6 +164,7 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kw
         raise
     stop.set()
     if not cat.finish(dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
+                      verified_files=stamps(Manifest.load(c.record.location)),
                       builder_version=_version(),
                       progress={"videos_done": summary.videos, "videos_total": summary.videos,
                                 "failed": summary.failed, "shards_written": summary.shards}):

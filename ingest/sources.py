@@ -1,11 +1,20 @@
-"""Finding the videos of a Kinetics-style source tree and their labels.
+"""Finding the videos of a source tree and their labels.
 
-Two layouts are understood:
+Four layouts are understood:
   * class folders: ``SRC/{train,val,test}/<label>/<id>.<ext>`` (a test split may be flat);
   * the CVDF download layout: flat ``SRC/{train,val,test}/<youtube_id>_<start:06d>_<end:06d>.mp4``
     with ``SRC/annotations/{train,val,test}.csv``
-    (``label,youtube_id,time_start,time_end,split[,is_cc]``; test has no label).
-The class index of a label is its position in the sorted list of all labels of all splits.
+    (``label,youtube_id,time_start,time_end,split[,is_cc]``; test has no label);
+  * UCF101 as distributed (``ucf101``): ``SRC[/UCF-101]/<Class>/v_<Class>_gXX_cYY.avi`` with
+    ``SRC/ucfTrainTestlist/{classInd,trainlist0N,testlist0N}.txt``;
+  * HMDB51 as distributed (``hmdb51``): ``SRC/<class>/<name>.avi`` with
+    ``SRC/testTrainMulti_7030_splits/<class>_test_splitN.txt`` (``<name>.avi 1|2|0``: train,
+    test, unused).
+The class index of a label is its position in the sorted list of all labels of all splits, but
+for UCF101, where it is ``classInd.txt``'s (1-based there, 0-based here). UCF101 and HMDB51 come
+with three train/test split sets (``split_set``): their train lists become the ``train`` split
+and their test lists the ``val`` split (labeled, what the trainer evaluates on); videos a split
+set does not list are left out.
 Videos of a labeled split (train, val) without a label are listed with ``label=None``; the
 build records them in its ledger instead of decoding them.
 """
@@ -74,10 +83,11 @@ def stamp_of(info: dict) -> float | str | None:
 
 
 def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str, dict]], set[str]]:
-    """Video-named entries of a split, dirs included, as (relpath under src, size, kind, what
-    ``Video`` records of its stat), and the names of its top-level folders (class folders, empty
-    ones too), from one recursive listing (plus a stat of each symbolic link's target)."""
-    fs, root = url_to_fs(storage.join(src, split))
+    """Video-named entries under folder ``split`` of src (a split, or any folder), dirs included,
+    as (relpath under src, size, kind, what ``Video`` records of its stat), and the names of its
+    top-level folders (class folders, empty ones too), from one recursive listing (plus a stat of
+    each symbolic link's target)."""
+    fs, root = url_to_fs(storage.join(src, split) if split else src)
     if not fs.exists(root):
         return [], set()
     root = root.rstrip("/")
@@ -96,7 +106,8 @@ def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str, dict]], set[s
                 kind = "other"  # dangling link
         stat = {"stamp": stamp_of(info), "ctime": info.get("created") if "ino" in info else None,
                 "inode": info.get("ino") or 0} if kind == "file" else {}
-        videos.append((f"{split}/{rel}", (info.get("size") or 0) if kind == "file" else -1, kind, stat))
+        size = (info.get("size") or 0) if kind == "file" else -1
+        videos.append((f"{split}/{rel}" if split else rel, size, kind, stat))
     return videos, folders
 
 
@@ -118,9 +129,14 @@ def _read_annotations(src: str, split: str) -> dict[str, str | None] | None:
     return out
 
 
-def discover(src: str) -> Source:
-    """List the videos of every split under ``src`` with their labels and the class list."""
+def discover(src: str, split_set: int = 1) -> Source:
+    """List the videos of every split under ``src`` with their labels and the class list;
+    ``split_set``: which of UCF101's or HMDB51's three train/test splits."""
     src = src.rstrip("/")
+    if storage.exists(storage.join(src, UCF_LISTS, "classInd.txt")):
+        return _split_files(src, "ucf101", split_set, _ucf101_lists(src, split_set))
+    if storage.exists(storage.join(src, HMDB_LISTS)):
+        return _split_files(src, "hmdb51", split_set, _hmdb51_lists(src, split_set))
     annotations = {s: _read_annotations(src, s) for s in SPLITS}
     cvdf = any(a is not None for a in annotations.values())
     videos, classes, missing = [], set(), {}
@@ -149,6 +165,70 @@ def discover(src: str) -> Source:
         raise FileNotFoundError(f"{src}: no videos found under {'/'.join(SPLITS)} (extensions: "
                                 f"{', '.join(sorted(VIDEO_EXTS))})")
     return Source("cvdf" if cvdf else "class-folders", _unique_ids(videos), sorted(classes), missing)
+
+
+UCF_LISTS = "ucfTrainTestlist"
+HMDB_LISTS = "testTrainMulti_7030_splits"
+SPLIT_SETS = (1, 2, 3)
+
+
+def _lines(url: str) -> list[str]:
+    try:
+        text = storage.read_bytes(url).decode("utf-8-sig")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{url}: split file missing") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _ucf101_lists(src: str, split_set: int) -> tuple[list[str], dict[str, tuple[str, str]]]:
+    """(classes in classInd order, {video path under the class folders: (split, class)})."""
+    classes = [line.split()[1] for line in sorted(_lines(storage.join(src, UCF_LISTS, "classInd.txt")),
+                                                  key=lambda line: int(line.split()[0]))]
+    listed = {}
+    for split, name in (("train", f"trainlist{split_set:02d}.txt"), ("val", f"testlist{split_set:02d}.txt")):
+        for line in _lines(storage.join(src, UCF_LISTS, name)):
+            path = line.split()[0]  # trainlist lines end with the 1-based class index, testlist lines do not
+            listed[path] = (split, path.split("/")[0])
+    return classes, listed
+
+
+def _hmdb51_lists(src: str, split_set: int) -> tuple[list[str], dict[str, tuple[str, str]]]:
+    """(classes sorted, {video path under the class folders: (split, class)}), from the
+    ``<class>_test_split<N>.txt`` files (1: train, 2: test, 0: unused)."""
+    fs, root = url_to_fs(storage.join(src, HMDB_LISTS))
+    suffix = f"_test_split{split_set}.txt"
+    files = sorted(p for p in fs.ls(root, detail=False) if p.endswith(suffix))
+    if not files:
+        raise FileNotFoundError(f"{storage.join(src, HMDB_LISTS)}: no <class>{suffix} files")
+    classes, listed = [], {}
+    for path in files:
+        label = path.rsplit("/", 1)[-1][: -len(suffix)]
+        classes.append(label)
+        for line in fs.cat_file(path).decode("utf-8-sig").splitlines():
+            if line.split() and line.split()[-1] in ("1", "2"):
+                listed[f"{label}/{line.split()[0]}"] = ("train" if line.split()[-1] == "1" else "val", label)
+    return sorted(classes), listed
+
+
+def _split_files(src: str, dataset: str, split_set: int, lists) -> Source:
+    """The videos a UCF101 or HMDB51 split set lists, found in one listing of the class folders
+    (under ``SRC/UCF-101`` when the archive was unpacked there, else ``SRC``)."""
+    if split_set not in SPLIT_SETS:
+        raise ValueError(f"split set must be one of {SPLIT_SETS}, not {split_set}")
+    classes, listed = lists
+    folder = "UCF-101" if dataset == "ucf101" and storage.exists(storage.join(src, "UCF-101")) else ""
+    entries, _ = _walk(src, folder)
+    found = {rel[len(folder) + 1:] if folder else rel: (rel, size, kind, stat) for rel, size, kind, stat in entries}
+    videos, missing = [], Counter()
+    for path, (split, label) in sorted(listed.items()):
+        if path not in found:
+            missing[split] += 1
+            continue
+        rel, size, kind, stat = found[path]
+        videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind, **stat))
+    if not videos:
+        raise FileNotFoundError(f"{src}: none of the {len(listed)} videos split set {split_set} lists is there")
+    return Source(f"{dataset}-split{split_set}", _unique_ids(videos), classes, dict(missing))
 
 
 def _unique_ids(videos: list[Video]) -> list[Video]:

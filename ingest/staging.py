@@ -32,8 +32,11 @@ RETRY = "retry"  # an entry whose failure may not recur (a timeout, a crash): do
 
 def video_key(video: Video, label: int, cfg: ClipConfig, sha256: str | None = None) -> str:
     """Names one video's staged samples: everything that decides their bytes (with ``sha256``, the
-    digest of its content, when the build is identified by content)."""
+    digest of its content, when the build is identified by content). Where the path does not
+    name the split (UCF101's and HMDB51's split files), the split, which decides the sampling, does."""
     key = {"url": video.url, "size": video.size, "label": label, "clip": cfg.as_dict()}
+    if not video.relpath.startswith(f"{video.split}/"):
+        key["split"] = video.split
     return digest(key if sha256 is None else {**key, "sha256": sha256})
 
 

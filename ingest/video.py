@@ -38,6 +38,7 @@ class Decoded:
     decoder: str  # "pyav" or "ffmpeg"
     packets_decoded: int | None = None  # of all the stream's packets; None: not counted
     detail: str = field(default="")  # the decoder's warnings, if any
+    motion: dict[int, tuple] = field(default_factory=dict)  # display index -> (field, valid): ingest.motion
 
 
 def display_size(w: int, h: int, sar: Fraction, rotation: int) -> tuple[int, int]:

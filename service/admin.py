@@ -112,7 +112,8 @@ class Untag:
 
 
 class Verify:
-    """Re-hash a ready dataset against its manifest (and the manifest against the catalog); record the outcome."""
+    """Re-hash a ready dataset against its manifest (and the manifest against the catalog); record the outcome
+    and what each shard hashed to, which the server's ETags say from then on."""
 
     @staticmethod
     def add_arguments(p):
@@ -126,16 +127,17 @@ class Verify:
         rec = _resolve(cat, args.ref)
         if rec.state != "ready":
             raise SystemExit(f"dataset {rec.id} is {rec.state}; only ready sets are verified")
-        problems = []
+        problems, hashed = [], {}
         try:
             file_table(rec.location, rec.files, rec.manifest_sha256)  # the manifest is the registered one
-            problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep, workers=args.workers)]
+            problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep, workers=args.workers,
+                                                hashed=hashed)]
         except Exception as e:  # a missing or changed manifest is the outcome, not a crash
             problems.append(f"{rec.location}: {e}")
         for p in problems:
             print(p)
         detail = "; ".join(problems[:20]) + (f"; ... {len(problems) - 20} more" if len(problems) > 20 else "")
-        cat.record_verify(rec.id, len(problems), detail or "ok")
+        cat.record_verify(rec.id, len(problems), detail or "ok", hashed)  # the server's ETags from now on
         print(f"{rec.id} at {rec.location}: {len(problems)} problems (recorded {time.strftime('%H:%M:%S')})")
         return 1 if problems else 0
 

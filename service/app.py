@@ -1,6 +1,7 @@
 """The HTTP API on aiohttp's server: one small handler per route, all under ``/v1``.
 
     GET    /v1/health                       liveness and counts
+    GET    /v1/stats                        what the server carried (``service.stats``), all workers
     GET    /v1/datasets                     the catalog's live records (JSON)
     GET    /v1/datasets/{ref}               one record (ref: id, name, tag or unique id prefix)
     GET    /v1/datasets/{ref}/{file}        manifest.json, classes.txt, errors.jsonl, {split}/{shard}.tar
@@ -16,7 +17,17 @@
 Errors are JSON ``{"error": ..., "status": ...}``. Request paths must be plain: percent-escapes,
 backslashes, dot segments and empty segments are refused (400) before routing, and a file is
 looked up by exact name in the set's file table (``service.files``), never joined onto a path.
-Local files go out with ``sendfile`` (zero copy, ranges included); remote sets stream through.
+Local files go out with ``sendfile`` (zero copy, ranges included); remote sets stream through,
+or, with ``redirect_seconds``, a shard of a set in an object store is answered with ``307`` to a
+presigned URL of the object, valid that long, and the bytes never pass through the server.
+
+Every response says how it may be cached (RFC 9111), for HTTP caches in front of the server
+(nginx's ``proxy_cache``, a site proxy, a CDN): a file named by its set's full id never changes
+(``max-age`` of a year and ``immutable``; ``private`` when reads need a token); by name, tag or
+id prefix it may move to another set (``no-cache``: a cache asks again, with ``If-None-Match``);
+everything else (health, stats, listings, records, builds, errors, redirects) is ``no-store``.
+A shard's ETag is its SHA-256 as last hashed (``service.files``): a local file changed since is
+hashed again before it is served (``service.tables``), never served under its old ETag.
 """
 from __future__ import annotations
 
@@ -34,9 +45,13 @@ from shards.reading import local_path, open_range
 
 from . import housekeeping
 from .builds import BadRequest, Builds
-from .files import Entry, Refused, content_type, file_table, open_local
+from .files import Changed, Entry, Refused, content_type, open_local, presign
+from .limits import OUT_OF_FILES, OutOfFiles
 from .ranges import evaluate
 from .records import RecordCache
+from .roots import SourceRefused, SourceRoots
+from .stats import Counters
+from .tables import FileTables
 
 log = logging.getLogger("service.app")
 MAX_BODY = 64 * 1024
@@ -46,22 +61,31 @@ CATALOG = web.AppKey("catalog", Catalog)
 BUILDS = web.AppKey("builds", Builds)
 TOKENS = web.AppKey("tokens", list)
 READ_AUTH = web.AppKey("read_auth", bool)
-TABLES = web.AppKey("tables", dict)
+TABLES = web.AppKey("tables", FileTables)
 RECORDS = web.AppKey("records", RecordCache)
+COUNTERS = web.AppKey("counters", Counters)
+REDIRECT = web.AppKey("redirect_seconds", int)
+IMMUTABLE = "max-age=31536000, immutable"
+FILES_LOG = web.AppKey("out_of_files", OutOfFiles)
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
 
 
 def error(status: int, message: str, **headers) -> web.Response:
-    return web.json_response({"error": message, "status": status}, status=status, headers=headers)
+    return web.json_response({"error": message, "status": status}, status=status,
+                             headers={**headers, "Cache-Control": "no-store"})
 
 
 @web.middleware
 async def json_errors(request: web.Request, handler):
     """Refuse unplain paths; answer every error as JSON; log unexpected ones and serve on."""
+    request.app[COUNTERS].add("requests")
     raw = request.raw_path.split("?", 1)[0]
     if not _PLAIN_PATH.fullmatch(raw):
         return error(400, "request path must be plain: no escapes, dot segments, backslashes or empty segments")
     try:
-        return await handler(request)
+        response = await handler(request)
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
     except Refused as e:
         return error(e.status, str(e))
     except web.HTTPException as e:
@@ -69,6 +93,12 @@ async def json_errors(request: web.Request, handler):
             raise
         return error(e.status, e.text if e.text and not e.text.startswith(str(e.status)) else e.reason,
                      **{k: v for k, v in e.headers.items() if k in ("Allow", "WWW-Authenticate")})
+    except OSError as e:
+        if e.errno not in OUT_OF_FILES:
+            log.exception("%s %s", request.method, request.path)
+            return error(500, "internal error (see the server log)")
+        request.app[FILES_LOG].note("requests")
+        return error(503, "the server is out of open files; try again", **{"Retry-After": "1"})
     except Exception:
         log.exception("%s %s", request.method, request.path)
         return error(500, "internal error (see the server log)")
@@ -112,6 +142,10 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "datasets": states})
 
 
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[COUNTERS].to_json())
+
+
 async def list_datasets(request: web.Request) -> web.Response:
     _reader(request)
     return web.json_response({"datasets": [r.to_json() for r in request.app[CATALOG].list()]})
@@ -133,45 +167,75 @@ async def get_build(request: web.Request) -> web.Response:
 
 
 async def _entry(request: web.Request, rec: Record, name: str) -> Entry:
-    tables = request.app[TABLES]
-    key = (rec.id, rec.manifest_sha256)
-    if key not in tables:
-        if len(tables) > 64:
-            tables.clear()
-        tables[key] = await asyncio.to_thread(file_table, rec.location, rec.files, rec.manifest_sha256)
-    entry = tables[key].get(name)
+    entry = (await request.app[TABLES].table(rec)).get(name)
     if entry is None:
         raise web.HTTPNotFound(text=f"dataset {rec.id} has no file {name!r}")
     return entry
+
+
+async def open_file(request: web.Request, rec: Record, name: str) -> tuple[Record, Entry, int | None]:
+    """The file's entry and, for a local set, a descriptor of it, the file hashed again first if it
+    changed since it was last hashed (``service.tables``); the record as it then stands."""
+    entry = await _entry(request, rec, name)
+    root = local_path(rec.location)
+    if root is None:
+        return rec, entry, None
+    try:
+        return rec, entry, open_local(root, name, entry)  # a few system calls: no thread hop
+    except Changed:
+        await request.app[TABLES].rehash(rec, name)
+    rec = _record(request, ready=True)  # as recorded after hashing
+    entry = await _entry(request, rec, name)
+    try:
+        return rec, entry, open_local(root, name, entry)
+    except Changed:
+        raise Refused(503, f"{name} is changing while it is served; try again later") from None
+
+
+def cache_control(request: web.Request, rec: Record) -> str:
+    """How caches may keep a file of ``rec`` asked for by this request's reference."""
+    if request.match_info["ref"] != rec.id:
+        return "no-cache"  # a name or tag may point at another set tomorrow
+    return f"{'private' if request.app[READ_AUTH] else 'public'}, {IMMUTABLE}"
 
 
 async def get_file(request: web.Request) -> web.StreamResponse:
     _reader(request)
     rec = _record(request, ready=True)
     name = request.match_info["path"]
-    entry = await _entry(request, rec, name)
-    return send_span(request, rec, name, entry, 0, entry.size, entry.etag, {"Content-Type": content_type(name)})
+    rec, entry, fd = await open_file(request, rec, name)
+    if fd is None and request.app[REDIRECT] and name.endswith(".tar"):
+        url = await asyncio.to_thread(presign, f"{rec.location}/{name}", request.app[REDIRECT])
+        if url:
+            request.app[COUNTERS].add("redirects")
+            return web.Response(status=307, headers={"Location": url, "ETag": entry.etag, "Cache-Control": "no-store"})
+    return send_span(request, rec, name, entry, 0, entry.size, entry.etag, {"Content-Type": content_type(name)},
+                     fd=fd, cache=cache_control(request, rec))
 
 
 def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset: int, size: int, etag: str,
-              extra: dict) -> web.StreamResponse:
+              extra: dict, *, fd: int | None, cache: str) -> web.StreamResponse:
     """Bytes [offset, offset + size) of a set's file as one representation with its own strong
     ``etag`` (a whole file, or one frame inside a shard), conditionals and ranges applied;
-    ``extra``: headers of a 200 or 206 answer (its Content-Type)."""
+    ``extra``: headers of a 200 or 206 answer (its Content-Type); ``fd``: the file, opened by
+    ``open_file`` (None: a remote set, streamed); ``cache``: its Cache-Control."""
     answer = evaluate(request.method, size, etag, request.headers)
-    headers = {"ETag": etag, "Accept-Ranges": "bytes"}
-    if answer.status in (400, 412, 416):
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": cache}
+    if answer.status not in (200, 206):
+        if fd is not None:
+            os.close(fd)
+        if answer.status == 304:
+            return web.Response(status=304, headers=headers)
         if answer.status == 416:
             headers["Content-Range"] = f"bytes */{size}"
         return error(answer.status, answer.reason or "precondition failed", **headers)
-    if answer.status == 304:
-        return web.Response(status=304, headers=headers)
     if answer.status == 206:
         headers["Content-Range"] = f"bytes {answer.start}-{answer.end - 1}/{size}"
     headers.update(extra)
-    root = local_path(rec.location)
-    if root is not None:
-        fd = open_local(root, name, entry)  # a few system calls on a local directory: no thread hop
+    if request.method == "GET" and name.endswith(".tar"):
+        request.app[COUNTERS].add("shard_requests")
+        request.app[COUNTERS].add("shard_bytes", answer.length)
+    if fd is not None:
         response = _Sendfile(fd, offset + answer.start, answer.length, status=answer.status, headers=headers)
     else:
         response = _Streamed(f"{rec.location}/{name}", entry, offset + answer.start, offset + answer.end,
@@ -225,13 +289,21 @@ class _Streamed(web.StreamResponse):
 async def post_build(request: web.Request) -> web.Response:
     _authorised(request)
     try:
-        body = await request.json()
-    except json.JSONDecodeError as e:
+        async with asyncio.timeout(request.app[BODY_TIMEOUT]):
+            body = await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the request body did not arrive within {request.app[BODY_TIMEOUT]:g} s "
+                                          "(--body-timeout)") from None
+    try:
+        body = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise web.HTTPBadRequest(text=f"the body is not JSON: {e}") from None
     try:
         status, answer = await request.app[BUILDS].request(body)
     except (BadRequest, CatalogError) as e:
         raise web.HTTPBadRequest(text=str(e)) from None
+    except SourceRefused as e:
+        raise web.HTTPForbidden(text=str(e)) from None
     return web.json_response(answer, status=status, headers={"Location": answer["status_url"]})
 
 
@@ -249,9 +321,8 @@ async def delete_tag(request: web.Request) -> web.Response:
     _authorised(request)
     rec = _record(request)
     tag = request.match_info["tag"]
-    if tag not in rec.tags:
+    if not await asyncio.to_thread(request.app[CATALOG].untag, tag, rec.id):  # conditioned on the set
         raise web.HTTPNotFound(text=f"dataset {rec.id} has no tag {tag!r}")
-    await asyncio.to_thread(request.app[CATALOG].untag, tag)
     return web.json_response(request.app[CATALOG].get(rec.id).to_json())
 
 
@@ -290,15 +361,23 @@ async def _stop_builds(app: web.Application) -> None:
 
 
 def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = False, data_root: str,
-             ray_address: str | None = None, max_builds: int = 1) -> web.Application:
+             ray_address: str | None = None, source_roots: SourceRoots = SourceRoots([]),
+             max_build_workers: int = 1, max_builds: int = 1, body_timeout: float = 60.0,
+             out_of_files: OutOfFiles | None = None, counters: Counters | None = None,
+             redirect_seconds: int = 0) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
-    app[CATALOG], app[TOKENS], app[READ_AUTH], app[TABLES] = catalog, list(tokens), read_auth, {}
+    app[CATALOG], app[TOKENS], app[READ_AUTH] = catalog, list(tokens), read_auth
+    app[COUNTERS], app[REDIRECT] = counters or Counters(), redirect_seconds
+    app[TABLES] = FileTables(catalog, app[COUNTERS])
     app[RECORDS] = RecordCache(catalog)
-    app[BUILDS] = Builds(catalog, data_root, ray_address, max_builds)
+    app[BODY_TIMEOUT], app[FILES_LOG] = body_timeout, out_of_files or OutOfFiles()
+    app[BUILDS] = Builds(catalog, data_root, ray_address, roots=source_roots, max_workers=max_build_workers,
+                         max_running=max_builds)
     app.cleanup_ctx.append(_reap_periodically)
     app.on_shutdown.append(_stop_builds)
     app.on_cleanup.append(_close_records)
     app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/datasets", list_datasets)
     app.router.add_get("/v1/datasets/{ref}", show_dataset)
     app.router.add_delete("/v1/datasets/{ref}", delete_dataset)

@@ -2,7 +2,12 @@
 
 Only names the catalog knows are served: a set's file table maps each name listed in its
 manifest (the shards) plus ``manifest.json``, ``classes.txt`` and ``errors.jsonl`` to the size
-and SHA-256 recorded for it. A request's path is only ever looked up in that table; it is
+and SHA-256 recorded for it. A shard's SHA-256 (its ETag) is the one last computed from its
+bytes, by the build that wrote it or by ``shard-service verify``, together with the file's size
+and modification time then (``Entry.stamp``): a file that no longer looks like that is not served
+until it has been hashed again (``Changed``; ``service.tables`` does it), so the ETag always
+means the bytes, and a shard whose bytes are not the manifest's goes out with an ETag that no
+checking client accepts. A request's path is only ever looked up in that table; it is
 never joined onto a filesystem path. Local files are opened component by component from the
 set's directory with ``O_NOFOLLOW``, so a symbolic link planted inside a set is refused, and
 only regular files of the recorded size are served. Remote sets (fsspec URLs) are streamed
@@ -15,6 +20,8 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
+
+from fsspec.core import url_to_fs
 
 from shards import storage
 from shards.manifest import MANIFEST_NAME, Manifest
@@ -32,14 +39,20 @@ class Refused(Exception):
         self.status = status
 
 
+class Changed(Exception):
+    """A local file whose size or modification time differ from when its bytes were last hashed."""
+
+
 @dataclass(frozen=True)
 class Entry:
     size: int
-    sha256: str
+    sha256: str  # the manifest's (or for the small files, the catalog's)
+    stamp: tuple[int, int] | None = None  # (size, mtime_ns) of the file when last hashed; None: not known
+    hashed: str | None = None  # the SHA-256 its bytes had then, when known
 
     @property
     def etag(self) -> str:
-        return f'"{self.sha256}"'
+        return f'"{self.hashed or self.sha256}"'
 
 
 def clean_name(name: str) -> bool:
@@ -57,20 +70,24 @@ def checked_manifest(location: str, manifest_sha256: str) -> Manifest:
     return Manifest.from_json(data, base=location)
 
 
-def file_table(location: str, files: dict, manifest_sha256: str) -> dict[str, Entry]:
-    """name -> Entry for every file of a ready set, from its manifest, checked against the catalog."""
+def file_table(location: str, files: dict, manifest_sha256: str, verified: dict | None = None) -> dict[str, Entry]:
+    """name -> Entry for every file of a ready set, from its manifest, checked against the catalog;
+    ``verified``: {shard: [size, mtime_ns, sha256]} as last hashed (the record's ``verified_files``)."""
+    verified = verified or {}
     table = {name: Entry(size, sha) for name, (size, sha) in files.items()}
     for split in checked_manifest(location, manifest_sha256).splits.values():
         for shard in split.shards:
             if clean_name(shard.name):
-                table[shard.name] = Entry(shard.bytes, shard.sha256)
+                size, mtime, sha = verified.get(shard.name, (None, None, None))
+                table[shard.name] = Entry(shard.bytes, shard.sha256, None if size is None else (size, mtime), sha)
             else:
                 log.warning("%s: manifest names a shard %r outside the set; not served", location, shard.name)
     return table
 
 
-def open_local(root: str, name: str, entry: Entry) -> int:
-    """A descriptor of ``root/name``, opened without following any symbolic link below ``root``."""
+def open_local(root: str, name: str, entry: Entry | None) -> int:
+    """A descriptor of ``root/name``, opened without following any symbolic link below ``root``;
+    ``entry``: what the file must look like (None: any regular file)."""
     parts = name.split("/")
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -89,11 +106,38 @@ def open_local(root: str, name: str, entry: Entry) -> int:
     finally:
         os.close(fd)
     st = os.fstat(f)
-    if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+    if stat.S_ISREG(st.st_mode) and entry and entry.stamp and entry.stamp != (st.st_size, st.st_mtime_ns):
+        os.close(f)
+        raise Changed(name)
+    if not stat.S_ISREG(st.st_mode) or (entry and st.st_size != entry.size):
         os.close(f)
         what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes, recorded {entry.size}"
         raise Refused(403 if not stat.S_ISREG(st.st_mode) else 500, f"{name} on disk: {what}")
     return f
+
+
+def hash_local(root: str, name: str) -> list:
+    """[size, mtime_ns, sha256] of a set's local file (opened as ``open_local`` does), the stamp
+    taken before reading."""
+    fd = open_local(root, name, None)
+    try:
+        st, h, pos = os.fstat(fd), hashlib.sha256(), 0
+        while chunk := os.pread(fd, 8 << 20, pos):
+            h.update(chunk)
+            pos += len(chunk)
+    finally:
+        os.close(fd)
+    return [st.st_size, st.st_mtime_ns, h.hexdigest()]
+
+
+def presign(url: str, seconds: int) -> str | None:
+    """A presigned HTTP(S) URL of an object, valid ``seconds``; None where the store signs nothing."""
+    fs, path = url_to_fs(url)
+    try:
+        signed = fs.sign(path, expiration=seconds)
+    except NotImplementedError:
+        return None
+    return signed if signed.startswith(("http://", "https://")) else None
 
 
 def content_type(name: str) -> str:

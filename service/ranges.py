@@ -14,6 +14,9 @@ as pure functions of header strings: no I/O, tested by table.
   * a malformed ``bytes=`` value (``bytes=x``, ``bytes=5-2``, ``bytes=-``) -> 400: the client is
     broken, and sending the whole file instead, as ignoring the header would, hides that at a
     cost of the whole file;
+  * a byte number of more than 18 digits (no file is an exabyte; Python's ``int`` refuses strings of
+    over 4,300 digits) is read as "past any end": a first byte -> 416, a last byte -> the file's
+    end, a suffix -> the whole file; numbers are never converted before their length is checked;
   * another unit (``items=0-1``) is ignored as the RFC requires: 200 with the whole file;
   * Range on a method other than GET is ignored (RFC 9110 §14.2): HEAD answers as a plain GET would.
 """
@@ -23,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 _SPEC = re.compile(r"(\d*)-(\d*)")
+_DIGITS = 18  # beyond any file size: 10**18 bytes is an exabyte
 _TAG = re.compile(r'\s*(W/)?("[^"]*")\s*(?:,|$)')
 
 
@@ -50,17 +54,23 @@ def parse_range(header: str, size: int) -> Answer:
     if not m or (not m[1] and not m[2]):
         return Answer(400, reason=f"malformed byte range {value[:40]!r}")
     if not m[1]:  # suffix: the last n bytes
-        n = int(m[2])
+        n = _number(m[2], size)
         if n == 0 or size == 0:
             return Answer(416, reason="empty suffix range" if n == 0 else "the file is empty")
         return Answer(206, max(0, size - n), size)
-    first = int(m[1])
-    last = int(m[2]) if m[2] else None
+    first = _number(m[1], size)
+    last = _number(m[2], size) if m[2] else None
     if last is not None and last < first:
         return Answer(400, reason=f"malformed byte range {value[:40]!r}: last byte before first")
     if first >= size:
         return Answer(416, reason=f"the range starts at or past the end ({size} bytes)")
     return Answer(206, first, size if last is None else min(last + 1, size))
+
+
+def _number(digits: str, size: int) -> int:
+    """A byte number, any over 18 digits read as past the last byte (leading zeros do not count)."""
+    digits = digits.lstrip("0") or "0"
+    return max(size, 10 ** _DIGITS) if len(digits) > _DIGITS else int(digits)
 
 
 def entity_tags(header: str) -> list[tuple[bool, str]] | None:

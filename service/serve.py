@@ -3,6 +3,13 @@
 Prints ``serving http://HOST:PORT/v1`` once listening (``--port 0`` picks a free port).
 SIGTERM or SIGINT stops it, and the builds it runs (each in a process of its own, recorded failed:
 ``stopped``); builds of a server killed outright stop by themselves (``abandoned``).
+
+``--workers N`` (N > 1) forks N server processes that share the port through ``SO_REUSEPORT``
+(the kernel spreads connections over them) and the one catalog file (SQLite, as any number of
+processes may; each notices the others' commits, ``service.records``). The parent holds the
+port, starts the workers, forwards SIGTERM and SIGINT to them, and stops them all if one dies.
+Each worker runs the builds asked of it (up to ``--max-builds`` each) and applies the connection
+limits to its own connections; the catalog's claim still makes one build of one id.
 """
 from __future__ import annotations
 
@@ -11,30 +18,55 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 
 from aiohttp import web
 
 from shards.catalog import Catalog, default_path
 
 from .app import make_app
+from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
+from .roots import SourceRoots
+from .stats import Counters
 from .viewer import add_routes as add_viewer
 
 log = logging.getLogger("service.serve")
+MAX_CONNECTIONS = 8192
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", default=default_path(), help="catalog file ($SHARD_SERVICE_CATALOG)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
+    p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
+    p.add_argument("--redirect", type=int, default=0, metavar="SECONDS",
+                   help="answer GETs of shards of sets in an object store with 307 to a presigned URL valid "
+                        "this long, so their bytes bypass the server (default 0: stream them through)")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true", help="reads need a token too (all but /v1/health)")
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
                                        "default: a 'sets' directory beside the catalog)")
     p.add_argument("--ray-address", help="run builds on this Ray cluster (default: an embedded local Ray)")
+    p.add_argument("--source-root", action="append", default=[], metavar="DIR_OR_URL",
+                   help="builds asked for over HTTP may read only sources under this local directory (symbolic "
+                        "links resolved) or URL prefix (e.g. s3://bucket/videos); repeat for several. Without "
+                        "any, POST /v1/builds is refused (403)")
+    p.add_argument("--max-build-workers", type=int, default=os.cpu_count(),
+                   help="the most decode tasks a build request may ask for (its 'workers')")
     p.add_argument("--max-builds", type=int, default=1,
                    help="build processes run at once; further builds wait their turn (each build process starts "
                         "its own embedded Ray, or joins --ray-address)")
+    p.add_argument("--header-timeout", type=float, default=20.0,
+                   help="seconds a connection has to send a complete request head, from its opening or the end of "
+                        "the previous response (also how long an idle connection is kept)")
+    p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body has to arrive (408)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help=f"connections at once; more get 503 (default: {MAX_CONNECTIONS}, lowered to fit the "
+                        "open-files limit; 0: no limit)")
+    p.add_argument("--max-connections-per-client", type=int, default=256,
+                   help="connections at once from one client address; more get 503 (0: no limit, e.g. behind a "
+                        "reverse proxy, where every client has the proxy's address)")
     p.add_argument("--access-log", action="store_true", help="log every request")
 
 
@@ -48,29 +80,118 @@ def read_tokens(path: str | None) -> list[str]:
     return tokens
 
 
-async def serve(args: argparse.Namespace) -> None:
-    if args.max_builds < 1:
-        raise SystemExit(f"--max-builds {args.max_builds}: must be at least 1")
+async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_fd: int | None = None) -> None:
+    """One server process; ``ready_fd``: a pipe to write a byte to once listening (a worker), else
+    the ``serving`` line is printed."""
+    for flag in ("max_builds", "max_build_workers"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
+    try:
+        roots = SourceRoots(args.source_root)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    open_files = raise_open_files()
+    max_connections = connections_allowed(open_files, MAX_CONNECTIONS) if args.max_connections is None \
+        else args.max_connections
+    if args.max_connections and args.max_connections > connections_allowed(open_files, args.max_connections):
+        log.warning("--max-connections %d: more than %d open files allow; expect failed accepts under load",
+                    args.max_connections, open_files)
+    out_of_files = OutOfFiles()
+    out_of_files.install(asyncio.get_running_loop())
     catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
     data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
-                   ray_address=args.ray_address, max_builds=args.max_builds)
+                   ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
+                   max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files,
+                   counters=counters, redirect_seconds=args.redirect)
     add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
-                           handle_signals=False)
+                           handle_signals=False, keepalive_timeout=args.header_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, backlog=1024, reuse_address=True)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    print(f"serving http://{host}:{port}/v1 (catalog {args.catalog})", flush=True)
+    admission = Admission(max_connections, args.max_connections_per_client)
+    server = await asyncio.get_running_loop().create_server(admission.protocol(runner.server), args.host, port,
+                                                            backlog=1024, reuse_address=True,
+                                                            reuse_port=ready_fd is not None or None)
+    host, port = server.sockets[0].getsockname()[:2]
+    log.info("open files %d; connections at most %s, %s per client; request heads within %g s, bodies within %g s",
+             open_files, max_connections or "unlimited", args.max_connections_per_client or "unlimited",
+             args.header_timeout, args.body_timeout)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    if ready_fd is None:
+        print(f"serving http://{host}:{port}/v1 (catalog {args.catalog})", flush=True)
+    else:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
     await stop.wait()
     log.info("stopping")
+    server.close()
     await runner.cleanup()
 
 
+def _hold_port(host: str, port: int) -> socket.socket:
+    """A socket bound (not listening) to host:port with SO_REUSEPORT: the port the workers share."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _fork_workers(args: argparse.Namespace) -> int:
+    Catalog(args.catalog).close()  # its migrations run once, here, before any worker opens it
+    counters = Counters(args.workers)
+    held = _hold_port(args.host, args.port)
+    port = held.getsockname()[1]
+    ready_r, ready_w = os.pipe()
+    pids = []
+    for row in range(args.workers):
+        pid = os.fork()
+        if pid == 0:  # a worker
+            held.close()
+            os.close(ready_r)
+            counters.in_worker(row)
+            code = 0
+            try:
+                asyncio.run(serve(args, counters, port, ready_w))
+            except BaseException:
+                log.exception("worker %d", row)
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    os.close(ready_w)
+    stopping = []
+
+    def stop(signum, _frame):
+        stopping.append(signum)
+        for p in pids:
+            os.kill(p, signal.SIGTERM)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    started = 0
+    while started < args.workers and (got := os.read(ready_r, args.workers)):
+        started += len(got)
+    os.close(ready_r)
+    if started == args.workers:
+        print(f"serving http://{args.host}:{port}/v1 (catalog {args.catalog}, {args.workers} workers)", flush=True)
+    code = 0
+    while pids:
+        pid, status = os.wait()
+        pids.remove(pid)
+        if status and not stopping:
+            log.error("worker %d exited (status %d); stopping the others", pid, status)
+            code = 1
+            stop(signal.SIGTERM, None)
+    held.close()
+    return code if started == args.workers else 1
+
+
 def run(args: argparse.Namespace) -> int:
-    asyncio.run(serve(args))
-    return 0
+    if args.workers < 1:
+        raise SystemExit(f"--workers {args.workers}: give 1 or more")
+    if args.workers == 1:
+        asyncio.run(serve(args, Counters(), args.port))
+        return 0
+    return _fork_workers(args)

@@ -44,7 +44,7 @@ from shards.clipindex import ClipIndex, clip_meta, frame_spans, read_clip
 from shards.manifest import Manifest
 from shards.stats import split_stats
 
-from .app import READ_AUTH, _entry, _reader, _record, send_span
+from .app import READ_AUTH, _reader, _record, cache_control, open_file, send_span
 from .files import checked_manifest
 from .ranges import evaluate
 
@@ -257,17 +257,11 @@ async def frame(request: web.Request) -> web.StreamResponse:
     if not t.isdigit() or int(t) >= len(spans):
         raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(spans)} frames; there is no frame {t!r}")
     offset, size = spans[int(t)]
-    entry = await _entry(request, rec, clip.shard.name)
-    if request.match_info["ref"] != rec.id:
-        cache = "no-cache"  # a name or tag can move to another set
-    else:
-        cache = ("private" if request.app[READ_AUTH] else "public") + ", max-age=31536000, immutable"
-    etag = f'"{clip.shard.sha256}.{offset}"'
-    response = send_span(request, rec, clip.shard.name, entry, offset, size, etag,
-                         {"Content-Type": "image/jpeg"})
+    rec, entry, fd = await open_file(request, rec, clip.shard.name)
+    etag = f'"{entry.etag.strip(chr(34))}.{offset}"'  # the shard's bytes as last hashed, and where in it
+    response = send_span(request, rec, clip.shard.name, entry, offset, size, etag, {"Content-Type": "image/jpeg"},
+                         fd=fd, cache=cache_control(request, rec))
     response.headers.update(SECURITY)
-    if response.status in (200, 206, 304):
-        response.headers["Cache-Control"] = cache
     return response
 
 

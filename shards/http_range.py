@@ -8,6 +8,12 @@ the dataset service does), the manifest's SHA-256. Anything else (a 200 with the
 a short body, a wrong total, another ETag, a 5xx, a dropped connection) is retried from the
 first missing byte with exponential backoff and jitter (``Retry.attempts`` requests in all
 per range), then fails naming the URL, the bytes and the last problem. 404 and other 4xx answers fail at once: asking again will not help.
+A 429 or 503 with ``Retry-After`` (seconds or an HTTP date) waits as long as the server asks
+(at most ``Retry.max_retry_after``) instead of the backoff. Redirects (301, 302, 303, 307, 308;
+at most ``MAX_REDIRECTS`` in a row) are followed with the same ``Range``, as the service's
+``307`` to a presigned object-store URL needs; the answer is checked as any other (an object
+store's ETag is not a SHA-256 and is not compared), ``Authorization`` is not sent to another
+host, and a retry starts again from the original URL.
 
 The hot path is the standard library's blocking HTTP/1.1 client (``http.client``) in the reading
 thread: no hop to an event loop, the body received straight into the bytes object the reader
@@ -37,6 +43,7 @@ Fork safety (loader workers are forked): a connection is never shared by two pro
 """
 from __future__ import annotations
 
+import email.utils
 import http.client
 import io
 import os
@@ -55,6 +62,8 @@ import fsspec.config
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 _SHA256_ETAG = re.compile(r'"([0-9a-f]{64})"$')
 _RETRIED_4XX = {408, 425, 429}
+_REDIRECTS = {301, 302, 303, 307, 308}
+MAX_REDIRECTS = 5
 
 
 @dataclass(frozen=True)
@@ -62,10 +71,26 @@ class Retry:
     attempts: int = 5  # tries per missing byte range before giving up
     backoff: float = 0.25  # seconds before the second try, doubling up to max_backoff
     max_backoff: float = 8.0
+    max_retry_after: float = 120.0  # the longest wait a server's Retry-After gets
 
     def sleep(self, failures: int) -> None:
         base = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
-        time.sleep(base * (0.5 + random.random() / 2))
+        self.wait(base * (0.5 + random.random() / 2))
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (RFC 9110 §10.2.3), None if absent or unreadable."""
+    value = (value or "").strip()
+    if value.isdigit() and len(value) <= 9:
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 DEFAULT_RETRY = Retry()
@@ -143,26 +168,39 @@ class HTTPRange(io.RawIOBase):
                  retry: Retry = DEFAULT_RETRY):
         self.url, self.start, self.pos, self.end = url, start, start, end
         self.size, self.sha256, self.retry = size, sha256, retry
-        u = urllib.parse.urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"{url}: not an http(s) URL")
-        self.key = (u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80))
-        self.target = urllib.parse.quote(u.path or "/", safe="/%~@:+!$&'()*,;=") + (f"?{u.query}" if u.query else "")
+        self._go(url)
+        self.origin, self.hops = self.key, 0
         self.pid = os.getpid()
         self.conn, self.r = None, None  # the connection and its open response
         self.failures = 0
 
+    def _go(self, url: str) -> None:
+        """Send the next request to ``url`` (the original one, or where a redirect pointed)."""
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"{url}: not an http(s) URL")
+        self.where = url
+        self.key = (u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80))
+        self.target = urllib.parse.quote(u.path or "/", safe="/%~@:+!$&'()*,;=") + (f"?{u.query}" if u.query else "")
+
     def readable(self) -> bool:
         return True
 
-    def _failed(self, problem: str) -> None:
-        """Note a failure; raise after the last try, else back off before the next."""
+    def _failed(self, problem: str, wait: float | None = None) -> None:
+        """Note a failure; raise after the last try, else wait (``wait`` seconds, or the backoff)
+        before the next, which starts again from the original URL."""
         self._drop()
         self.failures += 1
         if self.failures >= self.retry.attempts:
             raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: {problem}; "
                              f"gave up after {self.failures} attempts")
-        self.retry.sleep(self.failures)
+        if wait is None:
+            self.retry.sleep(self.failures)
+        else:
+            self.retry.wait(min(wait, self.retry.max_retry_after))
+        if self.where != self.url:
+            self._go(self.url)
+            self.hops = 0
 
     def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
         """A connection to the URL's server, and whether it was pooled (so may have been closed by now)."""
@@ -176,6 +214,8 @@ class HTTPRange(io.RawIOBase):
     def _request(self) -> None:
         """Send the GET for the missing bytes and receive the answer's headers."""
         headers = {**_config_headers(self.key[0]), "Range": f"bytes={self.pos}-{self.end - 1}"}
+        if self.key != self.origin:  # redirected to another server: credentials stay with ours
+            headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "cookie")}
         while True:
             conn, pooled = self._connection()
             try:
@@ -198,13 +238,19 @@ class HTTPRange(io.RawIOBase):
         r = self.r
         if r.status != 206:
             self._drop()  # whatever its body, this connection is not reused
+        if r.status in _REDIRECTS and r.headers.get("Location"):
+            if self.hops >= MAX_REDIRECTS:
+                raise RangeError(f"{self.url}: more than {MAX_REDIRECTS} redirects in a row (last to {self.where})")
+            self.hops += 1
+            return self._go(urllib.parse.urljoin(self.where, r.headers["Location"]))
         if r.status == 404:
             raise FileNotFoundError(f"{self.url}: not found (404)")
         if 400 <= r.status < 500 and r.status not in _RETRIED_4XX:
             raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: status {r.status}")
         problem = range_problem(r.status, r.headers, self.pos, self.end, self.size, self.sha256)
         if problem:
-            return self._failed(problem)
+            wait = retry_after(r.headers.get("Retry-After")) if r.status in (429, 503) else None
+            return self._failed(problem if wait is None else f"{problem} (Retry-After: {wait:g} s)", wait)
 
     def _forked(self) -> bool:
         """After a fork, in the child: forget the parent's response and connection (the child asks

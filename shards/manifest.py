@@ -3,6 +3,10 @@
 Readers (the loader, ``shards verify``, the service) read this one small file instead of
 listing or stat-ing the filesystem. Shard names are relative to the manifest's directory,
 so a shard set can be moved or served over HTTP as a whole.
+
+Format versions: ``/2`` adds each sample's xxh3-64 digest (``ShardInfo.digests``, checked by
+every reader as the bytes arrive: ``shards.digests``); ``/1`` manifests, without them, are still
+read (their samples are checked only by the shard's SHA-256).
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
 LEDGER_NAME = "errors.jsonl"  # one JSON line per input that could not be used
 STAGING_NAME = ".staging"  # a build's work in progress, gone once it finishes
 SET_FILES = (MANIFEST_NAME, CLASSES_NAME, LEDGER_NAME)  # besides the shards, what a set holds
-FORMAT = "kinetics-fast-shards/1"
+FORMAT = "kinetics-fast-shards/2"
+READABLE_FORMATS = ("kinetics-fast-shards/1", FORMAT)
 
 
 @dataclass
@@ -30,6 +35,7 @@ class ShardInfo:
     offsets: list[int] = field(default_factory=list)  # byte offset of each sample's first header
     lengths: list[int] = field(default_factory=list)  # bytes from that header to the sample's end
     labels: list[int] = field(default_factory=list)  # class index per sample, -1 when unlabeled
+    digests: list[str] = field(default_factory=list)  # xxh3-64 hex of each sample's bytes (format /2)
 
 
 @dataclass
@@ -55,6 +61,11 @@ class Manifest:
     format: str = FORMAT
     base: str = ""  # directory URL the manifest was loaded from; not serialised
 
+    @property
+    def motion(self) -> str:
+        """The motion fields stored beside the frames (``shards.motionfield``): "mv", "flow" or "none"."""
+        return self.config.get("clip", {}).get("motion", "none")
+
     def shard_url(self, shard: ShardInfo) -> str:
         return storage.join(self.base, shard.name)
 
@@ -68,14 +79,14 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes, base: str = "") -> "Manifest":
         d = json.loads(data)
-        if d.get("format") != FORMAT:
+        if d.get("format") not in READABLE_FORMATS:
             raise ValueError(f"{base or 'manifest'}: unknown manifest format {d.get('format')!r}")
         splits = {}
         for name, s in d["splits"].items():
             shards = [ShardInfo(**sh) for sh in s["shards"]]
             splits[name] = SplitInfo(shards=shards, num_failed=s.get("num_failed", 0))
         return cls(classes=d["classes"], splits=splits, config=d.get("config", {}),
-                   fingerprint=d.get("fingerprint", ""), base=base)
+                   fingerprint=d.get("fingerprint", ""), format=d["format"], base=base)
 
     def save(self, directory: str) -> str:
         url = storage.join(directory, MANIFEST_NAME)

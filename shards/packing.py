@@ -9,6 +9,7 @@ import hashlib
 from typing import Iterable
 
 from . import storage, tarformat
+from .digests import sample_digest
 from .manifest import ShardInfo
 
 
@@ -49,6 +50,7 @@ def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]]) 
             info.offsets.append(pos)
             info.lengths.append(len(data))
             info.labels.append(label)
+            info.digests.append(sample_digest(data))
             pos += len(data)
         tail = tarformat.end_of_archive(pos)
         f.write(tail)

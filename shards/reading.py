@@ -6,17 +6,20 @@ no stat, no directory listing. Local files are read with ``pread`` on a plain de
 forked loader workers. HTTP ranges are one streamed GET with a ``Range`` header, every
 response checked and retried (``shards.http_range``). Other fsspec filesystems (s3, gcs,
 memory) are read with one ranged ``cat_file`` per chunk: object stores get no metadata
-request (a HEAD) per range, since the manifest already gave the size. The node-local shard
-cache is ``shards.cache``.
+request (a HEAD) per range, since the manifest already gave the size. ``open_samples`` checks
+each sample of a range against the manifest's digest on the way (``shards.digests``). The
+node-local shard cache is ``shards.cache``.
 """
 from __future__ import annotations
 
+import bisect
 import io
 import os
 from typing import BinaryIO
 
 from fsspec.core import url_to_fs
 
+from .digests import CheckedSamples
 from .http_range import DEFAULT_RETRY, HTTPRange, RangeError, Retry
 from .storage import local_path, open_fd
 
@@ -116,6 +119,21 @@ def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: i
     return io.BufferedReader(_Chunked(url, start, end, retry), READ_BUFFER)
 
 
+def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *,
+                 retry: Retry = DEFAULT_RETRY) -> BinaryIO:
+    """``open_range`` of bytes [start, end) of a shard (a manifest ``ShardInfo``) that begin and end
+    at sample boundaries, every sample checked against the manifest's digest (format /2 manifests;
+    older ones have none, and their ranges are read unchecked)."""
+    opener = lambda a, b: open_range(url, a, b, fd, size=shard.bytes, sha256=shard.sha256, retry=retry)  # noqa: E731
+    if not shard.digests:
+        return opener(start, end)
+    first = bisect.bisect_left(shard.offsets, start)
+    last = bisect.bisect_left(shard.offsets, end) - 1
+    if first > last or shard.offsets[first] != start or shard.offsets[last] + shard.lengths[last] != end:
+        raise ValueError(f"{url}: bytes {start}-{end - 1} are not whole samples of {shard.name}")
+    return io.BufferedReader(CheckedSamples(url, shard, first, last, opener), READ_BUFFER)
+
+
 def read_range(url: str, start: int, end: int) -> bytes:
     with open_range(url, start, end) as f:
         return f.read()
@@ -127,8 +145,7 @@ def iter_samples(url: str, shard, start: int, stop: int):
     if start >= stop:
         return
     pos = shard.offsets[start]
-    with open_range(url, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1], size=shard.bytes,
-                    sha256=shard.sha256) as f:
+    with open_samples(url, shard, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1]) as f:
         for i in range(start, stop):
             f.read(shard.offsets[i] - pos)  # a gap between samples; empty in shards we write
             data = f.read(shard.lengths[i])

@@ -45,7 +45,7 @@ def cuts(sizes: list[int], shard_bytes: int | None, shard_samples: int | None, n
 def _read(m: Manifest, shard: ShardInfo) -> list[bytes]:
     """The shard's samples' bytes, once the whole shard has been checked; else ``BadShard``."""
     datas = []
-    problems = check_shard(m.shard_url(shard), shard, keep=datas)
+    problems = check_shard(m.shard_url(shard), shard, keep=datas, motion=m.motion)
     if problems:
         raise BadShard(shard.name, problems)
     return datas
@@ -67,7 +67,7 @@ def find_bad(m: Manifest, workers: int = 4) -> dict[str, list]:
     """Every damaged shard of the set: name -> its problems (one checking pass, nothing copied)."""
     shards = [s for split in m.splits.values() for s in split.shards]
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        found = pool.map(lambda s: check_shard(m.shard_url(s), s), shards)
+        found = pool.map(lambda s: check_shard(m.shard_url(s), s, motion=m.motion), shards)
         return {s.name: p for s, p in zip(shards, found) if p}
 
 

@@ -3,7 +3,10 @@
 Counts and bytes come from the manifest alone. Frames per clip and frame sizes come from
 reading clips: ``--probe N`` evenly spread clips per split (one byte-range read each), or
 every clip with ``--probe 0`` (one sequential read per shard). JPEG headers give the sizes;
-nothing is decoded.
+no frame is decoded. A set with motion fields (``shards.motionfield``) has the probed clips'
+fields decoded for their magnitude statistics: the share of valid cells, and over those the
+mean, median and 95th percentile of the motion's length in pixels per frame and the share
+clipped at the quantisation bound.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from collections import Counter
 import numpy as np
 from PIL import Image
 
-from . import tarformat
+from . import motionfield, tarformat
 from .manifest import Manifest, SplitInfo
 from .reading import iter_samples, read_range
 
@@ -40,9 +43,17 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
     labels = Counter(label for s in split.shards for label in s.labels)
     sizes = [s.bytes for s in split.shards] or [0]
     frames, frame_sizes, frame_bytes, probed = Counter(), Counter(), [], 0
+    lengths, cells, clipped = [], 0, 0
     for data in _probe_samples(manifest, split, probe):
         probed += 1
-        jpgs = [v for n, v in tarformat.read_members(data) if n.endswith(".jpg")]
+        members = tarformat.read_members(data)
+        jpgs = [v for n, v in members if n.endswith(".jpg")]
+        for n, v in members:
+            if n.endswith(f".{manifest.motion}.png"):
+                field, valid = motionfield.decode(v)
+                cells += valid.size
+                lengths.append(np.hypot(field[valid][:, 0], field[valid][:, 1]))
+                clipped += int((np.abs(field[valid]) >= motionfield.BOUND).any(axis=1).sum())
         frames[len(jpgs)] += 1
         for j in jpgs:
             w, h = Image.open(io.BytesIO(j)).size
@@ -58,7 +69,17 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
         "frames_per_clip": dict(sorted(frames.items())),
         "frame_sizes": dict(frame_sizes.most_common()),
         "bytes_per_frame": statistics.mean(frame_bytes) if frame_bytes else None,
+        **({"motion": _motion_stats(manifest.motion, lengths, cells, clipped)} if manifest.motion != "none" else {}),
     }
+
+
+def _motion_stats(kind: str, lengths: list[np.ndarray], cells: int, clipped: int) -> dict:
+    """Magnitude statistics of the probed fields' valid cells (pixels per frame)."""
+    valid = np.concatenate(lengths) if lengths else np.zeros(0)
+    figures = ({"mean": float(valid.mean()), "median": float(np.median(valid)),
+                "p95": float(np.percentile(valid, 95))} if valid.size else {})
+    return {"kind": kind, "cells": cells, "valid_fraction": valid.size / cells if cells else 0.0,
+            "clipped_fraction": clipped / valid.size if valid.size else 0.0, **figures}
 
 
 def collect(manifest: Manifest, probe: int = 64, splits: list[str] | None = None) -> dict:
@@ -85,6 +106,11 @@ def format_text(stats: dict) -> str:
                          + ", ".join(f"{k}: {v}" for k, v in s["frames_per_clip"].items())
                          + "; frame sizes " + ", ".join(f"{k}: {v}" for k, v in s["frame_sizes"].items())
                          + f"; {s['bytes_per_frame'] / 1e3:,.1f} kB/frame")
+        if "mean" in s.get("motion", {}):
+            mo = s["motion"]
+            lines.append(f"  motion ({mo['kind']}): {mo['valid_fraction']:.0%} of cells valid; length mean "
+                         f"{mo['mean']:.2f}, median {mo['median']:.2f}, p95 {mo['p95']:.2f} px/frame; "
+                         f"{mo['clipped_fraction']:.1%} clipped at {motionfield.BOUND:g}")
     return "\n".join(lines)
 
 

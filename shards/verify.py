@@ -1,4 +1,5 @@
-"""Check every shard against the manifest: size, SHA-256, sample offsets, members; --deep decodes JPEGs.
+"""Check every shard against the manifest: size, SHA-256, sample offsets, members; --deep decodes JPEGs
+and motion fields.
 
 Each shard is read once, front to back, and each problem is printed with its shard and, where
 it has one, its sample. Exit status 1 if there is any problem. Only the manifest and the
@@ -10,6 +11,7 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 import fsspec
 from PIL import Image
 
-from . import tarformat
+from . import motionfield, tarformat
+from .digests import ALGORITHM, sample_digest
 from .manifest import Manifest, ShardInfo
+from .reading import local_path
 
 CHUNK = 8 << 20
 
@@ -33,8 +37,10 @@ class Problem:
         return f"{self.shard}: {'sample ' + self.sample + ': ' if self.sample else ''}{self.message}"
 
 
-def check_members(key: str, label: int, data: bytes, frames: int | None, deep: bool) -> list[str]:
-    """What is wrong with one sample's tar bytes (empty list when nothing)."""
+def check_members(key: str, label: int, data: bytes, frames: int | None, deep: bool,
+                  motion: str = "none") -> list[str]:
+    """What is wrong with one sample's tar bytes (empty list when nothing); ``motion``: the kind
+    of field each frame should have beside it (``Manifest.motion``)."""
     try:
         members = dict(tarformat.read_members(data))
     except (tarfile.TarError, EOFError) as e:
@@ -48,6 +54,8 @@ def check_members(key: str, label: int, data: bytes, frames: int | None, deep: b
     jpgs = sorted(s for s in suffixes if s.endswith(".jpg"))
     count = frames or len(jpgs)
     missing = [f"{t:02d}.jpg" for t in range(count) if f"{t:02d}.jpg" not in suffixes]
+    fields = [motionfield.member(t, motion) for t in range(count)] if motion != "none" else []
+    missing += [f for f in fields if f not in suffixes]
     problems += [f"member {key}.{m} missing" for m in missing]
     if frames and len(jpgs) > frames:
         problems.append(f"{len(jpgs)} frames, expected {frames}")
@@ -66,15 +74,35 @@ def check_members(key: str, label: int, data: bytes, frames: int | None, deep: b
                 Image.open(io.BytesIO(suffixes[s])).load()
             except Exception as e:  # PIL raises several types for corrupt data
                 problems.append(f"frame {s} does not decode ({e})")
+        problems += _check_fields(suffixes, [f for f in fields if f in suffixes])
+    return problems
+
+
+def _check_fields(suffixes: dict[str, bytes], fields: list[str]) -> list[str]:
+    """Each motion field decodes, with the grid its frame's size calls for."""
+    problems = []
+    for name in fields:
+        try:
+            field, _ = motionfield.decode(suffixes[name])
+            frame = Image.open(io.BytesIO(suffixes[name.split(".")[0] + ".jpg"])).size
+        except Exception as e:  # PIL raises several types for corrupt data
+            problems.append(f"motion field {name} does not decode ({e})")
+            continue
+        if field.shape[1::-1] != motionfield.grid_size(*frame):
+            problems.append(f"motion field {name} is {field.shape[1]}x{field.shape[0]}, its {frame[0]}x{frame[1]} "
+                            f"frame calls for {'x'.join(map(str, motionfield.grid_size(*frame)))}")
     return problems
 
 
 def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool = False,
-                keep: list[bytes] | None = None) -> list[Problem]:
+                keep: list[bytes] | None = None, motion: str = "none", hashed: dict | None = None) -> list[Problem]:
     """All problems of one shard: read sequentially, samples checked at their manifest offsets.
 
     ``keep``: a list that receives each sample's bytes as read (``shards reshard`` copies them,
-    and only when the whole shard came out clean)."""
+    and only when the whole shard came out clean). ``hashed``: a dict that receives the file's
+    ``[size, mtime_ns, sha256]`` as read (local files only; the stamp taken before reading, so a
+    file that changes meanwhile no longer matches it)."""
+    stamp = _stamp(url)
     out = []
     bad = lambda sample, msg: out.append(Problem(info.name, sample, msg))  # noqa: E731
     h, pos, complete = hashlib.sha256(), 0, False
@@ -94,7 +122,9 @@ def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool
             if len(data) < info.lengths[i]:
                 bad(key, f"shard ends inside this sample; {info.num_samples - i - 1} later samples missing")
                 break
-            for msg in check_members(key, info.labels[i], data, frames, deep):
+            if info.digests and sample_digest(data) != info.digests[i]:
+                bad(key, f"{ALGORITHM} digest differs from the manifest's")
+            for msg in check_members(key, info.labels[i], data, frames, deep, motion):
                 bad(key, msg)
             if keep is not None:
                 keep.append(data)
@@ -111,24 +141,50 @@ def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool
         bad(None, "data after the last sample")
     if h.hexdigest() != info.sha256:
         bad(None, "SHA-256 differs from the manifest (content changed)")
+    if hashed is not None and stamp is not None:
+        hashed[info.name] = [*stamp, h.hexdigest()]
     if len(info.keys) != info.num_samples or len(set(info.keys)) != len(info.keys):
         bad(None, "manifest lists inconsistent or duplicate sample keys")
     return out
 
 
+def _stamp(url: str) -> list[int] | None:
+    """A local file's [size, mtime_ns] (None when missing or remote)."""
+    path = local_path(url)
+    try:
+        st = os.stat(path) if path is not None else None
+    except FileNotFoundError:
+        return None
+    return None if st is None else [st.st_size, st.st_mtime_ns]
+
+
+def stamps(manifest: Manifest) -> dict:
+    """{shard: [size, mtime_ns, sha256]} of a freshly written local set, the SHA-256 the writer
+    computed as it wrote each shard (what ``verify(hashed=...)`` records after hashing again)."""
+    out = {}
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            stamp = _stamp(manifest.shard_url(shard))
+            if stamp is not None:
+                out[shard.name] = [*stamp, shard.sha256]
+    return out
+
+
 def verify(manifest: Manifest, splits: list[str] | None = None, deep: bool = False,
-           frames: int | None = None, workers: int = 4) -> list[Problem]:
+           frames: int | None = None, workers: int = 4, hashed: dict | None = None) -> list[Problem]:
+    """Every problem of the set's shards; ``hashed`` receives what was hashed (``check_shard``)."""
     jobs = [(manifest.shard_url(s), s) for name, split in manifest.splits.items()
             if not splits or name in splits for s in split.shards]
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = pool.map(lambda job: check_shard(job[0], job[1], frames, deep), jobs)
+        results = pool.map(lambda job: check_shard(job[0], job[1], frames, deep, motion=manifest.motion,
+                                                   hashed=hashed), jobs)
         return [p for r in results for p in r]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("shardset", help="shard-set directory URL or manifest.json URL")
     p.add_argument("--split", action="append", help="only this split (repeatable)")
-    p.add_argument("--deep", action="store_true", help="also decode every JPEG")
+    p.add_argument("--deep", action="store_true", help="also decode every JPEG and motion field")
     p.add_argument("--frames", type=int, help="frames per clip to expect (default: the manifest's config.clip.frames)")
     p.add_argument("--workers", type=int, default=4, help="shards checked at once")
 

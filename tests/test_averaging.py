@@ -133,7 +133,7 @@ def worker(out: str) -> None:
             regime = Regime(cfg, backend.size, STEPS * GLOBAL_BATCH)
             engine = Engine(regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH, model=cfg.model, recipe=cfg.recipe,
                             system=cfg.system, batch_size=share)
-            regime.attach(engine)
+            regime.attach(engine, lambda: None)  # (no loader: the steps are fed by hand)
             backend.broadcast_state(engine.model, engine.optimizer)
             engine.model.train()
             steps, sent["values"], sent["on"] = [], 0, True

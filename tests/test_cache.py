@@ -42,13 +42,18 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
         srv.counts[self.path] += 1
         srv.ranges.append(self.headers.get("Range"))
         srv.ports.append(self.client_address[1])  # which connection asked
-        data = BLOBS[self.path]
+        srv.auth.append(self.headers.get("Authorization"))
         first = srv.counts[self.path] == 1
         mode = srv.mode
         if mode == "slow":
             time.sleep(0.3)
         if mode == "flaky" and first:
             return self._reply(503, {"Content-Length": "0"}, b"")
+        if mode == "busy" and first:
+            return self._reply(503, {"Content-Length": "0", "Retry-After": "7"}, b"")
+        if mode == "redirect" and not self.path.startswith("/moved"):
+            return self._reply(307, {"Content-Length": "0", "Location": f"/moved{self.path}"}, b"")
+        data = BLOBS[self.path.removeprefix("/moved")]
         a, b = re.match(r"bytes=(\d+)-(\d+)", self.headers["Range"]).groups()
         a, b = int(a), int(b)
         body = data[a:b + 1]
@@ -95,6 +100,7 @@ def misbehaving(mode="ok"):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
     srv.daemon_threads = True
     srv.mode, srv.counts, srv.ranges, srv.release, srv.ports = mode, Counter(), [], threading.Event(), []
+    srv.auth = []
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
@@ -102,6 +108,32 @@ def misbehaving(mode="ok"):
         srv.release.set()
         srv.shutdown()
         srv.server_close()
+
+
+class Waits(Retry):
+    """A retry policy that records the waits asked of it instead of sleeping."""
+
+    def __init__(self):
+        super().__init__(attempts=3, backoff=0.01)
+        object.__setattr__(self, "waits", [])
+
+    def wait(self, seconds):
+        self.waits.append(seconds)
+
+
+def test_retry_after_is_honoured():
+    with misbehaving("busy") as (srv, url):
+        waits = Waits()
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=waits).read() == BLOB[7:90_007]
+    assert waits.waits == [7] and srv.counts["/blob.tar"] == 2  # the server's 7 s, not the 0.01 s backoff
+
+
+def test_redirects_are_followed_with_the_range_and_checked():
+    with misbehaving("redirect") as (srv, url):
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:90_007]
+        assert srv.ranges == ["bytes=7-90006", "bytes=7-90006"] and srv.counts["/moved/blob.tar"] == 1
+        with pytest.raises(RangeError, match="differs from the manifest"):  # the target's answer is checked too
+            open_range(f"{url}/blob.tar", 0, 99, size=SIZE, sha256="0" * 64, retry=FAST).read()
 
 
 # --- the range check, as a table ------------------------------------------------------------

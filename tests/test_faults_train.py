@@ -187,6 +187,6 @@ def test_resume_with_another_optimizer_is_refused_on_every_rank_and_other_hyperp
     groups = after["optimizer"]["param_groups"]
     assert [g["momentum"] for g in groups] == [0.0, 0.0] and [g["weight_decay"] for g in groups] == [0.5, 0.0]
     assert (after["config"]["recipe"]["momentum"], after["config"]["recipe"]["weight_decay"]) == (0.0, 0.5)
-    # SGD without momentum neither reads nor updates the buffers it was given: the steps ran at momentum 0
-    for index, state in before["optimizer"]["state"].items():
-        assert torch.equal(after["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])
+    # SGD without momentum keeps no buffers (kept from the checkpoint, rank 1 could not match them in
+    # Horovod's state broadcast: the run hung)
+    assert before["optimizer"]["state"] and not after["optimizer"]["state"]

@@ -1,7 +1,7 @@
 """The trainer's rooms (docs/architecture.md) import each other in one direction only, read from the
 source's import statements: a new import that breaks the order fails here, before it becomes a knot.
 
-    config, errors  <  model, distributed, data  <  schedules  <  the loop (trainer/*.py)
+    config, errors, hooks  <  model, distributed, data  <  schedules  <  the loop (trainer/*.py)
 
 A room imports the rooms it stands above, never one beside or above it, and never the loop; only
 the loop (and the rooms) may import ``shards``, and no part of the trainer imports ``ingest`` or ``service``.
@@ -12,8 +12,8 @@ import ast
 from pathlib import Path
 
 TRAINER = Path(__file__).resolve().parent.parent / "trainer"
-# trainer.config and trainer.errors stand under every room: they import nothing of the trainer
-BASE = {"trainer.config", "trainer.errors"}
+# the config, the errors and the hook protocol stand under every room: they import nothing of the trainer
+BASE = {"trainer.config", "trainer.errors", "trainer.hooks"}
 ROOMS = {"model": set(), "distributed": set(), "data": set(), "schedules": {"data"}}
 
 

@@ -52,7 +52,8 @@ def test_flipped_byte_is_caught(shardset, capsys):
     data = bytearray(open(path, "rb").read())
     data[shard.offsets[2] + 3000] ^= 0x10  # inside a JPEG of the third sample
     open(path, "wb").write(data)
-    assert problems(shardset) == [f"{shard.name}: SHA-256 differs from the manifest (content changed)"]
+    assert problems(shardset) == [f"{shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs from the manifest's",
+                                  f"{shard.name}: SHA-256 differs from the manifest (content changed)"]
     assert main(["verify", shardset]) == 1
     assert "SHA-256" in capsys.readouterr().out
 
@@ -170,11 +171,11 @@ def flip_a_jpeg_byte(d, split="train", k=1):
 def test_reshard_refuses_a_damaged_source_naming_the_shard(shardset, tmp_path, capsys):
     shard = flip_a_jpeg_byte(shardset)
     dst = tmp_path / "new"
-    with pytest.raises(BadShard, match=f"^{shard.name}: SHA-256 differs from the manifest"):
+    with pytest.raises(BadShard, match=f"^{shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs"):
         reshard(shardset, str(dst), shard_samples=7)
     assert [p for p in dst.rglob("*") if p.is_file()] == []  # shards written before it are removed
     assert main(["reshard", shardset, str(dst), "--num-shards", "2"]) == 1
-    assert f"error: {shard.name}: SHA-256 differs" in capsys.readouterr().err
+    assert f"error: {shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs" in capsys.readouterr().err
 
 
 def test_reshard_refuses_a_sample_under_another_key(shardset, tmp_path):

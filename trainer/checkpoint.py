@@ -27,7 +27,7 @@ MODEL_FIELDS = ("shift", "segments", "shift_div", "depth", "width", "num_classes
 REFUSED = (("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
 # (the shard set itself is checked by its fingerprint)
-INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("system", "backend"),
+INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("system", "backend"),
          ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"), ("system", "print_freq"),
          ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))
 
@@ -91,3 +91,9 @@ def changes(state: dict, cfg: TrainConfig) -> list[str]:
 
 def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
+
+
+def hook_states(state: dict) -> dict:
+    """The hooks' states by key (``trainer.hooks``); a checkpoint written before the hooks holds the
+    regime's alone, under ``regime`` (and none before the regime)."""
+    return state["hooks"] if "hooks" in state else {"regime": state.get("regime")}

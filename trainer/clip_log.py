@@ -27,6 +27,8 @@ import socket
 import time
 from collections import Counter, defaultdict
 
+from .hooks import Hook
+
 DIRECTORY = "clips"
 
 
@@ -40,31 +42,31 @@ def weights_digest(named_tensors) -> str:
     return h.hexdigest()
 
 
-class ClipLog:
-    """Wraps the trainer's clip source (``Trainer.clips``) to log each training batch;
-    ``generation()``, where given, goes in every record (``trainer elastic``)."""
+class ClipLog(Hook):
+    """The loop's hook that logs each training batch before its step; ``generation()``, where
+    given, goes in every record (``trainer elastic``)."""
 
-    def __init__(self, t, clips, generation=None):
-        self.t, self.clips, self.generation = t, clips, generation
-        directory = os.path.join(t.cfg.system.output_dir, DIRECTORY)
+    def __init__(self, output_dir: str, generation=None):
+        self.generation = generation
+        directory = os.path.join(output_dir, DIRECTORY)
         os.makedirs(directory, exist_ok=True)
         host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())  # the name horovodrun gave this slot
         self.file = open(os.path.join(directory, f"{host}-{os.getpid()}.jsonl"), "a",
                          encoding="utf-8", buffering=1)
 
-    def __call__(self, batch: dict):
-        t = self.t
-        if t.engine.model.training:  # not evaluation batches
-            valid = batch["valid"].tolist()
-            record = {"time": round(time.time(), 3), "epoch": t.epoch, "batch": t.batch, "step": t.step,
-                      "rank": t.backend.rank, "size": t.backend.size, "clips_seen": t.engine.clips_seen,
-                      "keys": [k for k, v in zip(batch["keys"], valid, strict=True) if v],
-                      "padding": [k for k, v in zip(batch["keys"], valid, strict=True) if not v],
-                      "weights": weights_digest(t.engine.model.named_parameters())[:16]}
-            if self.generation is not None:
-                record["generation"] = self.generation()
-            self.file.write(json.dumps(record) + "\n")
-        return self.clips(batch)
+    def before_step(self, t, batch: dict) -> None:
+        valid = batch["valid"].tolist()
+        record = {"time": round(time.time(), 3), "epoch": t.epoch, "batch": t.batch, "step": t.step,
+                  "rank": t.backend.rank, "size": t.backend.size, "clips_seen": t.engine.clips_seen,
+                  "keys": [k for k, v in zip(batch["keys"], valid, strict=True) if v],
+                  "padding": [k for k, v in zip(batch["keys"], valid, strict=True) if not v],
+                  "weights": weights_digest(t.engine.model.named_parameters())[:16]}
+        if self.generation is not None:
+            record["generation"] = self.generation()
+        self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def read_file(path: str) -> list[dict]:

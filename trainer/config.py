@@ -1,6 +1,7 @@
-"""Every flag of ``trainer train``, ``trainer elastic`` and ``trainer test``, defined once, as typed configs.
+"""Every flag of ``trainer train``, ``trainer elastic``, ``trainer test`` and ``trainer plot``, defined once.
 
-A run is described by frozen dataclasses, one per concern: ``Data``, ``Model``, ``Recipe``, ``System``
+Imports nothing but the standard library, so ``trainer ... --help`` answers without loading PyTorch
+(``trainer.cli``). A run is described by frozen dataclasses, one per concern: ``Data``, ``Model``, ``Recipe``, ``System``
 and ``Schedules``, together a ``TrainConfig``. Each field is also its command-line flag: ``flag(...)``
 holds the help text and whatever argparse needs besides the type and default (a ``--no-`` spelling,
 choices, ``nargs``), and ``add_arguments`` builds the parser's groups from the fields, so an option is
@@ -56,6 +57,10 @@ class Data:
     flip: bool = flag(True, "no horizontal flips (for classes that tell left from right)", spelling="--no-flip")
     shuffle_buffer: int = flag(256)
     cache_dir: str | None = flag(None, "local shard cache for remote shard sets")
+    direct_reads: str = flag("never", "a set of the dataset service (--data http://HOST/v1/datasets/REF) whose "
+                                      "files are visible here with the same manifest: read its shards from there "
+                                      "(auto), never, or fail if not possible (always)",
+                             choices=("auto", "never", "always"))
     decode_on_device: bool = flag(False, "decode JPEGs on the GPU with nvJPEG (needs torchvision): loader workers "
                                          "only read bytes and parse headers")
 
@@ -85,6 +90,8 @@ class Recipe:
     momentum: float = flag(0.9, "SGD's")
     weight_decay: float = flag(1e-4, "on conv/linear weights only")
     clip_grad_norm: float = flag(0.0, "max gradient norm (0: off)")
+    ema_decay: float = flag(0.0, "keep an exponential moving average of the weights with this decay per step (e.g. "
+                                 "0.9998), validated (ema_val_*) and checkpointed beside them (trainer/ema.py); 0: off")
 
 
 @dataclass(frozen=True)
@@ -230,6 +237,13 @@ def add_elastic_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_evaluation_arguments(p: argparse.ArgumentParser) -> None:
     _add_group(p, Evaluation)
+
+
+def add_plot_arguments(p: argparse.ArgumentParser) -> None:
+    """``trainer plot``'s (a reader of finished runs: no config object below its entry point)."""
+    p.add_argument("runs", nargs="+", help="output directories of trainer train (or their metrics.jsonl)")
+    p.add_argument("--labels", nargs="+", help="legend labels, one per run (default: directory names)")
+    p.add_argument("--out", default="curves.png", help="PNG to write")
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:

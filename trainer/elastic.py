@@ -24,10 +24,6 @@ from .clip_log import ClipLog, weights_digest
 log = logging.getLogger("trainer.elastic")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    config.add_elastic_arguments(p)
-
-
 def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> int:
     """``trainer.train.train`` under ``hvd.elastic.run``, committing after steps and epochs;
     returns its signal (0: finished)."""
@@ -36,7 +32,8 @@ def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> 
     hvd = t.backend.hvd
     state = ElasticState(t, hvd, commit_every)
     if t.cfg.system.clip_log:
-        t.clips = ClipLog(t, t.clips, generation=lambda: state.generation)
+        t.hooks.append(ClipLog(t.cfg.system.output_dir, generation=lambda: state.generation))
+    t.hooks.append(state)  # commits at the step boundaries and epoch ends (after any periodic checkpoint)
 
     @hvd.elastic.run
     def train_in_ring(state: ElasticState) -> int:
@@ -44,7 +41,7 @@ def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> 
             t.start()
             state.started = True
             state.commit()
-        return train.train(t, stop, state.after_step)
+        return train.train(t, stop)
 
     signum = train_in_ring(state)
     log.info("rank %d of %d: finished with %d commits (%.1f ms each), %d re-formations, %d steps lost; "

@@ -22,6 +22,7 @@ import time
 from horovod.common.elastic import State
 
 from . import metrics
+from .hooks import Hook
 from .schedules import recipe
 
 log = logging.getLogger("trainer.elastic")
@@ -36,8 +37,8 @@ def rescale(engine, world_size: int) -> None:
     engine.seek(engine.clips_seen)
 
 
-class ElasticState(State):
-    """A ``trainer.train.Trainer``'s state for ``hvd.elastic.run``.
+class ElasticState(State, Hook):
+    """A ``trainer.train.Trainer``'s state for ``hvd.elastic.run``, and the loop's hook that commits it.
 
     ``generation`` counts syncs (equal on every rank, never rolled back): each starts from a
     commit, so a step recorded under a later generation replaces what a rollback undid (``--clip-log``).
@@ -55,10 +56,12 @@ class ElasticState(State):
         self.save()
 
     def _small(self) -> dict:
-        return {**self.t.position(), "started": self.started, "epoch_totals": self.totals}
+        return {**self.t.position(), "started": self.started, "epoch_totals": self.totals,
+                "hooks": self.t.hook_states()}
 
     def _load_small(self, small: dict) -> None:
         self.started, self.totals = small["started"], small["epoch_totals"]
+        self.t.load_hook_states(small["hooks"])
         self.t.load_position(small)
 
     def save(self) -> None:
@@ -113,9 +116,9 @@ class ElasticState(State):
                      "global batch %d, lr %.3g", before, b.size, t.epoch, t.batch, len(t.train_loader),
                      t.engine.global_batch, t.engine.lr)
 
-    def after_step(self) -> None:
-        """``trainer.train.train``'s hook, after every step (``t.batch`` > 0) and at every epoch
-        end (``t.batch`` == 0): commit when due. Restored after an epoch's last step, the loop
-        finds the loader's epoch finished and goes on to validation."""
-        if self.t.batch == 0 or self.t.step % self.every == 0:
+    def at_boundary(self, t) -> None:
+        """At every step boundary (``t.batch`` > 0) and every epoch end (``t.batch`` == 0): commit
+        when due. Restored after an epoch's last step, the loop finds the loader's epoch finished
+        and goes on to validation."""
+        if t.batch == 0 or t.step % self.every == 0:
             self.commit()

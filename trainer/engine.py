@@ -89,6 +89,13 @@ class Engine:
         self.optimizer.load_state_dict(state)
         for group, hyper in zip(self.optimizer.param_groups, own):
             group.update(hyper)
+            if group.get("momentum") == 0:
+                # SGD without momentum neither reads nor keeps buffers; kept from the checkpoint, they would
+                # be state the other ranks cannot match in Horovod's broadcast of it (a hang)
+                for p in group["params"]:
+                    self.optimizer.state.get(p, {}).pop("momentum_buffer", None)
+        for p in [p for p, s in self.optimizer.state.items() if not s]:
+            del self.optimizer.state[p]
 
     @property
     def peak_lr(self) -> float:
@@ -130,10 +137,11 @@ class Engine:
         return losses.detach().sum()
 
     @torch.no_grad()
-    def scores(self, clips: torch.Tensor) -> torch.Tensor:
-        """Class scores in float32 for evaluation (call ``model.eval()`` first)."""
+    def scores(self, clips: torch.Tensor, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Class scores in float32 for evaluation, of ``model`` (default: the one trained; call
+        ``model.eval()`` first)."""
         with autocast(self.device, self.amp):
-            return self.model(clips.to(self.device, non_blocking=True)).float()
+            return (model or self.model)(clips.to(self.device, non_blocking=True)).float()
 
     def describe(self) -> str:
         c, r, b = self.config, self.recipe, self.backend

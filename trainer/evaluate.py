@@ -25,10 +25,6 @@ from .model.tsm import build
 log = logging.getLogger("trainer.test")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    config.add_evaluation_arguments(p)
-
-
 class VideoScores:
     """Per-video sums of view-averaged softmax scores, mergeable across ranks."""
 

@@ -13,12 +13,6 @@ import os
 from . import metrics
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", help="output directories of trainer train (or their metrics.jsonl)")
-    p.add_argument("--labels", nargs="+", help="legend labels, one per run (default: directory names)")
-    p.add_argument("--out", default="curves.png", help="PNG to write")
-
-
 def _series(records: list[dict], event: str, key: str) -> tuple[list, list]:
     points = [(r["step"], r[key]) for r in records if r["event"] == event and key in r]
     return [p[0] for p in points], [p[1] for p in points]

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from . import metrics
+from .hooks import Hook
 from .data.device_decode import clip_source
 from .engine import autocast
 
@@ -84,12 +85,22 @@ def full_shape_batches(t, count: int):
         batches.close()  # the workers end here, so their CPU time counts
 
 
-def update(t) -> dict:
-    """The trainer's hook: precise BN on ``--precise-bn`` batches per rank; its wall-clock
+def update(t, batches: int) -> dict:
+    """Precise BN on ``batches`` training batches per rank; its wall-clock
     and CPU seconds (all ranks and their loader workers) for the epoch record."""
     start, cpu = time.perf_counter(), metrics.cpu_seconds()
     devices = [t.engine.device] if t.engine.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # dropout and the loader's seeds leave the run's stream alone
-        recompute(t.engine.model, full_shape_batches(t, t.cfg.schedules.precise_bn), t.backend.all_sum, t.engine.amp)
+        recompute(t.engine.model, full_shape_batches(t, batches), t.backend.all_sum, t.engine.amp)
     spent = t.backend.all_sum(torch.tensor([metrics.cpu_seconds() - cpu], dtype=torch.float64))
     return {"precise_bn_time": time.perf_counter() - start, "precise_bn_cpu": spent.item()}
+
+
+class PreciseBN(Hook):
+    """``--precise-bn N`` as the loop's hook: at every epoch's end, before validation."""
+
+    def __init__(self, batches: int):
+        self.batches = batches
+
+    def at_epoch_end(self, t) -> dict:
+        return update(t, self.batches)

@@ -27,22 +27,22 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from shards.direct import load_manifest
 from shards.manifest import Manifest
 
-from . import checkpoint, config, metrics, precise_bn
+from . import checkpoint, config, metrics
 from .data.device_decode import clip_source
 from .data.loader import ClipLoader, shared_manifest
 from .distributed import backends as distributed
 from .errors import ConfigError
 from .schedules import regime
 from .clip_log import ClipLog
+from .ema import WeightEMA
 from .engine import Engine
+from .hooks import Hook, PeriodicCheckpoint, StepTrace
+from .precise_bn import PreciseBN
 
 log = logging.getLogger("trainer.train")
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    config.add_train_arguments(p)
 
 
 class StopFlag:
@@ -66,8 +66,8 @@ class StopFlag:
             signal.signal(s, handler)
 
 
-# what every rank takes from a checkpoint besides weights and optimizer (older checkpoints have no "regime")
-RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_totals", "rng", "regime")
+# what every rank takes from a checkpoint besides weights, optimizer and the hooks' states
+RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_totals", "rng")
 
 
 class Trainer:
@@ -82,8 +82,8 @@ class Trainer:
         self.backend = distributed.init(s.backend)
         self.rank0 = self.backend.rank == 0
         torch.manual_seed(s.seed + self.backend.rank)
-        manifest = Manifest.load(d.data) if elastic else shared_manifest(
-            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        manifest = load_manifest(d.data, d.direct_reads) if elastic else shared_manifest(
+            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads)
         check_splits(manifest, d)
         samples = manifest.splits[d.train_split].num_samples
         self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
@@ -91,11 +91,21 @@ class Trainer:
         self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples, model=cfg.model,
                              recipe=cfg.recipe, system=s, batch_size=d.batch_size, epochs=self.regime.epochs,
                              bn_group=self.regime.bn_group)
-        self.regime.attach(self.engine)
-        self.trace = regime.StepTrace(s.output_dir, self.backend.rank, cfg.schedules.trace_steps)
+        self.regime.attach(self.engine, lambda: self.train_loader)
         self.clips = clip_source(d.decode_on_device, self.engine.device)
+        # the features around the loop, in the order they run (trainer.hooks); the regime decided
+        # above which of them combine
+        self.hooks: list[Hook] = [self.regime]
+        if cfg.schedules.trace_steps:
+            self.hooks.append(StepTrace(s.output_dir, self.backend.rank))
         if s.clip_log and not elastic:  # trainer.elastic's log adds the ring's generation
-            self.clips = ClipLog(self, self.clips)
+            self.hooks.append(ClipLog(s.output_dir))
+        if cfg.recipe.ema_decay:
+            self.hooks.append(WeightEMA(self.engine.model, cfg.recipe.ema_decay))
+        if cfg.schedules.precise_bn:
+            self.hooks.append(PreciseBN(cfg.schedules.precise_bn))
+        if s.checkpoint_steps:
+            self.hooks.append(PeriodicCheckpoint(s.checkpoint_steps))
         self.epoch, self.batch, self.step = 0, 0, 0
         self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
@@ -154,7 +164,8 @@ class Trainer:
                     e.load_optimizer(state["optimizer"])
             except (KeyError, ValueError, RuntimeError) as error:  # refused on every rank, never a hang in the broadcast
                 refused = [f"its state does not load here ({type(error).__name__}: {error})"]
-            small = {"refused": refused, **({} if refused else {k: state.get(k) for k in RESUMED})}
+            small = {"refused": refused, **({} if refused else {k: state.get(k) for k in RESUMED}),
+                     "hooks": checkpoint.hook_states(state)}
             changed = [] if refused else checkpoint.changes(state, self.cfg)
             if changed:
                 log.info("resumed with other flags than the checkpoint's, applied from here on: %s", ", ".join(changed))
@@ -163,7 +174,7 @@ class Trainer:
             return
         if small["refused"]:
             raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
-        self.regime.load_state_dict(small["regime"], self.train_loader)
+        self.load_hook_states(small["hooks"])
         self.load_position(small)
         self.saved_step = self.step
         if len(small["rng"]) == self.backend.size:
@@ -179,6 +190,16 @@ class Trainer:
         e = self.engine
         return {"epoch": self.epoch, "batch": self.batch, "step": self.step, "clips_seen": e.clips_seen,
                 "scaler": e.scaler.state_dict(), "loader": self.train_loader.state_dict()}
+
+    def hook_states(self) -> dict:
+        """The state of every hook that has one, by its key: what checkpoints and elastic commits keep."""
+        return {h.key: h.state_dict() for h in self.hooks if h.key}
+
+    def load_hook_states(self, states: dict) -> None:
+        """Every hook's state back (None for a hook the states were saved without), before the position."""
+        for h in self.hooks:
+            if h.key:
+                h.load_state_dict(states.get(h.key))
 
     def load_position(self, state: dict) -> None:
         """Stand where ``state`` (a checkpoint's or an elastic commit's) says, its ``epoch_totals`` too."""
@@ -202,7 +223,7 @@ class Trainer:
         if self.rank0:
             checkpoint.save(self.checkpoint_url, {
                 "model": self.engine.model.state_dict(), "optimizer": self.engine.optimizer.state_dict(),
-                **self.position(), "regime": self.regime.state_dict(), "rng": rng,
+                **self.position(), "hooks": self.hook_states(), "rng": rng,
                 "epoch_totals": totals.values, "model_config": asdict(self.engine.config),
                 "classes": list(self.train_loader.classes), "config": self.cfg.to_dict()})
         self.saved_step = self.step
@@ -217,7 +238,8 @@ class Trainer:
 
     def close(self) -> None:
         self.log.close()
-        self.trace.close()
+        for h in self.hooks:
+            h.close()
         self.backend.shutdown()
 
 
@@ -249,16 +271,18 @@ def train_step(t: Trainer, batch: dict, tick: float) -> dict:
     """One optimizer step on ``batch``, the previous one having ended at ``tick``; returns its
     loss and real clips on this rank, and its data, compute and wall time."""
     e = t.engine
+    for h in t.hooks:
+        h.before_step(t, batch)
     clips = t.clips(batch)  # with --decode-on-device the GPU decode counts as data time
     e.seek(e.clips_seen, t.regime.lr_factor(t.step))
     lr, seen = e.lr, e.clips_seen
     started = time.perf_counter()
     loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
     done = time.perf_counter()
-    t.trace.log(t.step, t.epoch, clips, lr, e.model, seen=seen, loss=loss, drifted=t.regime.drifted)
+    for h in t.hooks:
+        h.after_step(t, {"clips": clips, "lr": lr, "seen": seen, "loss": loss})
     t.batch += batch["period_end"]
     t.step += 1
-    t.regime.after_step()
     if t.train_loader.epoch_finished and batch["period_end"]:
         # ranks saw different batches (K-step averaging: trained different models): agree before anything is saved
         e.backend.average_buffers(e.model)
@@ -293,20 +317,17 @@ class Progress:
         self.bar.close()
 
 
-def at_boundary(t: Trainer, stop: StopFlag, commit=None) -> int:
-    """Where a run may stop (the end of a loader batch, one model on every rank): the periodic
-    checkpoint when due, ``commit()``, then the signal every rank agrees on (0: none)."""
-    every = t.cfg.system.checkpoint_steps
-    if every and t.step // every > t.saved_step // every:
-        t.save()
-    if commit:
-        commit()
+def at_boundary(t: Trainer, stop: StopFlag) -> int:
+    """Where a run may stop (the end of a loader batch, one model on every rank): the hooks'
+    (a periodic checkpoint, Horovod Elastic's commit), then the signal every rank agrees on (0: none)."""
+    for h in t.hooks:
+        h.at_boundary(t)
     return t.agreed_stop(stop)
 
 
-def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
+def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
     """Train to the end of the epoch or until a signal reaches every rank; returns the signal
-    (0: the epoch's training is done). ``commit()`` after every step (Horovod Elastic's)."""
+    (0: the epoch's training is done)."""
     loader = t.train_loader
     loader.set_epoch(t.epoch)
     if loader.epoch_finished:  # resumed after the epoch's last step: validation is what is left
@@ -323,7 +344,7 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
         tick = time.perf_counter()
         # the loader's position counts whole loader batches; a checkpoint holds one model
         if batch["period_end"] and not t.regime.drifted:
-            signum = at_boundary(t, stop, commit)
+            signum = at_boundary(t, stop)
             if signum:
                 break
     progress.close()
@@ -333,24 +354,37 @@ def train_one_epoch(t: Trainer, stop: StopFlag, commit=None) -> int:
 
 @torch.no_grad()
 def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
-    """Single-clip centre-crop loss, top-1 and top-5 on the validation split; padding never
-    counts. Abandoned when a signal reaches every rank: then the signal is returned."""
+    """Single-clip centre-crop loss, top-1 and top-5 on the validation split, of the model and of
+    the weights hooks add (``Hook.validation_models``: ``<prefix>_val_top1``, ...), in one pass over
+    the clips; padding never counts. Abandoned when a signal reaches every rank: then the signal is
+    returned."""
     e = t.engine
-    e.model.eval()
-    sums = torch.zeros(4, dtype=torch.float64)  # samples, loss, top-1, top-5
+    models = {"": e.model}
+    for h in t.hooks:
+        models.update({f"{prefix}_": model for prefix, model in h.validation_models(t).items()})
+    sums = {}
+    for prefix, model in models.items():
+        model.eval()
+        sums[prefix] = torch.zeros(4, dtype=torch.float64)  # samples, loss, top-1, top-5
     for batch in isolated(t.val_loader):
-        logits = e.scores(t.clips(batch)).cpu()
+        clips = t.clips(batch)
         labels = batch["labels"]
         valid = batch["valid"] & (labels >= 0)
-        loss = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
-        top1, top5 = metrics.topk_correct(logits, labels, (1, 5), valid)
-        sums += torch.stack([valid.sum(), (loss * valid).sum(), top1, top5]).double()
+        for prefix, model in models.items():
+            logits = e.scores(clips, model).cpu()
+            loss = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+            top1, top5 = metrics.topk_correct(logits, labels, (1, 5), valid)
+            sums[prefix] += torch.stack([valid.sum(), (loss * valid).sum(), top1, top5]).double()
         signum = t.agreed_stop(stop)
         if signum:
             return signum
-    n, loss, top1, top5 = t.backend.all_sum(sums).tolist()
-    n = max(n, 1)
-    return {"val_loss": loss / n, "val_top1": 100 * top1 / n, "val_top5": 100 * top5 / n, "val_samples": n}
+    out = {}
+    for prefix, total in sums.items():
+        n, loss, top1, top5 = t.backend.all_sum(total).tolist()
+        n = max(n, 1)
+        out |= {f"{prefix}val_loss": loss / n, f"{prefix}val_top1": 100 * top1 / n,
+                f"{prefix}val_top5": 100 * top5 / n, f"{prefix}val_samples": n}
+    return out
 
 
 def epoch_summary(t: Trainer) -> dict:
@@ -363,16 +397,15 @@ def epoch_summary(t: Trainer) -> dict:
             "cpu_time": t.backend.all_sum(torch.tensor([t.epoch_cpu], dtype=torch.float64)).item()}
 
 
-def train(t: Trainer, stop: StopFlag, commit=None) -> int:
+def train(t: Trainer, stop: StopFlag) -> int:
     """Epochs until the last, or until a signal reaches every rank: then the checkpoint is
-    saved and the signal returned (0: finished). ``commit()`` after every step and epoch
-    (Horovod Elastic's, see ``trainer.elastic``)."""
+    saved and the signal returned (0: finished)."""
     while t.epoch < t.regime.epochs:
-        signum = train_one_epoch(t, stop, commit)
+        signum = train_one_epoch(t, stop)
         if not signum:
             summary = epoch_summary(t)
-            if t.cfg.schedules.precise_bn:
-                summary |= precise_bn.update(t)
+            for h in t.hooks:
+                summary |= h.at_epoch_end(t)
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
         if signum:
@@ -384,7 +417,7 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
         if t.rank0:
             log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-        signum = at_boundary(t, stop, commit)
+        signum = at_boundary(t, stop)
         if signum:
             return signum
     return 0

@@ -40,6 +40,11 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX tags_dataset ON tags(dataset_id)",
     ],
+    # 2: what was last hashed of each local shard and how its file looked then (the server's ETags):
+    #    JSON {shard name: [size, mtime_ns, sha256]}, written by a build and by `verify`
+    [
+        "ALTER TABLE datasets ADD COLUMN verified_files TEXT NOT NULL DEFAULT '{}'",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

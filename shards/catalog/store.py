@@ -32,7 +32,7 @@ ENV_VAR = "SHARD_SERVICE_CATALOG"
 STATES = ("building", "ready", "failed", "deleted")
 LEASE_SECONDS = 60.0  # a builder that has not heartbeaten for this long is presumed dead
 HEARTBEAT_SECONDS = 10.0
-_JSON_COLUMNS = ("options", "splits", "files", "progress", "owner")
+_JSON_COLUMNS = ("options", "splits", "files", "progress", "owner", "verified_files")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # names and tags: plain URL path segments
 
 
@@ -92,6 +92,7 @@ class Record:
     verified: float | None = None
     verify_problems: int | None = None
     verify_detail: str | None = None
+    verified_files: dict = field(default_factory=dict)  # {shard: [size, mtime_ns, sha256]} as last hashed
     tags: list[str] = field(default_factory=list)
 
     def lease_alive(self, now: float | None = None, lease: float = LEASE_SECONDS) -> bool:
@@ -277,12 +278,14 @@ class Catalog:
                                   (json.dumps(progress, sort_keys=True), time.time()))
 
     def finish(self, dataset_id: str, owner: dict, *, splits: dict, files: dict, manifest_sha256: str,
-               builder_version: str, progress: dict | None = None) -> bool:
+               builder_version: str, progress: dict | None = None, verified_files: dict | None = None) -> bool:
+        """Mark the set ready; ``verified_files``: its shards as the builder hashed them (``shards.verify.stamps``)."""
         return self._owned_update(
             dataset_id, owner, "state = 'ready', splits = ?, files = ?, manifest_sha256 = ?, builder_version = ?, "
-            "finished = ?, owner = NULL, heartbeat = NULL, progress = COALESCE(?, progress)",
+            "finished = ?, owner = NULL, heartbeat = NULL, progress = COALESCE(?, progress), verified_files = ?",
             (json.dumps(splits, sort_keys=True), json.dumps(files, sort_keys=True), manifest_sha256,
-             builder_version, time.time(), None if progress is None else json.dumps(progress, sort_keys=True)))
+             builder_version, time.time(), None if progress is None else json.dumps(progress, sort_keys=True),
+             json.dumps(verified_files or {}, sort_keys=True)))
 
     def fail(self, dataset_id: str, owner: dict, error: str) -> bool:
         return self._owned_update(dataset_id, owner, "state = 'failed', error = ?, finished = ?, owner = NULL, "
@@ -316,9 +319,13 @@ class Catalog:
                        "ON CONFLICT(tag) DO UPDATE SET dataset_id = excluded.dataset_id", (tag, dataset_id))
         return prev[0] if prev and prev[0] != dataset_id else None
 
-    def untag(self, tag: str) -> bool:
+    def untag(self, tag: str, dataset_id: str | None = None) -> bool:
+        """Remove ``tag``; with ``dataset_id``, only while the tag is on that set (one statement, so a
+        tag another writer has just moved to another set stays). False if nothing was removed."""
         with self._write() as db:
-            return db.execute("DELETE FROM tags WHERE tag = ?", (tag,)).rowcount == 1
+            if dataset_id is None:
+                return db.execute("DELETE FROM tags WHERE tag = ?", (tag,)).rowcount == 1
+            return db.execute("DELETE FROM tags WHERE tag = ? AND dataset_id = ?", (tag, dataset_id)).rowcount == 1
 
     def mark_deleted(self, dataset_id: str) -> None:
         """Forget a set (the row stays, as history, in state deleted). Refused while it is tagged
@@ -334,7 +341,23 @@ class Catalog:
             db.execute("UPDATE datasets SET state = 'deleted', owner = NULL, heartbeat = NULL WHERE id = ?",
                        (dataset_id,))
 
-    def record_verify(self, dataset_id: str, problems: int, detail: str) -> None:
+    def record_verify(self, dataset_id: str, problems: int, detail: str, files: dict | None = None) -> None:
+        """A whole set's verification; ``files``: {shard: [size, mtime_ns, sha256]} of what it hashed."""
         with self._write() as db:
-            db.execute("UPDATE datasets SET verified = ?, verify_problems = ?, verify_detail = ? WHERE id = ?",
-                       (time.time(), problems, detail, dataset_id))
+            db.execute("UPDATE datasets SET verified = ?, verify_problems = ?, verify_detail = ?, "
+                       "verified_files = ? WHERE id = ?",
+                       (time.time(), problems, detail, json.dumps(files or {}, sort_keys=True), dataset_id))
+
+    def record_file_verify(self, dataset_id: str, name: str, stamp: list, problem: str | None) -> None:
+        """One shard hashed again (by the server, having found its file changed): its new stamp,
+        and a problem added to the set's last verification if its bytes are not the manifest's."""
+        with self._write() as db:
+            row = db.execute("SELECT verified_files, verify_problems, verify_detail FROM datasets WHERE id = ?",
+                             (dataset_id,)).fetchone()
+            files = {**json.loads(row["verified_files"] or "{}"), name: stamp}
+            problems, detail = row["verify_problems"] or 0, row["verify_detail"]
+            if problem:
+                problems, detail = problems + 1, problem if detail in (None, "ok") else f"{detail}; {problem}"
+            db.execute("UPDATE datasets SET verified = ?, verify_problems = ?, verify_detail = ?, "
+                       "verified_files = ? WHERE id = ?",
+                       (time.time(), problems, detail, json.dumps(files, sort_keys=True), dataset_id))

@@ -45,9 +45,10 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import partition
+from shards.direct import load_manifest
 from shards.manifest import Manifest
 from shards.cache import ShardCache
-from shards.reading import local_path, open_fd, open_range
+from shards.reading import local_path, open_fd, open_samples
 
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
@@ -62,10 +63,10 @@ SHARED_FDS_MAX = 256
 PREFETCH = 2
 
 
-def shared_manifest(url: str, rank: int, broadcast) -> Manifest:
+def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
     """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
-    e.g. ``horovod.torch.broadcast_object``."""
-    return broadcast(Manifest.load(url) if rank == 0 else None, 0)
+    e.g. ``horovod.torch.broadcast_object``. ``direct``: direct reads (``shards.direct``)."""
+    return broadcast(load_manifest(url, direct) if rank == 0 else None, 0)
 
 
 def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
@@ -87,7 +88,7 @@ def video_id(key: str) -> str:
 def _open_reads(reads):
     """Stage: each planned read as an open stream of its byte range, closed once consumed."""
     for r in reads:
-        stream = open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"])
+        stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"])
         try:
             yield {"url": r["url"], "stream": stream}
         finally:
@@ -211,8 +212,8 @@ class ClipLoader:
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None,
-                 decode_on_device: bool = False, shapes=None):
-        self.manifest = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
+                 decode_on_device: bool = False, shapes=None, direct_reads: str = "never"):
+        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
         self.split = split
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
@@ -395,7 +396,7 @@ class ClipLoader:
             for p in plans:
                 for r in p["reads"]:
                     r["url"], r["fd"] = urls[r["shard"]], fds.get(r["shard"])
-                    r["size"], r["sha256"] = self.shards[r["shard"]].bytes, self.shards[r["shard"]].sha256
+                    r["shard_info"] = self.shards[r["shard"]]  # sizes, digests: every sample checked as read
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,

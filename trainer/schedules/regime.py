@@ -20,9 +20,7 @@ and the same number of steps per epoch. The learning rate is the base schedule's
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 
 import torch
 
@@ -31,6 +29,7 @@ from shards import partition
 from ..config import TrainConfig
 from ..data.shapes import EpochShapes
 from ..errors import ConfigError
+from ..hooks import Hook
 from . import batch_growth, multigrid
 from .model_averaging import KStepBackend
 from ..data.shapes import EpochShapes
@@ -92,7 +91,7 @@ class Growth:
         self.noise.load_state_dict(state["noise"])
 
 
-class Regime:
+class Regime(Hook):
     """The run's regime from its config, for ``world_size`` ranks and a training split of ``samples``
     clips. Refusals (``ConfigError``) name the flags that cannot go together. It reads every concern
     of the config: it is the one place that knows which features combine."""
@@ -103,7 +102,12 @@ class Regime:
         if elastic and (s.multigrid != "off" or s.batch_growth != "off" or s.average_every is not None):
             refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's decisions "
                    "and K-step averaging's drifted ranks depend on: use trainer train for those")
-        self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = None
+        self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = self.loader = None
+        if not 0 <= cfg.recipe.ema_decay < 1:
+            refuse(f"--ema-decay must be in [0, 1) (0: off), not {cfg.recipe.ema_decay}")
+        if cfg.recipe.ema_decay and s.average_every is not None:
+            refuse("--ema-decay averages one model's weights, and K-step averaging's ranks hold different ones "
+                   "between synchronisations: not with --average-every")
         if s.multigrid != "off":
             if s.batch_growth != "off":
                 refuse("--multigrid and --batch-growth both set the batch size: use one")
@@ -181,9 +185,10 @@ class Regime:
             return self.kstep.averaging.floats
         return steps * sum(p.numel() for p in self.engine.model.parameters() if p.requires_grad)
 
-    def attach(self, engine) -> None:
-        """The engine the regime steers; batch growth by noise watches the ranks' own gradients."""
-        self.engine = engine
+    def attach(self, engine, loader) -> None:
+        """The engine the regime steers and ``loader()``, the training loader now; batch growth by
+        noise watches the ranks' own gradients."""
+        self.engine, self.loader = engine, loader
         if self.growth and self.growth.mode == "noise":
             self.norms = batch_growth.LocalGradNorm(engine.model.parameters())
 
@@ -221,7 +226,10 @@ class Regime:
             raise RuntimeError(f"iteration {self.step}: the loader gave {got} (clips, frames, crop), the multigrid "
                                f"schedule says {(want.batch, want.shape.frames, want.shape.crop)}")
 
-    def after_step(self) -> None:
+    # --- the loop's hook (trainer.hooks): after each step, and the state under "regime" ---------------
+    key = "regime"
+
+    def after_step(self, t, step: dict) -> None:
         """Batch growth's decision for the next step, from what every rank knows alike."""
         if not self.growth:
             return
@@ -242,15 +250,16 @@ class Regime:
         return {"world_size": self.world_size, "growth": self.growth.state_dict() if self.growth else None,
                 "averaging": self.kstep.state_dict() if self.kstep else None}
 
-    def load_state_dict(self, state: dict | None, loader) -> None:
-        """Continue from a checkpoint's regime (None: one written without), before ``loader``'s state is loaded."""
+    def load_state_dict(self, state: dict | None) -> None:
+        """Continue from a checkpoint's regime (None: one written without), before the training
+        loader's state is loaded."""
         state = state or {}
         if self.schedule and state.get("world_size", self.world_size) != self.world_size:
             refuse(f"a multigrid run's iterations depend on its world size: resume it on "
                    f"{state['world_size']} ranks, not {self.world_size}")
         if self.growth and state.get("growth"):
             self.growth.load_state_dict(state["growth"])
-            loader.batch_size = self.growth.batch  # the loader's last segment goes on at this batch
+            self.loader().batch_size = self.growth.batch  # the loader's last segment goes on at this batch
         if self.kstep and state.get("averaging"):
             self.kstep.load_state_dict(state["averaging"])
 
@@ -273,29 +282,3 @@ class Regime:
         if self.bn_group:
             lines.append(f"sub-batch BN: groups of {self.bn_group} clips")
         return "\n".join(lines)
-
-
-class StepTrace:
-    """``--trace-steps``: one JSON line per optimizer step on every rank, to compare ranks and runs:
-    the step's epoch, batch shape and rate, the weights' sum after it, and what the caller adds."""
-
-    def __init__(self, output_dir: str, rank: int, enabled: bool):
-        self.file = None
-        if enabled:
-            os.makedirs(output_dir, exist_ok=True)
-            self.file = open(os.path.join(output_dir, f"steps-rank{rank}.jsonl"), "a", encoding="utf-8")
-
-    def log(self, step: int, epoch: int, clips: torch.Tensor, lr: float, model: torch.nn.Module, **extra) -> None:
-        if self.file is None:
-            return
-        with torch.no_grad():
-            checksum = torch.stack([p.double().sum() for p in model.parameters()]).sum().item()  # one device sync
-        record = {"step": step, "epoch": epoch, "batch": clips.shape[0], "frames": clips.shape[1],
-                  "crop": clips.shape[-1], "lr": lr, "weights": checksum, **extra}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-

@@ -1,0 +1,76 @@
+"""Every sample's bytes checked against the manifest's per-sample digest as they are read.
+
+A shard's SHA-256 can only be checked once the whole shard is read, and a reader of byte ranges
+(the loader, over HTTP, from an object store, from the node-local cache) never reads a whole
+shard. So format ``/2`` manifests carry each sample's xxh3-64 digest (``ShardInfo.digests``): about
+16 GB/s on one core here, 9 us for a 150 kB clip (CRC32C 17 us, zlib's CRC-32 63 us, SHA-256
+126 us; ``bench/digest.py``). ``CheckedSamples`` passes a range of whole samples through one
+sample at a time, each checked before any of its bytes are handed on. A sample whose bytes
+differ is read again once, on its own, from the same URL (a new request: a bit flipped on the
+wire or by a proxy is not flipped twice); if it differs again the read fails naming the shard,
+the sample and the URL.
+"""
+from __future__ import annotations
+
+import io
+
+import xxhash
+
+ALGORITHM = "xxh3-64"
+
+
+def sample_digest(data) -> str:
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+class CorruptSample(OSError):
+    """A sample whose bytes differ from the manifest's digest twice in a row."""
+
+
+class CheckedSamples(io.RawIOBase):
+    """Bytes [offsets[first], end of sample last) of a shard (``info``, a manifest ``ShardInfo``),
+    read through ``opener(start, end)``
+    (a function returning a readable binary stream of those bytes of the shard), each sample
+    checked against ``info.digests`` before it is handed on."""
+
+    def __init__(self, url: str, info, first: int, last: int, opener):
+        self.url, self.info, self.opener = url, info, opener
+        self.next, self.last = first, last  # samples [next, last] are still to come
+        self.src = opener(info.offsets[first], info.offsets[last] + info.lengths[last])
+        self.buf, self.at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _sample(self) -> bytes:
+        """The next sample's bytes (and any gap before the one after it), checked."""
+        i, info = self.next, self.info
+        end = info.offsets[i + 1] if i < self.last else info.offsets[i] + info.lengths[i]
+        data = self.src.read(end - info.offsets[i])
+        if len(data) < info.lengths[i]:
+            raise EOFError(f"{self.url}: ends inside sample {info.keys[i]}")
+        if sample_digest(memoryview(data)[:info.lengths[i]]) != info.digests[i]:
+            with self.opener(info.offsets[i], info.offsets[i] + info.lengths[i]) as again:
+                retry = again.read()
+            got = sample_digest(retry)
+            if got != info.digests[i]:
+                raise CorruptSample(f"{self.url}: shard {info.name}, sample {info.keys[i]}: {ALGORITHM} digest "
+                                    f"{got}, the manifest says {info.digests[i]} (read twice)")
+            data = retry + data[info.lengths[i]:]
+        self.next += 1
+        return data
+
+    def readinto(self, buf) -> int:
+        if self.at >= len(self.buf):
+            if self.next > self.last:
+                return 0
+            self.buf, self.at = self._sample(), 0
+        n = min(len(buf), len(self.buf) - self.at)
+        buf[:n] = memoryview(self.buf)[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self.src.close()
+        super().close()

@@ -1,0 +1,230 @@
+"""``ingest build --motion mv|flow``: the motion fields stored beside the frames.
+
+A textured picture slides by a known (u, v) pixels per frame (libx264 with B-frames), and the
+stored fields are checked against that translation, against the codec's vectors read directly
+with PyAV, and against OpenCV's flow on the same frames decoded here; a build without
+``--motion`` is checked to stay byte for byte what it was.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import av
+import cv2
+import ffmpeg
+import numpy as np
+import pytest
+
+from ingest import build_cli, registry, staging
+from ingest.build import build
+from ingest.clips import ClipConfig, make_clips
+from ingest.sources import Video
+from shards import motionfield, reshard, tarformat, verify
+from shards.manifest import Manifest
+from shards.stats import collect
+
+W, H, FRAMES = 128, 96, 24
+U, V = -3.0, 2.0  # content moves 3 px left and 2 px down per frame
+FIELD_W, FIELD_H = W // motionfield.GRID, H // motionfield.GRID
+
+
+def _translated(path: Path, x264: str) -> Path:
+    """Frame i shows a fixed texture shifted by i * (U, V): seen through a window that slides."""
+    rng = np.random.default_rng(1)
+    texture = rng.integers(0, 256, (H // 4 + 20, W // 4 + 30, 3), dtype=np.uint8).repeat(4, 0).repeat(4, 1)
+    texture = cv2.GaussianBlur(texture, (3, 3), 0)
+    y0 = 2 * FRAMES + 4
+    frames = [texture[y0 - int(V) * i: y0 - int(V) * i + H, -int(U) * i: -int(U) * i + W] for i in range(FRAMES)]
+    raw = b"".join(np.ascontiguousarray(f).tobytes() for f in frames)
+    (ffmpeg.input("pipe:", format="rawvideo", pix_fmt="rgb24", s=f"{W}x{H}", framerate=10)
+     .output(str(path), vcodec="libx264", pix_fmt="yuv420p", crf=12, **{"x264-params": x264})
+     .global_args("-hide_banner", "-loglevel", "error").overwrite_output().run(input=raw, quiet=True))
+    return path
+
+
+@pytest.fixture(scope="module")
+def translated(tmp_path_factory) -> Path:
+    """B-frames in a fixed pattern (I B B P B B P ...), one reference per list, so the test can
+    tell each frame's reference distance from picture types alone."""
+    return _translated(tmp_path_factory.mktemp("motion") / "slide.mp4", "bframes=2:b-adapt=0:b-pyramid=none:ref=1")
+
+
+def _video(path: Path, split: str = "val") -> Video:
+    return Video(split, f"{split}/a/{path.name}", str(path), "a", path.stem, path.stat().st_size, "file")
+
+
+def _fields(path: Path, kind: str, frames: int = 8) -> tuple[dict, list[int]]:
+    """The stored fields of one eval clip: {frame index: (field, valid)}, and the indices."""
+    (_, _, data), = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
+    members = dict(tarformat.read_members(data))
+    indices = json.loads(members[f"{path.stem}_c00.json"])["frame_indices"]
+    return {i: motionfield.decode(members[f"{path.stem}_c00.{motionfield.member(t, kind)}"])
+            for t, i in enumerate(indices)}, indices
+
+
+def _picture_types(path: Path) -> list[str]:
+    with av.open(str(path)) as c:
+        return [" IPB"[int(f.pict_type)] for f in c.decode(video=0)]  # AVPictureType: 1 I, 2 P, 3 B
+
+
+INTERIOR = (slice(2, -2), slice(2, -2))  # cells whose content does not enter or leave the frame
+
+
+@pytest.fixture(scope="module")
+def pyramid(tmp_path_factory) -> Path:
+    """x264's default B-pyramid: the middle B-frame of three is a reference for the others and
+    decoded after the P-frame it is displayed before, which the P-frame cannot refer to."""
+    return _translated(tmp_path_factory.mktemp("motion") / "pyramid.mp4", "bframes=3:b-adapt=0:b-pyramid=normal:ref=1")
+
+
+@pytest.mark.parametrize("video", ["translated", "pyramid"])
+def test_mv_fields_give_the_translation_for_p_and_b_frames(request, video):
+    path = request.getfixturevalue(video)
+    fields, indices = _fields(path, "mv", frames=12)
+    types = _picture_types(path)
+    seen = set()
+    for i in indices:
+        field, valid = fields[i]
+        assert field.shape == (FIELD_H, FIELD_W, 2)
+        if types[i] == "I":
+            assert not valid.any() and not field.any(), f"intra frame {i}: zero and invalid"
+            continue
+        inside = valid[INTERIOR]
+        assert inside.mean() > 0.9, f"frame {i} ({types[i]}): {inside.mean():.0%} of the interior inter-coded"
+        mean = field[INTERIOR][inside].mean(axis=0)
+        assert abs(mean[0] - U) <= motionfield.STEP and abs(mean[1] - V) <= motionfield.STEP, \
+            f"frame {i} ({types[i]}): mean motion {mean}, expected ({U}, {V})"
+        seen.add(types[i])
+    assert seen == {"P", "B"}, f"picture types checked: {seen}"
+
+
+def test_mv_fields_equal_the_vectors_read_directly(translated):
+    """Each 16 x 16 block's vectors (one per reference), read here with PyAV and divided by the
+    reference distance from the picture types, against the 2 x 2 stored cells it covers."""
+    fields, indices = _fields(translated, "mv", frames=12)
+    types = _picture_types(translated)
+    anchors = [i for i, t in enumerate(types) if t in "IP"]
+    compared = 0
+    with av.open(str(translated)) as c:
+        stream = c.streams.video[0]
+        stream.codec_context.options = {"flags2": "+export_mvs"}
+        for i, frame in enumerate(c.decode(stream)):
+            side = frame.side_data.get("MOTION_VECTORS")
+            if i not in indices or side is None:
+                continue
+            back = i - max(a for a in anchors if a < i)
+            ahead = min(a for a in anchors if a > i) - i if types[i] == "B" else None
+            blocks = {}
+            for mv in side.to_ndarray():
+                distance = back if mv["source"] < 0 else ahead
+                velocity = np.array([mv["motion_x"], mv["motion_y"]]) / mv["motion_scale"] / distance
+                blocks.setdefault((mv["dst_x"], mv["dst_y"], mv["w"], mv["h"]), []).append(
+                    -velocity if mv["source"] < 0 else velocity)
+            field, valid = fields[i]
+            for (x, y, w, h), velocities in blocks.items():
+                if (w, h) != (16, 16):
+                    continue
+                cells = (slice((y - 8) // 8, (y + 8) // 8), slice((x - 8) // 8, (x + 8) // 8))
+                assert valid[cells].all()
+                expected = np.mean(velocities, axis=0)
+                assert np.abs(field[cells] - expected).max() <= motionfield.STEP / 2 + 1e-4, \
+                    f"frame {i} block at ({x}, {y}): stored {field[cells].reshape(-1, 2)}, vectors give {expected}"
+                compared += 1
+    assert compared >= 20, f"only {compared} 16x16 blocks compared"
+
+
+def test_flow_fields_equal_opencv_on_the_same_frames(translated):
+    fields, indices = _fields(translated, "flow")
+    with av.open(str(translated)) as c:
+        gray = [f.to_ndarray(format="gray") for f in c.decode(video=0)]
+    dis = cv2.DISOpticalFlow_create(cv2.DISOPTICAL_FLOW_PRESET_MEDIUM)
+    for i in indices:
+        field, valid = fields[i]
+        if i == 0:
+            assert not valid.any()
+            continue
+        dense = dis.calc(gray[i - 1], gray[i], None)
+        expected = dense.reshape(FIELD_H, 8, FIELD_W, 8, 2).mean(axis=(1, 3))
+        assert valid.all()
+        assert np.abs(field - np.clip(expected, -motionfield.BOUND, motionfield.BOUND)).mean() < 0.25, f"frame {i}"
+        mean = field[INTERIOR].mean(axis=(0, 1))
+        assert np.abs(mean - (U, V)).max() <= motionfield.STEP * 2, f"frame {i}: mean flow {mean}"
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _digests(src: Path, out: Path) -> dict:
+    """What ``tests/fixtures/motion-rgb-only.json`` records of a build of ``src`` into ``out``."""
+    manifest = (out / "manifest.json").read_bytes().replace(str(src).encode(), b"SRC")
+    return {"manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+            "shards": {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+                       for p in sorted(out.glob("*/*.tar"))}}
+
+
+@pytest.fixture(scope="module")
+def fixture_src(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("motion-build") / "src"
+    shutil.copytree(FIXTURES / "motion-src", src)
+    return src
+
+
+def test_build_without_motion_is_byte_identical_to_before(ray_local, fixture_src, tmp_path):
+    """The command line without --motion, and motion="none", give the bytes the code gave before
+    --motion existed (recorded from main's code in the fixture)."""
+    parser = argparse.ArgumentParser()
+    build_cli.add_arguments(parser)
+    absent = tmp_path / "absent"
+    args = parser.parse_args(["--src", str(fixture_src), "--out", str(absent), "--frames", "4", "--short-side", "32",
+                              "--shard-samples", "2", "--workers", "1"])
+    assert build_cli.run(args) == 0
+    none = tmp_path / "none"
+    build(str(fixture_src), str(none), ClipConfig(frames=4, short_side=32, motion="none"), workers=1,
+          shard_size=None, shard_samples=2)
+    expected = json.loads((FIXTURES / "motion-rgb-only.json").read_text())
+    del expected["about"]
+    assert _digests(fixture_src, absent) == expected
+    assert _digests(fixture_src, none) == expected
+
+
+@pytest.mark.parametrize("kind", ["mv", "flow"])
+def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixture_src, tmp_path, kind, capsys):
+    out = tmp_path / "set"
+    build(str(fixture_src), str(out), ClipConfig(frames=4, short_side=32, motion=kind), workers=1, shard_samples=2)
+    m = Manifest.load(str(out))
+    assert m.motion == kind and m.config["clip"]["motion"] == kind
+    shard = m.splits["train"].shards[0]
+    members = dict(tarformat.read_members((out / shard.name).read_bytes()[shard.offsets[0]:][:shard.lengths[0]]))
+    key = shard.keys[0]
+    fields = [n for n in members if n.endswith(f".{kind}.png")]
+    assert fields == [f"{key}.{motionfield.member(t, kind)}" for t in range(4)]
+    field, valid = motionfield.decode(members[fields[-1]])
+    assert field.shape == (4, 6, 2)  # 32 px high, 43 wide: 4 x 6 cells of 8 px
+    assert verify.verify(m, deep=True) == []
+
+    stats = collect(m, probe=0)["splits"]["train"]["motion"]
+    assert stats["kind"] == kind and stats["cells"] == 2 * 4 * 24 and 0 < stats["valid_fraction"] <= 1
+
+    resharded = reshard.reshard(str(out), str(tmp_path / "resharded"), shard_samples=1)
+    assert resharded.motion == kind and verify.verify(resharded, deep=True) == []
+
+    # a damaged field is found by --deep
+    data = bytearray((out / shard.name).read_bytes())
+    start = data.index(members[fields[-1]])
+    data[start + 40:start + 60] = bytes(20)
+    (out / shard.name).write_bytes(bytes(data))
+    problems = [p.message for p in verify.verify(m, deep=True)]
+    assert f"motion field {motionfield.member(3, kind)} does not decode" in " ".join(problems), problems
+
+
+def test_motion_is_in_the_staging_key_and_the_catalog_id(fixture_src):
+    video = _video(next(fixture_src.rglob("*.mp4")))
+    keys = {kind: staging.video_key(video, 0, ClipConfig(motion=kind)) for kind in ("none", "mv", "flow")}
+    ids = {kind: registry.plan(str(fixture_src), ClipConfig(motion=kind)).id for kind in ("none", "mv", "flow")}
+    assert len(set(keys.values())) == 3 and len(set(ids.values())) == 3
+    assert keys["none"] == staging.video_key(video, 0, ClipConfig())
+    assert ids["none"] == registry.plan(str(fixture_src), ClipConfig()).id
