@@ -3,18 +3,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# What only the tests need, checked first so a second run installs nothing: a headless browser and
-# its driver for tests/test_viewer_browser.py (Debian's chromium and chromium-driver; Selenium comes
-# with the dev extras), and Debian's nginx (tests/test_service_bytes.py's caching proxy and
-# bench/service.py's reference server; each starts its own on loopback, never the system's service).
+# What only the tests need, each checked first so that a second run installs nothing: a headless
+# browser and its driver for tests/test_viewer_browser.py (Debian's chromium and chromium-driver;
+# Selenium comes with the dev extras); Debian's nginx (tests/test_service_bytes.py's caching proxy
+# and bench/service.py's reference server; each starts its own on loopback, never the system's
+# service); and a one-node Slurm for tests/test_cluster_slurm.py, which runs the Slurm runbook on
+# loopback (slurm-wlm and munge: apt-get update + install took 13 s on the development machine).
 need=()
 { command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || need+=(chromium chromium-driver)
 [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+{ command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
+command -v munged >/dev/null || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
+  echo "test: apt-get install ${need[*]}"
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+export KF_REQUIRE_SLURM=1  # here the Slurm test fails instead of skipping when Slurm cannot run
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep every Ray on 127.0.0.1 (../shared/notes/loopback.md)
 # Two pytest processes (KF_TEST_WORKERS; 0: one), each test file whole in one of them: much of
 # the suite waits on launches, rendezvous and timeouts, which the other process fills.

@@ -157,7 +157,8 @@ class ServiceProcess:
         return self.url
 
     def kill(self, signum: int = 9) -> None:
-        self.proc.send_signal(signum)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
         self.proc.wait(timeout=60)
 
     def build_process(self, nth: int = 0):

@@ -65,10 +65,34 @@ def loss_of(model, clips, labels):
     return F.cross_entropy(model(clips), labels)
 
 
+def count_allreduces() -> dict:
+    """Count the values this rank hands to Horovod's allreduce while ``counter["on"]``: both entry
+    points of ``horovod.torch.mpi_ops`` that every allreduce goes through (``hvd.allreduce``, the
+    DistributedOptimizer's per-gradient ``allreduce_async_``, the grouped variants) are wrapped."""
+    from horovod.torch import mpi_ops
+
+    counter = {"on": False, "values": 0}
+
+    def wrap(name, numel):
+        original = getattr(mpi_ops, name)
+
+        def counting(tensors, *args, **kwargs):
+            if counter["on"]:
+                counter["values"] += numel(tensors)
+            return original(tensors, *args, **kwargs)
+
+        setattr(mpi_ops, name, counting)
+
+    wrap("_allreduce_async", lambda t: t.numel())
+    wrap("_grouped_allreduce_async", lambda ts: sum(t.numel() for t in ts))
+    return counter
+
+
 def worker(out: str) -> None:
     import horovod.torch as hvd
 
     from trainer.distributed import backends as distributed
+    sent = count_allreduces()
     backend = distributed.init("horovod")
     share = GLOBAL_BATCH // backend.size
     mine = slice(backend.rank * share, (backend.rank + 1) * share)
@@ -101,7 +125,7 @@ def worker(out: str) -> None:
         torch.save({"steps": steps, "collectives": averaging.collectives if averaging else None,
                     "measured": measured}, os.path.join(out, f"{name}-rank{backend.rank}.pt"))
     for opt in SYNCHRONOUS:  # the trainer's own step, synchronised as trainer train does it
-        for every in (None, 1):
+        for every in (None, 1, 2):
             cfg = TrainConfig(data=Data(data="-", batch_size=share), model=Model(segments=FRAMES, depth=10, width=4),
                               recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=HPARAMS[opt]["lr"], optimizer=opt),
                               schedules=Schedules(average_every=every))
@@ -112,13 +136,15 @@ def worker(out: str) -> None:
             regime.attach(engine, lambda: None)  # (no loader: the steps are fed by hand)
             backend.broadcast_state(engine.model, engine.optimizer)
             engine.model.train()
-            steps = []
+            steps, sent["values"], sent["on"] = [], 0, True
             for clips, labels in data:
                 engine.train_step(clips[mine], labels[mine])
                 steps.append(snapshot(engine.model, engine.optimizer))
+            sent["on"] = False
             sizes = {"params": sum(p.numel() for p in engine.model.parameters()),
                      "bn": sum(b.numel() for n, b in engine.model.named_buffers() if "running" in n)}
-            torch.save({"steps": steps, "floats": regime.allreduced_floats(STEPS), "sizes": sizes},
+            torch.save({"steps": steps, "floats": regime.allreduced_floats(STEPS), "sent": sent["values"],
+                        "sizes": sizes},
                        os.path.join(out, f"engine-{opt}-{every or 'sync'}-rank{backend.rank}.pt"))
     backend.shutdown()
 
@@ -198,12 +224,18 @@ def test_the_trainers_step_with_one_step_averaging_is_its_synchronous_step(runs)
 
 
 def test_the_regime_counts_the_values_each_rank_allreduces(runs):
-    """Synchronous training sends every gradient at every step; one-step averaging also the BN
-    statistics, as counted from the tensors it really allreduced."""
+    """The regime's figure against the values each rank really handed to Horovod's allreduce during
+    the steps (counted inside Horovod's entry points): synchronous training sends every gradient at
+    every step; one-step averaging also the BN statistics; two-step averaging, after each drift,
+    the parameters and optimizer state as well."""
     for opt in SYNCHRONOUS:
+        for every in ("sync", 1, 2):
+            for rank in (0, 1):
+                run = runs[f"engine-{opt}-{every}-rank{rank}"]
+                assert run["sent"] > 0 and run["floats"] == run["sent"], (opt, every, rank, run["floats"], run["sent"])
         sync, k1 = runs[f"engine-{opt}-sync-rank0"], runs[f"engine-{opt}-1-rank0"]
-        assert sync["floats"] == STEPS * sync["sizes"]["params"], opt
-        assert k1["floats"] == STEPS * (k1["sizes"]["params"] + k1["sizes"]["bn"]), opt
+        assert sync["sent"] == STEPS * sync["sizes"]["params"], opt
+        assert k1["sent"] == STEPS * (k1["sizes"]["params"] + k1["sizes"]["bn"]), opt
 
 
 def tiny_params() -> torch.Tensor:

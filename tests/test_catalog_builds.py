@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +23,7 @@ import media
 pytestmark = pytest.mark.usefixtures("ray_local")
 CFG = ClipConfig(frames=8, short_side=32)
 OPTS = dict(shard_samples=3)
+HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))
 
 
 @pytest.fixture(scope="module")
@@ -87,30 +88,41 @@ def test_id_changes_with_inputs_and_output_options_only(tree, built, tmp_path):
         (tree / "val" / "zzz_empty_class").rmdir()
 
 
-def test_killed_build_is_taken_over_by_the_build_waiting_for_it(tree, built, ray_local):
+def test_killed_build_is_taken_over_by_the_build_waiting_for_it(tree, built, ray_local, monkeypatch):
     catalog, _, root = built
     cfg = ClipConfig(frames=8, short_side=32, seed=7)  # a new id
     dataset = registry.plan(str(tree), cfg, **OPTS).id
     first, second = root / "killed", root / "waiter"
-    proc = subprocess.Popen([sys.executable, "-m", "ingest", "build", "--catalog", catalog, "--src", str(tree),
-                             "--out", str(first), "--short-side", "32", "--seed", "7", "--shard-samples", "3",
-                             "--workers", "1", "--videos-per-task", "1",
+    # the builder is held once it has recorded its first video done: alive and heartbeating, mid-build
+    hold, held = os.pipe()
+    proc = subprocess.Popen([sys.executable, HOLDPOINT, "shards.catalog:Catalog.set_progress", "-m", "ingest", "build",
+                             "--catalog", catalog, "--src", str(tree), "--out", str(first), "--short-side", "32",
+                             "--seed", "7", "--shard-samples", "3", "--workers", "1", "--videos-per-task", "1",
                              "--address", ray_local.get_runtime_context().gcs_address],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    os.close(held)
+    with os.fdopen(hold) as f:
+        assert f.readline() == "held\n", f"the build ended ({proc.wait()}) before reporting progress"
     cat = Catalog(catalog)
-    deadline = time.time() + 120
-    while time.time() < deadline and ((cat.get(dataset) or None) is None
-                                      or cat.get(dataset).progress.get("videos_done", 0) < 1):
-        time.sleep(0.1)
     rec = cat.get(dataset)
-    assert rec.state == "building" and rec.owner["pid"] == proc.pid and 1 <= rec.progress["videos_done"] < 6
-    os.killpg(proc.pid, signal.SIGSTOP)  # frozen mid-build, alive: a build of a few seconds cannot end under us
+    assert rec.state == "building" and rec.owner["pid"] == proc.pid and rec.progress["videos_done"] == 1
+
+    waits, claim = threading.Semaphore(0), registry.claim
+
+    def counted(*args, **kwargs):  # each time the waiter finds the build still owned by a live builder
+        c = claim(*args, **kwargs)
+        if c.action == "wait":
+            waits.release()
+        return c
+
+    monkeypatch.setattr(registry, "claim", counted)
     results = []
     waiter = threading.Thread(target=lambda: results.append(registry.build(
         catalog, str(tree), str(second), cfg, poll=0.2, workers=2, videos_per_task=1, **OPTS)))
     waiter.start()
-    time.sleep(1.0)
-    assert waiter.is_alive() and cat.get(dataset).owner["pid"] == proc.pid  # it waits for the live builder
+    assert all(waits.acquire(timeout=120) for _ in range(3))  # it found the live builder three times...
+    assert waiter.is_alive() and cat.get(dataset).owner["pid"] == proc.pid  # ...and kept waiting
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     waiter.join(timeout=240)

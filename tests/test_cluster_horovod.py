@@ -9,7 +9,9 @@ local rank 0 of a local size of 1, the cross size is 2, and the Gloo rendezvous 
 fsspec's headers (``FSSPEC_HTTP_HEADERS``) as docs/runbooks/service.md says, through each host's own
 node-local cache (``--cache-dir``, a per-host path as on real nodes' local disks; its byte budget
 ``SHARD_CACHE_BUDGET``). Each rank's loader forks a worker after downloading through its pooled
-keep-alive connections to the service, and goes on downloading through them afterwards.
+keep-alive connections to the service, and goes on downloading through them afterwards. The
+commands are the runbooks' own (the trainers' settings of docs/runbooks/service.md, the two-host
+launch of docs/runbooks/training.md), read from them and run (tests/runbooks.py).
 """
 from __future__ import annotations
 
@@ -17,17 +19,13 @@ import json
 import os
 import re
 import secrets
-import shlex
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
+from runbooks import block_commands, run_commands, shell_env
 from shardsets import ServiceProcess, make_shardset, register
 
 from shards.catalog import Catalog
 
-HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 HOSTS = ("localhost", "127.0.0.1")
 
 
@@ -37,27 +35,23 @@ def test_two_host_horovodrun_trains_from_the_service_through_node_local_caches(t
                              size=(40, 32))
     register(Catalog(str(tmp_path / "catalog.sqlite")), str(data), "tiny")
     (tmp_path / "tokens").write_text(token + "\n")
+    home = tmp_path / "home"  # the reader's token file, where docs/runbooks/service.md keeps it
+    (home / ".config" / "kinetics-fast").mkdir(parents=True)
+    (home / ".config" / "kinetics-fast" / "shard-token").write_text(token + "\n")
     budget = sum(s.bytes for split in manifest.splits.values() for s in split.shards)  # room for every shard
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SHARD_CACHE_BUDGET": str(budget),
-           "FSSPEC_HTTP_HEADERS": json.dumps({"Authorization": f"Bearer {token}"})}
     server = ServiceProcess("--catalog", str(tmp_path / "catalog.sqlite"), "--token-file", str(tmp_path / "tokens"),
                             "--read-auth", "--access-log")
     url = server.start()
     try:
-        # each rank records the topology horovodrun gave it, then runs the trainer; the cache path
-        # expands per host, like a node-local scratch directory
-        train = ["-m", "trainer", "train", "--data", f"{url}/v1/datasets/tiny", "--output-dir", str(out),
-                 "--cache-dir", f"{tmp_path}/cache-$HOROVOD_HOSTNAME", "--segments", "4", "--depth", "10",
-                 "--width", "8", "--crop-size", "32", "--scale-size", "32", "--batch-size", "2", "--epochs",
-                 "2", "--warmup-epochs", "1", "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
-        rank = (f"env | grep '^HOROVOD_' > {tmp_path}/env-$HOROVOD_RANK; "
-                f"exec {shlex.quote(sys.executable)} " + " ".join(
-                    a if "$HOROVOD" in a else shlex.quote(a) for a in train))
-        hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", ",".join(f"{h}:1" for h in HOSTS), "--gloo",
-                              "sh", "-c", rank], env=env, capture_output=True, text=True, timeout=300)
+        # the trainers' settings of docs/runbooks/service.md, then the two-host launch of
+        # docs/runbooks/training.md; each rank first records the topology horovodrun gave it
+        subs = {"500GB": str(budget), "http://127.0.0.1:PORT/manifest.json": f"{url}/v1/datasets/tiny",
+                "exec python": "env | grep '^HOROVOD_' > env-$HOROVOD_RANK; exec python"}
+        commands = (block_commands("service.md", "export FSSPEC_HTTP_HEADERS", subs)
+                    + block_commands("training.md", "horovodrun -np 2 -H localhost:1,127.0.0.1:1", subs))
+        run_commands(commands, cwd=tmp_path, env=shell_env({**os.environ, "HOME": str(home), "OMP_NUM_THREADS": "1"}))
     finally:
         server.kill(15)
-    assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
 
     envs = [dict(line.split("=", 1) for line in (tmp_path / f"env-{r}").read_text().splitlines()) for r in (0, 1)]
     assert {e["HOROVOD_HOSTNAME"] for e in envs} == set(HOSTS)

@@ -11,19 +11,23 @@ on the head, and the build finishes with the same bytes.
 """
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from media import make_video
 from ray.cluster_utils import Cluster
+from runbooks import run_block
 
 from shards.catalog import Catalog
 
@@ -80,11 +84,56 @@ def assert_same_files(a: Path, b: Path) -> None:
     assert not mismatch and not errors, (mismatch, errors)
 
 
-def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, cluster, tmp_path):
-    c, worker = cluster
-    embedded = ingest(videos, tmp_path / "embedded", "--workers", "2")
-    finish(embedded)
+@pytest.fixture(scope="module")
+def embedded(videos, tmp_path_factory) -> Path:
+    """The same build on an embedded single-node Ray: the bytes every cluster build must give."""
+    out = tmp_path_factory.mktemp("embedded") / "shards"
+    finish(ingest(videos, out, "--workers", "2"))
+    return out
 
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_nodes(temp_dir: str) -> None:
+    """Stop the Ray nodes started with ``--temp-dir=temp_dir`` and their workers (``ray stop`` would
+    stop every Ray of the machine): the processes naming the directory, and their descendants."""
+    procs = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if temp_dir in " ".join(p.info["cmdline"] or []):
+                procs += [p, *p.children(recursive=True)]
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    for p in psutil.wait_procs(procs, timeout=30)[1]:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def test_the_runbooks_two_node_loopback_build(videos, embedded, tmp_path):
+    """docs/runbooks/ingest-on-ray.md's block as a reader pastes it: two ``ray start`` nodes on
+    127.0.0.2 and 127.0.0.3, and the build joining them by address."""
+    temp_dir = tempfile.mkdtemp(prefix="kf-ray-")
+    subs = {"ray start --head": f"ray start --head --temp-dir={temp_dir}",  # this test's nodes, found by it
+            "6379": str(free_port()), "8265": str(free_port()), "10001": str(free_port()),  # free ports
+            "--src videos": f"--src {videos}",
+            "ray stop": "true"}  # stop_nodes below: ray stop would stop every Ray of the machine
+    try:
+        out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path, env=ENV)
+    finally:
+        stop_nodes(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    counts = tasks_per_node(out)
+    assert len(counts) == 2 and min(counts.values()) >= 2, counts
+    assert_same_files(embedded, tmp_path / "shards")
+
+
+def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, embedded, cluster, tmp_path):
+    c, worker = cluster
     catalog = str(tmp_path / "catalog.sqlite")
     both = finish(ingest(videos, tmp_path / "cluster", "--address", c.address, "--catalog", catalog,
                          "--name", "two-nodes"))
@@ -92,7 +141,7 @@ def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, c
     assert set(counts) == {c.head_node.node_id[:12], worker.node_id[:12]}, counts
     assert sum(counts.values()) == VIDEOS + 4  # decode tasks + pack tasks (3 train shards, 1 val)
     assert min(counts.values()) >= 2, counts
-    assert_same_files(tmp_path / "embedded", tmp_path / "cluster")
+    assert_same_files(embedded, tmp_path / "cluster")
     record = Catalog(catalog).resolve("two-nodes")
     assert record.state == "ready" and record.location == str(tmp_path / "cluster")
     assert sum(s["clips"] for s in record.splits.values()) == VIDEOS
@@ -109,4 +158,4 @@ def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, c
     assert not worker.any_processes_alive()
     finish(proc)
     assert staged_at_kill < VIDEOS
-    assert_same_files(tmp_path / "embedded", out)
+    assert_same_files(embedded, out)

@@ -1,122 +1,132 @@
-"""The runbooks in docs/runbooks: every command is run by a test or the demo, or marked as needing
-a real cluster, and the figures they quote are what the project's tools print.
+"""The runbooks (docs/runbooks/*.md, docs/service.md) run as written, and the figures they quote are
+what the project's tools print.
 
-Each ```bash block follows a marker line: "*Run by `FILE`.*" (the named test or script runs that
-command: for a shell file an invocation of the same subcommand with at least the same flags, for
-a Python test the program, subcommand and every flag as string literals), "*Needs a real
-cluster.*" or "*Needs the real dataset.*" (UCF101, HMDB51, Kinetics: downloads no test makes).
-Every ``ingest``/``shards``/``trainer``/``shard-service`` command in any code block
-(bash, a systemd unit, a crontab) is parsed by the project's own argparse parsers, so a removed or
-misspelt flag fails here, and every runbook is listed in the runbooks' README.
+Every command of a ```bash block either runs in the suite, the block's own text read from the
+runbook and executed (``tests/runbooks.py``: on small data, on loopback, through a substitution
+table written out in the test that runs it), or is marked ``# needs: WHAT`` in the runbook; the
+first test counts both kinds and fails on a command that is neither. The blocks that need no
+cluster, no servers and no launcher run here, on a small shard set and two short training runs
+standing in for the demo's; the others run in the test the block's "*Run by*" line names. Every
+``ingest``/``shards``/``trainer``/``shard-service`` command in any code block (bash, a systemd
+unit, a crontab), marked or not, is parsed by the project's own argparse parsers, so a removed or
+misspelt flag fails here; and every runbook is listed in the runbooks' README.
 """
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
-import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from commandlines import logical_lines, parse, project_commands
+from commandlines import parse, project_commands
+from media import make_video
+from runbooks import RUNBOOKS, parse as parse_blocks, run_block
+from shardsets import make_shardset
 
 from shards.partition import per_rank
 from trainer.schedules.recipe import scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNBOOKS = sorted((ROOT / "docs" / "runbooks").glob("*.md"))
-MARKER = re.compile(r"^\*(?:Run by (?P<files>.+?)|(?P<cluster>Needs a real cluster|Needs the real dataset))\.\*$")
-LAUNCHERS = {"python", "python3", "bash", "sh", "exec", "env", "export"}
+BLOCKS = [b for path in RUNBOOKS for b in parse_blocks(path)]
+RUNNERS = ("run_block", "block_commands")
+# the small stand-ins: the cluster paths of parallel-filesystems.md -> the demo's set made here
+SHARDS = {"/lustre/shards/k400": "demo/shards"}
 
 
-def blocks(path: Path) -> list[tuple[str, list[str], str]]:
-    """(marker kind, files named, code) for every bash block of a runbook."""
-    found, lines = [], path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if line.strip() != "```bash":
-            continue
-        end = lines.index("```", i + 1)
-        previous = next((x.strip() for x in reversed(lines[:i]) if x.strip()), "")
-        marker = MARKER.match(previous)
-        assert marker, f"{path.name}:{i + 1}: a bash block without a 'Run by' or 'Needs a real cluster' line"
-        files = re.findall(r"`([^`]+)`", marker["files"] or "")
-        found.append(("cluster" if marker["cluster"] else "run", files, "\n".join(lines[i + 1:end])))
+def runs(test: Path) -> set[tuple[str, str]]:
+    """(runbook, start of the first command) of every block ``test`` runs with tests/runbooks.py."""
+    found = set()
+    for node in ast.walk(ast.parse(test.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in RUNNERS:
+            args = [a.value for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if len(args) == 2:
+                found.add(tuple(args))
     return found
 
 
-ALL = [(path.name, *block) for path in RUNBOOKS for block in blocks(path)]
-
-
-def flags(argv: list[str]) -> set[str]:
-    return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-
-
-def python_literals(source: str) -> set[str]:
-    """String constants of a Python file, split on whitespace (commands are often joined strings)."""
-    words = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            words.add(node.value)
-            words.update(node.value.split())
-    return words
-
-
-def runs_in(argv: list[str], path: Path) -> bool:
-    """Whether ``path`` runs this project command: same subcommand, at least these flags."""
-    text = path.read_text()
-    if path.suffix == ".py":
-        literals = python_literals(text)
-        return all(word in literals for word in [*argv[:2], *flags(argv)])
-    return any(other[:2] == argv[:2] and flags(argv) <= flags(other) for other in project_commands(text))
-
-
-def program(line: str) -> str:
-    """The program a shell line runs, past launchers and variable assignments."""
-    for word in shlex.split(line):
-        if word not in LAUNCHERS and not re.fullmatch(r"\w+=.*", word):
-            return word
-        if re.fullmatch(r"\w+=.*", word) and line.startswith("export"):
-            return word.split("=", 1)[0]
-    return ""
-
-
-def test_every_block_is_marked_and_there_are_both_kinds():
-    assert len(RUNBOOKS) >= 7 and "service.md" in {p.name for p in RUNBOOKS}
-    kinds = {kind for _, kind, _, _ in ALL}
-    assert kinds == {"run", "cluster"}
+def test_every_command_runs_in_the_suite_or_is_marked():
+    run, marked, problems = 0, 0, []
+    for block in BLOCKS:
+        here = [c for c in block.commands if c.needs is None]
+        marked += len(block.commands) - len(here)
+        if not here:
+            continue
+        tests = [ROOT / f for f in block.run_by]
+        called = set().union(*(runs(t) for t in tests if t.is_file() and t.suffix == ".py"))
+        if any(runbook == block.runbook and block.starts_with(first) for runbook, first in called):
+            run += len(here)
+        else:
+            problems.append(f"{block.runbook}:{block.line}: {here[0].text[:70]!r}: not marked '# needs:', and "
+                            f"not run by {block.run_by or 'any test'}")
+    print(f"runbook commands: {run} run in the suite, {marked} marked as needing more than one machine")
+    assert not problems, "\n".join(problems)
+    assert run >= 20 and marked >= 10, (run, marked)
 
 
 def test_every_runbook_is_listed_and_every_example_command_parses():
     listed = re.findall(r"\]\(([\w.-]+\.md)\)", (ROOT / "docs" / "runbooks" / "README.md").read_text())
-    assert sorted(listed) == sorted(p.name for p in RUNBOOKS if p.name != "README.md")
+    assert sorted(listed) == sorted(p.name for p in RUNBOOKS if p.parent.name == "runbooks" and p.name != "README.md")
     examples = 0
     for path in RUNBOOKS:
         fences = re.split(r"^```(\w*)\n", path.read_text(), flags=re.M)  # text, lang, code, "", text, ...
         for lang, code in zip(fences[1::2], fences[2::2]):
-            if lang not in ("", "bash"):  # an opening fence (closing ones have no language)
+            if lang and (path.parent.name == "runbooks" or lang == "bash"):  # "": a closing fence
                 for argv in project_commands(code):
-                    parse(argv)
+                    parse(argv)  # every flag exists, whether the command runs here or needs a cluster
                     examples += 1
-    assert examples >= 3  # the service's systemd unit and crontab
+    assert examples >= 30
 
 
-@pytest.mark.parametrize("name,kind,files,code", ALL, ids=[f"{a[0]}-{i}" for i, a in enumerate(ALL)])
-def test_runbook_block(name, kind, files, code):
-    commands = project_commands(code)
-    for argv in commands:
-        parse(argv)  # every flag exists, whatever the block's kind
-    if kind == "cluster":
-        return
-    paths = [ROOT / f for f in files]
-    assert paths and all(p.is_file() for p in paths), files
-    for argv in commands:
-        assert any(runs_in(argv, p) for p in paths), f"{name}: {' '.join(argv[:2])} {sorted(flags(argv))} not run by {files}"
-    for line in logical_lines(code):
-        if not project_commands(line):
-            word = program(line)
-            assert any(word.rsplit("/", 1)[-1] in p.read_text() for p in paths), f"{name}: {word} not run by {files}"
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """A directory laid out as after ``scripts/demo.sh``: ``demo/shards``, and a short training run
+    as both ``demo/tsm`` and ``demo/tsn`` (what ``trainer plot`` reads, not what it shows, is tested)."""
+    root = tmp_path_factory.mktemp("runbooks")
+    make_shardset(str(root / "demo" / "shards"), {"train": 8, "val": 4}, per_shard=4, frames=4)
+    subprocess.run([sys.executable, "-m", "trainer", "train", "--data", "demo/shards", "--output-dir", "demo/tsm",
+                    "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size", "32",
+                    "--batch-size", "4", "--epochs", "1", "--warmup-epochs", "0", "--workers", "0", "--no-tensorboard"],
+                   cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True, timeout=300)
+    shutil.copytree(root / "demo" / "tsm", root / "demo" / "tsn")
+    return root
+
+
+def test_parallel_filesystems_blocks(demo):
+    out = run_block("parallel-filesystems.md", "shards plan --clips 240000", cwd=demo)
+    assert "Recommended:" in out
+    assert "Recommended:" in run_block("parallel-filesystems.md", "shards plan /lustre/shards/k400", SHARDS, cwd=demo)
+    assert "Recommended:" in run_block("parallel-filesystems.md", "shards plan demo/shards", cwd=demo)
+    try:
+        run_block("parallel-filesystems.md", "shards reshard /lustre/shards/k400",
+                  {"/lustre/shards/k400-1k": "demo/k400-1k", **SHARDS}, cwd=demo)
+        assert json.loads((demo / "demo" / "k400-1k" / "manifest.json").read_text())["splits"]
+    finally:
+        shutil.rmtree(demo / "demo" / "k400-1k", ignore_errors=True)
+    out = run_block("parallel-filesystems.md", "shards verify demo/shards", cwd=demo)
+    assert "train" in out
+
+
+def test_recipe_and_loader_bottleneck_blocks(demo):
+    out = run_block("recipe-1536-gpus.md", "python bench/scaling.py", cwd=ROOT)
+    assert "1536" in out.replace(",", "")
+    run_block("loader-bottleneck.md", "trainer plot demo/tsm demo/tsn", cwd=demo)
+    assert (demo / "demo" / "tsm-vs-tsn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_service_reuse_block(tmp_path):
+    """docs/service.md's build found again from another output directory: nothing decoded the second time."""
+    for label in ("jump", "walk"):
+        make_video(tmp_path / "k400" / "train" / label / f"{label}.mp4", frames=12, width=40, height=30)
+    subs = {"/data/sets": "sets", "/scratch/me": "scratch", "/srv/catalog.sqlite": "catalog.sqlite"}
+    out = run_block("../service.md", "ingest build --src k400/", subs, cwd=tmp_path,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert re.search(r"reused dataset \w+ \(k400-r256\) at \S+/sets/k400-r256", out), out[-2000:]
+    assert (tmp_path / "sets" / "k400-r256" / "manifest.json").is_file() and not (tmp_path / "scratch").exists()
 
 
 def test_recipe_figures_are_what_the_code_derives():

@@ -1,41 +1,35 @@
-"""The service runbook (docs/runbooks/service.md) for real, on loopback: ``shard-service serve``
+"""The service runbook (docs/runbooks/service.md) run as written, on loopback: its blocks read from
+the runbook and executed (tests/runbooks.py) with the substitutions below. ``shard-service serve``
 behind a token file made as the runbook makes it, with ``--read-auth`` (readers without the token
-refused, with it served); tag, verify and gc as the routine runs them; a backup of the catalog
-taken while the server runs, then restored and served again. The runbook's build registration
-runs in tests/test_cluster_ray.py and its trainers (token in fsspec's headers, node-local cache
-within ``SHARD_CACHE_BUDGET``) in tests/test_cluster_horovod.py.
+refused, with it served); the listing; tag, verify and gc as the routine runs them; a backup of the
+catalog taken while the server runs, then restored and served again. A set registered here stands
+in for the runbook's cluster build (tests/test_cluster_ray.py builds and registers on two Ray
+nodes); its trainers' block runs in tests/test_cluster_horovod.py.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import shutil
-import subprocess
-import sys
+import shlex
+import stat
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from runbooks import block_commands, run_block, run_commands, shell_env
 from shardsets import ServiceProcess, make_shardset, register
 
-from service.cli import main as shard_service_main
 from shards.catalog import Catalog
 from shards.manifest import Manifest
 
-SHARD_SERVICE = str(Path(sys.executable).parent / "shard-service")
-NAME = "team-set"
+NAME = "k400-r256"
 
 
-def shard_service(*argv: str) -> tuple[int, str]:
-    """``shard-service ...`` through the console script's own main, in this process; (exit code, stdout)."""
-    assert argv[0] == "shard-service"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = shard_service_main(list(argv[1:]))
-    return code, out.getvalue()
+def subs(root: Path) -> dict[str, str]:
+    """The service host's paths and address -> this test's; the backup's date fixed."""
+    return {"/srv/kinetics-fast": f"{root}/srv", "/lustre/backup": f"{root}/backup", "10.0.0.5": "127.0.0.1",
+            "--port 8765": "--port 0", "$(date -I)": "2026-01-31"}
 
 
 def get(url: str, token: str | None = None) -> tuple[int, bytes]:
@@ -47,9 +41,10 @@ def get(url: str, token: str | None = None) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def serve(catalog: str, tokens: str) -> ServiceProcess:
-    server = ServiceProcess("--catalog", catalog, "--token-file", tokens, "--read-auth",
-                            command=(SHARD_SERVICE, "serve", "--host", "127.0.0.1", "--port", "0"))
+def serve(root: Path) -> ServiceProcess:
+    """The runbook's ``shard-service serve`` line, started in the background."""
+    line = block_commands("service.md", "python -c \"import secrets", subs(root))[1]
+    server = ServiceProcess(command=tuple(shlex.split(line)), env=shell_env())
     server.start()
     return server
 
@@ -58,22 +53,23 @@ def serve(catalog: str, tokens: str) -> ServiceProcess:
 def team(tmp_path_factory):
     """A registered set, and the server started behind a fresh token."""
     root = tmp_path_factory.mktemp("team")
-    catalog = str(root / "catalog.sqlite")
+    for d in ("srv", "backup"):
+        (root / d).mkdir()
+    catalog = str(root / "srv" / "catalog.sqlite")
     make_shardset(str(root / "sets" / NAME), {"train": 12, "val": 4}, per_shard=4)
     register(Catalog(catalog), str(root / "sets" / NAME), NAME)
-    token = subprocess.run([sys.executable, "-c", "import secrets; print(secrets.token_urlsafe(32))"],
-                           capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    tokens = root / "tokens"
-    tokens.write_text(token + "\n")
-    os.chmod(tokens, 0o600)  # chmod 600, as the runbook says
-    server = serve(catalog, str(tokens))
-    yield {"root": root, "catalog": catalog, "tokens": str(tokens), "token": token, "server": server}
-    server.kill(15)
+    make_token = block_commands("service.md", "python -c \"import secrets", subs(root))[0]
+    run_commands([make_token], cwd=root, env=shell_env())
+    tokens = root / "srv" / "tokens"
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+    state = {"root": root, "catalog": catalog, "token": tokens.read_text().strip(), "server": serve(root)}
+    yield state
+    state["server"].kill(15)  # the server running now: a test restarts it
 
 
 def test_reads_need_the_token(team):
-    code, listed = shard_service("shard-service", "list", "--catalog", team["catalog"])
-    assert code == 0 and NAME in listed and "ready" in listed, listed
+    listed = run_block("service.md", "ingest build --src /lustre/videos/k400", subs(team["root"]), cwd=team["root"])
+    assert NAME in listed and "ready" in listed, listed
     data = f"{team['server'].url}/v1/datasets/{NAME}"
     assert get(f"{team['server'].url}/v1/health")[0] == 200
     for path in ("", "/manifest.json", "/train/train-000000.tar"):
@@ -92,30 +88,25 @@ def test_tag_verify_gc_and_a_backup_restored_while_serving(team):
     (root / "sets" / "dead" / ".staging" / "batch-0.jsonl").write_text("{}\n")
     cat.fail(dead.record.id, dead.owner, "killed")
 
-    code, out = shard_service("shard-service", "tag", "--catalog", catalog, NAME, "paper-v1")
-    assert code == 0 and "tagged" in out
-    code, out = shard_service("shard-service", "verify", "--catalog", catalog, "paper-v1")
-    assert code == 0 and ": 0 problems" in out, out
-    code, out = shard_service("shard-service", "gc", "--catalog", catalog)
-    assert code == 0 and f"would remove {dead.record.id}" in out and "dry run" in out
+    tag_cmd, verify_cmd, gc_cmd, gc_yes_cmd = block_commands("service.md", "shard-service tag", subs(root))
+    assert "tagged" in run_commands([tag_cmd], cwd=root, env=shell_env())
+    assert ": 0 problems" in run_commands([verify_cmd], cwd=root, env=shell_env())
+    out = run_commands([gc_cmd], cwd=root, env=shell_env())
+    assert f"would remove {dead.record.id}" in out and "dry run" in out
     assert (root / "sets" / "dead").exists()
-    code, out = shard_service("shard-service", "gc", "--catalog", catalog, "--yes")
-    assert code == 0 and f"removed {dead.record.id}" in out and NAME not in out
+    out = run_commands([gc_yes_cmd], cwd=root, env=shell_env())
+    assert f"removed {dead.record.id}" in out and NAME not in out
     assert not (root / "sets" / "dead").exists() and (root / "sets" / NAME / "manifest.json").exists()
 
-    backup = root / "backup" / "catalog-today.sqlite"
-    backup.parent.mkdir()
-    subprocess.run([sys.executable, "-c", "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup("
-                    "sqlite3.connect(sys.argv[2]))", catalog, str(backup)], check=True, timeout=60)
-    code, listed = shard_service("shard-service", "list", "--catalog", str(backup))
-    assert code == 0 and NAME in listed and "[paper-v1]" in listed and "dead-build" not in listed, listed
+    listed = run_block("service.md", "python -c \"import sqlite3", subs(root), cwd=root)  # the backup, listed
+    assert (root / "backup" / "catalog-2026-01-31.sqlite").stat().st_size > 0
+    assert NAME in listed and "[paper-v1]" in listed and "dead-build" not in listed, listed
 
     # restore: stop the server, the backup over the catalog, the old database's -wal and -shm gone
     team["server"].kill(15)
-    shutil.copy(backup, catalog)  # cp
-    for suffix in ("-wal", "-shm"):
-        Path(catalog + suffix).unlink(missing_ok=True)  # rm -f
-    team["server"] = server = serve(catalog, team["tokens"])
+    run_block("service.md", "cp /lustre/backup/catalog-2026-01-31.sqlite", subs(root), cwd=root)
+    assert not any(os.path.exists(catalog + suffix) for suffix in ("-wal", "-shm"))
+    team["server"] = server = serve(root)
     status, body = get(f"{server.url}/v1/datasets/paper-v1", team["token"])
     assert status == 200 and json.loads(body)["name"] == NAME and json.loads(body)["verified"]["problems"] == 0
     status, body = get(f"{server.url}/v1/datasets/paper-v1/manifest.json", team["token"])

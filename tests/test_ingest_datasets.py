@@ -8,10 +8,12 @@ copied under every name.
 """
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
+from runbooks import block_commands
 
 from ingest import cli
 from ingest.sources import discover
@@ -107,15 +109,18 @@ def test_hmdb51_split_sets(hmdb51, split_set):
     assert _by_split(source) == expected
 
 
-# docs/runbooks/ingest-on-ray.md shows this command
-COMMAND = "ingest build --src {src} --out {out} --split-set 2 --motion mv --frames 2 --short-side 32 --shard-samples 50"
+def command(src: Path, out: Path) -> list[str]:
+    """docs/runbooks/ingest-on-ray.md's build on the stand-ins, read from the runbook (tests/runbooks.py)."""
+    [line] = block_commands("ingest-on-ray.md", "ingest build --src ucf101",
+                            {"--src ucf101": f"--src {src}", "--out shards": f"--out {out}"})
+    return shlex.split(line)
 
 
 @pytest.mark.parametrize("dataset", ["ucf101", "hmdb51"])
 def test_build_labels_clips_with_the_official_class_index(ray_local, request, tmp_path, dataset):
     src = request.getfixturevalue(dataset)
     classes = UCF_CLASSES if dataset == "ucf101" else HMDB_CLASSES
-    assert cli.main(COMMAND.format(src=src, out=tmp_path).split()[1:]) == 0
+    assert cli.main(command(src, tmp_path)[1:]) == 0
     m = Manifest.load(str(tmp_path))
     assert m.classes == classes and m.config["layout"] == f"{dataset}-split2" and m.motion == "mv"
     assert verify.verify(m, deep=True) == []

@@ -10,13 +10,10 @@ and weights as the straight run, step for step to the end.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from shardsets import make_shardset
@@ -26,22 +23,23 @@ from trainer.clip_log import read
 from trainer.schedules.multigrid import Schedule, plan
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRAIN, EPOCHS, STAGES = 40, 4, (2, 3)  # 4 baseline epochs -> the plan's 6
 # epoch 3 is steps 12-20, three loader batches (periods) of 3 steps; with K=2 the only step of it
-# where a run may stop (a period's end and a synchronising step) is step 17: frozen at step 13,
-# the run stops after 18 steps, mid-epoch
-FREEZE_AT, STOP_STEPS, STOP_EPOCH, STOP_BATCH = 13, 18, 3, 2
+# where a run may stop (a period's end and a synchronising step) is step 17: signalled as step 13
+# starts (its 14th step, tests/faultrun.py), the run stops after 18 steps, mid-epoch
+SIGNAL_AT, STOP_STEPS, STOP_EPOCH, STOP_BATCH = 14, 18, 3, 2
 FLAGS = ["--segments", "8", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", "1", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05", "--workers", "1",
          "--print-freq", "1", "--no-tensorboard", "--multigrid", "both", "--multigrid-stages", *map(str, STAGES),
          "--average-every", "2", "--trace-steps", "--val-split", ""]
 
 
-def launch(data: Path, out: Path, *extra) -> subprocess.Popen:
-    return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "trainer",
+def launch(data: Path, out: Path, *extra, env: dict = ENV) -> subprocess.Popen:
+    return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN,
                              "train", "--data", str(data), "--output-dir", str(out), *FLAGS, *extra],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -54,16 +52,6 @@ def trace(out: Path, rank: int) -> list[dict]:
     return metrics.read(str(path)) if path.exists() else []
 
 
-def rank_processes(proc: subprocess.Popen) -> list[psutil.Process]:
-    """The trainer's rank processes under horovodrun (not their forked loader workers)."""
-    def trainer(p):
-        try:
-            return "trainer" in p.cmdline()
-        except psutil.Error:
-            return False
-    return [p for p in psutil.Process(proc.pid).children(recursive=True) if trainer(p) and not trainer(p.parent())]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("mgtrain")
@@ -71,17 +59,9 @@ def runs(tmp_path_factory) -> dict:
     manifest = make_shardset(str(data), {"train": TRAIN}, per_shard=7, frames=8, size=(48, 40))
     straight, broken = tmp / "straight", tmp / "broken"
     first = launch(data, straight, "--clip-log")
-    proc = launch(data, broken)  # both at once: two ranks each on two shared cores
-    deadline = time.monotonic() + 240
-    while min(len(trace(broken, r)) for r in (0, 1)) < FREEZE_AT and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    ranks = rank_processes(proc)
-    for p in ranks:  # frozen a few steps into epoch 3, so the signal is seen before the epoch can end
-        p.suspend()
-    frozen_at = max(len(trace(broken, r)) for r in (0, 1))
-    ranks[-1].send_signal(signal.SIGTERM)  # one rank: every rank stops at the same step
-    for p in ranks:
-        p.resume()
+    # both at once: two ranks each on two shared cores; one rank signals itself a step into epoch 3,
+    # and every rank stops at the same step
+    proc = launch(data, broken, env={**ENV, "FAULT": f"step:{SIGNAL_AT}:TERM:self", "FAULT_RANK": "1"})
     stopped = finish(proc)
     straight_output = finish(first)
     assert first.returncode == 0, straight_output[-3000:]
@@ -92,7 +72,7 @@ def runs(tmp_path_factory) -> dict:
     assert resumed.returncode == 0, output[-3000:]
     return {"straight": [trace(straight, r) for r in (0, 1)], "broken": [trace(broken, r) for r in (0, 1)],
             "keys": [k for shard in manifest.splits["train"].shards for k in shard.keys], "clips": read(str(straight)),
-            "frozen_at": frozen_at, "stopped": checkpoint, "resumed_output": output,
+            "stopped": checkpoint, "resumed_output": output,
             "final": torch.load(broken / "checkpoint.pt", weights_only=True)}
 
 
@@ -132,7 +112,6 @@ def test_ranks_are_identical_after_each_averaging_step_and_apart_between(runs):
 
 def test_resumed_mid_schedule_on_the_same_shape_batch_rate_and_weights(runs):
     straight, stopped = runs["straight"], runs["stopped"]
-    assert FREEZE_AT <= runs["frozen_at"] <= STOP_STEPS
     assert (stopped["step"], stopped["epoch"], stopped["batch"]) == (STOP_STEPS, STOP_EPOCH, STOP_BATCH)
     assert f"at epoch {STOP_EPOCH}, batch {STOP_BATCH} (step {STOP_STEPS}" in runs["resumed_output"]
     for rank in (0, 1):

@@ -63,8 +63,9 @@ def test_catalog_routes(env):
         status, _, body = http(url, path=f"/v1/datasets/{ref}")
         record = json.loads(body)
         assert status == 200 and record["id"] == tiny.id and record["tags"] == ["prod"]
-        assert record["splits"]["train"] == {"clips": 20, "bytes": record["splits"]["train"]["bytes"],
-                                             "shards": 4, "failed": 0}
+        for split, clips, shards in (("train", 20, 4), ("val", 8, 2)):  # bytes: the shard files' sizes on disk
+            on_disk = sum(p.stat().st_size for p in (env["root"] / "tiny" / split).glob("*.tar"))
+            assert record["splits"][split] == {"clips": clips, "bytes": on_disk, "shards": shards, "failed": 0}
     status, headers, body = http(url, path="/v1/datasets/nothing-here")
     assert status == 404 and headers["content-type"].startswith("application/json")
     assert "nothing-here" in json.loads(body)["error"]

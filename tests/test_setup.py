@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from runbooks import run_block
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("VENV", ROOT / ".venv"))
@@ -32,12 +33,11 @@ def files(venv: Path) -> dict[str, tuple[int, int, int]]:
     return found
 
 
-def setup() -> subprocess.CompletedProcess:
+def setup() -> str:
+    """The runbooks' set-up block (docs/runbooks/loader-bottleneck.md) in the checkout; its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh")], env={**env, "VENV": str(VENV)},
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return run_block("loader-bottleneck.md", "bash scripts/setup.sh", cwd=ROOT, env={**env, "VENV": str(VENV)},
+                     activated=False, timeout=1800)
 
 
 @pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
@@ -47,7 +47,7 @@ def test_second_setup_run_changes_nothing_and_pil_stays_pillow_simd():
     before = files(VENV)
     second = setup()
     after = files(VENV)
-    assert "nothing to do" in second.stdout, second.stdout
+    assert "nothing to do" in second, second
     changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
     assert not changed, f"{len(changed)} files changed by the second run, e.g. {changed[:10]}"
 
