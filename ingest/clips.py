@@ -107,6 +107,7 @@ def decode(path: str, wanted, cfg: ClipConfig, threads: int, deadline: Deadline)
             return pyav_decoder.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline)
         except DecodeError as e:
             if not e.reason.startswith(FALLBACK_REASONS):
+                e.detail = e.detail or ffmpeg_cli.demux_messages(path, deadline)
                 raise
     return ffmpeg_cli.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline)
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import sys
+import time
 
 import ray
+
+from shards.errors import CommandError
+
+CONNECT_SECONDS = float(os.environ.get("INGEST_CONNECT_TIMEOUT", 20))  # how long --address is tried
 
 log = logging.getLogger("ingest.ray")
 
@@ -14,11 +21,17 @@ log = logging.getLogger("ingest.ray")
 def start(address: str | None, workers: int | None, object_store_mb: int = 512) -> int:
     """Connect to Ray (reusing one already started in this process); return the task parallelism."""
     if not ray.is_initialized():
+        if not sys.stderr.isatty():  # worker log lines forwarded without colour codes into log files
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         if address:
+            if address != "auto":
+                reachable(address)
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
         else:
             # Keeps a single-machine Ray on 127.0.0.1 instead of the machine's network address.
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            # A Ray of our own on loopback: no token to set up, and no warning about it per build.
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             # "local": always a Ray of our own. Without it ray.init() joins whatever cluster a
             # `ray start` on this machine last recorded (or RAY_ADDRESS names).
             ray.init(address="local", num_cpus=workers or os.cpu_count(), include_dashboard=False,
@@ -27,6 +40,24 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     parallel = min(workers, cpus) if workers else cpus
     log.info("Ray: %d CPUs in the cluster, %d tasks at a time", cpus, parallel)
     return max(1, parallel)
+
+
+def reachable(address: str, seconds: float = CONNECT_SECONDS) -> None:
+    """Refuse an ``--address`` nothing answers at within ``seconds`` (ray.init would retry for
+    minutes, repeating its warnings)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise CommandError(f"--address {address}: give HOST:PORT of a Ray head (its GCS port, 6379 by default)")
+    deadline, problem = time.monotonic() + seconds, None
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic())).close()
+            return
+        except OSError as e:
+            problem = e.strerror or str(e)
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    raise CommandError(f"--address {address}: no Ray head answers there ({problem}, for {seconds:.0f} s); "
+                       "is `ray start --head` running, and is the address the one it printed?")
 
 
 def task(fn):

@@ -3,12 +3,20 @@
 A subcommand is anything with a docstring (its first line is the help), ``add_arguments(parser)``
 and ``run(args) -> int``: a module, or a class used as a namespace. Commands are named by dotted
 path (``"shards.verify"``, ``"service.admin:List"``) and imported only when the CLI starts.
+
+Exit status, the same for every command: 0 done; 1 the work failed (the message says why);
+2 the command line asks for something that cannot be done (argparse's usage errors, and the
+``shards.errors.UsageError`` a command raises: a value out of range, a path that does not
+exist). A refusal (``shards.errors.CommandError``) is one line on stderr, never a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import sys
+
+from .errors import CommandError
 
 
 def _load(target: str):
@@ -36,4 +44,56 @@ def main(prog: str, description: str, commands: dict[str, str], argv: list[str] 
     parser, loaded = build_parser(prog, description, commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    return loaded[args.command].run(args)
+    try:
+        return loaded[args.command].run(args)
+    except CommandError as e:
+        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
+        return e.status
+
+
+# argparse ``type=`` checkers: a bad value is refused before any work starts, as argparse refuses
+# a bad choice (``PROG COMMAND: error: argument --frames: ...``, exit status 2).
+
+def positive_int(text: str) -> int:
+    return int_in_range(1)(text)
+
+
+def int_in_range(lo: int, hi: int | None = None):
+    """An integer in [lo, hi] (no upper bound when ``hi`` is None)."""
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {lo} or more" if hi is None
+                                             else f"{value} is out of range: give {lo} to {hi}")
+        return value
+    check.__name__ = "integer"
+    return check
+
+
+def byte_size(text: str) -> int:
+    """'64MB', '1GiB', '200k', '4096' -> bytes, more than zero."""
+    from .packing import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 64MB, 1GiB, 200k, 4096)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give more than 0 bytes")
+    return value
+
+
+def comma_list(choices):
+    """A comma-separated list of some of ``choices``, in the order given, without repeats."""
+    def check(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        unknown = [t for t in items if t not in choices]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown)) or 'nothing'}: choose from "
+                                             f"{', '.join(choices)}")
+        return list(dict.fromkeys(items))
+    check.__name__ = "list"
+    return check

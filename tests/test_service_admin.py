@@ -40,7 +40,7 @@ def cli(cat, *args) -> tuple[int, str]:
     import io
 
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
             code = main([args[0], "--catalog", cat.path, *args[1:]])
         except SystemExit as e:
