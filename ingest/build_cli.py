@@ -111,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
     if args.catalog:
         summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name,
                                          max_error_fraction=args.max_error_fraction, **kwargs)
-        print(("reused " if summary.reused else "registered ") + registry.where(record))
+        if record.state == "ready":
+            print(("reused " if summary.reused else "registered ") + registry.where(record))
         asked = args.name or registry.default_name(args.out)
-        if record.name and asked and record.name != asked:
+        if asked and record.name == f"{asked}-{record.id[:8]}":
             print(f"named {record.name}: the name {asked!r} belongs to another dataset (--name chooses one)")
         location = record.location
     else:

@@ -92,7 +92,7 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                 if shard.name in bad:
                     dropped[shard.name] = shard.num_samples
                     log.warning("skipping %s: %s", shard.name, "; ".join(str(p) for p in bad[shard.name][:3]))
-    splits, written = {}, []
+    splits = {}
     try:
         with ThreadPoolExecutor(max(1, workers)) as pool:
             for name, split in m.splits.items():
@@ -103,24 +103,24 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                 shards = []
                 for j, part in enumerate(parts):
                     new = packing.shard_name(name, j)
-                    written.append(storage.join(dst, new))
-                    shards.append(packing.write_shard(written[-1], new, itertools.islice(samples, len(part))))
+                    shards.append(packing.write_shard(storage.join(dst, new), new,
+                                                      itertools.islice(samples, len(part))))
                 if next(samples, None) is not None:  # also checks trailing shards without samples
                     raise AssertionError("cuts do not cover every sample")
                 lost = sum(dropped.get(s.name, 0) for s in split.shards)
                 splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost)
                 log.info("%s: %d samples in %d shards -> %d shards", name, len(sizes), len(sources), len(parts))
-    except BadShard:
-        for url in written:  # a refused reshard leaves no shard behind
-            fs, path = url_to_fs(url)
-            if fs.exists(path):
-                fs.rm(path)
+    except BadShard:  # a refused reshard leaves nothing behind (the destination was empty)
+        for entry in fs.ls(root, detail=False) if fs.exists(root) else []:
+            fs.rm(entry, recursive=True)
         raise
     layout = {"shard_bytes": shard_bytes, "shard_samples": shard_samples, "num_shards": num_shards}
     done = layout | ({"dropped": dropped} if dropped else {})
-    for name in (CLASSES_NAME, LEDGER_NAME):  # what the set says besides its shards
-        if storage.exists(storage.join(src, name)):
+    for name in (CLASSES_NAME, LEDGER_NAME):  # what the set says besides its shards, when it has them
+        try:
             storage.atomic_write(storage.join(dst, name), storage.read_bytes(storage.join(src, name)))
+        except FileNotFoundError:
+            pass
     out = Manifest(classes=m.classes, splits=splits, config=m.config | {"resharded": done},
                    fingerprint=digest({"source": m.fingerprint, "layout": done}))
     out.save(dst)

@@ -1,0 +1,177 @@
+"""The first hour: a newcomer's mistakes on the command line, each answered by one line.
+
+A table of mistakes, each run as the console command a user types (a subprocess, all of them
+started at once by one module fixture: most fail before any work). Each must exit with its
+documented status (2: the command line asks for something that cannot be done; 1: the work
+could not go on), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
+reason, and no traceback anywhere. The commands that destroyed work silently get their own tests
+below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
+into an old set, ``shard-service`` creating a catalog on a typo.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from shards.catalog import Catalog
+from shardsets import ServiceProcess, make_shardset, register
+
+import media
+
+TOKEN = "newcomer-token"
+BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
+
+
+def _free_port() -> int:
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# (id, command line, extra environment, exit status, words the error line must hold)
+CASES = [
+    ("frames-0", "ingest build --src {vids} --out {out} --frames 0", {}, 2, ["--frames", "0", "range"]),
+    ("short-side-negative", "ingest build --src {vids} --out {out} --short-side -5", {}, 2, ["--short-side", "-5"]),
+    ("quality-150", "ingest build --src {vids} --out {out} --quality 150", {}, 2, ["--quality", "150", "1 to 100"]),
+    ("splits-typo", "ingest build --src {vids} --out {out} --splits train,vall", {}, 2, ["--splits", "'vall'"]),
+    ("shard-size-unit", "ingest build --src {vids} --out {out} --shard-size 64XB", {}, 2, ["--shard-size", "64XB"]),
+    ("src-typo", "ingest build --src {root}/kinetcs400/ --out {out}", {}, 2, ["kinetcs400", "no such directory"]),
+    ("src-empty", "ingest build --src {root}/empty --out {out}", {}, 2, ["empty", "the directory is empty"]),
+    ("src-flat", "ingest build --src {root}/flat --out {out}", {}, 2,
+     ["flat", "2 directly in it", "flat/train/<label>/<id>.mp4"]),
+    ("ray-not-there", "ingest build --src {vids} --out {out} --address 127.0.0.1:{port}",
+     {"INGEST_CONNECT_TIMEOUT": "1"}, 1, ["--address 127.0.0.1:{port}", "no Ray head answers"]),
+    ("stats-missing", "shards stats {root}/nope", {}, 2, ["nope", "no such file or directory"]),
+    ("verify-missing", "shards verify {root}/nope", {}, 2, ["nope", "no such file or directory"]),
+    ("plan-missing", "shards plan {root}/nope", {}, 2, ["nope", "no such file or directory"]),
+    ("stats-not-a-set", "shards stats {root}/empty", {}, 2, ["empty/manifest.json", "no manifest"]),
+    ("plan-no-such-split", "shards plan {set} --split test", {}, 2, ["'test'", "no split"]),
+    ("reshard-size-unit", "shards reshard {set} {root}/new --shard-size 64XB", {}, 2, ["--shard-size", "64XB"]),
+    ("reshard-into-a-set", "shards reshard {set} {old} --num-shards 2", {}, 2, ["old", "not empty"]),
+    ("dataset-not-served", "shards stats {url}/v1/datasets/nope", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 2,
+     ["/v1/datasets/nope", "HTTP 404", "no dataset 'nope'"]),
+    ("read-without-token", "shards verify {url}/v1/datasets/tiny", {}, 1,
+     ["/v1/datasets/tiny", "HTTP 401", "FSSPEC_HTTP_HEADERS", "Bearer TOKEN"]),
+    ("catalog-typo", "shard-service list --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
+    ("gc-catalog-typo", "shard-service gc --yes --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
+    ("dataset-not-in-catalog", "shard-service show nope --catalog {catalog}", {}, 2, ["'nope'", "no dataset"]),
+]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The files and the read-auth server the mistakes are made against."""
+    root = tmp_path_factory.mktemp("newcomer")
+    make_shardset(str(root / "set"), {"train": 6, "val": 3}, per_shard=3)
+    make_shardset(str(root / "old"), {"train": 12}, per_shard=2)  # an earlier set, 6 shards
+    (root / "empty").mkdir()
+    (root / "flat").mkdir()
+    (root / "vids" / "train" / "a").mkdir(parents=True)
+    for d in ("flat", "vids/train/a"):  # never decoded: every case here stops before
+        for i in range(2):
+            (root / d / f"v{i}.mp4").write_bytes(b"not decoded")
+    cat = Catalog(str(root / "catalog.sqlite"))
+    register(cat, str(root / "set"), "tiny")
+    (root / "tokens").write_text(TOKEN + "\n")
+    server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
+    server.start()
+    yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
+           "old": str(root / "old"), "catalog": cat.path, "url": server.url, "port": _free_port(),
+           "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"})}
+    server.kill(15)
+
+
+def run(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """A console script, as a user runs it."""
+    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def answers(world):
+    """Every case's command run once, all at once; -> {id: (CompletedProcess, status, words)}."""
+    def one(case):
+        ident, line, env, status, words = case
+        argv = [a.format(**world) for a in line.split()]
+        try:
+            answer = run(argv, {k: v.format(**world) for k, v in env.items()})
+        except subprocess.TimeoutExpired as e:  # a command that never answers fails its case alone
+            answer = subprocess.CompletedProcess(e.cmd, None, e.stdout or "", f"no answer in {e.timeout} s")
+        return ident, (answer, status, [w.format(**world) for w in words])
+
+    with ThreadPoolExecutor(4) as pool:
+        return dict(pool.map(one, CASES))
+
+
+@pytest.mark.parametrize("ident", [c[0] for c in CASES])
+def test_a_mistake_gets_one_line_naming_the_thing_and_the_reason(answers, ident):
+    p, status, words = answers[ident]
+    assert "Traceback" not in p.stdout + p.stderr, p.stderr
+    errors = [line for line in p.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, p.stderr
+    assert all(w in errors[0] for w in words), errors[0]
+    assert p.returncode == status, (p.returncode, p.stderr)
+
+
+def test_nothing_was_made_by_a_refused_command(answers, world):
+    root = world["root"]
+    assert not os.path.exists(os.path.join(root, "typo.sqlite"))  # the catalog a typo named
+    assert not os.path.exists(world["out"]) and not os.path.exists(os.path.join(root, "new"))
+    assert sorted(os.listdir(os.path.join(world["old"], "train"))) == [f"train-{i:06d}.tar" for i in range(6)]
+
+
+def test_reshard_into_an_old_set_is_refused_and_leaves_it_whole(world, tmp_path):
+    """Before: 2 new shards and a 2-shard manifest beside the 6 old shards, which no manifest listed."""
+    old = tmp_path / "old"
+    make_shardset(str(old), {"train": 12}, per_shard=2)
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    p = run(["shards", "reshard", world["set"], str(old), "--num-shards", "2"])
+    assert p.returncode == 2 and "not empty" in p.stderr
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+
+
+def test_reshard_carries_the_class_list_and_ledger_and_says_when_shards_outnumber_clips(world, tmp_path):
+    src = tmp_path / "src"
+    make_shardset(str(src), {"train": 3}, per_shard=3)
+    (src / "errors.jsonl").write_text('{"path": "train/a/x.mp4", "reason": "empty file (0 bytes)"}\n')
+    p = run(["shards", "reshard", str(src), str(tmp_path / "dst"), "--num-shards", "5"])
+    assert p.returncode == 0, p.stderr
+    assert "train: 3 clips in 3 shards (--num-shards 5 is more than the clips allow)" in p.stdout
+    for name in ("classes.txt", "errors.jsonl"):
+        assert (tmp_path / "dst" / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_a_build_over_the_error_fraction_is_recorded_failed_never_reused_and_collected(ray_local, tmp_path, capsys):
+    """Before: exit 1, but the set was registered ready, served and reused by the next build, whose
+    message pointed to a ledger under its own --out, never created."""
+    from ingest.cli import main as ingest
+    from service.cli import main as service
+
+    src = tmp_path / "src" / "train" / "a"
+    src.mkdir(parents=True)
+    media.make_video(src / "good.mp4", frames=6)
+    media.make_not_a_video(src / "bad.mp4")
+    cat = str(tmp_path / "catalog.sqlite")
+    common = ["--src", str(tmp_path / "src"), "--catalog", cat, "--frames", "2", "--short-side", "16",
+              "--max-error-fraction", "0.2"]
+    assert ingest(["build", *common, "--out", str(tmp_path / "first")]) == 1
+    ledger = tmp_path / "first" / "errors.jsonl"
+    assert f"see {ledger}" in capsys.readouterr().err and "bad.mp4" in ledger.read_text()
+    (rec,) = Catalog(cat).list()
+    assert rec.state == "failed" and "1 of 2 videos failed" in rec.error
+
+    assert ingest(["build", *common, "--out", str(tmp_path / "second")]) == 1
+    out, err = capsys.readouterr()
+    assert "reused" not in out and f"see {ledger}" in err  # the ledger that exists
+    assert not (tmp_path / "second").exists()
+    assert Catalog(cat).get(rec.id).state == "failed"
+
+    assert service(["gc", "--yes", "--catalog", cat]) == 0
+    assert f"removed {rec.id}" in capsys.readouterr().out
+    assert Catalog(cat).get(rec.id).state == "deleted" and not ledger.exists()
