@@ -19,6 +19,25 @@ import sys
 from .errors import CommandError
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default after its help, once: not for on/off switches (``--no-flip`` is not
+    "default: True"), not where the help already names its default or there is none; and the
+    double backquotes of the docstrings that describe commands left out."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default in (None, argparse.SUPPRESS) or action.nargs == 0 or "default" in text
+                or not action.option_strings):
+            return text
+        return text + (" " if text else "") + "(default: %(default)s)"
+
+    def _format_text(self, text):
+        return super()._format_text(text.replace("``", ""))
+
+    def _expand_help(self, action):
+        return super()._expand_help(action).replace("``", "")
+
+
 def _load(target: str):
     module, _, attr = target.partition(":")
     obj = importlib.import_module(module)
@@ -35,7 +54,7 @@ def build_parser(prog: str, description: str, commands: dict[str, str],
     for name, target in commands.items():
         command = loaded[name] = _load(target)
         p = sub.add_parser(name, help=command.__doc__.strip().splitlines()[0], description=command.__doc__,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter, **options)
+                           formatter_class=HelpFormatter, **options)
         command.add_arguments(p)
     return parser, loaded
 
