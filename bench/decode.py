@@ -4,7 +4,7 @@ on the same clips of a shard set, in one run. Needs a CUDA GPU and torchvision.
 1. CPU: decode + TSM train transform of each clip's JPEG bytes held in memory, one process:
    clips/s per CPU core (the work of one loader worker; ``bench/loader`` shows that a worker
    streaming shards gets close to it).
-2. GPU: ``trainer.device_decode.DeviceClips`` on whole batches already packed by the loader
+2. GPU: ``trainer.data.device_decode.DeviceClips`` on whole batches already packed by the loader
    (bytes in host memory): nvJPEG decode of all B x T frames, then crop, resize and flip of
    every clip. Its clips/s over (1) is the number of CPU cores the GPU decode stands in for.
 3. End to end: the real ``ClipLoader`` with W worker processes streaming the shards, (a) CPU
@@ -28,9 +28,9 @@ import time
 
 import torch
 
-from trainer.device_decode import DeviceClips
-from trainer.loader import ClipLoader
-from trainer.transforms import TrainTransform
+from trainer.data.device_decode import DeviceClips
+from trainer.data.loader import ClipLoader
+from trainer.data.transforms import TrainTransform
 
 
 def packed_batches(args) -> list[dict]:

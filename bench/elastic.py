@@ -81,15 +81,15 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
 def commit_cost(flags: list[str], repeats: int) -> dict:
     import torch
 
-    from trainer.distributed import Backend
+    from trainer.distributed.backends import Backend
     from trainer.engine import Engine
-    from trainer.train import get_args_parser
+    from trainer import config
 
-    args = get_args_parser().parse_args(["--data", "-", *flags])
-    engine = Engine(args, Backend(), 400, 100)
-    clips = torch.randint(0, 256, (args.batch_size, args.segments, 3, args.crop_size, args.crop_size),
-                          dtype=torch.uint8)
-    engine.train_step(clips, torch.zeros(args.batch_size, dtype=torch.int64))  # the optimizer now holds momentum
+    cfg = config.train_config(config.parser().parse_args(["--data", "-", *flags]))  # the benchmark's trainer flags
+    d = cfg.data
+    engine = Engine(Backend(), 400, 100, model=cfg.model, recipe=cfg.recipe, system=cfg.system, batch_size=d.batch_size)
+    clips = torch.randint(0, 256, (d.batch_size, cfg.model.segments, 3, d.crop_size, d.crop_size), dtype=torch.uint8)
+    engine.train_step(clips, torch.zeros(d.batch_size, dtype=torch.int64))  # the optimizer now holds momentum
     times = []
     for _ in range(repeats):
         started = time.perf_counter()

@@ -5,7 +5,7 @@ All loaders read the same clips (8 frames at TSM's segment centres, short side 2
 the same TSM training transform; each runs its epochs in its own process with one DataLoader
 worker, so clips/s is per loader worker; per core divides the clips by the CPU time of the
 worker and the trainer's process together. This loader runs twice: decoding only each clip's
-crop (the default, ``trainer.cropdecode``) and decoding whole frames with the same
+crop (the default, ``trainer.data.cropdecode``) and decoding whole frames with the same
 libjpeg-turbo call (what it does without crop decoding). The clips' frames are JPEG-encoded by
 ingest's encoder (``ingest.jpeg``, quality 90) twice: without restart markers (shards, frame
 folders, the limit) and with one every MCU (``--restart-interval 1``, ingest's default: a
@@ -199,7 +199,7 @@ class VideoFiles:
 def whole_frames() -> None:
     """Make this process's transforms decode whole frames (libjpeg-turbo into reused memory,
     then the crop copied out), as a loader without crop decoding does."""
-    from trainer import cropdecode, transforms
+    from trainer.data import cropdecode, transforms
     buffer = {}
 
     def read_box(jpeg, box, d, out=None):
@@ -218,8 +218,8 @@ def make_loader(role: str, info: dict, batch_size: int):
     import torch
     from torch.utils.data import DataLoader
 
-    from trainer.loader import ClipLoader
-    from trainer.transforms import TrainTransform
+    from trainer.data.loader import ClipLoader
+    from trainer.data.transforms import TrainTransform
     if role.startswith("shards"):
         if role == "shards-whole":
             whole_frames()
@@ -317,7 +317,7 @@ def whole_decoder(name: str):
     """One of DECODERS: JPEG bytes -> a whole RGB frame, written into reused memory where the
     library allows it (fresh memory costs page faults on every frame)."""
     if name == "pillow-simd":
-        from trainer.transforms import decode
+        from trainer.data.transforms import decode
         return lambda jpeg: decode(jpeg, SHORT_SIDE).load()
     buffer = {}
 
@@ -335,8 +335,8 @@ def whole_decoder(name: str):
         tj = turbojpeg.TurboJPEG()
         return lambda jpeg: tj.decode(jpeg, pixel_format=turbojpeg.TJPF_RGB,
                                       dst=reused(tuple(tj.decode_header(jpeg)[1::-1]) + (3,)))
-    from trainer import cropdecode
-    from trainer.transforms import dct_denom, jpeg_size, scaled
+    from trainer.data import cropdecode
+    from trainer.data.transforms import dct_denom, jpeg_size, scaled
 
     def libjpeg(jpeg):
         w, h = jpeg_size(jpeg)
@@ -352,7 +352,7 @@ def in_memory(kind: str, info: dict, passes: int) -> dict:
     loader could reach with free I/O and no batching), on the frames without restart markers or
     (``...-rst``) with them; or ingest's JPEG encoding of the decoded frames (``encode:N``,
     restart markers every N MCUs). Best pass; one thread."""
-    from trainer.transforms import EvalTransform, TrainTransform
+    from trainer.data.transforms import EvalTransform, TrainTransform
     clips = clip_bytes(info, kind.endswith("-rst"))
     kind = kind.removesuffix("-rst")
     train, evaluate = TrainTransform(), EvalTransform()

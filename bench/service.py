@@ -185,7 +185,7 @@ def starlette_main(root: str) -> None:
 
 # --- one epoch's data wait ----------------------------------------------------------------------
 def epoch_wait(where: str, workers: int) -> dict:
-    from trainer.loader import ClipLoader
+    from trainer.data.loader import ClipLoader
 
     loader = ClipLoader(where, "train", batch_size=8, num_workers=workers, crop_size=112, scale_size=128)
     waits, t = [], time.perf_counter()

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from trainer.model import build
+from trainer.model.tsm import build
 
 
 def step_ms(model, optimizer, clips: int, frames: int, crop: int, steps: int) -> float:

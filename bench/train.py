@@ -25,9 +25,9 @@ import time
 import torch
 from torch import nn
 
-from trainer.distributed import Backend
+from trainer.distributed.backends import Backend
 from trainer.engine import Engine
-from trainer.train import get_args_parser
+from trainer.config import Model, Recipe, System
 
 
 def model_flops(model: nn.Module, clip: torch.Tensor) -> int:
@@ -75,13 +75,12 @@ def sync(device: torch.device) -> None:
 
 
 def engine(args, shift: bool, batch: int) -> Engine:
-    flags = ["--data", "-", "--depth", str(args.depth), "--width", str(args.width), "--segments", str(args.frames),
-             "--batch-size", str(batch), "--amp", args.amp, "--epochs", "1", "--warmup-epochs", "0"]
-    flags += ["--channels-last"] if args.channels_last else []
-    flags += ["--compile", args.compile] if args.compile else []
-    flags += [] if shift else ["--no-shift"]
     torch.manual_seed(0)
-    e = Engine(get_args_parser().parse_args(flags), Backend(), args.classes, epoch_clips=10**7)
+    e = Engine(Backend(), args.classes, epoch_clips=10**7,
+               model=Model(depth=args.depth, width=args.width, segments=args.frames, shift=shift),
+               recipe=Recipe(epochs=1, warmup_epochs=0),
+               system=System(amp=args.amp, channels_last=True if args.channels_last else None, compile=args.compile),
+               batch_size=batch)
     e.model.train()
     return e
 

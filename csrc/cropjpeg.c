@@ -16,7 +16,7 @@
  * of a cropped band (and of the smaller JPEG) like image edges when it upsamples chroma, so the
  * band decoded is wider and taller than the rectangle by a margin, which is thrown away.
  *
- * A plain C library (no Python headers), loaded with ctypes by trainer/cropdecode.py and
+ * A plain C library (no Python headers), loaded with ctypes by trainer/data/cropdecode.py and
  * built by scripts/build-native.sh against Debian's libjpeg62-turbo.
  */
 #include <setjmp.h>

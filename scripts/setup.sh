@@ -160,7 +160,7 @@ SH
   echo "$hvd_want" > "$hvd_stamp"
 fi
 
-# --- crop decoding (trainer/cropdecode.py): trainer/libcropjpeg.so from csrc/cropjpeg.c, built only
+# --- crop decoding (trainer/data/cropdecode.py): trainer/libcropjpeg.so from csrc/cropjpeg.c, built only
 # when missing or older than its source. The trainer runs without it, decoding whole frames.
 if [ ! trainer/libcropjpeg.so -nt csrc/cropjpeg.c ]; then
   did cropjpeg "crop-decoding library trainer/libcropjpeg.so"

@@ -275,13 +275,18 @@ async def _close_records(app: web.Application) -> None:
     app[RECORDS].close()
 
 
+async def _stop_builds(app: web.Application) -> None:
+    await app[BUILDS].stop()
+
+
 def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = False, data_root: str,
-             ray_address: str | None = None) -> web.Application:
+             ray_address: str | None = None, max_builds: int = 1) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH], app[TABLES] = catalog, list(tokens), read_auth, {}
     app[RECORDS] = RecordCache(catalog)
-    app[BUILDS] = Builds(catalog, data_root, ray_address)
+    app[BUILDS] = Builds(catalog, data_root, ray_address, max_builds)
     app.cleanup_ctx.append(_reap_periodically)
+    app.on_shutdown.append(_stop_builds)
     app.on_cleanup.append(_close_records)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/datasets", list_datasets)

@@ -1,7 +1,8 @@
 """Serve the catalog's shard sets over HTTP (see docs/service.md for the API).
 
 Prints ``serving http://HOST:PORT/v1`` once listening (``--port 0`` picks a free port).
-SIGTERM or SIGINT stops it; builds it started die with it and are marked failed at the next start.
+SIGTERM or SIGINT stops it, and the builds it runs (each in a process of its own, recorded failed:
+``stopped``); builds of a server killed outright stop by themselves (``abandoned``).
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
                                        "default: a 'sets' directory beside the catalog)")
     p.add_argument("--ray-address", help="run builds on this Ray cluster (default: an embedded local Ray)")
+    p.add_argument("--max-builds", type=int, default=1,
+                   help="build processes run at once; further builds wait their turn (each build process starts "
+                        "its own embedded Ray, or joins --ray-address)")
     p.add_argument("--access-log", action="store_true", help="log every request")
 
 
@@ -44,10 +48,12 @@ def read_tokens(path: str | None) -> list[str]:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    if args.max_builds < 1:
+        raise SystemExit(f"--max-builds {args.max_builds}: must be at least 1")
     catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
     data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
-                   ray_address=args.ray_address)
+                   ray_address=args.ray_address, max_builds=args.max_builds)
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False)
     await runner.setup()

@@ -7,7 +7,7 @@ folders read as TSM's dataset reads them (``bench/loader.py``'s ``FrameFolders``
 
 Each phase (``<source>/manifest``, ``<source>/rank<r>``) starts with a marker: ``syscalls.mark``
 for the trace, and a request for ``/v1/health?mark=<phase>`` for the service's access log. The
-manifest is read once per job and handed to every rank, as ``trainer.loader.shared_manifest``
+manifest is read once per job and handed to every rank, as ``trainer.data.loader.shared_manifest``
 does. Prints each rank's batch count.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from syscalls import mark
 def epoch(where: str, phase: str, world: int, workers: int, batch: int, service: str | None = None,
           **kw) -> None:
     from shards.manifest import Manifest
-    from trainer.loader import ClipLoader
+    from trainer.data.loader import ClipLoader
 
     def start(name: str) -> None:
         mark(f"{phase}/{name}")
@@ -42,7 +42,7 @@ def epoch(where: str, phase: str, world: int, workers: int, batch: int, service:
 def frame_folders(frames: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from bench.loader import FrameFolders
-    from trainer.transforms import TrainTransform
+    from trainer.data.transforms import TrainTransform
 
     with open(os.path.join(frames, "rows.json")) as f:
         rows = json.load(f)  # the list file (the TSM dataset's), read before the phase
@@ -52,7 +52,7 @@ def frame_folders(frames: str) -> None:
 
 
 def main(shards: str, dataset: str, cache: str, frames: str, *job: str) -> None:
-    import trainer.loader  # noqa: F401  (imported before the first phase)
+    import trainer.data.loader  # noqa: F401  (imported before the first phase)
 
     service = dataset.split("/v1/")[0]
     world, workers, batch = map(int, job)

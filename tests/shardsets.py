@@ -1,5 +1,5 @@
-"""Test helpers: small synthetic shard sets (PIL-made JPEG frames, no ffmpeg), and an HTTP
-server with byte-range support on 127.0.0.1."""
+"""Test helpers: small synthetic shard sets (PIL-made JPEG frames, no ffmpeg), an HTTP server with
+byte-range support on 127.0.0.1, and the shard service in a subprocess with a plain-socket client."""
 from __future__ import annotations
 
 import contextlib
@@ -7,7 +7,9 @@ import http.server
 import io
 import json
 import os
+import socket
 import threading
+import time
 from functools import partial
 
 from PIL import Image
@@ -148,3 +150,41 @@ class ServiceProcess:
     def kill(self, signum: int = 9) -> None:
         self.proc.send_signal(signum)
         self.proc.wait(timeout=60)
+
+    def build_process(self, nth: int = 0):
+        """The ``nth`` build process this server started (a psutil.Process), once its log says so."""
+        import psutil
+
+        deadline = time.time() + 60
+        while len(started := [line for line in self.log if "build process" in line and "started" in line]) <= nth:
+            assert time.time() < deadline and self.proc.poll() is None, "".join(self.log)
+            time.sleep(0.05)
+        return psutil.Process(int(started[nth].split("build process ")[1].split()[0]))
+
+
+def http(url: str, method: str = "GET", path: str = "/", headers: dict | None = None, body: bytes = b"",
+         raw_path: bytes | None = None) -> tuple[int, dict, bytes]:
+    """One request over a plain socket, the path sent byte for byte as given."""
+    host, port = url.split("//")[1].split(":")
+    lines = [b"%s %s HTTP/1.1" % (method.encode(), raw_path if raw_path is not None else path.encode()),
+             f"Host: {host}:{port}".encode(), b"Connection: close", b"Content-Length: %d" % len(body)]
+    lines += [f"{k}: {v}".encode() for k, v in (headers or {}).items()]
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        data = b""
+        while chunk := s.recv(1 << 16):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    got = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in header_lines)}
+    return int(status_line.split()[1]), got, payload
+
+
+def wait_for(url, dataset, states, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        answer = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
+        if answer["state"] in states:
+            return answer
+        time.sleep(0.2)
+    raise AssertionError(f"build {dataset} still {answer['state']}: {answer}")

@@ -3,7 +3,7 @@
 Run as a script (``horovodrun ... python tests/test_averaging.py OUT``) this file is the worker: each
 variant trains a tiny TSM (sub-batch BN on) on fixed batches, rank r taking its half of every global
 batch, and saves every rank's parameters, BN buffers and optimizer state after every step. The same
-launch also measures the gradient noise terms (trainer.batch_growth) under Horovod's optimizer.
+launch also measures the gradient noise terms (trainer.schedules.batch_growth) under Horovod's optimizer.
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer import recipe
-from trainer.batch_growth import LocalGradNorm, grad_sq_norm
+from trainer.schedules import recipe
+from trainer.schedules.batch_growth import LocalGradNorm, grad_sq_norm
 from trainer.engine import Engine
-from trainer.model import ModelConfig, build
-from trainer.model_averaging import KStepAveraging, is_sync_step
-from trainer.regime import Regime
-from trainer.train import get_args_parser
+from trainer.model.tsm import ModelConfig, build
+from trainer.schedules.model_averaging import KStepAveraging, is_sync_step
+from trainer.schedules.regime import Regime
+from trainer.config import Data, Model, Recipe, Schedules, TrainConfig
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -68,7 +68,7 @@ def loss_of(model, clips, labels):
 def worker(out: str) -> None:
     import horovod.torch as hvd
 
-    from trainer import distributed
+    from trainer.distributed import backends as distributed
     backend = distributed.init("horovod")
     share = GLOBAL_BATCH // backend.size
     mine = slice(backend.rank * share, (backend.rank + 1) * share)
@@ -102,13 +102,13 @@ def worker(out: str) -> None:
                     "measured": measured}, os.path.join(out, f"{name}-rank{backend.rank}.pt"))
     for opt in SYNCHRONOUS:  # the trainer's own step, synchronised as trainer train does it
         for every in (None, 1):
-            args = get_args_parser().parse_args([
-                "--data", "-", "--segments", str(FRAMES), "--depth", "10", "--width", "4", "--batch-size", str(share),
-                "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", str(HPARAMS[opt]["lr"]), "--optimizer", opt]
-                + ([] if every is None else ["--average-every", str(every)]))
+            cfg = TrainConfig(data=Data(data="-", batch_size=share), model=Model(segments=FRAMES, depth=10, width=4),
+                              recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=HPARAMS[opt]["lr"], optimizer=opt),
+                              schedules=Schedules(average_every=every))
             torch.manual_seed(0)
-            regime = Regime(args, backend.size, STEPS * GLOBAL_BATCH)
-            engine = Engine(args, regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH)
+            regime = Regime(cfg, backend.size, STEPS * GLOBAL_BATCH)
+            engine = Engine(regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH, model=cfg.model, recipe=cfg.recipe,
+                            system=cfg.system, batch_size=share)
             regime.attach(engine)
             backend.broadcast_state(engine.model, engine.optimizer)
             engine.model.train()

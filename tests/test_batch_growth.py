@@ -11,9 +11,9 @@ import torch
 from shardsets import make_shardset
 
 from trainer import metrics
-from trainer.batch_growth import (LocalGradNorm, NoiseScale, batch_at_points, batch_for_decay, batch_for_noise,
+from trainer.schedules.batch_growth import (LocalGradNorm, NoiseScale, batch_at_points, batch_for_decay, batch_for_noise,
                                   grad_sq_norm, lr_multiplier, noise_terms)
-from trainer.recipe import warmup_cosine
+from trainer.schedules.recipe import warmup_cosine
 
 
 def test_set_points_double_the_batch_up_to_the_cap():

@@ -355,7 +355,7 @@ def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path, monkey
 
 
 def test_loader_refuses_an_epoch_the_cache_budget_cannot_hold(tmp_path):
-    from trainer.loader import ClipLoader
+    from trainer.data.loader import ClipLoader
 
     make_shardset(str(tmp_path / "set"), {"train": 20}, per_shard=5)
     loader = ClipLoader(str(tmp_path / "set"), "train", batch_size=4, num_workers=0, crop_size=32,

@@ -22,7 +22,7 @@ import pytest
 from commandlines import logical_lines, parse, project_commands
 
 from shards.partition import per_rank
-from trainer.recipe import scaled_lr
+from trainer.schedules.recipe import scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = sorted((ROOT / "docs" / "runbooks").glob("*.md"))

@@ -6,12 +6,12 @@ import torch
 import torch._dynamo
 from torch._dynamo.eval_frame import OptimizedModule
 
-from trainer import compiling
-from trainer.distributed import Backend
+from trainer.model import compiling
+from trainer.distributed.backends import Backend
 from trainer.engine import Engine
-from trainer.model import ModelConfig, build
-from trainer.temporal_shift import TemporalShift
-from trainer.train import get_args_parser
+from trainer.model.tsm import ModelConfig, build
+from trainer.model.temporal_shift import TemporalShift
+from trainer.config import Model, Recipe, System
 
 SEGMENTS, SIZE, BATCH = 4, 16, 2
 
@@ -31,12 +31,10 @@ def test_the_shift_is_inside_one_graph_without_breaks():
     assert shifts == 4 and [str(op) for op in explained.ops_per_graph[0]].count("autograd_function_apply") == shifts
 
 
-def engine(*flags):
-    args = get_args_parser().parse_args(["--data", "-", "--segments", str(SEGMENTS), "--depth", "10", "--width", "4",
-                                         "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", "0",
-                                         "--lr-per-8", "0.5", *flags])
+def engine(compile: str | None = None):
     torch.manual_seed(0)
-    e = Engine(args, Backend(), 3, epoch_clips=4 * BATCH)
+    e = Engine(Backend(), 3, epoch_clips=4 * BATCH, model=Model(segments=SEGMENTS, depth=10, width=4),
+               recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=0.5), system=System(compile=compile), batch_size=BATCH)
     e.model.train()
     return e
 
@@ -46,7 +44,7 @@ def test_compiled_training_steps_equal_eager_ones():
     (forward and backward, shift included) give the eager steps. Without Inductor's code
     generation, which takes minutes on 2 CPU cores."""
     torch._dynamo.reset()
-    eager, compiled = engine(), engine("--compile")
+    eager, compiled = engine(), engine("auto")
     assert isinstance(compiled.net, OptimizedModule) and compiled.net._orig_mod is compiled.model
     assert not isinstance(eager.net, OptimizedModule)
     compiled.net = compiling.compile_network(compiled.model, compiled.optimizer, compiled.device, backend="aot_eager")

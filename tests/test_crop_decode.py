@@ -1,4 +1,4 @@
-"""Crop decoding (``csrc/cropjpeg.c`` through ``trainer.cropdecode``): the pixels of a rectangle
+"""Crop decoding (``csrc/cropjpeg.c`` through ``trainer.data.cropdecode``): the pixels of a rectangle
 decoded alone equal those of a whole-frame decode (PIL, the same libjpeg-turbo) cropped, at
 every DCT scale and chroma subsampling, with and without restart markers (with them, only the
 restart intervals under the rectangle are decoded: the data around it is never read); broken
@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from ingest.jpeg import restart_interval
-from trainer import cropdecode
-from trainer.transforms import EvalTransform, TrainTransform, dct_denom, decode, scaled
+from trainer.data import cropdecode
+from trainer.data.transforms import EvalTransform, TrainTransform, dct_denom, decode, scaled
 
 # 4:4:4, 4:2:2, 4:2:0 (PIL's subsampling 0, 1, 2); odd sizes leave partial blocks at the edges
 SIZES = [(456, 256), (97, 61), (1030, 600)]
@@ -181,7 +181,7 @@ def test_transforms_give_the_same_clips_with_and_without_crop_decoding(transform
     frames = [textured_jpeg(300, 180, 2, seed=t, restart=t % 2) for t in range(3)]  # cut or not
     with_crops = [transform(frames, random.Random(seed)) for seed in range(6)]
     monkeypatch.setenv("KF_CROPJPEG", "/nonexistent/libcropjpeg.so")
-    with caplog.at_level(logging.WARNING, logger="trainer.cropdecode"):
+    with caplog.at_level(logging.WARNING, logger="trainer.data.cropdecode"):
         assert not cropdecode.available()
         whole = [transform(frames, random.Random(seed)) for seed in range(6)]
     assert "crop decoding off, decoding whole frames with PIL" in caplog.text

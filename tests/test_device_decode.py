@@ -22,8 +22,8 @@ from PIL import Image
 from shards.manifest import Manifest, SplitInfo
 from shards.packing import shard_name, write_shard
 from shards.tarformat import sample_bytes
-from trainer.device_decode import DeviceClips, resized_crop
-from trainer.loader import ClipLoader
+from trainer.data.device_decode import DeviceClips, resized_crop
+from trainer.data.loader import ClipLoader
 
 FRAMES, W, H = 4, 96, 64
 

@@ -25,7 +25,8 @@ import pytest
 import torch
 from shardsets import make_shardset
 
-from trainer import cli, metrics, recipe
+from trainer import cli, metrics
+from trainer.schedules import recipe
 from trainer.clip_log import read_file
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
@@ -158,3 +159,34 @@ def test_a_shard_set_without_the_validation_split_is_one_line_before_training(tm
     message = refusal("--data", str(data), "--output-dir", str(tmp_path / "out"))
     assert message == f"{data}: no split 'val' (--val-split); the set has train; --val-split '' trains without validation"
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_with_another_optimizer_is_refused_on_every_rank_and_other_hyperparameters_apply(chain, tmp_path):
+    """``--optimizer`` cannot change under a resumed run (its state would not fit: this crashed rank 0
+    with KeyError 'step' while rank 1 waited in a broadcast); momentum and weight decay can, and
+    are applied from the resumed step on and recorded (before, the checkpoint's were kept silently)."""
+    data, out, _ = chain
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes())
+    before = torch.load(run / "checkpoint.pt", weights_only=True)
+
+    refused = train(data, run, 2, "", 0, "--resume", "--optimizer", "adam")
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    lines = [line for line in ranks_output(refused).splitlines() if "--resume refused" in line]
+    assert len(lines) == 2 and {line[:3] for line in lines} == {"[0]", "[1]"}, ranks_output(refused)
+    assert lines[0].endswith("is another run's: --optimizer sgd in the checkpoint, adam now")
+    assert "Traceback" not in ranks_output(refused)
+
+    applied = train(data, run, 2, "", 0, "--resume", "--momentum", "0", "--weight-decay", "0.5", "--epochs", "2")
+    assert applied.returncode == 0, applied.stderr[-3000:]
+    assert ("applied from here on: --epochs 1 -> 2, --momentum 0.9 -> 0.0, --weight-decay 0.0001 -> 0.5"
+            in ranks_output(applied)), ranks_output(applied)
+    after = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert after["step"] > before["step"]
+    groups = after["optimizer"]["param_groups"]
+    assert [g["momentum"] for g in groups] == [0.0, 0.0] and [g["weight_decay"] for g in groups] == [0.5, 0.0]
+    assert (after["config"]["recipe"]["momentum"], after["config"]["recipe"]["weight_decay"]) == (0.0, 0.5)
+    # SGD without momentum neither reads nor updates the buffers it was given: the steps ran at momentum 0
+    for index, state in before["optimizer"]["state"].items():
+        assert torch.equal(after["optimizer"]["state"][index]["momentum_buffer"], state["momentum_buffer"])

@@ -14,23 +14,23 @@ from pathlib import Path
 import torch
 from shardsets import make_shardset
 
-from trainer import distributed
+from trainer.distributed import backends as distributed
 from trainer.engine import Engine
-from trainer.train import get_args_parser
+from trainer.config import Model, Recipe, System
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 GLOBAL_BATCH, STEPS, SEGMENTS, SIZE, CLASSES = 8, 4, 4, 32, 3
-# name -> extra trainer flags; every variant trains in the same worker launch
-VARIANTS = {"frozen_bn": ["--bn", "frozen"], "train_bn": [], "fp16_allreduce": ["--bn", "frozen", "--fp16-allreduce"]}
+# name -> (BN mode, fp16 allreduce); every variant trains in the same worker launch
+VARIANTS = {"frozen_bn": ("frozen", False), "train_bn": ("train", False), "fp16_allreduce": ("frozen", True)}
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def engine(backend, batch: int, lr_per_8: float, epoch_clips: int, flags: list[str]) -> Engine:
-    args = get_args_parser().parse_args([
-        "--data", "-", "--segments", str(SEGMENTS), "--depth", "10", "--width", "8", "--batch-size", str(batch),
-        "--epochs", "1", "--warmup-epochs", "0", "--lr-per-8", str(lr_per_8), *flags])
+def engine(backend, batch: int, lr_per_8: float, epoch_clips: int, variant=("train", False)) -> Engine:
+    bn, fp16_allreduce = variant
     torch.manual_seed(backend.rank)  # different initial weights: the broadcast must fix them
-    e = Engine(args, backend, CLASSES, epoch_clips)
+    e = Engine(backend, CLASSES, epoch_clips, model=Model(segments=SEGMENTS, depth=10, width=8, bn=bn),
+               recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=lr_per_8),
+               system=System(fp16_allreduce=fp16_allreduce), batch_size=batch)
     backend.broadcast_state(e.model, e.optimizer)
     e.model.train()
     return e
@@ -43,8 +43,8 @@ def worker(out: str) -> None:
                 torch.randint(0, CLASSES, (GLOBAL_BATCH,), generator=data)) for _ in range(STEPS)]
     share = GLOBAL_BATCH // backend.size
     mine = slice(backend.rank * share, (backend.rank + 1) * share)
-    for name, flags in VARIANTS.items():
-        e = engine(backend, share, 0.4, STEPS * GLOBAL_BATCH, flags)
+    for name, variant in VARIANTS.items():
+        e = engine(backend, share, 0.4, STEPS * GLOBAL_BATCH, variant)
         initial = {k: v.clone() for k, v in e.model.state_dict().items()}
         for clips, labels in batches:
             e.train_step(clips[mine], labels[mine])
@@ -55,7 +55,7 @@ def worker(out: str) -> None:
     real = GLOBAL_BATCH - 2
     two = backend.size > 1
     e = engine(backend, share if two else real, 0.4 * GLOBAL_BATCH / (GLOBAL_BATCH if two else real), STEPS * real,
-               ["--bn", "frozen"])
+               VARIANTS["frozen_bn"])
     valid = torch.arange(GLOBAL_BATCH) < real
     for clips, labels in batches:
         clips, labels = torch.cat([clips[:real], clips[:2]]), torch.cat([labels[:real], labels[:2]])

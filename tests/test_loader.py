@@ -16,8 +16,8 @@ from shards.manifest import Manifest
 from shards.cache import ShardCache
 from shards.reading import read_range
 from shardsets import frame_colour, make_shardset, serve
-from trainer.loader import ClipLoader, shared_manifest
-from trainer.transforms import EvalTransform, TrainTransform, decode, multiscale_box
+from trainer.data.loader import ClipLoader, shared_manifest
+from trainer.data.transforms import EvalTransform, TrainTransform, decode, multiscale_box
 
 TRAIN, TEST = 23, 7
 SMALL = dict(crop_size=32, scale_size=48, shuffle_buffer=6)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from trainer.model import ModelConfig, TSM, build, load_pretrained
-from trainer.resnet import NoShift, ResNet
-from trainer.temporal_shift import TemporalShift, temporal_shift
+from trainer.model.tsm import ModelConfig, TSM, build, load_pretrained
+from trainer.model.resnet import NoShift, ResNet
+from trainer.model.temporal_shift import TemporalShift, temporal_shift
 
 
 def reference_shift(x: torch.Tensor, segments: int, div: int) -> torch.Tensor:
@@ -233,3 +233,13 @@ def test_frozen_bn_freezes_every_bn_layer():
     bns = [m for m in model.backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert all(not b.training and not b.weight.requires_grad for b in bns)
     assert model.fc.weight.requires_grad and model.backbone.conv1.weight.requires_grad
+
+
+def test_the_network_has_no_default_for_the_frames_per_clip():
+    """T decides the temporal shift: a caller that forgets it gets an error, not a TSN in disguise."""
+    model = tiny(shift=True)
+    frames = torch.zeros(4 * 2, 3, 16, 16)
+    with pytest.raises(TypeError):
+        model.backbone(frames)
+    with pytest.raises(TypeError):
+        ModelConfig(num_classes=5)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from shards.partition import per_rank
-from trainer.multigrid import Schedule, Shape, clip_frames, plan, step_lr
+from trainer.data.shapes import clip_frames
+from trainer.schedules.multigrid import Schedule, Shape, plan, step_lr
 
 # SlowFast's MultigridSchedule (slowfast/utils/multigrid.py) on its own multigrid config,
 # configs/Kinetics/SLOWFAST_8x8_R50_stepwise_multigrid.yaml: 32 frames, 224 crop, lr steps at
@@ -42,6 +43,27 @@ def test_long_and_short_cycles_reproduce_the_reference_schedule():
         assert tuple(s.factor for s in p.cycle) == factors
         assert tuple(s.crop for s in p.cycle) == crops
         assert {s.frames for s in p.cycle} == {p.shape.frames}
+
+
+# the reference's end epochs (its final_schedule) for odd baseline epoch counts, where 1.5x is a
+# half-integer and the final phase's length is decided by floating-point rounding: stages are the
+# reference config's scaled (trainer.schedules.regime.stages_for), 8 frames, 224 crop; and one with
+# even stages of 121 epochs
+ODD_EPOCHS = {
+    (43, (17, 28, 35)): [13, 20, 26, 29, 37, 42, 45, 47, 53, 55, 58, 59, 65],
+    (81, (32, 52, 66)): [25, 38, 48, 54, 70, 77, 84, 88, 99, 104, 109, 111, 121],
+    (121, (30, 60, 90)): [25, 37, 48, 53, 78, 90, 101, 106, 131, 143, 154, 159, 181],
+    (143, (56, 92, 117)): [44, 66, 85, 94, 122, 136, 149, 155, 174, 184, 192, 197, 214],
+    (149, (59, 96, 122)): [46, 69, 89, 99, 128, 142, 155, 161, 182, 192, 201, 205, 224],
+    (163, (64, 105, 134)): [50, 75, 96, 107, 139, 155, 169, 176, 199, 210, 220, 225, 245],
+}
+
+
+@pytest.mark.parametrize("epochs, stages", list(ODD_EPOCHS))
+def test_odd_epoch_counts_end_where_the_reference_ends(epochs, stages):
+    phases = plan(epochs, stages, 8, 224)
+    ends = [p.end for p in phases]
+    assert ends[:-2] + ends[-1:] == ODD_EPOCHS[epochs, stages]
 
 
 def test_short_cycle_alone_scales_the_stages_like_the_reference():

@@ -9,10 +9,10 @@ import torch
 from shardsets import frame_colour, jpeg, make_shardset
 
 from shards import partition as P
-from trainer.loader import ClipLoader
-from trainer.multigrid import Schedule, plan
-from trainer.regime import EpochShapes
-from trainer.shapes import Part, PartsRenderer, epoch_parts, parts_nbytes, unpack
+from trainer.data.loader import ClipLoader
+from trainer.schedules.multigrid import Schedule, plan
+from trainer.data.shapes import EpochShapes
+from trainer.data.shapes import Part, PartsRenderer, epoch_parts, parts_nbytes, unpack
 
 STORED = 8
 PARTS = (Part(3, 2, 16), Part(2, 4, 24), Part(1, 8, 32))

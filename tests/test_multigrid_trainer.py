@@ -23,7 +23,7 @@ from shardsets import make_shardset
 
 from trainer import metrics
 from trainer.clip_log import read
-from trainer.multigrid import Schedule, plan
+from trainer.schedules.multigrid import Schedule, plan
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

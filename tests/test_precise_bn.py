@@ -19,8 +19,8 @@ from torch import nn
 
 from shards.manifest import Manifest
 from trainer import metrics
-from trainer.loader import ClipLoader
-from trainer.model import ModelConfig, build
+from trainer.data.loader import ClipLoader
+from trainer.model.tsm import ModelConfig, build
 from trainer.precise_bn import recompute
 
 CONFIG = ModelConfig(num_classes=3, segments=4, depth=10, width=8)

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from trainer import recipe
-from trainer.model import ModelConfig, build
+from trainer.schedules import recipe
+from trainer.model.tsm import ModelConfig, build
 
 
 def test_linear_scaling_rule():

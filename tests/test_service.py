@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
-import time
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from shards.catalog import Catalog
 from shards.manifest import Manifest
-from shardsets import ServiceProcess, make_shardset, register
+from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
 import media
 
@@ -44,24 +42,6 @@ def env(tmp_path_factory, ray_local):
     server.start()
     yield {"root": root, "server": server, "catalog": cat, "tiny": tiny, "building": building.record}
     server.kill(15)
-
-
-def http(url: str, method: str = "GET", path: str = "/", headers: dict | None = None, body: bytes = b"",
-         raw_path: bytes | None = None) -> tuple[int, dict, bytes]:
-    """One request over a plain socket, the path sent byte for byte as given."""
-    host, port = url.split("//")[1].split(":")
-    lines = [b"%s %s HTTP/1.1" % (method.encode(), raw_path if raw_path is not None else path.encode()),
-             f"Host: {host}:{port}".encode(), b"Connection: close", b"Content-Length: %d" % len(body)]
-    lines += [f"{k}: {v}".encode() for k, v in (headers or {}).items()]
-    with socket.create_connection((host, int(port)), timeout=60) as s:
-        s.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
-        data = b""
-        while chunk := s.recv(1 << 16):
-            data += chunk
-    head, _, payload = data.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    got = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in header_lines)}
-    return int(status_line.split()[1]), got, payload
 
 
 def shard_of(env, index=0):
@@ -254,7 +234,7 @@ def test_sets_not_ready_are_never_served(env):
 
 
 def batches(where, **kw):
-    from trainer.loader import ClipLoader
+    from trainer.data.loader import ClipLoader
 
     loader = ClipLoader(where, "train", batch_size=4, num_workers=2, crop_size=32, scale_size=36, **kw)
     return list(loader)
@@ -278,16 +258,6 @@ def videos(tmp_path_factory):
         for i in range(2):
             media.make_video(src / "train" / label / f"{label}{i}.mp4", frames=16, width=40, height=30)
     return src
-
-
-def wait_for(url, dataset, states, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        answer = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
-        if answer["state"] in states:
-            return answer
-        time.sleep(0.2)
-    raise AssertionError(f"build {dataset} still {answer['state']}: {answer}")
 
 
 def test_ten_identical_build_requests_make_one_build(env, videos):
@@ -318,15 +288,15 @@ def test_restart_keeps_the_catalog_and_marks_a_killed_build_failed(env, videos):
     status, _, answer = http(url, "POST", "/v1/builds", auth, body)
     assert status == 202
     dataset = json.loads(answer)["id"]
-    deadline = time.time() + 120
-    while json.loads(http(url, path=f"/v1/builds/{dataset}")[2])["progress"].get("videos_done", 0) < 1:
-        assert time.time() < deadline
-        time.sleep(0.05)
+    builder = server.build_process()
+    os.killpg(builder.pid, signal.SIGSTOP)  # held: it cannot finish before the server is killed
     before = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
-    server.kill()  # SIGKILL: the build dies with the server
+    server.kill()  # SIGKILL
     url = server.start()
     failed = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
     assert failed["state"] == "failed" and "abandoned" in failed["error"]
+    os.killpg(builder.pid, signal.SIGCONT)  # it finds its server gone (stdin closed) and stops
+    builder.wait(timeout=60)
     after = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
     assert [(d["id"], d["tags"]) for d in after] == [(d["id"], d["tags"]) for d in before]
     assert http(url, path="/v1/datasets/prod/manifest.json")[0] == 200

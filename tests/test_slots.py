@@ -1,4 +1,4 @@
-"""The loader's shared-memory batch slots (``trainer.slots``): reused batch after batch and
+"""The loader's shared-memory batch slots (``trainer.data.slots``): reused batch after batch and
 epoch after epoch, and never written while the trainer still holds the batch in them."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from shardsets import frame_colour, make_shardset
-from trainer.loader import ClipLoader
+from trainer.data.loader import ClipLoader
 
 CLIPS = 24
 

@@ -2,7 +2,9 @@
 
 Holds model, optimizer and grad-scaler state, the clips seen (the learning rate's position),
 the loader's position, the epoch/step counters, the current epoch's training sums, the model
-config and every rank's RNG states. The file is replaced by rename
+config, the run's config as data (``trainer.config.TrainConfig.to_dict``, versioned; older files
+hold the parsed flags as ``args``, which ``trainer.config.of_checkpoint`` reads) and every rank's
+RNG states. The file is replaced by rename
 (``shards.storage.atomic_write``), so a crash while saving leaves the previous one.
 ``differences`` says why a checkpoint cannot continue the run a command line describes.
 """
@@ -15,9 +17,19 @@ import torch
 
 from shards import storage
 
+from .config import TrainConfig, of_checkpoint
+
 NAME = "checkpoint.pt"
 # what makes another network, even where the parameter names agree (TSM and TSN have the same)
 MODEL_FIELDS = ("shift", "segments", "shift_div", "depth", "width", "num_classes")
+# flags a resumed run cannot take other than the checkpoint's: the optimizer state or the step
+# sequence it saved would not fit (docs/faults.md); (concern, field)
+REFUSED = (("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
+# flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
+# (the shard set itself is checked by its fingerprint)
+INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("system", "backend"),
+         ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"), ("system", "print_freq"),
+         ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))
 
 
 def rng_state() -> dict:
@@ -47,14 +59,35 @@ def load(url: str) -> dict | None:
     return torch.load(io.BytesIO(storage.read_bytes(url)), map_location="cpu", weights_only=True)
 
 
-def differences(state: dict, model_config: dict, bn: str, fingerprint: str, split: str) -> list[str]:
-    """Why ``state`` is not a checkpoint of the run described by the rest: each model field, the
-    BN mode (it decides which parameters the optimizer holds), the shard set (its manifest
-    fingerprint) or the training split that differs, as ``name: checkpoint's vs now``."""
+def differences(state: dict, model_config: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
+    """Why ``state`` is not a checkpoint of the run ``cfg`` describes (its network ``model_config``,
+    its shard set's manifest ``fingerprint``): each model field, the BN mode (it decides which
+    parameters the optimizer holds), the shard set or the training split that differs, as
+    ``name: checkpoint's vs now``."""
     if "clips_seen" not in state:
         return ["written by a trainer whose schedule counted steps (no clips_seen)"]
-    saved, loader = state["model_config"], state["loader"]
+    saved, loader, old = state["model_config"], state["loader"], of_checkpoint(state)
     pairs = [(f"model {k}", saved[k], model_config[k]) for k in MODEL_FIELDS]
-    pairs += [("--bn", state["args"]["bn"], bn), ("data: manifest fingerprint", loader["fingerprint"], fingerprint),
-              ("--train-split", loader["split"], split)]
+    pairs += [(_flag(field), getattr(getattr(old, concern), field), getattr(getattr(cfg, concern), field))
+              for concern, field in REFUSED]
+    pairs += [("data: manifest fingerprint", loader["fingerprint"], fingerprint),
+              ("--train-split", loader["split"], cfg.data.train_split)]
     return [f"{name} {old} in the checkpoint, {new} now" for name, old, new in pairs if old != new]
+
+
+def changes(state: dict, cfg: TrainConfig) -> list[str]:
+    """The flags of ``cfg`` that differ from the checkpoint's and that the resumed run applies (all
+    but the refused and the inert ones: the recipe's rate, momentum, weight decay, epochs, ...), as
+    ``--flag old -> new``; the next checkpoint records the new values."""
+    old, skip = of_checkpoint(state), set(REFUSED) | set(INERT)
+    out = []
+    for concern in ("data", "model", "recipe", "system", "schedules"):
+        then, now = getattr(old, concern), getattr(cfg, concern)
+        for field in type(now).__dataclass_fields__:
+            if (concern, field) not in skip and getattr(then, field) != getattr(now, field):
+                out.append(f"{_flag(field)} {getattr(then, field)} -> {getattr(now, field)}")
+    return out
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")

@@ -46,7 +46,7 @@ class ClipLog:
 
     def __init__(self, t, clips, generation=None):
         self.t, self.clips, self.generation = t, clips, generation
-        directory = os.path.join(t.args.output_dir, DIRECTORY)
+        directory = os.path.join(t.cfg.system.output_dir, DIRECTORY)
         os.makedirs(directory, exist_ok=True)
         host = os.environ.get("HOROVOD_HOSTNAME", socket.gethostname())  # the name horovodrun gave this slot
         self.file = open(os.path.join(directory, f"{host}-{os.getpid()}.jsonl"), "a",

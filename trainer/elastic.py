@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import logging
 
-from . import train
+from . import config, train
+from .errors import ConfigError
 from .clip_log import ClipLog, weights_digest
 
 log = logging.getLogger("trainer.elastic")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    train.add_arguments(p)
-    g = p.add_argument_group("elastic")
-    g.add_argument("--commit-every", type=int, default=20,
-                   help="steps between in-memory commits, the most steps a failure costs (also at every epoch end)")
+    config.add_elastic_arguments(p)
 
 
 def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> int:
@@ -37,7 +35,7 @@ def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> 
 
     hvd = t.backend.hvd
     state = ElasticState(t, hvd, commit_every)
-    if t.args.clip_log:
+    if t.cfg.system.clip_log:
         t.clips = ClipLog(t, t.clips, generation=lambda: state.generation)
 
     @hvd.elastic.run
@@ -56,9 +54,13 @@ def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> 
     return signum
 
 
+def main(cfg: config.TrainConfig, elastic: config.Elastic) -> int:
+    if cfg.system.backend != "horovod":
+        raise ConfigError("trainer elastic: Horovod Elastic needs --backend horovod")
+    if elastic.commit_every < 1:
+        raise ConfigError(f"trainer elastic: --commit-every must be at least 1, not {elastic.commit_every}")
+    return train.main(cfg, elastic=lambda t, stop: elastic_train(t, stop, elastic.commit_every))
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.backend != "horovod":
-        raise SystemExit("trainer elastic: Horovod Elastic needs --backend horovod")
-    if args.commit_every < 1:
-        raise SystemExit(f"trainer elastic: --commit-every must be at least 1, not {args.commit_every}")
-    return train.main(args, elastic=lambda t, stop: elastic_train(t, stop, args.commit_every))
+    return main(config.train_config(args), config.elastic_config(args))

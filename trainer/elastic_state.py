@@ -21,7 +21,8 @@ import time
 
 from horovod.common.elastic import State
 
-from . import metrics, recipe
+from . import metrics
+from .schedules import recipe
 
 log = logging.getLogger("trainer.elastic")
 
@@ -29,9 +30,9 @@ log = logging.getLogger("trainer.elastic")
 def rescale(engine, world_size: int) -> None:
     """The recipe for a new world size: the peak rate linear in the new global batch; warm-up and
     cosine are counted in clips, so the schedule goes on from the clips seen."""
-    engine.global_batch = engine.args.batch_size * world_size
+    engine.global_batch = engine.batch_size * world_size
     engine.schedule = dataclasses.replace(engine.schedule,
-                                          peak=recipe.scaled_lr(engine.args.lr_per_8, engine.global_batch))
+                                          peak=recipe.scaled_lr(engine.recipe.lr_per_8, engine.global_batch))
     engine.seek(engine.clips_seen)
 
 

@@ -5,15 +5,16 @@ Horovod test feeds fixed tensors to show that two ranks equal one.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 
 import torch
 import torch.nn.functional as F
 
-from . import compiling, recipe
-from .distributed import Backend
-from .model import ModelConfig, build, load_pretrained
+from .config import Model, Recipe, System
+from .distributed.backends import Backend
+from .model import compiling
+from .model.tsm import ModelConfig, build, load_pretrained
+from .schedules.recipe import Schedule, build_optimizer, scaled_lr
 
 log = logging.getLogger(__name__)
 
@@ -41,33 +42,34 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 class Engine:
-    """Builds the network and its optimizer for one rank from the trainer's arguments."""
+    """Builds the network and its optimizer for one rank from the model, recipe and system configs."""
 
-    def __init__(self, args: argparse.Namespace, backend: Backend, num_classes: int, epoch_clips: int,
-                 epochs: int | None = None, bn_group: int = 0):
-        """``epochs``: the run's (default ``args.epochs``; a multigrid run's are its plan's);
-        ``bn_group``: clips per BN statistics group in training (0: the whole batch)."""
-        self.args, self.backend = args, backend
+    def __init__(self, backend: Backend, num_classes: int, epoch_clips: int, *, model: Model, recipe: Recipe,
+                 system: System, batch_size: int, epochs: int | None = None, bn_group: int = 0):
+        """``batch_size``: clips per rank per step; ``epochs``: the run's (default ``recipe.epochs``; a
+        multigrid run's are its plan's); ``bn_group``: clips per BN statistics group in training (0: the
+        whole batch)."""
+        self.backend, self.recipe, self.batch_size, self.bn_mode = backend, recipe, batch_size, model.bn
         self.device = pick_device(backend)
-        self.amp = amp_dtype(args.amp, self.device)
-        self.config = ModelConfig(num_classes=num_classes, segments=args.segments, depth=args.depth,
-                                  width=args.width, shift=args.shift, shift_div=args.shift_div,
-                                  dropout=args.dropout)
-        channels_last = self.device.type == "cuda" if args.channels_last is None else args.channels_last
-        self.model = build(self.config, bn=args.bn, channels_last=channels_last, bn_group=bn_group)
-        if args.pretrained and backend.rank == 0:
-            load_pretrained(self.model, args.pretrained)
+        self.amp = amp_dtype(system.amp, self.device)
+        self.config = ModelConfig(num_classes=num_classes, segments=model.segments, depth=model.depth,
+                                  width=model.width, shift=model.shift, shift_div=model.shift_div,
+                                  dropout=model.dropout)
+        channels_last = self.device.type == "cuda" if system.channels_last is None else system.channels_last
+        self.model = build(self.config, bn=model.bn, channels_last=channels_last, bn_group=bn_group)
+        if model.pretrained and backend.rank == 0:
+            load_pretrained(self.model, model.pretrained)
         self.model.to(self.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-        self.global_batch = args.batch_size * backend.size
-        peak_lr = recipe.scaled_lr(args.lr_per_8, self.global_batch)
-        self.epochs = epochs or args.epochs
+        self.global_batch = batch_size * backend.size
+        peak_lr = scaled_lr(recipe.lr_per_8, self.global_batch)
+        self.epochs = epochs or recipe.epochs
         total = self.epochs * epoch_clips
-        self.schedule = recipe.Schedule(peak_lr, min(total, round(args.warmup_epochs * epoch_clips)), total)
-        optimizer = recipe.build_optimizer(self.model, peak_lr, args.momentum, args.weight_decay,
-                                           name=args.optimizer)
-        self.net, self.optimizer = backend.prepare(self.model, optimizer, args.fp16_allreduce)
-        if args.compile:
-            self.net = compiling.compile_network(self.net, self.optimizer, self.device, args.compile)
+        self.schedule = Schedule(peak_lr, min(total, round(recipe.warmup_epochs * epoch_clips)), total)
+        optimizer = build_optimizer(self.model, peak_lr, recipe.momentum, recipe.weight_decay, name=recipe.optimizer)
+        self.fp16_allreduce = system.fp16_allreduce
+        self.net, self.optimizer = backend.prepare(self.model, optimizer, system.fp16_allreduce)
+        if system.compile:
+            self.net = compiling.compile_network(self.net, self.optimizer, self.device, system.compile)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
         self.lr_factor = 1.0
         self.seek(0)
@@ -79,6 +81,14 @@ class Engine:
         if lr_factor is not None:
             self.lr_factor = lr_factor
         self.schedule.apply(self.optimizer, clips_seen, self.lr_factor)
+
+    def load_optimizer(self, state: dict) -> None:
+        """A checkpoint's optimizer state (momentum buffers, moments, step counts) under this run's
+        hyperparameters: the recipe's momentum and weight decay apply, not the ones saved with it."""
+        own = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state)
+        for group, hyper in zip(self.optimizer.param_groups, own):
+            group.update(hyper)
 
     @property
     def peak_lr(self) -> float:
@@ -110,9 +120,9 @@ class Engine:
         self.optimizer.zero_grad()  # sets grads to None (Horovod takes no argument)
         self.scaler.scale(loss).backward()
         self.backend.synchronize(self.optimizer)
-        if self.args.clip_grad_norm:
+        if self.recipe.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.clip_grad_norm)
         with self.backend.skip_synchronize(self.optimizer):
             self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -126,17 +136,17 @@ class Engine:
             return self.model(clips.to(self.device, non_blocking=True)).float()
 
     def describe(self) -> str:
-        a, b = self.args, self.backend
+        c, r, b = self.config, self.recipe, self.backend
         params = sum(p.numel() for p in self.model.parameters())
         return "\n".join([
             f"backend {b.name}: {b.size} rank(s), device {self.device}, amp {self.amp}, "
             f"channels-last {self.model.channels_last}",
-            f"model: {'TSM' if a.shift else 'TSN'} ResNet-{a.depth} width {a.width}, {a.segments} frames, "
-            f"shift 1/{a.shift_div}, dropout {a.dropout}, BN {a.bn}, {self.config.num_classes} classes, "
+            f"model: {'TSM' if c.shift else 'TSN'} ResNet-{c.depth} width {c.width}, {c.segments} frames, "
+            f"shift 1/{c.shift_div}, dropout {c.dropout}, BN {self.bn_mode}, {c.num_classes} classes, "
             f"{params / 1e6:.2f} M parameters",
-            f"recipe: global batch {self.global_batch} ({a.batch_size} x {b.size}), peak lr {self.peak_lr:g} "
-            f"({a.lr_per_8:g} per 8 clips), {self.epochs} epochs, {self.schedule.total_clips} clips, "
-            f"warm-up {self.schedule.warmup_clips} clips, cosine to 0 (both over clips seen), {a.optimizer}"
-            f"{f' momentum {a.momentum}' if a.optimizer == 'sgd' else ''}, "
-            f"weight decay {a.weight_decay:g} (not on BN or biases), grad clip {a.clip_grad_norm or 'off'}, "
-            f"fp16 allreduce {a.fp16_allreduce}"])
+            f"recipe: global batch {self.global_batch} ({self.batch_size} x {b.size}), peak lr {self.peak_lr:g} "
+            f"({r.lr_per_8:g} per 8 clips), {self.epochs} epochs, {self.schedule.total_clips} clips, "
+            f"warm-up {self.schedule.warmup_clips} clips, cosine to 0 (both over clips seen), {r.optimizer}"
+            f"{f' momentum {r.momentum}' if r.optimizer == 'sgd' else ''}, "
+            f"weight decay {r.weight_decay:g} (not on BN or biases), grad clip {r.clip_grad_norm or 'off'}, "
+            f"fp16 allreduce {self.fp16_allreduce}"])

@@ -14,29 +14,19 @@ import logging
 
 import torch
 
-from . import checkpoint, distributed, metrics
-from .device_decode import clip_source
+from . import checkpoint, config, metrics
+from .data.device_decode import clip_source
+from .data.loader import ClipLoader, shared_manifest
+from .distributed import backends as distributed
+from .errors import ConfigError
 from .engine import amp_dtype, autocast, pick_device
-from .loader import ClipLoader, shared_manifest
-from .model import build
+from .model.tsm import build
 
 log = logging.getLogger("trainer.test")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by trainer train")
-    p.add_argument("--data", required=True, help="shard-set directory or manifest.json URL")
-    p.add_argument("--split", default="val")
-    p.add_argument("--crops", type=int, choices=[1, 3], default=1,
-                   help="1: centre crop_size crop; 3: three full-height scale_size crops")
-    p.add_argument("--crop-size", type=int, help="default: the training run's")
-    p.add_argument("--scale-size", type=int, help="default: the training run's")
-    p.add_argument("--batch-size", type=int, default=8, help="clips per rank per step")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--decode-on-device", action="store_true", help="decode JPEGs on the GPU (needs torchvision)")
-    p.add_argument("--backend", choices=["horovod", "torch", "none"], default="horovod")
-    p.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto")
-    p.add_argument("--output", help="write the summary and per-video predictions to this JSON file")
+    config.add_evaluation_arguments(p)
 
 
 class VideoScores:
@@ -90,7 +80,7 @@ class VideoScores:
 @torch.no_grad()
 def score_split(model, loader: ClipLoader, device, amp, clips_of) -> VideoScores:
     """This rank's share of the split, views averaged per clip, clips summed per video.
-    ``clips_of``: batch -> clips (``trainer.device_decode.clip_source``)."""
+    ``clips_of``: batch -> clips (``trainer.data.device_decode.clip_source``)."""
     model.eval()
     acc = VideoScores()
     for batch in loader:
@@ -105,33 +95,37 @@ def score_split(model, loader: ClipLoader, device, amp, clips_of) -> VideoScores
     return acc
 
 
-def run(args: argparse.Namespace) -> int:
-    backend = distributed.init(args.backend)
+def main(ev: config.Evaluation) -> int:
+    """Score ``ev.checkpoint`` on ``ev.split`` of ``ev.data``; rank 0 prints the summary."""
+    backend = distributed.init(ev.backend)
     device = pick_device(backend)
-    state = checkpoint.load(args.checkpoint) if backend.rank == 0 else None
+    state = checkpoint.load(ev.checkpoint) if backend.rank == 0 else None
     if backend.rank == 0 and state is None:
-        raise SystemExit(f"{args.checkpoint}: no checkpoint")
-    state = backend.broadcast_object(None if state is None else
-                                     {k: state[k] for k in ("model", "model_config", "classes", "args")})
-    train_args = state["args"]
+        raise ConfigError(f"{ev.checkpoint}: no checkpoint")
+    state = backend.broadcast_object(None if state is None else {
+        "model": state["model"], "model_config": state["model_config"], "classes": state["classes"],
+        "data": config.of_checkpoint(state).data})
+    trained = state["data"]  # the training run's data config: its crop and scale
     model = build(state["model_config"]).to(device)
     model.load_state_dict(state["model"])
-    manifest = shared_manifest(args.data, backend.rank, lambda obj, root: backend.broadcast_object(obj))
+    manifest = shared_manifest(ev.data, backend.rank, lambda obj, root: backend.broadcast_object(obj))
     if manifest.classes != state["classes"]:
-        raise SystemExit(f"{args.data}: classes differ from the checkpoint's")
-    loader = ClipLoader(manifest, args.split, batch_size=args.batch_size, rank=backend.rank,
-                        world_size=backend.size, train=False, num_workers=args.workers,
-                        crop_size=args.crop_size or train_args["crop_size"],
-                        scale_size=args.scale_size or train_args["scale_size"], eval_crops=args.crops,
-                        decode_on_device=args.decode_on_device)
-    local = score_split(model, loader, device, amp_dtype(args.amp, device),
-                        clip_source(args.decode_on_device, device))
+        raise ConfigError(f"{ev.data}: classes differ from the checkpoint's")
+    loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
+                        world_size=backend.size, train=False, num_workers=ev.workers,
+                        crop_size=ev.crop_size or trained.crop_size, scale_size=ev.scale_size or trained.scale_size,
+                        eval_crops=ev.crops, decode_on_device=ev.decode_on_device)
+    local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
     merged = VideoScores.merged(backend.all_gather_object(local))
     if backend.rank == 0:
-        summary = {"split": args.split, "crops": args.crops, **merged.summary()}
+        summary = {"split": ev.split, "crops": ev.crops, **merged.summary()}
         print(json.dumps(summary))
-        if args.output:
-            with open(args.output, "w", encoding="utf-8") as f:
+        if ev.output:
+            with open(ev.output, "w", encoding="utf-8") as f:
                 json.dump({"summary": summary, "videos": merged.predictions(manifest.classes)}, f, indent=1)
     backend.shutdown()
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return main(config.evaluation_config(args))

@@ -15,21 +15,14 @@ as an unbroken one would.
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 from torch import nn
 
 from . import metrics
-from .device_decode import clip_source
+from .data.device_decode import clip_source
 from .engine import autocast
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precise-bn", type=int, default=0, metavar="N",
-                   help="before every validation, set BN statistics to those of N full-shape training batches "
-                        "per rank (for multigrid, whose training shapes differ from validation's); 0: off")
 
 
 def _layers(model: nn.Module) -> list[nn.BatchNorm2d]:
@@ -78,10 +71,10 @@ def recompute(model: nn.Module, batches, all_sum=lambda t: t, amp=None) -> None:
 def full_shape_batches(t, count: int):
     """The first ``count`` training batches of the current epoch at the full shape (the loader
     the trainer would have without multigrid), real clips only."""
-    a = t.args
-    loader = t.new_loader(t.train_loader.manifest, a.train_split, train=True, full_shape=True)
+    d = t.cfg.data
+    loader = t.new_loader(t.train_loader.manifest, d.train_split, train=True, full_shape=True)
     loader.set_epoch(t.epoch)
-    clips = clip_source(a.decode_on_device, t.engine.device)  # not t.clips: --clip-log records training steps only
+    clips = clip_source(d.decode_on_device, t.engine.device)  # not t.clips: --clip-log records training steps only
     batches = iter(loader)
     try:
         for _, batch in zip(range(count), batches):
@@ -92,11 +85,11 @@ def full_shape_batches(t, count: int):
 
 
 def update(t) -> dict:
-    """The trainer's hook: precise BN on ``t.args.precise_bn`` batches per rank; its wall-clock
+    """The trainer's hook: precise BN on ``--precise-bn`` batches per rank; its wall-clock
     and CPU seconds (all ranks and their loader workers) for the epoch record."""
     start, cpu = time.perf_counter(), metrics.cpu_seconds()
     devices = [t.engine.device] if t.engine.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # dropout and the loader's seeds leave the run's stream alone
-        recompute(t.engine.model, full_shape_batches(t, t.args.precise_bn), t.backend.all_sum, t.engine.amp)
+        recompute(t.engine.model, full_shape_batches(t, t.cfg.schedules.precise_bn), t.backend.all_sum, t.engine.amp)
     spent = t.backend.all_sum(torch.tensor([metrics.cpu_seconds() - cpu], dtype=torch.float64))
     return {"precise_bn_time": time.perf_counter() - start, "precise_bn_cpu": spent.item()}

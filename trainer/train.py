@@ -29,81 +29,20 @@ from tqdm import tqdm
 
 from shards.manifest import Manifest
 
-from . import checkpoint, compiling, distributed, metrics, precise_bn, recipe, regime
+from . import checkpoint, config, metrics, precise_bn
+from .data.device_decode import clip_source
+from .data.loader import ClipLoader, shared_manifest
+from .distributed import backends as distributed
+from .errors import ConfigError
+from .schedules import regime
 from .clip_log import ClipLog
-from .device_decode import clip_source
 from .engine import Engine
-from .loader import ClipLoader, shared_manifest
-from .model import BN_MODES
 
 log = logging.getLogger("trainer.train")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = p.add_argument_group("data")
-    d.add_argument("--data", required=True, help="shard-set directory or manifest.json URL")
-    d.add_argument("--train-split", default="train")
-    d.add_argument("--val-split", default="val", help="'' to skip validation")
-    d.add_argument("--batch-size", type=int, default=8, help="clips per rank per step")
-    d.add_argument("--workers", type=int, default=4, help="loader worker processes per rank")
-    d.add_argument("--crop-size", type=int, default=224)
-    d.add_argument("--scale-size", type=int, default=256, help="short side before cropping")
-    d.add_argument("--no-flip", dest="flip", action="store_false",
-                   help="no horizontal flips (for classes that tell left from right)")
-    d.add_argument("--shuffle-buffer", type=int, default=256)
-    d.add_argument("--cache-dir", help="local shard cache for remote shard sets")
-    d.add_argument("--decode-on-device", action="store_true",
-                   help="decode JPEGs on the GPU with nvJPEG (needs torchvision): loader workers only read "
-                        "bytes and parse headers")
-    m = p.add_argument_group("model")
-    m.add_argument("--segments", type=int, default=8, help="frames per clip (T)")
-    m.add_argument("--depth", type=int, default=50, help="ResNet depth: 10, 18, 34, 50, 101, 152")
-    m.add_argument("--width", type=int, default=64, help="ResNet base width (64 standard)")
-    m.add_argument("--no-shift", dest="shift", action="store_false", help="TSN: no temporal shift")
-    m.add_argument("--shift-div", type=int, default=8, help="shift 1/div of channels each way")
-    m.add_argument("--dropout", type=float, default=0.0, help="before the head (0 for the large-batch recipe)")
-    m.add_argument("--pretrained", help="torchvision-format ResNet state dict to start from")
-    m.add_argument("--bn", choices=BN_MODES, default="train",
-                   help="partial: freeze every BN layer but the first (TSM's partial BN, for fine-tuning "
-                        "on small datasets); frozen: freeze all, normalising with running statistics")
-    o = p.add_argument_group("recipe")
-    o.add_argument("--epochs", type=int, default=100)
-    o.add_argument("--lr-per-8", type=float, default=0.00125, help="learning rate per 8 clips of global batch")
-    o.add_argument("--warmup-epochs", type=float, default=5.0)
-    o.add_argument("--optimizer", choices=recipe.OPTIMIZERS, default="sgd",
-                   help="adam: weight decay as L2 in the gradient; adamw: decoupled; none decays BN or biases")
-    o.add_argument("--momentum", type=float, default=0.9, help="SGD's")
-    o.add_argument("--weight-decay", type=float, default=1e-4, help="on conv/linear weights only")
-    o.add_argument("--clip-grad-norm", type=float, default=0.0, help="max gradient norm (0: off)")
-    r = p.add_argument_group("system")
-    r.add_argument("--backend", choices=["horovod", "torch", "none"], default="horovod")
-    r.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
-    r.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto",
-                   help="mixed precision; auto = bf16 on GPU, off on CPU")
-    r.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="NHWC activations (default: on GPU only)")
-    r.add_argument("--compile", nargs="?", const="auto", choices=compiling.MODES,
-                   help="torch.compile the training network, temporal shift inside the graph (mode: see "
-                        "trainer/compiling.py; reduce-overhead adds CUDA graphs); on CUDA also a fused SGD")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--output-dir", default="out/train", help="checkpoint, metrics.jsonl, tensorboard/")
-    r.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")
-    r.add_argument("--checkpoint-steps", type=int, default=0,
-                   help="also checkpoint every N steps (0: only at epoch ends and stops); bounds what a "
-                        "SIGKILL, an OOM kill or a lost node costs to N steps")
-    r.add_argument("--print-freq", type=int, default=10, help="steps between metric records")
-    r.add_argument("--clip-log", action="store_true",
-                   help="log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/ "
-                        "(trainer.clip_log): the audit that each epoch trained on every clip once")
-    r.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
-    regime.add_arguments(p)
-    precise_bn.add_arguments(p)
-
-
-def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(p)
-    return p
+    config.add_train_arguments(p)
 
 
 class StopFlag:
@@ -134,26 +73,28 @@ RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_to
 class Trainer:
     """A run: backend, loaders, engine (model, optimizer, schedule), position, metrics log."""
 
-    def __init__(self, args: argparse.Namespace, elastic: bool = False):
+    def __init__(self, cfg: config.TrainConfig, elastic: bool = False):
         """``elastic``: no collective here, since a rank joining a running Horovod Elastic job meets the
         others first in the elastic state's sync: every rank reads the manifest, and ``start`` is
         left to ``trainer.elastic``."""
-        self.args = args
-        self.backend = distributed.init(args.backend)
+        self.cfg = cfg
+        d, s = cfg.data, cfg.system
+        self.backend = distributed.init(s.backend)
         self.rank0 = self.backend.rank == 0
-        torch.manual_seed(args.seed + self.backend.rank)
-        manifest = Manifest.load(args.data) if elastic else shared_manifest(
-            args.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
-        check_splits(manifest, args)
-        samples = manifest.splits[args.train_split].num_samples
-        self.regime = regime.Regime(args, self.backend.size, samples, elastic)
+        torch.manual_seed(s.seed + self.backend.rank)
+        manifest = Manifest.load(d.data) if elastic else shared_manifest(
+            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj))
+        check_splits(manifest, d)
+        samples = manifest.splits[d.train_split].num_samples
+        self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
         self.make_loaders(manifest)
-        self.engine = Engine(args, self.regime.backend(self.backend), len(manifest.classes), samples,
-                             epochs=self.regime.epochs, bn_group=self.regime.bn_group)
+        self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples, model=cfg.model,
+                             recipe=cfg.recipe, system=s, batch_size=d.batch_size, epochs=self.regime.epochs,
+                             bn_group=self.regime.bn_group)
         self.regime.attach(self.engine)
-        self.trace = regime.StepTrace(args.output_dir, self.backend.rank, args.trace_steps)
-        self.clips = clip_source(args.decode_on_device, self.engine.device)
-        if args.clip_log and not elastic:  # trainer.elastic's log adds the ring's generation
+        self.trace = regime.StepTrace(s.output_dir, self.backend.rank, cfg.schedules.trace_steps)
+        self.clips = clip_source(d.decode_on_device, self.engine.device)
+        if s.clip_log and not elastic:  # trainer.elastic's log adds the ring's generation
             self.clips = ClipLog(self, self.clips)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
@@ -165,16 +106,16 @@ class Trainer:
 
     def make_loaders(self, manifest: Manifest) -> None:
         """The training and validation loaders of this rank in this world size."""
-        a = self.args
-        self.train_loader = self.new_loader(manifest, a.train_split, train=True)
-        self.val_loader = self.new_loader(manifest, a.val_split, train=False) if a.val_split else None
+        d = self.cfg.data
+        self.train_loader = self.new_loader(manifest, d.train_split, train=True)
+        self.val_loader = self.new_loader(manifest, d.val_split, train=False) if d.val_split else None
 
     def new_loader(self, manifest: Manifest, split: str, train: bool, full_shape: bool = False) -> ClipLoader:
         """A loader of this rank's share of ``split`` in this world size, with the run's flags; its
         batches have the regime's shapes unless ``full_shape``."""
-        a = self.args
+        a = self.cfg.data
         return ClipLoader(manifest, split, batch_size=a.batch_size, rank=self.backend.rank,
-                          world_size=self.backend.size, train=train, seed=a.seed, num_workers=a.workers,
+                          world_size=self.backend.size, train=train, seed=self.cfg.system.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
                           decode_on_device=a.decode_on_device,
@@ -186,37 +127,42 @@ class Trainer:
         self._resume()
         self.backend.broadcast_state(self.engine.model, self.engine.optimizer)
         # records past the checkpoint's step came from a run killed after it: those steps are trained again
-        self.open_log(after_step=self.step if self.args.resume else None)
+        self.open_log(after_step=self.step if self.cfg.system.resume else None)
 
     def open_log(self, after_step: int | None = None) -> None:
         """The metrics log, written by rank 0 (``after_step``: ``metrics.MetricsLog``'s)."""
-        a = self.args
+        s = self.cfg.system
         self.log.close()
-        self.log = metrics.MetricsLog(a.output_dir, enabled=self.rank0, tensorboard=a.tensorboard,
+        self.log = metrics.MetricsLog(s.output_dir, enabled=self.rank0, tensorboard=s.tensorboard,
                                       after_step=after_step)
 
     @property
     def checkpoint_url(self) -> str:
-        return os.path.join(self.args.output_dir, checkpoint.NAME)
+        return os.path.join(self.cfg.system.output_dir, checkpoint.NAME)
 
     def _resume(self) -> None:
         """Rank 0 reads and checks the checkpoint; the weights and optimizer reach the others in
         ``start``'s broadcast, the rest of it (or the refusal) here."""
         e = self.engine
-        state = checkpoint.load(self.checkpoint_url) if self.args.resume and self.rank0 else None
-        refused = state is not None and checkpoint.differences(
-            state, asdict(e.config), self.args.bn, self.train_loader.manifest.fingerprint, self.args.train_split)
-        if state is not None and not refused:
-            e.model.load_state_dict(state["model"])
-            e.optimizer.load_state_dict(state["optimizer"])
+        state = checkpoint.load(self.checkpoint_url) if self.cfg.system.resume and self.rank0 else None
         small = None
         if state is not None:
+            try:
+                refused = checkpoint.differences(state, asdict(e.config), self.cfg, self.train_loader.manifest.fingerprint)
+                if not refused:
+                    e.model.load_state_dict(state["model"])
+                    e.load_optimizer(state["optimizer"])
+            except (KeyError, ValueError, RuntimeError) as error:  # refused on every rank, never a hang in the broadcast
+                refused = [f"its state does not load here ({type(error).__name__}: {error})"]
             small = {"refused": refused, **({} if refused else {k: state.get(k) for k in RESUMED})}
+            changed = [] if refused else checkpoint.changes(state, self.cfg)
+            if changed:
+                log.info("resumed with other flags than the checkpoint's, applied from here on: %s", ", ".join(changed))
         small = self.backend.broadcast_object(small)
         if small is None:
             return
         if small["refused"]:
-            raise SystemExit(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
+            raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
         self.regime.load_state_dict(small["regime"], self.train_loader)
         self.load_position(small)
         self.saved_step = self.step
@@ -258,7 +204,7 @@ class Trainer:
                 "model": self.engine.model.state_dict(), "optimizer": self.engine.optimizer.state_dict(),
                 **self.position(), "regime": self.regime.state_dict(), "rng": rng,
                 "epoch_totals": totals.values, "model_config": asdict(self.engine.config),
-                "classes": list(self.train_loader.classes), "args": vars(self.args)})
+                "classes": list(self.train_loader.classes), "config": self.cfg.to_dict()})
         self.saved_step = self.step
         self.backend.all_sum(torch.zeros(1))
 
@@ -275,11 +221,11 @@ class Trainer:
         self.backend.shutdown()
 
 
-def check_splits(manifest: Manifest, args: argparse.Namespace) -> None:
-    """The splits the flags name are in the shard set, or the run ends in one line saying which."""
-    for flag, split in (("--train-split", args.train_split), ("--val-split", args.val_split)):
+def check_splits(manifest: Manifest, data: config.Data) -> None:
+    """The splits the flags name are in the shard set, or the run is refused in one line saying which."""
+    for flag, split in (("--train-split", data.train_split), ("--val-split", data.val_split)):
         if split and split not in manifest.splits:
-            raise SystemExit(f"{args.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
+            raise ConfigError(f"{data.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
                              + ("; --val-split '' trains without validation" if flag == "--val-split" else ""))
 
 
@@ -337,7 +283,7 @@ class Progress:
         self.bar.set_postfix(loss=f"{step['loss'] / max(step['clips'], 1):.3f}", lr=f"{e.lr:.2e}",
                              clips_s=f"{batch['global_valid'] / seconds:.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
                              compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
-        if t.step % t.args.print_freq == 0:
+        if t.step % t.cfg.system.print_freq == 0:
             w = self.window.reduce(t.backend.all_sum).summary()
             t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
                       clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
@@ -350,7 +296,7 @@ class Progress:
 def at_boundary(t: Trainer, stop: StopFlag, commit=None) -> int:
     """Where a run may stop (the end of a loader batch, one model on every rank): the periodic
     checkpoint when due, ``commit()``, then the signal every rank agrees on (0: none)."""
-    every = t.args.checkpoint_steps
+    every = t.cfg.system.checkpoint_steps
     if every and t.step // every > t.saved_step // every:
         t.save()
     if commit:
@@ -425,7 +371,7 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
         signum = train_one_epoch(t, stop, commit)
         if not signum:
             summary = epoch_summary(t)
-            if t.args.precise_bn:
+            if t.cfg.schedules.precise_bn:
                 summary |= precise_bn.update(t)
             val = evaluate(t, stop) if t.val_loader is not None else {}
             signum = val if isinstance(val, int) else 0
@@ -444,17 +390,18 @@ def train(t: Trainer, stop: StopFlag, commit=None) -> int:
     return 0
 
 
-def main(args: argparse.Namespace, elastic=None) -> int:
-    """``elastic(trainer, stop)``: Horovod Elastic's loop around ``train`` (``trainer.elastic``)."""
+def main(cfg: config.TrainConfig, elastic=None) -> int:
+    """Train the run ``cfg`` describes; ``elastic(trainer, stop)``: Horovod Elastic's loop around
+    ``train`` (``trainer.elastic``). Refusals raise ``ConfigError``."""
     stop = StopFlag()  # first: a signal during start-up stops the run after its first step
     t = None
     try:
-        t = Trainer(args, elastic=elastic is not None)
+        t = Trainer(cfg, elastic=elastic is not None)
         if t.rank0:
             log.info("%s", t.engine.describe())
             if t.regime.describe():
                 log.info("%s", t.regime.describe())
-            log.info("arguments: %s", json.dumps(vars(args), sort_keys=True))
+            log.info("config: %s", json.dumps(cfg.to_dict(), sort_keys=True))
         signum = (elastic or train)(t, stop)
         if signum and t.rank0:
             log.info("stopped by signal %d at epoch %d, batch %d (step %d, %d clips seen): checkpoint saved",
@@ -467,4 +414,4 @@ def main(args: argparse.Namespace, elastic=None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return main(args)
+    return main(config.train_config(args))

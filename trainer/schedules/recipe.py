@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..config import OPTIMIZERS
+
 NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 
@@ -51,9 +53,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             else:
                 decay.append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def build_optimizer(model: nn.Module, lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,

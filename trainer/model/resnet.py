@@ -129,7 +129,7 @@ class ResNet(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def forward(self, x: torch.Tensor, segments: int = 1) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segments: int) -> torch.Tensor:
         """Frames (N*T, 3, H, W) of clips of ``segments`` frames -> pooled features (N*T, feature_dim)."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x), segments)))
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):

@@ -1,6 +1,6 @@
 """Mini-batch shapes in the loader: one loader batch of a multigrid epoch, cut into parts of their own shape.
 
-A multigrid epoch (``trainer.multigrid.Schedule``) reads its clips in *periods*: one pass through
+A multigrid epoch (``trainer.schedules.multigrid.Schedule``) reads its clips in *periods*: one pass through
 the short cycle, successive iterations of different crops and batch sizes (one iteration without
 the short cycle). A rank's loader batch is one period, so ``shards.partition`` still plans whole,
 equal batches on every rank; this module describes and renders the period:
@@ -10,7 +10,7 @@ equal batches on every rank; this module describes and renders the period:
   epoch, never of anything rank-local).
 * ``PartsRenderer`` (in a loader worker): clip i of the batch goes to the part it falls in. A part
   of T' < T frames takes every (T/T')-th stored frame from a random start below that stride
-  (``multigrid.clip_frames``): the same time span, a coarser grid, and only the frames taken are
+  (``clip_frames``): the same time span, a coarser grid, and only the frames taken are
   read and decoded. A part of crop c < S is TSM's multi-scale crop of the same field of view
   resized to c, decoded with its short side scaled by c/S as well (so JPEG's DCT scaling can skip
   the detail that resizing would throw away). All parts are written one after the other into one
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .multigrid import Schedule, clip_frames
 from .transforms import TrainTransform
 
 
@@ -48,10 +47,22 @@ class Part:
         return self.clips * math.prod(self.clip_shape)
 
 
-def epoch_parts(schedule: Schedule, epoch: int) -> tuple[Part, ...]:
+def epoch_parts(schedule, epoch: int) -> tuple[Part, ...]:
     """The parts of every loader batch of ``epoch``: one per shape of its phase's cycle."""
     phase = schedule.epoch_phase[epoch]
     return tuple(Part(schedule.batch * s.factor, s.frames, s.crop) for s in phase.cycle)
+
+
+def clip_frames(stored: int, frames: int, offset: int) -> list[int]:
+    """Indices of the ``frames`` of a stored ``stored``-frame clip that a shorter clip takes: every
+    (stored / frames)-th, starting at ``offset`` < that stride (training draws it; evaluation
+    uses the full clip)."""
+    if frames <= 0 or stored % frames:
+        raise ValueError(f"cannot take {frames} of {stored} stored frames at a fixed stride")
+    stride = stored // frames
+    if not 0 <= offset < stride:
+        raise ValueError(f"offset {offset} outside [0, {stride})")
+    return list(range(offset, stored, stride))
 
 
 def parts_nbytes(parts: tuple[Part, ...]) -> int:
@@ -104,3 +115,19 @@ def unpack(batch: dict, parts: tuple[Part, ...]) -> dict:
         clip, offset = clip + part.clips, offset + part.nbytes
     rest = {k: v for k, v in batch.items() if k != "clips"}
     return rest | {"parts": out, "global_valid": sum(batch["global_valid"])}
+
+
+class EpochShapes:
+    """What the loader needs of a multigrid schedule: each epoch's loader batch as parts, and the
+    largest loader batch in bytes (the size of its shared-memory slots). ``schedule``: a
+    ``trainer.schedules.multigrid.Schedule`` (read, never imported: the data room stands below the schedules)."""
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e)) for e in range(schedule.epochs))
+
+    def parts(self, epoch: int):
+        return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1))
+
+    def batch_size(self, epoch: int) -> int:
+        return self.schedule.period(self.schedule.epoch_phase[min(epoch, self.schedule.epochs - 1)])

@@ -32,9 +32,6 @@ import math
 
 import torch
 
-MODES = ("points", "decay", "noise")
-
-
 def batch_at_points(epoch: float, base: int, points: tuple[float, ...], max_batch: int) -> int:
     """``base`` doubled once per point at or before ``epoch``, capped at ``max_batch``."""
     batch = base

@@ -3,13 +3,13 @@
 ``trainer train`` takes the flags below (docs/schedules.md has the rules and the reasoning):
 
 * ``--multigrid long|short|both``: the batch shape and size of every iteration follow
-  ``trainer.multigrid`` (Wu et al. 2020). The run takes the multigrid plan's epochs (1.5x
+  ``trainer.schedules.multigrid`` (Wu et al. 2020). The run takes the multigrid plan's epochs (1.5x
   ``--epochs``, far fewer iterations); ``--epochs`` stays the baseline's, which the plan is made from.
 * ``--batch-growth points|decay|noise``: the batch doubles at set epochs, in place of the
-  learning-rate decay, or when the gradient noise scale exceeds it (``trainer.batch_growth``).
+  learning-rate decay, or when the gradient noise scale exceeds it (``trainer.schedules.batch_growth``).
 * ``--average-every K`` (``--local-after-epochs E``): K-step model averaging, synchronous for the
-  first E epochs (``trainer.model_averaging``).
-* ``--bn-group N``: clips per BN statistics group (``trainer.subbatch_bn``); by default the base
+  first E epochs (``trainer.schedules.model_averaging``).
+* ``--bn-group N``: clips per BN statistics group (``trainer.model.subbatch_bn``); by default the base
   batch whenever the batch varies, so BN sees the same number of clips whatever the batch.
 
 Every decision is a function of numbers every rank shares (the global iteration, the epoch's
@@ -20,7 +20,6 @@ and the same number of steps per epoch. The learning rate is the base schedule's
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -29,69 +28,32 @@ import torch
 
 from shards import partition
 
+from ..config import TrainConfig
+from ..data.shapes import EpochShapes
+from ..errors import ConfigError
 from . import batch_growth, multigrid
 from .model_averaging import KStepBackend
-from .shapes import epoch_parts, parts_nbytes
+from ..data.shapes import EpochShapes
 
 log = logging.getLogger(__name__)
 
-MULTIGRID = ("off", "long", "short", "both")
-GROWTH = ("off", *batch_growth.MODES)
 # where the long cycle restarts when no stage is given: the learning-rate steps of the reference
 # multigrid config (epochs 94, 154, 196 of 239), as fractions of the baseline's epochs
 REFERENCE_STAGES = (94 / 239, 154 / 239, 196 / 239)
 NOISE_MEASUREMENTS = 16  # noise-scale measurements (since the start or the last change) before the batch may double
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("schedules (docs/schedules.md)")
-    g.add_argument("--multigrid", choices=MULTIGRID, default="off",
-                   help="multigrid batch shapes: the long cycle (T, S and B over each stage), the short cycle "
-                        "(crops over successive iterations), or both; runs the plan's 1.5x --epochs")
-    g.add_argument("--multigrid-stages", type=int, nargs="+",
-                   help="epochs of the baseline (--epochs) where the long cycle restarts (default: the reference "
-                        "config's learning-rate steps, 94, 154 and 196 of 239, scaled to --epochs)")
-    g.add_argument("--batch-growth", choices=GROWTH, default="off",
-                   help="double the batch at --growth-points epochs, in place of the rate's decay, or when the "
-                        "gradient noise scale exceeds the global batch (needs 2+ ranks)")
-    g.add_argument("--growth-points", type=float, nargs="+", default=[], help="epochs where the batch doubles")
-    g.add_argument("--max-batch-size", type=int, help="clips per rank the batch grows to at most (default 8x --batch-size)")
-    g.add_argument("--average-every", type=int,
-                   help="K-step model averaging: each rank steps alone, ranks average every K steps (default: "
-                        "gradients averaged at every step by the backend)")
-    g.add_argument("--local-after-epochs", type=float, default=0.0,
-                   help="post-local averaging: synchronous for these first epochs, K-step after")
-    g.add_argument("--bn-group", type=int,
-                   help="clips per BN statistics group (0: the whole batch; default: --batch-size when the batch varies)")
-    g.add_argument("--trace-steps", action="store_true",
-                   help="every rank writes each step's shape, batch, rate and a weight checksum to "
-                        "OUTPUT_DIR/steps-rank<R>.jsonl")
-
-
 def refuse(message: str):
     """Flags that cannot go together, or a run they cannot continue: one line, no traceback."""
-    raise SystemExit(f"trainer train: {message}")
+    raise ConfigError(f"trainer train: {message}")
 
 
-def stages_for(args: argparse.Namespace) -> tuple[int, ...]:
-    if args.multigrid_stages:
-        return tuple(args.multigrid_stages)
-    return tuple(sorted({max(1, min(args.epochs - 1, round(f * args.epochs))) for f in REFERENCE_STAGES}))
-
-
-class EpochShapes:
-    """What the loader needs of a multigrid schedule: each epoch's loader batch as parts, and the
-    largest loader batch in bytes (the size of its shared-memory slots)."""
-
-    def __init__(self, schedule: multigrid.Schedule):
-        self.schedule = schedule
-        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e)) for e in range(schedule.epochs))
-
-    def parts(self, epoch: int):
-        return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1))
-
-    def batch_size(self, epoch: int) -> int:
-        return self.schedule.period(self.schedule.epoch_phase[min(epoch, self.schedule.epochs - 1)])
+def stages_for(cfg: TrainConfig) -> tuple[int, ...]:
+    """Where the long cycle restarts: ``--multigrid-stages``, else the reference's, scaled to ``--epochs``."""
+    epochs = cfg.recipe.epochs
+    if cfg.schedules.multigrid_stages:
+        return tuple(cfg.schedules.multigrid_stages)
+    return tuple(sorted({max(1, min(epochs - 1, round(f * epochs))) for f in REFERENCE_STAGES}))
 
 
 class Growth:
@@ -100,7 +62,7 @@ class Growth:
     def __init__(self, mode: str, base: int, max_batch: int, world_size: int, points: tuple[float, ...]):
         if mode == "noise" and world_size < 2:
             refuse("--batch-growth noise measures the gradient noise from the ranks' own gradients: "
-                             "it needs two or more ranks")
+                   "it needs two or more ranks")
         if mode == "points" and not points:
             refuse("--batch-growth points needs --growth-points")
         self.mode, self.base, self.max_batch, self.world_size, self.points = mode, base, max_batch, world_size, points
@@ -131,41 +93,42 @@ class Growth:
 
 
 class Regime:
-    """The run's regime from the trainer's arguments, for ``world_size`` ranks and a training split
-    of ``samples`` clips. Errors name the flags that cannot go together."""
+    """The run's regime from its config, for ``world_size`` ranks and a training split of ``samples``
+    clips. Refusals (``ConfigError``) name the flags that cannot go together. It reads every concern
+    of the config: it is the one place that knows which features combine."""
 
-    def __init__(self, args: argparse.Namespace, world_size: int, samples: int, elastic: bool = False):
-        self.args, self.world_size, self.samples = args, world_size, samples
-        if elastic and (args.multigrid != "off" or args.batch_growth != "off" or args.average_every is not None):
+    def __init__(self, cfg: TrainConfig, world_size: int, samples: int, elastic: bool = False):
+        self.cfg, self.world_size, self.samples = cfg, world_size, samples
+        s, d, epochs = cfg.schedules, cfg.data, cfg.recipe.epochs
+        if elastic and (s.multigrid != "off" or s.batch_growth != "off" or s.average_every is not None):
             refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's decisions "
                    "and K-step averaging's drifted ranks depend on: use trainer train for those")
         self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = None
-        if args.multigrid != "off":
-            if args.batch_growth != "off":
+        if s.multigrid != "off":
+            if s.batch_growth != "off":
                 refuse("--multigrid and --batch-growth both set the batch size: use one")
-            if args.decode_on_device:
-                refuse("--multigrid decodes parts of several shapes per batch on the CPU: "
-                                 "not with --decode-on-device")
+            if d.decode_on_device:
+                refuse("--multigrid decodes parts of several shapes per batch on the CPU: not with --decode-on-device")
             try:
-                phases = multigrid.plan(args.epochs, stages_for(args), args.segments, args.crop_size,
-                                        long_cycle=args.multigrid in ("long", "both"),
-                                        short_cycle=args.multigrid in ("short", "both"))
-                self.schedule = multigrid.Schedule(phases, args.batch_size, world_size, samples)
+                phases = multigrid.plan(epochs, stages_for(cfg), cfg.model.segments, d.crop_size,
+                                        long_cycle=s.multigrid in ("long", "both"),
+                                        short_cycle=s.multigrid in ("short", "both"))
+                self.schedule = multigrid.Schedule(phases, d.batch_size, world_size, samples)
             except ValueError as e:
-                refuse(f"--multigrid {args.multigrid} with --epochs {args.epochs}, --multigrid-stages "
-                       f"{list(stages_for(args))}, --batch-size {args.batch_size} on {world_size} ranks: {e}")
+                refuse(f"--multigrid {s.multigrid} with --epochs {epochs}, --multigrid-stages "
+                       f"{list(stages_for(cfg))}, --batch-size {d.batch_size} on {world_size} ranks: {e}")
             self.shapes = EpochShapes(self.schedule)
-        if args.batch_growth != "off":
-            self.growth = Growth(args.batch_growth, args.batch_size, args.max_batch_size or 8 * args.batch_size,
-                                 world_size, tuple(args.growth_points))
+        if s.batch_growth != "off":
+            self.growth = Growth(s.batch_growth, d.batch_size, s.max_batch_size or 8 * d.batch_size,
+                                 world_size, tuple(s.growth_points))
         varies = self.schedule is not None or self.growth is not None
-        self.bn_group = args.bn_group if args.bn_group is not None else (args.batch_size if varies else 0)
+        self.bn_group = s.bn_group if s.bn_group is not None else (d.batch_size if varies else 0)
         self.step = 0  # global iteration of the next batch ``batches`` yields
 
     @property
     def epochs(self) -> int:
         """The run's epochs: a multigrid plan's, else ``--epochs``."""
-        return self.schedule.epochs if self.schedule else self.args.epochs
+        return self.schedule.epochs if self.schedule else self.cfg.recipe.epochs
 
     def lr_factor(self, step: int) -> float:
         """The base schedule's rate is multiplied by this at ``step`` (linear scaling in the batch)."""
@@ -178,17 +141,17 @@ class Regime:
     # --- synchronisation -------------------------------------------------------------------------
     def backend(self, backend):
         """``backend`` as the run synchronises: itself, or wrapped for K-step averaging."""
-        a = self.args
-        if a.average_every is None:
-            if a.local_after_epochs:
+        s = self.cfg.schedules
+        if s.average_every is None:
+            if s.local_after_epochs:
                 refuse("--local-after-epochs switches to K-step averaging: give --average-every")
             return backend
-        if a.average_every < 1:
-            refuse(f"--average-every must be at least 1, not {a.average_every}")
+        if s.average_every < 1:
+            refuse(f"--average-every must be at least 1, not {s.average_every}")
         if self.growth and self.growth.mode == "noise":
             refuse("--batch-growth noise measures the noise of synchronously averaged gradients: "
-                             "not with --average-every")
-        self.kstep = KStepBackend(backend, a.average_every, self.steps_before(a.local_after_epochs))
+                   "not with --average-every")
+        self.kstep = KStepBackend(backend, s.average_every, self.steps_before(s.local_after_epochs))
         return self.kstep
 
     def steps_before(self, epoch: float) -> int:
@@ -197,7 +160,7 @@ class Regime:
             whole = min(int(epoch), self.schedule.epochs)
             frac = self.schedule.iterations[whole] * (epoch - whole) if whole < self.schedule.epochs else 0
             return self.schedule.first[whole] + round(frac)
-        batch = self.args.batch_size
+        batch = self.cfg.data.batch_size
         return round(epoch * (partition.batches_per_rank(self.samples, self.world_size, batch)))
 
     @property
@@ -284,7 +247,7 @@ class Regime:
         state = state or {}
         if self.schedule and state.get("world_size", self.world_size) != self.world_size:
             refuse(f"a multigrid run's iterations depend on its world size: resume it on "
-                             f"{state['world_size']} ranks, not {self.world_size}")
+                   f"{state['world_size']} ranks, not {self.world_size}")
         if self.growth and state.get("growth"):
             self.growth.load_state_dict(state["growth"])
             loader.batch_size = self.growth.batch  # the loader's last segment goes on at this batch
@@ -295,10 +258,10 @@ class Regime:
         lines = []
         if self.schedule:
             s = self.schedule
-            lines.append(f"multigrid ({self.args.multigrid}): {s.epochs} epochs, {s.total} iterations, stages at "
-                         f"{list(stages_for(self.args))} of {self.args.epochs} baseline epochs")
+            lines.append(f"multigrid ({self.cfg.schedules.multigrid}): {s.epochs} epochs, {s.total} iterations, stages at "
+                         f"{list(stages_for(self.cfg))} of {self.cfg.recipe.epochs} baseline epochs")
             for p in s.phases:
-                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop} x {self.args.batch_size * c.factor}" for c in p.cycle)
+                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop} x {self.cfg.data.batch_size * c.factor}" for c in p.cycle)
                 lines.append(f"  epochs {p.start}-{p.end}: stage {p.stage}, lr x{p.shape.factor}: {cycle}")
         if self.growth:
             g = self.growth

@@ -23,7 +23,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libcropjpeg.so")
+# the library stays at trainer/libcropjpeg.so (scripts/build-native.sh, .gitignore, the images), above this room
+DEFAULT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libcropjpeg.so")
 _lib: ctypes.CDLL | None = None
 _tried: str | None = None
 

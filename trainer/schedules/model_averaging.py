@@ -49,6 +49,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..errors import ConfigError
+
 
 def is_sync_step(step: int, every: int, local_after: int = 0) -> bool:
     """Whether optimizer step ``step`` (0-based) synchronises: all before ``local_after``, then
@@ -136,7 +138,7 @@ class KStepAveraging:
 
 
 class KStepBackend:
-    """A data-parallel backend (``trainer.distributed``) whose ranks train by K-step averaging instead
+    """A data-parallel backend (``trainer.distributed.backends``) whose ranks train by K-step averaging instead
     of averaging gradients at every step: ``prepare`` leaves the optimizer unwrapped (no Horovod
     allreduce hooks, no DDP), ``synchronize`` is :meth:`KStepAveraging.synchronize` for the next
     optimizer step, and ``average_buffers`` (called before evaluation) first brings drifted ranks
@@ -153,7 +155,7 @@ class KStepBackend:
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         if compression:
-            raise SystemExit("trainer train: --fp16-allreduce compresses the per-step gradient allreduce, which "
+            raise ConfigError("trainer train: --fp16-allreduce compresses the per-step gradient allreduce, which "
                              "K-step averaging replaces; use one or the other")
         self.averaging = KStepAveraging(model, optimizer, self.inner.all_sum, self.inner.size, self.every,
                                         self.local_after)

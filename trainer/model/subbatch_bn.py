@@ -40,7 +40,7 @@ class SubBatchNorm2d(nn.BatchNorm2d):
 
     clips_per_group = 0
 
-    def forward(self, x: torch.Tensor, segments: int = 1) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, segments: int) -> torch.Tensor:
         clips = x.shape[0] // segments
         if not (self.training and self.clips_per_group and clips >= 2 * self.clips_per_group):
             return super().forward(x)

@@ -28,7 +28,7 @@ With the long cycle alone, the reference implementation (SlowFast's ``slowfast/u
 raises IndexError; here its final phase is simply the full shape. With the short cycle alone, the
 stage boundaries and the epoch count are scaled by ``epoch_factor`` as the reference does.
 
-Shorter clips come from the frames already stored (``clip_frames``): a shard's clips hold the full
+Shorter clips come from the frames already stored (``trainer.data.shapes.clip_frames``): a shard's clips hold the full
 T frames, one per segment of the video; T/2 takes every second of them and T/4 every fourth, so the
 clip spans the same time at a coarser temporal grid, and only the frames taken are decoded.
 """
@@ -100,10 +100,16 @@ def plan(epochs: int, stages: tuple[int, ...], frames: int, crop: int, *, long_c
         cycles.append(_cycle(Shape(t, s, batch_factor(frames, crop, t, s)), crop, short_cycle, short_factors))
     mean_factor = [sum(s.factor for s in c) / len(c) for c in cycles]
     spans = []  # (stage, cycle, epochs before scaling)
+    iterations = 0.0  # of the long-cycle stages, in epochs at the base batch
     for stage, (a, b) in enumerate(zip(starts, starts[1:])):
         # equal iterations per shape: epochs in proportion to the shape's mean batch factor
-        spans += [(stage, c, (b - a) * m / sum(mean_factor)) for c, m in zip(cycles, mean_factor)]
-    saving = sum(mean_factor) / len(mean_factor)  # iterations of the baseline per multigrid iteration
+        for c, m in zip(cycles, mean_factor):
+            spans.append((stage, c, (b - a) * m / sum(mean_factor)))
+            iterations += spans[-1][2] / m
+    # iterations of the baseline per multigrid iteration, in the reference's order (baseline iterations
+    # over the sum above): equal to the mean batch factor in exact arithmetic, but not in floating
+    # point, where it can move the rounded end of the final phase by an epoch (81 epochs: 121, not 122)
+    saving = starts[-1] / iterations
     final = (epochs - starts[-1]) / saving * (sum(s.factor for s in full_cycle) / len(full_cycle))
     spans.append((len(starts) - 1, full_cycle, final))
     scale = epochs * epoch_factor / sum(e for _, _, e in spans)
@@ -118,18 +124,6 @@ def plan(epochs: int, stages: tuple[int, ...], frames: int, crop: int, *, long_c
 def step_lr(phase: Phase, gamma: float = 0.1) -> float:
     """The reference's step schedule: ``gamma`` per stage, times the long-cycle batch factor."""
     return gamma ** phase.stage * phase.shape.factor
-
-
-def clip_frames(stored: int, frames: int, offset: int) -> list[int]:
-    """Indices of the ``frames`` of a stored ``stored``-frame clip that a shorter clip takes: every
-    (stored / frames)-th, starting at ``offset`` < that stride (training draws it; evaluation
-    uses the full clip)."""
-    if frames <= 0 or stored % frames:
-        raise ValueError(f"cannot take {frames} of {stored} stored frames at a fixed stride")
-    stride = stored // frames
-    if not 0 <= offset < stride:
-        raise ValueError(f"offset {offset} outside [0, {stride})")
-    return list(range(offset, stored, stride))
 
 
 @dataclass(frozen=True)

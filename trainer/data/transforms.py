@@ -2,12 +2,12 @@
 
 A transform first draws a clip's ``Geometry`` (crop boxes, output side, flip) from the frame
 size in the JPEG header alone, then renders every frame into the array it is given (a slot of
-the loader's shared-memory pool, ``trainer.slots``), with the same crop and flip for all
+the loader's shared-memory pool, ``trainer.data.slots``), with the same crop and flip for all
 frames. The header is also all that ``decode_on_device`` needs: the loader can hand out
-undecoded bytes with their geometry for the GPU (``trainer.device_decode``), with the same
+undecoded bytes with their geometry for the GPU (``trainer.data.device_decode``), with the same
 random draws as here.
 
-Decoding (libjpeg-turbo): only the rectangle the views need is decoded (``trainer.cropdecode``:
+Decoding (libjpeg-turbo): only the rectangle the views need is decoded (``trainer.data.cropdecode``:
 of a frame with restart markers, only the intervals under it; else rows above skipped, rows
 below never decoded, columns outside not transformed); without that
 library, whole frames with PIL. When a stored frame is at least twice the size needed, the
@@ -18,7 +18,7 @@ averaging when shrinking), measured 3.5x faster than PIL's resize plus the copy 
 (``bench/loader.py``); boxes with fractional corners (some evaluation views) use PIL's resize.
 Arrays stay channels-last, as decoded: moving channels first on the CPU is a strided copy that
 costs about as much as the resize, while the loader can hand out a (B, T, C, H, W) view of
-channels-last memory for free (see ``trainer.loader``). Normalisation is left to the trainer
+channels-last memory for free (see ``trainer.data.loader``). Normalisation is left to the trainer
 (on the GPU when there is one).
 
 Training (TSM's GroupMultiScaleCrop + GroupRandomHorizontalFlip): a crop whose sides are

@@ -7,7 +7,7 @@ one). With ``shift=False`` no frame ever sees another before the average: that i
 ``segments`` is the T the network is built and evaluated for; training batches may have fewer
 frames per clip (multigrid's shorter clips): the shift and the BN groups follow the T of each
 batch. ``bn_group`` clips per BN statistics group (0: the whole batch) is a training choice, not
-part of the architecture or the checkpoint (see ``trainer.subbatch_bn``).
+part of the architecture or the checkpoint (see ``trainer.model.subbatch_bn``).
 """
 from __future__ import annotations
 
@@ -18,24 +18,23 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..config import BN_MODES
 from .resnet import NoShift, ResNet
 from .subbatch_bn import set_clips_per_group
 from .temporal_shift import TemporalShift
 
 log = logging.getLogger(__name__)
 
-# train: every BN layer learns; partial: TSM's partial BN, all but the first frozen (for
-# fine-tuning on small datasets such as UCF101); frozen: all use their running statistics
-BN_MODES = ("train", "partial", "frozen")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass
 class ModelConfig:
-    """Everything needed to rebuild the network; stored in every checkpoint."""
+    """Everything needed to rebuild the network; stored in every checkpoint. ``segments`` (T) has
+    no default: a network built or called without its frames per clip would be TSN in disguise."""
     num_classes: int
-    segments: int = 8
+    segments: int
     depth: int = 50
     width: int = 64
     shift: bool = True

@@ -15,17 +15,17 @@ the order in advance is what makes mid-epoch and elastic resume exact.
 Batches: ``clips`` uint8 (B, T, C, H, W), a view of the channels-last memory the frames
 were decoded into (the CPU never transposes; ``clips.flatten(0, 1)`` is (B*T, C, H, W) in
 ``torch.channels_last`` format, which cuDNN prefers; ``.contiguous()`` if NCHW is needed).
-That memory is a slot of the loader's shared-memory pool (``trainer.slots``): workers decode
+That memory is a slot of the loader's shared-memory pool (``trainer.data.slots``): workers decode
 into it and send only its number; it is reused once every view of the batch's clips is gone,
 so a batch may be held as long as wanted (holding more than the pool has left costs speed,
 not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding
 repeats); ``global_valid``, the real clips in this batch and the same batch of every other rank
 together (one optimizer step's, for the loss weights and the clips seen).
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
-the undecoded bytes and their geometry instead of ``clips``, for ``trainer.device_decode``.
-With ``shapes`` (multigrid, ``trainer.regime.EpochShapes``) an epoch's batches hold
+the undecoded bytes and their geometry instead of ``clips``, for ``trainer.data.device_decode``.
+With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batches hold
 ``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
-crops; ``trainer.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
+crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
 
 The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
 ``shared_manifest`` lets rank 0 read it and broadcasts it over the job's collective (one
@@ -118,7 +118,7 @@ def _in_order(samples, order):
 
 
 def _pack_jpegs(samples) -> dict:
-    """Undecoded frames and their geometry for ``trainer.device_decode``: all JPEG bytes of the
+    """Undecoded frames and their geometry for ``trainer.data.device_decode``: all JPEG bytes of the
     batch in one uint8 tensor with offsets (one shared-memory transfer instead of B x T)."""
     jpegs = [j for s in samples for j in s["jpegs"]]
     geometries = [s["geometry"] for s in samples]
@@ -139,7 +139,7 @@ class _Streams(IterableDataset):
     def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
         self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
-        self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.shapes)
+        self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.data.shapes)
 
     def _decode(self, samples: list[dict]) -> dict:
         """Stage: a batch of samples -> its pixels in a pool slot (only the slot number and the

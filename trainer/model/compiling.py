@@ -1,6 +1,6 @@
 """``--compile``: the training step's network through ``torch.compile``, temporal shift included.
 
-The shift (``trainer.temporal_shift``) is a custom autograd function of slices and copies;
+The shift (``trainer.model.temporal_shift``) is a custom autograd function of slices and copies;
 Dynamo traces it, forward and backward, into the same graph as the convolutions around it
 (``tests/test_compile.py`` checks that there is no graph break), so Inductor can fuse the
 shift's copies with its neighbours instead of running them as separate memory passes.
@@ -23,17 +23,17 @@ import logging
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+from ..config import COMPILE_MODES
 
-MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+log = logging.getLogger(__name__)
 
 
 def compile_network(net: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
                     mode: str = "auto", backend: str = "inductor") -> nn.Module:
     """``net`` compiled for training in ``mode``; on CUDA, ``optimizer``'s update fused.
     ``backend="aot_eager"`` stops after capturing the forward and backward graphs (tests)."""
-    if mode not in MODES:
-        raise ValueError(f"compile mode {mode!r} not one of {MODES}")
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode {mode!r} not one of {COMPILE_MODES}")
     if device.type == "cuda" and isinstance(optimizer, torch.optim.SGD):
         for group in optimizer.param_groups:
             group["fused"], group["foreach"] = True, False

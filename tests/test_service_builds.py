@@ -1,0 +1,125 @@
+"""Builds asked for over HTTP, each run in a build process of its own, on a real ``shard-service
+serve`` with real Ray and ffmpeg: the server outlives its builds (it serves and builds again past
+the 60 s after which Ray, started by a finished build thread, used to take the server down), a
+build process that is killed or stopped is recorded failed with its reason at once and leaves no
+process behind, and different builds posted together all finish."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+from shardsets import ServiceProcess, http, wait_for
+
+from shards.catalog import Catalog
+from shards.manifest import Manifest
+
+import media
+
+TOKEN = "token-for-build-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    src = tmp_path_factory.mktemp("videos")
+    for label in ("jump", "walk"):
+        media.make_video(src / "val" / label / f"{label}.mp4", frames=16, width=40, height=30)
+        for i in range(2):
+            media.make_video(src / "train" / label / f"{label}{i}.mp4", frames=16, width=40, height=30)
+    return src
+
+
+def serve(root, *args: str) -> ServiceProcess:
+    (root / "tokens").write_text(TOKEN + "\n")
+    server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--token-file", str(root / "tokens"),
+                            "--data-root", str(root / "sets"), *args)
+    server.start()
+    return server
+
+
+def post(url: str, videos, **options) -> tuple[int, dict]:
+    status, _, answer = http(url, "POST", "/v1/builds", AUTH, json.dumps({"src": str(videos), **options}).encode())
+    return status, json.loads(answer)
+
+
+def no_children(server: ServiceProcess) -> None:
+    """Wait until the server has no child process left (a finished build's process and its Ray)."""
+    gone, alive = psutil.wait_procs(psutil.Process(server.proc.pid).children(recursive=True), timeout=60)
+    assert not alive, alive
+
+
+def test_the_server_outlives_its_builds_and_builds_again_minutes_later(tmp_path, videos):
+    server = serve(tmp_path)  # no --ray-address: every build starts its own embedded Ray
+    try:
+        status, first = post(server.url, videos, splits=["val"], short_side=30, shard_samples=2)
+        assert status == 202
+        assert wait_for(server.url, first["id"], ("ready", "failed"))["state"] == "ready"
+        time.sleep(65)  # past the 60 s in which a Ray driver notices its Ray is gone and ends its process
+        assert server.proc.poll() is None and http(server.url, path="/v1/health")[0] == 200
+        no_children(server)  # the build's process and its Ray ended with the build
+        # two more builds, different, posted together: they queue for the one build slot, both finish
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda side: post(server.url, videos, splits=["train"], short_side=side,
+                                                      shard_samples=2), (24, 26)))
+        assert [status for status, _ in answers] == [202, 202]
+        for _, answer in answers:
+            done = wait_for(server.url, answer["id"], ("ready", "failed"))
+            assert done["state"] == "ready" and done["attempts"] == 1, done
+            status, _, manifest = http(server.url, path=f"/v1/datasets/{answer['id']}/manifest.json")
+            assert status == 200 and Manifest.from_json(manifest).splits["train"].num_samples == 4
+        assert server.proc.poll() is None
+    finally:
+        server.kill(signal.SIGTERM)
+    assert server.proc.returncode == 0
+
+
+def test_a_killed_build_process_is_recorded_failed_at_once_and_asking_again_resumes(tmp_path, videos, ray_local):
+    server = serve(tmp_path, "--ray-address", ray_local.get_runtime_context().gcs_address)
+    try:
+        status, answer = post(server.url, videos, splits=["train"], short_side=22, shard_samples=2)
+        assert status == 202
+        os.killpg(server.build_process().pid, signal.SIGKILL)  # as the kernel's OOM killer would
+        failed = wait_for(server.url, answer["id"], ("ready", "failed"))
+        assert failed["state"] == "failed" and "was killed by SIGKILL" in failed["error"], failed
+        no_children(server)
+        status, again = post(server.url, videos, splits=["train"], short_side=22, shard_samples=2)
+        assert status == 202 and again["id"] == answer["id"]
+        done = wait_for(server.url, answer["id"], ("ready", "failed"))
+        assert done["state"] == "ready" and done["attempts"] == 2, done
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+def test_sigterm_stops_the_running_build_records_it_and_leaves_no_process(tmp_path, videos):
+    server = serve(tmp_path)
+    status, answer = post(server.url, videos, splits=["train"], short_side=20, shard_samples=2)
+    assert status == 202
+    builder = server.build_process()
+    os.killpg(builder.pid, signal.SIGSTOP)  # held where it is: a build of seconds cannot finish under us
+    started = [builder, *builder.children(recursive=True)]
+    server.proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + 60
+    while not any("stopping build process" in line for line in server.log):
+        assert time.time() < deadline and server.proc.poll() is None, "".join(server.log)
+        time.sleep(0.05)
+    try:
+        os.killpg(builder.pid, signal.SIGCONT)  # now it handles the server's SIGTERM ...
+    except ProcessLookupError:
+        pass  # ... unless caught before it had a handler: SIGTERM's default action ends even a stopped process
+    assert server.proc.wait(timeout=120) == 0
+    gone, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive and not [p for p in psutil.process_iter(["pid"]) if _group(p) == builder.pid]
+    rec = Catalog(str(tmp_path / "catalog.sqlite")).get(answer["id"])
+    assert rec.state == "failed" and rec.error.startswith("stopped"), rec.error
+
+
+def _group(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except ProcessLookupError:
+        return None

@@ -1,0 +1,257 @@
+"""Every flag of ``trainer train``, ``trainer elastic`` and ``trainer test``, defined once, as typed configs.
+
+A run is described by frozen dataclasses, one per concern: ``Data``, ``Model``, ``Recipe``, ``System``
+and ``Schedules``, together a ``TrainConfig``. Each field is also its command-line flag: ``flag(...)``
+holds the help text and whatever argparse needs besides the type and default (a ``--no-`` spelling,
+choices, ``nargs``), and ``add_arguments`` builds the parser's groups from the fields, so an option is
+written once. The parsed namespace stops at the entry points (``run`` of ``trainer.train``,
+``trainer.elastic`` and ``trainer.evaluate``): below them the code takes the configs it needs, and
+tests build configs directly.
+
+A checkpoint stores ``TrainConfig.to_dict()`` (plain data with a ``version``); ``of_checkpoint``
+reads it back, and reads the flat ``args`` dict of checkpoints written before the configs
+(version 0: the parsed flags, whose names are the fields' names).
+
+Plain argparse, not tyro, jsonargparse or simple-parsing: measured for this module (docs/architecture.md),
+tyro added about 120 ms of imports to a start-up whose budget is the import of torch, and it would
+rename every flag (``--recipe.lr-per-8``) or need its own annotations to keep today's names, boxed
+help and errors; the 40 lines below give one definition per option with the help users read today.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+VERSION = 1  # of the config as a checkpoint stores it; 0: the flat ``args`` dict of older checkpoints
+
+BACKENDS = ("horovod", "torch", "none")
+AMP = ("auto", "bf16", "fp16", "off")
+# train: every BN layer learns; partial: TSM's partial BN, all but the first frozen (for
+# fine-tuning on small datasets such as UCF101); frozen: all use their running statistics
+BN_MODES = ("train", "partial", "frozen")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MULTIGRID = ("off", "long", "short", "both")
+GROWTH = ("off", "points", "decay", "noise")  # trainer.schedules.batch_growth's modes, or none
+
+
+def flag(default=dataclasses.MISSING, help: str | None = None, *, spelling: str | None = None, **argparse_options):
+    """A config field that is also a flag: ``--field-name`` unless ``spelling`` (``--no-flip``)."""
+    return dataclasses.field(default=default, metadata={"help": help, "spelling": spelling, "options": argparse_options})
+
+
+@dataclass(frozen=True)
+class Data:
+    GROUP: ClassVar[str] = "data"
+    data: str = flag(help="shard-set directory or manifest.json URL", required=True)
+    train_split: str = flag("train")
+    val_split: str = flag("val", "'' to skip validation")
+    batch_size: int = flag(8, "clips per rank per step")
+    workers: int = flag(4, "loader worker processes per rank")
+    crop_size: int = flag(224)
+    scale_size: int = flag(256, "short side before cropping")
+    flip: bool = flag(True, "no horizontal flips (for classes that tell left from right)", spelling="--no-flip")
+    shuffle_buffer: int = flag(256)
+    cache_dir: str | None = flag(None, "local shard cache for remote shard sets")
+    decode_on_device: bool = flag(False, "decode JPEGs on the GPU with nvJPEG (needs torchvision): loader workers "
+                                         "only read bytes and parse headers")
+
+
+@dataclass(frozen=True)
+class Model:
+    GROUP: ClassVar[str] = "model"
+    segments: int = flag(8, "frames per clip (T)")
+    depth: int = flag(50, "ResNet depth: 10, 18, 34, 50, 101, 152")
+    width: int = flag(64, "ResNet base width (64 standard)")
+    shift: bool = flag(True, "TSN: no temporal shift", spelling="--no-shift")
+    shift_div: int = flag(8, "shift 1/div of channels each way")
+    dropout: float = flag(0.0, "before the head (0 for the large-batch recipe)")
+    pretrained: str | None = flag(None, "torchvision-format ResNet state dict to start from")
+    bn: str = flag("train", "partial: freeze every BN layer but the first (TSM's partial BN, for fine-tuning on small "
+                            "datasets); frozen: freeze all, normalising with running statistics", choices=BN_MODES)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    GROUP: ClassVar[str] = "recipe"
+    epochs: int = flag(100)
+    lr_per_8: float = flag(0.00125, "learning rate per 8 clips of global batch")
+    warmup_epochs: float = flag(5.0)
+    optimizer: str = flag("sgd", "adam: weight decay as L2 in the gradient; adamw: decoupled; none decays BN or biases",
+                          choices=OPTIMIZERS)
+    momentum: float = flag(0.9, "SGD's")
+    weight_decay: float = flag(1e-4, "on conv/linear weights only")
+    clip_grad_norm: float = flag(0.0, "max gradient norm (0: off)")
+
+
+@dataclass(frozen=True)
+class System:
+    GROUP: ClassVar[str] = "system"
+    backend: str = flag("horovod", choices=BACKENDS)
+    fp16_allreduce: bool = flag(False, "compress gradients to fp16 for the allreduce")
+    amp: str = flag("auto", "mixed precision; auto = bf16 on GPU, off on CPU", choices=AMP)
+    channels_last: bool | None = flag(None, "NHWC activations (default: on GPU only)",
+                                      action=argparse.BooleanOptionalAction)
+    compile: str | None = flag(None, "torch.compile the training network, temporal shift inside the graph (mode: see "
+                                     "trainer/model/compiling.py; reduce-overhead adds CUDA graphs); on CUDA also a "
+                                     "fused SGD", nargs="?", const="auto", choices=COMPILE_MODES)
+    seed: int = flag(0)
+    output_dir: str = flag("out/train", "checkpoint, metrics.jsonl, tensorboard/")
+    resume: bool = flag(False, "continue from OUTPUT_DIR/checkpoint.pt if present")
+    checkpoint_steps: int = flag(0, "also checkpoint every N steps (0: only at epoch ends and stops); bounds what a "
+                                    "SIGKILL, an OOM kill or a lost node costs to N steps")
+    print_freq: int = flag(10, "steps between metric records")
+    clip_log: bool = flag(False, "log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/ "
+                                 "(trainer.clip_log): the audit that each epoch trained on every clip once")
+    tensorboard: bool = flag(True, spelling="--no-tensorboard")
+
+
+@dataclass(frozen=True)
+class Schedules:
+    GROUP: ClassVar[str] = "schedules (docs/schedules.md)"
+    multigrid: str = flag("off", "multigrid batch shapes: the long cycle (T, S and B over each stage), the short cycle "
+                                 "(crops over successive iterations), or both; runs the plan's 1.5x --epochs",
+                          choices=MULTIGRID)
+    multigrid_stages: tuple[int, ...] | None = flag(
+        None, "epochs of the baseline (--epochs) where the long cycle restarts (default: the reference config's "
+              "learning-rate steps, 94, 154 and 196 of 239, scaled to --epochs)", nargs="+")
+    batch_growth: str = flag("off", "double the batch at --growth-points epochs, in place of the rate's decay, or when "
+                                    "the gradient noise scale exceeds the global batch (needs 2+ ranks)", choices=GROWTH)
+    growth_points: tuple[float, ...] = flag((), "epochs where the batch doubles", nargs="+")
+    max_batch_size: int | None = flag(None, "clips per rank the batch grows to at most (default 8x --batch-size)")
+    average_every: int | None = flag(None, "K-step model averaging: each rank steps alone, ranks average every K steps "
+                                           "(default: gradients averaged at every step by the backend)")
+    local_after_epochs: float = flag(0.0, "post-local averaging: synchronous for these first epochs, K-step after")
+    bn_group: int | None = flag(None, "clips per BN statistics group (0: the whole batch; default: --batch-size when "
+                                      "the batch varies)")
+    trace_steps: bool = flag(False, "every rank writes each step's shape, batch, rate and a weight checksum to "
+                                    "OUTPUT_DIR/steps-rank<R>.jsonl")
+    precise_bn: int = flag(0, "before every validation, set BN statistics to those of N full-shape training batches "
+                              "per rank (for multigrid, whose training shapes differ from validation's); 0: off",
+                           metavar="N")
+
+
+@dataclass(frozen=True)
+class Elastic:
+    GROUP: ClassVar[str] = "elastic"
+    commit_every: int = flag(20, "steps between in-memory commits, the most steps a failure costs (also at every "
+                                 "epoch end)")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """``trainer test``'s flags (one group, no title)."""
+    GROUP: ClassVar[str | None] = None
+    checkpoint: str = flag(help="checkpoint.pt written by trainer train", required=True)
+    data: str = flag(help="shard-set directory or manifest.json URL", required=True)
+    split: str = flag("val")
+    crops: int = flag(1, "1: centre crop_size crop; 3: three full-height scale_size crops", choices=[1, 3])
+    crop_size: int | None = flag(None, "default: the training run's")
+    scale_size: int | None = flag(None, "default: the training run's")
+    batch_size: int = flag(8, "clips per rank per step")
+    workers: int = flag(4)
+    decode_on_device: bool = flag(False, "decode JPEGs on the GPU (needs torchvision)")
+    backend: str = flag("horovod", choices=BACKENDS)
+    amp: str = flag("auto", choices=AMP)
+    output: str | None = flag(None, "write the summary and per-video predictions to this JSON file")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run: what it reads, the network, the recipe, where and how it runs, its schedules."""
+    data: Data
+    model: Model = Model()
+    recipe: Recipe = Recipe()
+    system: System = System()
+    schedules: Schedules = Schedules()
+
+    def to_dict(self) -> dict:
+        """Plain data for a checkpoint: ``{"version": VERSION, "data": {...}, "model": {...}, ...}``."""
+        return {"version": VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "TrainConfig":
+        """``to_dict``'s output, or (version 0) an older checkpoint's flat ``args``; fields a version
+        did not have take their defaults."""
+        nested = state.get("version", 0) >= 1
+        return cls(**{f.name: _build(CONCERNS[f.name], state[f.name] if nested else state) for f in fields(cls)})
+
+    def replace(self, **concerns) -> "TrainConfig":
+        return dataclasses.replace(self, **concerns)
+
+
+CONCERNS = {"data": Data, "model": Model, "recipe": Recipe, "system": System, "schedules": Schedules}
+
+
+def _build(cls, values: dict):
+    """``cls`` from the values it has fields for (argparse's lists as tuples)."""
+    out = {}
+    for f in fields(cls):
+        if f.name in values:
+            value = values[f.name]
+            out[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**out)
+
+
+def _add_group(p: argparse.ArgumentParser, cls) -> None:
+    group = p.add_argument_group(cls.GROUP) if cls.GROUP else p
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        meta, options = f.metadata, dict(f.metadata["options"])
+        kind = hints[f.name]
+        if meta["spelling"]:  # a --no- flag: stores False into the field
+            group.add_argument(meta["spelling"], dest=f.name, action="store_false", help=meta["help"])
+            continue
+        if f.default is not dataclasses.MISSING:
+            options.setdefault("default", list(f.default) if isinstance(f.default, tuple) else f.default)
+        if kind is bool and "action" not in options:
+            options["action"] = "store_true"
+        elif "action" not in options:
+            base = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+            base = base[0]
+            if typing.get_origin(base) is tuple:
+                base = typing.get_args(base)[0]
+            options["type"] = base
+        group.add_argument("--" + f.name.replace("_", "-"), help=meta["help"], **options)
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    for cls in CONCERNS.values():
+        _add_group(p, cls)
+
+
+def add_elastic_arguments(p: argparse.ArgumentParser) -> None:
+    add_train_arguments(p)
+    _add_group(p, Elastic)
+
+
+def add_evaluation_arguments(p: argparse.ArgumentParser) -> None:
+    _add_group(p, Evaluation)
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The parsed flags of ``trainer train`` (or ``elastic``) as a config."""
+    return TrainConfig.from_dict(vars(args))
+
+
+def elastic_config(args: argparse.Namespace) -> Elastic:
+    return _build(Elastic, vars(args))
+
+
+def evaluation_config(args: argparse.Namespace) -> Evaluation:
+    return _build(Evaluation, vars(args))
+
+
+def parser(add=add_train_arguments, description: str | None = None) -> argparse.ArgumentParser:
+    """A stand-alone parser (benchmarks take a trainer command line this way)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add(p)
+    return p
+
+
+def of_checkpoint(state: dict) -> TrainConfig:
+    """The config a checkpoint was written under: its ``config``, or its flat ``args`` (version 0)."""
+    return TrainConfig.from_dict(state["config"] if "config" in state else state["args"])
