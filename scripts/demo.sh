@@ -30,6 +30,7 @@ echo "== 1/4 data: 320 videos (64x64, 2 s), ingested into shards of 4-frame JPEG
 "$bin/ingest" build --src "$out"/src --out "$out"/shards --frames 4 --clips-per-video 4 --short-side 32 --shard-samples 64
 "$bin/shards" verify "$out"/shards
 "$bin/shards" stats "$out"/shards
+"$bin/shards" preview "$out"/shards --split val --clips 8 --out "$out"/preview.png   # look before training
 "$bin/shards" plan "$out"/shards --max-world-size 64 --world-sizes 1,2,4,8,16,64
 
 # A ResNet-10 of width 16 on 32 px crops, 4 frames, no flips (left and right are classes). The
@@ -68,6 +69,7 @@ cat <<EOF
 Where things are:
   $out/src/                 the generated videos (class folders: $out/src/{train,val}/<class>/*.mp4)
   $out/shards/              WebDataset shards, manifest.json, classes.txt, errors.jsonl
+  $out/preview.png          8 validation clips, a row each (shards preview; --html DIR for a page)
   $out/tsm/, $out/tsn/      checkpoint.pt, metrics.jsonl, tensorboard/; $out/tsm/test-val.json
   $out/tsm-vs-tsn.png       loss, accuracy, learning rate and throughput of both runs
 What to run next:

@@ -10,6 +10,8 @@
     DELETE /v1/datasets/{ref}/tags/{tag}    remove a tag                                   [token]
     POST   /v1/builds                       start an ingest (JSON body: src + options): 202 [token]
     GET    /v1/builds/{id}                  a build's state and progress
+    GET    /, /sets/{ref}[/clips], /static/{name}, /v1/viewer/...   the dataset viewer (service.viewer,
+                                            added by service.serve)
 
 Errors are JSON ``{"error": ..., "status": ...}``. Request paths must be plain: percent-escapes,
 backslashes, dot segments and empty segments are refused (400) before routing, and a file is
@@ -39,7 +41,7 @@ from .records import RecordCache
 log = logging.getLogger("service.app")
 MAX_BODY = 64 * 1024
 STREAM_CHUNK = 1 << 20
-_PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_\-~]+(\.[A-Za-z0-9_\-~]+)*)+/?")
+_PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_\-~]+(\.[A-Za-z0-9_\-~]+)*)*/?")
 CATALOG = web.AppKey("catalog", Catalog)
 BUILDS = web.AppKey("builds", Builds)
 TOKENS = web.AppKey("tokens", list)
@@ -148,24 +150,32 @@ async def get_file(request: web.Request) -> web.StreamResponse:
     rec = _record(request, ready=True)
     name = request.match_info["path"]
     entry = await _entry(request, rec, name)
-    answer = evaluate(request.method, entry.size, entry.etag, request.headers)
-    headers = {"ETag": entry.etag, "Accept-Ranges": "bytes"}
+    return send_span(request, rec, name, entry, 0, entry.size, entry.etag, {"Content-Type": content_type(name)})
+
+
+def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset: int, size: int, etag: str,
+              extra: dict) -> web.StreamResponse:
+    """Bytes [offset, offset + size) of a set's file as one representation with its own strong
+    ``etag`` (a whole file, or one frame inside a shard), conditionals and ranges applied;
+    ``extra``: headers of a 200 or 206 answer (its Content-Type)."""
+    answer = evaluate(request.method, size, etag, request.headers)
+    headers = {"ETag": etag, "Accept-Ranges": "bytes"}
     if answer.status in (400, 412, 416):
         if answer.status == 416:
-            headers["Content-Range"] = f"bytes */{entry.size}"
+            headers["Content-Range"] = f"bytes */{size}"
         return error(answer.status, answer.reason or "precondition failed", **headers)
     if answer.status == 304:
         return web.Response(status=304, headers=headers)
     if answer.status == 206:
-        headers["Content-Range"] = f"bytes {answer.start}-{answer.end - 1}/{entry.size}"
-    headers["Content-Type"] = content_type(name)
+        headers["Content-Range"] = f"bytes {answer.start}-{answer.end - 1}/{size}"
+    headers.update(extra)
     root = local_path(rec.location)
     if root is not None:
         fd = open_local(root, name, entry)  # a few system calls on a local directory: no thread hop
-        response = _Sendfile(fd, answer.start, answer.length, status=answer.status, headers=headers)
+        response = _Sendfile(fd, offset + answer.start, answer.length, status=answer.status, headers=headers)
     else:
-        response = _Streamed(f"{rec.location}/{name}", entry, answer.start, answer.end, status=answer.status,
-                             headers=headers)
+        response = _Streamed(f"{rec.location}/{name}", entry, offset + answer.start, offset + answer.end,
+                             status=answer.status, headers=headers)
     response.content_length = answer.length
     return response
 

@@ -48,14 +48,19 @@ def clean_name(name: str) -> bool:
         all(part not in ("", ".", "..") for part in name.split("/"))
 
 
-def file_table(location: str, files: dict, manifest_sha256: str) -> dict[str, Entry]:
-    """name -> Entry for every file of a ready set, from its manifest, checked against the catalog."""
+def checked_manifest(location: str, manifest_sha256: str) -> Manifest:
+    """A ready set's manifest, refused unless it still has the SHA-256 the catalog recorded."""
     data = storage.read_bytes(storage.join(location, MANIFEST_NAME))
     if hashlib.sha256(data).hexdigest() != manifest_sha256:
         raise Refused(500, f"{location}: manifest.json changed since the set was registered; "
                            "run `shard-service verify` and rebuild it")
+    return Manifest.from_json(data, base=location)
+
+
+def file_table(location: str, files: dict, manifest_sha256: str) -> dict[str, Entry]:
+    """name -> Entry for every file of a ready set, from its manifest, checked against the catalog."""
     table = {name: Entry(size, sha) for name, (size, sha) in files.items()}
-    for split in Manifest.from_json(data, base=location).splits.values():
+    for split in checked_manifest(location, manifest_sha256).splits.values():
         for shard in split.shards:
             if clean_name(shard.name):
                 table[shard.name] = Entry(shard.bytes, shard.sha256)

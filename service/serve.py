@@ -17,6 +17,7 @@ from aiohttp import web
 from shards.catalog import Catalog, default_path
 
 from .app import make_app
+from .viewer import add_routes as add_viewer
 
 log = logging.getLogger("service.serve")
 
@@ -54,6 +55,7 @@ async def serve(args: argparse.Namespace) -> None:
     data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, max_builds=args.max_builds)
+    add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False)
     await runner.setup()

@@ -1,4 +1,4 @@
-"""``shards`` console script: plan, verify, stats and reshard shard sets."""
+"""``shards`` console script: plan, verify, stats, reshard and preview shard sets."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +6,7 @@ import sys
 from .commands import main as run_commands
 
 COMMANDS = {"plan": "shards.layout_cli", "verify": "shards.verify", "stats": "shards.stats",
-            "reshard": "shards.reshard"}
+            "reshard": "shards.reshard", "preview": "shards.preview"}
 
 
 def main(argv: list[str] | None = None) -> int:

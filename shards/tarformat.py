@@ -49,12 +49,14 @@ def end_of_archive(archive_size: int) -> bytes:
 
 def read_members(data: bytes) -> list[tuple[str, bytes]]:
     """Parse tar bytes (a shard or one sample's byte range) into (name, data) pairs."""
-    out = []
+    return [(name, data[offset:offset + size]) for name, offset, size in member_spans(data)]
+
+
+def member_spans(data: bytes) -> list[tuple[str, int, int]]:
+    """(name, offset of its data in ``data``, size) of each file member of tar bytes (a sample's
+    byte range): where a frame lies inside its shard, so it can be served without a copy."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
-        for info in tf:
-            if info.isfile():
-                out.append((info.name, tf.extractfile(info).read()))
-    return out
+        return [(info.name, info.offset_data, info.size) for info in tf if info.isfile()]
 
 
 def split_name(name: str) -> tuple[str, str]:

@@ -3,7 +3,6 @@ byte-range support on 127.0.0.1, and the shard service in a subprocess with a pl
 from __future__ import annotations
 
 import contextlib
-import http.server
 import io
 import json
 import os
@@ -11,6 +10,7 @@ import socket
 import threading
 import time
 from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # not `import http`: http() below
 
 from PIL import Image
 
@@ -46,11 +46,13 @@ def clip_samples(split: str, count: int, num_classes: int, frames: int, size, la
 
 
 def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, num_classes: int = 3,
-                  frames: int = 8, size=(64, 48), unlabeled=("test",)) -> Manifest:
+                  frames: int = 8, size=(64, 48), unlabeled=("test",), classes: list[str] | None = None) -> Manifest:
     """Write ``splits`` ({name: clip count}) as shards of ``per_shard`` clips plus a manifest.
 
     Clip i of a split has label i % num_classes and frame t coloured ``frame_colour(i, t)``.
+    ``classes``: the class names (default ``class0``, ``class1``, ...; their number overrides num_classes).
     """
+    num_classes = len(classes) if classes else num_classes
     out = {}
     for split, count in splits.items():
         samples = list(clip_samples(split, count, num_classes, frames, size, split not in unlabeled))
@@ -59,7 +61,7 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
             name = shard_name(split, k)
             shards.append(write_shard(os.path.join(directory, name), name, samples[start:start + per_shard]))
         out[split] = SplitInfo(shards=shards)
-    classes = [f"class{c}" for c in range(num_classes)]
+    classes = classes or [f"class{c}" for c in range(num_classes)]
     m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames}},
                  fingerprint=digest({"splits": splits, "per_shard": per_shard}))
     m.save(directory)
@@ -68,7 +70,7 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     return m
 
 
-class RangeHandler(http.server.SimpleHTTPRequestHandler):
+class RangeHandler(SimpleHTTPRequestHandler):
     """Static files with single byte-range support (``Range: bytes=a-b``); records (method, path)."""
 
     def send_head(self):
@@ -100,7 +102,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 @contextlib.contextmanager
 def serve(directory: str):
     """Serve ``directory`` over HTTP on 127.0.0.1; yields (base URL, list of (method, path) requested)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=directory))
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -1,0 +1,284 @@
+"""The dataset viewer: three pages on the API's port, their static files, and the JSON and frame
+routes they read.
+
+    GET /                                       the catalog: every set, builds with live progress
+    GET /sets/{ref}                             a set: counts, class histogram, frames, options, error ledger
+    GET /sets/{ref}/clips[?split=&class=&page=] a paged grid of clips, filterable by split and class
+    GET /static/{name}                          the pages' CSS, script and icon (package data, service/static/)
+    GET /v1/viewer                              {"read_auth": bool}: whether the pages must ask for a token
+    GET /v1/viewer/{ref}                        what the set page shows (JSON; catalog and manifest only)
+    GET /v1/viewer/{ref}/probe                  frames per clip and frame sizes, from a few clips read (JSON)
+    GET /v1/viewer/{ref}/clips?split=S[&class=C][&page=P][&per_page=N]   one page of clips (JSON)
+    GET /v1/viewer/{ref}/clips/{split}/{n}      one clip: key, label, source video, offset, size, its JSON
+    GET /v1/viewer/{ref}/frames/{split}/{n}/{t} frame t of clip n: its JPEG bytes, straight from the shard
+
+The pages are static shells holding no data. Their one script fetches the JSON routes with the
+bearer token the user typed (kept in the tab's sessionStorage, sent as an Authorization header,
+never in a URL or cookie) and builds the page with ``textContent``, so names from user data
+(sets, tags, classes, paths, decoder messages) are never parsed as HTML; every viewer answer
+carries a Content-Security-Policy that allows scripts and styles from this origin only (no inline
+script), ``nosniff`` and ``Referrer-Policy: no-referrer``. With ``--read-auth`` the JSON and
+frame routes need the token; the shells do not, and show nothing but the login form without it.
+
+Paging and filtering happen here, on a ``shards.clipindex.ClipIndex`` built once per set (the
+manifest parsed in a thread): the browser never downloads the manifest. A frame is served like
+any file of a set (``service.app.send_span``: conditionals, ranges, sendfile for local sets) as
+the byte range of its tar member; the frame's place in the shard is read once per clip (one
+read of the clip's bytes) and kept. Its strong ETag is the shard's SHA-256 and the frame's
+offset. Asked for by dataset id, which names content, it is cached for a year as immutable;
+by a name or tag, which can move, it is revalidated each time.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.resources
+import json
+from collections import OrderedDict
+
+from aiohttp import web
+
+from shards import storage
+from shards.catalog import Record
+from shards.clipindex import ClipIndex, clip_meta, frame_spans, read_clip
+from shards.manifest import Manifest
+from shards.stats import split_stats
+
+from .app import READ_AUTH, _entry, _reader, _record, send_span
+from .files import checked_manifest
+from .ranges import evaluate
+
+PAGE_SIZE, MAX_PAGE_SIZE = 48, 200  # clips per page: default and largest
+MAX_LEDGER_ROWS = 1000  # error ledger rows sent to the set page (the total is always given)
+PROBE_CLIPS = 8  # clips read per split for frames per clip and frame sizes
+SETS_KEPT, CLIPS_KEPT = 4, 8192  # indexed sets and clips' frame positions kept in memory
+SECURITY = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+                ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
+SHELL = "viewer.html"  # every page: the script draws the one the path names
+
+
+class _Static:
+    """The files of ``service/static`` (read once), each with its content type and strong ETag."""
+
+    def __init__(self):
+        self.files = {}
+        for item in importlib.resources.files("service").joinpath("static").iterdir():
+            suffix = item.name[item.name.rfind("."):]
+            if suffix in STATIC_TYPES:
+                data = item.read_bytes()
+                self.files[item.name] = (data, STATIC_TYPES[suffix], f'"{hashlib.sha256(data).hexdigest()}"')
+
+    def response(self, request: web.Request, name: str) -> web.Response:
+        if name not in self.files:
+            raise web.HTTPNotFound(text=f"no static file {name!r}")
+        data, ctype, etag = self.files[name]
+        headers = {"ETag": etag, "Cache-Control": "no-cache", **SECURITY}
+        if evaluate("HEAD", len(data), etag, request.headers).status == 304:  # If-None-Match only
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=data, headers={**headers, "Content-Type": ctype})
+
+
+class Viewer:
+    """Per-server state: the static files, and per set its clip index, overview and clips' frame positions."""
+
+    def __init__(self):
+        self.static = _Static()
+        self._sets: OrderedDict[tuple, asyncio.Future] = OrderedDict()
+        self._frames: OrderedDict[tuple, list[tuple[int, int]]] = OrderedDict()
+
+    async def indexed(self, rec: Record) -> dict:
+        """{"manifest", "index", "overview"} of a ready set, built once (in a thread) and shared
+        (the probe route adds "probe")."""
+        key = (rec.id, rec.manifest_sha256)
+        if key not in self._sets:
+            self._sets[key] = asyncio.ensure_future(asyncio.to_thread(_index, rec))
+            while len(self._sets) > SETS_KEPT:
+                self._sets.popitem(last=False)
+        self._sets.move_to_end(key)
+        future = self._sets[key]
+        try:
+            return await asyncio.shield(future)
+        except Exception:
+            self._sets.pop(key, None)  # asked again, tried again
+            raise
+
+    async def frames(self, rec: Record, manifest: Manifest, clip) -> list[tuple[int, int]]:
+        """(offset in the shard, size) of each frame of ``clip``: one read of the clip, then kept."""
+        key = (rec.id, rec.manifest_sha256, clip.split, clip.n)
+        if key not in self._frames:
+            sample = await asyncio.to_thread(read_clip, manifest, clip)
+            self._frames[key] = [(clip.offset + offset, size) for offset, size in frame_spans(sample)]
+            while len(self._frames) > CLIPS_KEPT:
+                self._frames.popitem(last=False)
+        return self._frames[key]
+
+
+VIEWER = web.AppKey("viewer", Viewer)
+
+
+def _index(rec: Record) -> dict:
+    manifest = checked_manifest(rec.location, rec.manifest_sha256)
+    index = ClipIndex(manifest)
+    splits = {name: {"clips": len(part), "bytes": manifest.splits[name].num_bytes, "shards": len(part.shards),
+                     "failed": manifest.splits[name].num_failed,
+                     "histogram": part.histogram(len(index.classes)).tolist()}
+              for name, part in index.splits.items()}
+    return {"manifest": manifest, "index": index,
+            "overview": {"classes": index.classes, "frames_per_clip": index.frames_per_clip(), "splits": splits,
+                         "errors": _ledger(rec)}}
+
+
+def _ledger(rec: Record) -> dict:
+    """The first rows of the set's errors.jsonl (path, split, reason, decoder message) and their total."""
+    if "errors.jsonl" not in rec.files:
+        return {"total": 0, "rows": []}
+    lines = storage.read_bytes(storage.join(rec.location, "errors.jsonl")).decode().splitlines()
+    rows = [json.loads(line) for line in lines[:MAX_LEDGER_ROWS] if line.strip()]
+    return {"total": sum(1 for line in lines if line.strip()),
+            "rows": [{k: str(r.get(k, "")) for k in ("path", "split", "reason", "ffmpeg")} for r in rows]}
+
+
+def _json(data: dict) -> web.Response:
+    return web.json_response(data, headers={**SECURITY, "Cache-Control": "no-store"})
+
+
+def _int(request: web.Request, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    text = request.query.get(name)
+    if text is None or text == "":
+        return default
+    if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+        raise web.HTTPBadRequest(text=f"{name}={text[:20]!r}: give a whole number from {low}"
+                                      + (f" to {high}" if high is not None else ""))
+    return int(text)
+
+
+async def _ready(request: web.Request) -> tuple[Record, dict]:
+    _reader(request)
+    rec = _record(request, ready=True)
+    return rec, await request.app[VIEWER].indexed(rec)
+
+
+def _split(data: dict, name: str):
+    try:
+        return data["index"].split(name)
+    except KeyError as e:
+        raise web.HTTPNotFound(text=e.args[0]) from None
+
+
+def _clip(part, n: str):
+    try:
+        return part.clip(int(n))
+    except (ValueError, IndexError):
+        raise web.HTTPNotFound(text=f"split {part.name} has {len(part)} clips; there is no clip {n!r}") from None
+
+
+def _clip_json(index: ClipIndex, clip) -> dict:
+    label = clip.label
+    return {"n": clip.n, "key": clip.key, "label": label,
+            "class": index.classes[label] if 0 <= label < len(index.classes) else None,
+            "shard": clip.shard.name, "offset": clip.offset, "length": clip.length}
+
+
+# --- pages and static files --------------------------------------------------------------------
+async def page(request: web.Request) -> web.Response:
+    return request.app[VIEWER].static.response(request, SHELL)
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name.endswith(".html"):
+        raise web.HTTPNotFound(text=f"no static file {name!r}")  # the pages' shell has its own routes
+    return request.app[VIEWER].static.response(request, name)
+
+
+# --- JSON and frames ---------------------------------------------------------------------------
+async def settings(request: web.Request) -> web.Response:
+    """Whether reads need a token: the pages ask before anything else, so none fails before the login."""
+    return _json({"read_auth": request.app[READ_AUTH]})
+
+
+async def overview(request: web.Request) -> web.Response:
+    _reader(request)
+    rec = _record(request)
+    if rec.state != "ready":
+        return _json({"record": rec.to_json(), "classes": [], "splits": {}, "errors": None})
+    data = await request.app[VIEWER].indexed(rec)
+    return _json({"record": rec.to_json(), **data["overview"]})
+
+
+async def probe(request: web.Request) -> web.Response:
+    rec, data = await _ready(request)
+    if "probe" not in data:  # kept with the set's index
+        manifest = data["manifest"]
+        stats = await asyncio.to_thread(lambda: {name: split_stats(manifest, name, PROBE_CLIPS)
+                                                 for name in manifest.splits})
+        keys = ("probed_clips", "frames_per_clip", "frame_sizes", "bytes_per_frame", "shard_bytes")
+        data["probe"] = {"splits": {name: {k: s[k] for k in keys} for name, s in stats.items()}}
+    return _json(data["probe"])
+
+
+async def clips(request: web.Request) -> web.Response:
+    rec, data = await _ready(request)
+    index = data["index"]
+    part = _split(data, request.query.get("split") or next(iter(index.splits), ""))
+    label = _int(request, "class", None, 0, len(index.classes) - 1)
+    per_page = _int(request, "per_page", PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    page = _int(request, "page", 0, 0)
+    chosen = part.matching(None if label is None else [label])
+    shown = [_clip_json(index, part.clip(int(n))) for n in chosen[page * per_page:(page + 1) * per_page]]
+    frames = index.frames_per_clip()
+    if frames is None and shown:  # a manifest that does not say: count the first clip's
+        frames = len(await request.app[VIEWER].frames(rec, data["manifest"], part.clip(shown[0]["n"])))
+    return _json({"id": rec.id, "split": part.name, "splits": list(index.splits), "class": label,
+                  "classes": index.classes, "page": page, "per_page": per_page, "total": int(len(chosen)),
+                  "pages": -(-len(chosen) // per_page), "frames": frames, "clips": shown})
+
+
+async def clip_detail(request: web.Request) -> web.Response:
+    rec, data = await _ready(request)
+    clip = _clip(_split(data, request.match_info["split"]), request.match_info["n"])
+    sample = await asyncio.to_thread(read_clip, data["manifest"], clip)
+    spans = frame_spans(sample)
+    return _json({"id": rec.id, "split": clip.split, **_clip_json(data["index"], clip),
+                  "frames": len(spans), "frame_bytes": [size for _, size in spans], "meta": clip_meta(sample)})
+
+
+async def frame(request: web.Request) -> web.StreamResponse:
+    rec, data = await _ready(request)
+    clip = _clip(_split(data, request.match_info["split"]), request.match_info["n"])
+    spans = await request.app[VIEWER].frames(rec, data["manifest"], clip)
+    t = request.match_info["t"]
+    if not t.isdigit() or int(t) >= len(spans):
+        raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(spans)} frames; there is no frame {t!r}")
+    offset, size = spans[int(t)]
+    entry = await _entry(request, rec, clip.shard.name)
+    if request.match_info["ref"] != rec.id:
+        cache = "no-cache"  # a name or tag can move to another set
+    else:
+        cache = ("private" if request.app[READ_AUTH] else "public") + ", max-age=31536000, immutable"
+    etag = f'"{clip.shard.sha256}.{offset}"'
+    response = send_span(request, rec, clip.shard.name, entry, offset, size, etag,
+                         {"Content-Type": "image/jpeg"})
+    response.headers.update(SECURITY)
+    if response.status in (200, 206, 304):
+        response.headers["Cache-Control"] = cache
+    return response
+
+
+ROUTES = {"/": page, "/sets/{ref}": page, "/sets/{ref}/clips": page, "/static/{name}": static,
+          "/v1/viewer": settings, "/v1/viewer/{ref}": overview, "/v1/viewer/{ref}/probe": probe,
+          "/v1/viewer/{ref}/clips": clips, "/v1/viewer/{ref}/clips/{split}/{n}": clip_detail,
+          "/v1/viewer/{ref}/frames/{split}/{n}/{t}": frame}  # GET, and HEAD with it
+
+
+def add_routes(app: web.Application) -> None:
+    """The viewer's pages and routes on the API's application (``service.serve`` calls it)."""
+    app[VIEWER] = Viewer()
+    for path, handler in ROUTES.items():
+        app.router.add_get(path, handler)

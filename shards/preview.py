@@ -1,0 +1,133 @@
+"""Contact sheets of clips, as a PNG and/or a static HTML page: look before training.
+
+One row per clip (its label and key, then its T frames in order), as a PNG (``--out``) and/or
+a static HTML page (``--html DIR``).
+
+    shards preview shards/k400 --split val --classes "riding a bike" juggling --clips 12 --out sheet.png
+    shards preview http://127.0.0.1:8765/v1/datasets/k400 --html preview/
+
+Clips are spread evenly over those of the split (of the given classes), so a sheet shows the
+whole split, not its first shard. Each clip is one byte-range read of its shard, from any URL
+the loader reads; frames go into the HTML page as the stored JPEG bytes, unchanged.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import io
+import os
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from . import storage
+from .clipindex import ClipIndex, frame_spans, read_clip
+from .manifest import Manifest
+
+LABEL_WIDTH = 240  # pixels left of the frames for the label and key
+GAP = 4
+
+
+def pick(index: ClipIndex, split: str, classes: list[str] | None, clips: int) -> list:
+    """Up to ``clips`` clips of ``split`` (of ``classes``), spread evenly over the split's order."""
+    part = index.split(split)
+    labels = None if classes is None else [index.class_index(c) for c in classes]
+    positions = part.matching(labels)
+    if len(positions) == 0:
+        return []
+    chosen = np.unique(np.linspace(0, len(positions) - 1, min(clips, len(positions))).round().astype(int))
+    return [part.clip(int(positions[k])) for k in chosen]
+
+
+def read_frames(manifest: Manifest, clip) -> list[bytes]:
+    sample = read_clip(manifest, clip)
+    return [sample[offset:offset + size] for offset, size in frame_spans(sample)]
+
+
+def _label(index: ClipIndex, clip) -> str:
+    return index.classes[clip.label] if 0 <= clip.label < len(index.classes) else "(unlabeled)"
+
+
+def _drawable(text: str, limit: int = 36) -> str:
+    """What the default bitmap font can draw: Latin-1, cut to the label column."""
+    text = text.encode("latin-1", "replace").decode("latin-1")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _fit(im: Image.Image, height: int) -> Image.Image:
+    """``im`` at ``height`` pixels: enlarged pixel by pixel (what was stored, only bigger), reduced smoothly."""
+    size = (max(1, round(im.width * height / im.height)), height)
+    return im.resize(size, Image.Resampling.NEAREST if height >= im.height else Image.Resampling.BILINEAR)
+
+
+def sheet(rows: list[tuple[str, str, list[bytes]]], height: int) -> Image.Image:
+    """One row per (label, key, frames): the text, then the frames scaled to ``height`` pixels."""
+    decoded = [[Image.open(io.BytesIO(f)).convert("RGB") for f in frames] for _, _, frames in rows]
+    scaled = [[_fit(im, height) for im in ims] for ims in decoded]
+    width = LABEL_WIDTH + max((sum(im.width + GAP for im in ims) for ims in scaled), default=0)
+    out = Image.new("RGB", (width, max(1, len(rows)) * (height + GAP) + GAP), "white")
+    draw, font = ImageDraw.Draw(out), ImageFont.load_default()
+    for r, ((label, key, _), ims) in enumerate(zip(rows, scaled)):
+        y = GAP + r * (height + GAP)
+        draw.text((GAP, y + 2), _drawable(label), fill="black", font=font)
+        draw.text((GAP, y + 18), _drawable(key), fill=(90, 90, 90), font=font)
+        x = LABEL_WIDTH
+        for im in ims:
+            out.paste(im, (x, y))
+            x += im.width + GAP
+    return out
+
+
+def write_html(directory: str, title: str, rows: list[tuple[str, str, list[bytes]]], height: int) -> str:
+    """``directory/index.html`` showing the rows, the frames beside it as ``frames/R_T.jpg``."""
+    body = []
+    for r, (label, key, frames) in enumerate(rows):
+        cells = []
+        for t, data in enumerate(frames):
+            storage.atomic_write(storage.join(directory, f"frames/{r:04d}_{t:02d}.jpg"), data)
+            cells.append(f'<img src="frames/{r:04d}_{t:02d}.jpg" height="{height}" alt="frame {t}">')
+        body.append(f'<tr><th>{html.escape(label)}<br><small>{html.escape(key)}</small></th>'
+                    f'<td>{"".join(cells)}</td></tr>')
+    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            '<style>body{font-family:sans-serif}th{text-align:left;font-weight:normal;padding-right:1em}'
+            'td img{margin-right:4px}</style></head>\n'
+            f'<body><h1>{html.escape(title)}</h1><table>\n' + "\n".join(body) + "\n</table></body></html>\n")
+    url = storage.join(directory, "index.html")
+    storage.atomic_write(url, page.encode())
+    return url
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shardset", help="shard-set directory URL or manifest.json URL (a path, file://, http(s)://, s3://)")
+    p.add_argument("--split", default="train", help="the split to show")
+    p.add_argument("--classes", nargs="+", metavar="CLASS", help="only clips of these classes (names)")
+    p.add_argument("--clips", type=int, default=8, help="rows: clips spread evenly over the split")
+    p.add_argument("--height", type=int, default=96, help="frame height in the PNG, pixels")
+    p.add_argument("--out", help="write the contact sheet here (PNG)")
+    p.add_argument("--html", metavar="DIR", help="write the same as a static page DIR/index.html")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.out and not args.html:
+        raise SystemExit("shards preview: give --out sheet.png, --html DIR or both")
+    if args.clips < 1 or args.height < 8:
+        raise SystemExit("shards preview: --clips must be at least 1 and --height at least 8")
+    try:
+        manifest = Manifest.load(args.shardset)
+        index = ClipIndex(manifest)
+        clips = pick(index, args.split, args.classes, args.clips)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        raise SystemExit(f"shards preview: {e.args[0] if isinstance(e, KeyError) else e}") from None
+    if not clips:
+        raise SystemExit(f"shards preview: split {args.split} has no clips"
+                         + (f" of {', '.join(args.classes)}" if args.classes else ""))
+    rows = [(_label(index, c), c.key, read_frames(manifest, c)) for c in clips]
+    if args.out:
+        buf = io.BytesIO()
+        sheet(rows, args.height).save(buf, "PNG", optimize=True)
+        storage.atomic_write(args.out, buf.getvalue())
+        print(f"{args.out}: {len(rows)} clips of {args.split}")
+    if args.html:
+        title = f"{os.path.basename(manifest.base.rstrip('/')) or manifest.base}: {args.split}"
+        print(f"{write_html(args.html, title, rows, args.height)}: {len(rows)} clips of {args.split}")
+    return 0
