@@ -26,7 +26,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if (action.default in (None, argparse.SUPPRESS) or action.nargs == 0 or "default" in text
+        if (action.default in (None, argparse.SUPPRESS, [], ()) or action.nargs == 0 or "default" in text
                 or not action.option_strings):
             return text
         return text + (" " if text else "") + "(default: %(default)s)"

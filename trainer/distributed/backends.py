@@ -28,7 +28,7 @@ class Backend:
     """One process, no communication; the base the others override."""
 
     name = "none"
-    rank, size, local_rank = 0, 1, 0
+    rank, size, local_rank, local_size = 0, 1, 0, 1  # local: the ranks on this machine
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         """-> (module to call forward on, optimizer to step); gradients are averaged over ranks."""
@@ -77,6 +77,7 @@ class Horovod(Backend):
         hvd.init()
         self.hvd = hvd
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.local_size = hvd.local_size()
 
     def prepare(self, model, optimizer, compression):
         hvd = self.hvd
@@ -123,6 +124,7 @@ class TorchDistributed(Backend):
         import torch.distributed as dist
         self.dist = dist
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
         # Gloo for the CPU tensors (metrics, stop flags), NCCL for the GPU ones where there are GPUs
