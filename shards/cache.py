@@ -31,6 +31,7 @@ import time
 import uuid
 from contextlib import contextmanager
 
+from .errors import CommandError
 from .http_range import DEFAULT_RETRY, Retry
 from .packing import parse_size
 from .reading import READ_BUFFER, open_range
@@ -38,8 +39,11 @@ from .reading import READ_BUFFER, open_range
 ENV_BUDGET = "SHARD_CACHE_BUDGET"
 
 
-class CacheFull(OSError):
-    """The budget cannot hold what is asked."""
+class CacheFull(CommandError, OSError):
+    """The budget cannot hold what is asked (a command's one line, exit status 1)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class ShardCache:

@@ -6,7 +6,8 @@ documented status (2: the command line asks for something that cannot be done; 1
 could not go on), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
 reason, and no traceback anywhere. The commands that destroyed work silently get their own tests
 below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
-into an old set, ``shard-service`` creating a catalog on a typo.
+into an old set, ``shard-service`` creating a catalog on a typo, training again into an earlier
+run's directory (its checkpoint replaced, its metrics appended to).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from shardsets import ServiceProcess, make_shardset, register
 import media
 
 TOKEN = "newcomer-token"
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "checkpoint-v0")  # a checkpoint and its set
 BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
 
 
@@ -61,6 +63,19 @@ CASES = [
     ("catalog-typo", "shard-service list --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
     ("gc-catalog-typo", "shard-service gc --yes --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
     ("dataset-not-in-catalog", "shard-service show nope --catalog {catalog}", {}, 2, ["'nope'", "no dataset"]),
+    ("segments-not-in-clips", "trainer train --data {set} --output-dir {root}/run --backend none --segments 16", {}, 2,
+     ["--segments 16", "8 frames"]),
+    ("depth-11", "trainer train --data {set} --depth 11", {}, 2, ["--depth", "11", "choose from 10, 18"]),
+    ("batch-size-0", "trainer train --data {set} --batch-size 0", {}, 2, ["--batch-size", "0", "range"]),
+    ("segments-0", "trainer train --data {set} --segments 0", {}, 2, ["--segments", "0", "range"]),
+    ("plot-no-run", "trainer plot {root}/runs/nope", {}, 2, ["runs/nope", "no such run"]),
+    ("test-split-missing", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --split test "
+     "--backend none", {}, 2, ["no split 'test'", "train, val"]),
+    ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir {root}/run-cache "
+     "--backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
+     {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
+    ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
+     ["--output-dir", "earlier", "--resume", "--overwrite"]),
 ]
 
 
@@ -76,13 +91,16 @@ def world(tmp_path_factory):
     for d in ("flat", "vids/train/a"):  # never decoded: every case here stops before
         for i in range(2):
             (root / d / f"v{i}.mp4").write_bytes(b"not decoded")
+    (root / "earlier").mkdir()  # an earlier run's output directory
+    for name in ("checkpoint.pt", "metrics.jsonl"):
+        (root / "earlier" / name).write_text(f"the earlier run's {name}")
     cat = Catalog(str(root / "catalog.sqlite"))
     register(cat, str(root / "set"), "tiny")
     (root / "tokens").write_text(TOKEN + "\n")
     server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
     server.start()
     yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
-           "old": str(root / "old"), "catalog": cat.path, "url": server.url, "port": _free_port(),
+           "old": str(root / "old"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url, "port": _free_port(),
            "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"})}
     server.kill(15)
 
@@ -124,6 +142,10 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
     assert not os.path.exists(os.path.join(root, "typo.sqlite"))  # the catalog a typo named
     assert not os.path.exists(world["out"]) and not os.path.exists(os.path.join(root, "new"))
     assert sorted(os.listdir(os.path.join(world["old"], "train"))) == [f"train-{i:06d}.tar" for i in range(6)]
+    for name in ("checkpoint.pt", "metrics.jsonl"):  # training into an earlier run's directory
+        with open(os.path.join(world["earlier"], name)) as f:
+            assert f.read() == f"the earlier run's {name}"
+    assert not os.path.exists(os.path.join(root, "run"))
 
 
 def test_reshard_into_an_old_set_is_refused_and_leaves_it_whole(world, tmp_path):
@@ -175,3 +197,23 @@ def test_a_build_over_the_error_fraction_is_recorded_failed_never_reused_and_col
     assert service(["gc", "--yes", "--catalog", cat]) == 0
     assert f"removed {rec.id}" in capsys.readouterr().out
     assert Catalog(cat).get(rec.id).state == "deleted" and not ledger.exists()
+
+
+def test_overwrite_starts_an_earlier_runs_directory_afresh(world, tmp_path):
+    """Before: a second run into the directory replaced the checkpoint and appended to metrics.jsonl,
+    so `trainer plot` mixed two runs. Now it is refused (the table above) unless --resume or
+    --overwrite, which deletes the run's files, and only those."""
+    out = tmp_path / "run"
+    (out / "tensorboard").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"event": "epoch", "epoch": 7, "step": 70, "val_top1": 99.0}\n')
+    (out / "checkpoint.pt").write_text("the earlier run's")
+    (out / "notes.txt").write_text("mine")
+    p = run(["trainer", "train", "--data", world["set"], "--output-dir", str(out), "--overwrite", "--backend", "none",
+             "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size", "36", "--batch-size", "3",
+             "--epochs", "1", "--warmup-epochs", "0", "--workers", "0", "--no-tensorboard"])
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and f"checkpoint to {out / 'checkpoint.pt'}" in p.stderr
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["event"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1]  # this run's only
+    assert (out / "notes.txt").read_text() == "mine" and not (out / "tensorboard").exists()
