@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from shards import storage
-from shards.commands import byte_size, comma_list, int_in_range, positive_int
+from shards.commands import byte_size, comma_list, int_in_range, number_in_range, positive_int
 from shards.manifest import LEDGER_NAME
 
 from . import registry
@@ -23,26 +23,6 @@ from .build import build
 from .clips import DECODERS, ClipConfig
 from .content_digests import FINGERPRINTS, default_cache
 from .sources import SPLITS
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: give 0 to 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: give more than 0 seconds")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,14 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=byte_size, default="256MB",
                    help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
     p.add_argument("--shard-samples", type=positive_int, default=None, help="cut shards at this many samples instead")
-    p.add_argument("--max-error-fraction", type=_fraction, default=0.05,
+    p.add_argument("--max-error-fraction", type=number_in_range(float, 0, 1), default=0.05,
                    help="exit non-zero if more than this fraction of the videos fail (the good ones are "
                         "written all the same)")
     p.add_argument("--splits", type=comma_list(SPLITS), default="train,val,test",
                    help="comma-separated splits to build")
     p.add_argument("--videos-per-task", type=positive_int, default=8, help="videos decoded per Ray task")
     p.add_argument("--ffmpeg-threads", type=positive_int, default=1, help="decoder threads per video")
-    p.add_argument("--timeout", type=_seconds, default=600,
+    p.add_argument("--timeout", type=number_in_range(float, 0, above=True), default=600,
                    help="seconds one video may take, download, probe and decode included, before it is "
                         "abandoned and recorded in the ledger")
     p.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging after a successful build")

@@ -79,16 +79,22 @@ def positive_int(text: str) -> int:
 
 def int_in_range(lo: int, hi: int | None = None):
     """An integer in [lo, hi] (no upper bound when ``hi`` is None)."""
-    def check(text: str) -> int:
+    return number_in_range(int, lo, hi)
+
+
+def number_in_range(kind, lo: float, hi: float | None = None, *, above: bool = False):
+    """A ``kind`` (int or float) in [lo, hi], or in (lo, hi] when ``above``; no upper bound when
+    ``hi`` is None."""
+    def check(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < lo or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"{value} is out of range: give {lo} or more" if hi is None
-                                             else f"{value} is out of range: give {lo} to {hi}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < lo or (above and value == lo) or (hi is not None and value > hi):
+            wanted = (f"more than {lo}" if above else f"{lo} or more") if hi is None else f"{lo} to {hi}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {wanted}")
         return value
-    check.__name__ = "integer"
+    check.__name__ = kind.__name__
     return check
 
 
