@@ -217,3 +217,32 @@ def test_overwrite_starts_an_earlier_runs_directory_afresh(world, tmp_path):
               if json.loads(line)["event"] == "epoch"]
     assert [e["epoch"] for e in epochs] == [1]  # this run's only
     assert (out / "notes.txt").read_text() == "mine" and not (out / "tensorboard").exists()
+
+
+def test_each_rank_runs_its_share_of_the_cores_unless_omp_num_threads_says(tmp_path):
+    """horovodrun -np 2 on 2 cores ran 28x slower with each rank's default of 2 threads."""
+    probe = ("import os; os.sched_setaffinity(0, set(list(os.sched_getaffinity(0))[:2])); "
+             "from trainer.distributed import cores; import torch; "
+             "import sys; ranks = int(sys.argv[1]); "
+             "print(cores.cap_threads(ranks), torch.get_num_threads(), cores.default_workers(2), cores.default_workers(1))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    cpus = min(2, len(os.sched_getaffinity(0)))
+    out = subprocess.run([sys.executable, "-c", probe, "2"], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["1", "1", "0", str(cpus - 1)], out  # 2 ranks: a core and no worker each
+    out = subprocess.run([sys.executable, "-c", probe, "1"], capture_output=True, text=True, check=True,
+                         env={**env, "OMP_NUM_THREADS": "1"}).stdout
+    assert out.split()[:2] == ["None", "1"], out  # one rank would take both cores, but the reader said 1
+
+
+def test_the_by_epoch_table_of_a_short_run_ends_with_its_last_epoch(tmp_path):
+    from trainer.plot import tables
+
+    for run, epochs in (("short", 3), ("long", 20)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text("".join(
+            json.dumps({"event": "epoch", "step": 10 * e, "epoch": e, "val_top1": float(e), "train_loss": 1.0,
+                        "data_time": 0.01, "compute_time": 0.02, "clips_per_s": 5.0}) + "\n"
+            for e in range(1, epochs + 1)))
+    for runs, last in ((["short"], 3), (["long"], 20), (["short", "long"], 20)):
+        rows = tables([str(tmp_path / r) for r in runs], runs).split("\n\n")[0].splitlines()[2:]
+        assert int(rows[0].split("|")[0]) == 1 and int(rows[-1].split("|")[0]) == last, rows
