@@ -13,17 +13,27 @@ streamed from the service against local disk: the time spent waiting for batches
 
     python bench/service.py                      # 32 clients, 10 s per source
     python bench/service.py --compare --seconds 8
+    python bench/service.py --slowloris 1500 --seconds 10   # slow clients: the server's bounds off, then on
+
+With ``--slowloris N`` it measures instead what N slowloris connections (from 127.0.0.2: a
+request head sent a byte a second, reconnecting whenever the server closes them) do to normal
+clients (from 127.0.0.1: 4 threads, a new connection per 1-clip range read, 5 s timeout), with
+the server under a 1,024 open-files limit (a common host default, soft and hard): first with no
+slow client, then with its bounds off (no header deadline, no connection caps), then with its defaults.
 
 The last line of output is ``BENCH_JSON {...}`` with every figure.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import http.client
 import io
 import json
 import multiprocessing
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -183,6 +193,93 @@ def starlette_main(root: str) -> None:
     uvicorn.Server(uvicorn.Config(app, log_level="warning", backlog=1024)).run(sockets=[sock])
 
 
+# --- slow clients -----------------------------------------------------------------------------
+def _slowloris(port: int, n: int, stop: threading.Event, stats: dict) -> None:
+    """N connections from 127.0.0.2 sending a request head a byte a second, reopened when closed."""
+    async def one():
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+            except OSError:
+                await asyncio.sleep(0.5)
+                continue
+            stats["opened"] += 1
+            try:
+                writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                while not stop.is_set():
+                    await asyncio.sleep(1)
+                    if reader.at_eof():
+                        break
+                    writer.write(b"a")
+                    await writer.drain()
+            except OSError:
+                pass
+            stats["closed"] += not stop.is_set()
+            writer.close()
+            await asyncio.sleep(0.2)  # then again
+
+    async def main():
+        await asyncio.gather(*(one() for _ in range(n)))
+
+    asyncio.run(main())
+
+
+def _normal_client(port: int, path: str, deadline: float, out: list) -> None:
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", path, headers={"Range": "bytes=0-99999"})
+            answer = conn.getresponse()
+            ok = answer.status == 206 and len(answer.read()) == 100000
+            conn.close()
+        except OSError:
+            ok = False
+        out.append((ok, time.perf_counter() - t0))
+
+
+def slowloris(cat: Catalog, shard: str, n: int, seconds: float) -> dict:
+    """Normal clients' figures with ``n`` slowloris connections open, the server's bounds off and on."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process holds the N connections
+    limit = ["prlimit", "--nofile=1024:1024"]
+    serve = [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path]
+    off = ["--header-timeout", "3630", "--max-connections", "0", "--max-connections-per-client", "0"]
+    variants = {"no slow clients": ([], 0), "bounds off": (off, n), "bounds on (defaults)": ([], n)}
+    res = {}
+    for label, (flags, slow) in variants.items():
+        proc, url = start(limit + serve + flags)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        stop, stats = threading.Event(), {"opened": 0, "closed": 0}
+        attacker = threading.Thread(target=_slowloris, args=(port, slow, stop, stats))
+        try:
+            attacker.start()
+            time.sleep(3)  # the connections open
+            out: list = []
+            deadline = time.perf_counter() + seconds
+            path = f"/v1/datasets/bench/{shard}"
+            clients = [threading.Thread(target=_normal_client, args=(port, path, deadline, out)) for _ in range(4)]
+            for t in clients:
+                t.start()
+            for t in clients:
+                t.join()
+            server = psutil.Process(proc.pid)
+            held = sum(1 for c in server.net_connections("tcp") if c.raddr and c.raddr[0] == "127.0.0.2")
+        finally:
+            stop.set()
+            attacker.join()
+            proc.terminate()
+            proc.wait()
+        lat = np.array([t for ok, t in out if ok] or [float("nan")])
+        res[label] = {"ok_req_s": sum(ok for ok, _ in out) / seconds, "failed": sum(not ok for ok, _ in out),
+                      "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
+                      "slow_connections_held": held, "slow_opened": stats["opened"],
+                      "slow_closed_by_server": stats["closed"]}
+        print(f"{slow} slowloris connections, {label}: {res[label]}", flush=True)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return res
+
+
 # --- one epoch's data wait ----------------------------------------------------------------------
 def epoch_wait(where: str, workers: int) -> dict:
     from trainer.data.loader import ClipLoader
@@ -207,6 +304,8 @@ def main() -> int:
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
+    p.add_argument("--slowloris", type=int, default=0, metavar="N",
+                   help="instead: normal clients beside N slowloris connections, the server's bounds off then on")
     p.add_argument("--role", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
@@ -222,6 +321,10 @@ def main() -> int:
     claim = cat.claim("be" * 32, source="bench", location=root, options={}, name="bench")
     splits, files, sha = describe_set(root)
     cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="bench")
+    if args.slowloris:
+        res = {"slowloris": slowloris(cat, m.splits["train"].shards[0].name, args.slowloris, args.seconds)}
+        print("BENCH_JSON " + json.dumps(res, sort_keys=True))
+        return 0
 
     res = {"local": load(root, m, root, args.clients, args.procs, args.seconds, None)}
     print("local disk", res["local"], flush=True)

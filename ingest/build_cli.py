@@ -16,9 +16,10 @@ import sys
 
 from shards import storage
 from shards.commands import byte_size, comma_list, int_in_range, number_in_range, positive_int
+from shards.errors import CommandError
 from shards.manifest import LEDGER_NAME
 
-from . import registry
+from . import ray_runtime, registry
 from .build import build
 from .clips import DECODERS, ClipConfig
 from .content_digests import FINGERPRINTS, default_cache
@@ -32,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="parallel decode tasks (default: all CPUs of the Ray cluster)")
     p.add_argument("--address", default=None,
                    help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' "
-                        "joined on this node) instead of starting a local Ray; an address nothing answers at "
-                        "within $INGEST_CONNECT_TIMEOUT seconds (20) is refused")
+                        "joined on this node) instead of starting a local Ray; an address nothing answers at is "
+                        "refused at once")
     p.add_argument("--frames", type=positive_int, default=8, help="frames per clip (TSN/TSM segments T)")
     p.add_argument("--clips-per-video", type=positive_int, default=1,
                    help="independently sampled training clips stored per training video")
@@ -87,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
                   splits=args.splits, videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
                   timeout=args.timeout, keep_staging=args.keep_staging, force=args.force,
                   fingerprint=args.fingerprint, hash_cache=args.hash_cache)
+    if args.address:  # before anything else: ray.init would retry a wrong address for minutes
+        try:
+            ray_runtime.check_reachable(args.address)
+        except ConnectionError as e:
+            raise CommandError(f"--address {args.address}: {e}; is `ray start --head` running there?") from None
     location = args.out
     if args.catalog:
         summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name,

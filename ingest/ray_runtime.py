@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
-import time
 
 import ray
-
-from shards.errors import CommandError
-
-CONNECT_SECONDS = float(os.environ.get("INGEST_CONNECT_TIMEOUT", 20))  # how long --address is tried
 
 log = logging.getLogger("ingest.ray")
 
@@ -24,8 +20,7 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
         if not sys.stderr.isatty():  # worker log lines forwarded without colour codes into log files
             os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         if address:
-            if address != "auto":
-                reachable(address)
+            check_reachable(address)
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
         else:
             # Keeps a single-machine Ray on 127.0.0.1 instead of the machine's network address.
@@ -42,22 +37,16 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     return max(1, parallel)
 
 
-def reachable(address: str, seconds: float = CONNECT_SECONDS) -> None:
-    """Refuse an ``--address`` nothing answers at within ``seconds`` (ray.init would retry for
-    minutes, repeating its warnings)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise CommandError(f"--address {address}: give HOST:PORT of a Ray head (its GCS port, 6379 by default)")
-    deadline, problem = time.monotonic() + seconds, None
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic())).close()
-            return
-        except OSError as e:
-            problem = e.strerror or str(e)
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    raise CommandError(f"--address {address}: no Ray head answers there ({problem}, for {seconds:.0f} s); "
-                       "is `ray start --head` running, and is the address the one it printed?")
+def check_reachable(address: str) -> None:
+    """Raise ConnectionError at once when nothing listens at a HOST:PORT address: ray.init would
+    retry it for about ten minutes."""
+    found = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address)
+    if found is None:  # 'auto' and other forms: Ray resolves them
+        return
+    try:
+        socket.create_connection((found[1], int(found[2])), timeout=10).close()
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {address}: {e.strerror or e}") from None
 
 
 def task(fn):

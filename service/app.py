@@ -35,8 +35,10 @@ from shards.reading import local_path, open_range
 from . import housekeeping
 from .builds import BadRequest, Builds
 from .files import Entry, Refused, content_type, file_table, open_local
+from .limits import OUT_OF_FILES, OutOfFiles
 from .ranges import evaluate
 from .records import RecordCache
+from .roots import SourceRefused, SourceRoots
 
 log = logging.getLogger("service.app")
 MAX_BODY = 64 * 1024
@@ -48,6 +50,8 @@ TOKENS = web.AppKey("tokens", list)
 READ_AUTH = web.AppKey("read_auth", bool)
 TABLES = web.AppKey("tables", dict)
 RECORDS = web.AppKey("records", RecordCache)
+FILES_LOG = web.AppKey("out_of_files", OutOfFiles)
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
 
 
 def error(status: int, message: str, **headers) -> web.Response:
@@ -69,6 +73,12 @@ async def json_errors(request: web.Request, handler):
             raise
         return error(e.status, e.text if e.text and not e.text.startswith(str(e.status)) else e.reason,
                      **{k: v for k, v in e.headers.items() if k in ("Allow", "WWW-Authenticate")})
+    except OSError as e:
+        if e.errno not in OUT_OF_FILES:
+            log.exception("%s %s", request.method, request.path)
+            return error(500, "internal error (see the server log)")
+        request.app[FILES_LOG].note("requests")
+        return error(503, "the server is out of open files; try again", **{"Retry-After": "1"})
     except Exception:
         log.exception("%s %s", request.method, request.path)
         return error(500, "internal error (see the server log)")
@@ -225,13 +235,21 @@ class _Streamed(web.StreamResponse):
 async def post_build(request: web.Request) -> web.Response:
     _authorised(request)
     try:
-        body = await request.json()
-    except json.JSONDecodeError as e:
+        async with asyncio.timeout(request.app[BODY_TIMEOUT]):
+            body = await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the request body did not arrive within {request.app[BODY_TIMEOUT]:g} s "
+                                          "(--body-timeout)") from None
+    try:
+        body = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise web.HTTPBadRequest(text=f"the body is not JSON: {e}") from None
     try:
         status, answer = await request.app[BUILDS].request(body)
     except (BadRequest, CatalogError) as e:
         raise web.HTTPBadRequest(text=str(e)) from None
+    except SourceRefused as e:
+        raise web.HTTPForbidden(text=str(e)) from None
     return web.json_response(answer, status=status, headers={"Location": answer["status_url"]})
 
 
@@ -249,9 +267,8 @@ async def delete_tag(request: web.Request) -> web.Response:
     _authorised(request)
     rec = _record(request)
     tag = request.match_info["tag"]
-    if tag not in rec.tags:
+    if not await asyncio.to_thread(request.app[CATALOG].untag, tag, rec.id):  # conditioned on the set
         raise web.HTTPNotFound(text=f"dataset {rec.id} has no tag {tag!r}")
-    await asyncio.to_thread(request.app[CATALOG].untag, tag)
     return web.json_response(request.app[CATALOG].get(rec.id).to_json())
 
 
@@ -290,11 +307,15 @@ async def _stop_builds(app: web.Application) -> None:
 
 
 def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = False, data_root: str,
-             ray_address: str | None = None, max_builds: int = 1) -> web.Application:
+             ray_address: str | None = None, source_roots: SourceRoots = SourceRoots([]),
+             max_build_workers: int = 1, max_builds: int = 1, body_timeout: float = 60.0,
+             out_of_files: OutOfFiles | None = None) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH], app[TABLES] = catalog, list(tokens), read_auth, {}
     app[RECORDS] = RecordCache(catalog)
-    app[BUILDS] = Builds(catalog, data_root, ray_address, max_builds)
+    app[BODY_TIMEOUT], app[FILES_LOG] = body_timeout, out_of_files or OutOfFiles()
+    app[BUILDS] = Builds(catalog, data_root, ray_address, roots=source_roots, max_workers=max_build_workers,
+                         max_running=max_builds)
     app.cleanup_ctx.append(_reap_periodically)
     app.on_shutdown.append(_stop_builds)
     app.on_cleanup.append(_close_records)

@@ -22,9 +22,12 @@ import sys
 
 from ingest import registry
 from ingest.clips import DECODERS, ClipConfig
+from ingest.sources import SPLITS
 from shards import storage
 from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, canonical_json
 from shards.packing import parse_size
+
+from .roots import SourceRoots
 
 log = logging.getLogger("service.builds")
 
@@ -33,14 +36,24 @@ CLIP_KEYS = {"frames": int, "clips_per_video": int, "eval_clips": int, "short_si
              "restart_interval": int, "seed": int, "decoder": str}
 RUN_KEYS = {"workers": int, "videos_per_task": int, "ffmpeg_threads": int, "timeout": (int, float)}
 OTHER_KEYS = {"src": str, "name": str, "shard_size": (int, str), "shard_samples": int, "splits": (list, str)}
+# the range of every number a request may give (anything outside is refused); workers: 1 to --max-build-workers
+BOUNDS = {"frames": (1, 64), "clips_per_video": (1, 64), "eval_clips": (1, 64), "short_side": (16, 2048),
+          "quality": (1, 100), "restart_interval": (0, 1024), "seed": (0, 2**63 - 1), "videos_per_task": (1, 1024),
+          "ffmpeg_threads": (1, 16), "timeout": (1, 3600), "shard_samples": (1, 10**6), "shard_size": (10**6, 2**36)}
 
 
 class BadRequest(ValueError):
     pass
 
 
-def parse_body(body) -> dict:
-    """A build request's options, checked; raises BadRequest naming what is wrong."""
+def _bounded(key: str, value, low, high, rule: str = "") -> None:
+    if not low <= value <= high:  # NaN is in no range
+        raise BadRequest(f"{key}: {value!r} is outside {low}..{high}{rule}")
+
+
+def parse_body(body, max_workers: int) -> dict:
+    """A build request's options, checked (``max_workers``: the operator's --max-build-workers);
+    raises BadRequest naming what is wrong and the rule."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     allowed = {**CLIP_KEYS, **RUN_KEYS, **OTHER_KEYS}
@@ -54,37 +67,43 @@ def parse_body(body) -> dict:
         raise BadRequest("src is required")
     if body.get("decoder", "pyav") not in DECODERS:
         raise BadRequest(f"decoder must be one of {', '.join(DECODERS)}")
-    splits = body.get("splits", ["train", "val", "test"])
+    splits = body.get("splits", list(SPLITS))
+    splits = splits.split(",") if isinstance(splits, str) else splits
+    if not splits or len(set(splits)) != len(splits) or not set(splits) <= set(SPLITS):
+        raise BadRequest(f"splits: {splits!r}: give some of {', '.join(SPLITS)}, each once")
     try:
         shard_size = parse_size(body.get("shard_size", "256MB"))
         cfg = ClipConfig(**{k: body[k] for k in CLIP_KEYS if k in body})
     except ValueError as e:
         raise BadRequest(str(e)) from None
+    for key, (low, high) in BOUNDS.items():
+        if key in body:
+            _bounded(key, shard_size if key == "shard_size" else body[key], low, high)
+    if "workers" in body:
+        _bounded("workers", body["workers"], 1, max_workers, " (the server's --max-build-workers)")
     return {"src": body["src"], "name": body.get("name"), "cfg": cfg, "shard_size": shard_size,
-            "shard_samples": body.get("shard_samples"),
-            "splits": splits.split(",") if isinstance(splits, str) else splits,
+            "shard_samples": body.get("shard_samples"), "splits": splits,
             "run": {k: body[k] for k in RUN_KEYS if k in body}}
 
 
 class Builds:
     """Starts builds for the server; ``request`` is awaited by the POST handler, ``stop`` at shutdown."""
 
-    def __init__(self, catalog: Catalog, data_root: str, ray_address: str | None, max_running: int = 1,
-                 stop_grace: float = 20.0):
+    def __init__(self, catalog: Catalog, data_root: str, ray_address: str | None, *, roots: SourceRoots,
+                 max_workers: int, max_running: int = 1, stop_grace: float = 20.0):
         self.catalog, self.data_root, self.ray_address = catalog, data_root, ray_address
-        self.stop_grace = stop_grace
+        self.roots, self.max_workers, self.stop_grace = roots, max_workers, stop_grace
         self._planning: dict[bytes, asyncio.Future] = {}
         self._slots = asyncio.Semaphore(max_running)
         self._tasks: set[asyncio.Task] = set()
 
     async def request(self, body) -> tuple[int, dict]:
-        """(HTTP status, JSON answer) for a build request."""
-        req = parse_body(body)
+        """(HTTP status, JSON answer) for a build request; raises BadRequest (400) or SourceRefused (403)."""
+        req = parse_body(body, self.max_workers)
+        src = self.roots.check(req["src"])
         key = canonical_json({k: v for k, v in body.items() if k not in RUN_KEYS})
         if key not in self._planning:  # one plan for identical requests arriving together
-            self._planning[key] = asyncio.ensure_future(asyncio.to_thread(
-                registry.plan, req["src"], req["cfg"], shard_size=req["shard_size"],
-                shard_samples=req["shard_samples"], splits=req["splits"]))
+            self._planning[key] = asyncio.ensure_future(asyncio.to_thread(self._plan, src, req))
             self._planning[key].add_done_callback(lambda _: self._planning.pop(key, None))
         try:
             plan = await asyncio.shield(self._planning[key])
@@ -102,6 +121,12 @@ class Builds:
             task.add_done_callback(self._tasks.discard)
             log.info("build %s of %s asked for, into %s", plan.id, plan.src, claim.record.location)
         return 202, answer
+
+    def _plan(self, src: str, req: dict) -> registry.Plan:
+        if "://" not in src:
+            self.roots.check_tree(src)
+        return registry.plan(src, req["cfg"], shard_size=req["shard_size"], shard_samples=req["shard_samples"],
+                             splits=req["splits"])
 
     async def _run(self, claim: Claim, plan: registry.Plan, run: dict) -> None:
         dataset, owner = plan.id, claim.owner

@@ -126,6 +126,20 @@ def test_resolve_names_tags_and_prefixes(tmp_path):
     assert [r.id for r in cat.list()] == [ID]
 
 
+def test_untagging_a_set_leaves_a_tag_another_writer_has_just_moved(tmp_path):
+    path = str(tmp_path / "c.sqlite")
+    server, other_writer = Catalog(path), Catalog(path)  # two connections, as two processes
+    moved_to = "ac" + "0" * 62
+    claim(server)
+    claim(server, dataset=moved_to, location="/sets/b")
+    server.tag(ID, "prod")
+    assert "prod" in server.get(ID).tags  # DELETE /v1/datasets/{ID}/tags/prod has found it on ID ...
+    other_writer.tag(moved_to, "prod")  # ... and another writer moves it before the delete runs
+    assert not server.untag("prod", ID)
+    assert other_writer.resolve("prod").id == moved_to and server.get(moved_to).tags == ["prod"]
+    assert server.untag("prod", moved_to) and server.resolve("prod") is None
+
+
 def test_dataset_id_is_canonical():
     a = [{"path": "/v/a.mp4", "size": 1, "mtime": 5.0}, {"path": "/v/b.mp4", "size": 2, "mtime": 6.0}]
     assert dataset_id(a, {"frames": 8, "seed": 0}) == dataset_id(a[::-1], {"seed": 0, "frames": 8})

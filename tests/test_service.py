@@ -22,7 +22,7 @@ SECRET = b"SECRET-BYTES-OUTSIDE-EVERY-SET"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory, ray_local):
+def env(tmp_path_factory, ray_local, videos):
     root = tmp_path_factory.mktemp("service")
     make_shardset(str(root / "tiny"), {"train": 20, "val": 8}, per_shard=5)
     make_shardset(str(root / "linked"), {"train": 10, "val": 5}, per_shard=5)
@@ -36,9 +36,12 @@ def env(tmp_path_factory, ray_local):
     cat.tag(tiny.id, "prod")
     building = cat.claim("ee" * 32, source="tests", location=str(root / "half"), options={}, name="half")
     (root / "tokens").write_text(f"# writers\n{TOKEN}\n")
+    make_source_trees(root)
     server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--token-file", str(root / "tokens"),
                             "--data-root", str(root / "sets"), "--ray-address",
-                            ray_local.get_runtime_context().gcs_address)
+                            ray_local.get_runtime_context().gcs_address, "--source-root", str(videos),
+                            "--source-root", str(root / "sources"), "--source-root", "s3://bucket/videos",
+                            "--max-build-workers", "4")
     server.start()
     yield {"root": root, "server": server, "catalog": cat, "tiny": tiny, "building": building.record}
     server.kill(15)
@@ -203,6 +206,11 @@ def test_writes_need_the_token(env):
     assert http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)[0] == 200
     assert env["catalog"].get(tiny.id).tags == ["prod"]
     assert http(url, path="/v1/datasets/exp-1/classes.txt")[0] == 404  # and forgets it at once
+    env["catalog"].tag(env["building"].id, "exp-3")
+    status, _, answer = http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-3", auth)  # a tag of another set
+    assert status == 404 and "has no tag 'exp-3'" in json.loads(answer)["error"]
+    assert env["catalog"].resolve("exp-3").id == env["building"].id
+    env["catalog"].untag("exp-3")
     env["catalog"].tag(tiny.id, "exp-2")  # a write by another process: the same
     assert http(url, path="/v1/datasets/exp-2/classes.txt")[0] == 200
     env["catalog"].untag("exp-2")
@@ -215,14 +223,67 @@ def test_writes_need_the_token(env):
     (b'{"frames": 8}', 400, "src is required"),
     (b'{"src": "/x", "frame": 8}', 400, "unknown keys: frame"),
     (b'{"src": "/x", "frames": "8"}', 400, "wrong type"),
-    (b'{"src": "/nonexistent/videos"}', 400, "no videos found"),
+    (b'{"src": "SOURCES/nonexistent"}', 400, "no videos found"),
     (b'{"src": "' + b"x" * 70000 + b'"}', 413, ""),
 ])
 def test_bad_requests_get_a_clear_4xx_and_the_server_serves_on(env, body, status, says):
+    body = body.replace(b"SOURCES", str(env["root"] / "sources").encode())
     got, headers, answer = http(env["server"].url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"}, body)
     assert got == status and headers["content-type"].startswith("application/json")
     assert says in json.loads(answer)["error"]
     assert http(env["server"].url, path="/v1/health")[0] == 200
+
+
+def make_source_trees(root) -> None:
+    """Beside the allowed trees, one outside every --source-root and links that point out to it."""
+    (root / "outside" / "train" / "jump").mkdir(parents=True)
+    (root / "outside" / "train" / "jump" / "private.mp4").write_bytes(SECRET)
+    (root / "sources" / "sneaky" / "train").mkdir(parents=True)
+    (root / "sources" / "link").symlink_to(root / "outside")
+    (root / "sources" / "sneaky" / "train" / "jump").symlink_to(root / "outside" / "train" / "jump")
+
+
+@pytest.mark.parametrize("src, says", [
+    ("OUTSIDE", "which is under no --source-root"),
+    ("SOURCES/../outside", "which is under no --source-root"),
+    ("SOURCES/link", "which is under no --source-root"),
+    ("SOURCES/link/train/..", "which is under no --source-root"),
+    ("SOURCES/sneaky", "/sneaky/train/jump is a symbolic link to"),
+    ("file://OUTSIDE", "which is under no --source-root"),
+    ("http://127.0.0.1:9/videos", "http://127.0.0.1:9 is under no --source-root"),
+    ("s3://bucket/videos2", "s3://bucket is under no --source-root"),
+    ("s3://other/videos", "s3://other is under no --source-root"),
+    ("s3://bucket/videos/../private", "dot segments"),
+    ("s3://bucket/videos/%2e%2e/private", "dot segments"),
+    ("s3://bucket/videos%2F..%2Fprivate", "encoded slashes"),
+    ("s3://key:secret@bucket/videos", "credentials"),
+    ("zip://a.mp4::s3://bucket/videos/a.zip", "chained URLs"),
+])
+def test_build_sources_outside_the_roots_are_refused(env, src, says):
+    src = src.replace("SOURCES", str(env["root"] / "sources")).replace("OUTSIDE", str(env["root"] / "outside"))
+    status, _, answer = http(env["server"].url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"},
+                             json.dumps({"src": src, "short_side": 30}).encode())
+    assert status == 403 and says in json.loads(answer)["error"], answer
+    assert SECRET not in answer and not [r for r in env["catalog"].list() if r.source.startswith(str(env["root"]))]
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"workers": 100000}, "workers: 100000 is outside 1..4 (the server's --max-build-workers)"),
+    ({"workers": 0}, "workers: 0 is outside 1..4 (the server's --max-build-workers)"),
+    ({"timeout": 1e9}, "timeout: 1000000000.0 is outside 1..3600"),
+    ({"videos_per_task": 10**6}, "videos_per_task: 1000000 is outside 1..1024"),
+    ({"ffmpeg_threads": 1000}, "ffmpeg_threads: 1000 is outside 1..16"),
+    ({"frames": 0}, "frames: 0 is outside 1..64"),
+    ({"short_side": 100000}, "short_side: 100000 is outside 16..2048"),
+    ({"quality": 101}, "quality: 101 is outside 1..100"),
+    ({"shard_samples": 0}, "shard_samples: 0 is outside 1..1000000"),
+    ({"shard_size": "1kB"}, "shard_size: 1000 is outside 1000000..68719476736"),
+    ({"splits": ["train", "nope"]}, "splits: ['train', 'nope']: give some of train, val, test, each once"),
+])
+def test_run_options_out_of_bounds_are_refused_naming_the_rule(env, videos, options, says):
+    status, _, answer = http(env["server"].url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"},
+                             json.dumps({"src": str(videos), **options}).encode())
+    assert status == 400 and json.loads(answer)["error"] == says
 
 
 def test_sets_not_ready_are_never_served(env):

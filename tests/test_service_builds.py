@@ -2,12 +2,14 @@
 serve`` with real Ray and ffmpeg: the server outlives its builds (it serves and builds again past
 the 60 s after which Ray, started by a finished build thread, used to take the server down), a
 build process that is killed or stopped is recorded failed with its reason at once and leaves no
-process behind, and different builds posted together all finish."""
+process behind, a Ray that cannot be joined fails the build at once with the reason, and
+different builds posted together all finish (queued for one slot, or sharing a Ray cluster)."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,7 +56,7 @@ def no_children(server: ServiceProcess) -> None:
 
 
 def test_the_server_outlives_its_builds_and_builds_again_minutes_later(tmp_path, videos):
-    server = serve(tmp_path)  # no --ray-address: every build starts its own embedded Ray
+    server = serve(tmp_path, "--source-root", str(videos))  # no --ray-address: each build starts an embedded Ray
     try:
         status, first = post(server.url, videos, splits=["val"], short_side=30, shard_samples=2)
         assert status == 202
@@ -79,7 +81,7 @@ def test_the_server_outlives_its_builds_and_builds_again_minutes_later(tmp_path,
 
 
 def test_a_killed_build_process_is_recorded_failed_at_once_and_asking_again_resumes(tmp_path, videos, ray_local):
-    server = serve(tmp_path, "--ray-address", ray_local.get_runtime_context().gcs_address)
+    server = serve(tmp_path, "--source-root", str(videos), "--ray-address", ray_local.get_runtime_context().gcs_address)
     try:
         status, answer = post(server.url, videos, splits=["train"], short_side=22, shard_samples=2)
         assert status == 202
@@ -96,7 +98,7 @@ def test_a_killed_build_process_is_recorded_failed_at_once_and_asking_again_resu
 
 
 def test_sigterm_stops_the_running_build_records_it_and_leaves_no_process(tmp_path, videos):
-    server = serve(tmp_path)
+    server = serve(tmp_path, "--source-root", str(videos))
     status, answer = post(server.url, videos, splits=["train"], short_side=20, shard_samples=2)
     assert status == 202
     builder = server.build_process()
@@ -115,7 +117,7 @@ def test_sigterm_stops_the_running_build_records_it_and_leaves_no_process(tmp_pa
     gone, alive = psutil.wait_procs(started, timeout=30)
     assert not alive and not [p for p in psutil.process_iter(["pid"]) if _group(p) == builder.pid]
     rec = Catalog(str(tmp_path / "catalog.sqlite")).get(answer["id"])
-    assert rec.state == "failed" and rec.error.startswith("stopped"), rec.error
+    assert rec.state == "failed" and rec.error.lower().startswith("stopped"), rec.error
 
 
 def _group(p: psutil.Process) -> int | None:
@@ -123,3 +125,45 @@ def _group(p: psutil.Process) -> int | None:
         return os.getpgid(p.pid)
     except ProcessLookupError:
         return None
+
+
+def test_a_ray_that_cannot_be_joined_fails_the_build_at_once_with_the_reason(tmp_path, videos):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = serve(tmp_path, "--source-root", str(videos), "--ray-address", f"127.0.0.1:{port}")
+    try:
+        status, answer = post(server.url, videos, splits=["val"], short_side=30, shard_samples=2)
+        assert status == 202
+        failed = wait_for(server.url, answer["id"], ("ready", "failed"), timeout=60)
+        assert failed["state"] == "failed", failed
+        assert failed["error"].startswith(f"could not join the Ray cluster at 127.0.0.1:{port}: ConnectionError: "
+                                          f"nothing answers at 127.0.0.1:{port}"), failed["error"]
+        assert http(server.url, path="/v1/health")[0] == 200
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+def test_different_builds_posted_together_share_a_ray_cluster(tmp_path, videos, ray_local):
+    server = serve(tmp_path, "--source-root", str(videos), "--ray-address", ray_local.get_runtime_context().gcs_address,
+                   "--max-builds", "2")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda seed: post(server.url, videos, splits=["val"], short_side=30, seed=seed,
+                                                      shard_samples=2), (1, 2)))
+        assert [status for status, _ in answers] == [202, 202] and answers[0][1]["id"] != answers[1][1]["id"]
+        for _, answer in answers:
+            done = wait_for(server.url, answer["id"], ("ready", "failed"))
+            assert done["state"] == "ready", done
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+def test_a_server_started_without_source_roots_refuses_every_build(tmp_path, videos):
+    server = serve(tmp_path)
+    try:
+        status, _, answer = http(server.url, "POST", "/v1/builds", AUTH, json.dumps({"src": str(videos)}).encode())
+        assert status == 403 and json.loads(answer)["error"] == ("builds over HTTP are disabled: the server was "
+                                                                 "started without --source-root")
+    finally:
+        server.kill(signal.SIGTERM)

@@ -318,9 +318,13 @@ class Catalog:
                        "ON CONFLICT(tag) DO UPDATE SET dataset_id = excluded.dataset_id", (tag, dataset_id))
         return prev[0] if prev and prev[0] != dataset_id else None
 
-    def untag(self, tag: str) -> bool:
+    def untag(self, tag: str, dataset_id: str | None = None) -> bool:
+        """Remove ``tag``; with ``dataset_id``, only while the tag is on that set (one statement, so a
+        tag another writer has just moved to another set stays). False if nothing was removed."""
         with self._write() as db:
-            return db.execute("DELETE FROM tags WHERE tag = ?", (tag,)).rowcount == 1
+            if dataset_id is None:
+                return db.execute("DELETE FROM tags WHERE tag = ?", (tag,)).rowcount == 1
+            return db.execute("DELETE FROM tags WHERE tag = ? AND dataset_id = ?", (tag, dataset_id)).rowcount == 1
 
     def mark_deleted(self, dataset_id: str) -> None:
         """Forget a set (the row stays, as history, in state deleted). Refused while it is tagged
