@@ -87,6 +87,9 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
         log.info("%s is already built from these inputs with this config", out)
         _tidy(out, existing, keep_staging)
         return _summarise_existing(existing, summary)
+    if existing:
+        log.warning("%s holds a shard set built %s: replacing it", out,
+                    "before (--force)" if force else "from other inputs or options")
 
     stage = storage.join(out, STAGING_NAME)
     unlabeled = [v for v in videos if v.split in LABELED_SPLITS and v.label is None]

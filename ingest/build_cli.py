@@ -13,33 +13,39 @@ from __future__ import annotations
 
 import argparse
 
-from shards import packing, storage
-from shards.catalog import CatalogError
+import sys
+
+from shards import storage
+from shards.commands import byte_size, comma_list, int_in_range, number_in_range, positive_int
+from shards.errors import CommandError, UsageError
 from shards.manifest import LEDGER_NAME
 
-from . import registry
+from . import ray_runtime, registry
 from .build import build
 from .clips import DECODERS, ClipConfig
 from .content_digests import FINGERPRINTS, default_cache
 from .motion import MOTIONS
-from .sources import SPLIT_SETS
+from .sources import SPLIT_SETS, SPLITS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", required=True, help="source tree (local path or fsspec URL)")
     p.add_argument("--out", required=True, help="output directory (local path or fsspec URL)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="parallel decode tasks (default: all CPUs of the Ray cluster)")
     p.add_argument("--address", default=None,
-                   help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' joined on this node) instead of starting a local Ray")
-    p.add_argument("--frames", type=int, default=8, help="frames per clip (TSN/TSM segments T)")
-    p.add_argument("--clips-per-video", type=int, default=1,
+                   help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' "
+                        "joined on this node) instead of starting a local Ray; an address nothing answers at is "
+                        "refused at once")
+    p.add_argument("--frames", type=positive_int, default=8, help="frames per clip (TSN/TSM segments T)")
+    p.add_argument("--clips-per-video", type=positive_int, default=1,
                    help="independently sampled training clips stored per training video")
-    p.add_argument("--eval-clips", type=int, default=1,
+    p.add_argument("--eval-clips", type=positive_int, default=1,
                    help="clips per val/test video, at evenly spread offsets (1 = segment centres)")
-    p.add_argument("--short-side", type=int, default=256, help="resize frames so the short side is this")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality")
-    p.add_argument("--restart-interval", type=int, default=1, metavar="MCUS",
+    p.add_argument("--short-side", type=int_in_range(8), default=256,
+                   help="resize frames so the short side is this many pixels")
+    p.add_argument("--quality", type=int_in_range(1, 100), default=90, help="JPEG quality, 1 to 100")
+    p.add_argument("--restart-interval", type=int_in_range(0), default=1, metavar="MCUS",
                    help="JPEG restart marker every MCUS macroblocks of 16x16 pixels (rounded down to tile the "
                         "rows), so the loader decodes only the intervals under its crop; 0: none (smaller files)")
     p.add_argument("--seed", type=int, default=0, help="seeds frame sampling and sample order")
@@ -50,17 +56,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also store each frame's motion from the frame before it, NN.<motion>.png on a grid of "
                         "8x8 pixels (shards.motionfield): mv: the codec's motion vectors from the same decode "
                         "(needs --decoder pyav); flow: optical flow (OpenCV DIS; decodes the frame before each)")
-    p.add_argument("--shard-size", default="256MB", help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
-    p.add_argument("--shard-samples", type=int, default=None, help="cut shards at this many samples instead")
-    p.add_argument("--max-error-fraction", type=float, default=0.05,
+    p.add_argument("--shard-size", type=byte_size, default="256MB",
+                   help="cut shards at this many bytes (e.g. 64MB, 1GiB)")
+    p.add_argument("--shard-samples", type=positive_int, default=None, help="cut shards at this many samples instead")
+    p.add_argument("--max-error-fraction", type=number_in_range(float, 0, 1), default=0.05,
                    help="exit non-zero if more than this fraction of the videos fail (the good ones are "
                         "written all the same)")
-    p.add_argument("--splits", default="train,val,test", help="comma-separated splits to build")
+    p.add_argument("--splits", type=comma_list(SPLITS), default="train,val,test",
+                   help="comma-separated splits to build")
     p.add_argument("--split-set", type=int, choices=SPLIT_SETS, default=1,
                    help="UCF101 and HMDB51: which official train/test split (its test list becomes the val split)")
-    p.add_argument("--videos-per-task", type=int, default=8, help="videos decoded per Ray task")
-    p.add_argument("--ffmpeg-threads", type=int, default=1, help="decoder threads per video")
-    p.add_argument("--timeout", type=float, default=600,
+    p.add_argument("--videos-per-task", type=positive_int, default=8, help="videos decoded per Ray task")
+    p.add_argument("--ffmpeg-threads", type=positive_int, default=1, help="decoder threads per video")
+    p.add_argument("--timeout", type=number_in_range(float, 0, above=True), default=600,
                    help="seconds one video may take, download, probe and decode included, before it is "
                         "abandoned and recorded in the ledger")
     p.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging after a successful build")
@@ -85,26 +93,35 @@ def run(args: argparse.Namespace) -> int:
                          short_side=args.short_side, quality=args.quality, restart_interval=args.restart_interval,
                          seed=args.seed, decoder=args.decoder, motion=args.motion)
     except ValueError as e:
-        print(f"error: {e}")
-        return 2
+        raise UsageError(str(e)) from None
     kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,
-                  shard_size=None if args.shard_samples else packing.parse_size(args.shard_size),
-                  splits=args.splits.split(","), videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
+                  shard_size=None if args.shard_samples else args.shard_size,
+                  splits=args.splits, videos_per_task=args.videos_per_task, threads=args.ffmpeg_threads,
                   timeout=args.timeout, keep_staging=args.keep_staging, force=args.force,
                   fingerprint=args.fingerprint, hash_cache=args.hash_cache, split_set=args.split_set)
-    if args.catalog:
+    if args.address:  # before anything else: ray.init would retry a wrong address for minutes
         try:
-            summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name, **kwargs)
-        except CatalogError as e:
-            print(f"error: {e}")
-            return 2
-        print(("reused " if summary.reused else "registered ") + registry.where(record))
+            ray_runtime.check_reachable(args.address)
+        except ConnectionError as e:
+            raise CommandError(f"--address {args.address}: {e}; is `ray start --head` running there?") from None
+    location = args.out
+    if args.catalog:
+        summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name,
+                                         max_error_fraction=args.max_error_fraction, **kwargs)
+        if record.state == "ready":
+            print(("reused " if summary.reused else "registered ") + registry.where(record))
+        asked = args.name or registry.default_name(args.out)
+        if asked and record.name == f"{asked}-{record.id[:8]}":
+            print(f"named {record.name}: the name {asked!r} belongs to another dataset (--name chooses one)")
+        location = record.location
     else:
         summary = build(args.src, args.out, cfg, **kwargs)
     print(("up to date: " if summary.reused else "done: ") + summary.line())
     fraction = summary.failed / max(1, summary.videos)
     if fraction > args.max_error_fraction:
-        print(f"error: {summary.failed} of {summary.videos} videos failed ({fraction:.1%} > "
-              f"--max-error-fraction {args.max_error_fraction:.1%}); see {storage.join(args.out, LEDGER_NAME)}")
+        print(f"ingest build: error: {summary.failed} of {summary.videos} videos failed ({fraction:.1%} > "
+              f"--max-error-fraction {args.max_error_fraction:.1%})"
+              + (" so the set is recorded failed" if args.catalog else "")
+              + f"; see {storage.join(location, LEDGER_NAME)}", file=sys.stderr)
         return 1
     return 0

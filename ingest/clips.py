@@ -120,6 +120,7 @@ def decode(path: str, wanted, cfg: ClipConfig, threads: int, deadline: Deadline)
                                        motion_vectors=cfg.motion == "mv")
         except DecodeError as e:
             if not e.reason.startswith(FALLBACK_REASONS):
+                e.detail = e.detail or ffmpeg_cli.demux_messages(path, deadline)
                 raise
     return ffmpeg_cli.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline)
 

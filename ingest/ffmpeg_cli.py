@@ -40,6 +40,14 @@ def _run(args: list[str], deadline: Deadline, step: str) -> subprocess.Completed
         raise TimedOut(deadline.seconds, step) from None
 
 
+def demux_messages(path: str, deadline: Deadline) -> str:
+    """What ffmpeg says reading ``path``'s video to the end, decoding only key frames: the ledger's
+    words for a video the in-process decoder refused without a message of FFmpeg's own."""
+    p = _run(["ffmpeg", "-nostdin", "-hide_banner", "-v", "error", "-skip_frame", "nokey", "-i", path,
+              "-map", "0:v:0?", "-f", "null", "-"], deadline, "reading packets")
+    return _tail(p.stderr)
+
+
 def ffprobe(path: str, deadline: Deadline, *args: str, step: str = "probing") -> dict:
     """ffprobe's JSON for ``path`` (``args``: more ffprobe options); DecodeError if it fails."""
     p = _run(["ffprobe", "-v", "error", "-of", "json", *args, path], deadline, step)

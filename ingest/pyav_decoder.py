@@ -20,6 +20,7 @@ reference distances are unknown and the fields are left invalid.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
@@ -116,6 +117,9 @@ def decode_frames(path: str, wanted: Callable[[int], list[int]], *, threads: int
     they need, or from all of them when the index cannot tell."""
     if av.logging.get_level() is None:
         av.logging.set_level(av.logging.ERROR)  # so errors carry FFmpeg's own last message
+        # ... which the ledger records; printed as well, Ray would forward it to the driver's log.
+        logging.getLogger("libav").propagate = False
+        logging.getLogger("libav").addHandler(logging.NullHandler())
     deadline.check("probing")
     with open(path, "rb") as f:
         container, stream = _open(f)

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import socket
+import sys
 
 import ray
 
@@ -16,12 +17,16 @@ log = logging.getLogger("ingest.ray")
 def start(address: str | None, workers: int | None, object_store_mb: int = 512) -> int:
     """Connect to Ray (reusing one already started in this process); return the task parallelism."""
     if not ray.is_initialized():
+        if not sys.stderr.isatty():  # worker log lines forwarded without colour codes into log files
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         if address:
-            _check_reachable(address)
+            check_reachable(address)
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
         else:
             # Keeps a single-machine Ray on 127.0.0.1 instead of the machine's network address.
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            # A Ray of our own on loopback: no token to set up, and no warning about it per build.
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             # "local": always a Ray of our own. Without it ray.init() joins whatever cluster a
             # `ray start` on this machine last recorded (or RAY_ADDRESS names).
             ray.init(address="local", num_cpus=workers or os.cpu_count(), include_dashboard=False,
@@ -32,7 +37,7 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     return max(1, parallel)
 
 
-def _check_reachable(address: str) -> None:
+def check_reachable(address: str) -> None:
     """Raise ConnectionError at once when nothing listens at a HOST:PORT address: ray.init would
     retry it for about ten minutes."""
     found = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from shards import storage
 from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record, dataset_id
-from shards.manifest import MANIFEST_NAME, SET_FILES, Manifest
+from shards.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
 from shards.verify import stamps
 
 from . import content_digests, ray_runtime
@@ -90,17 +90,21 @@ def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 2
 
 def claim(catalog: Catalog, p: Plan, out: str, name: str | None = None, force: bool = False) -> Claim:
     """Claim ``p.id`` for a build into ``out``; unnamed sets are named after ``out``'s last part."""
-    out = normalise(out)
-    default = re.sub(r"[^A-Za-z0-9._-]+", "-", out.rsplit("/", 1)[-1]).strip(".-_") or None
-    return catalog.claim(p.id, source=p.src, location=out, options=p.options, name=name or default,
-                         strict_name=name is not None, force=force)
+    return catalog.claim(p.id, source=p.src, location=normalise(out), options=p.options,
+                         name=name or default_name(out), strict_name=name is not None, force=force)
+
+
+def default_name(out: str) -> str | None:
+    """The catalog name of a set built into ``out`` without ``--name``: its last part."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", normalise(out).rsplit("/", 1)[-1]).strip(".-_") or None
 
 
 def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConfig(), *, name: str | None = None,
           force: bool = False, poll: float = 1.0, shard_size: int | None = 256 * 10**6,
           shard_samples: int | None = None, splits=("train", "val", "test"), fingerprint: str = "stat",
-          hash_cache: str | None = None, **build_kwargs):
-    """``ingest.build.build`` through the catalog; returns (summary, record)."""
+          hash_cache: str | None = None, max_error_fraction: float | None = None, **build_kwargs):
+    """``ingest.build.build`` through the catalog; returns (summary, record). A build in which more
+    than ``max_error_fraction`` of the videos failed is recorded failed (see ``run_claimed``)."""
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits, fingerprint=fingerprint,
              hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"),
@@ -129,12 +133,16 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
             summary.clips, summary.bytes = summary.clips + s["clips"], summary.bytes + s["bytes"]
             summary.shards, summary.failed = summary.shards + s["shards"], summary.failed + s["failed"]
         return summary, rec
-    return run_claimed(cat, c, p, force=force, **build_kwargs), cat.get(p.id)
+    return (run_claimed(cat, c, p, force=force, max_error_fraction=max_error_fraction, **build_kwargs),
+            cat.get(p.id))
 
 
-def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kwargs):
+def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, max_error_fraction: float | None = None,
+                **build_kwargs):
     """Build a claimed id into its record's location: heartbeat, progress, then ready or failed.
-    ``force``: rebuild even if the location holds a finished build."""
+    ``force``: rebuild even if the location holds a finished build. More than ``max_error_fraction``
+    of the videos failed: recorded failed, so it is neither served nor reused, and ``gc`` collects it
+    (a rerun finds the finished work and records it failed again)."""
     dataset, owner = c.record.id, c.owner
     stop = threading.Event()
 
@@ -163,6 +171,11 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, **build_kw
         cat.fail(dataset, owner, f"{type(e).__name__}: {e}")
         raise
     stop.set()
+    if max_error_fraction is not None and summary.failed > max_error_fraction * max(1, summary.videos):
+        cat.fail(dataset, owner, f"{summary.failed} of {summary.videos} videos failed (more than "
+                                 f"{max_error_fraction:.1%}); see {storage.join(c.record.location, LEDGER_NAME)}")
+        log.warning("dataset %s: too many videos failed; recorded failed", dataset)
+        return summary
     if not cat.finish(dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
                       verified_files=stamps(Manifest.load(c.record.location)),
                       builder_version=_version(),

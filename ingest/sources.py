@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from fsspec.core import url_to_fs
 
 from shards import storage
+from shards.errors import NotFound
 from shards.tarformat import sanitize_key
 
 log = logging.getLogger("ingest.sources")
@@ -162,8 +163,7 @@ def discover(src: str, split_set: int = 1) -> Source:
                 classes.update([label] if label else [])
                 videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind, **stat))
     if not videos:
-        raise FileNotFoundError(f"{src}: no videos found under {'/'.join(SPLITS)} (extensions: "
-                                f"{', '.join(sorted(VIDEO_EXTS))})")
+        raise NotFound(_why_no_videos(src))
     return Source("cvdf" if cvdf else "class-folders", _unique_ids(videos), sorted(classes), missing)
 
 
@@ -229,6 +229,23 @@ def _split_files(src: str, dataset: str, split_set: int, lists) -> Source:
     if not videos:
         raise FileNotFoundError(f"{src}: none of the {len(listed)} videos split set {split_set} lists is there")
     return Source(f"{dataset}-split{split_set}", _unique_ids(videos), classes, dict(missing))
+
+
+def _why_no_videos(src: str) -> str:
+    """Why ``src`` gave no videos: not there, empty, videos in the wrong place, or none at all."""
+    fs, root = url_to_fs(src)
+    if not fs.exists(root):
+        return f"{src}: no videos found: no such directory"
+    top = fs.ls(root, detail=False)
+    if not top:
+        return f"{src}: no videos found: the directory is empty"
+    flat = [p for p in top if _ext(p) in VIDEO_EXTS]
+    layout = (f"{src}/train/<label>/<id>.mp4 (class folders) or {src}/train/<id>.mp4 with "
+              f"{src}/annotations/train.csv (CVDF), and the same for val and test")
+    if flat:
+        return f"{src}: no videos found under {'/'.join(SPLITS)}, but {len(flat)} directly in it: expected {layout}"
+    return (f"{src}: no videos found under {'/'.join(SPLITS)} (extensions: {', '.join(sorted(VIDEO_EXTS))}): "
+            f"expected {layout}")
 
 
 def _unique_ids(videos: list[Video]) -> list[Video]:

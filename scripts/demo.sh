@@ -5,8 +5,20 @@
 # into WebDataset shards, checked and planned; then TSM and TSN (the same network without the
 # temporal shift) are trained side by side, one CPU core each, and compared: TSM learns the motion,
 # TSN, which sees frames but not their order, stays near chance (25%). About 3 minutes on 2 cores.
+# Usage: bash scripts/demo.sh [--out DIR]   (default: demo/ in the checkout)
 set -euo pipefail
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) [ $# -ge 2 ] || { echo "demo: --out needs a directory" >&2; exit 2; }; out=$(realpath -m "$2"); shift 2 ;;
+    --out=*) out=$(realpath -m "${1#--out=}"); shift ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "demo: unknown argument '$1' (usage: bash scripts/demo.sh [--out DIR])" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
+out=${out:-$PWD/demo}
+mkdir -p "$out"
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep Ray on 127.0.0.1
 bin=.venv/bin
 [ -x "$bin/trainer" ] || { echo "demo: run 'bash scripts/setup.sh' first" >&2; exit 1; }
@@ -14,25 +26,25 @@ bin=.venv/bin
   { echo "demo: PIL is not pillow-simd: run 'bash scripts/setup.sh'" >&2; exit 1; }
 
 echo "== 1/4 data: 320 videos (64x64, 2 s), ingested into shards of 4-frame JPEG clips"
-"$bin/ingest" synth --out demo/src --classes 4 --train-per-class 64 --val-per-class 16 --width 64 --height 64 --fps 10 --seconds 2
-"$bin/ingest" build --src demo/src --out demo/shards --frames 4 --clips-per-video 4 --short-side 32 --shard-samples 64
-"$bin/shards" verify demo/shards
-"$bin/shards" stats demo/shards
-"$bin/shards" preview demo/shards --split val --clips 8 --out demo/preview.png   # look before training
-"$bin/shards" plan demo/shards --max-world-size 64 --world-sizes 1,2,4,8,16,64
+"$bin/ingest" synth --out "$out"/src --classes 4 --train-per-class 64 --val-per-class 16 --width 64 --height 64 --fps 10 --seconds 2
+"$bin/ingest" build --src "$out"/src --out "$out"/shards --frames 4 --clips-per-video 4 --short-side 32 --shard-samples 64
+"$bin/shards" verify "$out"/shards
+"$bin/shards" stats "$out"/shards
+"$bin/shards" preview "$out"/shards --split val --clips 8 --out "$out"/preview.png   # look before training
+"$bin/shards" plan "$out"/shards --max-world-size 64 --world-sizes 1,2,4,8,16,64
 
 # A ResNet-10 of width 16 on 32 px crops, 4 frames, no flips (left and right are classes). The
 # features that see motion appear after a few hundred steps, then TSM's accuracy jumps.
-train=(--data demo/shards --segments 4 --depth 10 --width 16 --crop-size 32 --scale-size 32 --no-flip
+train=(--data "$out"/shards --segments 4 --depth 10 --width 16 --crop-size 32 --scale-size 32 --no-flip
        --batch-size 16 --epochs 16 --warmup-epochs 1 --lr-per-8 0.1 --workers 0 --print-freq 8)
-echo "== 2/4 training TSM and TSN side by side, one core each (logs: demo/tsm.log, demo/tsn.log)"
-rm -rf demo/tsm demo/tsn
-OMP_NUM_THREADS=1 "$bin/trainer" train "${train[@]}" --output-dir demo/tsm > demo/tsm.log 2>&1 & tsm=$!
-OMP_NUM_THREADS=1 "$bin/trainer" train "${train[@]}" --output-dir demo/tsn --no-shift > demo/tsn.log 2>&1 & tsn=$!
+echo "== 2/4 training TSM and TSN side by side, one core each (logs: $out/tsm.log, $out/tsn.log)"
+rm -rf "$out"/tsm "$out"/tsn
+OMP_NUM_THREADS=1 "$bin/trainer" train "${train[@]}" --output-dir "$out"/tsm > "$out"/tsm.log 2>&1 & tsm=$!
+OMP_NUM_THREADS=1 "$bin/trainer" train "${train[@]}" --output-dir "$out"/tsn --no-shift > "$out"/tsn.log 2>&1 & tsn=$!
 trap 'kill $tsm $tsn 2>/dev/null' EXIT
 status() {  # "epoch E, val top-1 A%" from a run's metrics.jsonl
   local last
-  last=$(grep '"event": "epoch"' "demo/$1/metrics.jsonl" 2>/dev/null | tail -1)
+  last=$(grep '"event": "epoch"' "$out/$1/metrics.jsonl" 2>/dev/null | tail -1)
   [ -n "$last" ] || { echo "starting"; return; }
   sed -E 's/.*"epoch": ([0-9]+).*"val_top1": ([0-9.]+).*/epoch \1, val top-1 \2%/; s/\.([0-9])[0-9]*%/.\1%/' <<< "$last"
 }
@@ -42,27 +54,27 @@ while kill -0 $tsm 2>/dev/null || kill -0 $tsn 2>/dev/null; do
   [ "$now" = "$shown" ] || { echo "  $now"; shown=$now; }
   sleep 2
 done
-wait $tsm || { tail -20 demo/tsm.log; exit 1; }
-wait $tsn || { tail -20 demo/tsn.log; exit 1; }
+wait $tsm || { tail -20 "$out"/tsm.log; exit 1; }
+wait $tsn || { tail -20 "$out"/tsn.log; exit 1; }
 trap - EXIT
 
 echo "== 3/4 testing TSM (three crops per clip)"
-"$bin/trainer" test --checkpoint demo/tsm/checkpoint.pt --data demo/shards --split val --crops 3 --workers 0 \
-  --output demo/tsm/test-val.json
+"$bin/trainer" test --checkpoint "$out"/tsm/checkpoint.pt --data "$out"/shards --split val --crops 3 --workers 0 \
+  --output "$out"/tsm/test-val.json
 
 echo "== 4/4 TSM against TSN"
-"$bin/trainer" plot demo/tsm demo/tsn --labels TSM TSN --out demo/tsm-vs-tsn.png
+"$bin/trainer" plot "$out"/tsm "$out"/tsn --labels TSM TSN --out "$out"/tsm-vs-tsn.png
 cat <<EOF
 
 Where things are:
-  demo/src/                 the generated videos (class folders: demo/src/{train,val}/<class>/*.mp4)
-  demo/shards/              WebDataset shards, manifest.json, classes.txt, errors.jsonl
-  demo/preview.png          8 validation clips, a row each (shards preview; --html DIR for a page)
-  demo/tsm/, demo/tsn/      checkpoint.pt, metrics.jsonl, tensorboard/; demo/tsm/test-val.json
-  demo/tsm-vs-tsn.png       loss, accuracy, learning rate and throughput of both runs
+  $out/src/                 the generated videos (class folders: $out/src/{train,val}/<class>/*.mp4)
+  $out/shards/              WebDataset shards, manifest.json, classes.txt, errors.jsonl
+  $out/preview.png          8 validation clips, a row each (shards preview; --html DIR for a page)
+  $out/tsm/, $out/tsn/      checkpoint.pt, metrics.jsonl, tensorboard/; $out/tsm/test-val.json
+  $out/tsm-vs-tsn.png       loss, accuracy, learning rate and throughput of both runs
 What to run next:
   bash scripts/test.sh                               the test suite
   source .venv/bin/activate && trainer train --help  every flag of the trainer (ingest, shards too)
-  horovodrun -np 2 -H localhost:2 --gloo trainer train --data demo/shards --output-dir demo/hvd ...
+  horovodrun -np 2 -H localhost:2 --gloo trainer train --data $out/shards --output-dir $out/hvd ...
   docs/runbooks/                                     Ray clusters, Lustre/GPFS, Slurm, 1,536 GPUs
 EOF

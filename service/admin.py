@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
-from shards.catalog import Catalog, CatalogError, Record, default_path
+from shards.catalog import Catalog, Record, default_path
+from shards.errors import CommandError, NotFound
 from shards.manifest import Manifest
 from shards.verify import verify
 
@@ -23,10 +25,26 @@ def _common(p: argparse.ArgumentParser, ref: bool = True) -> None:
         p.add_argument("ref", help="id, unique id prefix, name or tag")
 
 
+def _open(path: str) -> Catalog:
+    """The catalog file named; refused when there is none (opening would create an empty one)."""
+    if not os.path.exists(path):
+        raise NotFound(f"--catalog {path}: no such catalog (`ingest build --catalog FILE` creates one; "
+                       "$SHARD_SERVICE_CATALOG names the default)")
+    return Catalog(path)
+
+
+def _size(n: float) -> str:
+    """Bytes for people: 512 B, 3.4 MB, 1.25 GB."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit in ('TB', 'GB') else 1}f} {unit}"
+    return f"{int(n)} B"
+
+
 def _resolve(cat: Catalog, ref: str) -> Record:
     rec = cat.resolve(ref)
     if rec is None:
-        raise SystemExit(f"no dataset {ref!r} in {cat.path} (give an id, a unique id prefix, a name or a tag)")
+        raise NotFound(f"no dataset {ref!r} in {cat.path} (give an id, a unique id prefix, a name or a tag)")
     return rec
 
 
@@ -46,7 +64,7 @@ class List:
     @staticmethod
     def run(args) -> int:
         states = ("building", "ready", "failed", "deleted") if args.all else ("building", "ready", "failed")
-        records = Catalog(args.catalog).list(states)
+        records = _open(args.catalog).list(states)
         if args.json:
             for rec in records:
                 print(json.dumps(rec.to_json(), sort_keys=True))
@@ -56,7 +74,7 @@ class List:
             clips = sum(s["clips"] for s in rec.splits.values())
             size = sum(s["bytes"] for s in rec.splits.values())
             tags = f"[{', '.join(rec.tags)}] " if rec.tags else ""
-            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {_state(rec):<9} {clips:>9,} {size / 1e9:>8.2f}GB"
+            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {_state(rec):<9} {clips:>9,} {_size(size):>10}"
                   f"  {tags}{rec.location}")
         return 0
 
@@ -70,7 +88,7 @@ class Show:
 
     @staticmethod
     def run(args) -> int:
-        rec = _resolve(Catalog(args.catalog), args.ref)
+        rec = _resolve(_open(args.catalog), args.ref)
         print(json.dumps({**rec.to_json(), "state": _state(rec)}, indent=2, sort_keys=True))
         return 0
 
@@ -85,12 +103,9 @@ class Tag:
 
     @staticmethod
     def run(args) -> int:
-        cat = Catalog(args.catalog)
+        cat = _open(args.catalog)
         rec = _resolve(cat, args.ref)
-        try:
-            before = cat.tag(rec.id, args.tag)
-        except CatalogError as e:
-            raise SystemExit(str(e)) from None
+        before = cat.tag(rec.id, args.tag)
         print(f"tagged {rec.id} {args.tag}" + (f" (moved from {before})" if before else ""))
         return 0
 
@@ -105,8 +120,8 @@ class Untag:
 
     @staticmethod
     def run(args) -> int:
-        if not Catalog(args.catalog).untag(args.tag):
-            raise SystemExit(f"no tag {args.tag!r}")
+        if not _open(args.catalog).untag(args.tag):
+            raise NotFound(f"no tag {args.tag!r} in {args.catalog}")
         print(f"untagged {args.tag}")
         return 0
 
@@ -123,10 +138,10 @@ class Verify:
 
     @staticmethod
     def run(args) -> int:
-        cat = Catalog(args.catalog)
+        cat = _open(args.catalog)
         rec = _resolve(cat, args.ref)
         if rec.state != "ready":
-            raise SystemExit(f"dataset {rec.id} is {rec.state}; only ready sets are verified")
+            raise CommandError(f"dataset {rec.id} is {rec.state}; only ready sets are verified")
         problems, hashed = [], {}
         try:
             file_table(rec.location, rec.files, rec.manifest_sha256)  # the manifest is the registered one
@@ -138,7 +153,8 @@ class Verify:
             print(p)
         detail = "; ".join(problems[:20]) + (f"; ... {len(problems) - 20} more" if len(problems) > 20 else "")
         cat.record_verify(rec.id, len(problems), detail or "ok", hashed)  # the server's ETags from now on
-        print(f"{rec.id} at {rec.location}: {len(problems)} problems (recorded {time.strftime('%H:%M:%S')})")
+        count = f"{len(problems)} problem{'' if len(problems) == 1 else 's'}"
+        print(f"{rec.id} at {rec.location}: {count} (recorded {time.strftime('%H:%M:%S')})")
         return 1 if problems else 0
 
 
@@ -152,12 +168,9 @@ class Remove:
 
     @staticmethod
     def run(args) -> int:
-        cat = Catalog(args.catalog)
+        cat = _open(args.catalog)
         rec = _resolve(cat, args.ref)
-        try:
-            housekeeping.remove(cat, rec, args.purge)
-        except CatalogError as e:
-            raise SystemExit(str(e)) from None
+        housekeeping.remove(cat, rec, args.purge)
         print(f"removed {rec.id}" + (f" and deleted its files at {rec.location}" if args.purge
                                      else f" (files kept at {rec.location})"))
         return 0
@@ -173,12 +186,15 @@ class Collect:
 
     @staticmethod
     def run(args) -> int:
-        cat = Catalog(args.catalog)
+        cat = _open(args.catalog)
         if not args.yes:
-            for rec in housekeeping.collectable(cat):
+            found = housekeeping.collectable(cat)
+            for rec in found:
                 print(f"would remove {rec.id} ({_state(rec)}) and its files at {rec.location}")
-            print("dry run: nothing deleted (--yes deletes)")
+            print("dry run: nothing deleted (--yes deletes)" if found else "nothing to collect")
             return 0
-        for rec in housekeeping.collect(cat):
+        done = housekeeping.collect(cat)
+        for rec in done:
             print(f"removed {rec.id} and its files at {rec.location}")
+        print(f"collected {len(done)} dataset{'' if len(done) == 1 else 's'}" if done else "nothing to collect")
         return 0

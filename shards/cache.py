@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from .errors import CommandError
 from .http_range import DEFAULT_RETRY, Retry
 from .packing import parse_size
 from .reading import READ_BUFFER, open_range
@@ -63,8 +64,11 @@ _CACHES: weakref.WeakSet = weakref.WeakSet()
 os.register_at_fork(after_in_child=lambda: [cache._forget_pins() for cache in list(_CACHES)])
 
 
-class CacheFull(OSError):
-    """The budget cannot hold what is asked."""
+class CacheFull(CommandError, OSError):
+    """The budget cannot hold what is asked (a command's one line, exit status 1)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,39 @@
 A subcommand is anything with a docstring (its first line is the help), ``add_arguments(parser)``
 and ``run(args) -> int``: a module, or a class used as a namespace. Commands are named by dotted
 path (``"shards.verify"``, ``"service.admin:List"``) and imported only when the CLI starts.
+
+Exit status, the same for every command: 0 done; 1 the work failed (the message says why);
+2 the command line asks for something that cannot be done (argparse's usage errors, and the
+``shards.errors.UsageError`` a command raises: a value out of range, a path that does not
+exist). A refusal (``shards.errors.CommandError``) is one line on stderr, never a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import sys
+
+from .errors import CommandError
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default after its help, once: not for on/off switches (``--no-flip`` is not
+    "default: True"), not where the help already names its default or there is none; and the
+    double backquotes of the docstrings that describe commands left out."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default in (None, argparse.SUPPRESS, [], ()) or action.nargs == 0 or "default" in text
+                or not action.option_strings):
+            return text
+        return text + (" " if text else "") + "(default: %(default)s)"
+
+    def _format_text(self, text):
+        return super()._format_text(text.replace("``", ""))
+
+    def _expand_help(self, action):
+        return super()._expand_help(action).replace("``", "")
 
 
 def _load(target: str):
@@ -27,7 +54,7 @@ def build_parser(prog: str, description: str, commands: dict[str, str],
     for name, target in commands.items():
         command = loaded[name] = _load(target)
         p = sub.add_parser(name, help=command.__doc__.strip().splitlines()[0], description=command.__doc__,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter, **options)
+                           formatter_class=HelpFormatter, **options)
         command.add_arguments(p)
     return parser, loaded
 
@@ -36,4 +63,62 @@ def main(prog: str, description: str, commands: dict[str, str], argv: list[str] 
     parser, loaded = build_parser(prog, description, commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    return loaded[args.command].run(args)
+    try:
+        return loaded[args.command].run(args)
+    except CommandError as e:
+        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
+        return e.status
+
+
+# argparse ``type=`` checkers: a bad value is refused before any work starts, as argparse refuses
+# a bad choice (``PROG COMMAND: error: argument --frames: ...``, exit status 2).
+
+def positive_int(text: str) -> int:
+    return int_in_range(1)(text)
+
+
+def int_in_range(lo: int, hi: int | None = None):
+    """An integer in [lo, hi] (no upper bound when ``hi`` is None)."""
+    return number_in_range(int, lo, hi)
+
+
+def number_in_range(kind, lo: float, hi: float | None = None, *, above: bool = False):
+    """A ``kind`` (int or float) in [lo, hi], or in (lo, hi] when ``above``; no upper bound when
+    ``hi`` is None."""
+    def check(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < lo or (above and value == lo) or (hi is not None and value > hi):
+            wanted = (f"more than {lo}" if above else f"{lo} or more") if hi is None else f"{lo} to {hi}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give {wanted}")
+        return value
+    check.__name__ = kind.__name__
+    return check
+
+
+def byte_size(text: str) -> int:
+    """'64MB', '1GiB', '200k', '4096' -> bytes, more than zero."""
+    from .packing import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 64MB, 1GiB, 200k, 4096)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give more than 0 bytes")
+    return value
+
+
+def comma_list(choices):
+    """A comma-separated list of some of ``choices``, in the order given, without repeats."""
+    def check(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        unknown = [t for t in items if t not in choices]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown)) or 'nothing'}: choose from "
+                                             f"{', '.join(choices)}")
+        return list(dict.fromkeys(items))
+    check.__name__ = "list"
+    return check

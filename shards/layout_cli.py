@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .errors import UsageError
 from .layout import MB, Totals, format_plan, plan
 from .manifest import Manifest
 from .packing import parse_size
@@ -34,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.manifest:
         m = Manifest.load(args.manifest)
+        if args.split not in m.splits:
+            raise UsageError(f"{args.manifest}: no split {args.split!r} (it has {', '.join(m.splits) or 'none'})")
         split = m.splits[args.split]
         totals = Totals(split.num_samples, split.num_bytes / max(1, split.num_samples),
                         m.config.get("clip", {}).get("frames", args.frames))  # as ingest writes it

@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from . import storage
+from .errors import CommandError, NotFound
 
 MANIFEST_NAME = "manifest.json"
 CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
@@ -103,9 +104,37 @@ class Manifest:
             base, url = url.rstrip("/"), storage.join(url, MANIFEST_NAME)
         try:
             data = storage.read_bytes(url)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{url}: no manifest (was the shard set built to the end?)") from None
+        except Exception as e:
+            if url.startswith(("http://", "https://")):
+                raise _http_refusal(url, e) from None
+            if not isinstance(e, FileNotFoundError):
+                raise
+            if not storage.exists(base):
+                raise NotFound(f"{base}: no such file or directory") from None
+            raise NotFound(f"{url}: no manifest (was the shard set built to the end?)") from None
         return cls.from_json(data, base=base)
+
+
+def _http_refusal(url: str, error: Exception) -> CommandError:
+    """The error for a manifest an HTTP server would not give, with the server's own words (fsspec's
+    errors drop its body): asked again with the standard library's client and the same headers."""
+    import urllib.error
+    import urllib.request
+
+    from .http_range import _config_headers
+
+    request = urllib.request.Request(url, headers=_config_headers(url.split(":", 1)[0]))
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            return CommandError(f"{url}: {error}")  # answered this time: report the first failure
+    except urllib.error.HTTPError as e:
+        said = e.read(2000).decode("utf-8", "replace").strip().splitlines()
+        text = f"{url}: HTTP {e.code}: {said[0] if said else e.reason}"
+        if e.code in (401, 403):
+            return CommandError(text + """; give the token as FSSPEC_HTTP_HEADERS='{"Authorization": "Bearer TOKEN"}'""")
+        return NotFound(text) if e.code == 404 else CommandError(text)
+    except OSError as e:
+        return CommandError(f"{url}: {getattr(e, 'reason', e)}")
 
 
 def digest(obj) -> str:

@@ -8,7 +8,8 @@ with its name and what is wrong, and the shards written so far are removed; with
 ``--skip-bad`` damaged shards are left out (found in a first checking pass, so the cuts are
 planned over the clips that remain) and the clips lost are reported. Source shards are read
 ``workers`` at a time ahead of the writer; the same input and options always give the same
-bytes. The new manifest is written last.
+bytes. The new manifest is written last, after the source's ``classes.txt`` and ``errors.jsonl``.
+The destination must be empty or new: shards already there would lie beside the new manifest.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from fsspec.core import url_to_fs
 
 from . import packing, storage
-from .manifest import Manifest, ShardInfo, SplitInfo, digest
+from .commands import byte_size, positive_int
+from .errors import UsageError
+from .manifest import CLASSES_NAME, LEDGER_NAME, Manifest, ShardInfo, SplitInfo, digest
 from .verify import check_shard
 
 log = logging.getLogger("shards.reshard")
@@ -76,8 +79,11 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
     """Write the resharded set to ``dst``. With ``skip_bad``, damaged source shards are left out and
     listed in the new manifest's ``config["resharded"]["dropped"]`` (name -> clips lost)."""
     if storage.join(src) == storage.join(dst):
-        raise ValueError("the destination must differ from the source")
+        raise UsageError(f"{dst}: the destination must differ from the source")
     m = Manifest.load(src)
+    fs, root = url_to_fs(dst)
+    if fs.exists(root) and (not fs.isdir(root) or fs.ls(root, detail=False)):
+        raise UsageError(f"{dst}: not empty; reshard into a new or empty directory")
     dropped = {}  # name -> clips lost
     if skip_bad:
         bad = find_bad(m, workers)
@@ -86,7 +92,7 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                 if shard.name in bad:
                     dropped[shard.name] = shard.num_samples
                     log.warning("skipping %s: %s", shard.name, "; ".join(str(p) for p in bad[shard.name][:3]))
-    splits, written = {}, []
+    splits = {}
     try:
         with ThreadPoolExecutor(max(1, workers)) as pool:
             for name, split in m.splits.items():
@@ -97,21 +103,24 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                 shards = []
                 for j, part in enumerate(parts):
                     new = packing.shard_name(name, j)
-                    written.append(storage.join(dst, new))
-                    shards.append(packing.write_shard(written[-1], new, itertools.islice(samples, len(part))))
+                    shards.append(packing.write_shard(storage.join(dst, new), new,
+                                                      itertools.islice(samples, len(part))))
                 if next(samples, None) is not None:  # also checks trailing shards without samples
                     raise AssertionError("cuts do not cover every sample")
                 lost = sum(dropped.get(s.name, 0) for s in split.shards)
                 splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost)
                 log.info("%s: %d samples in %d shards -> %d shards", name, len(sizes), len(sources), len(parts))
-    except BadShard:
-        for url in written:  # a refused reshard leaves no shard behind
-            fs, path = url_to_fs(url)
-            if fs.exists(path):
-                fs.rm(path)
+    except BadShard:  # a refused reshard leaves nothing behind (the destination was empty)
+        for entry in fs.ls(root, detail=False) if fs.exists(root) else []:
+            fs.rm(entry, recursive=True)
         raise
     layout = {"shard_bytes": shard_bytes, "shard_samples": shard_samples, "num_shards": num_shards}
     done = layout | ({"dropped": dropped} if dropped else {})
+    for name in (CLASSES_NAME, LEDGER_NAME):  # what the set says besides its shards, when it has them
+        try:
+            storage.atomic_write(storage.join(dst, name), storage.read_bytes(storage.join(src, name)))
+        except FileNotFoundError:
+            pass
     out = Manifest(classes=m.classes, splits=splits, config=m.config | {"resharded": done},
                    fingerprint=digest({"source": m.fingerprint, "layout": done}))
     out.save(dst)
@@ -122,10 +131,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="source shard-set directory URL")
     p.add_argument("dst", help="destination directory URL (a new shard set)")
     size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--shard-size", help="largest shard, e.g. 256MB")
-    size.add_argument("--shard-samples", type=int, help="clips per shard")
-    size.add_argument("--num-shards", type=int, help="this many shards per split, near-equal clip counts")
-    p.add_argument("--workers", type=int, default=4,
+    size.add_argument("--shard-size", type=byte_size, help="largest shard, e.g. 256MB")
+    size.add_argument("--shard-samples", type=positive_int, help="clips per shard")
+    size.add_argument("--num-shards", type=positive_int,
+                      help="this many shards per split, near-equal clip counts (at most one per clip)")
+    p.add_argument("--workers", type=positive_int, default=4,
                    help="source shards read and checked at once (each is held in memory until copied)")
     p.add_argument("--skip-bad", action="store_true",
                    help="leave out source shards that fail their checks (and report the clips lost) "
@@ -134,7 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        out = reshard(args.src, args.dst, packing.parse_size(args.shard_size), args.shard_samples,
+        out = reshard(args.src, args.dst, args.shard_size, args.shard_samples,
                       args.num_shards, args.workers, args.skip_bad)
     except BadShard as e:
         print(f"error: {e}\nnothing written; `shards verify {args.src}` lists every problem, "
@@ -144,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
     for name, clips in dropped.items():
         print(f"skipped damaged {name}: {clips} clips lost")
     for name, split in out.splits.items():
-        print(f"{name}: {split.num_samples} clips in {len(split.shards)} shards")
+        fewer = (f" (--num-shards {args.num_shards} is more than the clips allow)"
+                 if args.num_shards and args.num_shards > len(split.shards) else "")
+        print(f"{name}: {split.num_samples} clips in {len(split.shards)} shards{fewer}")
     if dropped:
         print(f"{sum(dropped.values())} clips lost in {len(dropped)} damaged shards")
     return 0

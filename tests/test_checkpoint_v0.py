@@ -46,7 +46,7 @@ def test_old_checkpoint_resumes_bitwise_to_the_old_uninterrupted_run(tmp_path):
                           "--output-dir", str(out), "--resume", *FLAGS],
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "resumed from" in run.stderr and "at epoch 0, batch 3 (step 3," in run.stderr, run.stderr[-3000:]
+    assert "resumed from" in run.stderr and "in epoch 1, after batch 3 (step 3," in run.stderr, run.stderr[-3000:]
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert (state["clips_seen"], state["step"]) == (expected["clips_seen"], expected["step"])
     assert digest(state["model"]) == expected["model_sha256"]

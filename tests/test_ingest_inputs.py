@@ -151,7 +151,7 @@ def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, ray_local):
     base = [sys.executable, "-m", "ingest", "build", "--src", str(src), "--short-side", "32",
             "--address", address]
     strict = subprocess.run(base + ["--out", str(tmp_path / "a")], capture_output=True, text=True)
-    assert strict.returncode == 1 and "--max-error-fraction" in strict.stdout
+    assert strict.returncode == 1 and "--max-error-fraction" in strict.stderr  # the error line
     lenient = subprocess.run(base + ["--out", str(tmp_path / "b"), "--max-error-fraction", "0.5"],
                              capture_output=True, text=True)
     assert lenient.returncode == 0, lenient.stderr

@@ -113,7 +113,7 @@ def test_ranks_are_identical_after_each_averaging_step_and_apart_between(runs):
 def test_resumed_mid_schedule_on_the_same_shape_batch_rate_and_weights(runs):
     straight, stopped = runs["straight"], runs["stopped"]
     assert (stopped["step"], stopped["epoch"], stopped["batch"]) == (STOP_STEPS, STOP_EPOCH, STOP_BATCH)
-    assert f"at epoch {STOP_EPOCH}, batch {STOP_BATCH} (step {STOP_STEPS}" in runs["resumed_output"]
+    assert f"in epoch {STOP_EPOCH + 1}, after batch {STOP_BATCH} (step {STOP_STEPS}" in runs["resumed_output"]
     for rank in (0, 1):
         broken = runs["broken"][rank]
         assert [r["step"] for r in broken] == list(range(len(straight[rank])))  # no step lost or repeated

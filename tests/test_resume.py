@@ -64,7 +64,7 @@ def test_stopped_at_first_middle_last_step_after_validation_or_killed_resumes_bi
             assert "checkpoint saved" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
         if i:
             epoch, batch, step = STOPS[i - 1][2]
-            assert f"resumed from {broken / 'checkpoint.pt'} at epoch {epoch}, batch {batch} (step {step}," in run.stderr
+            assert f"resumed from {broken / 'checkpoint.pt'} in epoch {epoch + 1}, after batch {batch} (step {step}," in run.stderr
 
     a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
     b = torch.load(broken / "checkpoint.pt", weights_only=True)

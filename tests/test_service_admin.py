@@ -40,7 +40,7 @@ def cli(cat, *args) -> tuple[int, str]:
     import io
 
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
             code = main([args[0], "--catalog", cat.path, *args[1:]])
         except SystemExit as e:
@@ -99,4 +99,4 @@ def test_verify_records_its_outcome_and_list_show_tag(catalog):
     states = {line.split()[1]: line.split()[2] for line in out.splitlines()[1:]}
     assert states == {"good": "ready", "tagged-ready": "ready", "failed": "failed", "failed-tagged": "failed",
                       "abandoned": "abandoned", "live": "building"}
-    assert cli(cat, "show", "nothing")[0] == 1
+    assert cli(cat, "show", "nothing")[0] == 2  # no such dataset: a usage error

@@ -157,7 +157,8 @@ def test_verify_and_reshard_over_http(pristine, tmp_path):
         assert problems(url) == []
         reshard(url, str(tmp_path / "copy"), num_shards=1)
     assert sample_table(str(tmp_path / "copy")) == sample_table(pristine)
-    assert all(p == "/manifest.json" or p.endswith(".tar") for _, p in requests)
+    # the manifest, the shards, and the set's class list and ledger, carried over
+    assert all(p in ("/manifest.json", "/classes.txt", "/errors.jsonl") or p.endswith(".tar") for _, p in requests)
 
 
 def flip_a_jpeg_byte(d, split="train", k=1):

@@ -26,6 +26,8 @@ import typing
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from shards.commands import HelpFormatter, int_in_range, positive_int
+
 VERSION = 1  # of the config as a checkpoint stores it; 0: the flat ``args`` dict of older checkpoints
 
 BACKENDS = ("horovod", "torch", "none")
@@ -38,6 +40,7 @@ COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-auto
 MULTIGRID = ("off", "long", "short", "both")
 SHUFFLES = ("auto", "global", "node")
 GROWTH = ("off", "points", "decay", "noise")  # trainer.schedules.batch_growth's modes, or none
+DEPTHS = (10, 18, 34, 50, 101, 152)
 
 
 def flag(default=dataclasses.MISSING, help: str | None = None, *, spelling: str | None = None, **argparse_options):
@@ -49,14 +52,15 @@ def flag(default=dataclasses.MISSING, help: str | None = None, *, spelling: str 
 class Data:
     GROUP: ClassVar[str] = "data"
     data: str = flag(help="shard-set directory or manifest.json URL", required=True)
-    train_split: str = flag("train")
-    val_split: str = flag("val", "'' to skip validation")
-    batch_size: int = flag(8, "clips per rank per step")
-    workers: int = flag(4, "loader worker processes per rank")
-    crop_size: int = flag(224)
-    scale_size: int = flag(256, "short side before cropping")
+    train_split: str = flag("train", "split to train on")
+    val_split: str = flag("val", "split validated on after every epoch; '' to skip validation")
+    batch_size: int = flag(8, "clips per rank per step", type=positive_int)
+    workers: int | None = flag(None, "loader worker processes per rank (default: the CPU cores each local rank has, "
+                                     "less the one the rank runs on, at most 4)", type=int_in_range(0))
+    crop_size: int = flag(224, "side of the square training crops, in pixels", type=positive_int)
+    scale_size: int = flag(256, "short side before cropping", type=positive_int)
     flip: bool = flag(True, "no horizontal flips (for classes that tell left from right)", spelling="--no-flip")
-    shuffle_buffer: int = flag(256)
+    shuffle_buffer: int = flag(256, "clips each loader worker reorders at a time", type=int_in_range(0))
     cache_dir: str | None = flag(None, "node-local shard cache for remote shard sets, shared by the node's ranks (budget: "
                                        "$SHARD_CACHE_BUDGET, e.g. 500GB)")
     shuffle: str = flag("auto", "global: one order of all shards for all ranks each epoch; node: node-affine epochs, "
@@ -76,8 +80,9 @@ class Data:
 @dataclass(frozen=True)
 class Model:
     GROUP: ClassVar[str] = "model"
-    segments: int = flag(8, "frames per clip (T)")
-    depth: int = flag(50, "ResNet depth: 10, 18, 34, 50, 101, 152")
+    segments: int | None = flag(None, "frames per clip (T) (default: the shard set's, from its manifest)",
+                                type=positive_int)
+    depth: int = flag(50, "ResNet depth", choices=DEPTHS)
     width: int = flag(64, "ResNet base width (64 standard)")
     shift: bool = flag(True, "TSN: no temporal shift", spelling="--no-shift")
     shift_div: int = flag(8, "shift 1/div of channels each way")
@@ -90,9 +95,9 @@ class Model:
 @dataclass(frozen=True)
 class Recipe:
     GROUP: ClassVar[str] = "recipe"
-    epochs: int = flag(100)
+    epochs: int = flag(100, "passes over the training split", type=positive_int)
     lr_per_8: float = flag(0.00125, "learning rate per 8 clips of global batch")
-    warmup_epochs: float = flag(5.0)
+    warmup_epochs: float = flag(5.0, "epochs of linear warm-up of the learning rate from 0")
     optimizer: str = flag("sgd", "adam: weight decay as L2 in the gradient; adamw: decoupled; none decays BN or biases",
                           choices=OPTIMIZERS)
     momentum: float = flag(0.9, "SGD's")
@@ -105,23 +110,27 @@ class Recipe:
 @dataclass(frozen=True)
 class System:
     GROUP: ClassVar[str] = "system"
-    backend: str = flag("horovod", choices=BACKENDS)
+    backend: str = flag("horovod", "how ranks talk: horovod (horovodrun, mpirun, srun), torch (torchrun), none "
+                                   "(one process)", choices=BACKENDS)
     fp16_allreduce: bool = flag(False, "compress gradients to fp16 for the allreduce")
     amp: str = flag("auto", "mixed precision; auto = bf16 on GPU, off on CPU", choices=AMP)
     channels_last: bool | None = flag(None, "NHWC activations (default: on GPU only)",
                                       action=argparse.BooleanOptionalAction)
     compile: str | None = flag(None, "torch.compile the training network, temporal shift inside the graph (mode: see "
                                      "trainer/model/compiling.py; reduce-overhead adds CUDA graphs); on CUDA also a "
-                                     "fused SGD", nargs="?", const="auto", choices=COMPILE_MODES)
-    seed: int = flag(0)
+                                     "fused SGD (default: off; the flag alone: auto)", nargs="?", const="auto",
+                                 choices=COMPILE_MODES)
+    seed: int = flag(0, "seeds the weights, the clip order and the augmentations")
     output_dir: str = flag("out/train", "checkpoint, metrics.jsonl, tensorboard/")
     resume: bool = flag(False, "continue from OUTPUT_DIR/checkpoint.pt if present")
+    overwrite: bool = flag(False, "start afresh in an OUTPUT_DIR that holds an earlier run (its checkpoint, metrics "
+                                  "and logs are deleted); without it or --resume such a directory is refused")
     checkpoint_steps: int = flag(0, "also checkpoint every N steps (0: only at epoch ends and stops); bounds what a "
                                     "SIGKILL, an OOM kill or a lost node costs to N steps")
-    print_freq: int = flag(10, "steps between metric records")
+    print_freq: int = flag(10, "steps between metric records", type=positive_int)
     clip_log: bool = flag(False, "log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/ "
                                  "(trainer.clip_log): the audit that each epoch trained on every clip once")
-    tensorboard: bool = flag(True, spelling="--no-tensorboard")
+    tensorboard: bool = flag(True, "no TensorBoard event files in OUTPUT_DIR/tensorboard/", spelling="--no-tensorboard")
 
 
 @dataclass(frozen=True)
@@ -162,15 +171,16 @@ class Evaluation:
     GROUP: ClassVar[str | None] = None
     checkpoint: str = flag(help="checkpoint.pt written by trainer train", required=True)
     data: str = flag(help="shard-set directory or manifest.json URL", required=True)
-    split: str = flag("val")
+    split: str = flag("val", "split to test on")
     crops: int = flag(1, "1: centre crop_size crop; 3: three full-height scale_size crops", choices=[1, 3])
     crop_size: int | None = flag(None, "default: the training run's")
     scale_size: int | None = flag(None, "default: the training run's")
-    batch_size: int = flag(8, "clips per rank per step")
-    workers: int = flag(4)
+    batch_size: int = flag(8, "clips per rank per step", type=positive_int)
+    workers: int | None = flag(None, "loader worker processes per rank (default: the CPU cores each local rank has, "
+                                     "less one, at most 4)", type=int_in_range(0))
     decode_on_device: bool = flag(False, "decode JPEGs on the GPU (needs torchvision)")
-    backend: str = flag("horovod", choices=BACKENDS)
-    amp: str = flag("auto", choices=AMP)
+    backend: str = flag("horovod", "how ranks talk: horovod, torch (torchrun), none (one process)", choices=BACKENDS)
+    amp: str = flag("auto", "mixed precision; auto = bf16 on GPU, off on CPU", choices=AMP)
     output: str | None = flag(None, "write the summary and per-video predictions to this JSON file")
 
 
@@ -229,7 +239,7 @@ def _add_group(p: argparse.ArgumentParser, cls) -> None:
             base = base[0]
             if typing.get_origin(base) is tuple:
                 base = typing.get_args(base)[0]
-            options["type"] = base
+            options.setdefault("type", base)
         group.add_argument("--" + f.name.replace("_", "-"), help=meta["help"], **options)
 
 
@@ -269,7 +279,7 @@ def evaluation_config(args: argparse.Namespace) -> Evaluation:
 
 def parser(add=add_train_arguments, description: str | None = None) -> argparse.ArgumentParser:
     """A stand-alone parser (benchmarks take a trainer command line this way)."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     add(p)
     return p
 

@@ -14,10 +14,13 @@ import logging
 
 import torch
 
+from shards.errors import UsageError
+
 from . import checkpoint, config, metrics
 from .data.device_decode import clip_source
 from .data.loader import ClipLoader, shared_manifest
 from .distributed import backends as distributed
+from .distributed import cores
 from .errors import ConfigError
 from .engine import amp_dtype, autocast, pick_device
 from .model.tsm import build
@@ -94,6 +97,7 @@ def score_split(model, loader: ClipLoader, device, amp, clips_of) -> VideoScores
 def main(ev: config.Evaluation) -> int:
     """Score ``ev.checkpoint`` on ``ev.split`` of ``ev.data``; rank 0 prints the summary."""
     backend = distributed.init(ev.backend)
+    cores.cap_threads(backend.local_size)
     device = pick_device(backend)
     state = checkpoint.load(ev.checkpoint) if backend.rank == 0 else None
     if backend.rank == 0 and state is None:
@@ -107,8 +111,11 @@ def main(ev: config.Evaluation) -> int:
     manifest = shared_manifest(ev.data, backend.rank, lambda obj, root: backend.broadcast_object(obj))
     if manifest.classes != state["classes"]:
         raise ConfigError(f"{ev.data}: classes differ from the checkpoint's")
+    if ev.split not in manifest.splits:  # every rank has the manifest: all refuse alike
+        raise UsageError(f"{ev.data}: no split {ev.split!r} (--split); the set has {', '.join(manifest.splits)}")
+    workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_size)
     loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
-                        world_size=backend.size, train=False, num_workers=ev.workers,
+                        world_size=backend.size, train=False, num_workers=workers,
                         crop_size=ev.crop_size or trained.crop_size, scale_size=ev.scale_size or trained.scale_size,
                         eval_crops=ev.crops, decode_on_device=ev.decode_on_device)
     local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))

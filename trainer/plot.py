@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from shards.errors import NotFound, UsageError
+
 from . import metrics
 
 
@@ -57,7 +59,8 @@ def tables(runs: list[str], labels: list[str], max_rows: int = 8) -> str:
     epochs = [_epochs(run) for run in runs]
     width = max(7, *map(len, labels))
     n = max(map(len, epochs))
-    shown = sorted({round(i * (n - 1) / max(1, max_rows - 1)) for i in range(min(n, max_rows))})
+    rows = min(n, max_rows)
+    shown = sorted({round(i * (n - 1) / max(1, rows - 1)) for i in range(rows)})  # first and last among them
     lines = ["validation top-1 (%) by epoch", "epoch | " + " | ".join(f"{label:>{width}}" for label in labels)]
     longest = max(epochs, key=len)
     for i in shown:
@@ -77,7 +80,14 @@ def tables(runs: list[str], labels: list[str], max_rows: int = 8) -> str:
 def run(args: argparse.Namespace) -> int:
     labels = args.labels or [os.path.basename(os.path.normpath(r.removesuffix("metrics.jsonl"))) for r in args.runs]
     if len(labels) != len(args.runs):
-        raise SystemExit("give one label per run")
+        raise UsageError(f"--labels: {len(labels)} labels for {len(args.runs)} runs; give one label per run")
+    for run_ in args.runs:
+        path = run_ if run_.endswith(".jsonl") else os.path.join(run_, "metrics.jsonl")
+        if not os.path.exists(path):
+            raise NotFound(f"{run_}: no such run" if not os.path.exists(run_) else f"{path}: no metrics (has "
+                           "trainer train run into this directory?)")
+        if not _epochs(run_):
+            raise UsageError(f"{path}: no epoch finished yet, nothing to compare")
     plot(args.runs, labels, args.out)
     print(tables(args.runs, labels))
     print(f"plot: wrote {args.out}")

@@ -16,9 +16,12 @@ epoch's last step, it validates that epoch and goes on with the next.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import glob
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from dataclasses import asdict
@@ -28,12 +31,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from shards.direct import load_manifest
+from shards.errors import UsageError
 from shards.manifest import Manifest
 
 from . import checkpoint, config, metrics
 from .data.device_decode import clip_source
 from .data.loader import ClipLoader, shared_manifest
 from .distributed import backends as distributed
+from .distributed import cores
 from .errors import ConfigError
 from .schedules import regime
 from .clip_log import ClipLog
@@ -67,7 +72,9 @@ class StopFlag:
 
 
 # what every rank takes from a checkpoint besides weights, optimizer and the hooks' states
-RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_totals", "rng")
+RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_totals", "rng", "epoch_cpu")
+# what a run writes into --output-dir (deleted by --overwrite; anything else there is left alone)
+RUN_FILES = (checkpoint.NAME, "metrics.jsonl", "tensorboard", "clips", "steps-rank*.jsonl")
 
 
 class Trainer:
@@ -81,10 +88,14 @@ class Trainer:
         d, s = cfg.data, cfg.system
         self.backend = distributed.init(s.backend)
         self.rank0 = self.backend.rank == 0
+        self.threads = cores.cap_threads(self.backend.local_size)
+        prepare_output(s, self.rank0)
         torch.manual_seed(s.seed + self.backend.rank)
         manifest = load_manifest(d.data, d.direct_reads) if elastic else shared_manifest(
             d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads)
         check_splits(manifest, d)
+        self.cfg = cfg = fit_to_data(manifest, cfg, self.backend.local_size, self.rank0)
+        d = cfg.data
         samples = manifest.splits[d.train_split].num_samples
         self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
         self.make_loaders(manifest)
@@ -109,7 +120,8 @@ class Trainer:
         self.epoch, self.batch, self.step = 0, 0, 0
         self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
-        self.epoch_cpu = 0.0  # CPU seconds this process (and its loader workers) spent on the epoch's training
+        self.epoch_cpu = 0.0  # CPU seconds this process (and its loader workers) spent on the epoch's training,
+        # over a resume too (rank 0 carries the sum over every rank, as for epoch_totals)
         self.log = metrics.MetricsLog(None)  # nothing logged before start
         if not elastic:
             self.start()
@@ -184,8 +196,8 @@ class Trainer:
         else:
             log.warning("resuming on %d ranks from %d: fresh random streams", self.backend.size, len(small["rng"]))
         if self.rank0:
-            log.info("resumed from %s at epoch %d, batch %d (step %d, %d clips seen)", self.checkpoint_url,
-                     self.epoch, self.batch, self.step, e.clips_seen)
+            log.info("resumed from %s in epoch %d, after batch %d (step %d, %d clips seen)", self.checkpoint_url,
+                     self.epoch + 1, self.batch, self.step, e.clips_seen)
 
     def position(self) -> dict:
         """Where the run stands, besides weights, optimizer and the epoch's sums."""
@@ -210,23 +222,26 @@ class Trainer:
         e.seek(state["clips_seen"])
         e.scaler.load_state_dict(state["scaler"])
         self.train_loader.load_state_dict(state["loader"])
-        self.carry_totals(state["epoch_totals"])
+        self.carry_totals(state["epoch_totals"], state.get("epoch_cpu"))
 
-    def carry_totals(self, values: dict) -> None:
-        """Rank 0 goes on from the epoch's sums over every rank (``values``), the others from zero:
-        their sum stays the epoch's."""
+    def carry_totals(self, values: dict, cpu: float | None = None) -> None:
+        """Rank 0 goes on from the epoch's sums over every rank (``values``, and ``cpu`` seconds when
+        given: a checkpoint's), the others from zero: their sum stays the epoch's."""
         self.epoch_totals = metrics.StepTotals(values if self.rank0 else None)
+        if cpu is not None:
+            self.epoch_cpu = cpu if self.rank0 else 0.0
 
     def save(self) -> None:
         """Rank 0 writes the checkpoint; every rank returns once it is in place (a rank that
         exits earlier would make horovodrun end the others)."""
         rng = self.backend.all_gather_object(checkpoint.rng_state())
         totals = self.epoch_totals.reduce(self.backend.all_sum)
+        cpu = self.backend.all_sum(torch.tensor([self.epoch_cpu], dtype=torch.float64)).item()
         if self.rank0:
             checkpoint.save(self.checkpoint_url, {
                 "model": self.engine.model.state_dict(), "optimizer": self.engine.optimizer.state_dict(),
                 **self.position(), "hooks": self.hook_states(), "rng": rng,
-                "epoch_totals": totals.values, "model_config": asdict(self.engine.config),
+                "epoch_totals": totals.values, "epoch_cpu": cpu, "model_config": asdict(self.engine.config),
                 "classes": list(self.train_loader.classes), "config": self.cfg.to_dict()})
         self.saved_step = self.step
         self.backend.all_sum(torch.zeros(1))
@@ -243,6 +258,46 @@ class Trainer:
         for h in self.hooks:
             h.close()
         self.backend.shutdown()
+
+
+def prepare_output(system: config.System, rank0: bool) -> None:
+    """An --output-dir holding an earlier run is continued (--resume), started afresh (--overwrite:
+    rank 0 deletes the run's files), or refused: a second run would replace its checkpoint and
+    append to its metrics."""
+    found = sorted({os.path.basename(p) for pattern in RUN_FILES
+                    for p in glob.glob(os.path.join(glob.escape(system.output_dir), pattern))})
+    if not found or system.resume:
+        return
+    if not system.overwrite:
+        raise UsageError(f"--output-dir {system.output_dir} holds an earlier run ({', '.join(found)}): --resume "
+                         "continues it, --overwrite starts afresh (deleting it), or give another directory")
+    if rank0:
+        for name in found:
+            path = os.path.join(system.output_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        log.info("--overwrite: deleted %s from %s", ", ".join(found), system.output_dir)
+
+
+def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_size: int, rank0: bool) -> config.TrainConfig:
+    """The flags the shard set decides: frames per clip (--segments) from the manifest when not
+    given, and refused when the clips have another count; loader workers from the cores when not
+    given; a warning when crops are larger than the stored frames (they would be upscaled)."""
+    d, m = cfg.data, cfg.model
+    clip = manifest.config.get("clip", {})  # as ingest writes it; sets made by other tools may lack it
+    stored = clip.get("frames")
+    if m.segments is None and stored is None:
+        raise UsageError(f"{d.data}: its manifest does not say how many frames a clip has; give --segments")
+    if m.segments is not None and stored is not None and m.segments != stored:
+        raise UsageError(f"--segments {m.segments}: the clips of {d.data} have {stored} frames (leave --segments "
+                         f"out to take them; multigrid's shorter clips are taken from them)")
+    short = clip.get("short_side")
+    if rank0 and short and max(d.crop_size, d.scale_size) > short:
+        log.warning("--crop-size %d / --scale-size %d: the frames of %s are %d pixels on their short side, so "
+                    "they are upscaled (--scale-size %d --crop-size %d would crop them as stored)",
+                    d.crop_size, d.scale_size, d.data, short, short, short * d.crop_size // d.scale_size)
+    workers = d.workers if d.workers is not None else cores.default_workers(local_size)
+    return cfg.replace(model=dataclasses.replace(m, segments=m.segments or stored),
+                       data=dataclasses.replace(d, workers=workers))
 
 
 def check_splits(manifest: Manifest, data: config.Data) -> None:
@@ -298,7 +353,8 @@ class Progress:
 
     def __init__(self, t: Trainer):
         self.t, self.window = t, metrics.StepTotals()
-        self.bar = tqdm(total=t.batch + len(t.train_loader), initial=t.batch, desc=f"epoch {t.epoch}", unit="step",
+        self.bar = tqdm(total=t.batch + len(t.train_loader), initial=t.batch,
+                        desc=f"epoch {t.epoch + 1}/{t.regime.epochs}", unit="step",
                         disable=not t.rank0, dynamic_ncols=True, leave=False)
 
     def update(self, step: dict, batch: dict) -> None:
@@ -436,11 +492,18 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
             log.info("%s", t.engine.describe())
             if t.regime.describe():
                 log.info("%s", t.regime.describe())
-            log.info("config: %s", json.dumps(cfg.to_dict(), sort_keys=True))
+            log.info("config: %s", json.dumps(t.cfg.to_dict(), sort_keys=True))
+        if t.rank0:
+            log.info("writing the checkpoint to %s and metrics to %s", t.checkpoint_url,
+                     os.path.join(cfg.system.output_dir, "metrics.jsonl"))
         signum = (elastic or train)(t, stop)
         if signum and t.rank0:
-            log.info("stopped by signal %d at epoch %d, batch %d (step %d, %d clips seen): checkpoint saved",
-                     signum, t.epoch, t.batch, t.step, t.engine.clips_seen)
+            log.info("stopped by signal %d in epoch %d after batch %d (step %d, %d clips seen): checkpoint saved to "
+                     "%s; the same command with --resume continues", signum, t.epoch + 1, t.batch, t.step,
+                     t.engine.clips_seen, t.checkpoint_url)
+        elif t.rank0:
+            log.info("done: checkpoint %s, metrics %s (trainer plot %s draws them)", t.checkpoint_url,
+                     os.path.join(cfg.system.output_dir, "metrics.jsonl"), cfg.system.output_dir)
         return 128 + signum if signum else 0
     finally:
         stop.restore()

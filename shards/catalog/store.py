@@ -26,6 +26,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from ..errors import CommandError
 from .schema import MIGRATIONS
 
 ENV_VAR = "SHARD_SERVICE_CATALOG"
@@ -36,8 +37,9 @@ _JSON_COLUMNS = ("options", "splits", "files", "progress", "owner", "verified_fi
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # names and tags: plain URL path segments
 
 
-class CatalogError(Exception):
-    """A catalog operation that cannot be done as asked (the message says why)."""
+class CatalogError(CommandError):
+    """A catalog operation that cannot be done as asked (the message says why; a command prints
+    it as its one line)."""
 
 
 def default_path() -> str:

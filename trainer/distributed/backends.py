@@ -134,6 +134,7 @@ class TorchDistributed(Backend):
         import torch.distributed as dist
         self.dist = dist
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
         # Gloo for the CPU tensors (metrics, stop flags), NCCL for the GPU ones where there are GPUs

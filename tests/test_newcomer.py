@@ -1,0 +1,248 @@
+"""The first hour: a newcomer's mistakes on the command line, each answered by one line.
+
+A table of mistakes, each run as the console command a user types (a subprocess, all of them
+started at once by one module fixture: most fail before any work). Each must exit with its
+documented status (2: the command line asks for something that cannot be done; 1: the work
+could not go on), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
+reason, and no traceback anywhere. The commands that destroyed work silently get their own tests
+below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
+into an old set, ``shard-service`` creating a catalog on a typo, training again into an earlier
+run's directory (its checkpoint replaced, its metrics appended to).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from shards.catalog import Catalog
+from shardsets import ServiceProcess, make_shardset, register
+
+import media
+
+TOKEN = "newcomer-token"
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "checkpoint-v0")  # a checkpoint and its set
+BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
+
+
+def _free_port() -> int:
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# (id, command line, extra environment, exit status, words the error line must hold)
+CASES = [
+    ("frames-0", "ingest build --src {vids} --out {out} --frames 0", {}, 2, ["--frames", "0", "range"]),
+    ("short-side-negative", "ingest build --src {vids} --out {out} --short-side -5", {}, 2, ["--short-side", "-5"]),
+    ("quality-150", "ingest build --src {vids} --out {out} --quality 150", {}, 2, ["--quality", "150", "1 to 100"]),
+    ("splits-typo", "ingest build --src {vids} --out {out} --splits train,vall", {}, 2, ["--splits", "'vall'"]),
+    ("shard-size-unit", "ingest build --src {vids} --out {out} --shard-size 64XB", {}, 2, ["--shard-size", "64XB"]),
+    ("src-typo", "ingest build --src {root}/kinetcs400/ --out {out}", {}, 2, ["kinetcs400", "no such directory"]),
+    ("src-empty", "ingest build --src {root}/empty --out {out}", {}, 2, ["empty", "the directory is empty"]),
+    ("src-flat", "ingest build --src {root}/flat --out {out}", {}, 2,
+     ["flat", "2 directly in it", "flat/train/<label>/<id>.mp4"]),
+    ("ray-not-there", "ingest build --src {vids} --out {out} --address 127.0.0.1:{port}",
+     {}, 1, ["--address 127.0.0.1:{port}", "nothing answers", "ray start --head"]),
+    ("stats-missing", "shards stats {root}/nope", {}, 2, ["nope", "no such file or directory"]),
+    ("verify-missing", "shards verify {root}/nope", {}, 2, ["nope", "no such file or directory"]),
+    ("plan-missing", "shards plan {root}/nope", {}, 2, ["nope", "no such file or directory"]),
+    ("stats-not-a-set", "shards stats {root}/empty", {}, 2, ["empty/manifest.json", "no manifest"]),
+    ("plan-no-such-split", "shards plan {set} --split test", {}, 2, ["'test'", "no split"]),
+    ("reshard-size-unit", "shards reshard {set} {root}/new --shard-size 64XB", {}, 2, ["--shard-size", "64XB"]),
+    ("reshard-into-a-set", "shards reshard {set} {old} --num-shards 2", {}, 2, ["old", "not empty"]),
+    ("dataset-not-served", "shards stats {url}/v1/datasets/nope", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 2,
+     ["/v1/datasets/nope", "HTTP 404", "no dataset 'nope'"]),
+    ("read-without-token", "shards verify {url}/v1/datasets/tiny", {}, 1,
+     ["/v1/datasets/tiny", "HTTP 401", "FSSPEC_HTTP_HEADERS", "Bearer TOKEN"]),
+    ("catalog-typo", "shard-service list --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
+    ("gc-catalog-typo", "shard-service gc --yes --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
+    ("dataset-not-in-catalog", "shard-service show nope --catalog {catalog}", {}, 2, ["'nope'", "no dataset"]),
+    ("segments-not-in-clips", "trainer train --data {set} --output-dir {root}/run --backend none --segments 16", {}, 2,
+     ["--segments 16", "8 frames"]),
+    ("depth-11", "trainer train --data {set} --depth 11", {}, 2, ["--depth", "11", "choose from 10, 18"]),
+    ("batch-size-0", "trainer train --data {set} --batch-size 0", {}, 2, ["--batch-size", "0", "range"]),
+    ("segments-0", "trainer train --data {set} --segments 0", {}, 2, ["--segments", "0", "range"]),
+    ("plot-no-run", "trainer plot {root}/runs/nope", {}, 2, ["runs/nope", "no such run"]),
+    ("test-split-missing", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --split test "
+     "--backend none", {}, 2, ["no split 'test'", "train, val"]),
+    ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir {root}/run-cache "
+     "--backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
+     {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
+    ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
+     ["--output-dir", "earlier", "--resume", "--overwrite"]),
+]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The files and the read-auth server the mistakes are made against."""
+    root = tmp_path_factory.mktemp("newcomer")
+    make_shardset(str(root / "set"), {"train": 6, "val": 3}, per_shard=3)
+    make_shardset(str(root / "old"), {"train": 12}, per_shard=2)  # an earlier set, 6 shards
+    (root / "empty").mkdir()
+    (root / "flat").mkdir()
+    (root / "vids" / "train" / "a").mkdir(parents=True)
+    for d in ("flat", "vids/train/a"):  # never decoded: every case here stops before
+        for i in range(2):
+            (root / d / f"v{i}.mp4").write_bytes(b"not decoded")
+    (root / "earlier").mkdir()  # an earlier run's output directory
+    for name in ("checkpoint.pt", "metrics.jsonl"):
+        (root / "earlier" / name).write_text(f"the earlier run's {name}")
+    cat = Catalog(str(root / "catalog.sqlite"))
+    register(cat, str(root / "set"), "tiny")
+    (root / "tokens").write_text(TOKEN + "\n")
+    server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
+    server.start()
+    yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
+           "old": str(root / "old"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url, "port": _free_port(),
+           "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"})}
+    server.kill(15)
+
+
+def run(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """A console script, as a user runs it."""
+    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def answers(world):
+    """Every case's command run once, all at once; -> {id: (CompletedProcess, status, words)}."""
+    def one(case):
+        ident, line, env, status, words = case
+        argv = [a.format(**world) for a in line.split()]
+        try:
+            answer = run(argv, {k: v.format(**world) for k, v in env.items()})
+        except subprocess.TimeoutExpired as e:  # a command that never answers fails its case alone
+            answer = subprocess.CompletedProcess(e.cmd, None, e.stdout or "", f"no answer in {e.timeout} s")
+        return ident, (answer, status, [w.format(**world) for w in words])
+
+    with ThreadPoolExecutor(4) as pool:
+        return dict(pool.map(one, CASES))
+
+
+@pytest.mark.parametrize("ident", [c[0] for c in CASES])
+def test_a_mistake_gets_one_line_naming_the_thing_and_the_reason(answers, ident):
+    p, status, words = answers[ident]
+    assert "Traceback" not in p.stdout + p.stderr, p.stderr
+    errors = [line for line in p.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, p.stderr
+    assert all(w in errors[0] for w in words), errors[0]
+    assert p.returncode == status, (p.returncode, p.stderr)
+
+
+def test_nothing_was_made_by_a_refused_command(answers, world):
+    root = world["root"]
+    assert not os.path.exists(os.path.join(root, "typo.sqlite"))  # the catalog a typo named
+    assert not os.path.exists(world["out"]) and not os.path.exists(os.path.join(root, "new"))
+    assert sorted(os.listdir(os.path.join(world["old"], "train"))) == [f"train-{i:06d}.tar" for i in range(6)]
+    for name in ("checkpoint.pt", "metrics.jsonl"):  # training into an earlier run's directory
+        with open(os.path.join(world["earlier"], name)) as f:
+            assert f.read() == f"the earlier run's {name}"
+    assert not os.path.exists(os.path.join(root, "run"))
+
+
+def test_reshard_into_an_old_set_is_refused_and_leaves_it_whole(world, tmp_path):
+    """Before: 2 new shards and a 2-shard manifest beside the 6 old shards, which no manifest listed."""
+    old = tmp_path / "old"
+    make_shardset(str(old), {"train": 12}, per_shard=2)
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    p = run(["shards", "reshard", world["set"], str(old), "--num-shards", "2"])
+    assert p.returncode == 2 and "not empty" in p.stderr
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+
+
+def test_reshard_carries_the_class_list_and_ledger_and_says_when_shards_outnumber_clips(world, tmp_path):
+    src = tmp_path / "src"
+    make_shardset(str(src), {"train": 3}, per_shard=3)
+    (src / "errors.jsonl").write_text('{"path": "train/a/x.mp4", "reason": "empty file (0 bytes)"}\n')
+    p = run(["shards", "reshard", str(src), str(tmp_path / "dst"), "--num-shards", "5"])
+    assert p.returncode == 0, p.stderr
+    assert "train: 3 clips in 3 shards (--num-shards 5 is more than the clips allow)" in p.stdout
+    for name in ("classes.txt", "errors.jsonl"):
+        assert (tmp_path / "dst" / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_a_build_over_the_error_fraction_is_recorded_failed_never_reused_and_collected(ray_local, tmp_path, capsys):
+    """Before: exit 1, but the set was registered ready, served and reused by the next build, whose
+    message pointed to a ledger under its own --out, never created."""
+    from ingest.cli import main as ingest
+    from service.cli import main as service
+
+    src = tmp_path / "src" / "train" / "a"
+    src.mkdir(parents=True)
+    media.make_video(src / "good.mp4", frames=6)
+    media.make_not_a_video(src / "bad.mp4")
+    cat = str(tmp_path / "catalog.sqlite")
+    common = ["--src", str(tmp_path / "src"), "--catalog", cat, "--frames", "2", "--short-side", "16",
+              "--max-error-fraction", "0.2"]
+    assert ingest(["build", *common, "--out", str(tmp_path / "first")]) == 1
+    ledger = tmp_path / "first" / "errors.jsonl"
+    assert f"see {ledger}" in capsys.readouterr().err and "bad.mp4" in ledger.read_text()
+    (rec,) = Catalog(cat).list()
+    assert rec.state == "failed" and "1 of 2 videos failed" in rec.error
+
+    assert ingest(["build", *common, "--out", str(tmp_path / "second")]) == 1
+    out, err = capsys.readouterr()
+    assert "reused" not in out and f"see {ledger}" in err  # the ledger that exists
+    assert not (tmp_path / "second").exists()
+    assert Catalog(cat).get(rec.id).state == "failed"
+
+    assert service(["gc", "--yes", "--catalog", cat]) == 0
+    assert f"removed {rec.id}" in capsys.readouterr().out
+    assert Catalog(cat).get(rec.id).state == "deleted" and not ledger.exists()
+
+
+def test_overwrite_starts_an_earlier_runs_directory_afresh(world, tmp_path):
+    """Before: a second run into the directory replaced the checkpoint and appended to metrics.jsonl,
+    so `trainer plot` mixed two runs. Now it is refused (the table above) unless --resume or
+    --overwrite, which deletes the run's files, and only those."""
+    out = tmp_path / "run"
+    (out / "tensorboard").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"event": "epoch", "epoch": 7, "step": 70, "val_top1": 99.0}\n')
+    (out / "checkpoint.pt").write_text("the earlier run's")
+    (out / "notes.txt").write_text("mine")
+    p = run(["trainer", "train", "--data", world["set"], "--output-dir", str(out), "--overwrite", "--backend", "none",
+             "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size", "36", "--batch-size", "3",
+             "--epochs", "1", "--warmup-epochs", "0", "--workers", "0", "--no-tensorboard"])
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and f"checkpoint to {out / 'checkpoint.pt'}" in p.stderr
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["event"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1]  # this run's only
+    assert (out / "notes.txt").read_text() == "mine" and not (out / "tensorboard").exists()
+
+
+def test_each_rank_runs_its_share_of_the_cores_unless_omp_num_threads_says(tmp_path):
+    """horovodrun -np 2 on 2 cores ran 28x slower with each rank's default of 2 threads."""
+    probe = ("import os; os.sched_setaffinity(0, set(list(os.sched_getaffinity(0))[:2])); "
+             "from trainer.distributed import cores; import torch; "
+             "import sys; ranks = int(sys.argv[1]); "
+             "print(cores.cap_threads(ranks), torch.get_num_threads(), cores.default_workers(2), cores.default_workers(1))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    cpus = min(2, len(os.sched_getaffinity(0)))
+    out = subprocess.run([sys.executable, "-c", probe, "2"], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["1", "1", "0", str(cpus - 1)], out  # 2 ranks: a core and no worker each
+    out = subprocess.run([sys.executable, "-c", probe, "1"], capture_output=True, text=True, check=True,
+                         env={**env, "OMP_NUM_THREADS": "1"}).stdout
+    assert out.split()[:2] == ["None", "1"], out  # one rank would take both cores, but the reader said 1
+
+
+def test_the_by_epoch_table_of_a_short_run_ends_with_its_last_epoch(tmp_path):
+    from trainer.plot import tables
+
+    for run, epochs in (("short", 3), ("long", 20)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text("".join(
+            json.dumps({"event": "epoch", "step": 10 * e, "epoch": e, "val_top1": float(e), "train_loss": 1.0,
+                        "data_time": 0.01, "compute_time": 0.02, "clips_per_s": 5.0}) + "\n"
+            for e in range(1, epochs + 1)))
+    for runs, last in ((["short"], 3), (["long"], 20), (["short", "long"], 20)):
+        rows = tables([str(tmp_path / r) for r in runs], runs).split("\n\n")[0].splitlines()[2:]
+        assert int(rows[0].split("|")[0]) == 1 and int(rows[-1].split("|")[0]) == last, rows
