@@ -44,7 +44,9 @@ def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares
     epochs, every clip once per epoch, no CacheFull."""
     split = Manifest.load(forty).splits["train"]
     budget = int(0.7 * sum(s.bytes for s in split.shards))
-    ctx = multiprocessing.get_context("fork")
+    # spawned, not forked: a fork of this pytest worker inherits whatever lock another of its
+    # threads (an earlier test's HTTP or cache thread) held, and torch's shared memory then hangs
+    ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     with serve(forty) as (url, _):
         ranks = [ctx.Process(target=_rank, args=(url, r, str(tmp_path / "cache"), budget, 2, out)) for r in (0, 1)]
