@@ -140,17 +140,26 @@ def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *
 
 
 class _Ahead(io.RawIOBase):
-    """The reader's side of one range of ``read_ahead``: chunks as the thread queued them."""
+    """The reader's side of one range of ``read_ahead``: chunks as the thread (``reader``) queued
+    them."""
 
-    def __init__(self, chunks: queue.Queue):
-        self.chunks, self.buf, self.done = chunks, memoryview(b""), False
+    def __init__(self, chunks: queue.Queue, reader: threading.Thread):
+        self.chunks, self.reader, self.buf, self.done = chunks, reader, memoryview(b""), False
+
+    def _next(self):
+        while True:
+            try:
+                return self.chunks.get(timeout=0.1)
+            except queue.Empty:
+                if not self.reader.is_alive():  # stopped: its stream was abandoned (an error upstream)
+                    raise EOFError("the read-ahead stopped before the end of this range") from None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf) -> int:
         while not self.buf and not self.done:
-            item = self.chunks.get()
+            item = self._next()
             if isinstance(item, BaseException):
                 raise item
             if item is None:
@@ -163,9 +172,12 @@ class _Ahead(io.RawIOBase):
         return n
 
     def close(self) -> None:
-        while not self.done:  # what is left of this range, so that the next starts at its own bytes
-            self.buf = memoryview(b"")
-            self.readinto(bytearray(READ_BUFFER))
+        try:
+            while not self.done:  # what is left of this range, so that the next starts at its own bytes
+                self.buf = memoryview(b"")
+                self.readinto(bytearray(READ_BUFFER))
+        except Exception:  # noqa: BLE001 -- a failed read was raised where it was read; closing only drains
+            self.done = True
         super().close()
 
 
@@ -202,7 +214,7 @@ def read_ahead(reads: list[tuple], max_bytes: int) -> Iterator[BinaryIO]:
     thread.start()
     try:
         for _ in reads:
-            yield io.BufferedReader(_Ahead(chunks), READ_BUFFER)
+            yield io.BufferedReader(_Ahead(chunks, thread), READ_BUFFER)
     finally:
         stop.set()
         thread.join()
