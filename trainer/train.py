@@ -89,7 +89,8 @@ class Trainer:
         self.backend = distributed.init(s.backend)
         self.rank0 = self.backend.rank == 0
         self.threads = cores.cap_threads(self.backend.local_size)
-        prepare_output(s, self.rank0)
+        if not elastic:  # ranks of an elastic job join its directory at any time, the run in it theirs
+            prepare_output(s, self.rank0)
         torch.manual_seed(s.seed + self.backend.rank)
         manifest = load_manifest(d.data, d.direct_reads) if elastic else shared_manifest(
             d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads)
