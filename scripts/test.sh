@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # What only the tests need, each checked first so that a second run installs nothing: a headless
-# browser and its driver for tests/test_viewer_browser.py (Debian's chromium and chromium-driver;
+# browser and its driver for tests/test_viewer.py (Debian's chromium and chromium-driver;
 # Selenium comes with the dev extras); Debian's nginx (tests/test_service_bytes.py's caching proxy
 # and bench/service.py's reference server; each starts its own on loopback, never the system's
 # service); and a one-node Slurm for tests/test_cluster_slurm.py, which runs the Slurm runbook on
