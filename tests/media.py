@@ -254,3 +254,13 @@ def make_edit_list(path, *, frames: int = 48, cut: float = 1.3, keep: float | No
 def make_anamorphic(path) -> Path:
     """Sample aspect ratio 2:1: 64x48 coded, 128x48 (8:3) displayed."""
     return make_video(path, extra_output_args={"vf": "setsar=2"})
+
+
+def make_class_folders(root, frames: int = 16, width: int = 40, height: int = 30):
+    """A tiny Kinetics-style source under ``root``: classes jump and walk, two train videos and
+    one val video each; returns ``root``."""
+    for label in ("jump", "walk"):
+        make_video(root / "val" / label / f"{label}.mp4", frames=frames, width=width, height=height)
+        for i in range(2):
+            make_video(root / "train" / label / f"{label}{i}.mp4", frames=frames, width=width, height=height)
+    return root

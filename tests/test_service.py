@@ -314,12 +314,7 @@ def test_training_batches_over_http_equal_those_from_disk(env):
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    src = tmp_path_factory.mktemp("videos")
-    for label in ("jump", "walk"):
-        media.make_video(src / "val" / label / f"{label}.mp4", frames=16, width=40, height=30)
-        for i in range(2):
-            media.make_video(src / "train" / label / f"{label}{i}.mp4", frames=16, width=40, height=30)
-    return src
+    return media.make_class_folders(tmp_path_factory.mktemp("videos"))
 
 
 def test_ten_identical_build_requests_make_one_build(env, videos):

@@ -28,12 +28,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def videos(tmp_path_factory):
-    src = tmp_path_factory.mktemp("videos")
-    for label in ("jump", "walk"):
-        media.make_video(src / "val" / label / f"{label}.mp4", frames=16, width=40, height=30)
-        for i in range(2):
-            media.make_video(src / "train" / label / f"{label}{i}.mp4", frames=16, width=40, height=30)
-    return src
+    return media.make_class_folders(tmp_path_factory.mktemp("videos"))
 
 
 def serve(root, *args: str) -> ServiceProcess:
