@@ -170,6 +170,7 @@ class ShardCache:
                 with _Lease(lock, self.heartbeat):
                     if not os.path.exists(dest):
                         self._download(piece, dest)
+                        return dest  # pinned by _download before it had its name
             finally:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
                 os.close(lock)
@@ -293,7 +294,21 @@ class ShardCache:
                 raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes, "
                               f"sha256 {h.hexdigest()[:12]}; manifest says {size} bytes"
                               + (f", sha256 {piece.sha256[:12]}" if piece.whole else ""))
-            os.replace(tmp, dest)
+            # pinned before it is visible under its name: another process making room could
+            # otherwise evict the new copy between its rename and our pin, and it would be fetched again
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                os.replace(tmp, dest)
+            except BaseException:
+                os.close(fd)
+                raise
+            with self._pins_lock:
+                if piece.name in self._pins:
+                    self._pins[piece.name][1] += 1
+                    os.close(fd)
+                else:
+                    self._pins[piece.name] = [fd, 1]
             log.info("%s: downloaded %s (%d bytes) in %.2f s", self.directory, piece.name, n, time.monotonic() - began,
                      extra={"piece": piece.name, "nbytes": n})
         finally:
