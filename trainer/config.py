@@ -26,7 +26,7 @@ import typing
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from shards.commands import HelpFormatter, int_in_range, positive_int
+from shards.commands import HelpFormatter, int_in_range, number_in_range, positive_int
 
 VERSION = 1  # of the config as a checkpoint stores it; 0: the flat ``args`` dict of older checkpoints
 
@@ -169,8 +169,17 @@ class Elastic:
 class Evaluation:
     """``trainer test``'s flags (one group, no title)."""
     GROUP: ClassVar[str | None] = None
-    checkpoint: str = flag(help="checkpoint.pt written by trainer train", required=True)
-    data: str = flag(help="shard-set directory or manifest.json URL", required=True)
+    data: tuple[str, ...] = flag(help="shard-set directory or manifest.json URL; with --fuse, one for every run or "
+                                      "one per run (runs trained on sets with different motion kinds)",
+                                 required=True, nargs="+", metavar="SET")
+    checkpoint: str | None = flag(None, "checkpoint.pt written by trainer train, or the run's --output-dir")
+    fuse: tuple[str, ...] | None = flag(None, "late fusion instead of --checkpoint (TSN's): score the split with each "
+                                              "run's own network, crop and modality (a run's --output-dir or its "
+                                              "checkpoint.pt) and average each video's softmax scores over the runs "
+                                              "with --weights; every run must score the same videos and classes",
+                                        nargs="+", metavar="RUN")
+    weights: tuple[float, ...] | None = flag(None, "one per --fuse run, e.g. 1 1.5 (TSN's RGB and flow) (default: "
+                                                   "equal)", nargs="+", type=number_in_range(float, 0))
     split: str = flag("val", "split to test on")
     crops: int = flag(1, "1: centre crop_size crop; 3: three full-height scale_size crops", choices=[1, 3])
     crop_size: int | None = flag(None, "default: the training run's")

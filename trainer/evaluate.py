@@ -5,6 +5,11 @@ Each clip the shard set holds for a video (``ingest build --eval-clips K``) is o
 all views of a video are averaged and the video is scored once, however its clips were
 spread over ranks; clips repeated only to pad the last batch are skipped. Also reports
 single-view clip accuracy, and writes per-video top-5 predictions (for unlabeled test splits).
+
+``--fuse RUN_A RUN_B [--weights 1 1.5]`` is TSN's late fusion of two streams (appearance and
+motion): each run scores the split as above with its own network, crop and modality, and each
+video's fused score is the weighted mean of the runs' view-averaged softmax scores. It reports each
+stream's and the fused video accuracy; the runs must score the same videos with the same classes.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import logging
 
 import torch
 
+from shards import storage
 from shards.errors import UsageError
 
 from . import checkpoint, config, metrics
@@ -63,8 +69,9 @@ class VideoScores:
             scores = torch.stack([s for s, _ in labeled])
             labels = torch.tensor([label for _, label in labeled])
             top1, top5 = metrics.topk_correct(scores, labels, (1, 5), torch.ones_like(labels, dtype=torch.bool))
-            out.update(video_top1=100 * top1.item() / len(labeled), video_top5=100 * top5.item() / len(labeled),
-                       clip_top1=100 * self.clips_correct / max(self.clips, 1))
+            out.update(video_top1=100 * top1.item() / len(labeled), video_top5=100 * top5.item() / len(labeled))
+        if self.clips:  # none in a fusion, whose videos are scored as a whole
+            out["clip_top1"] = 100 * self.clips_correct / self.clips
         return out
 
     def predictions(self, classes: list[str]) -> dict:
@@ -94,38 +101,103 @@ def score_split(model, loader: ClipLoader, device, amp, clips_of) -> VideoScores
     return acc
 
 
-def main(ev: config.Evaluation) -> int:
-    """Score ``ev.checkpoint`` on ``ev.split`` of ``ev.data``; rank 0 prints the summary."""
-    backend = distributed.init(ev.backend)
-    cores.cap_threads(backend.local_size)
-    device = pick_device(backend)
-    state = checkpoint.load(ev.checkpoint) if backend.rank == 0 else None
+def resolve_run(run: str) -> str:
+    """The checkpoint of ``run``: a ``trainer train`` output directory's checkpoint.pt, or ``run`` itself."""
+    inside = storage.join(run, "checkpoint.pt")
+    return inside if storage.exists(inside) else run
+
+
+def load_network(url: str, backend) -> dict:
+    """Rank 0 reads the checkpoint at ``url`` and every rank gets what testing needs of it: the weights,
+    the network's config, the classes and the training run's data config (its crop, scale and modality)."""
+    state = checkpoint.load(url) if backend.rank == 0 else None
     if backend.rank == 0 and state is None:
-        raise ConfigError(f"{ev.checkpoint}: no checkpoint")
-    state = backend.broadcast_object(None if state is None else {
-        "model": state["model"], "model_config": state["model_config"], "classes": state["classes"],
+        raise ConfigError(f"{url}: no checkpoint")
+    return backend.broadcast_object(None if state is None else {
+        "url": url, "model": state["model"], "model_config": state["model_config"], "classes": state["classes"],
         "data": config.of_checkpoint(state).data})
-    trained = state["data"]  # the training run's data config: its crop and scale
-    model = build(state["model_config"]).to(device)
-    model.load_state_dict(state["model"])
-    manifest = shared_manifest(ev.data, backend.rank, lambda obj, root: backend.broadcast_object(obj))
-    if manifest.classes != state["classes"]:
-        raise ConfigError(f"{ev.data}: classes differ from the checkpoint's")
+
+
+def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, device) -> VideoScores:
+    """Score ``network`` (``load_network``'s) on ``ev.split`` of ``data`` with the views ``ev`` asks
+    for, every rank its share; the scores of all ranks, merged."""
+    trained = network["data"]
+    model = build(network["model_config"]).to(device)
+    model.load_state_dict(network["model"])
+    manifest = shared_manifest(data, backend.rank, lambda obj, root: backend.broadcast_object(obj))
+    if manifest.classes != network["classes"]:
+        raise ConfigError(f"{data}: classes differ from the checkpoint's ({network['url']})")
     if ev.split not in manifest.splits:  # every rank has the manifest: all refuse alike
-        raise UsageError(f"{ev.data}: no split {ev.split!r} (--split); the set has {', '.join(manifest.splits)}")
+        raise UsageError(f"{data}: no split {ev.split!r} (--split); the set has {', '.join(manifest.splits)}")
     workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_size)
     loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
                         world_size=backend.size, train=False, num_workers=workers,
                         crop_size=ev.crop_size or trained.crop_size, scale_size=ev.scale_size or trained.scale_size,
                         eval_crops=ev.crops, decode_on_device=ev.decode_on_device)
     local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
-    merged = VideoScores.merged(backend.all_gather_object(local))
+    return VideoScores.merged(backend.all_gather_object(local))
+
+
+def fused(runs: list[str], scores: list[VideoScores], weights: tuple[float, ...]) -> VideoScores:
+    """TSN's late fusion: each video's view-averaged softmax scores, averaged over the runs with
+    ``weights`` (normalised to sum 1, so the fused scores are probabilities too). Every run must
+    have scored the same videos with the same labels."""
+    first = scores[0].videos
+    for run, other in zip(runs[1:], scores[1:]):
+        differ = sorted(set(first) ^ set(other.videos))
+        if differ:
+            raise ConfigError(f"--fuse: {run} scores {len(other.videos)} videos, {runs[0]} {len(first)}; "
+                              f"{len(differ)} are scored by only one of them (e.g. {differ[0]})")
+        relabeled = [v for v in first if first[v][2] != other.videos[v][2]]
+        if relabeled:
+            raise ConfigError(f"--fuse: {run} and {runs[0]} label {len(relabeled)} videos differently "
+                              f"(e.g. {relabeled[0]})")
+    out = VideoScores()
+    total = sum(weights)
+    for video, (_, _, label) in first.items():
+        mean = sum(w * s.videos[video][0] / s.videos[video][1] for w, s in zip(weights, scores)) / total
+        out.videos[video] = [mean, 1, label]
+    return out
+
+
+def main(ev: config.Evaluation) -> int:
+    """Score ``ev.checkpoint``, or each of the ``ev.fuse`` runs and their fusion, on ``ev.split``
+    of ``ev.data``; rank 0 prints the summary."""
+    if (ev.checkpoint is None) == (ev.fuse is None):
+        raise UsageError("give either --checkpoint or --fuse RUN_A RUN_B")
+    runs = ev.fuse or (ev.checkpoint,)
+    if ev.fuse is not None and len(runs) < 2:
+        raise UsageError(f"--fuse: needs two runs or more, got {len(runs)}")
+    if len(ev.data) not in (1, len(runs)):
+        raise UsageError(f"--data: one shard set for every run or one per run ({len(runs)}), got {len(ev.data)}")
+    weights = ev.weights or (1.0,) * len(runs)
+    if ev.weights is not None and (ev.fuse is None or len(weights) != len(runs) or not sum(weights) > 0):
+        raise UsageError(f"--weights: one per --fuse run ({len(runs) if ev.fuse else 0}), not all zero; "
+                         f"got {' '.join(map(str, weights))}")
+    backend = distributed.init(ev.backend)
+    cores.cap_threads(backend.local_size)
+    device = pick_device(backend)
+    networks = [load_network(resolve_run(run), backend) for run in runs]
+    for run, network in zip(runs[1:], networks[1:]):
+        if network["classes"] != networks[0]["classes"]:
+            raise ConfigError(f"--fuse: {run} was trained on other classes than {runs[0]}")
+    sets = ev.data * len(runs) if len(ev.data) == 1 else ev.data
+    scores = [score_checkpoint(network, data, ev, backend, device) for network, data in zip(networks, sets)]
     if backend.rank == 0:
-        summary = {"split": ev.split, "crops": ev.crops, **merged.summary()}
+        classes = networks[0]["classes"]
+        if ev.fuse is None:
+            summary = {"split": ev.split, "crops": ev.crops, **scores[0].summary()}
+            report = {"summary": summary, "videos": scores[0].predictions(classes)}
+        else:
+            together = fused(runs, scores, weights)
+            summary = {"split": ev.split, "crops": ev.crops, "runs": list(runs), "weights": list(weights),
+                       **{k: v for k, v in together.summary().items() if k != "views_per_video"},
+                       "streams": [{"run": run, **s.summary()} for run, s in zip(runs, scores)]}
+            report = {"summary": summary, "videos": together.predictions(classes),
+                      "streams": [{"run": run, "videos": s.predictions(classes)} for run, s in zip(runs, scores)]}
         print(json.dumps(summary))
         if ev.output:
-            with open(ev.output, "w", encoding="utf-8") as f:
-                json.dump({"summary": summary, "videos": merged.predictions(manifest.classes)}, f, indent=1)
+            storage.atomic_write(ev.output, json.dumps(report, indent=1).encode())
     backend.shutdown()
     return 0
 
