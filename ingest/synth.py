@@ -5,6 +5,13 @@ background; the class decides how the disc moves (translates left/right/up/down 
 or spins clockwise/counter-clockwise in place). Position, orientation and textures of any single
 frame are drawn from the same distribution for every class, so only motion over time tells the
 classes apart. Output is byte-identical for the same arguments; videos already present are skipped.
+
+With ``colours`` (``--colours N``) the classes combine appearance and motion, a task for two
+streams: ``<colour>_<motion>`` for each of the first N disc colours and each motion, the disc's
+texture centred on that colour instead of a random one. A single frame then tells the colour but
+not the motion, and a motion field the motion but not the colour. Everything else about a video
+(its textures' patterns, path, speed) is drawn as without colours, so the same video seeds give the
+same videos with only the disc recoloured.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ import ffmpeg
 import numpy as np
 from tqdm import tqdm
 
+from shards.commands import int_in_range
+
 CLASSES = ("move_left", "move_right", "move_up", "move_down", "rotate_cw", "rotate_ccw")
 SPLITS = ("train", "val")
 
@@ -29,6 +38,10 @@ _MOTION = {
     "move_left": (-1, 0, 0), "move_right": (1, 0, 0), "move_up": (0, -1, 0), "move_down": (0, 1, 0),
     "rotate_cw": (0, 0, 1), "rotate_ccw": (0, 0, -1),
 }
+
+# Disc colours of --colours (mean RGB of the disc's texture), far apart from each other and from the
+# backgrounds' grey-ish means (80-176 per channel).
+COLOURS = {"red": (200.0, 45.0, 45.0), "green": (45.0, 185.0, 45.0), "blue": (45.0, 70.0, 215.0)}
 
 # Sizes and speeds relative to the frame's short side, speeds per second: at the default 160x120,
 # 10 fps that is 3-6 px (translation) or 9-18 degrees (spin) per frame, visible after downscaling to
@@ -49,16 +62,17 @@ PRESETS = {
 
 @dataclass(frozen=True)
 class VideoJob:
-    """One video to write: where, its own seed, its class, and its shape."""
+    """One video to write: where, its own seed, its motion (and disc colour), and its shape."""
 
     path: str
     seed: tuple[int, ...]
-    label: str
+    motion: str
     width: int
     height: int
     fps: int
     frames: int
     speed_scale: float = 1.0
+    colour: str | None = None  # a key of COLOURS; None: the disc's colour drawn at random
 
 
 def _smooth_noise(rng: np.random.Generator, h: int, w: int, sigma: float) -> np.ndarray:
@@ -73,8 +87,11 @@ def _smooth_noise(rng: np.random.Generator, h: int, w: int, sigma: float) -> np.
     return field.transpose(1, 2, 0)
 
 
-def _texture(rng: np.random.Generator, h: int, w: int, sigma: float, contrast: float) -> np.ndarray:
-    mean = rng.uniform(80, 176, size=3)
+def _texture(rng: np.random.Generator, h: int, w: int, sigma: float, contrast: float,
+             colour: tuple[float, float, float] | None = None) -> np.ndarray:
+    mean = rng.uniform(80, 176, size=3)  # drawn even when ``colour`` replaces it: the draws after stay the same
+    if colour is not None:
+        mean = np.array(colour)
     return np.clip(mean + contrast * _smooth_noise(rng, h, w, sigma), 0, 255).astype(np.float32)
 
 
@@ -121,12 +138,13 @@ def render(job: VideoJob):
     radius = RADIUS * short
     side = 2 * math.ceil(radius) + 5
     background = np.rint(_texture(rng, h, w, sigma=short / 24, contrast=BACKGROUND_CONTRAST)).astype(np.uint8)
-    disc = _texture(rng, side, side, sigma=radius / 5, contrast=DISC_CONTRAST)
+    disc = _texture(rng, side, side, sigma=radius / 5, contrast=DISC_CONTRAST,
+                    colour=COLOURS[job.colour] if job.colour else None)
     x0, y0 = rng.uniform(0, w), rng.uniform(0, h)
     angle0 = rng.uniform(0, 2 * math.pi)
     speed = rng.uniform(*SPEED) * short * job.speed_scale
     spin = math.radians(rng.uniform(*SPIN_DEG)) * job.speed_scale
-    mx, my, turn = _MOTION[job.label]
+    mx, my, turn = _MOTION[job.motion]
     for n in range(job.frames):
         t = n / job.fps
         frame = background.copy()
@@ -160,33 +178,45 @@ def encode(job: VideoJob) -> None:
     os.replace(tmp, job.path)
 
 
+def class_kinds(classes: int, colours: int = 0) -> list[tuple[str, str | None, str]]:
+    """The dataset's classes as (name, disc colour, motion): the first ``classes`` motions, each with
+    every one of the first ``colours`` disc colours when there are any (``red_move_left``, ...)."""
+    if not colours:
+        return [(m, None, m) for m in CLASSES[:classes]]
+    return [(f"{c}_{m}", c, m) for c in list(COLOURS)[:colours] for m in CLASSES[:classes]]
+
+
 def plan(out: str, classes: int, train_per_class: int, val_per_class: int, width: int, height: int,
-         fps: int, seconds: float, seed: int, speed_scale: float = 1.0) -> list[VideoJob]:
+         fps: int, seconds: float, seed: int, speed_scale: float = 1.0, colours: int = 0) -> list[VideoJob]:
     """Every video of the dataset, in a fixed order."""
     frames = max(1, round(seconds * fps))
     jobs = []
     for split_index, (split, count) in enumerate(zip(SPLITS, (train_per_class, val_per_class))):
-        for class_index, label in enumerate(CLASSES[:classes]):
+        for class_index, (label, colour, motion) in enumerate(class_kinds(classes, colours)):
             for i in range(count):
                 path = os.path.join(out, split, label, f"{label}_{split}_{i:04d}.mp4")
-                jobs.append(VideoJob(path, (seed, split_index, class_index, i), label, width, height, fps, frames,
-                                    speed_scale))
+                jobs.append(VideoJob(path, (seed, split_index, class_index, i), motion, width, height, fps, frames,
+                                    speed_scale, colour))
     return jobs
 
 
 def synthesize(out: str, classes: int = 4, train_per_class: int = 12, val_per_class: int = 4,
                width: int = 160, height: int = 120, fps: int = 10, seconds: float = 2.0, seed: int = 0,
-               workers: int | None = None, speed_scale: float = 1.0) -> dict:
+               workers: int | None = None, speed_scale: float = 1.0, colours: int = 0) -> dict:
     """Write the dataset under ``out`` (skipping videos already there) and return a summary.
-    ``speed_scale`` multiplies every video's translation and spin speeds (the rest is unchanged)."""
+    ``speed_scale`` multiplies every video's translation and spin speeds (the rest is unchanged);
+    ``colours``: classes of disc colour x motion (module docstring), 0 for motion alone."""
     if not 1 <= classes <= len(CLASSES):
         raise ValueError(f"classes must be in 1..{len(CLASSES)}, got {classes}")
+    if not 0 <= colours <= len(COLOURS):
+        raise ValueError(f"colours must be in 0..{len(COLOURS)}, got {colours}")
     if width % 2 or height % 2:
         raise ValueError(f"width and height must be even for yuv420p, got {width}x{height}")
     if not speed_scale > 0:
         raise ValueError(f"speed_scale must be positive, got {speed_scale}")
     start = time.perf_counter()
-    jobs = plan(out, classes, train_per_class, val_per_class, width, height, fps, seconds, seed, speed_scale)
+    jobs = plan(out, classes, train_per_class, val_per_class, width, height, fps, seconds, seed, speed_scale,
+                colours)
     todo = [job for job in jobs if not os.path.exists(job.path)]
     for job in todo:
         os.makedirs(os.path.dirname(job.path), exist_ok=True)
@@ -197,10 +227,11 @@ def synthesize(out: str, classes: int = 4, train_per_class: int = 12, val_per_cl
     with pool, tqdm(total=len(todo), desc="synth", unit="video", disable=None) as bar:
         for _ in (pool.map if workers > 1 else map)(encode, todo):
             bar.update()
+    names = [name for name, _, _ in class_kinds(classes, colours)]
     return {
         "out": out,
-        "classes": list(CLASSES[:classes]),
-        "videos": {"train": classes * train_per_class, "val": classes * val_per_class},
+        "classes": names,
+        "videos": {"train": len(names) * train_per_class, "val": len(names) * val_per_class},
         "written": len(todo),
         "skipped": len(jobs) - len(todo),
         "frames_per_video": jobs[0].frames if jobs else 0,
@@ -224,6 +255,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"multiplies the speeds ({SPEED[0]:g}-{SPEED[1]:g} short sides per second, "
                              f"{SPIN_DEG[0]:g}-{SPIN_DEG[1]:g} degrees per second); slower motion survives "
                              "clips whose frames lie far apart (multigrid's 2-frame clips)")
+    parser.add_argument("--colours", type=int_in_range(0, len(COLOURS)), default=0,
+                        help=f"0: classes differ only in motion; N (1-{len(COLOURS)}): classes are disc colour x motion "
+                             f"(<colour>_<motion>, the first N of {', '.join(COLOURS)}), a task that needs "
+                             "appearance and motion")
     parser.add_argument("--workers", type=int, help="encoder processes; None: all CPUs")
 
 
@@ -231,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     shape = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()}
     summary = synthesize(args.out, classes=args.classes, train_per_class=args.train_per_class,
                          val_per_class=args.val_per_class, seed=args.seed, workers=args.workers,
-                         speed_scale=args.speed_scale, **shape)
+                         speed_scale=args.speed_scale, colours=args.colours, **shape)
     print(f"synth: {summary['written']} written, {summary['skipped']} already present; "
           f"{len(summary['classes'])} classes, train {summary['videos']['train']} / val {summary['videos']['val']} "
           f"videos of {shape['width']}x{shape['height']} at {shape['fps']} fps, "

@@ -1,6 +1,8 @@
 """``ingest synth``: layout, determinism, resume, and classes that only motion tells apart."""
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from pathlib import Path
 
@@ -178,3 +180,34 @@ def test_speed_scale_slows_the_same_videos(dataset, tmp_path):
         assert same.max() < 1.5 and moved.min() > 2 * same.max(), (path.name, same, moved)
     with pytest.raises(ValueError):
         synth.synthesize(str(tmp_path / "bad"), speed_scale=0.0)
+
+
+def test_colours_make_colour_x_motion_classes_that_recolour_only_the_disc(tmp_path):
+    jobs = synth.plan(str(tmp_path), classes=2, train_per_class=1, val_per_class=1, width=160, height=120, fps=10,
+                      seconds=0.4, seed=0, colours=2)
+    names = ["red_move_left", "red_move_right", "green_move_left", "green_move_right"]
+    assert [os.path.relpath(j.path, tmp_path) for j in jobs] == \
+        [f"{split}/{n}/{n}_{split}_0000.mp4" for split in ("train", "val") for n in names]
+    assert [(j.colour, j.motion) for j in jobs[:4]] == [("red", "move_left"), ("red", "move_right"),
+                                                       ("green", "move_left"), ("green", "move_right")]
+    radius = synth.RADIUS * 120
+    for job in jobs:
+        # the same video drawn with a random disc colour: every other draw (background, disc pattern,
+        # path) is the same, so only the disc's pixels differ, and there they show the class's colour
+        plain = np.stack(list(synth.render(dataclasses.replace(job, colour=None))))
+        coloured = np.stack(list(synth.render(job)))
+        for a, b in zip(plain, coloured):
+            changed = np.any(a != b, axis=2)
+            assert 0.8 * math.pi * radius ** 2 < changed.sum() < math.pi * (radius + 1) ** 2, job.path
+            disc = b[changed].astype(np.float64).mean(0)
+            assert np.abs(disc - synth.COLOURS[job.colour]).max() < 25, (job.path, disc)
+
+
+def test_colours_out_of_range_are_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["synth", "--out", str(tmp_path), "--colours", str(len(synth.COLOURS) + 1)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("argument --colours: 4 is out of range: give 0 to 3")
+    with pytest.raises(ValueError):
+        synth.synthesize(str(tmp_path), colours=-1)
+    assert not os.listdir(tmp_path)
