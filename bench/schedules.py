@@ -33,17 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from synthsets import start_training, synth_shards
 from trainer import metrics
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 # the model and data: a ResNet-10 of width 16, 8-frame clips, 32 px crops, 2 clips per rank; the
 # rate is low enough for multigrid's 8x (on this task 4x the baseline's rate already learns slower)
 COMMON = ["--segments", "8", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32",
@@ -64,31 +61,20 @@ VARIANTS = list(variants(12, 0))
 def make_data(work: Path, train_per_class: int, val_per_class: int, speed_scale: float) -> Path:
     """Motion videos (64x64, 2 s at 10 fps, speeds times ``speed_scale``) ingested into 8-frame
     clips, four per training video."""
-    shards = work / "shards"
-    if (shards / "manifest.json").exists():
-        return shards
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    subprocess.run([str(BIN / "python"), "-m", "ingest", "synth", "--out", str(work / "videos"), "--classes", "4",
-                    "--train-per-class", str(train_per_class), "--val-per-class", str(val_per_class),
-                    "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2", "--workers", "2",
-                    "--speed-scale", str(speed_scale)],
-                   check=True, env=env)
-    subprocess.run([str(BIN / "python"), "-m", "ingest", "build", "--src", str(work / "videos"), "--out", str(shards),
-                    "--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples", "64",
-                    "--workers", "2"], check=True, env=env)
-    return shards
+    return synth_shards(work / "videos", work / "shards",
+                        ["--classes", "4", "--train-per-class", str(train_per_class), "--val-per-class",
+                         str(val_per_class), "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2",
+                         "--workers", "2", "--speed-scale", str(speed_scale)],
+                        ["--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples", "64",
+                         "--workers", "2"])
 
 
 def train(data: Path, out: Path, epochs: int, extra: list[str], ranks: int) -> float:
     """One ``trainer train`` run on ``ranks`` Horovod ranks; returns its wall-clock seconds."""
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [str(BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
-           str(BIN / "python"), "-m", "trainer", "train", "--data", str(data), "--output-dir", str(out),
-           "--epochs", str(epochs), *COMMON, *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    with open(out.with_suffix(".log"), "w") as log:
-        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = start_training(data, out, ["--epochs", str(epochs), *COMMON, *extra], ranks)
+    if proc.wait():
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
     return time.perf_counter() - start
 
 
