@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from shardsets import make_shardset
 
@@ -131,22 +132,31 @@ def test_horovodrun_trains_and_tests_from_the_command_line(tmp_path):
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert (ckpt["epoch"], ckpt["step"], len(ckpt["rng"])) == (2, 8, 2)
 
+    # on two ranks, the run fused with itself (--fuse scores each run as --checkpoint does): each
+    # stream and the fusion score as the run alone on one rank
     results = []
-    for name, launcher in (("two", hvd), ("one", [sys.executable, "-m", "trainer"])):
+    for name, launcher, runs in (("two", hvd, ["--fuse", str(out), str(out), "--weights", "1", "3"]),
+                                 ("one", [sys.executable, "-m", "trainer"], ["--checkpoint", str(out / "checkpoint.pt")])):
         report = tmp_path / f"test-{name}.json"
         test = subprocess.run(launcher + [
-            "test", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data), "--crops", "3",
-            "--batch-size", "2", "--workers", "0", "--output", str(report)],
-            env=ENV, capture_output=True, text=True, timeout=300)
+            "test", *runs, "--data", str(data), "--crops", "3", "--batch-size", "2", "--workers", "0",
+            "--output", str(report)], env=ENV, capture_output=True, text=True, timeout=300)
         assert test.returncode == 0, test.stdout[-3000:] + test.stderr[-3000:]
         results.append(json.loads(report.read_text()))
-    (two, predictions), (one, _) = [(r["summary"], r["videos"]) for r in results]
-    # 7 val clips of 4 videos (two clips each, the last one clip) whichever the rank count
-    assert two["videos"] == one["videos"] == 4
-    assert two["views_per_video"] == one["views_per_video"] == 7 / 4
-    for key in ("video_top1", "video_top5", "clip_top1"):
-        assert abs(two[key] - one[key]) < 1e-6, key
-    assert set(predictions) == {f"val_v{i:04d}" for i in range(4)}
+    fused, alone = results
+    one = alone["summary"]
+    for two in fused["summary"]["streams"]:
+        # 7 val clips of 4 videos (two clips each, the last one clip) whichever the rank count
+        assert two["videos"] == one["videos"] == 4
+        assert two["views_per_video"] == one["views_per_video"] == 7 / 4
+        for key in ("video_top1", "video_top5", "clip_top1"):
+            assert abs(two[key] - one[key]) < 1e-6, key
+    for stream in fused["streams"]:
+        assert stream["videos"].keys() == alone["videos"].keys()
+        for video, entry in stream["videos"].items():
+            assert entry["scores"] == pytest.approx(alone["videos"][video]["scores"], abs=1e-4), video
+    assert abs(fused["summary"]["video_top1"] - one["video_top1"]) < 1e-6
+    assert set(fused["videos"]) == {f"val_v{i:04d}" for i in range(4)}
 
 
 if __name__ == "__main__":
