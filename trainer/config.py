@@ -179,7 +179,7 @@ class Evaluation:
                                               "with --weights; every run must score the same videos and classes",
                                         nargs="+", metavar="RUN")
     weights: tuple[float, ...] | None = flag(None, "one per --fuse run, e.g. 1 1.5 (TSN's RGB and flow) (default: "
-                                                   "equal)", nargs="+", type=number_in_range(float, 0))
+                                                   "equal)", nargs="+", metavar="W", type=number_in_range(float, 0))
     split: str = flag("val", "split to test on")
     crops: int = flag(1, "1: centre crop_size crop; 3: three full-height scale_size crops", choices=[1, 3])
     crop_size: int | None = flag(None, "default: the training run's")
