@@ -1,4 +1,4 @@
-"""Two streams on the CPU: RGB TSN, RGB TSM, motion TSNs on codec motion vectors and on optical flow, and their late fusions.
+"""Two streams on the CPU: RGB TSN and TSM, motion TSNs (codec motion vectors, optical flow), their late fusions.
 
 Two ``ingest synth`` tasks, 64x64 videos of 2 s at 10 fps, 256 training and 64 validation videos each:
 

@@ -256,8 +256,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{SPIN_DEG[0]:g}-{SPIN_DEG[1]:g} degrees per second); slower motion survives "
                              "clips whose frames lie far apart (multigrid's 2-frame clips)")
     parser.add_argument("--colours", type=int_in_range(0, len(COLOURS)), default=0,
-                        help=f"0: classes differ only in motion; N (1-{len(COLOURS)}): classes are disc colour x motion "
-                             f"(<colour>_<motion>, the first N of {', '.join(COLOURS)}), a task that needs "
+                        help=f"0: classes differ only in motion; N (1-{len(COLOURS)}): classes are disc colour x "
+                             f"motion (<colour>_<motion>, the first N of {', '.join(COLOURS)}), a task that needs "
                              "appearance and motion")
     parser.add_argument("--workers", type=int, help="encoder processes; None: all CPUs")
 

@@ -58,7 +58,8 @@ def test_fused_scores_are_the_weighted_mean_of_each_runs_own_scores(runs, capsys
     alone = [report_of(root, "--checkpoint", str(root / name / "checkpoint.pt"), "--data", str(data))
              for name in ("tsm", "tsn")]
     capsys.readouterr()
-    fused = report_of(root, "--fuse", str(root / "tsm"), str(root / "tsn"), "--weights", "1", "1.5", "--data", str(data))
+    fused = report_of(root, "--fuse", str(root / "tsm"), str(root / "tsn"), "--weights", "1", "1.5",
+                      "--data", str(data))
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line == fused["summary"]
     a, b = (probabilities(r["videos"], classes) for r in alone)
@@ -106,10 +107,12 @@ def test_runs_must_score_the_same_videos_and_classes(runs, tmp_path, capsys):
     assert exit_.value.code == f"--fuse: {other} was trained on other classes than {root / 'tsm'}"
 
     for argv, message in (
-            ([*fuse, "--data", str(data), "--weights", "1"], "--weights: one per --fuse run (2), not all zero; got 1.0"),
+            ([*fuse, "--data", str(data), "--weights", "1"],
+             "--weights: one per --fuse run (2), not all zero; got 1.0"),
             ([*fuse, "--data", str(data), "--weights", "0", "0"], "--weights: one per --fuse run (2), not all zero; "
                                                                   "got 0.0 0.0"),
-            (["test", "--fuse", str(root / "tsm"), *TEST, "--data", str(data)], "--fuse: needs two runs or more, got 1"),
+            (["test", "--fuse", str(root / "tsm"), *TEST, "--data", str(data)],
+             "--fuse: needs two runs or more, got 1"),
             ([*fuse, "--data", str(data), str(data), str(data)], "--data: one shard set for every run or one per run "
                                                                  "(2), got 3"),
             (["test", *TEST, "--data", str(data)], "give either --checkpoint or --fuse RUN_A RUN_B")):

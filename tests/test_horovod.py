@@ -135,8 +135,9 @@ def test_horovodrun_trains_and_tests_from_the_command_line(tmp_path):
     # on two ranks, the run fused with itself (--fuse scores each run as --checkpoint does): each
     # stream and the fusion score as the run alone on one rank
     results = []
+    one_rank = [sys.executable, "-m", "trainer"]
     for name, launcher, runs in (("two", hvd, ["--fuse", str(out), str(out), "--weights", "1", "3"]),
-                                 ("one", [sys.executable, "-m", "trainer"], ["--checkpoint", str(out / "checkpoint.pt")])):
+                                 ("one", one_rank, ["--checkpoint", str(out / "checkpoint.pt")])):
         report = tmp_path / f"test-{name}.json"
         test = subprocess.run(launcher + [
             "test", *runs, "--data", str(data), "--crops", "3", "--batch-size", "2", "--workers", "0",
