@@ -117,7 +117,7 @@ def main(ev: config.Evaluation) -> int:
     loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
                         world_size=backend.size, train=False, num_workers=workers,
                         crop_size=ev.crop_size or trained.crop_size, scale_size=ev.scale_size or trained.scale_size,
-                        eval_crops=ev.crops, decode_on_device=ev.decode_on_device)
+                        eval_crops=ev.crops, decode_on_device=ev.decode_on_device, modality=model.config.modality)
     local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
     merged = VideoScores.merged(backend.all_gather_object(local))
     if backend.rank == 0:

@@ -102,7 +102,7 @@ class Trainer:
         self.make_loaders(manifest)
         self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples, model=cfg.model,
                              recipe=cfg.recipe, system=s, batch_size=d.batch_size, epochs=self.regime.epochs,
-                             bn_group=self.regime.bn_group)
+                             bn_group=self.regime.bn_group, modality=d.modality)
         self.regime.attach(self.engine, lambda: self.train_loader)
         self.clips = clip_source(d.decode_on_device, self.engine.device)
         # the features around the loop, in the order they run (trainer.hooks); the regime decided
@@ -143,7 +143,7 @@ class Trainer:
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
                           shuffle=("node" if a.cache_dir else "global") if a.shuffle == "auto" else a.shuffle,
                           local_size=self.backend.local_size, lookahead=a.lookahead,
-                          decode_on_device=a.decode_on_device,
+                          decode_on_device=a.decode_on_device, modality=a.modality,
                           shapes=None if full_shape else self.regime.shapes)
 
     def start(self) -> None:

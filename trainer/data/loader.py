@@ -23,6 +23,8 @@ repeats); ``global_valid``, the real clips in this batch and the same batch of e
 together (one optimizer step's, for the loss weights and the clips seen).
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.data.device_decode``.
+With ``modality="motion"`` the clips are the samples' stored motion fields rendered with the
+geometry their frames would get (``trainer.data.motion``): (B, T, 2, H, W), the rest alike.
 With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batches hold
 ``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
 crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
@@ -46,10 +48,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import partition
 from shards.direct import load_manifest
+from shards.errors import UsageError
 from shards.manifest import Manifest
 from shards.cache import Piece, ShardCache
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 
+from .motion import MotionTransform
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
 from .transforms import EvalTransform, TrainTransform, jpeg_size
@@ -152,10 +156,6 @@ def _pack_jpegs(samples) -> dict:
             "flip": torch.tensor([g.flip for g in geometries], dtype=torch.bool)}
 
 
-def _frames(sample) -> list[bytes]:
-    return [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
-
-
 class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
@@ -173,7 +173,7 @@ class _Streams(IterableDataset):
         rngs = [partition.rng_for("augment", self.seed, self.epoch, k) for k in keys]
         out = {"keys": keys, "labels": [int(s["cls"]) if "cls" in s else -1 for s in samples],
                "valid": [s["__local__"] < self.plan["valid_locals"] for s in samples]}
-        frames = [_frames(s) for s in samples]
+        frames = [self.transform.members(s) for s in samples]
         if self.decode_on_device:  # only the headers are parsed here
             return out | _pack_jpegs([{"jpegs": f, "geometry": self.transform.geometry(*jpeg_size(f[0]), rng)}
                                       for f, rng in zip(frames, rngs)])
@@ -245,7 +245,8 @@ class ClipLoader:
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", local_size: int = 1,
-                 lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never"):
+                 lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
+                 modality: str = "rgb"):
         self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
         self.split = split
         self.shards = self.manifest.splits[split].shards
@@ -267,6 +268,18 @@ class ClipLoader:
             batch_size = self.batch_size = self.shapes.batch_size(epoch)
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
+        self.modality = modality
+        if modality == "motion":  # the clips' stored motion fields, with the geometry of their frames
+            where = self.manifest.base or "the shard set"
+            if self.manifest.motion == "none":
+                raise UsageError(f"{where}: no motion fields for --modality motion; build the set with "
+                                 "ingest build --motion mv (or flow)")
+            if decode_on_device:
+                raise UsageError("--decode-on-device: the motion fields of --modality motion are PNGs decoded on "
+                                 "the CPU")
+            self.transform = MotionTransform(self.transform, self.manifest.motion)
+        elif modality != "rgb":
+            raise ValueError(f"modality {modality!r} not rgb or motion")
         if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
             raise ValueError(f"split {split!r} cannot fill one batch of {batch_size} on each of {world_size} "
                              "ranks; use remainder='pad'")
@@ -472,7 +485,8 @@ class ClipLoader:
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
-                                               self.transform.flip)
+                                               self.transform.flip, self.manifest.motion if self.modality == "motion"
+                                               else None)
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
                                self.decode_on_device, pool, renderer, self.cache, self.lookahead)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
