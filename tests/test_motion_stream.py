@@ -17,10 +17,16 @@ import pytest
 import torch
 from PIL import Image
 
+from shardsets import make_shardset
+
 from shards import motionfield
+from trainer.config import CHANNELS
+from trainer.data.loader import ClipLoader
 from trainer.data.motion import MotionTransform
+from trainer.data.shapes import EpochShapes
 from trainer.data.transforms import EvalTransform, TrainTransform, dct_denom
 from trainer.model.tsm import ModelConfig, build, load_pretrained
+from trainer.schedules.multigrid import Schedule, plan
 
 W, H = 128, 96  # the stored frame; 16 x 12 field cells
 CX, CY, PER = 64, 48, 4  # a cell's u = (x - CX) / PER, v = (y - CY) / PER: within the stored +-20 px
@@ -145,3 +151,36 @@ def test_a_motion_network_takes_two_channels_normalised_around_128():
         assert motion(still).shape == (1, 3)
         with pytest.raises(RuntimeError):
             motion(torch.zeros((1, 2, 3, 32, 32), dtype=torch.uint8))
+
+
+def test_the_multigrid_loader_renders_motion_parts_in_the_order_and_draws_of_the_rgb_loader(tmp_path):
+    """Multigrid (parts of fewer frames and smaller crops) through ``ClipLoader``: the motion loader
+    yields the RGB loader's clips in the same order, each part 2 channels per frame, every k-th stored
+    field taken (u grows with the stored frame), u's sign the flip's, v the same in every frame."""
+    stored = 8
+    make_shardset(str(tmp_path), {"train": 12}, per_shard=5, frames=stored, motion="mv")
+    sched = Schedule(plan(2, (1,), stored, 32, long_cycle=True, short_cycle=True), batch=1, world_size=1, samples=12)
+
+    def batches(modality: str):
+        shapes = EpochShapes(sched, CHANNELS[modality])
+        loader = ClipLoader(str(tmp_path), "train", batch_size=1, num_workers=1, crop_size=32, scale_size=48,
+                            flip=True, shuffle_buffer=4, shapes=shapes, modality=modality)
+        return list(loader)
+
+    rgb, motion = batches("rgb"), batches("motion")
+    assert [b["keys"] for b in rgb] == [b["keys"] for b in motion]
+    assert len({tuple(p["clips"].shape) for b in motion for p in b["parts"]}) > 1
+    signs = set()
+    for batch in motion:
+        for part in batch["parts"]:
+            clips = part["clips"]
+            assert clips.shape[2] == 2 and clips.shape[1] < stored or clips.shape[1] == stored
+            for clip, key in zip(clips.numpy(), part["keys"]):
+                u, v = clip[:, 0].astype(int) - 128, clip[:, 1].astype(int) - 128
+                assert (u == u[:, :1, :1]).all() and (v == v[:, :1, :1]).all(), "a uniform field stays uniform"
+                sign = np.sign(u[0, 0, 0])
+                magnitudes = sign * u[:, 0, 0]
+                assert sign != 0 and (np.diff(magnitudes) > 0).all(), f"{key}: u by frame {u[:, 0, 0]}"
+                assert len(set(v[:, 0, 0])) == 1
+                signs.add(int(sign))
+    assert signs == {-1, 1}
