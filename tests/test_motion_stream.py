@@ -163,7 +163,7 @@ def test_the_multigrid_loader_renders_motion_parts_in_the_order_and_draws_of_the
 
     def batches(modality: str):
         shapes = EpochShapes(sched, CHANNELS[modality])
-        loader = ClipLoader(str(tmp_path), "train", batch_size=1, num_workers=1, crop_size=32, scale_size=48,
+        loader = ClipLoader(str(tmp_path), "train", batch_size=1, num_workers=0, crop_size=32, scale_size=48,
                             flip=True, shuffle_buffer=4, shapes=shapes, modality=modality)
         return list(loader)
 
