@@ -94,7 +94,9 @@ class Model:
     shift: bool = flag(True, "TSN: no temporal shift", spelling="--no-shift")
     shift_div: int = flag(8, "shift 1/div of channels each way")
     dropout: float = flag(0.0, "before the head (0 for the large-batch recipe)")
-    pretrained: str | None = flag(None, "torchvision-format ResNet state dict to start from")
+    pretrained: str | None = flag(None, "torchvision-format ResNet state dict, or a checkpoint.pt of trainer train, "
+                                        "to start the backbone from (RGB weights for --modality motion: the first "
+                                        "layer averaged over its channels, TSN's cross-modality initialisation)")
     bn: str = flag("train", "partial: freeze every BN layer but the first (TSM's partial BN, for fine-tuning on small "
                             "datasets); frozen: freeze all, normalising with running statistics", choices=BN_MODES)
 
