@@ -34,9 +34,8 @@ import numpy as np
 
 from shards import motionfield
 
+from ..config import CHANNELS
 from .transforms import Geometry, dct_denom, jpeg_size, scaled
-
-PLANES = 2  # u and v: the channels per frame of a rendered clip
 
 
 def clip_members(sample: dict, kind: str) -> list[tuple[bytes, bytes]]:
@@ -72,7 +71,7 @@ class MotionTransform:
     """The clip transform of a frame transform (``TrainTransform`` or ``EvalTransform``) applied to
     the clip's ``kind`` fields: same ``geometry`` draws, output (T, side, side, 2) per view."""
 
-    channels = PLANES
+    channels = CHANNELS["motion"]  # u and v, the stored planes R and G
 
     def __init__(self, frames, kind: str):
         if kind not in motionfield.KINDS:
@@ -99,7 +98,7 @@ class MotionTransform:
         g = self.geometry(*scaled(w, h, d), rng)
         views = out if self.views > 1 else out[None]
         for t, (_, png) in enumerate(clip):
-            planes = np.ascontiguousarray(motionfield.quantised(png)[..., :PLANES])
+            planes = np.ascontiguousarray(motionfield.quantised(png)[..., :self.channels])
             for box, view in zip(g.boxes, views):
                 render(planes, tuple(v * d for v in box), g.side, g.flip, view[t])
         return g
