@@ -12,6 +12,7 @@
 # scripts/demo.sh is the quick version (32 px crops, width 16, TSM and TSN trained at once).
 #
 #   bash bench/motion.sh [WORKDIR] [PNG] [MODEL...]   # defaults: /tmp/kinetics-fast-motion, motion.png, all four
+#   EPOCHS=3 bash bench/motion.sh ...                  # shorter runs (the motion stream is at 100% after one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-/tmp/kinetics-fast-motion}
@@ -23,7 +24,7 @@ py=.venv/bin/python
 [ -x "$py" ] || py=python3
 export RAY_ADDRESS=
 flags=(--segments 4 --depth 10 --width 32 --crop-size 48 --scale-size 48 --no-flip --batch-size 16
-       --epochs 12 --warmup-epochs 2 --lr-per-8 0.025 --workers 1 --print-freq 8 --no-tensorboard)
+       --epochs "${EPOCHS:-12}" --warmup-epochs 2 --lr-per-8 0.025 --workers 1 --print-freq 8 --no-tensorboard)
 
 "$py" -m ingest synth --out "$work/videos" --classes 4 --train-per-class 64 --val-per-class 16 \
     --width 64 --height 64 --fps 10 --seconds 2 --workers 2
