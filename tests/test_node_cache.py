@@ -2,6 +2,7 @@
 node stream through one budget smaller than their shares, the first batch comes while later
 shards still download, and each node downloads its pieces once in a run of several epochs."""
 import multiprocessing
+import re
 import threading
 import time
 from collections import Counter
@@ -69,6 +70,19 @@ def test_a_budget_below_the_nodes_lookahead_is_refused_before_any_download(forty
                                             r"2 ranks x 2 loader workers x 3 shards of up to [\d,]+ bytes \([\d,]+ bytes\)"):
             next(iter(loader))
         assert not [p for _, p in requests if p.endswith(".tar")]
+
+
+def test_a_refusal_in_a_loader_worker_comes_to_the_rank_as_its_one_line(forty, tmp_path):
+    """The up-front check switched off on this loader's cache, the budget is first met in a loader
+    worker: the rank raises the cache's own one-line CacheFull, not PyTorch's re-raise of it with
+    the worker's traceback for its message."""
+    with serve(forty) as (url, _):
+        loader = ClipLoader(url, "train", num_workers=1, cache_dir=str(tmp_path), cache_budget=1000, **SMALL)
+        loader.cache.reserve = lambda nbytes, what: None  # the worker inherits it: the budget itself refuses there
+        with pytest.raises(CacheFull) as refused:
+            next(iter(loader))
+    assert re.fullmatch(rf"{tmp_path}: this process pins 0 of the 1,000-byte budget; no room for [\d,]+ more",
+                        str(refused.value)), str(refused.value)
 
 
 def wait_for(condition, what, seconds=60):

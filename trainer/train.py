@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from shards.direct import load_manifest
-from shards.errors import UsageError
+from shards.errors import CommandError, UsageError
 from shards.manifest import Manifest
 
 from . import checkpoint, config, metrics
@@ -506,6 +506,13 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
             log.info("done: checkpoint %s, metrics %s (trainer plot %s draws them)", t.checkpoint_url,
                      os.path.join(cfg.system.output_dir, "metrics.jsonl"), cfg.system.output_dir)
         return 128 + signum if signum else 0
+    except Exception as error:
+        if t is None or elastic is not None or not isinstance(error, t.backend.peer_lost):
+            raise
+        # Horovod shuts the job down when a rank exits (a refusal of its own, a crash): this rank's
+        # next collective fails at once, and it says so in one line instead of a traceback
+        raise CommandError(f"rank {t.backend.rank}: another rank of the job stopped, so this one cannot go on "
+                           "(that rank's own error says why)") from None
     finally:
         stop.restore()
         if t is not None:

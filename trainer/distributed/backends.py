@@ -39,6 +39,7 @@ class Backend:
     name = "none"
     rank, size, local_rank = 0, 1, 0
     local_size = 1  # ranks per node as the loader's node-affine epochs see them (``node_size``)
+    peer_lost: tuple[type[BaseException], ...] = ()  # what a collective raises once another rank has left
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         """-> (module to call forward on, optimizer to step); gradients are averaged over ranks."""
@@ -86,6 +87,7 @@ class Horovod(Backend):
                              "run scripts/setup.sh, or pass --backend none or torch") from None
         hvd.init()
         self.hvd = hvd
+        self.peer_lost = (hvd.HorovodInternalError,)
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.local_size = node_size(self.rank, self.size, hvd.local_size(), hvd.cross_size(), hvd.cross_rank())
 
