@@ -97,7 +97,7 @@ def score_split(model, loader: ClipLoader, device, amp, clips_of) -> VideoScores
 def main(ev: config.Evaluation) -> int:
     """Score ``ev.checkpoint`` on ``ev.split`` of ``ev.data``; rank 0 prints the summary."""
     backend = distributed.init(ev.backend)
-    cores.cap_threads(backend.local_size)
+    cores.cap_threads(backend.local_ranks)
     device = pick_device(backend)
     state = checkpoint.load(ev.checkpoint) if backend.rank == 0 else None
     if backend.rank == 0 and state is None:
@@ -113,7 +113,7 @@ def main(ev: config.Evaluation) -> int:
         raise ConfigError(f"{ev.data}: classes differ from the checkpoint's")
     if ev.split not in manifest.splits:  # every rank has the manifest: all refuse alike
         raise UsageError(f"{ev.data}: no split {ev.split!r} (--split); the set has {', '.join(manifest.splits)}")
-    workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_size)
+    workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_ranks)
     loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
                         world_size=backend.size, train=False, num_workers=workers,
                         crop_size=ev.crop_size or trained.crop_size, scale_size=ev.scale_size or trained.scale_size,

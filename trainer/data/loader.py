@@ -48,9 +48,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import partition
 from shards.direct import load_manifest
-from shards.errors import UsageError
-from shards.manifest import Manifest
 from shards.cache import Piece, ShardCache
+from shards.errors import CommandError, UsageError
+from shards.manifest import Manifest
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 
 from .motion import MotionTransform
@@ -156,6 +156,16 @@ def _pack_jpegs(samples) -> dict:
             "flip": torch.tensor([g.flip for g in geometries], dtype=torch.bool)}
 
 
+def _refusals_as_batches(batches):
+    """Stage, in a loader worker: a refusal (``CommandError``, such as ``CacheFull``) takes the place of
+    the next batch, so the rank raises it with its own one-line message (PyTorch would re-raise it
+    with the worker's traceback as its message)."""
+    try:
+        yield from batches
+    except CommandError as refusal:
+        yield refusal
+
+
 class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
@@ -212,7 +222,7 @@ class _Streams(IterableDataset):
             wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(self._decode),
         )
-        return iter(pipeline)
+        return _refusals_as_batches(pipeline) if info else iter(pipeline)
 
 
 class ClipLoader:
@@ -428,17 +438,31 @@ class ClipLoader:
                 "videos": [video_id(k) for k in sent["keys"]],
                 "valid": torch.tensor(sent["valid"], dtype=torch.bool)}
 
-    def _pieces(self, node: int) -> dict[int, tuple[int, int]]:
-        """What the node's cache holds of each shard it owns (node-affine): the byte range of its
-        samples there, when that is not the whole shard."""
+    def _pieces(self) -> list[dict[int, tuple[int, int]]]:
+        """What each node's cache holds of each shard it owns (node-affine): the byte range of its
+        samples there, when that is not the whole shard; one dict per node."""
         if self._nodes == 1:
-            return {}
-        out = {}
-        for run in partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed)[node]:
-            shard = self.shards[run.shard]
-            if run.size < shard.num_samples:
-                out[run.shard] = (shard.offsets[run.start], shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1])
+            return [{}]
+        out = []
+        for runs in partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed):
+            out.append({})
+            for run in runs:
+                shard = self.shards[run.shard]
+                if run.size < shard.num_samples:
+                    out[-1][run.shard] = (shard.offsets[run.start],
+                                          shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1])
         return out
+
+    def _largest_copy(self, pieces: list[dict[int, tuple[int, int]]]) -> int:
+        """The largest copy any rank of the job may ask its cache for this epoch: the same number on
+        every rank, so that a budget too small for it is refused by every rank or by none (a rank
+        refusing alone would leave the others in a collective). Whole shards wherever a node owns
+        one whole, or reads one (global mode; after the node count changed), else pieces."""
+        if self._nodes == 1 or any(seg.nodes != self._nodes for seg in self._past):
+            return max(s.bytes for s in self.shards)
+        split = {i for node in pieces for i in node}
+        return max([end - start for node in pieces for start, end in node.values()]
+                   + [s.bytes for i, s in enumerate(self.shards) if i not in split])
 
     def _piece(self, read: dict, pieces: dict[int, tuple[int, int]]) -> Piece:
         """The cached copy a read comes from: the node's piece of the shard if it holds the read
@@ -467,13 +491,13 @@ class ClipLoader:
             shard = self.shards[r["shard"]]
             r["url"], r["size"], r["sha256"] = self.manifest.shard_url(shard), shard.bytes, shard.sha256
         if self.cache:  # refuse before downloading anything if the node's readers cannot fit
-            pieces = self._pieces(streams[0].node)
+            pieces = self._pieces()
             for r in reads:
-                r["piece"] = self._piece(r, pieces)
-            largest = max((r["piece"].nbytes for r in reads), default=0)
-            self.cache.reserve(self.local_size * self._workers * self.lookahead * largest,
+                r["piece"] = self._piece(r, pieces[streams[0].node])
+            largest, ahead = self._largest_copy(pieces), max(1, self.lookahead)
+            self.cache.reserve(self.local_size * self._workers * ahead * largest,
                                f"the lookahead of this node's {self.local_size} ranks x {self._workers} loader "
-                               f"workers x {self.lookahead} shards of up to {largest:,} bytes")
+                               f"workers x {ahead} shards of up to {largest:,} bytes")
         local = {r["shard"]: r["url"] for r in reads if local_path(r["url"]) is not None and not self.cache}
         fds, pool, batches = {}, None, None
         try:
@@ -496,6 +520,8 @@ class ClipLoader:
                                 worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
+                if isinstance(sent, CommandError):  # a worker's refusal (_refusals_as_batches)
+                    raise sent
                 self._done += 1
                 batch = self._batch(sent, pool, parts) | {"global_valid": global_valid}
                 yield unpack(batch, parts) if parts else batch
