@@ -2,7 +2,7 @@
 
 ``--kill`` (the default): for each ``--commit-every`` value, one ``trainer elastic`` job of three
 ranks on this machine (three names of 127.0.0.1, gloo, the tiny TSM of the tests, no DataLoader
-workers); rank 1 is killed with SIGKILL as it starts step ``--kill-at`` of epoch 0 and does not
+workers); rank 1 is killed with SIGKILL as it starts step ``--kill-at`` of the first epoch and does not
 come back. From the survivors' log and the clip log: the steps they redid (their last commit to
 the kill), the seconds from the kill to their first step as two, and the time a commit took.
 
@@ -108,7 +108,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--commit-cost", action="store_true", help="time a commit's copy instead of killing ranks")
     p.add_argument("--commit-every", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--kill-at", type=int, default=10, help="the step of epoch 0 rank 1 is killed at")
+    p.add_argument("--kill-at", type=int, default=10, help="the step of the first epoch rank 1 is killed at")
     p.add_argument("--gloo-timeout", type=int, default=20)
     p.add_argument("--data", help="shard set (default: 120 synthetic clips)")
     p.add_argument("--repeats", type=int, default=5)

@@ -46,11 +46,16 @@ def encode(field: np.ndarray, valid: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """(field, valid) from a stored PNG: the inverse of ``encode`` up to the quantisation."""
+def quantised(data: bytes) -> np.ndarray:
+    """The stored planes of a PNG as they are: (rows, columns, 3) uint8, q of u, q of v, validity."""
     image = Image.open(io.BytesIO(data))
     if image.mode != "RGB":
         raise ValueError(f"motion field is {image.mode}, not RGB")
-    planes = np.asarray(image)
+    return np.asarray(image)
+
+
+def decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(field, valid) from a stored PNG: the inverse of ``encode`` up to the quantisation."""
+    planes = quantised(data)
     field = (planes[..., :2].astype(np.float32) - 128) * np.float32(STEP)
     return field, planes[..., 2] > 127

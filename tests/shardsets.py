@@ -12,8 +12,10 @@ import time
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # not `import http`: http() below
 
+import numpy as np
 from PIL import Image
 
+from shards import motionfield
 from shards.manifest import Manifest, SplitInfo, digest
 from shards.packing import shard_name, write_shard
 from shards.tarformat import sample_bytes
@@ -30,12 +32,28 @@ def jpeg(colour, size=(64, 48)) -> bytes:
     return buf.getvalue()
 
 
-def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool):
-    """(key, label, sample_bytes) for ``count`` clips, two clips per video."""
+def uniform_field(u: float, v: float, size=(64, 48)) -> bytes:
+    """A ``shards.motionfield`` PNG of a frame of ``size`` whose every cell moved by (u, v)."""
+    cols, rows = motionfield.grid_size(*size)
+    return motionfield.encode(np.dstack([np.full((rows, cols), u), np.full((rows, cols), v)]),
+                              np.ones((rows, cols), dtype=bool))
+
+
+def frame_motion(sample: int, frame: int) -> tuple[float, float]:
+    """The uniform motion of a test frame's field: rightward, growing with the frame; v from the sample."""
+    return 2.0 + frame, float(sample % 5)
+
+
+def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool, motion: str | None):
+    """(key, label, sample_bytes) for ``count`` clips, two clips per video; with ``motion`` (a kind
+    of ``shards.motionfield``) a uniform field of ``frame_motion`` beside each frame."""
     for i in range(count):
         key = f"{split}_v{i // 2:04d}_c{i % 2:02d}"
         label = i % num_classes if labeled else -1
         members = [(f"{t:02d}.jpg", jpeg(frame_colour(i, t), size)) for t in range(frames)]
+        if motion:
+            members += [(motionfield.member(t, motion), uniform_field(*frame_motion(i, t), size))
+                        for t in range(frames)]
         if labeled:
             members.append(("cls", str(label).encode()))
         meta = {"source": f"videos/{key[:-4]}.mp4", "label": label, "clip": i % 2,
@@ -46,23 +64,25 @@ def clip_samples(split: str, count: int, num_classes: int, frames: int, size, la
 
 
 def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, num_classes: int = 3,
-                  frames: int = 8, size=(64, 48), unlabeled=("test",), classes: list[str] | None = None) -> Manifest:
+                  frames: int = 8, size=(64, 48), unlabeled=("test",), classes: list[str] | None = None,
+                  motion: str | None = None) -> Manifest:
     """Write ``splits`` ({name: clip count}) as shards of ``per_shard`` clips plus a manifest.
 
     Clip i of a split has label i % num_classes and frame t coloured ``frame_colour(i, t)``.
     ``classes``: the class names (default ``class0``, ``class1``, ...; their number overrides num_classes).
+    ``motion``: also a motion field of that kind per frame (``frame_motion``), as ``ingest build --motion``.
     """
     num_classes = len(classes) if classes else num_classes
     out = {}
     for split, count in splits.items():
-        samples = list(clip_samples(split, count, num_classes, frames, size, split not in unlabeled))
+        samples = list(clip_samples(split, count, num_classes, frames, size, split not in unlabeled, motion))
         shards = []
         for k, start in enumerate(range(0, count, per_shard)):
             name = shard_name(split, k)
             shards.append(write_shard(os.path.join(directory, name), name, samples[start:start + per_shard]))
         out[split] = SplitInfo(shards=shards)
     classes = classes or [f"class{c}" for c in range(num_classes)]
-    m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames}},
+    m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames, **({"motion": motion} if motion else {})}},
                  fingerprint=digest({"splits": splits, "per_shard": per_shard}))
     m.save(directory)
     with open(os.path.join(directory, "classes.txt"), "w") as f:

@@ -62,9 +62,9 @@ def wait_for(proc: subprocess.Popen, log: Path, what: str, found, timeout: float
 
 
 def rank0_mid_epoch(out: Path):
-    """(host, pid) of the process that logged rank 0's step 2 or later of epoch 0."""
+    """(host, pid) of the process that logged rank 0's step 2 or later of the first epoch."""
     for path in (out / "clips").glob("*.jsonl"):
-        if any(r["rank"] == 0 and r["epoch"] == 0 and r["batch"] >= 2 for r in read_file(str(path))):
+        if any(r["rank"] == 0 and r["epoch"] == 1 and r["batch"] >= 2 for r in read_file(str(path))):
             host, pid = path.stem.rsplit("-", 1)
             return host, int(pid)
     return None
@@ -126,13 +126,21 @@ def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
 
     # every epoch trained on every clip exactly once, the steps a rollback undid replaced
     clips = committed_clips(str(out))
-    assert sorted(clips) == list(range(EPOCHS))
+    assert sorted(clips) == list(range(1, EPOCHS + 1))
     for epoch, seen in clips.items():
         assert seen == split, (epoch, seen - split, split - seen)
     # so did the epoch summaries: the totals the dead rank had committed survive, undone steps never count
     epochs = {r["epoch"]: r for r in metrics.read(str(out / "metrics.jsonl")) if r["event"] == "epoch"}
     assert sorted(epochs) == list(range(1, EPOCHS + 1))
     assert [round(r["clips_per_s"] * r["epoch_time"]) for r in epochs.values()] == [CLIPS] * EPOCHS, epochs
+    # epochs are numbered from 1 everywhere: the rollback's and re-formations' log lines, the bar,
+    # the training records of metrics.jsonl (each in the epoch whose record closes it) and the clip log
+    said = [int(n) for n in re.findall(r"(?:back to the last commit, |ranks; )epoch (\d+)", output)]
+    assert said and said[0] == 1 and set(said) <= set(range(1, EPOCHS + 1)), said
+    assert {int(n) for n in re.findall(r"epoch (\d+)/%d" % EPOCHS, output)} == set(range(1, EPOCHS + 1))
+    ends = [r["step"] for r in epochs.values()]
+    trained = [r for r in metrics.read(str(out / "metrics.jsonl")) if r["event"] == "train"]
+    assert trained and all(r["epoch"] == 1 + sum(r["step"] > end for end in ends) for r in trained), trained
     records = read(str(out))
     sizes = [r["size"] for r in sorted(records, key=lambda r: r["generation"])]
     assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3

@@ -203,7 +203,8 @@ def test_torchvision_weights_land_in_the_right_layers(tmp_path, depth, wrap):
     head = model.fc.weight.clone(), model.fc.bias.clone()
     report = load_pretrained(model, str(tmp_path / "weights.pth"))
     backbone = sorted(k for k in shapes if not k.startswith("fc."))
-    assert report == {"loaded": backbone, "new": ["fc.weight", "fc.bias"], "ignored": ["fc.bias", "fc.weight"]}
+    assert report == {"loaded": backbone, "new": ["fc.weight", "fc.bias"], "ignored": ["fc.bias", "fc.weight"],
+                      "adapted": []}
     assert torch.equal(model.fc.weight, head[0]) and torch.equal(model.fc.bias, head[1])
     last, conv = len(model.backbone.layer4) - 1, "conv3" if depth == 50 else "conv2"
     assert torch.equal(getattr(model.backbone.layer4[last], conv).weight, state[f"layer4.{last}.{conv}.weight"])

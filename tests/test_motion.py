@@ -1,15 +1,21 @@
-"""TSM learns what a 2D network cannot: the direction of motion.
+"""TSM learns what a 2D network cannot, the direction of motion; so does a TSN on the stored motion fields.
 
 The real data path end to end: ``ingest synth`` videos whose four classes (a textured disc
 moving left, right, up or down over a textured background) differ only in motion, so any
-single frame fits every class -> ``ingest build`` (ffmpeg on Ray) -> shards -> loader ->
+single frame fits every class -> ``ingest build --motion mv`` (ffmpeg on Ray; the JPEGs are those
+of a build without motion, the codec's motion vectors stored beside them) -> shards -> loader ->
 ``trainer train``. The same short CPU run reaches high validation accuracy with the temporal
-shift and stays near chance (25%) without it (TSN: frames averaged, order never seen).
+shift and stays near chance (25%) without it (TSN: frames averaged, order never seen). A TSN of
+the motion stream (``--modality motion``), which sees each frame's field instead of its pixels,
+learns the direction in two epochs; it would stay at chance if the fields were zeros or belonged
+to other clips. Its checkpoint is then tested (``trainer test`` rebuilds the motion network and
+loader) and refused as the start of an RGB run.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +24,7 @@ import pytest
 from ingest.build import build
 from ingest.clips import ClipConfig
 from ingest.synth import synthesize
+from trainer import cli
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -27,14 +34,16 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 RUN = ["--segments", "4", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32",
        "--no-flip", "--batch-size", "16", "--epochs", "16", "--warmup-epochs", "1", "--lr-per-8", "0.1",
        "--workers", "0", "--print-freq", "8", "--no-tensorboard"]
+# the motion stream needs no motion features of its own: the field is the motion
+MOTION = ["--modality", "motion", "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8", "0.05"]
 
 
 def start(data, out, *extra) -> subprocess.Popen:
     out.mkdir()
     with open(out / "train.log", "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "trainer", "train", "--data", str(data), "--output-dir",
-                                 str(out), *RUN, *extra], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                 str(out), *RUN, *extra],
+                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def final_val_top1(proc: subprocess.Popen, out) -> float:
@@ -44,15 +53,80 @@ def final_val_top1(proc: subprocess.Popen, out) -> float:
     return [r for r in epochs if r["event"] == "epoch"][-1]["val_top1"]
 
 
-def test_tsm_learns_motion_direction_that_tsn_cannot(tmp_path):
-    videos, data = tmp_path / "videos", tmp_path / "shards"
+@pytest.fixture(scope="module")
+def direction_set(tmp_path_factory):
+    work = tmp_path_factory.mktemp("directions")
+    videos, data = work / "videos", work / "shards"
     synthesize(str(videos), classes=4, train_per_class=64, val_per_class=16, width=64, height=64, fps=10,
                seconds=2.0, workers=2)
-    summary = build(str(videos), str(data), ClipConfig(frames=4, clips_per_video=4, short_side=32),
+    summary = build(str(videos), str(data), ClipConfig(frames=4, clips_per_video=4, short_side=32, motion="mv"),
                     workers=2, shard_samples=64, splits=("train", "val"))
     assert summary.failed == 0 and summary.clips == 4 * 64 * 4 + 4 * 16
+    return data
 
-    runs = {"tsm": start(data, tmp_path / "tsm"), "tsn": start(data, tmp_path / "tsn", "--no-shift")}
-    tsm, tsn = (final_val_top1(proc, tmp_path / name) for name, proc in runs.items())
+
+@pytest.fixture(scope="module")
+def runs(direction_set, tmp_path_factory):
+    """The three runs, started side by side; a test waits for those it reads. Stops what is still running."""
+    work = tmp_path_factory.mktemp("runs")
+    procs = {"tsm": start(direction_set, work / "tsm"), "tsn": start(direction_set, work / "tsn", "--no-shift"),
+             "motion": start(direction_set, work / "motion", *MOTION)}
+    yield {name: (proc, work / name) for name, proc in procs.items()}
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_tsm_learns_motion_direction_that_tsn_cannot(runs):
+    tsm, tsn = (final_val_top1(*runs[name]) for name in ("tsm", "tsn"))
     assert tsm >= 90, f"TSM reached only {tsm:.1f}% (TSN {tsn:.1f}%)"
     assert tsn <= 50, f"TSN reached {tsn:.1f}%: single frames should not tell the direction"
+
+
+def test_a_motion_tsn_learns_the_direction_from_the_stored_fields(runs):
+    motion = final_val_top1(*runs["motion"])
+    assert motion >= 90, f"the motion stream's TSN reached only {motion:.1f}% (chance: 25%)"
+
+
+def test_trainer_test_rebuilds_the_motion_network_from_its_checkpoint(runs, direction_set, tmp_path):
+    proc, out = runs["motion"]
+    final_val_top1(proc, out)
+    report = tmp_path / "test.json"
+    assert cli.main(["test", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(direction_set),
+                     "--backend", "none", "--workers", "0", "--output", str(report)]) == 0
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["labeled_videos"] == 64 and summary["video_top1"] >= 90, summary
+
+
+def _without_fields(data, out):
+    """The same shard set, its manifest saying no motion was stored."""
+    out.mkdir()
+    for split in ("train", "val"):
+        (out / split).symlink_to(data / split)
+    manifest = json.loads((data / "manifest.json").read_text())
+    del manifest["config"]["clip"]["motion"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copy(data / "classes.txt", out / "classes.txt")
+    return out
+
+
+def test_motion_is_refused_in_one_line_without_fields_or_with_decoding_on_device(direction_set, tmp_path, capsys):
+    plain = _without_fields(direction_set, tmp_path / "plain")
+    cases = [(plain, [], f"{plain}: no motion fields for --modality motion; build the set with ingest build "
+                         "--motion mv (or flow)"),
+             (direction_set, ["--decode-on-device"], "--decode-on-device: the motion fields of --modality motion "
+                                                     "are PNGs decoded on the CPU")]
+    for i, (data, extra, message) in enumerate(cases):
+        status = cli.main(["train", "--data", str(data), "--output-dir", str(tmp_path / f"out{i}"),
+                           "--backend", "none", *RUN, *MOTION, *extra])
+        assert status == 2 and capsys.readouterr().err == f"trainer train: error: {message}\n"
+
+
+def test_resuming_the_motion_run_as_rgb_is_refused(runs, direction_set):
+    proc, out = runs["motion"]
+    final_val_top1(proc, out)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["train", "--data", str(direction_set), "--output-dir", str(out), "--resume", "--backend", "none",
+                  *RUN, "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8", "0.05"])
+    assert "--modality motion in the checkpoint, rgb now" in str(refused.value) and "\n" not in str(refused.value)

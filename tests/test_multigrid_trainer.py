@@ -88,7 +88,7 @@ def test_every_rank_trains_the_schedules_shape_at_every_step(runs):
     for record in r0:
         want = sched.at(record["step"])
         assert (record["epoch"], record["batch"], record["frames"], record["crop"]) == (
-            want.epoch, want.batch, want.shape.frames, want.shape.crop)
+            want.epoch + 1, want.batch, want.shape.frames, want.shape.crop)  # the trace counts epochs from 1
     shapes = {(r["frames"], r["crop"]) for r in r0}
     assert {(2, 16), (2, 23), (4, 32), (8, 16), (8, 32)} <= shapes  # both cycles really ran
     # the clip log (--clip-log) names each step's own clips, whatever its shape: every clip once an epoch
@@ -96,7 +96,7 @@ def test_every_rank_trains_the_schedules_shape_at_every_step(runs):
     assert sorted((c["rank"], c["step"]) for c in runs["clips"]) == sorted(batches)
     assert all(len(c["keys"]) + len(c["padding"]) == batches[(c["rank"], c["step"])] for c in runs["clips"])
     for epoch in range(sched.epochs):
-        assert sorted(k for c in runs["clips"] if c["epoch"] == epoch for k in c["keys"]) == sorted(runs["keys"])
+        assert sorted(k for c in runs["clips"] if c["epoch"] == epoch + 1 for k in c["keys"]) == sorted(runs["keys"])
     assert runs["final"]["epoch"] == sched.epochs
 
 

@@ -137,6 +137,26 @@ def test_a_mistake_gets_one_line_naming_the_thing_and_the_reason(answers, ident)
     assert p.returncode == status, (p.returncode, p.stderr)
 
 
+def test_a_refusal_on_one_rank_ends_every_rank_with_one_line(world, tmp_path):
+    """Two ranks under horovodrun, a cache budget too small on rank 1 alone: rank 1 says why in one
+    line; rank 0, whose next collective fails once rank 1 has left, says so in one line too; no
+    rank prints a traceback and the job ends (horovodrun's own report of the failed rank aside)."""
+    only_rank_1 = 'if [ "$HOROVOD_RANK" = 1 ]; then export SHARD_CACHE_BUDGET=1000; fi; exec "$@"'
+    trainer = [os.path.join(BIN, "trainer"), "train", "--data", f"{world['url']}/v1/datasets/tiny", "--cache-dir",
+               str(tmp_path / "cache"), "--output-dir", str(tmp_path / "run"), "--depth", "10", "--width", "4",
+               "--crop-size", "32", "--scale-size", "36", "--batch-size", "1", "--workers", "0"]
+    p = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "bash", "-c",
+                        only_rank_1, "rank", *trainer], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "FSSPEC_HTTP_HEADERS": world["auth"]})
+    lines = {r: [line.split(":", 1)[1] for line in (p.stdout + p.stderr).splitlines()
+                 if line.startswith(f"[{r}]<")] for r in (0, 1)}
+    assert p.returncode == 1, p.stderr[-3000:]
+    for r, says in ((1, "a cache budget of 1,000 bytes cannot hold"), (0, "rank 0: another rank of the job stopped")):
+        assert not [line for line in lines[r] if "Traceback" in line], lines[r]
+        errors = [line for line in lines[r] if "trainer train: error: " in line]
+        assert len(errors) == 1 and says in errors[0], lines[r]
+
+
 def test_nothing_was_made_by_a_refused_command(answers, world):
     root = world["root"]
     assert not os.path.exists(os.path.join(root, "typo.sqlite"))  # the catalog a typo named

@@ -2,6 +2,10 @@
 node stream through one budget smaller than their shares, the first batch comes while later
 shards still download, and each node downloads its pieces once in a run of several epochs."""
 import multiprocessing
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -12,6 +16,7 @@ import pytest
 from shards.cache import CacheFull
 from shards.manifest import Manifest
 from shardsets import make_shardset, serve
+from trainer import clip_log
 from trainer.data.loader import ClipLoader
 
 SMALL = dict(crop_size=32, scale_size=36, shuffle_buffer=1, batch_size=2)
@@ -69,6 +74,19 @@ def test_a_budget_below_the_nodes_lookahead_is_refused_before_any_download(forty
                                             r"2 ranks x 2 loader workers x 3 shards of up to [\d,]+ bytes \([\d,]+ bytes\)"):
             next(iter(loader))
         assert not [p for _, p in requests if p.endswith(".tar")]
+
+
+def test_a_refusal_in_a_loader_worker_comes_to_the_rank_as_its_one_line(forty, tmp_path):
+    """The up-front check switched off on this loader's cache, the budget is first met in a loader
+    worker: the rank raises the cache's own one-line CacheFull, not PyTorch's re-raise of it with
+    the worker's traceback for its message."""
+    with serve(forty) as (url, _):
+        loader = ClipLoader(url, "train", num_workers=1, cache_dir=str(tmp_path), cache_budget=1000, **SMALL)
+        loader.cache.reserve = lambda nbytes, what: None  # the worker inherits it: the budget itself refuses there
+        with pytest.raises(CacheFull) as refused:
+            next(iter(loader))
+    assert re.fullmatch(rf"{tmp_path}: this process pins 0 of the 1,000-byte budget; no room for [\d,]+ more",
+                        str(refused.value)), str(refused.value)
 
 
 def wait_for(condition, what, seconds=60):
@@ -154,13 +172,38 @@ def test_node_affine_resume_with_other_nodes_covers_the_epoch_once(forty, before
     assert len(got) == 40 and set(got.values()) == {1}
 
 
-@pytest.mark.parametrize("rank,size,local,nodes,node,expect", [
-    (4, 6, 3, 2, 1, 3),  # 2 hosts x 3 slots: nodes of 3
-    (0, 2, 1, 2, 0, 1),  # test_cluster_horovod's two single-slot "hosts"
-    (0, 5, 2, 3, 0, 1),  # hosts of 2, 2 and 1: every rank its own node
-    (4, 5, 1, 3, 2, 1),
-    (2, 4, 2, 2, 0, 1),  # ranks not placed host by host
+@pytest.mark.parametrize("hosts,expect", [
+    ("aaabbb", 3),  # 2 hosts x 3 slots: nodes of 3
+    ("ab", 1),  # test_cluster_horovod's two single-slot "hosts"
+    ("aabbc", 1),  # hosts of 2, 2 and 1: every rank its own node
+    ("abbccc", 1),  # 1, 2 and 3 ranks (the old per-rank guess gave host c's middle rank 3)
+    ("aab", 1),  # -H localhost:2,127.0.0.1:1
+    ("abab", 1),  # ranks not placed host by host
+    ("aaaa", 4),
+    ("a", 1),
 ])
-def test_the_node_size_the_loader_gets(rank, size, local, nodes, node, expect):
+def test_every_rank_derives_the_same_node_size_from_the_gathered_hosts(hosts, expect):
     from trainer.distributed.backends import node_size
-    assert node_size(rank, size, local, nodes, node) == expect
+    assert node_size(list(hosts)) == expect
+
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def test_hosts_of_unequal_rank_counts_agree_and_cover_the_epoch_once(forty, tmp_path):
+    """horovodrun -np 3 -H localhost:2,127.0.0.1:1: node-affine epochs over hosts of 2 and 1 ranks.
+    Every rank takes the one layout the gathered hosts give (every rank a node of its own), rank 0
+    says so once, and the epoch's steps (the clip log) train on every clip exactly once."""
+    out = tmp_path / "run"
+    p = subprocess.run([HOROVODRUN, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--gloo", sys.executable, "-m",
+                        "trainer", "train", "--data", forty, "--output-dir", str(out), "--shuffle", "node",
+                        "--val-split", "", "--epochs", "1", "--depth", "10", "--width", "4", "--crop-size", "32",
+                        "--scale-size", "36", "--batch-size", "2", "--workers", "0", "--no-tensorboard", "--clip-log"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    said = [line for line in p.stderr.splitlines() if "node-affine epochs take every rank as a node" in line]
+    assert len(said) == 1 and said[0].startswith("[0]") and "(localhost 2, 127.0.0.1 1)" in said[0], said
+    records = clip_log.read(str(out))
+    assert sorted(r["rank"] for r in records if r["batch"] == 0) == [0, 1, 2]
+    trained = Counter(k for r in records for k in r["keys"])
+    assert trained == Counter(k for s in Manifest.load(forty).splits["train"].shards for k in s.keys)

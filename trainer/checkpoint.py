@@ -24,7 +24,7 @@ NAME = "checkpoint.pt"
 MODEL_FIELDS = ("shift", "segments", "shift_div", "depth", "width", "num_classes")
 # flags a resumed run cannot take other than the checkpoint's: the optimizer state or the step
 # sequence it saved would not fit (docs/faults.md); (concern, field)
-REFUSED = (("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
+REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
 # (the shard set itself is checked by its fingerprint)
 INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("data", "lookahead"),

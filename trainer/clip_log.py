@@ -4,7 +4,8 @@ training step of every process trained on, and what they prove.
 Every process appends, before each training step, one JSON line to
 ``OUTPUT_DIR/clips/<host>-<pid>.jsonl`` (``host`` as horovodrun names the slot):
 ``{"time", "epoch", "batch", "step", "rank", "size", "clips_seen", "keys", "padding", "weights"}``
-and, under ``trainer elastic``, ``"generation"``. ``batch`` is the step's index in its epoch,
+and, under ``trainer elastic``, ``"generation"``. ``epoch`` is counted from 1 (as in the log and
+metrics.jsonl), ``batch`` is the step's index in its epoch,
 ``step`` the run's, ``clips_seen`` the real clips of every earlier step (the learning rate's
 position), ``keys`` the real clips the step trains on, ``padding`` the keys of the repeats that
 fill its batch and ``weights`` a digest of the weights it starts from (hashing them costs a copy
@@ -56,7 +57,7 @@ class ClipLog(Hook):
 
     def before_step(self, t, batch: dict) -> None:
         valid = batch["valid"].tolist()
-        record = {"time": round(time.time(), 3), "epoch": t.epoch, "batch": t.batch, "step": t.step,
+        record = {"time": round(time.time(), 3), "epoch": t.epoch + 1, "batch": t.batch, "step": t.step,
                   "rank": t.backend.rank, "size": t.backend.size, "clips_seen": t.engine.clips_seen,
                   "keys": [k for k, v in zip(batch["keys"], valid, strict=True) if v],
                   "padding": [k for k, v in zip(batch["keys"], valid, strict=True) if not v],

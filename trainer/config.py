@@ -41,6 +41,10 @@ MULTIGRID = ("off", "long", "short", "both")
 SHUFFLES = ("auto", "global", "node")
 GROWTH = ("off", "points", "decay", "noise")  # trainer.schedules.batch_growth's modes, or none
 DEPTHS = (10, 18, 34, 50, 101, 152)
+# what a clip's frames are to the network, and its input channels per frame: RGB pixels, or the
+# motion field stored beside each frame (``ingest build --motion``; u and v, trainer.data.motion)
+CHANNELS = {"rgb": 3, "motion": 2}
+MODALITIES = tuple(CHANNELS)
 
 
 def flag(default=dataclasses.MISSING, help: str | None = None, *, spelling: str | None = None, **argparse_options):
@@ -75,6 +79,9 @@ class Data:
                              choices=("auto", "never", "always"))
     decode_on_device: bool = flag(False, "decode JPEGs on the GPU with nvJPEG (needs torchvision): loader workers "
                                          "only read bytes and parse headers")
+    modality: str = flag("rgb", "what the network sees of each frame: its RGB pixels, or (two-stream's motion "
+                                "stream) the motion field stored beside it by ingest build --motion mv|flow, "
+                                "cropped, flipped and resized as the frame would be", choices=MODALITIES)
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,9 @@ class Model:
     shift: bool = flag(True, "TSN: no temporal shift", spelling="--no-shift")
     shift_div: int = flag(8, "shift 1/div of channels each way")
     dropout: float = flag(0.0, "before the head (0 for the large-batch recipe)")
-    pretrained: str | None = flag(None, "torchvision-format ResNet state dict to start from")
+    pretrained: str | None = flag(None, "torchvision-format ResNet state dict, or a checkpoint.pt of trainer train, "
+                                        "to start the backbone from (RGB weights for --modality motion: the first "
+                                        "layer averaged over its channels, TSN's cross-modality initialisation)")
     bn: str = flag("train", "partial: freeze every BN layer but the first (TSM's partial BN, for fine-tuning on small "
                             "datasets); frozen: freeze all, normalising with running statistics", choices=BN_MODES)
 

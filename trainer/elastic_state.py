@@ -22,7 +22,6 @@ import time
 from horovod.common.elastic import State
 
 from . import metrics
-from .distributed.backends import node_size
 from .hooks import Hook
 from .schedules import recipe
 
@@ -52,6 +51,7 @@ class ElasticState(State, Hook):
         self.totals = metrics.StepTotals().values  # the epoch's at the last commit, summed over the ranks
         self.generation = 0
         self.resets = 0
+        self.reformed = 0  # the ring's size before a re-formation sync has not announced yet
         self.commits, self.commit_seconds, self.steps_lost = 0, 0.0, 0
         self.saved: dict = {}
         self.save()
@@ -87,24 +87,31 @@ class ElasticState(State, Hook):
         self._load_small(self.saved)
         self.steps_lost += lost
         log.info("rank %d: a rank failed; back to the last commit, epoch %d batch %d (step %d): %d steps lost",
-                 t.backend.rank, t.epoch, t.batch, t.step, lost)
+                 t.backend.rank, t.epoch + 1, t.batch, t.step, lost)
 
     def sync(self) -> None:
         """Every rank at rank 0's state (a joining rank gets it here), which becomes the commit."""
         t = self.t
+        t.backend.agree_on_nodes()  # the ring's node layout, before the loader's position is loaded for it
+        t.train_loader.local_size = t.backend.local_size
         small, generation = t.backend.broadcast_object((self._small(), self.generation))
         self.generation = generation + 1
         self._load_small(small)
         t.backend.broadcast_state(t.engine.model, t.engine.optimizer)
         self.save()
+        if self.reformed and t.rank0:
+            log.info("ring re-formed: %d -> %d ranks; epoch %d continues at batch %d, %d batches left; "
+                     "global batch %d, lr %.3g", self.reformed, t.backend.size, t.epoch + 1, t.batch,
+                     len(t.train_loader), t.engine.global_batch, t.engine.lr)
+        self.reformed = 0
 
     def reset(self) -> None:
         """After Horovod re-formed the ring, before ``sync``: rank, size, loaders and recipe for the
         new world size, from the last commit (rolled back to, or just made)."""
         t, b, hvd = self.t, self.t.backend, self.hvd
-        before = b.size
+        self.reformed = b.size  # said in sync, once the ring agreed on its nodes
         b.rank, b.size, b.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
-        b.local_size = node_size(b.rank, b.size, hvd.local_size(), hvd.cross_size(), hvd.cross_rank())
+        b.local_ranks, b.local_size = hvd.local_size(), 1  # the node layout: agreed in sync
         was_rank0, t.rank0 = t.rank0, b.rank == 0
         t.make_loaders(t.train_loader.manifest)
         t.train_loader.load_state_dict(self.saved["loader"])
@@ -113,10 +120,6 @@ class ElasticState(State, Hook):
         if t.rank0 != was_rank0:  # the metrics log moves with rank 0
             t.open_log()
         self.resets += 1
-        if t.rank0:
-            log.info("ring re-formed: %d -> %d ranks; epoch %d continues at batch %d, %d batches left; "
-                     "global batch %d, lr %.3g", before, b.size, t.epoch, t.batch, len(t.train_loader),
-                     t.engine.global_batch, t.engine.lr)
 
     def at_boundary(self, t) -> None:
         """At every step boundary (``t.batch`` > 0) and every epoch end (``t.batch`` == 0): commit

@@ -45,16 +45,17 @@ class Engine:
     """Builds the network and its optimizer for one rank from the model, recipe and system configs."""
 
     def __init__(self, backend: Backend, num_classes: int, epoch_clips: int, *, model: Model, recipe: Recipe,
-                 system: System, batch_size: int, epochs: int | None = None, bn_group: int = 0):
+                 system: System, batch_size: int, epochs: int | None = None, bn_group: int = 0,
+                 modality: str = "rgb"):
         """``batch_size``: clips per rank per step; ``epochs``: the run's (default ``recipe.epochs``; a
         multigrid run's are its plan's); ``bn_group``: clips per BN statistics group in training (0: the
-        whole batch)."""
+        whole batch); ``modality``: what the clips are (``trainer.config.CHANNELS``)."""
         self.backend, self.recipe, self.batch_size, self.bn_mode = backend, recipe, batch_size, model.bn
         self.device = pick_device(backend)
         self.amp = amp_dtype(system.amp, self.device)
         self.config = ModelConfig(num_classes=num_classes, segments=model.segments, depth=model.depth,
                                   width=model.width, shift=model.shift, shift_div=model.shift_div,
-                                  dropout=model.dropout)
+                                  dropout=model.dropout, modality=modality)
         channels_last = self.device.type == "cuda" if system.channels_last is None else system.channels_last
         self.model = build(self.config, bn=model.bn, channels_last=channels_last, bn_group=bn_group)
         if model.pretrained and backend.rank == 0:
@@ -149,7 +150,7 @@ class Engine:
         return "\n".join([
             f"backend {b.name}: {b.size} rank(s), device {self.device}, amp {self.amp}, "
             f"channels-last {self.model.channels_last}",
-            f"model: {'TSM' if c.shift else 'TSN'} ResNet-{c.depth} width {c.width}, {c.segments} frames, "
+            f"model: {'TSM' if c.shift else 'TSN'} ({c.modality}) ResNet-{c.depth} width {c.width}, {c.segments} frames, "
             f"shift 1/{c.shift_div}, dropout {c.dropout}, BN {self.bn_mode}, {c.num_classes} classes, "
             f"{params / 1e6:.2f} M parameters",
             f"recipe: global batch {self.global_batch} ({self.batch_size} x {b.size}), peak lr {self.peak_lr:g} "

@@ -129,11 +129,11 @@ def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, d
         raise ConfigError(f"{data}: classes differ from the checkpoint's ({network['url']})")
     if ev.split not in manifest.splits:  # every rank has the manifest: all refuse alike
         raise UsageError(f"{data}: no split {ev.split!r} (--split); the set has {', '.join(manifest.splits)}")
-    workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_size)
+    workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_ranks)
     loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
                         world_size=backend.size, train=False, num_workers=workers,
                         crop_size=ev.crop_size or trained.crop_size, scale_size=ev.scale_size or trained.scale_size,
-                        eval_crops=ev.crops, decode_on_device=ev.decode_on_device)
+                        eval_crops=ev.crops, decode_on_device=ev.decode_on_device, modality=model.config.modality)
     local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
     return VideoScores.merged(backend.all_gather_object(local))
 
@@ -175,7 +175,7 @@ def main(ev: config.Evaluation) -> int:
         raise UsageError(f"--weights: one per --fuse run ({len(runs) if ev.fuse else 0}), not all zero; "
                          f"got {' '.join(map(str, weights))}")
     backend = distributed.init(ev.backend)
-    cores.cap_threads(backend.local_size)
+    cores.cap_threads(backend.local_ranks)
     device = pick_device(backend)
     networks = [load_network(resolve_run(run), backend) for run in runs]
     for run, network in zip(runs[1:], networks[1:]):

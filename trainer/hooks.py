@@ -74,7 +74,7 @@ class PeriodicCheckpoint(Hook):
 
 class StepTrace(Hook):
     """``--trace-steps``: one JSON line per optimizer step on every rank, to compare ranks and runs:
-    the step's epoch, batch shape and rate, the weights' sum after it, and the loss, the clips seen
+    the step's epoch (from 1), batch shape and rate, the weights' sum after it, and the loss, the clips seen
     before it and whether the ranks hold different models (K-step averaging)."""
 
     def __init__(self, output_dir: str, rank: int):
@@ -85,7 +85,7 @@ class StepTrace(Hook):
         clips, model = step["clips"], t.engine.model
         with torch.no_grad():
             checksum = torch.stack([p.double().sum() for p in model.parameters()]).sum().item()  # one device sync
-        record = {"step": t.step, "epoch": t.epoch, "batch": clips.shape[0], "frames": clips.shape[1],
+        record = {"step": t.step, "epoch": t.epoch + 1, "batch": clips.shape[0], "frames": clips.shape[1],
                   "crop": clips.shape[-1], "lr": step["lr"], "weights": checksum, "seen": step["seen"],
                   "loss": step["loss"], "drifted": t.regime.drifted}
         self.file.write(json.dumps(record) + "\n")

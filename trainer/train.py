@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from shards.direct import load_manifest
-from shards.errors import UsageError
+from shards.errors import CommandError, UsageError
 from shards.manifest import Manifest
 
 from . import checkpoint, config, metrics
@@ -88,21 +88,23 @@ class Trainer:
         d, s = cfg.data, cfg.system
         self.backend = distributed.init(s.backend)
         self.rank0 = self.backend.rank == 0
-        self.threads = cores.cap_threads(self.backend.local_size)
+        self.threads = cores.cap_threads(self.backend.local_ranks)
+        if not elastic:  # (an elastic ring agrees in its sync)
+            self.backend.agree_on_nodes()
         if not elastic:  # ranks of an elastic job join its directory at any time, the run in it theirs
             prepare_output(s, self.rank0)
         torch.manual_seed(s.seed + self.backend.rank)
         manifest = load_manifest(d.data, d.direct_reads) if elastic else shared_manifest(
             d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads)
         check_splits(manifest, d)
-        self.cfg = cfg = fit_to_data(manifest, cfg, self.backend.local_size, self.rank0)
+        self.cfg = cfg = fit_to_data(manifest, cfg, self.backend.local_ranks, self.rank0)
         d = cfg.data
         samples = manifest.splits[d.train_split].num_samples
         self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
         self.make_loaders(manifest)
         self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples, model=cfg.model,
                              recipe=cfg.recipe, system=s, batch_size=d.batch_size, epochs=self.regime.epochs,
-                             bn_group=self.regime.bn_group)
+                             bn_group=self.regime.bn_group, modality=d.modality)
         self.regime.attach(self.engine, lambda: self.train_loader)
         self.clips = clip_source(d.decode_on_device, self.engine.device)
         # the features around the loop, in the order they run (trainer.hooks); the regime decided
@@ -118,6 +120,8 @@ class Trainer:
             self.hooks.append(PreciseBN(cfg.schedules.precise_bn))
         if s.checkpoint_steps:
             self.hooks.append(PeriodicCheckpoint(s.checkpoint_steps))
+        # epochs finished (the checkpoint's position); what people read (log lines, the bar, metrics,
+        # --clip-log, --trace-steps) numbers the epoch in progress from 1: epoch + 1
         self.epoch, self.batch, self.step = 0, 0, 0
         self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
@@ -143,7 +147,7 @@ class Trainer:
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
                           shuffle=("node" if a.cache_dir else "global") if a.shuffle == "auto" else a.shuffle,
                           local_size=self.backend.local_size, lookahead=a.lookahead,
-                          decode_on_device=a.decode_on_device,
+                          decode_on_device=a.decode_on_device, modality=a.modality,
                           shapes=None if full_shape else self.regime.shapes)
 
     def start(self) -> None:
@@ -279,7 +283,7 @@ def prepare_output(system: config.System, rank0: bool) -> None:
         log.info("--overwrite: deleted %s from %s", ", ".join(found), system.output_dir)
 
 
-def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_size: int, rank0: bool) -> config.TrainConfig:
+def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_ranks: int, rank0: bool) -> config.TrainConfig:
     """The flags the shard set decides: frames per clip (--segments) from the manifest when not
     given, and refused when the clips have another count; loader workers from the cores when not
     given; a warning when crops are larger than the stored frames (they would be upscaled)."""
@@ -296,7 +300,7 @@ def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_size: int, ra
         log.warning("--crop-size %d / --scale-size %d: the frames of %s are %d pixels on their short side, so "
                     "they are upscaled (--scale-size %d --crop-size %d would crop them as stored)",
                     d.crop_size, d.scale_size, d.data, short, short, short * d.crop_size // d.scale_size)
-    workers = d.workers if d.workers is not None else cores.default_workers(local_size)
+    workers = d.workers if d.workers is not None else cores.default_workers(local_ranks)
     return cfg.replace(model=dataclasses.replace(m, segments=m.segments or stored),
                        data=dataclasses.replace(d, workers=workers))
 
@@ -368,7 +372,7 @@ class Progress:
                              compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
         if t.step % t.cfg.system.print_freq == 0:
             w = self.window.reduce(t.backend.all_sum).summary()
-            t.log.log("train", t.step, epoch=t.epoch, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
+            t.log.log("train", t.step, epoch=t.epoch + 1, clips=e.clips_seen, loss=w["loss"], lr=e.lr,
                       clips_per_s=w["clips_per_s"], data_time=w["data_time"], compute_time=w["compute_time"])
             self.window = metrics.StepTotals()
 
@@ -506,6 +510,13 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
             log.info("done: checkpoint %s, metrics %s (trainer plot %s draws them)", t.checkpoint_url,
                      os.path.join(cfg.system.output_dir, "metrics.jsonl"), cfg.system.output_dir)
         return 128 + signum if signum else 0
+    except Exception as error:
+        if t is None or elastic is not None or not isinstance(error, t.backend.peer_lost):
+            raise
+        # Horovod shuts the job down when a rank exits (a refusal of its own, a crash): this rank's
+        # next collective fails at once, and it says so in one line instead of a traceback
+        raise CommandError(f"rank {t.backend.rank}: another rank of the job stopped, so this one cannot go on "
+                           "(that rank's own error says why)") from None
     finally:
         stop.restore()
         if t is not None:

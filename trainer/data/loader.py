@@ -23,6 +23,8 @@ repeats); ``global_valid``, the real clips in this batch and the same batch of e
 together (one optimizer step's, for the loss weights and the clips seen).
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.data.device_decode``.
+With ``modality="motion"`` the clips are the samples' stored motion fields rendered with the
+geometry their frames would get (``trainer.data.motion``): (B, T, 2, H, W), the rest alike.
 With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batches hold
 ``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
 crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
@@ -46,10 +48,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import partition
 from shards.direct import load_manifest
-from shards.manifest import Manifest
 from shards.cache import Piece, ShardCache
+from shards.errors import CommandError, UsageError
+from shards.manifest import Manifest
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 
+from .motion import MotionTransform
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
 from .transforms import EvalTransform, TrainTransform, jpeg_size
@@ -152,8 +156,14 @@ def _pack_jpegs(samples) -> dict:
             "flip": torch.tensor([g.flip for g in geometries], dtype=torch.bool)}
 
 
-def _frames(sample) -> list[bytes]:
-    return [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
+def _refusals_as_batches(batches):
+    """Stage, in a loader worker: a refusal (``CommandError``, such as ``CacheFull``) takes the place of
+    the next batch, so the rank raises it with its own one-line message (PyTorch would re-raise it
+    with the worker's traceback as its message)."""
+    try:
+        yield from batches
+    except CommandError as refusal:
+        yield refusal
 
 
 class _Streams(IterableDataset):
@@ -173,7 +183,7 @@ class _Streams(IterableDataset):
         rngs = [partition.rng_for("augment", self.seed, self.epoch, k) for k in keys]
         out = {"keys": keys, "labels": [int(s["cls"]) if "cls" in s else -1 for s in samples],
                "valid": [s["__local__"] < self.plan["valid_locals"] for s in samples]}
-        frames = [_frames(s) for s in samples]
+        frames = [self.transform.members(s) for s in samples]
         if self.decode_on_device:  # only the headers are parsed here
             return out | _pack_jpegs([{"jpegs": f, "geometry": self.transform.geometry(*jpeg_size(f[0]), rng)}
                                       for f, rng in zip(frames, rngs)])
@@ -212,7 +222,7 @@ class _Streams(IterableDataset):
             wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(self._decode),
         )
-        return iter(pipeline)
+        return _refusals_as_batches(pipeline) if info else iter(pipeline)
 
 
 class ClipLoader:
@@ -245,7 +255,8 @@ class ClipLoader:
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", local_size: int = 1,
-                 lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never"):
+                 lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
+                 modality: str = "rgb"):
         self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
         self.split = split
         self.shards = self.manifest.splits[split].shards
@@ -267,6 +278,18 @@ class ClipLoader:
             batch_size = self.batch_size = self.shapes.batch_size(epoch)
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
+        self.modality = modality
+        if modality == "motion":  # the clips' stored motion fields, with the geometry of their frames
+            where = self.manifest.base or "the shard set"
+            if self.manifest.motion == "none":
+                raise UsageError(f"{where}: no motion fields for --modality motion; build the set with "
+                                 "ingest build --motion mv (or flow)")
+            if decode_on_device:
+                raise UsageError("--decode-on-device: the motion fields of --modality motion are PNGs decoded on "
+                                 "the CPU")
+            self.transform = MotionTransform(self.transform, self.manifest.motion)
+        elif modality != "rgb":
+            raise ValueError(f"modality {modality!r} not rgb or motion")
         if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
             raise ValueError(f"split {split!r} cannot fill one batch of {batch_size} on each of {world_size} "
                              "ranks; use remainder='pad'")
@@ -415,17 +438,31 @@ class ClipLoader:
                 "videos": [video_id(k) for k in sent["keys"]],
                 "valid": torch.tensor(sent["valid"], dtype=torch.bool)}
 
-    def _pieces(self, node: int) -> dict[int, tuple[int, int]]:
-        """What the node's cache holds of each shard it owns (node-affine): the byte range of its
-        samples there, when that is not the whole shard."""
+    def _pieces(self) -> list[dict[int, tuple[int, int]]]:
+        """What each node's cache holds of each shard it owns (node-affine): the byte range of its
+        samples there, when that is not the whole shard; one dict per node."""
         if self._nodes == 1:
-            return {}
-        out = {}
-        for run in partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed)[node]:
-            shard = self.shards[run.shard]
-            if run.size < shard.num_samples:
-                out[run.shard] = (shard.offsets[run.start], shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1])
+            return [{}]
+        out = []
+        for runs in partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed):
+            out.append({})
+            for run in runs:
+                shard = self.shards[run.shard]
+                if run.size < shard.num_samples:
+                    out[-1][run.shard] = (shard.offsets[run.start],
+                                          shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1])
         return out
+
+    def _largest_copy(self, pieces: list[dict[int, tuple[int, int]]]) -> int:
+        """The largest copy any rank of the job may ask its cache for this epoch: the same number on
+        every rank, so that a budget too small for it is refused by every rank or by none (a rank
+        refusing alone would leave the others in a collective). Whole shards wherever a node owns
+        one whole, or reads one (global mode; after the node count changed), else pieces."""
+        if self._nodes == 1 or any(seg.nodes != self._nodes for seg in self._past):
+            return max(s.bytes for s in self.shards)
+        split = {i for node in pieces for i in node}
+        return max([end - start for node in pieces for start, end in node.values()]
+                   + [s.bytes for i, s in enumerate(self.shards) if i not in split])
 
     def _piece(self, read: dict, pieces: dict[int, tuple[int, int]]) -> Piece:
         """The cached copy a read comes from: the node's piece of the shard if it holds the read
@@ -454,13 +491,13 @@ class ClipLoader:
             shard = self.shards[r["shard"]]
             r["url"], r["size"], r["sha256"] = self.manifest.shard_url(shard), shard.bytes, shard.sha256
         if self.cache:  # refuse before downloading anything if the node's readers cannot fit
-            pieces = self._pieces(streams[0].node)
+            pieces = self._pieces()
             for r in reads:
-                r["piece"] = self._piece(r, pieces)
-            largest = max((r["piece"].nbytes for r in reads), default=0)
-            self.cache.reserve(self.local_size * self._workers * self.lookahead * largest,
+                r["piece"] = self._piece(r, pieces[streams[0].node])
+            largest, ahead = self._largest_copy(pieces), max(1, self.lookahead)
+            self.cache.reserve(self.local_size * self._workers * ahead * largest,
                                f"the lookahead of this node's {self.local_size} ranks x {self._workers} loader "
-                               f"workers x {self.lookahead} shards of up to {largest:,} bytes")
+                               f"workers x {ahead} shards of up to {largest:,} bytes")
         local = {r["shard"]: r["url"] for r in reads if local_path(r["url"]) is not None and not self.cache}
         fds, pool, batches = {}, None, None
         try:
@@ -472,7 +509,8 @@ class ClipLoader:
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
-                                               self.transform.flip)
+                                               self.transform.flip, self.manifest.motion if self.modality == "motion"
+                                               else None)
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
                                self.decode_on_device, pool, renderer, self.cache, self.lookahead)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
@@ -482,6 +520,8 @@ class ClipLoader:
                                 worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
+                if isinstance(sent, CommandError):  # a worker's refusal (_refusals_as_batches)
+                    raise sent
                 self._done += 1
                 batch = self._batch(sent, pool, parts) | {"global_valid": global_valid}
                 yield unpack(batch, parts) if parts else batch

@@ -28,29 +28,32 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .motion import MotionTransform
 from .transforms import TrainTransform
 
 
 @dataclass(frozen=True)
 class Part:
-    """``clips`` clips of ``frames`` x ``crop`` x ``crop`` pixels: one iteration of a loader batch."""
+    """``clips`` clips of ``frames`` x ``crop`` x ``crop`` pixels of ``channels`` each (3: RGB; 2: a
+    motion field, ``trainer.data.motion``): one iteration of a loader batch."""
     clips: int
     frames: int
     crop: int
+    channels: int = 3
 
     @property
     def clip_shape(self) -> tuple[int, int, int, int]:
-        return self.frames, self.crop, self.crop, 3
+        return self.frames, self.crop, self.crop, self.channels
 
     @property
     def nbytes(self) -> int:
         return self.clips * math.prod(self.clip_shape)
 
 
-def epoch_parts(schedule, epoch: int) -> tuple[Part, ...]:
+def epoch_parts(schedule, epoch: int, channels: int = 3) -> tuple[Part, ...]:
     """The parts of every loader batch of ``epoch``: one per shape of its phase's cycle."""
     phase = schedule.epoch_phase[epoch]
-    return tuple(Part(schedule.batch * s.factor, s.frames, s.crop) for s in phase.cycle)
+    return tuple(Part(schedule.batch * s.factor, s.frames, s.crop, channels) for s in phase.cycle)
 
 
 def clip_frames(stored: int, frames: int, offset: int) -> list[int]:
@@ -71,12 +74,19 @@ def parts_nbytes(parts: tuple[Part, ...]) -> int:
 
 class PartsRenderer:
     """Decodes one loader batch into its parts; ``crop_size`` and ``scale_size`` are those of the
-    full shape, which the parts' own are scaled from."""
+    full shape, which the parts' own are scaled from; ``motion``: the kind of motion field rendered
+    instead of the frames (``trainer.data.motion``), or None for RGB."""
 
-    def __init__(self, parts: tuple[Part, ...], crop_size: int, scale_size: int, flip: bool):
+    def __init__(self, parts: tuple[Part, ...], crop_size: int, scale_size: int, flip: bool,
+                 motion: str | None = None):
         self.parts = parts
         self.transforms = [TrainTransform(p.crop, max(1, round(scale_size * p.crop / crop_size)), flip)
                            for p in parts]
+        if motion:
+            self.transforms = [MotionTransform(t, motion) for t in self.transforms]
+        for part, transform in zip(parts, self.transforms):
+            if part.channels != transform.channels:
+                raise ValueError(f"parts of {part.channels} channels rendered as {transform.channels}")
 
     @property
     def clips(self) -> int:
@@ -87,7 +97,8 @@ class PartsRenderer:
         return parts_nbytes(self.parts)
 
     def render(self, frames: list[list[bytes]], rngs: list[random.Random], pixels: np.ndarray) -> None:
-        """Clip i's stored JPEG frames ``frames[i]`` (drawing from ``rngs[i]``) into the flat ``pixels``."""
+        """Clip i's stored frames ``frames[i]`` (its transform's ``members``; drawing from ``rngs[i]``)
+        into the flat ``pixels``."""
         if len(frames) != self.clips:
             raise ValueError(f"a loader batch of {len(frames)} clips for parts of {self.clips}")
         clip, offset = 0, 0
@@ -120,14 +131,15 @@ def unpack(batch: dict, parts: tuple[Part, ...]) -> dict:
 class EpochShapes:
     """What the loader needs of a multigrid schedule: each epoch's loader batch as parts, and the
     largest loader batch in bytes (the size of its shared-memory slots). ``schedule``: a
-    ``trainer.schedules.multigrid.Schedule`` (read, never imported: the data room stands below the schedules)."""
+    ``trainer.schedules.multigrid.Schedule`` (read, never imported: the data room stands below the schedules);
+    ``channels`` per pixel of the modality trained (``trainer.config.CHANNELS``)."""
 
-    def __init__(self, schedule):
-        self.schedule = schedule
-        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e)) for e in range(schedule.epochs))
+    def __init__(self, schedule, channels: int = 3):
+        self.schedule, self.channels = schedule, channels
+        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e, channels)) for e in range(schedule.epochs))
 
     def parts(self, epoch: int):
-        return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1))
+        return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1), self.channels)
 
     def batch_size(self, epoch: int) -> int:
         return self.schedule.period(self.schedule.epoch_phase[min(epoch, self.schedule.epochs - 1)])

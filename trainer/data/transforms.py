@@ -163,9 +163,14 @@ class _Transform:
     ``out`` is (T, side, side, 3) for one view, (views, T, side, side, 3) for several."""
 
     views = 1
+    channels = 3
 
     def shape(self, frames: int) -> tuple[int, ...]:
-        return ((self.views,) if self.views > 1 else ()) + (frames, self.side, self.side, 3)
+        return ((self.views,) if self.views > 1 else ()) + (frames, self.side, self.side, self.channels)
+
+    def members(self, sample: dict) -> list[bytes]:
+        """A sample's JPEG frames in order: what ``into`` renders."""
+        return [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
 
     def __call__(self, jpegs: list[bytes], rng: random.Random | None = None) -> np.ndarray:
         out = np.empty(self.shape(len(jpegs)), dtype=np.uint8)

@@ -18,19 +18,25 @@ same for both. Launching:
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
 import os
+import socket
 
 import torch
 from torch import nn
 
 
-def node_size(rank: int, size: int, local_size: int, nodes: int, node: int) -> int:
-    """``local_size`` when the job looks like ``nodes`` nodes of ``local_size`` consecutive ranks from
-    here (node n: ranks n x local_size ...), else 1 (every rank a node of its own, which every rank
-    agrees on). Decided without a collective (a joining elastic rank could not meet the others in
-    one); a job whose hosts run different rank counts that still add up to nodes x local_size on
-    some host would disagree: give hosts equal slot counts."""
-    return local_size if size == local_size * nodes and rank // local_size == node else 1
+log = logging.getLogger(__name__)
+
+
+def node_size(hosts: list) -> int:
+    """Ranks per node for the loader's node-affine epochs, from every rank's host in rank order (one
+    allgather: the same list, so the same answer, on every rank): the count of each host's ranks when
+    every host runs that many in one consecutive block of ranks (Horovod's and torchrun's placement),
+    else 1, every rank a node of its own (``shards.partition`` cuts an epoch into equal nodes)."""
+    blocks = [len(list(ranks)) for _, ranks in itertools.groupby(hosts)]
+    return blocks[0] if len(set(blocks)) == 1 and len(blocks) == len(set(hosts)) else 1
 
 
 class Backend:
@@ -38,7 +44,10 @@ class Backend:
 
     name = "none"
     rank, size, local_rank = 0, 1, 0
-    local_size = 1  # ranks per node as the loader's node-affine epochs see them (``node_size``)
+    local_size = 1  # ranks per node as the loader's node-affine epochs see them (``agree_on_nodes``)
+    local_ranks = 1  # ranks on this host: they share its cores
+    host = ""  # this rank's host as the launcher names it
+    peer_lost: tuple[type[BaseException], ...] = ()  # what a collective raises once another rank has left
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         """-> (module to call forward on, optimizer to step); gradients are averaged over ranks."""
@@ -74,6 +83,17 @@ class Backend:
     def shutdown(self) -> None:
         """Nothing to release in one process."""
 
+    def agree_on_nodes(self) -> None:
+        """Every rank's host, gathered: every rank derives the same ``local_size`` (``node_size``);
+        rank 0 says so when hosts run different rank counts. A collective: at start, and after every
+        elastic re-formation (in its sync, where a joining rank meets the others)."""
+        hosts = self.all_gather_object(self.host)
+        self.local_size = node_size(hosts)
+        if self.local_size == 1 and self.rank == 0 and len(set(hosts)) < len(hosts):
+            counts = ", ".join(f"{host} {len(list(ranks))}" for host, ranks in itertools.groupby(hosts))
+            log.info("ranks per host differ or are not in blocks (%s): node-affine epochs take every rank as a "
+                     "node of its own (give every host the same slot count to share pieces per host)", counts)
+
 
 class Horovod(Backend):
     name = "horovod"
@@ -86,8 +106,10 @@ class Horovod(Backend):
                              "run scripts/setup.sh, or pass --backend none or torch") from None
         hvd.init()
         self.hvd = hvd
+        self.peer_lost = (hvd.HorovodInternalError,)
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
-        self.local_size = node_size(self.rank, self.size, hvd.local_size(), hvd.cross_size(), hvd.cross_rank())
+        self.local_ranks = self.local_size = hvd.local_size()  # local_size until agree_on_nodes
+        self.host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()  # horovodrun's name for the slot
 
     def prepare(self, model, optimizer, compression):
         hvd = self.hvd
@@ -134,15 +156,13 @@ class TorchDistributed(Backend):
         import torch.distributed as dist
         self.dist = dist
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        self.local_ranks = self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        self.host = os.environ.get("GROUP_RANK") or socket.gethostname()  # torchrun's node number
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
         # Gloo for the CPU tensors (metrics, stop flags), NCCL for the GPU ones where there are GPUs
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        self.local_size = node_size(self.rank, self.size, local, self.size // local,
-                                    int(os.environ.get("GROUP_RANK", 0)))
 
     def prepare(self, model, optimizer, compression):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

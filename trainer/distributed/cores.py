@@ -16,20 +16,20 @@ import torch
 MAX_DEFAULT_WORKERS = 4
 
 
-def cores_per_rank(local_size: int) -> int:
-    return max(1, len(os.sched_getaffinity(0)) // max(1, local_size))
+def cores_per_rank(local_ranks: int) -> int:
+    return max(1, len(os.sched_getaffinity(0)) // max(1, local_ranks))
 
 
-def cap_threads(local_size: int) -> int | None:
+def cap_threads(local_ranks: int) -> int | None:
     """Set this process's intra-op threads to its share unless OMP_NUM_THREADS is set; -> the count
     set (None: left as OMP_NUM_THREADS says)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
-    threads = cores_per_rank(local_size)
+    threads = cores_per_rank(local_ranks)
     torch.set_num_threads(threads)
     return threads
 
 
-def default_workers(local_size: int) -> int:
+def default_workers(local_ranks: int) -> int:
     """Loader workers per rank when --workers is not given."""
-    return min(MAX_DEFAULT_WORKERS, cores_per_rank(local_size) - 1)
+    return min(MAX_DEFAULT_WORKERS, cores_per_rank(local_ranks) - 1)

@@ -97,15 +97,16 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    """A ResNet without its classifier: images (B, 3, H, W) -> pooled features (B, feature_dim)."""
+    """A ResNet without its classifier: images (B, C, H, W) -> pooled features (B, feature_dim);
+    C = ``in_channels`` (3 for RGB; a motion stream's first convolution takes its own)."""
 
-    def __init__(self, depth: int = 50, width: int = 64, residual_hook: Hook = NoShift):
+    def __init__(self, depth: int = 50, width: int = 64, residual_hook: Hook = NoShift, in_channels: int = 3):
         super().__init__()
         if depth not in DEPTHS:
             raise ValueError(f"ResNet depth {depth} not one of {sorted(DEPTHS)}")
         kind, counts = DEPTHS[depth]
         block = BasicBlock if kind == "basic" else Bottleneck
-        self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
+        self.conv1 = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
         self.bn1 = SubBatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
@@ -130,7 +131,7 @@ class ResNet(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor, segments: int) -> torch.Tensor:
-        """Frames (N*T, 3, H, W) of clips of ``segments`` frames -> pooled features (N*T, feature_dim)."""
+        """Frames (N*T, C, H, W) of clips of ``segments`` frames -> pooled features (N*T, feature_dim)."""
         x = self.maxpool(self.relu(self.bn1(self.conv1(x), segments)))
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in stage:

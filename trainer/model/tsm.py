@@ -4,6 +4,13 @@ The model takes the loader's uint8 clips (B, T, C, H, W) as they are and normali
 itself, so the float conversion happens wherever the model lives (on the GPU when there is
 one). With ``shift=False`` no frame ever sees another before the average: that is TSN.
 
+``modality`` "motion" is two-stream's motion network (``trainer.data.motion``): the same backbone
+on the motion fields rendered beside the frames, 2 channels per frame (q of u and of v, 128 = no
+motion), its first convolution taking 2 channels and its input normalised as
+``(q - 128) / MOTION_STD``: 32 quantisation steps, 5 stored pixels per frame, a fast motion of the
+synthetic sets (flow-stream inputs of TSN are scaled alike, to about unit spread). ``load_pretrained``
+gives it TSN's cross-modality initialisation from RGB weights.
+
 ``segments`` is the T the network is built and evaluated for; training batches may have fewer
 frames per clip (multigrid's shorter clips): the shift and the BN groups follow the T of each
 batch. ``bn_group`` clips per BN statistics group (0: the whole batch) is a training choice, not
@@ -18,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import BN_MODES
+from ..config import BN_MODES, CHANNELS
 from .resnet import NoShift, ResNet
 from .subbatch_bn import set_clips_per_group
 from .temporal_shift import TemporalShift
@@ -27,6 +34,10 @@ log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+MOTION_STD = 32.0  # quantisation steps of shards.motionfield, 0.157 px each
+# the loader's uint8 input of each modality: per-channel mean and spread, in units of the third value
+NORMALISE = {"rgb": (IMAGENET_MEAN, IMAGENET_STD, 255.0),
+             "motion": ((128.0,) * CHANNELS["motion"], (MOTION_STD,) * CHANNELS["motion"], 1.0)}
 
 
 @dataclass
@@ -40,6 +51,7 @@ class ModelConfig:
     shift: bool = True
     shift_div: int = 8
     dropout: float = 0.0
+    modality: str = "rgb"  # what each frame is (trainer.config.CHANNELS); checkpoints before it: rgb
 
 
 class TSM(nn.Module):
@@ -47,16 +59,16 @@ class TSM(nn.Module):
         super().__init__()
         self.config = config
         hook = functools.partial(TemporalShift, config.shift_div) if config.shift else NoShift
-        self.backbone = ResNet(config.depth, config.width, hook)
+        self.backbone = ResNet(config.depth, config.width, hook, CHANNELS[config.modality])
         set_clips_per_group(self.backbone, bn_group)
         self.dropout = nn.Dropout(config.dropout)
         self.fc = nn.Linear(self.backbone.feature_dim, config.num_classes)
         # a fresh head on a (possibly pretrained) backbone starts near zero, as in TSM
         nn.init.normal_(self.fc.weight, 0, 0.001)
         nn.init.zeros_(self.fc.bias)
-        scale = 255.0  # the loader's clips are uint8
-        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * scale, persistent=False)
-        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * scale, persistent=False)
+        mean, std, scale = NORMALISE[config.modality]  # the loader's clips are uint8
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1) * scale, persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1) * scale, persistent=False)
         self.channels_last = channels_last
         if bn not in BN_MODES:
             raise ValueError(f"bn mode {bn!r} not one of {BN_MODES}")
@@ -97,27 +109,39 @@ def build(config: ModelConfig | dict, **kwargs) -> TSM:
 
 
 def load_pretrained(model: TSM, path: str) -> dict:
-    """Load a torchvision-format ResNet state dict (ImageNet weights) into the backbone.
+    """Load a torchvision-format ResNet state dict (ImageNet weights), or the network of a
+    ``checkpoint.pt`` of this project, into the backbone.
 
     Accepts a bare state dict or one under ``state_dict``/``model``, with or without a
-    ``module.`` prefix. The classifier (``fc.*``) is never loaded: the head is new.
-    Returns and logs which keys were loaded, which stayed new and which were ignored.
+    ``module.`` or ``backbone.`` prefix. The classifier (``fc.*``) is never loaded: the head is new.
+    A first convolution of other input channels than the model's (RGB weights for a motion
+    network) gets TSN's cross-modality initialisation: the weights averaged over their input
+    channels, that mean in every input channel of the model.
+    Returns and logs which keys were loaded, which were adapted, which stayed new and which were ignored.
     """
     state = torch.load(path, map_location="cpu", weights_only=True)
     for wrapper in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
-    state = {k.removeprefix("module."): v for k, v in state.items()}
+    state = {k.removeprefix("module.").removeprefix("backbone."): v for k, v in state.items()}
     own = model.backbone.state_dict()
-    loaded, ignored = {}, []
+    loaded, ignored, adapted = {}, [], []
     for key, value in state.items():
+        if key == "conv1.weight" and key in own and value.dim() == 4 and value.shape[1] != own[key].shape[1] \
+                and value.shape[:1] + value.shape[2:] == own[key].shape[:1] + own[key].shape[2:]:
+            value = value.mean(dim=1, keepdim=True).expand_as(own[key]).clone()
+            adapted.append(key)
         if key in own and own[key].shape == value.shape:
             loaded[key] = value
         else:
             ignored.append(key)
     model.backbone.load_state_dict(loaded, strict=False)
     report = {"loaded": sorted(loaded), "new": sorted(k for k in own if k not in loaded) + ["fc.weight", "fc.bias"],
-              "ignored": sorted(ignored)}
+              "ignored": sorted(ignored), "adapted": adapted}
     log.info("pretrained %s: %d tensors loaded, %d new (%s), %d ignored (%s)", path, len(report["loaded"]),
              len(report["new"]), ", ".join(report["new"][:8]), len(ignored), ", ".join(ignored[:8]))
+    if adapted:
+        log.info("pretrained %s: cross-modality initialisation of conv1 (TSN): its weights over %d input "
+                 "channels averaged, the mean in each of the model's %d", path, state["conv1.weight"].shape[1],
+                 own["conv1.weight"].shape[1])
     return report

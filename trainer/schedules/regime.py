@@ -26,7 +26,7 @@ import torch
 
 from shards import partition
 
-from ..config import TrainConfig
+from ..config import CHANNELS, TrainConfig
 from ..data.shapes import EpochShapes
 from ..errors import ConfigError
 from ..hooks import Hook
@@ -121,7 +121,7 @@ class Regime(Hook):
             except ValueError as e:
                 refuse(f"--multigrid {s.multigrid} with --epochs {epochs}, --multigrid-stages "
                        f"{list(stages_for(cfg))}, --batch-size {d.batch_size} on {world_size} ranks: {e}")
-            self.shapes = EpochShapes(self.schedule)
+            self.shapes = EpochShapes(self.schedule, CHANNELS[d.modality])
         if s.batch_growth != "off":
             self.growth = Growth(s.batch_growth, d.batch_size, s.max_batch_size or 8 * d.batch_size,
                                  world_size, tuple(s.growth_points))
