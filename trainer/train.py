@@ -494,6 +494,7 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
             if t.regime.describe():
                 log.info("%s", t.regime.describe())
             log.info("config: %s", json.dumps(t.cfg.to_dict(), sort_keys=True))
+            log.info("data %s", t.train_loader.describe())
         if t.rank0:
             log.info("writing the checkpoint to %s and metrics to %s", t.checkpoint_url,
                      os.path.join(cfg.system.output_dir, "metrics.jsonl"))
