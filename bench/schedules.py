@@ -25,8 +25,18 @@ metric allreduces left out) and clips seen when the target is first reached, and
 variant's median and its ratios to the baseline of the same repeat. One plot shows validation
 accuracy against training wall-clock for every run.
 
+Node-affine epochs (issue 18): ``--nodes 2 --shuffles global node`` spreads the ranks over two
+simulated nodes (``horovodrun -H localhost:R,127.0.0.1:R``, the names horovodrun starts locally)
+and trains every variant once with global epochs and once node-affine (``--shuffle node``: each
+node reads only its 8 of the 16 training shards, the whole run), with the same seed; the target
+is then the global baseline's, and a last table sets each variant's node-affine final top-1 and
+epochs to the target beside its global ones. ``--seed-per-repeat`` gives repeat r ``--seed r``
+(CPU training is deterministic: without it repeats differ only in timings). ``--from-runs``
+prints the tables of the finished runs in WORK, training nothing (a bench stopped partway).
+
     python bench/schedules.py                          # data in /tmp/kinetics-fast-schedules
     python bench/schedules.py --repeats 3 --variants baseline multigrid --png schedules.png
+    python bench/schedules.py --nodes 2 --shuffles global node --variants baseline kstep growth
 """
 from __future__ import annotations
 
@@ -210,6 +220,9 @@ def main() -> None:
     p.add_argument("--precise-bn", type=int, default=16,
                    help="multigrid variants: BN statistics recomputed on this many full-shape batches per rank "
                         "before each validation (0: off)")
+    p.add_argument("--from-runs", action="store_true",
+                   help="train nothing: the tables of the runs already in WORK that finished (their log says "
+                        "done), e.g. of a bench stopped partway")
     p.add_argument("--png", help="the plot (default: WORK/schedules.png)")
     p.add_argument("--json", help="also write every curve and the table here")
     args = p.parse_args()
@@ -229,20 +242,31 @@ def main() -> None:
     for repeat in range(args.repeats):
         for run, (name, shuffle) in runs_of.items():
             out = work / f"{run.replace(' ', '-')}-{repeat}"
-            loads.append(os.getloadavg()[0])
-            seed = ["--seed", str(repeat if args.seed_per_repeat else 0)]
-            walls[run].append(train(data, out, args.epochs, [*flags[name], *seed], args.ranks, args.nodes, shuffle))
+            if args.from_runs:
+                log = out.with_suffix(".log")
+                if not log.exists() or "trainer.train: done:" not in log.read_text(errors="replace"):
+                    continue
+            else:
+                loads.append(os.getloadavg()[0])
+                seed = ["--seed", str(repeat if args.seed_per_repeat else 0)]
+                walls[run].append(train(data, out, args.epochs, [*flags[name], *seed], args.ranks, args.nodes,
+                                        shuffle))
             runs[run].append(curve(out))
             rows = runs[run][-1]
             print(f"repeat {repeat} {run}: {rows[-1]['seconds']:.0f} s training ({rows[-1]['cpu']:.0f} CPU s), "
                   f"{rows[-1]['steps']} steps, "
-                  f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}% "
-                  f"(whole run {walls[run][-1]:.0f} s)", flush=True)
+                  f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}%"
+                  + (f" (whole run {walls[run][-1]:.0f} s)" if walls[run] else ""), flush=True)
+    runs = {r: curves for r, curves in runs.items() if curves}  # --from-runs: those that finished
     baseline = next(iter(runs_of))
+    if baseline not in runs:
+        raise SystemExit(f"no finished {baseline} run in {work}: it sets the target")
+    pairs = [v for v in names if f"{v} global" in runs and f"{v} node" in runs]
     targets = [rows[-1]["top1"] for rows in runs[baseline]]
     table = summarise(runs, targets, baseline)
-    print(f"\ntarget: the {baseline} run's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)}); "
-          f"load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}")
+    print(f"\ntarget: the {baseline} run's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)})"
+          + (f"; load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}"
+             if loads else ""))
     keys = (("seconds", "wall s to target"), ("cpu", "CPU s to target"), ("steps", "steps"), ("syncs", "syncs"),
             ("mfloats", "M floats sent"), ("clips", "clips"), ("epoch", "epoch"))
     print(f"{'variant':<16} | reached | " + " | ".join(f"{h + ' (x)':<16}" for _, h in keys)
@@ -258,7 +282,7 @@ def main() -> None:
               "same seeds; epochs to the target per repeat (None: not reached)")
         print(f"{'variant':<16} | final top-1 global | node   | node - global | node / global | epochs to target: "
               "global | node")
-        for r in versus(runs, targets, names):
+        for r in versus(runs, targets, pairs):
             print(f"{r['variant']:<16} | {r['global_top1']:17.1f}% | {r['node_top1']:5.1f}% | {r['top1_diff']:+12.1f} "
                   f"| {r['top1_ratio']:12.3f}x | {r['global_epochs']} | {r['node_epochs']}")
     png = args.png or str(work / "schedules.png")
@@ -267,7 +291,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"targets": targets, "loads": loads, "walls": walls, "runs": runs, "table": table,
-                       "versus": versus(runs, targets, names) if both else None,
+                       "versus": versus(runs, targets, pairs) if both else None,
                        "nodes": args.nodes, "shuffles": shuffles,
                        "common": COMMON, "variants": {v: flags[v] for v in names}}, f, indent=1)
 
