@@ -159,7 +159,8 @@ def summarise(runs: dict[str, list[list[dict]]], target_of: list[float], baselin
 
 def versus(runs: dict[str, list[list[dict]]], target_of: list[float], names: list[str]) -> list[dict]:
     """Per variant, node-affine against global epochs of the same repeat (same seeds): medians of
-    the final top-1 of each, of its difference, and of the epochs each took to the target."""
+    the final top-1 of each, of its difference; per repeat, the epochs each took to the target, and
+    to the final top-1 of the variant's global run."""
     table = []
     for name in names:
         g, n = runs[f"{name} global"], runs[f"{name} node"]
@@ -170,6 +171,8 @@ def versus(runs: dict[str, list[list[dict]]], target_of: list[float], names: lis
         for mode, repeats in (("global", g), ("node", n)):
             hits = [at_target(rows, t) for rows, t in zip(repeats, target_of)]
             row[f"{mode}_epochs"] = [h["epoch"] if h else None for h in hits]
+            hits = [at_target(rows, a[-1]["top1"]) for rows, a in zip(repeats, g)]
+            row[f"{mode}_epochs_own"] = [h["epoch"] if h else None for h in hits]
         table.append(row)
     return table
 
@@ -279,12 +282,14 @@ def main() -> None:
     both = len(shuffles) > 1
     if both:
         print(f"\nnode-affine ({args.nodes} nodes of {args.ranks // args.nodes} rank(s)) against global epochs, "
-              "same seeds; epochs to the target per repeat (None: not reached)")
+              "same seeds; per repeat, epochs to the target and to the variant's global final top-1 "
+              "(None: not reached)")
         print(f"{'variant':<16} | final top-1 global | node   | node - global | node / global | epochs to target: "
-              "global | node")
+              "global | node | to the global final: global | node")
         for r in versus(runs, targets, pairs):
             print(f"{r['variant']:<16} | {r['global_top1']:17.1f}% | {r['node_top1']:5.1f}% | {r['top1_diff']:+12.1f} "
-                  f"| {r['top1_ratio']:12.3f}x | {r['global_epochs']} | {r['node_epochs']}")
+                  f"| {r['top1_ratio']:12.3f}x | {r['global_epochs']} | {r['node_epochs']} "
+                  f"| {r['global_epochs_own']} | {r['node_epochs_own']}")
     png = args.png or str(work / "schedules.png")
     plot(runs, statistics.median(targets), png)
     print(f"plot: {png}")
