@@ -154,14 +154,18 @@ def clip_bytes(info: dict, restart: bool) -> list[list[bytes]]:
 
 
 # --- the loaders, each run in its own process by --role -------------------------------------
-class FrameFolders:
-    """The TSM dataset's way: check the first frame exists, open one JPEG file per frame."""
+class _Rows:
+    """A map-style dataset over the rows of the bench's video table, each made a clip by ``transform``."""
 
     def __init__(self, rows, transform):
         self.rows, self.transform = rows, transform
 
     def __len__(self):
         return len(self.rows)
+
+
+class FrameFolders(_Rows):
+    """The TSM dataset's way: check the first frame exists, open one JPEG file per frame."""
 
     def __getitem__(self, i):
         from PIL import Image
@@ -173,14 +177,8 @@ class FrameFolders:
         return self.transform.apply(frames, random.Random(i)), r["label"]
 
 
-class VideoFiles:
+class VideoFiles(_Rows):
     """Decode the mp4 on the fly with ffmpeg, keeping the 8 segment-centre frames."""
-
-    def __init__(self, rows, transform):
-        self.rows, self.transform = rows, transform
-
-    def __len__(self):
-        return len(self.rows)
 
     def __getitem__(self, i):
         import ffmpeg

@@ -2,7 +2,8 @@
 
 ``mv``: the codec's motion vectors, which the decoder exports from the decode the frames already
 need (``flags2=+export_mvs``; FFmpeg's ``AVMotionVector`` as frame side data), so no frame is
-decoded for them:
+decoded for them (MPEG-4 Part 2: one more packet per video, and its B-frames take a reference's
+field; see ``ingest.pyav_decoder``):
 
 1. Every vector moves a block of ``w`` x ``h`` coded pixels centred on ``dst``; its content comes
    from ``src = dst + motion / motion_scale`` in a reference frame, in the past (``source`` < 0)
@@ -53,6 +54,15 @@ def reference_distances(index: list[Packet], order: list[int],
         ahead = min((r for r in refs if r > d), default=None)
         out[d] = (None if back is None else d - back, None if ahead is None else ahead - d)
     return out
+
+
+def stand_ins(index: list[Packet], order: list[int],
+              distances: dict[int, tuple[int | None, int | None]]) -> dict[int, list[int]]:
+    """Display index of each pick that is not a reference frame (an MPEG-4 Part 2 B-frame) -> the
+    display indices of its references, future first then past, the first of which with vectors
+    stands in for it (see ``ingest.pyav_decoder``)."""
+    return {d: [d + ahead for ahead in (forward,) if ahead] + [d - back for back in (back,) if back]
+            for d, (back, forward) in distances.items() if not index[order[d]].reference}
 
 
 def coded_velocity(vectors: np.ndarray | None, width: int, height: int,

@@ -17,6 +17,15 @@ them for the JPEG encoder. With ``motion_vectors`` the decoder also exports the 
 vectors of the kept frames, which ``decode`` makes into fields (``ingest.motion``): no other
 frame is decoded for them. Where the packet index cannot order the frames (two passes), the
 reference distances are unknown and the fields are left invalid.
+
+MPEG-4 Part 2 (Xvid, DivX: UCF101's and HMDB51's AVIs) codes most B-frame blocks in direct mode,
+whose motion is the co-located block's of the next reference frame scaled by the frames between
+them, and FFmpeg exports zeros for every block of such a B-frame. A B-frame of that codec takes
+the velocity field of its future reference instead (the same constant-motion assumption direct
+mode makes), or of its past one when the future one is intra, from frames it needs decoded anyway
+(``ingest.motion.stand_ins``); with neither, its field is invalid. The decoder holds the last
+reference frame back until the next one arrives, and drained it carries no vectors: for this
+codec one more reference packet is fed after the last pick (one packet per video).
 """
 from __future__ import annotations
 
@@ -48,6 +57,8 @@ class Frames:
     errors: list[str]
     stream: dict  # codec, sample aspect ratio, frame rate, duration
     distances: dict[int, tuple] = field(default_factory=dict)  # pick -> reference distances (ingest.motion)
+    # pick -> the frame whose vectors it takes (None: no motion known; the rest: its own)
+    vectors_of: dict[int, av.VideoFrame | None] = field(default_factory=dict)
 
 
 def _stream_facts(stream) -> dict:
@@ -138,19 +149,30 @@ def decode_frames(path: str, wanted: Callable[[int], list[int]], *, threads: int
 def _selective(demuxed, index, order, stream, wanted, threads, deadline, motion_vectors) -> Frames | None:
     """Decode only the packets the picks need; None if a pick does not come out."""
     picks = sorted(set(wanted(len(order))))
-    by_pts = {demuxed[order[i]].pts: i for i in picks}
+    distances = motion.reference_distances(index, order, picks) if motion_vectors else {}
+    part2 = motion_vectors and stream.codec_context.name == "mpeg4"
+    stand_ins = motion.stand_ins(index, order, distances) if part2 else {}
+    references = {r for candidates in stand_ins.values() for r in candidates}
+    distances |= motion.reference_distances(index, order, sorted(references))
+    keep = {demuxed[order[i]].pts: i for i in {*picks, *references}}
     feed = packets.plan(index, {order[i] for i in picks})
+    if part2:  # the decoder may hold the last reference frame back, and drained it has no vectors
+        feed += [k for k in range(feed[-1] + 1, len(index)) if index[k].reference][:1]
     cc, frames, errors = _decoder(stream, threads, motion_vectors), {}, []
     for k in [*feed, None]:
         deadline.check("decoding")
         for frame in _frames(cc, None if k is None else demuxed[k], errors):
-            i = by_pts.get(frame.pts)
+            i = keep.get(frame.pts)
             if i is not None and i not in frames:
                 frames[i] = frame
-    if len(frames) < len(picks):
+    if any(i not in frames for i in picks):
         return None
-    distances = motion.reference_distances(index, order, picks) if motion_vectors else {}
-    return Frames(frames, len(order), "packets", len(feed), len(demuxed), errors, _stream_facts(stream), distances)
+    vectors_of = {i: next((r for r in stand_ins[i] if r in frames and _vectors(frames[r]) is not None), None)
+                  for i in picks if i in stand_ins}
+    distances |= {i: distances[r] for i, r in vectors_of.items() if r is not None}
+    vectors_of = {i: None if r is None else frames[r] for i, r in vectors_of.items()}
+    return Frames({i: frames[i] for i in picks}, len(order), "packets", len(feed), len(demuxed), errors,
+                  _stream_facts(stream), distances, vectors_of)
 
 
 def _every_frame(path, threads, deadline, step, errors, motion_vectors=False):
@@ -204,7 +226,8 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
     images, fields = {}, {}
     for i, frame in found.frames.items():
         if motion_vectors:
-            fields[i] = _mv_field(frame, found.distances.get(i, (None, None)), scaled, rotation)
+            vectors = _vectors(found.vectors_of[i]) if i in found.vectors_of else _vectors(frame)
+            fields[i] = _mv_field(frame, vectors, found.distances.get(i, (None, None)), scaled, rotation)
         rgb = frame.reformat(width=scaled[0], height=scaled[1], format="rgb0", interpolation="AREA", threads=threads)
         plane = rgb.planes[0]
         image = Image.frombuffer("RGBX", scaled, plane, "raw", "RGBX", plane.line_size, 1)
@@ -213,10 +236,13 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
                    motion=fields)
 
 
-def _mv_field(frame, distances: tuple, scaled: tuple[int, int], rotation: int):
-    """(field, valid) of one decoded frame from its exported motion vectors (none: intra)."""
-    side = frame.side_data.get("MOTION_VECTORS")
-    vectors = side.to_ndarray() if side is not None else None
+def _vectors(frame):
+    """A decoded frame's exported motion vectors (None: no inter block, or no frame)."""
+    side = None if frame is None else frame.side_data.get("MOTION_VECTORS")
+    return None if side is None else side.to_ndarray()
+
+
+def _mv_field(frame, vectors, distances: tuple, scaled: tuple[int, int], rotation: int):
+    """(field, valid) of one decoded frame from motion ``vectors`` (None: intra)."""
     velocity, inter = motion.coded_velocity(vectors, frame.width, frame.height, distances)
     return motion.to_output_grid(velocity, inter, (frame.width, frame.height), scaled, rotation)
-
