@@ -26,6 +26,9 @@ while [[ ${1:-} == --* ]]; do
     shift 2
 done
 case $nodes in 1|2) ;; *) echo "motion.sh: --nodes $nodes: 1 or 2 simulated nodes" >&2; exit 2 ;; esac
+for model in $models; do
+    case $model in tsm|tsn) ;; *) echo "motion.sh: --models: tsm or tsn, not $model" >&2; exit 2 ;; esac
+done
 if [ "$nodes" = 1 ] && [ "$shuffles" != global ]; then
     echo "motion.sh: --shuffles $shuffles needs --nodes 2 (node-affine epochs on one node are global ones)" >&2; exit 2
 fi
@@ -46,11 +49,8 @@ flags=(--segments 4 --depth 10 --width 32 --crop-size 48 --scale-size 48 --no-fl
     --short-side 48 --shard-samples 64 --workers 2
 runs=() labels=()
 for model in $models; do
-    case $model in
-        tsm) extra=() label=TSM ;;
-        tsn) extra=(--no-shift) label="TSN (no shift)" ;;
-        *) echo "motion.sh: --models: tsm or tsn, not $model" >&2; exit 2 ;;
-    esac
+    extra=() label=TSM
+    [ "$model" = tsn ] && extra=(--no-shift) label="TSN (no shift)"
     if [ "$nodes" = 1 ]; then
         rm -rf "${work:?}/$model"
         "$py" -m trainer train --data "$work/shards" --output-dir "$work/$model" --batch-size 16 "${flags[@]}" "${extra[@]}"

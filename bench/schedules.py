@@ -94,7 +94,7 @@ def hosts(ranks: int, nodes: int) -> str:
     starts locally only the names that resolve to one of its addresses, ``localhost`` and
     ``127.0.0.1``; node-affine epochs see each name as a node)."""
     if nodes not in (1, 2) or ranks % nodes:
-        raise SystemExit(f"--nodes {nodes}: 1 or 2 simulated nodes, dividing --ranks {ranks}")
+        raise SystemExit(f"--nodes {nodes}: 1 or 2 simulated nodes, each with the same number of the --ranks {ranks}")
     return ",".join(f"{h}:{ranks // nodes}" for h in ("localhost", "127.0.0.1")[:nodes])
 
 
