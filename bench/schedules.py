@@ -230,6 +230,7 @@ def main() -> None:
     p.add_argument("--json", help="also write every curve and the table here")
     args = p.parse_args()
 
+    hosts(args.ranks, args.nodes)  # refused before any work
     work = Path(args.work)
     data = make_data(work, args.train_per_class, args.val_per_class, args.speed_scale)
     flags = variants(args.epochs, args.precise_bn)
