@@ -5,45 +5,81 @@
 # The runs of tests/test_motion.py (same data and flags), kept instead of thrown away: four classes
 # that differ only in the direction a textured disc moves, 64x64 videos, 4-frame clips, a ResNet-10 of
 # width 32 on 48 px crops, 12 epochs on 2 CPU cores (a few minutes per model). The set is built with
-# --motion mv (its JPEGs are those of a build without it) and once more with --motion flow; the models:
-#   tsm, tsn              RGB, with and without the temporal shift
+# --motion mv (its JPEGs are those of a build without it) and once more with --motion flow; the models
+# (--models, default all four):
+#   tsm, tsn                RGB, with and without the temporal shift
 #   motion-mv, motion-flow  a TSN (no shift) of --modality motion on the codec's vectors / on DIS flow
 # `trainer plot` draws the curves and prints validation top-1 by epoch and each run's final figures.
 # scripts/demo.sh is the quick version (32 px crops, width 16, TSM and TSN trained at once).
 #
-#   bash bench/motion.sh [WORKDIR] [PNG] [MODEL...]   # defaults: /tmp/kinetics-fast-motion, motion.png, all four
-#   EPOCHS=3 bash bench/motion.sh ...                  # shorter runs (the motion stream is at 100% after one)
+# --nodes 2: the same recipe (global batch 16) on two Horovod ranks of 8 clips, on two simulated
+# nodes (horovodrun -H localhost:1,127.0.0.1:1), once per mode of --shuffles with the same seed:
+# node-affine epochs (each node reads only its 8 of the 16 training shards, all run) against
+# global ones.
+#
+#   bash bench/motion.sh [--nodes 2 --shuffles "global node"] [--models "tsm tsn"] [WORKDIR] [PNG]
+#                                      # defaults: /tmp/kinetics-fast-motion, motion.png
+#   EPOCHS=3 bash bench/motion.sh ...  # shorter runs (the motion stream is at 100% after one)
 set -euo pipefail
+nodes=1 shuffles=global models="tsm tsn motion-mv motion-flow"
+while [[ ${1:-} == --* ]]; do
+    case $1 in
+        --nodes) nodes=$2 ;;
+        --shuffles) shuffles=$2 ;;
+        --models) models=$2 ;;
+        *) echo "motion.sh: unknown option $1 (--nodes, --shuffles, --models)" >&2; exit 2 ;;
+    esac
+    shift 2
+done
+case $nodes in 1|2) ;; *) echo "motion.sh: --nodes $nodes: 1 or 2 simulated nodes" >&2; exit 2 ;; esac
+for model in $models; do
+    case $model in tsm|tsn|motion-mv|motion-flow) ;;
+        *) echo "motion.sh: --models: tsm, tsn, motion-mv or motion-flow, not $model" >&2; exit 2 ;; esac
+done
+if [ "$nodes" = 1 ] && [ "$shuffles" != global ]; then
+    echo "motion.sh: --shuffles $shuffles needs --nodes 2 (node-affine epochs on one node are global ones)" >&2; exit 2
+fi
 cd "$(dirname "$0")/.."
 work=${1:-/tmp/kinetics-fast-motion}
 png=${2:-motion.png}
-shift $(( $# < 2 ? $# : 2 ))
-models=(tsm tsn motion-mv motion-flow)
-[ $# -gt 0 ] && models=("$@")
 py=.venv/bin/python
 [ -x "$py" ] || py=python3
+hvd=$(dirname "$py")/horovodrun
+[ -x "$hvd" ] || hvd=horovodrun
 export RAY_ADDRESS=
-flags=(--segments 4 --depth 10 --width 32 --crop-size 48 --scale-size 48 --no-flip --batch-size 16
+flags=(--segments 4 --depth 10 --width 32 --crop-size 48 --scale-size 48 --no-flip
        --epochs "${EPOCHS:-12}" --warmup-epochs 2 --lr-per-8 0.025 --workers 1 --print-freq 8 --no-tensorboard)
 
 "$py" -m ingest synth --out "$work/videos" --classes 4 --train-per-class 64 --val-per-class 16 \
     --width 64 --height 64 --fps 10 --seconds 2 --workers 2
-for kind in mv flow; do
+kinds=mv
+[[ " $models " == *" motion-flow "* ]] && kinds="mv flow"
+for kind in $kinds; do
     [ -f "$work/shards-$kind/manifest.json" ] && continue
     "$py" -m ingest build --src "$work/videos" --out "$work/shards-$kind" --frames 4 --clips-per-video 4 \
         --short-side 48 --shard-samples 64 --workers 2 --motion "$kind"
 done
 runs=() labels=()
-for model in "${models[@]}"; do
+for model in $models; do
     case $model in
         tsm) data=mv extra=() label=TSM ;;
         tsn) data=mv extra=(--no-shift) label="TSN (no shift)" ;;
         motion-mv) data=mv extra=(--no-shift --modality motion) label="motion TSN (mv)" ;;
         motion-flow) data=flow extra=(--no-shift --modality motion) label="motion TSN (flow)" ;;
-        *) echo "bench/motion.sh: unknown model $model (tsm, tsn, motion-mv, motion-flow)" >&2; exit 2 ;;
     esac
-    rm -rf "${work:?}/$model"
-    "$py" -m trainer train --data "$work/shards-$data" --output-dir "$work/$model" "${flags[@]}" "${extra[@]}"
-    runs+=("$work/$model") labels+=("$label")
+    if [ "$nodes" = 1 ]; then
+        rm -rf "${work:?}/$model"
+        "$py" -m trainer train --data "$work/shards-$data" --output-dir "$work/$model" --batch-size 16 \
+            "${flags[@]}" "${extra[@]}"
+        runs+=("$work/$model") labels+=("$label")
+        continue
+    fi
+    for shuffle in $shuffles; do
+        rm -rf "${work:?}/$model-$shuffle"
+        OMP_NUM_THREADS=1 "$hvd" -np 2 -H localhost:1,127.0.0.1:1 --gloo \
+            "$py" -m trainer train --data "$work/shards-$data" --output-dir "$work/$model-$shuffle" --batch-size 8 \
+            --shuffle "$shuffle" "${flags[@]}" "${extra[@]}"
+        runs+=("$work/$model-$shuffle") labels+=("$label, $shuffle")
+    done
 done
 "$py" -m trainer plot "${runs[@]}" --labels "${labels[@]}" --out "$png"  # prints the tables too

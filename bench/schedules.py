@@ -25,8 +25,18 @@ metric allreduces left out) and clips seen when the target is first reached, and
 variant's median and its ratios to the baseline of the same repeat. One plot shows validation
 accuracy against training wall-clock for every run.
 
+Node-affine epochs (issue 18): ``--nodes 2 --shuffles global node`` spreads the ranks over two
+simulated nodes (``horovodrun -H localhost:R,127.0.0.1:R``, the names horovodrun starts locally)
+and trains every variant once with global epochs and once node-affine (``--shuffle node``: each
+node reads only its 8 of the 16 training shards, the whole run), with the same seed; the target
+is then the global baseline's, and a last table sets each variant's node-affine final top-1 and
+epochs to the target beside its global ones. ``--seed-per-repeat`` gives repeat r ``--seed r``
+(CPU training is deterministic: without it repeats differ only in timings). ``--from-runs``
+prints the tables of the finished runs in WORK, training nothing (a bench stopped partway).
+
     python bench/schedules.py                          # data in /tmp/kinetics-fast-schedules
     python bench/schedules.py --repeats 3 --variants baseline multigrid --png schedules.png
+    python bench/schedules.py --nodes 2 --shuffles global node --variants baseline kstep growth
 """
 from __future__ import annotations
 
@@ -69,10 +79,21 @@ def make_data(work: Path, train_per_class: int, val_per_class: int, speed_scale:
                          "--workers", "2"])
 
 
-def train(data: Path, out: Path, epochs: int, extra: list[str], ranks: int) -> float:
-    """One ``trainer train`` run on ``ranks`` Horovod ranks; returns its wall-clock seconds."""
+def hosts(ranks: int, nodes: int) -> str:
+    """horovodrun's ``-H`` for ``nodes`` simulated nodes of this machine (at most two: horovodrun
+    starts locally only the names that resolve to one of its addresses, ``localhost`` and
+    ``127.0.0.1``; node-affine epochs see each name as a node)."""
+    if nodes not in (1, 2) or ranks % nodes:
+        raise SystemExit(f"--nodes {nodes}: 1 or 2 simulated nodes, each with the same number of the --ranks {ranks}")
+    return ",".join(f"{h}:{ranks // nodes}" for h in ("localhost", "127.0.0.1")[:nodes])
+
+
+def train(data: Path, out: Path, epochs: int, extra: list[str], ranks: int, nodes: int, shuffle: str) -> float:
+    """One ``trainer train`` run on ``ranks`` Horovod ranks on ``nodes`` simulated nodes, shuffling
+    ``shuffle``-ly; returns its wall-clock seconds."""
     start = time.perf_counter()
-    proc = start_training(data, out, ["--epochs", str(epochs), *COMMON, *extra], ranks)
+    proc = start_training(data, out, ["--epochs", str(epochs), "--shuffle", shuffle, *COMMON, *extra], ranks,
+                          hosts(ranks, nodes))
     if proc.wait():
         raise subprocess.CalledProcessError(proc.returncode, proc.args)
     return time.perf_counter() - start
@@ -100,13 +121,13 @@ def at_target(rows: list[dict], target: float) -> dict | None:
     return next((r for r in rows if r["top1"] >= target - 1e-9), None)
 
 
-def summarise(runs: dict[str, list[list[dict]]], target_of: list[float]) -> list[dict]:
+def summarise(runs: dict[str, list[list[dict]]], target_of: list[float], baseline: str = "baseline") -> list[dict]:
     """Per variant: medians over repeats of the figures at the target and of the ratios to the
-    baseline of the same repeat."""
+    ``baseline`` run of the same repeat."""
     table = []
     for name, repeats in runs.items():
         hits = [at_target(rows, target) for rows, target in zip(repeats, target_of)]
-        base = [at_target(rows, target) for rows, target in zip(runs["baseline"], target_of)]
+        base = [at_target(rows, target) for rows, target in zip(runs[baseline], target_of)]
         row = {"variant": name, "reached": sum(h is not None for h in hits), "repeats": len(repeats),
                "final_top1": statistics.median(rows[-1]["top1"] for rows in repeats),
                "best_top1": statistics.median(max(r["top1"] for r in rows) for rows in repeats),
@@ -119,6 +140,26 @@ def summarise(runs: dict[str, list[list[dict]]], target_of: list[float]) -> list
             if reached:
                 row[key] = statistics.median(h[key] for h, _ in reached)
                 row[f"{key}_ratio"] = statistics.median(h[key] / b[key] for h, b in reached)
+        table.append(row)
+    return table
+
+
+def versus(runs: dict[str, list[list[dict]]], target_of: list[float], names: list[str]) -> list[dict]:
+    """Per variant, node-affine against global epochs of the same repeat (same seeds): medians of
+    the final top-1 of each, of its difference; per repeat, the epochs each took to the target, and
+    to the final top-1 of the variant's global run."""
+    table = []
+    for name in names:
+        g, n = runs[f"{name} global"], runs[f"{name} node"]
+        row = {"variant": name, "global_top1": statistics.median(r[-1]["top1"] for r in g),
+               "node_top1": statistics.median(r[-1]["top1"] for r in n),
+               "top1_diff": statistics.median(b[-1]["top1"] - a[-1]["top1"] for a, b in zip(g, n)),
+               "top1_ratio": statistics.median(b[-1]["top1"] / a[-1]["top1"] for a, b in zip(g, n))}
+        for mode, repeats in (("global", g), ("node", n)):
+            hits = [at_target(rows, t) for rows, t in zip(repeats, target_of)]
+            row[f"{mode}_epochs"] = [h["epoch"] if h else None for h in hits]
+            hits = [at_target(rows, a[-1]["top1"]) for rows, a in zip(repeats, g)]
+            row[f"{mode}_epochs_own"] = [h["epoch"] if h else None for h in hits]
         table.append(row)
     return table
 
@@ -151,7 +192,16 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/kinetics-fast-schedules", help="data and runs")
     p.add_argument("--epochs", type=int, default=12, help="the baseline's epochs (multigrid runs 1.5x as many)")
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=1, choices=(1, 2),
+                   help="simulated nodes the ranks are spread over (horovodrun -H localhost:R,127.0.0.1:R)")
+    p.add_argument("--shuffles", nargs="+", choices=("global", "node"), default=["global"],
+                   help="each variant once per mode, same seeds (node needs --nodes 2): node-affine epochs "
+                        "against global ones; the target is the global baseline's")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed-per-repeat", action="store_true",
+                   help="repeat r trains with --seed r (the weights and the data order differ between repeats: "
+                        "how far the final accuracy moves with them alone); default: seed 0, repeats differ "
+                        "only in timings")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
     p.add_argument("--train-per-class", type=int, default=64)
     p.add_argument("--val-per-class", type=int, default=32)
@@ -160,47 +210,82 @@ def main() -> None:
     p.add_argument("--precise-bn", type=int, default=16,
                    help="multigrid variants: BN statistics recomputed on this many full-shape batches per rank "
                         "before each validation (0: off)")
+    p.add_argument("--from-runs", action="store_true",
+                   help="train nothing: the tables of the runs already in WORK that finished (their log says "
+                        "done), e.g. of a bench stopped partway")
     p.add_argument("--png", help="the plot (default: WORK/schedules.png)")
     p.add_argument("--json", help="also write every curve and the table here")
     args = p.parse_args()
 
+    hosts(args.ranks, args.nodes)  # refused before any work
     work = Path(args.work)
     data = make_data(work, args.train_per_class, args.val_per_class, args.speed_scale)
     flags = variants(args.epochs, args.precise_bn)
     names = ["baseline"] + [v for v in args.variants if v != "baseline"]
-    runs: dict[str, list[list[dict]]] = {v: [] for v in names}
-    walls: dict[str, list[float]] = {v: [] for v in names}
+    shuffles = sorted(set(args.shuffles))  # global first: the target's
+    if "node" in shuffles and args.nodes < 2:
+        raise SystemExit("--shuffles node: node-affine epochs on one node are global ones; add --nodes 2")
+    # one run per variant and shuffle mode; named by the variant alone when there is one mode
+    runs_of = {f"{v} {m}" if len(shuffles) > 1 else v: (v, m) for v in names for m in shuffles}
+    runs: dict[str, list[list[dict]]] = {r: [] for r in runs_of}
+    walls: dict[str, list[float]] = {r: [] for r in runs_of}
     loads = []
     for repeat in range(args.repeats):
-        for name in names:
-            out = work / f"{name}-{repeat}"
-            loads.append(os.getloadavg()[0])
-            walls[name].append(train(data, out, args.epochs, flags[name], args.ranks))
-            runs[name].append(curve(out))
-            rows = runs[name][-1]
-            print(f"repeat {repeat} {name}: {rows[-1]['seconds']:.0f} s training ({rows[-1]['cpu']:.0f} CPU s), "
+        for run, (name, shuffle) in runs_of.items():
+            out = work / f"{run.replace(' ', '-')}-{repeat}"
+            if args.from_runs:
+                log = out.with_suffix(".log")
+                if not log.exists() or "trainer.train: done:" not in log.read_text(errors="replace"):
+                    continue
+            else:
+                loads.append(os.getloadavg()[0])
+                seed = ["--seed", str(repeat if args.seed_per_repeat else 0)]
+                walls[run].append(train(data, out, args.epochs, [*flags[name], *seed], args.ranks, args.nodes,
+                                        shuffle))
+            runs[run].append(curve(out))
+            rows = runs[run][-1]
+            print(f"repeat {repeat} {run}: {rows[-1]['seconds']:.0f} s training ({rows[-1]['cpu']:.0f} CPU s), "
                   f"{rows[-1]['steps']} steps, "
-                  f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}% "
-                  f"(whole run {walls[name][-1]:.0f} s)", flush=True)
-    targets = [rows[-1]["top1"] for rows in runs["baseline"]]
-    table = summarise(runs, targets)
-    print(f"\ntarget: the baseline's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)}); "
-          f"load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}")
+                  f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}%"
+                  + (f" (whole run {walls[run][-1]:.0f} s)" if walls[run] else ""), flush=True)
+    runs = {r: curves for r, curves in runs.items() if curves}  # --from-runs: those that finished
+    baseline = next(iter(runs_of))
+    if baseline not in runs:
+        raise SystemExit(f"no finished {baseline} run in {work}: it sets the target")
+    pairs = [v for v in names if f"{v} global" in runs and f"{v} node" in runs]
+    targets = [rows[-1]["top1"] for rows in runs[baseline]]
+    table = summarise(runs, targets, baseline)
+    print(f"\ntarget: the {baseline} run's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets)})"
+          + (f"; load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}"
+             if loads else ""))
     keys = (("seconds", "wall s to target"), ("cpu", "CPU s to target"), ("steps", "steps"), ("syncs", "syncs"),
-            ("mfloats", "M floats sent"), ("clips", "clips"))
-    print(f"{'variant':<14} | reached | " + " | ".join(f"{h + ' (x)':<16}" for _, h in keys)
+            ("mfloats", "M floats sent"), ("clips", "clips"), ("epoch", "epoch"))
+    print(f"{'variant':<16} | reached | " + " | ".join(f"{h + ' (x)':<16}" for _, h in keys)
           + " | final top-1 | whole run: wall s, CPU s, steps, syncs")
     for r in table:
         cells = [f"{r[k]:7.0f} ({r[k + '_ratio']:.2f}x)" if k in r else "not reached" for k, _ in keys]
-        print(f"{r['variant']:<14} | {r['reached']}/{r['repeats']}     | " + " | ".join(f"{c:<16}" for c in cells)
+        print(f"{r['variant']:<16} | {r['reached']}/{r['repeats']}     | " + " | ".join(f"{c:<16}" for c in cells)
               + f" | {r['final_top1']:10.1f}% | {r['total_seconds']:.0f}, {r['total_cpu']:.0f}, "
               f"{r['total_steps']:.0f}, {r['total_syncs']:.0f}")
+    both = len(shuffles) > 1
+    if both:
+        print(f"\nnode-affine ({args.nodes} nodes of {args.ranks // args.nodes} rank(s)) against global epochs, "
+              "same seeds; per repeat, epochs to the target and to the variant's global final top-1 "
+              "(None: not reached)")
+        print(f"{'variant':<16} | final top-1 global | node   | node - global | node / global | epochs to target: "
+              "global | node | to the global final: global | node")
+        for r in versus(runs, targets, pairs):
+            print(f"{r['variant']:<16} | {r['global_top1']:17.1f}% | {r['node_top1']:5.1f}% | {r['top1_diff']:+12.1f} "
+                  f"| {r['top1_ratio']:12.3f}x | {r['global_epochs']} | {r['node_epochs']} "
+                  f"| {r['global_epochs_own']} | {r['node_epochs_own']}")
     png = args.png or str(work / "schedules.png")
     plot(runs, statistics.median(targets), png)
     print(f"plot: {png}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"targets": targets, "loads": loads, "walls": walls, "runs": runs, "table": table,
+                       "versus": versus(runs, targets, pairs) if both else None,
+                       "nodes": args.nodes, "shuffles": shuffles,
                        "common": COMMON, "variants": {v: flags[v] for v in names}}, f, indent=1)
 
 

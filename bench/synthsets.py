@@ -31,12 +31,13 @@ def synth_shards(videos: Path, shards: Path, synth: list[str], build: list[str])
     return shards
 
 
-def start_training(data: Path, out: Path, flags: list[str], ranks: int = 1) -> subprocess.Popen:
+def start_training(data: Path, out: Path, flags: list[str], ranks: int = 1, hosts: str | None = None) -> subprocess.Popen:
     """``trainer train --data DATA --output-dir OUT FLAGS...`` in a fresh OUT, one thread per rank:
-    on ``ranks`` Horovod ranks (gloo) when more than one, else one process (``--backend none``).
-    Its output goes to OUT.log."""
+    on ``ranks`` Horovod ranks (gloo; horovodrun's ``-H`` is ``hosts``, default all on localhost) when
+    more than one, else one process (``--backend none``). Its output goes to OUT.log."""
     shutil.rmtree(out, ignore_errors=True)
-    launcher = [str(BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"] if ranks > 1 else []
+    launcher = ([str(BIN / "horovodrun"), "-np", str(ranks), "-H", hosts or f"localhost:{ranks}", "--gloo"]
+                if ranks > 1 else [])
     backend = [] if ranks > 1 else ["--backend", "none"]
     cmd = [*launcher, str(BIN / "python"), "-m", "trainer", "train", "--data", str(data), "--output-dir", str(out),
            *backend, *flags]

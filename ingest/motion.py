@@ -32,7 +32,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from shards.motionfield import GRID, grid_size
+from shards.motionfield import grid_size
 
 from .packets import Packet
 

@@ -49,7 +49,8 @@ def test_two_host_horovodrun_trains_from_the_service_through_node_local_caches(t
                 "exec python": "env | grep '^HOROVOD_' > env-$HOROVOD_RANK; exec python"}
         commands = (block_commands("service.md", "export FSSPEC_HTTP_HEADERS", subs)
                     + block_commands("training.md", "horovodrun -np 2 -H localhost:1,127.0.0.1:1", subs))
-        run_commands(commands, cwd=tmp_path, env=shell_env({**os.environ, "HOME": str(home), "OMP_NUM_THREADS": "1"}))
+        output = run_commands(commands, cwd=tmp_path,
+                              env=shell_env({**os.environ, "HOME": str(home), "OMP_NUM_THREADS": "1"}))
     finally:
         server.kill(15)
 
@@ -59,6 +60,8 @@ def test_two_host_horovodrun_trains_from_the_service_through_node_local_caches(t
         assert (e["HOROVOD_RANK"], e["HOROVOD_SIZE"]) == (str(r), "2")
         assert (e["HOROVOD_LOCAL_RANK"], e["HOROVOD_LOCAL_SIZE"], e["HOROVOD_CROSS_SIZE"]) == ("0", "1", "2")
         assert e["HOROVOD_GLOO_IFACE"] == "lo" and e["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1"
+    # --shuffle auto with a cache: node-affine, each host a node, as rank 0 says
+    assert "data train: 16 clips in 4 shards, shuffle node: 2 nodes of 1 rank(s)" in output, output[-4000:]
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["event"] == "epoch"]

@@ -207,3 +207,37 @@ def test_hosts_of_unequal_rank_counts_agree_and_cover_the_epoch_once(forty, tmp_
     assert sorted(r["rank"] for r in records if r["batch"] == 0) == [0, 1, 2]
     trained = Counter(k for r in records for k in r["keys"])
     assert trained == Counter(k for s in Manifest.load(forty).splits["train"].shards for k in s.keys)
+
+
+def test_the_loaders_line_says_how_many_nodes_and_what_each_reads(forty):
+    """The line the trainer logs on rank 0 (``describe``) against what the ranks read in an epoch:
+    node-affine on 2 nodes of 2 ranks names the shards each node's ranks really read; one node of
+    every rank is said to be the global mode."""
+    shard_of = {k: i for i, s in enumerate(Manifest.load(forty).splits["train"].shards) for k in s.keys}
+    ranks = [ClipLoader(forty, "train", rank=r, world_size=4, local_size=2, shuffle="node", num_workers=0, **SMALL)
+             for r in range(4)]
+    read = [{shard_of[k] for r in (2 * n, 2 * n + 1) for k in keys(ranks[r])} for n in (0, 1)]
+    assert not read[0] & read[1]
+    counts = sorted(map(len, read))
+    assert ranks[0].describe() == (f"train: 40 clips in 8 shards, shuffle node: 2 nodes of 2 rank(s), each reading "
+                                   f"only its own shards for the whole run ({counts[0]}-{counts[1]} shards, "
+                                   "20-20 clips a node)")
+    one = ClipLoader(forty, "train", world_size=2, local_size=2, shuffle="node", num_workers=0, **SMALL)
+    assert one.describe() == ("train: 40 clips in 8 shards, shuffle node (one node: the same as global): one order "
+                              "of every shard for the 2 rank(s)")
+
+
+@pytest.mark.parametrize("cache, average_every, given, expect", [
+    ("/cache", None, "auto", "node"),
+    (None, None, "auto", "global"),
+    ("/cache", 4, "auto", "global"),  # K-step averaging: measured lower accuracy node-affine
+    ("/cache", 4, "node", "node"),  # as asked
+    ("/cache", None, "global", "global"),
+])
+def test_auto_shuffle_is_node_affine_with_a_cache_unless_ranks_average_every_k_steps(cache, average_every, given,
+                                                                                      expect):
+    from trainer import config
+    from trainer.train import shuffle_mode
+    cfg = config.TrainConfig(data=config.Data(data="set", cache_dir=cache, shuffle=given),
+                             schedules=config.Schedules(average_every=average_every))
+    assert shuffle_mode(cfg) == expect

@@ -145,7 +145,7 @@ class Trainer:
                           world_size=self.backend.size, train=train, seed=self.cfg.system.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
-                          shuffle=("node" if a.cache_dir else "global") if a.shuffle == "auto" else a.shuffle,
+                          shuffle=shuffle_mode(self.cfg),
                           local_size=self.backend.local_size, lookahead=a.lookahead,
                           decode_on_device=a.decode_on_device, modality=a.modality,
                           shapes=None if full_shape else self.regime.shapes)
@@ -281,6 +281,15 @@ def prepare_output(system: config.System, rank0: bool) -> None:
             path = os.path.join(system.output_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         log.info("--overwrite: deleted %s from %s", ", ".join(found), system.output_dir)
+
+
+def shuffle_mode(cfg: config.TrainConfig) -> str:
+    """``--shuffle``, with auto decided: node-affine epochs with a cache, except under K-step
+    averaging, whose ranks drift toward their node's fixed shards between averages (measured
+    lower accuracy, BENCHMARKS.md "Accuracy: node-affine against global epochs")."""
+    if cfg.data.shuffle != "auto":
+        return cfg.data.shuffle
+    return "node" if cfg.data.cache_dir and cfg.schedules.average_every is None else "global"
 
 
 def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_ranks: int, rank0: bool) -> config.TrainConfig:
@@ -498,6 +507,7 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
             if t.regime.describe():
                 log.info("%s", t.regime.describe())
             log.info("config: %s", json.dumps(t.cfg.to_dict(), sort_keys=True))
+            log.info("data %s", t.train_loader.describe())
         if t.rank0:
             log.info("writing the checkpoint to %s and metrics to %s", t.checkpoint_url,
                      os.path.join(cfg.system.output_dir, "metrics.jsonl"))

@@ -298,6 +298,21 @@ class ClipLoader:
         self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
         self._slots_in_use = False
 
+    def describe(self) -> str:
+        """One line: what the loader reads and how it shuffles (the trainer logs it on rank 0, so a
+        run's log says whether it really ran node-affine, and on how many nodes)."""
+        what = f"{self.split}: {self.manifest.splits[self.split].num_samples} clips in {len(self.shards)} shards"
+        if not self.train:
+            return f"{what}, in stored order"
+        if self._nodes == 1:
+            alike = " (one node: the same as global)" if self.shuffle == "node" else ""
+            return f"{what}, shuffle {self.shuffle}{alike}: one order of every shard for the {self.world_size} rank(s)"
+        shares = partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed)
+        owned = sorted(len({r.shard for r in runs}) for runs in shares)
+        clips = sorted(sum(r.size for r in runs) for runs in shares)
+        return (f"{what}, shuffle node: {self._nodes} nodes of {self.local_size} rank(s), each reading only its "
+                f"own shards for the whole run ({owned[0]}-{owned[-1]} shards, {clips[0]}-{clips[-1]} clips a node)")
+
     # --- position in the epoch -------------------------------------------------------------
     @property
     def _workers(self) -> int:

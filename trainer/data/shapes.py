@@ -26,7 +26,6 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from .motion import MotionTransform
 from .transforms import TrainTransform

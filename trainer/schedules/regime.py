@@ -32,7 +32,6 @@ from ..errors import ConfigError
 from ..hooks import Hook
 from . import batch_growth, multigrid
 from .model_averaging import KStepBackend
-from ..data.shapes import EpochShapes
 
 log = logging.getLogger(__name__)
 
