@@ -35,7 +35,7 @@ import numpy as np
 from shards import motionfield
 
 from ..config import CHANNELS
-from .transforms import Geometry, dct_denom, jpeg_size, scaled
+from .transforms import Geometry
 
 
 def clip_members(sample: dict, kind: str) -> list[tuple[bytes, bytes]]:
@@ -93,9 +93,7 @@ class MotionTransform:
     def into(self, clip: list[tuple[bytes, bytes]], rng: random.Random | None, out: np.ndarray) -> Geometry:
         """Render ``clip`` ((JPEG, field PNG) per frame) into ``out``; the geometry drawn, in pixels of
         the frame at the DCT scale its JPEGs would be decoded at (as ``TrainTransform.into``)."""
-        w, h = jpeg_size(clip[0][0])
-        d = dct_denom(w, h, self.scale_size)
-        g = self.geometry(*scaled(w, h, d), rng)
+        g, d, _ = self.frames.draw(clip[0][0], rng)
         views = out if self.views > 1 else out[None]
         for t, (_, png) in enumerate(clip):
             planes = np.ascontiguousarray(motionfield.quantised(png)[..., :self.channels])

@@ -177,12 +177,18 @@ class _Transform:
         self.into(jpegs, rng, out)
         return out
 
-    def into(self, jpegs: list[bytes], rng: random.Random | None, out: np.ndarray) -> Geometry:
-        w, h = jpeg_size(jpegs[0])
+    def draw(self, jpeg: bytes, rng: random.Random | None) -> tuple[Geometry, int, tuple[int, int]]:
+        """A clip's geometry, drawn from its first frame's header alone: (the geometry, in pixels of
+        the frame decoded at 1/d; the DCT denominator d; that decoded frame's size)."""
+        w, h = jpeg_size(jpeg)
         d = dct_denom(w, h, self.scale_size)
-        g = self.geometry(*scaled(w, h, d), rng)
+        size = scaled(w, h, d)
+        return self.geometry(*size, rng), d, size
+
+    def into(self, jpegs: list[bytes], rng: random.Random | None, out: np.ndarray) -> Geometry:
+        g, d, size = self.draw(jpegs[0], rng)
         views = out if self.views > 1 else out[None]
-        x0, y0, x1, y1 = g.region(*scaled(w, h, d))
+        x0, y0, x1, y1 = g.region(*size)
         direct = self.views == 1 and (x0, y0, x1, y1) == g.boxes[0] and (x1 - x0, y1 - y0) == (g.side, g.side)
         for t, jpeg in enumerate(jpegs):
             if direct:  # the box is the output: decode straight into it
