@@ -212,8 +212,12 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
     """The frames ``wanted(frame count)`` (display indices) of ``path``, scaled and upright, and
     with ``motion_vectors`` their motion fields from the codec's vectors.
 
-    A frame is converted and scaled by one swscale pass into a 4-byte-per-pixel buffer that a
-    PIL image uses in place (no copy); a rotation is one transpose of the scaled image."""
+    A frame is converted and scaled by one swscale pass into packed RGB, which PIL copies into its
+    own 4-byte pixels; a rotation is one transpose of the scaled image. Not into a 4-byte ``rgb0``
+    buffer that PIL could use in place: PyAV allocates that one without padding past the width,
+    and swscale's unscaled SIMD YUV-to-RGB conversion, which writes 8 pixels at a time, then leaves
+    the last ``width % 8`` columns (up to 4) unwritten whenever the frame is not resized: there
+    the stored frames held whatever the buffer held before (``tests/test_pyav_decoder.py``)."""
     found = decode_frames(path, wanted, threads=threads, deadline=deadline, motion_vectors=motion_vectors)
     first = next(iter(found.frames.values()))
     facts = found.stream
@@ -228,9 +232,9 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
         if motion_vectors:
             vectors = _vectors(found.vectors_of[i]) if i in found.vectors_of else _vectors(frame)
             fields[i] = _mv_field(frame, vectors, found.distances.get(i, (None, None)), scaled, rotation)
-        rgb = frame.reformat(width=scaled[0], height=scaled[1], format="rgb0", interpolation="AREA", threads=threads)
+        rgb = frame.reformat(width=scaled[0], height=scaled[1], format="rgb24", interpolation="AREA", threads=threads)
         plane = rgb.planes[0]
-        image = Image.frombuffer("RGBX", scaled, plane, "raw", "RGBX", plane.line_size, 1)
+        image = Image.frombuffer("RGB", scaled, plane, "raw", "RGB", plane.line_size, 1)
         images[i] = image.transpose(TRANSPOSE[rotation]) if rotation in TRANSPOSE else image
     return Decoded(info, images, "pyav", packets_decoded=found.packets_decoded, detail=" | ".join(found.errors[-4:]),
                    motion=fields)

@@ -289,3 +289,23 @@ def test_remote_source_over_http_matches_local(class_tree, tmp_path):
     assert a.keys() == b.keys()
     assert {k: v for k, v in a.items() if k != "manifest.json"} == \
            {k: v for k, v in b.items() if k != "manifest.json"}  # the manifest records its src
+
+
+def test_frames_kept_at_their_size_are_stored_as_ffmpeg_decodes_them_and_identically_twice(tmp_path):
+    """340x256 is the common pre-resized Kinetics size: frames of that short side are not resized,
+    and at widths that are not multiples of 16 the last columns once held run-to-run garbage."""
+    src = tmp_path / "src"
+    for label, width in (("a", 340), ("b", 354), ("c", 338)):
+        media.make_video(src / "train" / label / f"{label}0.mp4", frames=12, width=width, height=256, texture=True)
+    cfg = ClipConfig(frames=4, short_side=256)
+    build(str(src), str(tmp_path / "one"), cfg, workers=1, shard_samples=2, videos_per_task=3)
+    build(str(src), str(tmp_path / "two"), cfg, workers=2, shard_samples=2, videos_per_task=1)
+    assert tree_bytes(tmp_path / "one") == tree_bytes(tmp_path / "two")
+    for key, members in samples(tmp_path / "one", "train").items():
+        meta = json.loads(members["json"])
+        full = media.decode_frames(src / meta["source"])
+        for t, i in enumerate(meta["frame_indices"]):
+            stored = np.asarray(Image.open(io.BytesIO(members[f"{t:02d}.jpg"])).convert("RGB"), np.int16)
+            assert stored.shape == full[i].shape
+            by_column = np.abs(stored - full[i]).mean(axis=(0, 2))  # JPEG's loss: a few levels
+            assert by_column.max() < 20, f"{key} frame {i}: column {by_column.argmax()} off by {by_column.max():.1f}"

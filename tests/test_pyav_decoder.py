@@ -121,6 +121,26 @@ def test_the_command_line_decoder_agrees(videos, kind):
         assert np.abs(a - b).mean() < 2.5
 
 
+# Widths that are not multiples of 16, the common pre-resized Kinetics sizes among them: with
+# width % 8 in 1..4, swscale's unscaled YUV-to-RGB conversion into an unpadded 4-byte buffer left
+# the last columns unwritten (garbage that changed from run to run).
+UNSCALED_SIZES = [(340, 256), (226, 170), (354, 200), (60, 36), (90, 50)]
+
+
+@pytest.mark.parametrize("width,height", UNSCALED_SIZES)
+def test_frames_kept_at_their_size_equal_ffmpegs_decode_to_the_last_column(tmp_path, width, height):
+    path = media.make_video(tmp_path / f"{width}x{height}.mp4", frames=12, width=width, height=height, texture=True)
+    full = media.decode_frames(path)  # the ffmpeg command line's own RGB
+    picks = [1, 4, 6, 11]
+    for _ in range(2):  # twice: the garbage differed from call to call
+        ours = pyav_decoder.decode(str(path), lambda n: picks, height, deadline=Deadline(60)).frames
+        for i in picks:
+            a = np.asarray(ours[i].convert("RGB"))
+            assert a.shape == full[i].shape
+            worst = np.abs(a.astype(np.int16) - full[i]).max(axis=(0, 2))
+            assert not worst.any(), f"frame {i}: columns {np.flatnonzero(worst).tolist()} differ by up to {worst.max()}"
+
+
 def random_stream(rng: random.Random, n: int) -> tuple[list[packets.Packet], list[set[int]]]:
     """A random decode-order stream and, per packet, the packets it refers to: only references
     before it and at or after the last barrier, as every codec guarantees."""
