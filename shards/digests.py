@@ -16,6 +16,8 @@ import io
 
 import xxhash
 
+from .errors import DataFault
+
 ALGORITHM = "xxh3-64"
 
 
@@ -23,8 +25,9 @@ def sample_digest(data) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
-class CorruptSample(OSError):
-    """A sample whose bytes differ from the manifest's digest twice in a row."""
+class CorruptSample(DataFault, OSError):
+    """A sample whose bytes differ from the manifest's digest twice in a row: deterministic, never
+    retried as if it were transient."""
 
 
 class CheckedSamples(io.RawIOBase):

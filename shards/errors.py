@@ -5,6 +5,12 @@ that does not exist: exit status 2, as argparse gives) and ``CommandError`` for 
 on (a server that refused, a full cache: status 1). ``shards.commands.main`` prints the message
 as ``PROG COMMAND: error: MESSAGE`` on stderr and exits with the status; anything else is a bug
 and keeps its traceback.
+
+``DataFault`` is the refusal of the data path itself, raised while a run reads (a sample whose
+bytes differ from the manifest, a source that stayed unreachable past its deadline): a training
+run stops on one as it stops on a signal, with its position saved, so ``--resume`` continues from
+the batch it stopped at. ``resume`` says whether resuming as is can succeed (a source that comes
+back) or needs something done first (a damaged sample repaired or skipped).
 """
 
 
@@ -24,3 +30,14 @@ class NotFound(UsageError, FileNotFoundError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class DataFault(CommandError):
+    """The data a run reads failed it; the message names the shard, sample or URL and the reason."""
+    resume = False  # whether `--resume` as is can go on (a transient cause), or needs a fix first
+
+
+class SourceUnavailable(DataFault):
+    """A source that refused connections, timed out or answered 502/503/504 until its deadline."""
+    status = 75  # EX_TEMPFAIL: try again later (Slurm's --requeue and job arrays read it so)
+    resume = True
