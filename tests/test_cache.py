@@ -383,10 +383,14 @@ def test_a_killed_download_is_never_visible_and_a_waiter_takes_over(tmp_path):
 
 
 def test_a_damaged_download_is_never_visible(tmp_path):
+    """A copy whose SHA-256 is not the manifest's is an integrity failure (one line, a DataFault;
+    before: a bare OSError, a traceback in the trainer), not kept and not downloaded again."""
     cache = ShardCache(str(tmp_path), retry=FAST)
     with misbehaving("corrupt") as (srv, url):
-        with pytest.raises(OSError, match="sha256"):
+        with pytest.raises(ShardChanged, match=f"^{url}/blob.tar: the copy downloaded has SHA-256 [0-9a-f]{{64}}, "
+                                               f"the manifest says {SHA}: the file changed or is damaged"):
             cache.fetch(f"{url}/blob.tar", SHA, SIZE)
+        assert srv.counts["/blob.tar"] == 1
     assert not os.path.exists(cache.path(SHA)) and leftovers(tmp_path) == []
 
 
