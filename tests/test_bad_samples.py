@@ -193,3 +193,25 @@ def test_two_ranks_stop_alike_at_the_first_bad_sample_or_past_the_budget(sets, t
     assert steps[0] == steps[1] > 0  # the same step on both ranks
     listed = [json.loads(line)["key"] for line in (out / "bad-samples.jsonl").read_text().splitlines()]
     assert sorted(listed) == sorted(key for key, _ in sets["two"]["train"])
+
+
+@pytest.mark.long
+def test_a_killed_run_resumed_lists_and_counts_each_bad_sample_once_an_epoch(sets, tmp_path):
+    """SIGKILL in epoch 2 after its bad sample was listed; --resume goes on from the epoch-1 checkpoint,
+    meets the sample again and lists it again: the line the killed run wrote after the checkpoint is
+    dropped, so the list and the counts read as one run's."""
+    out = tmp_path / "run"
+    args = [sys.executable, FAULTRUN, "train", "--data", str(sets["root"] / "one"), "--output-dir", str(out),
+            "--backend", "none", *FLAGS, "--epochs", "2", "--max-bad-samples", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": f"step:{2 * CLIPS // BATCH}:KILL:self"}  # epoch 2's last
+    killed = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    listed = lambda: sorted((r["epoch"], r["split"]) for r in map(json.loads, (out / "bad-samples.jsonl")  # noqa: E731
+                                                                  .read_text().splitlines()))
+    assert listed() == [(1, "train"), (1, "val"), (2, "train")]  # epoch 2's was met before the kill
+    resumed = subprocess.run([*args, "--resume"], env={**env, "FAULT": ""}, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert listed() == [(1, "train"), (1, "val"), (2, "train"), (2, "val")]
+    epochs = [r for r in metrics.read(str(out / "metrics.jsonl")) if r["event"] == "epoch"]
+    assert [(r["epoch"], r["bad_samples"], r["val_bad_samples"]) for r in epochs] == [(1, 1, 1), (2, 1, 1)]
