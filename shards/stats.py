@@ -3,12 +3,14 @@
 Counts and bytes come from the manifest alone. Frames per clip and frame sizes come from
 reading clips: ``--probe N`` evenly spread clips per split (one byte-range read each), or
 every clip with ``--probe 0`` (one sequential read per shard). JPEG headers give the sizes;
-no frame is decoded. Every clip read is checked against the manifest's digest, as the trainer
-checks it (``shards.digests``): one that differs is left out of the figures and named, and the
-command then ends with exit status 1 (as ``shards verify`` does on a problem), after printing. A set with motion fields (``shards.motionfield``) has the probed clips'
+no frame is decoded. A set with motion fields (``shards.motionfield``) has the probed clips'
 fields decoded for their magnitude statistics: the share of valid cells, and over those the
 mean, median and 95th percentile of the motion's length in pixels per frame and the share
 clipped at the quantisation bound.
+
+Every clip read is checked against the manifest's digest, as the trainer checks it
+(``shards.digests``): one that differs is left out of the figures and named, and the command
+ends with exit status 1 after printing them (as ``shards verify`` does on a problem).
 """
 from __future__ import annotations
 
@@ -118,8 +120,8 @@ def format_text(stats: dict) -> str:
         if s["bad_samples"]:
             lines.append(f"  {len(s['bad_samples'])} of the {s['probed_clips']} clips read differ from the manifest's "
                          "digests (left out of these figures):")
-            lines += [f"    {b['shard']}: sample {b['key']}: {ALGORITHM} digest {b['found']}, the manifest says {b['expected']}"
-                      for b in s["bad_samples"]]
+            lines += [f"    {b['shard']}: sample {b['key']}: {ALGORITHM} digest {b['found']}, the manifest says "
+                      f"{b['expected']}" for b in s["bad_samples"]]
         if "mean" in s.get("motion", {}):
             mo = s["motion"]
             lines.append(f"  motion ({mo['kind']}): {mo['valid_fraction']:.0%} of cells valid; length mean "

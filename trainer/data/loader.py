@@ -24,6 +24,14 @@ not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``
 repeats); ``global_valid``, the real clips in this batch and the same batch of every other rank
 together (one optimizer step's, for the loss weights and the clips seen).
 
+With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
+the undecoded bytes and their geometry instead of ``clips``, for ``trainer.data.device_decode``.
+With ``modality="motion"`` the clips are the samples' stored motion fields rendered with the
+geometry their frames would get (``trainer.data.motion``): (B, T, 2, H, W), the rest alike.
+With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batches hold
+``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
+crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
+
 Bad samples (bytes that differ from the manifest's digest, read twice: ``shards.digests``): by
 default the first ends the iteration with its ``CorruptSample``, a ``DataFault`` naming the shard,
 the sample, both digests and the URL. With ``max_bad_samples`` (N, or None: the caller keeps the
@@ -35,13 +43,6 @@ rank still yields the same batches of the same size and every good clip is read 
 position in the split, as the viewer numbers clips, ``split``, ``expected`` and ``found`` digests,
 ``rank``, ``slot`` in the batch). A bad sample met again as a padding repeat is left out unlisted.
 Past N in an epoch the iteration ends with ``TooManyBadSamples`` before the batch that went over.
-With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
-the undecoded bytes and their geometry instead of ``clips``, for ``trainer.data.device_decode``.
-With ``modality="motion"`` the clips are the samples' stored motion fields rendered with the
-geometry their frames would get (``trainer.data.motion``): (B, T, 2, H, W), the rest alike.
-With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batches hold
-``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
-crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
 
 The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
 ``shared_manifest`` lets rank 0 read it and broadcasts it over the job's collective (one
