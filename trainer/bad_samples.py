@@ -85,7 +85,7 @@ class BadSamples(Hook):
         """Every rank takes in what every rank met since the last time, then stops past the budget."""
         if t.epoch != self.epoch:
             self.epoch, self.counts, self.last = t.epoch, {}, {}
-        self.step = t.step
+        self.step, self.rank0 = t.step, t.backend.rank == 0  # (an elastic job's rank 0 may change)
         met = t.backend.all_sum(torch.tensor([len(self.pending)], dtype=torch.int64)).item()
         if met:
             found = [r for records in t.backend.all_gather_object(self.pending) for r in records]
