@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from .errors import CommandError
-from .http_range import DEFAULT_RETRY, Retry
+from .http_range import DEFAULT_RETRY, Retry, ShardChanged
 from .packing import parse_size
 from .reading import READ_BUFFER, open_range
 
@@ -290,10 +290,13 @@ class ShardCache:
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())  # a copy under its final name must survive a crash whole
-            if n != size or (piece.whole and h.hexdigest() != piece.sha256):
-                raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes, "
-                              f"sha256 {h.hexdigest()[:12]}; manifest says {size} bytes"
-                              + (f", sha256 {piece.sha256[:12]}" if piece.whole else ""))
+            if n != size:
+                raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes; "
+                              f"the manifest says {size}")
+            if piece.whole and h.hexdigest() != piece.sha256:  # what another download would get too
+                raise ShardChanged(f"{piece.url}: the copy downloaded has SHA-256 {h.hexdigest()}, the manifest says "
+                                   f"{piece.sha256}: the file changed or is damaged (shards verify names the "
+                                   "samples); not kept")
             # pinned before it is visible under its name: another process making room could
             # otherwise evict the new copy between its rename and our pin, and it would be fetched again
             fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)

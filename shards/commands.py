@@ -111,6 +111,22 @@ def byte_size(text: str) -> int:
     return value
 
 
+def count_or_share(text: str) -> str:
+    """A count ('3') or a share in percent ('0.5%'), at least 0, as written (``share_of`` applies it)."""
+    try:
+        value = float(text[:-1]) if text.endswith("%") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (3) or a share in percent (0.5%)") from None
+    if not 0 <= value <= (100 if text.endswith("%") else value):
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: give a count of 0 or more, or 0% to 100%")
+    return text
+
+
+def share_of(budget: str, total: int) -> int:
+    """``count_or_share``'s text as a number of ``total`` things: the count, or the share rounded down."""
+    return int(total * float(budget[:-1]) / 100) if budget.endswith("%") else int(budget)
+
+
 def comma_list(choices):
     """A comma-separated list of some of ``choices``, in the order given, without repeats."""
     def check(text: str) -> list[str]:

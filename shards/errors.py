@@ -33,8 +33,24 @@ class NotFound(UsageError, FileNotFoundError):
 
 
 class DataFault(CommandError):
-    """The data a run reads failed it; the message names the shard, sample or URL and the reason."""
+    """The data a run reads failed it; the message names the shard, sample or URL and the reason.
+
+    ``facts``: what a caller may act on (a skipped sample's shard, key and digests), kept as
+    attributes. The message stays the one raised, and the fault pickles as it was raised (a loader
+    worker sends it to its rank), whatever a reader it passes through appends to its ``args``
+    (webdataset's tar stages append the stream and URL: a stream cannot be pickled)."""
     resume = False  # whether `--resume` as is can go on (a transient cause), or needs a fix first
+
+    def __init__(self, message: str, **facts):
+        super().__init__(message)
+        self.message = message
+        self.__dict__.update(facts)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return type(self), (self.message,), self.__dict__
 
 
 class SourceUnavailable(DataFault):

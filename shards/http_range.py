@@ -3,11 +3,13 @@ resumed where it broke off.
 
 Every response must be exactly what was asked (``range_problem``): 206, a ``Content-Range``
 whose first and last byte and total size are the requested ones, a ``Content-Length`` equal
-to the range, a body of that length, and, when the server sends a SHA-256 strong ETag (as
-the dataset service does), the manifest's SHA-256. Anything else (a 200 with the whole file,
-a short body, a wrong total, another ETag, a 5xx, a dropped connection) is retried from the
-first missing byte with exponential backoff and jitter (``Retry.attempts`` requests in all
-per range), then fails naming the URL, the bytes and the last problem. 404 and other 4xx answers fail at once: asking again will not help.
+to the range and a body of that length. Anything else (a 200 with the whole file, a short body,
+a wrong total, a 5xx, a dropped connection) is retried from the first missing byte with
+exponential backoff and jitter (``Retry.attempts`` requests in all per range), then fails naming
+the URL, the bytes and the last problem. Answers that asking again cannot change fail at once:
+404 and other 4xx, and a SHA-256 strong ETag (as the dataset service sends) that is not the
+manifest's SHA-256 (``integrity_problem``: the server's file is not the one the manifest describes,
+changed or damaged; ``ShardChanged``, a ``DataFault``).
 A 429 or 503 with ``Retry-After`` (seconds or an HTTP date) waits as long as the server asks
 (at most ``Retry.max_retry_after``) instead of the backoff. Redirects (301, 302, 303, 307, 308;
 at most ``MAX_REDIRECTS`` in a row) are followed with the same ``Range``, as the service's
@@ -59,6 +61,8 @@ from typing import Mapping
 import fsspec.asyn
 import fsspec.config
 
+from .errors import DataFault
+
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 _SHA256_ETAG = re.compile(r'"([0-9a-f]{64})"$')
 _RETRIED_4XX = {408, 425, 429}
@@ -100,11 +104,26 @@ class RangeError(OSError):
     """A byte range that could not be read as asked, after the retries."""
 
 
+class ShardChanged(DataFault, RangeError):
+    """The server says by its ETag that its file is not the one the manifest describes: an
+    integrity failure, the same however often asked, so never retried."""
+
+
+def integrity_problem(status: int, headers: Mapping[str, str], sha256: str | None) -> str | None:
+    """Why a successful answer is not of the file the manifest describes (its SHA-256 strong ETag is
+    another file's), or None. Deterministic: every retry would get the same."""
+    etag = _SHA256_ETAG.match(headers.get("ETag", "").strip())
+    if 200 <= status < 300 and sha256 and etag and etag[1] != sha256:
+        return (f"the server's ETag {etag[1]} differs from the manifest's SHA-256 {sha256}: the file changed or "
+                "is damaged (shards verify names the samples); not retried")
+    return None
+
+
 def range_problem(status: int, headers: Mapping[str, str], start: int, end: int,
-                  size: int | None = None, sha256: str | None = None) -> str | None:
+                  size: int | None = None) -> str | None:
     """Why a response to ``Range: bytes=start-(end-1)`` cannot be used, or None if it can.
 
-    ``size``: the file's total size as the manifest says; ``sha256``: its digest.
+    ``size``: the file's total size as the manifest says.
     """
     if status != 206:
         return f"status {status}, expected 206 Partial Content"
@@ -120,9 +139,6 @@ def range_problem(status: int, headers: Mapping[str, str], start: int, end: int,
     length = headers.get("Content-Length")
     if length is not None and length.strip() != str(end - start):
         return f"Content-Length {length}, expected {end - start}"
-    etag = _SHA256_ETAG.match(headers.get("ETag", "").strip())
-    if sha256 and etag and etag[1] != sha256:
-        return f"ETag {etag[1][:12]}... differs from the manifest's SHA-256 {sha256[:12]}... (file changed)"
     return None
 
 
@@ -247,7 +263,11 @@ class HTTPRange(io.RawIOBase):
             raise FileNotFoundError(f"{self.url}: not found (404)")
         if 400 <= r.status < 500 and r.status not in _RETRIED_4XX:
             raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: status {r.status}")
-        problem = range_problem(r.status, r.headers, self.pos, self.end, self.size, self.sha256)
+        changed = integrity_problem(r.status, r.headers, self.sha256)
+        if changed:
+            self._drop()
+            raise ShardChanged(f"{self.url}: {changed}")
+        problem = range_problem(r.status, r.headers, self.pos, self.end, self.size)
         if problem:
             wait = retry_after(r.headers.get("Retry-After")) if r.status in (429, 503) else None
             return self._failed(problem if wait is None else f"{problem} (Retry-After: {wait:g} s)", wait)

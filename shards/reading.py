@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator
 
 from fsspec.core import url_to_fs
 
-from .digests import CheckedSamples
+from .digests import CheckedSamples, CorruptSample
 from .http_range import DEFAULT_RETRY, HTTPRange, RangeError, Retry
 from .storage import local_path, open_fd
 
@@ -123,12 +123,13 @@ def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: i
 
 
 def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *,
-                 retry: Retry = DEFAULT_RETRY, stream: BinaryIO | None = None) -> BinaryIO:
+                 retry: Retry = DEFAULT_RETRY, stream: BinaryIO | None = None, replace=None) -> BinaryIO:
     """``open_range`` of bytes [start, end) of a shard (a manifest ``ShardInfo``) that begin and end
     at sample boundaries, every sample checked against the manifest's digest (format /2 manifests;
     older ones have none, and their ranges are read unchecked). ``stream``: those bytes already
     opened elsewhere (a node-cache copy, a read-ahead); a sample that fails its check is still read
-    again from ``url``, the source."""
+    again from ``url``, the source. ``replace``: what a sample that fails twice is read as, instead
+    of raising (``CheckedSamples``)."""
     opener = lambda a, b: open_range(url, a, b, fd, size=shard.bytes, sha256=shard.sha256, retry=retry)  # noqa: E731
     if not shard.digests:
         return stream if stream is not None else opener(start, end)
@@ -136,7 +137,7 @@ def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *
     last = bisect.bisect_left(shard.offsets, end) - 1
     if first > last or shard.offsets[first] != start or shard.offsets[last] + shard.lengths[last] != end:
         raise ValueError(f"{url}: bytes {start}-{end - 1} are not whole samples of {shard.name}")
-    return io.BufferedReader(CheckedSamples(url, shard, first, last, opener, stream), READ_BUFFER)
+    return io.BufferedReader(CheckedSamples(url, shard, first, last, opener, stream, replace), READ_BUFFER)
 
 
 class _Ahead(io.RawIOBase):
@@ -225,17 +226,25 @@ def read_range(url: str, start: int, end: int) -> bytes:
         return f.read()
 
 
-def iter_samples(url: str, shard, start: int, stop: int):
+def iter_samples(url: str, shard, start: int, stop: int, bad: bool = False):
     """Samples [start, stop) of a shard (a manifest ``ShardInfo``) as (index, tar bytes), read
-    sequentially through one open of their byte range."""
+    sequentially through one open of their byte range, each checked against the manifest's digest:
+    one that differs raises its ``CorruptSample``, or with ``bad`` comes as (index, that
+    ``CorruptSample``) and the reading goes on."""
     if start >= stop:
         return
-    pos = shard.offsets[start]
-    with open_samples(url, shard, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1]) as f:
+    pos, found = shard.offsets[start], {}
+
+    def note(error: CorruptSample) -> bytes:  # the bad sample's place kept, its bytes never handed on
+        found[error.index] = error
+        return bytes(shard.lengths[error.index])
+
+    with open_samples(url, shard, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1],
+                      replace=note if bad else None) as f:
         for i in range(start, stop):
             f.read(shard.offsets[i] - pos)  # a gap between samples; empty in shards we write
             data = f.read(shard.lengths[i])
             if len(data) < shard.lengths[i]:
                 raise EOFError(f"{url}: ends inside sample {shard.keys[i]}")
             pos = shard.offsets[i] + shard.lengths[i]
-            yield i, data
+            yield i, found.pop(i, data)

@@ -90,6 +90,26 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     return m
 
 
+def corrupt_sample(directory, split: str = "train", shard: int = 0, sample: int = 2, at: int = 3000,
+                   nbytes: int = 1, mask: int = 0x10, keep_mtime: bool = True):
+    """Flip ``nbytes`` bytes (XOR ``mask``) ``at`` bytes into sample ``sample`` of shard ``shard`` of
+    ``split``, in place (same size); with ``keep_mtime`` as bit rot would (the modification time
+    unchanged). Returns the shard's ``ShardInfo`` (its ``keys[sample]`` is the damaged sample's)."""
+    info = Manifest.load(str(directory)).splits[split].shards[shard]
+    path = os.path.join(str(directory), info.name)
+    st = os.stat(path)
+    start = info.offsets[sample] + at
+    assert at + nbytes <= info.lengths[sample], "the bytes to flip must lie inside the sample"
+    with open(path, "r+b") as f:
+        f.seek(start)
+        data = f.read(nbytes)
+        f.seek(start)
+        f.write(bytes(b ^ mask for b in data))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return info
+
+
 class RangeHandler(SimpleHTTPRequestHandler):
     """Static files with single byte-range support (``Range: bytes=a-b``); records (method, path)."""
 

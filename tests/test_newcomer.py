@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shards.catalog import Catalog
-from shardsets import ServiceProcess, make_shardset, register
+from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
 import media
 
@@ -76,6 +76,21 @@ CASES = [
      {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
     ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
      ["--output-dir", "earlier", "--resume", "--overwrite"]),
+    ("bad-sample-stops-training", "trainer train --data {rotten} --output-dir {root}/run-rotten --backend none "
+     "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1", {}, 1,
+     ["{rotten}/train/train-00000", ": shard train/train-00000", ", sample train_v000", ": xxh3-64 digest ",
+      ", the manifest says ", "(read twice)"]),
+    ("bad-samples-over-the-budget", "trainer train --data {rotten} --output-dir {root}/run-budget --backend none "
+     "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1 --max-bad-samples 1", {}, 1,
+     ["2 samples of train in epoch 1 differ from the manifest's digests", "more than --max-bad-samples 1",
+      "(read twice)", "{root}/run-budget/bad-samples.jsonl"]),
+    ("max-bad-samples-not-a-count", "trainer train --data {set} --max-bad-samples lots", {}, 2,
+     ["--max-bad-samples", "'lots'", "a count (3) or a share in percent (0.5%)"]),
+    ("stats-of-damaged-clips", "shards stats {rotten} --probe 0", {}, 1,
+     ["2 clips read differ from the manifest's digests", "train/train-000000.tar sample train_v0000_c01",
+      "train/train-000001.tar sample train_v0001_c01", "shards verify {rotten}"]),
+    ("preview-of-damaged-clips", "shards preview {rotten} --clips 6 --out {root}/rotten.png", {}, 1,
+     ["2 of the 6 clips shown differ", "marked damaged", "train/train-000000.tar sample train_v0000_c01"]),
 ]
 
 
@@ -85,6 +100,9 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("newcomer")
     make_shardset(str(root / "set"), {"train": 6, "val": 3}, per_shard=3)
     make_shardset(str(root / "old"), {"train": 12}, per_shard=2)  # an earlier set, 6 shards
+    make_shardset(str(root / "rotten"), {"train": 6, "val": 3}, per_shard=3)  # two training samples damaged:
+    corrupt_sample(root / "rotten", "train", 0, 1, nbytes=40, mask=0xFF)  # clip 1, train_v0000_c01
+    corrupt_sample(root / "rotten", "train", 1, 0, nbytes=40, mask=0xFF)  # clip 3, train_v0001_c01
     (root / "empty").mkdir()
     (root / "flat").mkdir()
     (root / "vids" / "train" / "a").mkdir(parents=True)
@@ -100,7 +118,7 @@ def world(tmp_path_factory):
     server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
     server.start()
     yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
-           "old": str(root / "old"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url, "port": _free_port(),
+           "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url, "port": _free_port(),
            "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"})}
     server.kill(15)
 

@@ -25,7 +25,7 @@ from shards.digests import CorruptSample
 from shards.http_range import RangeError
 from shards.manifest import Manifest
 from shards.reading import iter_samples, open_range
-from shardsets import RangeHandler, ServiceProcess, http, make_shardset, register
+from shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register
 
 NGINX = "/usr/sbin/nginx"
 
@@ -75,21 +75,6 @@ def env(tmp_path_factory):
     server.kill(15)
 
 
-def flip_a_byte(directory, keep_mtime: bool) -> tuple:
-    """Flip a byte inside the third sample of the first shard, in place (same size); with
-    ``keep_mtime`` as bit rot would (the modification time unchanged)."""
-    m = Manifest.load(str(directory))
-    shard = m.splits["train"].shards[0]
-    path = directory / shard.name
-    st = os.stat(path)
-    data = bytearray(path.read_bytes())
-    data[shard.offsets[2] + 3000] ^= 0x10
-    path.write_bytes(data)
-    if keep_mtime:
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    return shard
-
-
 def loader_batches(url: str, direct: str = "never"):
     from trainer.data.loader import ClipLoader
 
@@ -100,7 +85,7 @@ def loader_batches(url: str, direct: str = "never"):
 # --- integrity ---------------------------------------------------------------------------------
 def test_bit_rot_is_caught_by_the_per_sample_digest_over_http(env):
     url = env["server"].url
-    shard = flip_a_byte(env["root"] / "rot", keep_mtime=True)  # the server cannot tell: same size and mtime
+    shard = corrupt_sample(env["root"] / "rot", keep_mtime=True)  # the server cannot tell: same size and mtime
     before = stats(url)["shard_requests"]
     with pytest.raises(CorruptSample) as e:
         loader_batches(f"{url}/v1/datasets/rot")
@@ -175,7 +160,7 @@ def test_file_tables_keep_the_most_recently_used(env):
 
 def test_a_changed_shard_is_hashed_again_and_its_etag_refused(env):
     url, cat, rec = env["server"].url, env["catalog"], env["sets"]["changed"]
-    shard = flip_a_byte(env["root"] / "changed", keep_mtime=False)
+    shard = corrupt_sample(env["root"] / "changed", keep_mtime=False)
     with pytest.raises(RangeError, match="differs from the manifest's SHA-256"):
         open_range(f"{url}/v1/datasets/changed/{shard.name}", 0, 100, size=shard.bytes, sha256=shard.sha256).read()
     assert stats(url)["reverified"] == 1
@@ -188,7 +173,7 @@ def test_a_changed_shard_is_hashed_again_and_its_etag_refused(env):
 def test_a_set_verify_found_bad_is_not_served_as_sound(env):
     """As a new user tried it: a byte flipped, ``verify`` reported it, training from the URL must fail."""
     url, rec = env["server"].url, env["sets"]["flagged"]
-    shard = flip_a_byte(env["root"] / "flagged", keep_mtime=False)
+    shard = corrupt_sample(env["root"] / "flagged", keep_mtime=False)
     out = subprocess.run([sys.executable, "-m", "service", "verify", "--catalog", env["catalog"].path, "flagged"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and f"{shard.name}: SHA-256 differs" in out.stdout

@@ -34,7 +34,7 @@ from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
 from shards.manifest import Manifest
 
-from . import checkpoint, config, metrics
+from . import bad_samples, checkpoint, config, metrics
 from .data.device_decode import clip_source
 from .data.loader import ClipLoader, shared_manifest
 from .distributed import backends as distributed
@@ -74,7 +74,7 @@ class StopFlag:
 # what every rank takes from a checkpoint besides weights, optimizer and the hooks' states
 RESUMED = ("epoch", "batch", "step", "clips_seen", "scaler", "loader", "epoch_totals", "rng", "epoch_cpu")
 # what a run writes into --output-dir (deleted by --overwrite; anything else there is left alone)
-RUN_FILES = (checkpoint.NAME, "metrics.jsonl", "tensorboard", "clips", "steps-rank*.jsonl")
+RUN_FILES = (checkpoint.NAME, "metrics.jsonl", "tensorboard", "clips", "steps-rank*.jsonl", bad_samples.FILE)
 
 
 class Trainer:
@@ -118,6 +118,10 @@ class Trainer:
             self.hooks.append(WeightEMA(self.engine.model, cfg.recipe.ema_decay))
         if cfg.schedules.precise_bn:
             self.hooks.append(PreciseBN(cfg.schedules.precise_bn))
+        if any(self.bad_sample_limit(manifest, split) for split in (d.train_split, d.val_split) if split):
+            # before the periodic checkpoint: what a checkpoint counts was agreed at its boundary
+            clips = {split: manifest.splits[split].num_samples for split in (d.train_split, d.val_split) if split}
+            self.hooks.append(bad_samples.BadSamples(s.output_dir, d.max_bad_samples, clips, self.rank0))
         if s.checkpoint_steps:
             self.hooks.append(PeriodicCheckpoint(s.checkpoint_steps))
         # epochs finished (the checkpoint's position); what people read (log lines, the bar, metrics,
@@ -137,9 +141,14 @@ class Trainer:
         self.train_loader = self.new_loader(manifest, d.train_split, train=True)
         self.val_loader = self.new_loader(manifest, d.val_split, train=False) if d.val_split else None
 
+    def bad_sample_limit(self, manifest: Manifest, split: str) -> int:
+        """The bad samples of ``split`` an epoch may go on without (``--max-bad-samples``)."""
+        return bad_samples.limit(self.cfg.data.max_bad_samples, manifest.splits[split].num_samples)
+
     def new_loader(self, manifest: Manifest, split: str, train: bool, full_shape: bool = False) -> ClipLoader:
         """A loader of this rank's share of ``split`` in this world size, with the run's flags; its
-        batches have the regime's shapes unless ``full_shape``."""
+        batches have the regime's shapes unless ``full_shape``. Under ``--max-bad-samples`` it leaves
+        bad samples out, and the ``BadSamples`` hook keeps the budget over every rank."""
         a = self.cfg.data
         return ClipLoader(manifest, split, batch_size=a.batch_size, rank=self.backend.rank,
                           world_size=self.backend.size, train=train, seed=self.cfg.system.seed, num_workers=a.workers,
@@ -148,7 +157,8 @@ class Trainer:
                           shuffle=shuffle_mode(self.cfg),
                           local_size=self.backend.local_size, lookahead=a.lookahead,
                           decode_on_device=a.decode_on_device, modality=a.modality,
-                          shapes=None if full_shape else self.regime.shapes)
+                          shapes=None if full_shape else self.regime.shapes,
+                          max_bad_samples=None if self.bad_sample_limit(manifest, split) else 0)
 
     def start(self) -> None:
         """Every rank at rank 0's place (the checkpoint's with --resume, else rank 0's initial
@@ -439,6 +449,8 @@ def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
         model.eval()
         sums[prefix] = torch.zeros(4, dtype=torch.float64)  # samples, loss, top-1, top-5
     for batch in isolated(t.val_loader):
+        for h in t.hooks:
+            h.validation_batch(t, batch)
         clips = t.clips(batch)
         labels = batch["labels"]
         valid = batch["valid"] & (labels >= 0)
@@ -456,6 +468,8 @@ def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
         n = max(n, 1)
         out |= {f"{prefix}val_loss": loss / n, f"{prefix}val_top1": 100 * top1 / n,
                 f"{prefix}val_top5": 100 * top5 / n, f"{prefix}val_samples": n}
+    for h in t.hooks:
+        out |= h.at_validation_end(t)
     return out
 
 
