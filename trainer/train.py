@@ -173,8 +173,12 @@ class Trainer:
         """Rank 0 reads and checks the checkpoint; the weights and optimizer reach the others in
         ``start``'s broadcast, the rest of it (or the refusal) here."""
         e = self.engine
-        state = checkpoint.load(self.checkpoint_url) if self.cfg.system.resume and self.rank0 else None
-        small = None
+        state = small = None
+        if self.cfg.system.resume and self.rank0:
+            try:
+                state = checkpoint.load(self.checkpoint_url)
+            except checkpoint.Unreadable as error:  # refused on every rank below, never a hang in the broadcast
+                small = {"unreadable": str(error)}
         if state is not None:
             try:
                 refused = checkpoint.differences(state, asdict(e.config), self.cfg, self.train_loader.manifest.fingerprint)
@@ -191,6 +195,9 @@ class Trainer:
         small = self.backend.broadcast_object(small)
         if small is None:
             return
+        if "unreadable" in small:  # each save replaces the one file whole: a damaged one has no older copy
+            raise CommandError(f"--resume refused: {small['unreadable']}; the run keeps no other checkpoint: restore "
+                               "it from a copy, or start afresh with --overwrite")
         if small["refused"]:
             raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
         self.load_hook_states(small["hooks"])
