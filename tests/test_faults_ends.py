@@ -55,9 +55,13 @@ def disk(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=True)
 
 
-def pages(root: Path, pattern: str = "**/*") -> int:
-    """Bytes the files under ``root`` take on a tmpfs."""
-    return sum(-(-p.stat().st_size // PAGE) * PAGE for p in root.glob(pattern) if p.is_file())
+def pages(files) -> int:
+    """Bytes ``files`` take on a tmpfs."""
+    return sum(-(-p.stat().st_size // PAGE) * PAGE for p in files if p.is_file())
+
+
+def shards(out: Path) -> list[Path]:
+    return sorted(p for split in ("train", "val") for p in (out / split).glob("*.tar"))
 
 
 def temporaries(root: Path) -> list[str]:
@@ -84,9 +88,9 @@ def staged_batches_are_whole(out: Path) -> int:
 
 def same_set(a: Path, b: Path) -> None:
     assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
-    shards = sorted(p.relative_to(a) for p in a.glob("*/*.tar"))
-    assert shards and shards == sorted(p.relative_to(b) for p in b.glob("*/*.tar"))
-    for name in shards:
+    names = [p.relative_to(a) for p in shards(a)]
+    assert names and names == [p.relative_to(b) for p in shards(b)]
+    for name in names:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
@@ -110,14 +114,14 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     """Before: a 49-line RayTaskError with raw colour codes, and a ``.tar.tmp-*`` left behind."""
     reference = tmp_path / "reference"
     assert ingest([*build_args(videos, reference), "--keep-staging"]) == 0
-    staged, shards = pages(reference / ".staging"), pages(reference, "*/*.tar")
+    staged, packed = pages((reference / ".staging").iterdir()), pages(shards(reference))
     capsys.readouterr()
 
     out = disk(staged // 2) / "out"  # staging does not fit
     assert ingest(build_args(videos, out)) == 1
     line = error_line(capsys.readouterr().err)
     done = staged_batches_are_whole(out)
-    assert 0 < 2 * done < 12 and not temporaries(out.parent) and not list(out.glob("*/*.tar"))
+    assert 0 < 2 * done < 12 and not temporaries(out.parent) and not shards(out)
     stage = re.escape(f"{out}/.staging")
     assert re.fullmatch(rf"ingest build: error: {stage}/[0-9a-f]+\.(tar|json): no space left on device: the write "
                         rf"needs [\d,]+ bytes, [\d,]+ are free; {2 * done} of 12 videos are staged in {stage}: "
@@ -129,10 +133,10 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     assert f"{out}: no room for the shards: they need " in line and "(the staged samples are deleted only once" in line
     assert line.endswith(f"all 12 videos are staged in {out}/.staging: once there is room, the same command packs "
                          "them into shards again, decoding nothing"), line
-    assert staged_batches_are_whole(out) >= 6 and not temporaries(out.parent) and not list(out.glob("*/*.tar"))
-    assert shards > PAGE * 8
+    assert staged_batches_are_whole(out) >= 6 and not temporaries(out.parent) and not shards(out)
+    assert packed > PAGE * 8
 
-    disk(staged + shards + PAGE * 16)
+    disk(staged + packed + PAGE * 16)
     assert ingest(build_args(videos, out)) == 0
     same_set(reference, out)
     assert not (out / ".staging").exists() and not temporaries(out.parent)
@@ -209,6 +213,7 @@ def trainer(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
+@pytest.mark.long
 def test_a_node_cache_filling_its_disk_is_one_line_and_the_rerun_continues(tmp_path, disk):
     """``--cache-dir`` without a budget on a disk that holds 3 of the 8 shards. Before: 97 lines."""
     data = tmp_path / "data"
@@ -234,6 +239,7 @@ def test_a_node_cache_filling_its_disk_is_one_line_and_the_rerun_continues(tmp_p
     assert len(list(cache.glob("*/*.tar"))) == 9  # every shard, once
 
 
+@pytest.mark.long
 def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_the_rerun_continues_bitwise(tmp_path, disk):
     """The output directory's disk holds one checkpoint but not a second beside it (a checkpoint is
     written under a temporary name, then renamed): the step-1 checkpoint is kept whole, the step-2
@@ -265,6 +271,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_the_rerun_contin
         assert torch.equal(value, b["model"][key]), key
 
 
+@pytest.mark.long
 def test_resume_from_a_truncated_checkpoint_is_one_line_and_touches_nothing(tmp_path):
     """Before: 36 lines ending in ``ValueError: negative seek value``."""
     data = tmp_path / "data"
@@ -283,3 +290,36 @@ def test_resume_from_a_truncated_checkpoint_is_one_line_and_touches_nothing(tmp_
                             rf"does not load: truncated or corrupt \({reason}\); the run keeps no other checkpoint: "
                             "restore it from a copy, or start afresh with --overwrite", line), line
         assert path.read_bytes() == damaged and sorted(os.listdir(path.parent)) == ["checkpoint.pt", "metrics.jsonl"]
+
+
+@pytest.mark.long
+def test_ctrl_c_under_horovodrun_stops_every_rank_with_its_checkpoint(tmp_path):
+    """Ctrl-C in horovodrun's terminal (SIGINT to its process group, as rank 0's 2nd step starts).
+    The ranks are not in that group (Horovod's helpers start sessions of their own): horovodrun
+    sends each rank SIGTERM, and SIGKILL 5 s later to what is left. Every rank stops after the same
+    step, rank 0 saves it, each prints its one line, none a traceback, and ``--resume`` continues
+    from that step. horovodrun itself then reports each rank's status and raises its own
+    RuntimeError (horovod/runner/gloo_run.py ``launch_gloo``, uncaught by ``horovodrun``): its
+    traceback and status 1 are Horovod's (docs/faults.md)."""
+    data, out = tmp_path / "data", tmp_path / "run"
+    make_shardset(str(data), {"train": 24, "val": 3}, per_shard=3, frames=4)
+    flags = [*TRAIN[2:], "--data", str(data), "--output-dir", str(out), "--batch-size", "2"]  # (Horovod's backend)
+    job = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                          str(Path(__file__).with_name("faultrun.py")), "train", *flags],
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT": "step:2:INT:terminal",
+                              "EXIT_LOG": str(tmp_path / "exits")},
+                         capture_output=True, text=True, timeout=300, start_new_session=True)
+    ranks = {r: [line.split(":", 1)[1] for line in (job.stdout + job.stderr).splitlines() if line.startswith(f"[{r}]<")]
+             for r in (0, 1)}
+    for r in (0, 1):
+        assert (tmp_path / f"exits.rank{r}.jsonl").read_text() == '{"exit": 143}\n', job.stderr[-3000:]
+        assert not [line for line in ranks[r] if "Traceback" in line], ranks[r]
+    assert any("stopped by signal 15 in epoch 1 after batch 2 (step 2" in line for line in ranks[0]), ranks[0]
+    # horovodrun's report: 143, or 137 for a rank still tearing down when its 5 s were up (under load)
+    assert job.returncode == 1 and re.search(r"Process [01] exit with status code 1(43|37)\.", job.stdout), job.stdout
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (saved["epoch"], saved["batch"], saved["step"]) == (0, 2, 2)
+
+    resumed = trainer(*flags, "--backend", "none", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "in epoch 1, after batch 2 (step 2" in resumed.stderr

@@ -416,17 +416,19 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
     signum = 0
     tick, cpu = time.perf_counter(), metrics.cpu_seconds()
     # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
-    for batch in t.regime.batches(loader, isolated, t.step):
-        step = train_step(t, batch, tick)
-        t.epoch_totals.add(**step)
-        progress.update(step, batch)
-        tick = time.perf_counter()
-        # the loader's position counts whole loader batches; a checkpoint holds one model
-        if batch["period_end"] and not t.regime.drifted:
-            signum = at_boundary(t, stop)
-            if signum:
-                break
-    progress.close()
+    try:
+        for batch in t.regime.batches(loader, isolated, t.step):
+            step = train_step(t, batch, tick)
+            t.epoch_totals.add(**step)
+            progress.update(step, batch)
+            tick = time.perf_counter()
+            # the loader's position counts whole loader batches; a checkpoint holds one model
+            if batch["period_end"] and not t.regime.drifted:
+                signum = at_boundary(t, stop)
+                if signum:
+                    break
+    finally:  # cleared from the terminal, also when the run ends in a refusal's one line
+        progress.close()
     t.epoch_cpu += metrics.cpu_seconds() - cpu  # (the loader's workers have ended with the epoch's iteration)
     return signum
 
