@@ -4,7 +4,9 @@
 decode them into ``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into
 shards in their final order (``staging.pack_shard``), then writes the manifest, ``classes.txt``
 and the error ledger. A finished build with the same inputs and config is left as it is; a
-killed one resumes, reusing every staged video. The command line is ``ingest.build_cli``; the
+killed one resumes, reusing every staged video. Stopped by Ctrl-C or a full disk (``_stopped``),
+it cancels its tasks in flight, so that nothing is left half-written, and says in one line what is
+staged; a local ``OUT`` without room for the shards is refused before any is written. The command line is ``ingest.build_cli``; the
 catalog's wrapper around ``build`` is ``ingest.registry``.
 """
 from __future__ import annotations
@@ -149,12 +151,12 @@ def _stopped(stop: BaseException, stage: str, counts: dict) -> CommandError:
     renamed); the tasks in flight were cancelled, removing their temporary files."""
     done, total, shards = counts["videos_done"], counts["videos_total"], counts["shards_written"]
     if shards or (total and done == total):
-        kept = f"all {total} videos are staged in {stage}", "packs them into shards again, decoding nothing"
+        kept, rerun = f"all {total} videos are staged in {stage}", "packs them into shards again, decoding nothing"
     else:
-        kept = f"{done} of {total} videos are staged in {stage}", "continues from them"
+        kept, rerun = f"{done} of {total} videos are staged in {stage}", "continues from them"
     if isinstance(stop, NoSpace):
-        return NoSpace(f"{stop}; {kept[0]}: once there is room, the same command {kept[1]}")
-    return Interrupted(f"interrupted; {kept[0]}: the same command {kept[1]}")
+        return NoSpace(f"{stop}; {kept}: once there is room, the same command {rerun}")
+    return Interrupted(f"interrupted; {kept}: the same command {rerun}")
 
 
 def _unlabeled(video: Video, layout: str) -> dict:
@@ -218,7 +220,6 @@ def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parall
     failed = sum(1 for e in entries if e["error"])
     with tqdm(total=len(videos), initial=len(entries), unit="video", desc="decode", smoothing=0.1,
               mininterval=1.0) as bar:
-        report({"videos_done": bar.n, "videos_total": len(videos), "failed": failed, "shards_written": 0})
         with ray_runtime.in_flight(pending):
             while batches or pending:
                 while batches and len(pending) < 2 * parallel:

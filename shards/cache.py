@@ -27,6 +27,9 @@ keeps an account another could not read from the directory.
   smaller than an epoch's share streams through); only what this process pins itself could never
   make room, and that is ``CacheFull``. ``reserve`` refuses up front, before any download, a
   budget that cannot hold what the node's readers pin at once (their lookahead).
+* A disk that fills before the budget does (no budget, or one larger than the disk) is
+  ``CacheDiskFull``: a ``DataFault`` whose one line names the copy, the bytes needed and free, and
+  the remedy; the preallocated temporary file is removed.
 * Streaming: ``stream(pieces, lookahead)`` yields the copies in the order asked, downloading in a
   background thread up to ``lookahead`` copies ahead of the reader (the first is there after one
   download), each pinned until the reader asks for the next; ``descriptor`` gives the pin's
