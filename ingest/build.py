@@ -4,7 +4,9 @@
 decode them into ``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into
 shards in their final order (``staging.pack_shard``), then writes the manifest, ``classes.txt``
 and the error ledger. A finished build with the same inputs and config is left as it is; a
-killed one resumes, reusing every staged video. The command line is ``ingest.build_cli``; the
+killed one resumes, reusing every staged video. Stopped by Ctrl-C or a full disk (``_stopped``),
+it cancels its tasks in flight, so that nothing is left half-written, and says in one line what is
+staged; a local ``OUT`` without room for the shards is refused before any is written. The command line is ``ingest.build_cli``; the
 catalog's wrapper around ``build`` is ``ingest.registry``.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fsspec.core import url_to_fs
 from tqdm import tqdm
 
 from shards import ordering, packing, storage
+from shards.errors import CommandError, Interrupted, NoSpace
 from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
                              SplitInfo)
 
@@ -98,28 +101,37 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
              ", ".join(f"{s}: {n}" for s, n in sorted(Counter(v.split for v in videos).items())),
              len(source.classes), stage)
     parallel = ray_runtime.start(address, workers)
-    report = progress or (lambda state: None)
-    entries = _decode_all(stage, videos, source, cfg, digests, parallel, videos_per_task, threads, timeout,
-                          summary.tasks_per_node, report)
+    counts = {"videos_done": 0, "videos_total": len(videos), "shards_written": 0}
 
-    errors = sorted([_unlabeled(v, source.layout) for v in unlabeled] + [e["error"] for e in entries if e["error"]],
-                    key=lambda e: e["path"])
-    manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=inputs_id)
-    packing_started = time.time()
-    for split in config["splits"]:
-        split_entries = [e for e in entries if e["split"] == split]
-        shards = _pack_split(out, stage, split, split_entries, cfg.seed, shard_size, shard_samples,
-                             summary.tasks_per_node,
-                             lambda n: report({"videos_done": len(videos), "videos_total": len(videos),
-                                               "failed": len(errors), "shards_written": n + sum(
-                                                   len(s.shards) for s in manifest.splits.values())}))
-        manifest.splits[split] = SplitInfo(shards=shards,
-                                           num_failed=sum(e["split"] == split for e in errors))
-    summary.pack_seconds = time.time() - packing_started
-    storage.atomic_write(storage.join(out, LEDGER_NAME),
-                         b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in errors))
-    storage.atomic_write(storage.join(out, CLASSES_NAME), "".join(c + "\n" for c in source.classes).encode())
-    manifest.save(out)
+    def report(state: dict) -> None:
+        counts.update(state)
+        if progress:
+            progress(state)
+
+    try:
+        entries = _decode_all(stage, videos, source, cfg, digests, parallel, videos_per_task, threads, timeout,
+                              summary.tasks_per_node, report)
+        errors = sorted([_unlabeled(v, source.layout) for v in unlabeled]
+                        + [e["error"] for e in entries if e["error"]], key=lambda e: e["path"])
+        manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=inputs_id)
+        packing_started = time.time()
+        plans = {split: _plan_shards(split, [e for e in entries if e["split"] == split], cfg.seed, shard_size,
+                                     shard_samples) for split in config["splits"]}
+        _check_room(out, plans)
+        for split, planned in plans.items():
+            shards = _pack_split(out, stage, split, planned, summary.tasks_per_node,
+                                 lambda n: report({"videos_done": len(videos), "videos_total": len(videos),
+                                                   "failed": len(errors), "shards_written": n + sum(
+                                                       len(s.shards) for s in manifest.splits.values())}))
+            manifest.splits[split] = SplitInfo(shards=shards,
+                                               num_failed=sum(e["split"] == split for e in errors))
+        summary.pack_seconds = time.time() - packing_started
+        storage.atomic_write(storage.join(out, LEDGER_NAME),
+                             b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in errors))
+        storage.atomic_write(storage.join(out, CLASSES_NAME), "".join(c + "\n" for c in source.classes).encode())
+        manifest.save(out)
+    except (KeyboardInterrupt, NoSpace) as stop:
+        raise _stopped(stop, stage, counts) from None
     _tidy(out, manifest, keep_staging)
 
     summary.failed = len(errors)
@@ -131,6 +143,20 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     for e in errors:
         log.warning("failed: %s: %s%s", e["path"], e["reason"], f" ({e['ffmpeg']})" if e["ffmpeg"] else "")
     return summary
+
+
+def _stopped(stop: BaseException, stage: str, counts: dict) -> CommandError:
+    """The one line of a build stopped by Ctrl-C or a full disk: what is kept, and that the same
+    command continues from it. Staged batches are whole (each written under a temporary name, then
+    renamed); the tasks in flight were cancelled, removing their temporary files."""
+    done, total, shards = counts["videos_done"], counts["videos_total"], counts["shards_written"]
+    if shards or (total and done == total):
+        kept, rerun = f"all {total} videos are staged in {stage}", "packs them into shards again, decoding nothing"
+    else:
+        kept, rerun = f"{done} of {total} videos are staged in {stage}", "continues from them"
+    if isinstance(stop, NoSpace):
+        return NoSpace(f"{stop}; {kept}: once there is room, the same command {rerun}")
+    return Interrupted(f"interrupted; {kept}: the same command {rerun}")
 
 
 def _unlabeled(video: Video, layout: str) -> dict:
@@ -194,40 +220,56 @@ def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parall
     failed = sum(1 for e in entries if e["error"])
     with tqdm(total=len(videos), initial=len(entries), unit="video", desc="decode", smoothing=0.1,
               mininterval=1.0) as bar:
-        while batches or pending:
-            while batches and len(pending) < 2 * parallel:
-                vs = batches.pop(0)
-                ref = task(stage, vs, [keys[v.relpath] for v in vs], [labels[v.relpath] for v in vs],
-                           cfg, threads, timeout)
-                pending[ref] = len(vs)
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                bar.update(pending.pop(ref))
-                result, node = ray.get(ref)
-                nodes[node] += 1
-                entries += [{**e, "batch": result["batch"]} for e in result["videos"]]
-                failed += sum(1 for e in result["videos"] if e["error"])
-                bar.set_postfix(failed=failed, refresh=False)
-                report({"videos_done": bar.n, "videos_total": len(videos), "failed": failed, "shards_written": 0})
+        with ray_runtime.in_flight(pending):
+            while batches or pending:
+                while batches and len(pending) < 2 * parallel:
+                    vs = batches.pop(0)
+                    ref = task(stage, vs, [keys[v.relpath] for v in vs], [labels[v.relpath] for v in vs],
+                               cfg, threads, timeout)
+                    pending[ref] = len(vs)
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    result, node = ray_runtime.result(ref)
+                    bar.update(pending.pop(ref))
+                    nodes[node] += 1
+                    entries += [{**e, "batch": result["batch"]} for e in result["videos"]]
+                    failed += sum(1 for e in result["videos"] if e["error"])
+                    bar.set_postfix(failed=failed, refresh=False)
+                    report({"videos_done": bar.n, "videos_total": len(videos), "failed": failed,
+                            "shards_written": 0})
     return sorted(entries, key=lambda e: e["path"])
 
 
-def _pack_split(out, stage, split, entries, seed, shard_size, shard_samples, nodes: Counter,
-                report) -> list[ShardInfo]:
+def _plan_shards(split, entries, seed, shard_size, shard_samples) -> list[tuple[str, list[tuple]]]:
+    """The shards of a split: (name, its samples as ``staging.pack_shard``'s pieces), in order."""
     samples = {s["key"]: (s["key"], s["label"], e["batch"], s["offset"], s["length"])
                for e in entries for s in e["samples"]}
     order = [samples[k] for k in ordering.shuffled(samples, seed)]
     cuts = packing.cut([p[4] for p in order], shard_size, shard_samples)
+    return [(packing.shard_name(split, i), order[r.start:r.stop]) for i, r in enumerate(cuts)]
+
+
+def _check_room(out: str, plans: dict) -> None:
+    """Refuse before any shard is written when a local ``out`` has no room for them all (the staged
+    copy of the samples is deleted only once they are written)."""
+    free = storage.free_bytes(out)
+    needed = sum(packing.shard_bytes(p[4] for p in pieces) for planned in plans.values() for _, pieces in planned)
+    if free is not None and needed > free:
+        raise NoSpace(f"{out}: no room for the shards: they need {needed:,} bytes, {free:,} are free (the staged "
+                      "samples are deleted only once the shards are written)")
+
+
+def _pack_split(out, stage, split, planned, nodes: Counter, report) -> list[ShardInfo]:
     task = ray_runtime.task(staging.pack_shard)
-    refs = [task(out, packing.shard_name(split, i), stage, order[r.start:r.stop])
-            for i, r in enumerate(cuts)]
+    refs = [task(out, name, stage, pieces) for name, pieces in planned]
     infos = []
-    with tqdm(total=len(refs), unit="shard", desc=f"pack {split}", mininterval=1.0) as bar:
+    with tqdm(total=len(refs), unit="shard", desc=f"pack {split}", mininterval=1.0) as bar, \
+            ray_runtime.in_flight(refs):
         for ref in refs:
-            info, node = ray.get(ref)
+            info, node = ray_runtime.result(ref)
             nodes[node] += 1
             infos.append(ShardInfo(**info))
             bar.update()
             report(len(infos))
-    log.info("%s: %d clips in %d shards", split, len(order), len(infos))
+    log.info("%s: %d clips in %d shards", split, sum(len(pieces) for _, pieces in planned), len(infos))
     return infos

@@ -27,6 +27,9 @@ keeps an account another could not read from the directory.
   smaller than an epoch's share streams through); only what this process pins itself could never
   make room, and that is ``CacheFull``. ``reserve`` refuses up front, before any download, a
   budget that cannot hold what the node's readers pin at once (their lookahead).
+* A disk that fills before the budget does (no budget, or one larger than the disk) is
+  ``CacheDiskFull``: a ``DataFault`` whose one line names the copy, the bytes needed and free, and
+  the remedy; the preallocated temporary file is removed.
 * Streaming: ``stream(pieces, lookahead)`` yields the copies in the order asked, downloading in a
   background thread up to ``lookahead`` copies ahead of the reader (the first is there after one
   download), each pinned until the reader asks for the next; ``descriptor`` gives the pin's
@@ -51,7 +54,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from .errors import CommandError
+from . import storage
+from .errors import CommandError, DataFault, NoSpace
 from .http_range import DEFAULT_RETRY, Retry, ShardChanged
 from .packing import parse_size
 from .reading import READ_BUFFER, open_range
@@ -69,6 +73,11 @@ class CacheFull(CommandError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class CacheDiskFull(NoSpace, DataFault):
+    """The disk under the cache has no room for a copy (no budget, or one larger than the disk): a
+    fault of the run's data path, one line naming the copy, the bytes needed and free, and the remedy."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,13 @@ class ShardCache:
             raise CacheFull(f"{self.directory}: a cache budget of {self.budget:,} bytes cannot hold {what} "
                             f"({nbytes:,} bytes); raise ${ENV_BUDGET} or read without a cache")
 
+    def _remedy(self) -> str:
+        """What to do when the disk fills before the budget does."""
+        if self.budget is None:
+            return (f"the cache has no budget: give it one the disk can hold (${ENV_BUDGET}, e.g. 50GB) and it "
+                    "evicts old copies, or free some space")
+        return f"its budget of {self.budget:,} bytes is more than the disk holds: lower ${ENV_BUDGET}"
+
     def fetch(self, url: str, sha256: str, size: int, start: int = 0, end: int | None = None) -> str:
         """The local path of a verified copy of the shard at ``url`` (or of its bytes [start, end):
         the copy's byte 0 is the shard's byte ``start``), downloaded if needed and pinned (never
@@ -169,7 +185,8 @@ class ShardCache:
             try:
                 with _Lease(lock, self.heartbeat):
                     if not os.path.exists(dest):
-                        self._download(piece, dest)
+                        with storage.room_for(dest, piece.nbytes, error=CacheDiskFull, advice=self._remedy()):
+                            self._download(piece, dest)
                         return dest  # pinned by _download before it had its name
             finally:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
@@ -342,8 +359,12 @@ class ShardCache:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
                         os.posix_fallocate(fd, 0, size)  # the budget counts it from now on
-                    except OSError:
-                        os.ftruncate(fd, size)
+                    except OSError as e:
+                        if e.errno in storage.FULL:  # the disk itself is full
+                            os.close(fd)
+                            os.remove(tmp)
+                            raise
+                        os.ftruncate(fd, size)  # a filesystem without fallocate
                     os.close(fd)
                     if waiting:
                         log.info("%s: room for %s bytes", self.directory, f"{size:,}")

@@ -6,6 +6,10 @@ on (a server that refused, a full cache: status 1). ``shards.commands.main`` pri
 as ``PROG COMMAND: error: MESSAGE`` on stderr and exits with the status; anything else is a bug
 and keeps its traceback.
 
+``NoSpace`` is a write that found its filesystem full (``shards.storage.room_for`` makes one
+from the ``OSError``), naming the path and the bytes needed and free. ``Interrupted`` is Ctrl-C
+(status 130, as a shell reports a process SIGINT ended), with what is kept and how to go on.
+
 ``DataFault`` is the refusal of the data path itself, raised while a run reads (a sample whose
 bytes differ from the manifest, a source that stayed unreachable past its deadline): a training
 run stops on one as it stops on a signal, with its position saved, so ``--resume`` continues from
@@ -30,6 +34,16 @@ class NotFound(UsageError, FileNotFoundError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class NoSpace(CommandError, OSError):
+    """A write found no room (ENOSPC, a quota's EDQUOT, a file-size limit's EFBIG); the message names
+    the path, the bytes the write needed and the bytes free. Still an OSError for code that catches those."""
+
+
+class Interrupted(CommandError):
+    """Ctrl-C stopped the work; the message says what is kept and how to continue."""
+    status = 130  # 128 + SIGINT
 
 
 class DataFault(CommandError):

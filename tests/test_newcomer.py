@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,11 @@ CASES = [
       "train/train-000001.tar sample train_v0001_c01", "shards verify {rotten}"]),
     ("preview-of-damaged-clips", "shards preview {rotten} --clips 6 --out {root}/rotten.png", {}, 1,
      ["2 of the 6 clips shown differ", "marked damaged", "train/train-000000.tar sample train_v0000_c01"]),
+    ("resume-a-truncated-checkpoint", "trainer train --data {set} --output-dir {damaged} --resume --backend none "
+     "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 1,
+     ["--resume refused", "damaged/checkpoint.pt", "does not load: truncated or corrupt", "--overwrite"]),
+    ("reshard-onto-a-full-disk", "shards reshard {set} {full}/new --num-shards 2", {}, 1,
+     ["full/new/", "no space left on device", "the write needs", "are free", "nothing is left"]),
 ]
 
 
@@ -112,15 +118,23 @@ def world(tmp_path_factory):
     (root / "earlier").mkdir()  # an earlier run's output directory
     for name in ("checkpoint.pt", "metrics.jsonl"):
         (root / "earlier" / name).write_text(f"the earlier run's {name}")
+    (root / "damaged").mkdir()  # a run whose checkpoint was cut short after it was written
+    (root / "damaged" / "checkpoint.pt").write_bytes((Path(FIXTURE) / "checkpoint.pt").read_bytes()[:30000])
+    (root / "full").mkdir()  # a disk with room for no shard
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(root / "full")], check=True)
     cat = Catalog(str(root / "catalog.sqlite"))
     register(cat, str(root / "set"), "tiny")
     (root / "tokens").write_text(TOKEN + "\n")
-    server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
-    server.start()
-    yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
-           "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url, "port": _free_port(),
-           "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"})}
-    server.kill(15)
+    try:
+        server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
+        server.start()
+        yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
+               "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url,
+               "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
+               "damaged": str(root / "damaged"), "full": str(root / "full")}
+        server.kill(15)
+    finally:
+        subprocess.run(["umount", "-l", str(root / "full")], check=True)
 
 
 def run(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
@@ -184,6 +198,9 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
         with open(os.path.join(world["earlier"], name)) as f:
             assert f.read() == f"the earlier run's {name}"
     assert not os.path.exists(os.path.join(root, "run"))
+    assert os.listdir(os.path.join(root, "full", "new")) == []  # no shard, whole or partial, nor a temporary
+    with open(os.path.join(root, "damaged", "checkpoint.pt"), "rb") as f:
+        assert len(f.read()) == 30000
 
 
 def test_reshard_into_an_old_set_is_refused_and_leaves_it_whole(world, tmp_path):

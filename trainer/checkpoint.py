@@ -16,6 +16,7 @@ import random
 import torch
 
 from shards import storage
+from shards.errors import CommandError, NoSpace
 
 from .config import TrainConfig, of_checkpoint
 
@@ -47,17 +48,34 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class Unreadable(CommandError):
+    """A checkpoint file that does not load: truncated, corrupt, or not a checkpoint."""
+
+
 def save(url: str, state: dict) -> None:
+    """Replace the checkpoint at ``url`` whole; on a full disk, ``NoSpace`` saying that the previous
+    one (if any) is kept."""
     buf = io.BytesIO()
     torch.save(state, buf)
-    storage.atomic_write(url, buf.getvalue())
+    try:
+        storage.atomic_write(url, buf.getvalue())
+    except NoSpace as full:
+        kept = "the previous one is kept" if storage.exists(url) else "there is no earlier one"
+        raise NoSpace(f"{full}: this checkpoint is not written, {kept}; with room, the same command with --resume "
+                      "continues from the last one written") from None
 
 
 def load(url: str) -> dict | None:
-    """The checkpoint at ``url``, or None when there is none yet."""
+    """The checkpoint at ``url``, or None when there is none yet; ``Unreadable`` when it does not load."""
     if not storage.exists(url):
         return None
-    return torch.load(io.BytesIO(storage.read_bytes(url)), map_location="cpu", weights_only=True)
+    data = storage.read_bytes(url)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- whatever the file's damage makes torch raise
+        said = (str(e).strip().splitlines() or [""])[0]
+        reason = type(e).__name__ + (f": {said}" if said and len(said) <= 100 else "")
+        raise Unreadable(f"{url} ({len(data):,} bytes) does not load: truncated or corrupt ({reason})") from None
 
 
 def differences(state: dict, model_config: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:

@@ -183,8 +183,12 @@ class Trainer:
         """Rank 0 reads and checks the checkpoint; the weights and optimizer reach the others in
         ``start``'s broadcast, the rest of it (or the refusal) here."""
         e = self.engine
-        state = checkpoint.load(self.checkpoint_url) if self.cfg.system.resume and self.rank0 else None
-        small = None
+        state = small = None
+        if self.cfg.system.resume and self.rank0:
+            try:
+                state = checkpoint.load(self.checkpoint_url)
+            except checkpoint.Unreadable as error:  # refused on every rank below, never a hang in the broadcast
+                small = {"unreadable": str(error)}
         if state is not None:
             try:
                 refused = checkpoint.differences(state, asdict(e.config), self.cfg, self.train_loader.manifest.fingerprint)
@@ -201,6 +205,9 @@ class Trainer:
         small = self.backend.broadcast_object(small)
         if small is None:
             return
+        if "unreadable" in small:  # each save replaces the one file whole: a damaged one has no older copy
+            raise CommandError(f"--resume refused: {small['unreadable']}; the run keeps no other checkpoint: restore "
+                               "it from a copy, or start afresh with --overwrite")
         if small["refused"]:
             raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
         self.load_hook_states(small["hooks"])
@@ -419,17 +426,19 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
     signum = 0
     tick, cpu = time.perf_counter(), metrics.cpu_seconds()
     # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
-    for batch in t.regime.batches(loader, isolated, t.step):
-        step = train_step(t, batch, tick)
-        t.epoch_totals.add(**step)
-        progress.update(step, batch)
-        tick = time.perf_counter()
-        # the loader's position counts whole loader batches; a checkpoint holds one model
-        if batch["period_end"] and not t.regime.drifted:
-            signum = at_boundary(t, stop)
-            if signum:
-                break
-    progress.close()
+    try:
+        for batch in t.regime.batches(loader, isolated, t.step):
+            step = train_step(t, batch, tick)
+            t.epoch_totals.add(**step)
+            progress.update(step, batch)
+            tick = time.perf_counter()
+            # the loader's position counts whole loader batches; a checkpoint holds one model
+            if batch["period_end"] and not t.regime.drifted:
+                signum = at_boundary(t, stop)
+                if signum:
+                    break
+    finally:  # cleared from the terminal, also when the run ends in a refusal's one line
+        progress.close()
     t.epoch_cpu += metrics.cpu_seconds() - cpu  # (the loader's workers have ended with the epoch's iteration)
     return signum
 
