@@ -190,7 +190,7 @@ def start(cmd: list[str], env=None) -> tuple[subprocess.Popen, str]:
     for line in proc.stdout:
         if line.startswith("serving "):
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, line.split()[1]
+            return proc, line.split()[1].rstrip("/").removesuffix("/v1")  # the server's root URL
     raise RuntimeError("server did not start")
 
 
@@ -393,7 +393,7 @@ def main() -> int:
     for label, (cmd, path) in servers.items():
         proc, url = start(cmd) if cmd else start_nginx(args.out, args.workers, f"root {root};")
         try:
-            res[label] = load(url.removesuffix("/v1") + path, m, root, args.clients, args.procs, args.seconds,
+            res[label] = load(url + path, m, root, args.clients, args.procs, args.seconds,
                               Server(proc.pid))
         finally:
             proc.terminate()
@@ -415,7 +415,7 @@ def main() -> int:
     proc, url = start(servers[service][0])
     try:
         res["epoch_local"] = epoch_wait(root, args.epoch_workers)
-        res["epoch_http"] = epoch_wait(url.removesuffix("/v1") + "/v1/datasets/bench", args.epoch_workers)
+        res["epoch_http"] = epoch_wait(url + "/v1/datasets/bench", args.epoch_workers)
     finally:
         proc.terminate()
         proc.wait()

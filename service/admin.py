@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 from shards.catalog import Catalog, Record, default_path
@@ -15,7 +16,7 @@ from shards.errors import CommandError, NotFound
 from shards.manifest import Manifest
 from shards.verify import verify
 
-from . import housekeeping
+from . import housekeeping, states
 from .files import file_table
 
 
@@ -48,12 +49,10 @@ def _resolve(cat: Catalog, ref: str) -> Record:
     return rec
 
 
-def _state(rec: Record) -> str:
-    return "abandoned" if rec.state == "building" and not rec.lease_alive() else rec.state
-
-
 class List:
-    """List the catalog's datasets: id, name, state, tags, clips, size, location."""
+    """List the catalog's datasets: id, name, state, tags, clips, size, location. The state is the set's
+    (service.states): ready (the only one in green on a terminal), damaged (its last verify found problems),
+    failed, building, abandoned (its builder is gone), deleted."""
 
     @staticmethod
     def add_arguments(p):
@@ -63,19 +62,19 @@ class List:
 
     @staticmethod
     def run(args) -> int:
-        states = ("building", "ready", "failed", "deleted") if args.all else ("building", "ready", "failed")
-        records = _open(args.catalog).list(states)
+        kept = ("building", "ready", "failed", "deleted") if args.all else ("building", "ready", "failed")
+        records = _open(args.catalog).list(kept)
         if args.json:
             for rec in records:
-                print(json.dumps(rec.to_json(), sort_keys=True))
+                print(json.dumps({**rec.to_json(), "state": states.state(rec)}, sort_keys=True))
             return 0
         print(f"{'id':<12}  {'name':<20} {'state':<9} {'clips':>9} {'size':>10}  tags / location")
         for rec in records:
             clips = sum(s["clips"] for s in rec.splits.values())
             size = sum(s["bytes"] for s in rec.splits.values())
             tags = f"[{', '.join(rec.tags)}] " if rec.tags else ""
-            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {_state(rec):<9} {clips:>9,} {_size(size):>10}"
-                  f"  {tags}{rec.location}")
+            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {states.painted(states.state(rec), 9, sys.stdout)} "
+                  f"{clips:>9,} {_size(size):>10}  {tags}{rec.location}")
         return 0
 
 
@@ -89,7 +88,7 @@ class Show:
     @staticmethod
     def run(args) -> int:
         rec = _resolve(_open(args.catalog), args.ref)
-        print(json.dumps({**rec.to_json(), "state": _state(rec)}, indent=2, sort_keys=True))
+        print(json.dumps({**rec.to_json(), "state": states.state(rec)}, indent=2, sort_keys=True))
         return 0
 
 
@@ -190,7 +189,7 @@ class Collect:
         if not args.yes:
             found = housekeeping.collectable(cat)
             for rec in found:
-                print(f"would remove {rec.id} ({_state(rec)}) and its files at {rec.location}")
+                print(f"would remove {rec.id} ({states.state(rec)}) and its files at {rec.location}")
             print("dry run: nothing deleted (--yes deletes)" if found else "nothing to collect")
             return 0
         done = housekeeping.collect(cat)

@@ -18,6 +18,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -38,6 +39,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _format_text(self, text):
         return super()._format_text(text.replace("``", ""))
+
+    def _fill_text(self, text, width, indent):
+        """Paragraphs (split at blank lines) filled one by one; an indented one (a command line, an
+        example) kept line for line, as written."""
+        paragraphs = re.split(r"\n\s*\n", text.strip("\n"))
+        return "\n\n".join(
+            "\n".join(indent + line.rstrip() for line in p.splitlines()) if p[:1].isspace()
+            else super(HelpFormatter, self)._fill_text(p, width, indent) for p in paragraphs)
 
     def _expand_help(self, action):
         return super()._expand_help(action).replace("``", "")

@@ -191,7 +191,7 @@ class ServiceProcess:
         while not (line := self.proc.stdout.readline()).startswith("serving "):
             seen.append(line)
             assert line, "the server exited: " + "".join(seen)
-        self.url = line.split()[1].removesuffix("/v1")
+        self.url = line.split()[1].rstrip("/")  # the viewer's URL, the API's without its /v1
         self.log = seen
         threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()  # keep draining
         return self.url
