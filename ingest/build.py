@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import ray
 from fsspec.core import url_to_fs
-from tqdm import tqdm
 
 from shards import ordering, packing, storage
 from shards.errors import CommandError, Interrupted, NoSpace
+from shards.progress import Progress
+from shards.words import plural
 from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
                              SplitInfo)
 
@@ -51,8 +52,8 @@ class Summary:
 
     def line(self) -> str:
         rate = self.videos / self.seconds if self.seconds else 0.0
-        text = (f"{self.videos} videos in, {self.clips} clips out, {self.failed} failed, "
-                f"{self.bytes / 1e6:.1f} MB in {self.shards} shards, {self.seconds:.1f} s "
+        text = (f"{plural(self.videos, 'video')} in, {plural(self.clips, 'clip')} out, {self.failed:,} failed, "
+                f"{self.bytes / 1e6:.1f} MB in {plural(self.shards, 'shard')}, {self.seconds:.1f} s "
                 f"({rate:.1f} videos/s)")
         if self.missing:
             text += f"; {self.missing} annotated videos not found"
@@ -218,8 +219,7 @@ def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parall
     task = ray_runtime.task(staging.decode_batch)
     pending = {}
     failed = sum(1 for e in entries if e["error"])
-    with tqdm(total=len(videos), initial=len(entries), unit="video", desc="decode", smoothing=0.1,
-              mininterval=1.0) as bar:
+    with Progress(len(videos), initial=len(entries), unit="video", desc="decode") as bar:
         with ray_runtime.in_flight(pending):
             while batches or pending:
                 while batches and len(pending) < 2 * parallel:
@@ -230,11 +230,10 @@ def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parall
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
                     result, node = ray_runtime.result(ref)
-                    bar.update(pending.pop(ref))
                     nodes[node] += 1
                     entries += [{**e, "batch": result["batch"]} for e in result["videos"]]
                     failed += sum(1 for e in result["videos"] if e["error"])
-                    bar.set_postfix(failed=failed, refresh=False)
+                    bar.update(pending.pop(ref), failed=failed)
                     report({"videos_done": bar.n, "videos_total": len(videos), "failed": failed,
                             "shards_written": 0})
     return sorted(entries, key=lambda e: e["path"])
@@ -263,13 +262,13 @@ def _pack_split(out, stage, split, planned, nodes: Counter, report) -> list[Shar
     task = ray_runtime.task(staging.pack_shard)
     refs = [task(out, name, stage, pieces) for name, pieces in planned]
     infos = []
-    with tqdm(total=len(refs), unit="shard", desc=f"pack {split}", mininterval=1.0) as bar, \
-            ray_runtime.in_flight(refs):
+    with Progress(len(refs), unit="shard", desc=f"pack {split}") as bar, ray_runtime.in_flight(refs):
         for ref in refs:
             info, node = ray_runtime.result(ref)
             nodes[node] += 1
             infos.append(ShardInfo(**info))
             bar.update()
             report(len(infos))
-    log.info("%s: %d clips in %d shards", split, sum(len(pieces) for _, pieces in planned), len(infos))
+    log.info("%s: %s in %s", split, plural(sum(len(pieces) for _, pieces in planned), "clip"),
+             plural(len(infos), "shard"))
     return infos

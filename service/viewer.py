@@ -81,7 +81,8 @@ class _Static:
     """The files of ``service/static`` (read once), each with its content type and strong ETag."""
 
     def __init__(self):
-        files = {item.name: item.read_bytes() for item in importlib.resources.files("service").joinpath("static").iterdir()}
+        folder = importlib.resources.files("service").joinpath("static")
+        files = {item.name: item.read_bytes() for item in folder.iterdir()}
         files["motion-legend.png"] = motioncolour.png(motioncolour.legend())  # drawn by the motion fields' colouring
         self.files = {}
         for name, data in files.items():

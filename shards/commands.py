@@ -23,6 +23,7 @@ import signal
 import sys
 
 from .errors import CommandError, Interrupted
+from .progress import console_handler
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -76,7 +77,8 @@ def build_parser(prog: str, description: str, commands: dict[str, str],
 def main(prog: str, description: str, commands: dict[str, str], argv: list[str] | None = None) -> int:
     parser, loaded = build_parser(prog, description, commands)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        handlers=[console_handler()])  # never on a progress bar's line
     try:
         status = loaded[args.command].run(args)
         sys.stdout.flush()  # a closed pipe shows here rather than at exit

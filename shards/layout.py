@@ -88,7 +88,8 @@ def plan(totals: Totals, max_world: int, workers: int, batch_size: int, world_si
     if shard_sizes:
         sizes, count, per_shard = list(shard_sizes), len(shard_sizes), max(shard_sizes)
     else:
-        count, per_shard = recommend(totals, target_bytes) if not num_shards else (num_shards, math.ceil(totals.clips / num_shards))
+        count = num_shards or recommend(totals, target_bytes)[0]
+        per_shard = math.ceil(totals.clips / count)
         sizes = [totals.clips * (j + 1) // count - totals.clips * j // count for j in range(count)]
     rows = []
     for world in sorted(set(world_sizes)):
