@@ -175,9 +175,14 @@ class Trainer:
         e = self.engine
         state = checkpoint.load(self.checkpoint_url) if self.cfg.system.resume and self.rank0 else None
         small = None
-        if state is not None:
+        other = self.train_loader.saved_on(state["loader"]) if state is not None and "loader" in state else None
+        if other:
+            small = {"other_set": f"--resume refused: {self.checkpoint_url} was trained on {other}, but --data is "
+                                  f"{self.train_loader.title()}: resume with --data naming the run's set, or start "
+                                  "afresh (--overwrite, or another --output-dir)"}
+        elif state is not None:
             try:
-                refused = checkpoint.differences(state, asdict(e.config), self.cfg, self.train_loader.manifest.fingerprint)
+                refused = checkpoint.differences(state, asdict(e.config), self.cfg)
                 if not refused:
                     e.model.load_state_dict(state["model"])
                     e.load_optimizer(state["optimizer"])
@@ -191,6 +196,8 @@ class Trainer:
         small = self.backend.broadcast_object(small)
         if small is None:
             return
+        if "other_set" in small:  # every rank alike: the command line names another set than the run's
+            raise UsageError(small["other_set"])
         if small["refused"]:
             raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
         self.load_hook_states(small["hooks"])
