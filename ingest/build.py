@@ -126,11 +126,12 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     ``progress``: called with a dict of counts as work is done; ``replacing``: called with the
     finished set at ``out`` before a build that differs from it replaces it (it may refuse by raising)."""
     t0 = time.time()
+    src, out = normalise(src), normalise(out)  # Ray workers, whose working directory is not ours, use them
     source = source or discover(src, split_set)
     videos = [v for v in source.videos if v.split in splits]
     options = byte_options(source.layout, cfg, shard_size, shard_samples, sorted({v.split for v in videos}))
     existing = refuse_other_options(out, options, force)  # before any work, Ray included
-    config = {"src": normalise(src), **options}
+    config = {"src": src, **options}
     digests = None
     if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
         digests = content_digests.digests(videos, hash_cache, ray_runtime.start(address, workers))
