@@ -95,6 +95,9 @@ def test_sets_from_the_same_videos_share_the_fingerprint_not_the_identity(sets):
     assert saved["config"]["src"] == str(sets / "videos")  # where the inputs were, whatever the spelling
     old = {k: v for k, v in saved.items() if k != "identity"}  # as written before identities
     assert Manifest.from_json(json.dumps(old).encode()).identity == two.identity
+    stats = subprocess.run([os.path.join(BIN, "shards"), "stats", str(sets / "two")], capture_output=True, text=True,
+                           timeout=120)
+    assert stats.stdout.startswith(f"shard set {two.identity}, 2 classes, inputs' fingerprint {two.fingerprint}")
 
 
 # --- resume ------------------------------------------------------------------------------------
