@@ -74,11 +74,18 @@ def refuse_other_options(out: str, options: dict, force: bool) -> Manifest | Non
 
 def _changes(old: dict, new: dict) -> str:
     """``--frames 4, now 8; ...``: the options that differ, named as flags."""
-    flat = lambda d: {**{k: v for k, v in d.items() if k != "clip"}, **(d.get("clip") or {})}  # noqa: E731
-    a, b = flat(old), flat(new)
-    name = lambda k: "the source layout" if k == "layout" else "--" + k.replace("_", "-")  # noqa: E731
-    return "; ".join(f"{name(k)} {_shown(a.get(k))}, now {_shown(b.get(k))}" for k in sorted(a.keys() | b.keys())
+    a, b = _flat(old), _flat(new)
+    return "; ".join(f"{_flag(k)} {_shown(a.get(k))}, now {_shown(b.get(k))}" for k in sorted(a.keys() | b.keys())
                      if a.get(k) != b.get(k))
+
+
+def _flat(options: dict) -> dict:
+    """``byte_options`` with the clip options beside the others."""
+    return {**{k: v for k, v in options.items() if k != "clip"}, **(options.get("clip") or {})}
+
+
+def _flag(option: str) -> str:
+    return "the source layout" if option == "layout" else "--" + option.replace("_", "-")
 
 
 def _shown(value) -> str:

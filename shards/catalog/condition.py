@@ -30,12 +30,10 @@ from .. import storage
 from ..manifest import MANIFEST_NAME, Manifest, describe
 from .store import Record
 
-SHOWN = ("building", "abandoned", "ready", "changed", "damaged", "failed", "replaced", "deleted")
-
 
 @dataclass(frozen=True)
 class Condition:
-    state: str  # one of SHOWN
+    state: str  # a record's state, or abandoned, replaced, changed, damaged (module docstring)
     problem: str | None = None  # why a set that was built is not ready to use, one sentence
     remedy: str | None = None  # what to do about it
 
