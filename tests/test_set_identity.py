@@ -181,6 +181,13 @@ def test_a_set_a_catalog_records_is_replaced_only_with_force_and_its_record_says
                             "--clips-per-video", "2", *OPTIONS)
     assert code == 0 and "up to date" in stdout  # registered as it is: nothing decoded
     (rec,) = Catalog(catalog).list()
+    fewer = tmp_path / "fewer"  # the same options, other inputs: rebuilt, were the set not registered
+    shutil.copytree(sets / "videos", fewer)
+    (fewer / "train" / "left" / "left1.mp4").unlink()
+    code, _, err = build(capsys, "--src", str(fewer), "--out", str(out), "--clips-per-video", "2", *OPTIONS)
+    assert code == 1 and one_error(err) == (
+        f"ingest build: error: {out} already holds dataset {rec.id} (served); --force replaces it (the catalog "
+        f"records it as replaced), or build into another location (it is registered in the catalog {catalog})")
     eight = [*OPTIONS[:1], "8", *OPTIONS[2:]]
     code, _, err = build(capsys, "--src", str(sets / "videos"), "--out", str(out), "--clips-per-video", "2", *eight)
     assert code == 2 and "--force replaces it" in one_error(err)
