@@ -3,16 +3,12 @@ what it means, for ``shard-service list`` (coloured on a terminal) and the viewe
 pages read this table from ``GET /v1/viewer``; the tones' colours are ``viewer.css``'s
 ``.tone-*``). A sound set is the only green one.
 
-``state`` says which state a record's set is in: the record's own (building, ready, failed,
-deleted), ``abandoned`` for a build whose builder is gone, and ``damaged`` for a ready set whose
-last verification found problems.
+Which state a set is in, and what the server does with it, is ``shards.catalog.condition``'s.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-
-from shards.catalog import Record
 
 
 @dataclass(frozen=True)
@@ -22,10 +18,10 @@ class Shown:
 
 
 STATES = {
-    "ready": Shown("good", "built and registered; served"),
-    "damaged": Shown("bad", "problems found by its last verification"),
-    "changed": Shown("bad", "its manifest is no longer the one registered"),
-    "replaced": Shown("gone", "another build was forced into its location: its files are gone"),
+    "ready": Shown("good", "sound as far as known: served"),
+    "damaged": Shown("bad", "problems found by its last verification: not served as sound (409)"),
+    "changed": Shown("bad", "its manifest is no longer the one registered: not served (409)"),
+    "replaced": Shown("gone", "another build was forced into its location: its files are gone (410)"),
     "failed": Shown("bad", "its build failed"),
     "building": Shown("busy", "being built"),
     "abandoned": Shown("warn", "its builder is gone (gc collects it)"),
@@ -33,15 +29,6 @@ STATES = {
 }
 UNKNOWN = Shown("warn", "a state this version does not know")
 ANSI = {"good": "32", "bad": "1;31", "busy": "33", "warn": "33", "gone": "2"}  # SGR: green, bold red, yellow, dim
-
-
-def state(rec: Record) -> str:
-    """The state ``list`` and the viewer show for ``rec``'s set (module docstring)."""
-    if rec.state == "building" and not rec.lease_alive():
-        return "abandoned"
-    if rec.state == "ready" and rec.verify_problems:
-        return "damaged"
-    return rec.state
 
 
 def table() -> dict:

@@ -30,6 +30,11 @@ read of the clip's bytes) and kept. Its strong ETag is the shard's SHA-256 and t
 offset. Asked for by dataset id, which names content, it is cached for a year as immutable;
 by a name or tag, which can move, it is revalidated each time.
 
+Every page shows a set's state as the catalog's commands do (``shards.catalog.condition``),
+with why and the remedy: a set whose manifest changed is shown but not indexed; a damaged set
+(its last verification found problems) is shown and browsed, in its state's colour, never
+green, and its frames are not cached.
+
 A set built with ``--motion`` has a motion field beside each frame; the pages show it coloured as
 optical-flow figures are (``shards.motioncolour``, the colouring ``shards preview`` draws with):
 the clip is read once, its fields coloured at one scale for the whole clip (given with the clip's
@@ -51,12 +56,13 @@ from PIL import Image
 
 from shards import motioncolour, storage
 from shards.catalog import Record
+from shards.catalog.condition import shown
 from shards.clipindex import ClipIndex, clip_meta, frame_spans, motion_fields, read_clip
 from shards.manifest import Manifest
 from shards.stats import split_stats
 
 from . import states
-from .app import READ_AUTH, _reader, _record, cache_control, open_file, send_span
+from .app import READ_AUTH, TABLES, _reader, _record, cache_control, open_file, send_span
 from .files import checked_manifest
 from .ranges import evaluate
 
@@ -159,7 +165,7 @@ VIEWER = web.AppKey("viewer", Viewer)
 
 
 def _index(rec: Record) -> dict:
-    manifest = checked_manifest(rec.location, rec.manifest_sha256)
+    manifest = checked_manifest(rec)
     index = ClipIndex(manifest)
     splits = {name: {"clips": len(part), "bytes": manifest.splits[name].num_bytes, "shards": len(part.shards),
                      "failed": manifest.splits[name].num_failed,
@@ -195,8 +201,9 @@ def _int(request: web.Request, name: str, default: int | None, low: int, high: i
 
 
 async def _ready(request: web.Request) -> tuple[Record, dict]:
+    """The request's ready set and its index; a damaged one too: the viewer shows its state."""
     _reader(request)
-    rec = _record(request, ready=True)
+    rec = _record(request, ready=True, damaged=True)
     return rec, await request.app[VIEWER].indexed(rec)
 
 
@@ -243,10 +250,11 @@ async def settings(request: web.Request) -> web.Response:
 async def overview(request: web.Request) -> web.Response:
     _reader(request)
     rec = _record(request)
-    if rec.state != "ready":
-        return _json({"record": rec.to_json(), "classes": [], "splits": {}, "errors": None})
+    found = await asyncio.to_thread(request.app[TABLES].condition, rec)
+    if found.state not in ("ready", "damaged"):  # nothing of it is the registered set to show
+        return _json({"record": shown(rec, found), "classes": [], "splits": {}, "errors": None})
     data = await request.app[VIEWER].indexed(rec)
-    return _json({"record": rec.to_json(), **data["overview"]})
+    return _json({"record": shown(rec, found), **data["overview"]})
 
 
 async def probe(request: web.Request) -> web.Response:
@@ -298,7 +306,7 @@ async def frame(request: web.Request) -> web.StreamResponse:
     if not t.isdigit() or int(t) >= len(spans):
         raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(spans)} frames; there is no frame {t!r}")
     offset, size = spans[int(t)]
-    rec, entry, fd = await open_file(request, rec, clip.shard.name)
+    rec, entry, fd = await open_file(request, rec, clip.shard.name, damaged=True)
     etag = f'"{entry.etag.strip(chr(34))}.{offset}"'  # the shard's bytes as last hashed, and where in it
     response = send_span(request, rec, clip.shard.name, entry, offset, size, etag, {"Content-Type": "image/jpeg"},
                          fd=fd, cache=cache_control(request, rec))
@@ -319,7 +327,8 @@ async def motion(request: web.Request) -> web.Response:
                                     f"field {t!r}")
     body = pictures[int(t)]
     headers = {"ETag": f'"{clip.shard.sha256}.{clip.offset}.{kind}.{t}.{COLOURING}"',
-               "Cache-Control": ("private, " if request.app[READ_AUTH] else "") + "no-cache", **SECURITY}
+               "Cache-Control": "no-store" if rec.verify_problems  # a damaged set: nothing of it kept
+               else ("private, " if request.app[READ_AUTH] else "") + "no-cache", **SECURITY}
     if evaluate("HEAD", len(body), headers["ETag"], request.headers).status == 304:  # If-None-Match
         return web.Response(status=304, headers=headers)
     return web.Response(body=body, headers={**headers, "Content-Type": "image/png"})

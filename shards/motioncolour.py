@@ -57,10 +57,10 @@ def colour(field: np.ndarray, valid: np.ndarray, scale: float) -> np.ndarray:
     k1 = (k0 + 1) % steps
     f = (position - k0)[..., None]
     hue = (1 - f) * WHEEL[k0] + f * WHEEL[k1]
-    within = (length <= 1)[..., None]
+    within = (length <= 1 + 1e-6)[..., None]  # the longest motion, at exactly ``scale``, is in range
     rgb = np.where(within, 1 - length[..., None] * (1 - hue), hue * 0.75)
     rgb[~valid] = 0
-    return np.floor(255 * rgb).astype(np.uint8)
+    return np.floor(255 * np.clip(rgb, 0, 1)).astype(np.uint8)
 
 
 def clip_scale(fields: list[tuple[np.ndarray, np.ndarray]]) -> float:

@@ -90,6 +90,21 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     return m
 
 
+def make_class_set(directory: str, counts: list[int], classes: list[str]) -> Manifest:
+    """A one-shard train split with ``counts[c]`` clips of class c, each one 16x16 frame: a class
+    chart's data (hundreds of classes in a fraction of a second)."""
+    frame = jpeg((90, 120, 200), (16, 16))
+    labels = [c for c, n in enumerate(counts) for _ in range(n)]
+    samples = [(f"v{i:05d}", c, sample_bytes(f"v{i:05d}", [("00.jpg", frame), ("cls", str(c).encode())]))
+               for i, c in enumerate(labels)]
+    name = shard_name("train", 0)
+    m = Manifest(classes=classes, splits={"train": SplitInfo(shards=[write_shard(os.path.join(directory, name), name,
+                                                                                 samples)])},
+                 config={"clip": {"frames": 1}}, fingerprint=digest({"counts": counts}))
+    m.save(directory)
+    return m
+
+
 def corrupt_sample(directory, split: str = "train", shard: int = 0, sample: int = 2, at: int = 3000,
                    nbytes: int = 1, mask: int = 0x10, keep_mtime: bool = True):
     """Flip ``nbytes`` bytes (XOR ``mask``) ``at`` bytes into sample ``sample`` of shard ``shard`` of
@@ -161,14 +176,14 @@ def serve(directory: str, gate=None):
 def register(catalog, directory: str, name: str, dataset_id: str | None = None):
     """Record an existing shard set as ready in a catalog (as a finished build would); returns the record."""
     from ingest.registry import describe_set
-    from shards.verify import stamps
+    from shards.verify import set_file_stamps, stamps
 
     dataset_id = dataset_id or digest(directory) * 4
     claim = catalog.claim(dataset_id, source="tests", location=directory, options={"splits": ["train", "val"]},
                           name=name, strict_name=True)
     splits, files, sha = describe_set(directory)
     catalog.finish(dataset_id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="tests",
-                   verified_files=stamps(Manifest.load(directory)))
+                   verified_files={**stamps(Manifest.load(directory)), **set_file_stamps(directory, files)})
     return catalog.get(dataset_id)
 
 

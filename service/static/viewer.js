@@ -71,32 +71,22 @@ function progress(p) {
     `${count(p.shards_written || 0)} shards written`);
 }
 
-// A set's state is drawn as a badge: its word, in its tone's colour (service.states' table, read
-// from /v1/viewer at start; .tone-* in viewer.css), its meaning as the tooltip.
+// A set's state (shards.catalog.condition: the API's "state", with "problem" and "remedy" when
+// it is not sound) is drawn as a badge: its word in its tone's colour (service.states' table,
+// read from /v1/viewer at start; .tone-* in viewer.css), what it means as the tooltip.
 let STATES = {};
-// The state of a record as service.states.state says it: a ready set whose last verify found
-// problems is "damaged", whatever the record's own state.
-const stateOf = (rec) => rec.state === "ready" && rec.verified && rec.verified.problems ? "damaged" : rec.state;
+const READABLE = ["ready", "damaged"];  // the sets the viewer browses: a damaged one too, in its own colour
 
 function badge(state) {
   const shown = STATES[state] || {tone: "warn", meaning: "a state this page does not know"};
   return el("span", {class: `badge tone-${shown.tone}`, title: shown.meaning, "data-state": state}, state);
 }
 
-// What is known of why a set is in its state: a failed build's error, a damaged set's verify.
-function why(rec) {
-  if (rec.problem) return `${rec.problem}${rec.remedy ? "; " + rec.remedy : ""}`;
-  if (rec.state === "failed" && rec.error) return rec.error;
-  if (stateOf(rec) === "damaged") return `${STATES.damaged.meaning} (${verifyText(rec.verified)}): ` +
-    (rec.verified.detail || "");
-  return "";
-}
-
 function stateCell(rec) {
-  const cell = el("td", {class: "state"}, badge(stateOf(rec)));
+  const cell = el("td", {class: "state"}, badge(rec.state));
   if (rec.state === "building") cell.append(el("br"), progress(rec.progress || {}));
-  const reason = why(rec);
-  if (reason) cell.append(el("br"), el("span", {class: "why mono"}, reason));
+  const why = rec.problem ? `${rec.problem}; ${rec.remedy}` : rec.state === "failed" ? rec.error : "";
+  if (why) cell.append(el("br"), el("span", {class: "why"}, why));
   return cell;
 }
 
@@ -115,8 +105,8 @@ async function catalogPage() {
     return el("tr", {"data-id": rec.id},
       el("td", {class: "nowrap"}, el("a", {href: "/sets/" + encodeURIComponent(ref)}, rec.name || "(unnamed)")),
       el("td", {class: "mono nowrap"}, rec.id.slice(0, 12)), stateCell(rec),
-      el("td", {class: "num"}, rec.state === "ready" ? count(clips) : ""),
-      el("td", {class: "num nowrap"}, rec.state === "ready" ? bytes(size) : ""),
+      el("td", {class: "num"}, READABLE.includes(rec.state) ? count(clips) : ""),
+      el("td", {class: "num nowrap"}, READABLE.includes(rec.state) ? bytes(size) : ""),
       el("td", {}, rec.tags.join(", ")), el("td", {class: "nowrap"}, rec.created || ""),
       el("td", {class: "nowrap"}, rec.finished || ""),
       el("td", {class: rec.verified && rec.verified.problems ? "tone-bad" : ""}, verifyText(rec.verified)));
@@ -209,11 +199,11 @@ async function setPage() {
   fill($("name"), rec.name || rec.id);
   fill($("crumbs"), " / ", rec.name || rec.id.slice(0, 12));
   $("clips-link").href = `/sets/${encodeURIComponent(ref)}/clips`;
-  $("clips-link").hidden = rec.state !== "ready";
-  const fields = [["id", rec.id], ["state", badge(stateOf(rec))], ["why", why(rec)], ["tags", rec.tags.join(", ")],
-    ["source", rec.source], ["location", rec.location], ["created", rec.created], ["finished", rec.finished],
-    ["attempts", rec.attempts], ["last verify", verifyText(rec.verified)], ["classes", data.classes.length],
-    ["frames per clip", data.frames_per_clip]];
+  $("clips-link").hidden = !READABLE.includes(rec.state);
+  const fields = [["id", rec.id], ["state", badge(rec.state)], ["why", rec.problem], ["remedy", rec.remedy],
+    ["tags", rec.tags.join(", ")], ["source", rec.source], ["location", rec.location], ["created", rec.created],
+    ["finished", rec.finished], ["attempts", rec.attempts], ["last verify", verifyText(rec.verified)],
+    ["error", rec.error], ["classes", data.classes.length], ["frames per clip", data.frames_per_clip]];
   fill($("record"), ...fields.filter(([, v]) => v !== null && v !== undefined && v !== "").flatMap(([k, v]) =>
     [el("dt", {}, k), el("dd", {}, v)]));
   if (rec.state === "building") {
@@ -245,7 +235,7 @@ async function setPage() {
     : `${plural(errors.total, "video")} could not be used; the first ${count(errors.rows.length)} are shown`);
   fill($("errors").tBodies[0], ...errors.rows.map((e) => el("tr", {}, el("td", {class: "mono"}, e.path),
     el("td", {}, e.split), el("td", {}, e.reason), el("td", {class: "mono"}, e.ffmpeg))));
-  if (rec.state !== "ready") return;
+  if (!READABLE.includes(rec.state)) return;
   const probe = await api(`/v1/viewer/${encodeURIComponent(ref)}/probe`);
   fill($("frames").tBodies[0], ...Object.entries(probe.splits).map(([s, p]) => el("tr", {},
     el("td", {}, s), el("td", {class: "num"}, count(p.probed_clips)), el("td", {}, framesInWords(p.frames_per_clip)),
