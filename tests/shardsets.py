@@ -207,6 +207,7 @@ class ServiceProcess:
             seen.append(line)
             assert line, "the server exited: " + "".join(seen)
         self.url = line.split()[1].rstrip("/")  # the viewer's URL, the API's without its /v1
+        self.banner = [line, self.proc.stdout.readline()]  # the start lines: the viewer's URL, the API's
         self.log = seen
         threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()  # keep draining
         return self.url

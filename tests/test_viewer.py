@@ -194,6 +194,21 @@ def test_frame_and_page_routes_refuse_traversal_and_unknown_names(site, raw):
     assert b"SECRET" not in body and b"\xff\xd8" not in body and b"import" not in body and len(body) < 400
 
 
+def test_the_start_lines_name_the_viewer_and_the_api_and_both_answer(site):
+    """Before: one line, ``serving http://HOST:PORT/v1``, which answered 404; the viewer unmentioned."""
+    for server in (site["open"], site["auth"]):
+        viewer, api = server.banner
+        assert re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) : the dataset viewer\n", viewer)
+        assert re.fullmatch(r" +(http://127\.0\.0\.1:\d+/v1) : the API \(a set's URL: http://\S+/v1/datasets/NAME\); "
+                            r"catalog \S+catalog\.sqlite\n", api)
+        for url in (viewer.split()[1], api.split()[0]):
+            origin, path = re.fullmatch(r"(http://[^/]+)(/.*)", url).groups()
+            status, _, body = http(origin, path=path)
+            assert status == 200, (url, status, body[:200])
+        status, _, body = http(server.url, path="/v1")  # the API's base says where things are, no data
+        assert json.loads(body)["datasets"] == "/v1/datasets" and b"tiny" not in body
+
+
 def test_pages_are_static_shells_with_a_strict_policy(site):
     url = site["open"].url
     for path in ("/", "/sets/tiny", "/sets/tiny/clips", "/static/viewer.js", "/static/viewer.css", "/v1/viewer/tiny"):
