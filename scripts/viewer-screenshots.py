@@ -136,8 +136,10 @@ def main() -> int:
             driver.quit()
         server.terminate()
         server.wait()
+    sheet = os.path.join(args.out, "preview-motion.png")
     run(f"{BIN}/shards", "preview", os.path.join(args.work, "sets", "motion4"), "--split", "val", "--clips", "4",
-        "--height", "64", "--out", os.path.join(args.out, "preview-motion.png"))
+        "--height", "64", "--out", sheet)
+    Image.open(sheet).convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE).save(sheet, optimize=True)
     return 0
 
 

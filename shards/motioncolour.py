@@ -6,14 +6,15 @@ Flow", IJCV 2011), which most optical-flow papers and tools draw with:
 * direction is hue, on a colour wheel of 55 steps made of six ramps (red -> yellow 15 steps,
   yellow -> green 6, green -> cyan 4, cyan -> blue 11, blue -> magenta 13, magenta -> red 6):
   motion to the right is red, down yellow-orange, left cyan, up blue-violet;
-* length is saturation: no motion is white, motion of ``scale`` pixels or more the wheel's full
-  colour (longer is darkened to three quarters, as the convention marks out-of-range flow);
+* length is saturation: no motion is white, motion of ``scale`` pixels the wheel's full colour
+  (longer is darkened to three quarters, as the convention marks out-of-range flow);
 * a cell whose motion is not known (``shards.motionfield``'s validity plane: intra-coded frames
   and blocks) is black.
 
 ``render`` is what both callers use: a clip's stored fields (PNG bytes), one scale for the whole
-clip (its longest known motion, so frames compare with each other), each field enlarged cell by
-cell to its frame's size. ``legend`` is the wheel to show beside them.
+clip (the 99th percentile of its known motion's lengths: frames compare with each other, and one
+stray vector does not wash the rest out), each field enlarged cell by cell to its frame's size.
+``legend`` is the wheel to show beside them.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from . import motionfield
 
 RAMPS = (15, 6, 4, 11, 13, 6)  # steps of red-yellow, yellow-green, green-cyan, cyan-blue, blue-magenta, magenta-red
 MIN_SCALE = motionfield.STEP  # a clip with no known motion longer than one quantisation step is drawn at this scale
+SCALE_PERCENTILE = 99  # of a clip's known motion lengths: drawn at full colour
 
 
 def _wheel() -> np.ndarray:
@@ -57,16 +59,17 @@ def colour(field: np.ndarray, valid: np.ndarray, scale: float) -> np.ndarray:
     k1 = (k0 + 1) % steps
     f = (position - k0)[..., None]
     hue = (1 - f) * WHEEL[k0] + f * WHEEL[k1]
-    within = (length <= 1 + 1e-6)[..., None]  # the longest motion, at exactly ``scale``, is in range
+    within = (length <= 1 + 1e-6)[..., None]  # motion of exactly ``scale`` is in range
     rgb = np.where(within, 1 - length[..., None] * (1 - hue), hue * 0.75)
     rgb[~valid] = 0
     return np.floor(255 * np.clip(rgb, 0, 1)).astype(np.uint8)
 
 
 def clip_scale(fields: list[tuple[np.ndarray, np.ndarray]]) -> float:
-    """The clip's longest known motion in pixels per frame (at least ``MIN_SCALE``): full colour."""
-    longest = [float(np.hypot(f[..., 0], f[..., 1])[ok].max()) for f, ok in fields if ok.any()]
-    return max([MIN_SCALE, *longest])
+    """Pixels per frame drawn at full colour: the ``SCALE_PERCENTILE`` of the clip's known
+    motion's lengths (at least ``MIN_SCALE``)."""
+    lengths = np.concatenate([np.hypot(f[..., 0], f[..., 1])[ok] for f, ok in fields] or [np.zeros(0)])
+    return max(MIN_SCALE, float(np.percentile(lengths, SCALE_PERCENTILE))) if lengths.size else MIN_SCALE
 
 
 def render(pngs: list[bytes], frame_size: tuple[int, int] | None = None) -> tuple[list[Image.Image], float]:

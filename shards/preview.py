@@ -125,6 +125,8 @@ def sheet(rows: list[Row], height: int) -> Image.Image:
             x = LABEL_WIDTH
             for im in pictures:
                 out.paste(im, (x, line))
+                if pictures is motion:  # a frame around it, in the gap: no motion is white, as the page
+                    draw.rectangle((x - 1, line - 1, x + im.width, line + im.height), outline=(190, 190, 190))
                 x += im.width + GAP
         if motion:  # the wheel and the scale in the label column, beside the fields
             out.paste(wheel, (GAP, y + height + GAP))
@@ -160,7 +162,8 @@ def write_html(directory: str, title: str, rows: list[Row], height: int) -> str:
                  f'clip, the motion of each frame: {html.escape(LEGEND)}.</p>\n')
     page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             '<style>body{font-family:sans-serif}th{text-align:left;font-weight:normal;padding-right:1em}'
-            'td img{margin-right:4px}td .motion{margin-top:4px}.legend img{vertical-align:middle}'
+            'td img{margin-right:4px}td .motion{margin-top:4px}td .motion img{outline:1px solid #bbb}'
+            '.legend img{vertical-align:middle}'
             'tr.damaged{color:#c80000}tr.damaged td{border:3px solid #c80000}</style></head>\n'
             f'<body><h1>{html.escape(title)}</h1>\n{wheel}<table>\n' + "\n".join(body) + "\n</table></body></html>\n")
     url = storage.join(directory, "index.html")

@@ -114,7 +114,8 @@ def format_text(stats: dict) -> str:
         shown = counts if len(counts) <= 12 else counts[:5] + [("...", "")] + counts[-5:]
         lines.append("  clips per class: " + ", ".join(f"{c} {n}" for c, n in shown))
         if s["bytes_per_frame"] is not None:  # some clip read was whole
-            clips = ", ".join(f"{plural(n, 'clip')} of {plural(int(t), 'frame')}" for t, n in s["frames_per_clip"].items())
+            clips = ", ".join(f"{plural(n, 'clip')} of {plural(int(t), 'frame')}"
+                              for t, n in s["frames_per_clip"].items())
             sizes = ", ".join(f"{plural(n, 'frame')} of {size} px" for size, n in s["frame_sizes"].items())
             lines.append(f"  from {plural(s['probed_clips'], 'clip')} read: {clips}; {sizes}; "
                          f"{s['bytes_per_frame'] / 1e3:,.1f} kB/frame")

@@ -308,6 +308,23 @@ def _preview_shows_the_fields(out: Path, m: Manifest, where: Path) -> None:
     assert (where / "h" / "motion" / "legend.png").is_file()
 
 
+def test_motion_colours_follow_the_optical_flow_convention():
+    """Baker et al.'s colour wheel (Middlebury): right red, down yellow, left cyan, up blue-violet;
+    no motion white, half the scale half saturated, beyond it darker; unknown black. One stray long
+    vector does not set a clip's scale."""
+    cases = {(1, 0): (255, 0, 0), (0, 1): (255, 229, 0), (-1, 0): (0, 209, 255), (0, -1): (88, 0, 255),
+             (0, 0): (255, 255, 255), (0.5, 0): (255, 127, 127), (2, 0): (191, 0, 0)}
+    field = np.array([list(cases)], dtype=float)
+    got = motioncolour.colour(field, np.ones(field.shape[:2], bool), scale=1.0)
+    assert [tuple(map(int, c)) for c in got[0]] == list(cases.values())
+    assert motioncolour.colour(field, np.zeros(field.shape[:2], bool), 1.0).max() == 0  # not known: black
+    typical = np.dstack([np.full((12, 12), 3.0), np.zeros((12, 12))])
+    stray = typical.copy()
+    stray[0, 0] = (20, 0)
+    ok = np.ones((12, 12), bool)
+    assert motioncolour.clip_scale([(typical, ok)] * 3 + [(stray, ok)]) == 3.0
+
+
 def test_motion_is_in_the_staging_key_and_the_catalog_id(fixture_src):
     video = _video(next(fixture_src.rglob("*.mp4")))
     keys = {kind: staging.video_key(video, 0, ClipConfig(motion=kind)) for kind in ("none", "mv", "flow")}

@@ -117,7 +117,8 @@ def test_list_on_a_terminal_colours_each_state_and_only_a_sound_set_green(catalo
     from service.states import ANSI, STATES
 
     cat, sets, _ = catalog
-    cat.record_verify(sets["good"].id, 2, "val/val-000000.tar: SHA-256 differs", cat.get(sets["good"].id).verified_files)
+    good = cat.get(sets["good"].id)
+    cat.record_verify(good.id, 2, "val/val-000000.tar: SHA-256 differs", good.verified_files)
     argv = [sys.executable, "-m", "service", "list", "--catalog", cat.path]
 
     def on_a_terminal(env) -> str:

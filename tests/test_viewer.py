@@ -364,7 +364,7 @@ def test_browser_a_damaged_set_is_never_green(site, browser):
     assert all((background == GREEN) == (state == "ready") for _, state, _, background, _ in badges), badges
     assert {state for _, state, *_ in badges} >= {"ready", "damaged", "building"}
     assert all(title == STATES[state].meaning for _, state, _, _, title in badges)
-    cell = browser.execute_script("return document.querySelector('tr[data-id=\"" + "cd" * 32 + "\"] td.state').innerText")
+    cell = browser.execute_script(f"return document.querySelector('tr[data-id=\"{'cd' * 32}\"] td.state').innerText")
     assert cell.startswith("damaged") and WORN in cell  # why, under the badge
     page(browser, site["open"].url + "/sets/worn")
     dd = browser.execute_script("const d = Array.from(document.querySelectorAll('#record dd'))"
@@ -487,7 +487,8 @@ def test_browser_class_chart_labels_itself_at_400_classes(site, browser):
     assert notes == [f"longest: {MANY[longest]} ({MANY_COUNTS[longest]})",
                      f"shortest: {MANY[shortest]} ({MANY_COUNTS[shortest]})"]
     bars = browser.execute_script("return Array.from(document.querySelectorAll('#histogram rect'), r => "
-                                  "[Number(r.dataset.class), r.getAttribute('class'), Number(r.getAttribute('height'))])")
+                                  "[Number(r.dataset.class), r.getAttribute('class'), "
+                                  "Number(r.getAttribute('height'))])")
     assert len(bars) == 400 and [b[0] for b in bars] == sorted(range(400), key=lambda c: (-MANY_COUNTS[c], c))
     assert bars[0][1] == "longest" and bars[-1][1] == "shortest" and bars[0][2] > bars[-1][2] > 0
     rows = browser.execute_script("return Array.from(document.querySelectorAll('#hist-table tbody tr'), r => "

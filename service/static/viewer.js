@@ -44,6 +44,7 @@ const fill = (node, ...children) => node.replaceChildren(...children);
 const bytes = (n) => n >= 1e9 ? (n / 1e9).toFixed(2) + " GB" : n >= 1e6 ? (n / 1e6).toFixed(1) + " MB"
   : (n / 1e3).toFixed(1) + " kB";
 const count = (n) => Number(n).toLocaleString("en");
+const plural = (n, word, words) => `${count(n)} ${n === 1 ? word : words || word + "s"}`;  // "1 clip", "2 clips"
 const refFromPath = () => decodeURIComponent(PARTS[1] || "");
 
 // Frames are fetched (with the token when there is one) and shown from blob: URLs, kept per page.
@@ -67,8 +68,8 @@ function forgetFrames() {
 function progress(p) {
   const total = p.videos_total || 0;
   return el("span", {class: "progress"}, el("progress", {max: total || 1, value: p.videos_done || 0}),
-    `${count(p.videos_done || 0)} / ${count(total)} videos, ${count(p.failed || 0)} failed, ` +
-    `${count(p.shards_written || 0)} shards written`);
+    `${count(p.videos_done || 0)} / ${plural(total, "video")}, ${count(p.failed || 0)} failed, ` +
+    `${plural(p.shards_written || 0, "shard")} written`);
 }
 
 // A set's state (shards.catalog.condition: the API's "state", with "problem" and "remedy" when
@@ -92,7 +93,7 @@ function stateCell(rec) {
 
 function verifyText(v) {
   if (!v) return "never";
-  return `${v.at}: ${v.problems ? `${count(v.problems)} problem${v.problems === 1 ? "" : "s"}` : "ok"}`;
+  return `${v.at}: ${v.problems ? plural(v.problems, "problem") : "ok"}`;
 }
 
 async function catalogPage() {
@@ -123,7 +124,6 @@ async function catalogPage() {
 // class in the table beside the chart (readable at 400 classes, where a bar is 2 pixels wide).
 const CHART = {height: 180, left: 52, right: 12, top: 44, bottom: 34, plot: 640, widest: 40, least: 380};
 const cut = (name, n = 48) => name.length <= n ? name : name.slice(0, n - 3) + "...";
-const plural = (n, word, words) => `${count(n)} ${n === 1 ? word : words || word + "s"}`;
 
 // 0, step, 2 step, ... up to the first at or above ``most``: about four whole steps of 1, 2 or 5 x 10^k.
 function ticks(most) {
@@ -158,8 +158,8 @@ function histogram(counts, classes) {
     svg("line", {x1: left, x2: left, y1: above, y2: y(0), class: "axis"}),
     text(14, above + height / 2, "clips", {class: "axis-label", "text-anchor": "middle",
       transform: `rotate(-90 14 ${above + height / 2})`}),
-    text(left + Math.max(span - left, 200) / 2, full - 8, `${plural(order.length, "class", "classes")}, most clips first`,
-      {class: "axis-label", "text-anchor": "middle"}));
+    text(left + Math.max(span - left, 200) / 2, full - 8,
+      `${plural(order.length, "class", "classes")}, most clips first`, {class: "axis-label", "text-anchor": "middle"}));
   const hover = $("hist-hover");
   order.forEach(([n, c], i) => {
     const rect = svg("rect", {x: (left + i * bar).toFixed(2), y: y(n), width: Math.max(1, bar - (bar > 3)).toFixed(2),
@@ -176,7 +176,7 @@ function histogram(counts, classes) {
   notes.forEach(([words, cls], i) => chart.append(text(left, 16 + 16 * i, words, {class: `note ${cls}`})));
   const total = counts.reduce((a, b) => a + b, 0);
   const table = el("table", {class: "list", id: "hist-table"},
-    el("thead", {}, el("tr", {}, el("th", {}, "#"), el("th", {}, "class"), el("th", {}, "clips"), el("th", {}, "share"))),
+    el("thead", {}, el("tr", {}, ...["#", "class", "clips", "share"].map((h) => el("th", {}, h)))),
     el("tbody", {}, ...order.map(([n, c], i) => el("tr", {"data-class": c, class: mark(i)},
       el("td", {class: "num"}, i + 1), el("td", {}, classes[c]), el("td", {class: "num"}, count(n)),
       el("td", {class: "num"}, `${(100 * n / Math.max(1, total)).toFixed(1)}%`)))));
@@ -273,7 +273,7 @@ function legend(kind, scale) {
   if (shown) {
     box.append(el("img", {src: "/static/motion-legend.png", alt: "colour wheel: the colour of each direction"}),
       `motion (${kind}): direction as hue (right red, down yellow, left cyan, up blue), length as saturation` +
-      (scale ? `, full colour at ${scale.toPrecision(2)} px/frame` : ", full colour at each clip's longest motion") +
+      (scale ? `, full colour at ${scale.toPrecision(2)} px/frame` : ", full colour at each clip's 99th-percentile length, longer darker") +
       "; black: motion not known (intra-coded frames and blocks)");
   }
   return box;
