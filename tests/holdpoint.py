@@ -1,7 +1,7 @@
 """Test launcher: ``python tests/holdpoint.py MODULE:QUALNAME -m PACKAGE ARGS...`` is
 ``python -m PACKAGE ARGS...`` held at a known point: the first call of ``MODULE:QUALNAME`` (a
-function, or a method as ``Class.method``) runs, then the calling thread writes ``held`` to the
-file descriptor ``HOLD_FD`` names and blocks for good. The process's other threads go on (a build
+function, or a method as ``Class.method``; the ``HOLD_AT``-th call where that is set) runs, then the
+calling thread writes ``held`` to the file descriptor ``HOLD_FD`` names and blocks for good. The process's other threads go on (a build
 keeps heartbeating its lease), so a test reads that line (EOF instead if the process died first)
 and then acts on a run stopped exactly there, with no race against the clock: kill it, freeze it,
 start a rival. ``HOLD_FD``: the write end of a pipe the test passed (``pass_fds``).
@@ -16,8 +16,8 @@ import sys
 import threading
 
 
-def arm(target: str, fd: int) -> None:
-    """Wrap ``target`` so that its first call returns into the hold."""
+def arm(target: str, fd: int, nth: int = 1) -> None:
+    """Wrap ``target`` so that its ``nth`` call returns into the hold."""
     module_name, qualname = target.split(":")
     owner = importlib.import_module(module_name)
     *path, name = qualname.split(".")
@@ -31,8 +31,8 @@ def arm(target: str, fd: int) -> None:
         out = original(*args, **kwargs)
         with lock:
             calls.append(1)
-            first = len(calls) == 1
-        if first:
+            this = len(calls) == nth
+        if this:
             os.write(fd, b"held\n")
             threading.Event().wait()  # until the test kills the process
         return out
@@ -43,6 +43,6 @@ def arm(target: str, fd: int) -> None:
 if __name__ == "__main__":
     target, flag, package, *argv = sys.argv[1:]
     assert flag == "-m", "usage: holdpoint.py MODULE:QUALNAME -m PACKAGE ARGS..."
-    arm(target, int(os.environ["HOLD_FD"]))
+    arm(target, int(os.environ["HOLD_FD"]), int(os.environ.get("HOLD_AT", 1)))
     sys.argv = [package, *argv]
     runpy.run_module(package, run_name="__main__", alter_sys=True)

@@ -50,6 +50,7 @@ from shards import partition
 from shards.direct import load_manifest
 from shards.cache import Piece, ShardCache
 from shards.errors import CommandError, UsageError
+from shards.http_range import DEFAULT_RETRY, Retry
 from shards.manifest import Manifest
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 
@@ -70,10 +71,11 @@ READ_AHEAD_BYTES = 32 << 20
 SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
 
 
-def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
-    """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
-    e.g. ``horovod.torch.broadcast_object``. ``direct``: direct reads (``shards.direct``)."""
-    return broadcast(load_manifest(url, direct) if rank == 0 else None, 0)
+def shared_manifest(url: str, rank: int, broadcast, direct: str = "never", retry: Retry = DEFAULT_RETRY) -> Manifest:
+    """Rank 0 reads the manifest (waiting for a source that is down as ``retry`` says); the others
+    receive it via ``broadcast(obj, root_rank)``, e.g. ``horovod.torch.broadcast_object``.
+    ``direct``: direct reads (``shards.direct``)."""
+    return broadcast(load_manifest(url, direct, retry) if rank == 0 else None, 0)
 
 
 def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
@@ -92,11 +94,12 @@ def video_id(key: str) -> str:
     return key.rsplit("_c", 1)[0]
 
 
-def _open_reads(reads, cache: ShardCache | None, lookahead: int):
+def _open_reads(reads, cache: ShardCache | None, lookahead: int, retry: Retry):
     """Stage: each planned read as an open stream of its byte range, closed once consumed. Through
     the node cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads
     without a cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread. Every sample
-    is checked against the manifest's digest, whichever way its bytes came (``open_samples``)."""
+    is checked against the manifest's digest, whichever way its bytes came (``open_samples``). A
+    remote source that is down is waited for as ``retry`` says."""
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r["piece"] for r in reads], lookahead)
@@ -104,13 +107,14 @@ def _open_reads(reads, cache: ShardCache | None, lookahead: int):
                              fd=cache.descriptor(r["piece"])) for r, path in zip(reads, copies))
     elif reads and local_path(reads[0]["url"]) is None:
         opened = read_ahead([(r["url"], r["start"], r["end"], r["size"], r["sha256"]) for r in reads],
-                            lookahead * READ_AHEAD_BYTES)
+                            lookahead * READ_AHEAD_BYTES, retry)
     else:
-        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"])
-                  for r in reads)
+        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"],
+                             retry=retry) for r in reads)
     try:
         for r, raw in zip(reads, opened):
-            stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"], stream=raw)
+            stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"], stream=raw,
+                                  retry=retry)
             try:
                 yield {"url": r["url"], "stream": stream}
             finally:
@@ -170,9 +174,9 @@ class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
     def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None,
-                 cache=None, lookahead=2):
+                 cache=None, lookahead=2, retry=DEFAULT_RETRY):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
-        self.cache, self.lookahead = cache, lookahead
+        self.cache, self.lookahead, self.retry = cache, lookahead, retry
         self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
         self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.data.shapes)
 
@@ -214,7 +218,7 @@ class _Streams(IterableDataset):
             return iter(())
         pipeline = wds.DataPipeline(
             lambda: iter(self.plan["reads"]),
-            lambda reads: _open_reads(reads, self.cache, self.lookahead),
+            lambda reads: _open_reads(reads, self.cache, self.lookahead, self.retry),
             wds.tariterators.tar_file_expander,
             wds.tariterators.group_by_keys,
             lambda src: _tag(src, self.plan["expected"]),
@@ -247,6 +251,14 @@ class ClipLoader:
     every process using the directory) must hold ``local_size`` x workers x ``lookahead`` copies.
     The mode is this loader's, not the state's: a resumed epoch is split anew when it changes (its
     segments record their node counts).
+
+    A remote source that refuses connections, times out or answers 502/503/504 is waited for (the
+    manifest read, every range, every cache download; ``shards.http_range``) for up to
+    ``source_deadline`` seconds (None: ``$SHARD_SOURCE_DEADLINE``, else 10 minutes); past it the
+    iteration raises ``shards.errors.SourceUnavailable`` at the batch that needed the bytes. That
+    and every other ``shards.errors.DataFault`` (a ``CorruptSample``, a ``RangeError``) reach the
+    caller as themselves, from loader workers too, with the loader's position at the batch before:
+    ``state_dict`` then resumes at the batch that failed.
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -256,8 +268,11 @@ class ClipLoader:
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", local_size: int = 1,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
-                 modality: str = "rgb"):
-        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
+                 modality: str = "rgb", source_deadline: float | None = None):
+        # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
+        self.retry = Retry(deadline=source_deadline)
+        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads,
+                                                                                      self.retry)
         self.split = split
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
@@ -265,7 +280,7 @@ class ClipLoader:
         self.train, self.seed, self.num_workers = train, seed, num_workers
         self.remainder, self.piece_samples = remainder, piece_samples
         self.shuffle_buffer = shuffle_buffer if train else 0
-        self.cache = ShardCache(cache_dir, cache_budget) if cache_dir else None
+        self.cache = ShardCache(cache_dir, cache_budget, retry=self.retry) if cache_dir else None
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {SHUFFLES}, not {shuffle!r}")
         if world_size % local_size:
@@ -527,7 +542,7 @@ class ClipLoader:
                                                self.transform.flip, self.manifest.motion if self.modality == "motion"
                                                else None)
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
-                               self.decode_on_device, pool, renderer, self.cache, self.lookahead)
+                               self.decode_on_device, pool, renderer, self.cache, self.lookahead, self.retry)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
