@@ -149,10 +149,10 @@ def test_a_refusing_source_is_waited_for_with_capped_backoff_and_one_line_each_w
 @pytest.mark.parametrize("status", ["503", "502", "504", "429", "408"])
 def test_a_gateway_or_a_busy_server_is_waited_for(status, caplog):
     caplog.set_level(logging.INFO)
-    with source([status] * 4) as src:
+    with source([status] * 6) as src:
         retry = Recorded(deadline=60, **QUICK)
         assert open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA, retry=retry).read() == BLOB[:1000]
-    assert len(src.requests) == 5 and len(retry.waits) == 4
+    assert len(src.requests) == 7 and len(retry.waits) == 6
     started, ended = wait_lines(caplog)
     assert len(started) == len(ended) == 1 and f"status {status}, expected 206" in started[0]
 
