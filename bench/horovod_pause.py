@@ -9,7 +9,7 @@ the allreduce completed, how long rank 0 waited in it, horovodrun's exit status 
 Horovod wrote meanwhile (its stall warnings), counted.
 
     PYTHONPATH=. python bench/horovod_pause.py --pauses 40 130 [--env HOROVOD_GLOO_TIMEOUT_SECONDS=10 ...]
-    PYTHONPATH=. python bench/horovod_pause.py --pauses 40 130 --backend torch   # torchrun, Gloo
+    PYTHONPATH=. python bench/horovod_pause.py --pauses 40 130 --backend torch [--torch-timeout 20]  # torchrun, Gloo
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
-def rank_main(pause: float, backend: str) -> None:
+def rank_main(pause: float, backend: str, timeout: float | None) -> None:
     """One rank of the job: rank 1 pauses, then both allreduce; rank 0 prints what it saw."""
     import torch
 
@@ -34,8 +34,10 @@ def rank_main(pause: float, backend: str) -> None:
         hvd.init()
         rank, allreduce = hvd.rank(), (lambda t: hvd.allreduce(t, op=hvd.Sum))
     else:
+        import datetime
+
         import torch.distributed as dist
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **({"timeout": datetime.timedelta(seconds=timeout)} if timeout else {}))
         rank = dist.get_rank()
 
         def allreduce(t):
@@ -56,8 +58,9 @@ def rank_main(pause: float, backend: str) -> None:
         dist.destroy_process_group()
 
 
-def job(pause: float, env: dict, backend: str) -> dict:
-    me = [sys.executable, __file__, "--rank-main", str(pause), "--backend", backend]
+def job(pause: float, env: dict, backend: str, timeout: float | None) -> dict:
+    me = [sys.executable, __file__, "--rank-main", str(pause), "--backend", backend,
+          *(["--torch-timeout", str(timeout)] if timeout else [])]
     if backend == "horovod":
         launch = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *me]
     else:
@@ -65,7 +68,7 @@ def job(pause: float, env: dict, backend: str) -> dict:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         launch = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                  "--master-port", str(port), *me]
+                  "--master-port", str(port), *me[1:]]  # (torchrun runs the script with its own Python)
     began = time.monotonic()
     p = subprocess.run(launch, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True,
                        timeout=pause + 900)
@@ -75,7 +78,7 @@ def job(pause: float, env: dict, backend: str) -> dict:
     # Horovod's stall check: "One or more tensors were submitted ... waiting for remainder of ranks for
     # more than 60 seconds. ... Missing ranks: ..." (HOROVOD_STALL_CHECK_TIME_SECONDS)
     warnings = [line for line in out.splitlines() if "remainder of ranks" in line or "Missing ranks" in line]
-    return {"backend": backend, "pause_s": pause, "env": env, **result, "exit": p.returncode,
+    return {"backend": backend, "pause_s": pause, "env": env, "torch_timeout_s": timeout, **result, "exit": p.returncode,
             "wall_s": round(time.monotonic() - began, 1), "stall_warning_lines": len(warnings),
             "first_warning": warnings[0][:200] if warnings else None,
             "tail": None if result.get("completed") else out[-600:]}
@@ -86,14 +89,15 @@ def main() -> None:
     p.add_argument("--pauses", type=float, nargs="+", default=[40.0, 130.0])
     p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE")
     p.add_argument("--backend", choices=("horovod", "torch"), default="horovod")
+    p.add_argument("--torch-timeout", type=float, help="init_process_group's timeout (default: PyTorch's, 30 min)")
     p.add_argument("--rank-main", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_main is not None:
-        rank_main(args.rank_main, args.backend)
+        rank_main(args.rank_main, args.backend, args.torch_timeout)
         return
     env = dict(kv.split("=", 1) for kv in args.env)
     for pause in args.pauses:
-        print(json.dumps(job(pause, env, args.backend)), flush=True)
+        print(json.dumps(job(pause, env, args.backend, args.torch_timeout)), flush=True)
 
 
 if __name__ == "__main__":

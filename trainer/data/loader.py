@@ -161,12 +161,16 @@ def _pack_jpegs(samples) -> dict:
 
 
 def _refusals_as_batches(batches):
-    """Stage, in a loader worker: a refusal (``CommandError``, such as ``CacheFull``) takes the place of
-    the next batch, so the rank raises it with its own one-line message (PyTorch would re-raise it
-    with the worker's traceback as its message)."""
+    """Last stage: a refusal (``CommandError``, such as ``CacheFull``; a ``DataFault``, such as a
+    ``CorruptSample`` or ``SourceUnavailable``) takes the place of the next batch, so the rank raises
+    it with its own one-line message (PyTorch would re-raise one from a loader worker with the
+    worker's traceback as its message). webdataset's tar reader adds the stream and URL to the args
+    of an error raised while it reads a shard: the refusal goes on with its own message alone (the
+    stream could not even be sent from a worker)."""
     try:
         yield from batches
     except CommandError as refusal:
+        refusal.args = refusal.args[:1]
         yield refusal
 
 
@@ -226,7 +230,7 @@ class _Streams(IterableDataset):
             wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(self._decode),
         )
-        return _refusals_as_batches(pipeline) if info else iter(pipeline)
+        return _refusals_as_batches(pipeline)
 
 
 class ClipLoader:
@@ -550,7 +554,7 @@ class ClipLoader:
                                 worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
-                if isinstance(sent, CommandError):  # a worker's refusal (_refusals_as_batches)
+                if isinstance(sent, CommandError):  # a refusal of the pipeline (_refusals_as_batches)
                     raise sent
                 self._done += 1
                 batch = self._batch(sent, pool, parts) | {"global_valid": global_valid}
