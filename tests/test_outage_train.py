@@ -125,10 +125,15 @@ def weights(out: Path) -> dict:
     return torch.load(out / "checkpoint.pt", weights_only=True)
 
 
-def assert_same_weights(a: dict, b: dict) -> None:
+def assert_same_weights(a: dict, b: dict, bn_statistics: bool = True) -> None:
+    """The two runs' final checkpoints hold the same weights and optimizer state, bit for bit, and
+    the same BN running statistics unless ``bn_statistics`` is False."""
     assert a["clips_seen"] == b["clips_seen"] == EPOCHS * CLIPS and (a["epoch"], b["epoch"]) == (EPOCHS, EPOCHS)
     for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+        if bn_statistics or not key.endswith(("running_mean", "running_var")):
+            assert torch.equal(value, b["model"][key]), key
+    for index, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], b["optimizer"]["state"][index]["momentum_buffer"]), index
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +202,10 @@ def test_a_run_rides_through_three_service_restarts_to_the_undisturbed_weights(s
 
 
 # The file requests of a run through a node cache: the manifest, the 12 training shards (each
-# downloaded one ahead of its reading, in epoch 1), then the 2 validation shards (epoch 1's
+# downloaded as the batches its loader worker makes ahead need it, one ahead: about 7 requests by
+# the first step, the rest through the epoch), then the 2 validation shards (epoch 1's
 # validation). By byte ranges, each loader worker reads its epoch's ranges ahead as it starts.
-@pytest.mark.parametrize("hold, where", [(2, "start"), (6, "training"), (14, "validation")])
+@pytest.mark.parametrize("hold, where", [(2, "start"), (10, "training"), (14, "validation")])
 def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_there(served, hold, where):
     """The service is killed at a file request as epoch 1 starts (byte ranges: every range of the
     epoch is then still to come), mid-way through its training or as its validation starts
@@ -251,7 +257,11 @@ def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_ther
         assert len(trained) == CLIPS and set(trained.values()) == {1}
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in metrics if r["event"] == "epoch"] == [1, 2]  # epoch 1 validated once, on resume
-    assert_same_weights(served["straight"], weights(out))
+    # Resumed mid-epoch on 2 ranks, rank 1's BN running statistics start from rank 0's (the
+    # checkpoint holds rank 0's model; within an epoch the ranks' statistics differ, until its end
+    # averages them), as after any mid-epoch stop of several ranks, a signal's too: they differ;
+    # the weights and the optimizer state do not.
+    assert_same_weights(served["straight"], weights(out), bn_statistics=where != "training")
 
 
 def test_a_corrupt_sample_stops_the_run_at_its_batch_and_resume_after_the_repair_goes_on_there(tmp_path):
