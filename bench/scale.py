@@ -210,7 +210,7 @@ def main() -> int:
         rows = []
         try:
             server = psutil.Process(proc.pid)
-            base = url.removesuffix("/v1") + "/v1/datasets/bench"
+            base = url + "/v1/datasets/bench"
             small = int(args.small_budget * set_bytes)
             for mode in ("global", "node"):
                 for cached, budget in ((True, None), (True, small), (False, None)):

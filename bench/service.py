@@ -190,7 +190,7 @@ def start(cmd: list[str], env=None) -> tuple[subprocess.Popen, str]:
     for line in proc.stdout:
         if line.startswith("serving "):
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, line.split()[1].rstrip("/").removesuffix("/v1")  # the server's root URL
+            return proc, line.split()[1].rstrip("/")  # the server's root URL (the viewer's)
     raise RuntimeError("server did not start")
 
 
