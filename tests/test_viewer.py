@@ -366,6 +366,12 @@ def test_browser_a_damaged_set_is_never_green(site, browser):
     assert all(title == STATES[state].meaning for _, state, _, _, title in badges)
     cell = browser.execute_script(f"return document.querySelector('tr[data-id=\"{'cd' * 32}\"] td.state').innerText")
     assert cell.startswith("damaged") and WORN in cell  # why, under the badge
+    # its why kept to three lines in the table (the row no taller than that), all of it in the tooltip
+    why, title, height, full, line = browser.execute_script(
+        f"const w = document.querySelector('tr[data-id=\"{'cd' * 32}\"] td.state .why'); "
+        "return [w.textContent, w.title, w.clientHeight, w.scrollHeight, parseFloat(getComputedStyle(w).lineHeight)]")
+    assert title == why and WORN in why and "shard-service verify" in why
+    assert height <= 3 * line + 1 < full, (height, full, line)
     page(browser, site["open"].url + "/sets/worn")
     dd = browser.execute_script("const d = Array.from(document.querySelectorAll('#record dd'))"
                                 ".find(d => d.previousSibling.innerText === 'state'); "

@@ -87,7 +87,7 @@ function stateCell(rec) {
   const cell = el("td", {class: "state"}, badge(rec.state));
   if (rec.state === "building") cell.append(el("br"), progress(rec.progress || {}));
   const why = rec.problem ? `${rec.problem}; ${rec.remedy}` : rec.state === "failed" ? rec.error : "";
-  if (why) cell.append(el("br"), el("span", {class: "why"}, why));
+  if (why) cell.append(el("span", {class: "why", title: why}, why));
   return cell;
 }
 
