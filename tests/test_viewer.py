@@ -531,15 +531,22 @@ def test_browser_class_filter_and_detail_view(site, browser):
 
 
 def test_browser_a_hostile_class_name_is_text_and_runs_nothing(site, browser):
+    ran = "return document.querySelectorAll('img[src=\"x\"], script:not([src])').length"
     for path in ("/sets/tiny", "/sets/tiny/clips?class=1"):
         page(browser, site["open"].url + path)
         text = wait(browser, f"return document.body.innerText.includes({json.dumps(HOSTILE)}) && "
                              "document.body.innerText")
-        ran = "return document.querySelectorAll('img[src=\"x\"], script:not([src])').length"
         assert browser.execute_script(ran) == 0
         assert browser.execute_script("return window.pwned === undefined")
         if path == "/sets/tiny":
             assert HOSTILE_MESSAGE in text
+    wait(browser, "return document.body.dataset.loaded === 'clips'")
+    browser.find_element("css selector", "#grid figure").click()  # the clip's modal: its title and fields
+    title = wait(browser, "return document.getElementById('detail').open && "
+                          "document.getElementById('detail-title').innerText")
+    assert title.startswith(HOSTILE) and HOSTILE in browser.execute_script(
+        "return document.getElementById('detail-fields').innerText")
+    assert browser.execute_script(ran) == 0 and browser.execute_script("return window.pwned === undefined")
     assert console_errors(browser) == []
 
 
