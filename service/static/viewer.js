@@ -92,8 +92,9 @@ function stateCell(rec) {
 }
 
 function verifyText(v) {
-  if (!v) return "never";
-  return `${v.at}: ${v.problems ? plural(v.problems, "problem") : "ok"}`;
+  if (!v) return "never";  // the time kept on one line: the outcome wraps under it in a narrow column
+  const outcome = v.problems ? plural(v.problems, "problem") : "ok";
+  return el("span", {}, el("span", {class: "nowrap"}, `${v.at}:`), ` ${outcome}`);
 }
 
 async function catalogPage() {
