@@ -92,9 +92,11 @@ function stateCell(rec) {
 }
 
 function verifyText(v) {
-  if (!v) return "never";  // the time kept on one line: the outcome wraps under it in a narrow column
+  if (!v) return "never";  // in a narrow column a line break between the date and the time, never inside them
   const outcome = v.problems ? plural(v.problems, "problem") : "ok";
-  return el("span", {}, el("span", {class: "nowrap"}, `${v.at}:`), ` ${outcome}`);
+  const [date, time] = v.at.split(/(?=T)/);
+  return el("span", {}, el("span", {class: "nowrap"}, date), el("wbr"), el("span", {class: "nowrap"}, `${time}:`),
+    ` ${outcome}`);
 }
 
 async function catalogPage() {
