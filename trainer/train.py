@@ -145,7 +145,7 @@ class Trainer:
                           world_size=self.backend.size, train=train, seed=self.cfg.system.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
-                          shuffle=shuffle_mode(self.cfg),
+                          shuffle=shuffle_mode(self.cfg), shuffle_fallback=self.cfg.data.shuffle == "auto",
                           local_size=self.backend.local_size, lookahead=a.lookahead,
                           decode_on_device=a.decode_on_device, modality=a.modality,
                           shapes=None if full_shape else self.regime.shapes)
