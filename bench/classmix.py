@@ -15,7 +15,7 @@ shards out with the seed, so a class-sorted set of few shards gives other shares
   classes appended to a set);
 * sorted: class by class (a tool that writes class folders in turn).
 
-    python bench/classmix.py [--orders 100]
+    python bench/classmix.py [--orders 100] [--large-orders 10]
 """
 from __future__ import annotations
 
@@ -60,20 +60,22 @@ def judge(labels: np.ndarray, shards: int, per_shard: int, nodes: int, seed: int
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--orders", type=int, default=100, help="random hashed orders per layout")
+    p.add_argument("--orders", type=int, default=100, help="run seeds (and random orders) per row")
+    p.add_argument("--large-orders", type=int, default=10, help="the same for the Kinetics-sized rows (240,123 clips)")
     args = p.parse_args()
     print(f"node shares differ in classes (node-affine refused) when the worst node's total variation (TV) "
           f"exceeds a random order's by more than {classmix.MARGIN} and {classmix.SPREADS} of its standard "
-          f"deviations; {args.orders} run seeds per row\n")
+          f"deviations; {args.orders} run seeds per row ({args.large_orders} for Kinetics' sizes)\n")
     print("layout | order | worst node's TV: median, largest | beyond a random order's: median, largest | limit "
           "(smallest) | refused at | classes in a node's share")
     for name, shards, per_shard, classes, per_video, nodes in LAYOUTS:
         n = shards * per_shard
+        seeds = range(args.orders if n < 100_000 else args.large_orders)
         for order in ("hashed", "videos", "halves", "sorted"):
             if order == "videos" and per_video == 1:
                 continue
             mixes = [judge(layout_labels(order, n, classes, per_video, np.random.default_rng(s)), shards, per_shard,
-                           nodes, s) for s in range(args.orders)]
+                           nodes, s) for s in seeds]
             excess = [m.worst - m.shuffled for m in mixes]
             print(f"{name} | {order} | {statistics.median(m.worst for m in mixes):.3f}, "
                   f"{max(m.worst for m in mixes):.3f} | {statistics.median(excess):+.3f}, {max(excess):+.3f} | "

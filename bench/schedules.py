@@ -313,7 +313,8 @@ def main() -> None:
               "same seeds, over the repeats finished in both modes; per repeat, final top-1 (global, node), epochs "
               "to the target and to the variant's global final top-1 (None: not reached)")
         for r in versus(runs, targets, pairs):
-            print(f"{r['variant']}: repeats {r['repeats']}, final top-1 (global, node) {r['top1_pairs']}, "
+            pairs_top1 = ", ".join(f"{a:.1f}/{b:.1f}" for a, b in r["top1_pairs"])
+            print(f"{r['variant']}: repeats {r['repeats']}, final top-1 global/node {pairs_top1}, "
                   f"median {r['global_top1']:.1f}% / {r['node_top1']:.1f}%; epochs to target: global "
                   f"{r['global_epochs']}, node {r['node_epochs']}; to the global final: global "
                   f"{r['global_epochs_own']}, node {r['node_epochs_own']}")
