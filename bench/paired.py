@@ -64,11 +64,14 @@ def describe(s: dict, unit: str = "") -> str:
 
 
 def final(run: Path) -> dict:
-    """The last epoch's validation figures of a run directory, and the first epoch at its best top-1."""
+    """A run directory's last-epoch validation top-1 and loss and training loss; its validation top-1
+    averaged over the epochs (how early it learnt: the area under its curve, in points); the first
+    epoch at its best top-1."""
     epochs = [r for r in metrics.read(str(run / "metrics.jsonl")) if r["event"] == "epoch"]
     best = max(r["val_top1"] for r in epochs)
     return {"top1": epochs[-1]["val_top1"], "loss": epochs[-1]["val_loss"],
             "train_loss": epochs[-1]["train_loss"], "epochs": len(epochs),
+            "mean_top1": statistics.fmean(r["val_top1"] for r in epochs),
             "first_at_best": next(r["epoch"] for r in epochs if r["val_top1"] >= best)}
 
 
@@ -82,14 +85,17 @@ def main() -> None:
         raise SystemExit(f"paired.py: {len(args.a)} runs of --a against {len(args.b)} of --b: pairs need both")
     a, b = [final(r) for r in args.a], [final(r) for r in args.b]
     na, nb = args.names
-    print(f"pair | {na}: final top-1, val loss, train loss | {nb}: final top-1, val loss, train loss | "
-          f"{nb} - {na}: top-1, val loss")
+    figures = "final top-1, val loss, train loss, top-1 over the epochs, first epoch at the best"
+    print(f"pair | {na}: {figures} | {nb}: the same | {nb} - {na}: top-1, val loss")
     for ra, rb, fa, fb in zip(args.a, args.b, a, b):
-        print(f"{ra.name} / {rb.name} | {fa['top1']:.1f}%, {fa['loss']:.3f}, {fa['train_loss']:.3f} "
-              f"| {fb['top1']:.1f}%, {fb['loss']:.3f}, {fb['train_loss']:.3f} "
-              f"| {fb['top1'] - fa['top1']:+.1f}, {fb['loss'] - fa['loss']:+.3f}")
-    for key, unit in (("top1", " points"), ("loss", ""), ("train_loss", "")):
-        print(f"{nb} - {na}, final {key}: {describe(summary([y[key] - x[key] for x, y in zip(a, b)]), unit)}")
+        print(f"{ra.name} / {rb.name} | " + " | ".join(
+            f"{f['top1']:.1f}%, {f['loss']:.4f}, {f['train_loss']:.4f}, {f['mean_top1']:.1f}%, {f['first_at_best']}"
+            for f in (fa, fb)) + f" | {fb['top1'] - fa['top1']:+.1f}, {fb['loss'] - fa['loss']:+.4f}")
+    for key, what, unit in (("top1", "final top-1", " points"), ("loss", "final validation loss", ""),
+                            ("train_loss", "final training loss", ""),
+                            ("mean_top1", "top-1 averaged over the epochs", " points"),
+                            ("first_at_best", "first epoch at the best top-1", " epochs")):
+        print(f"{nb} - {na}, {what}: {describe(summary([y[key] - x[key] for x, y in zip(a, b)]), unit)}")
 
 
 if __name__ == "__main__":
