@@ -57,9 +57,9 @@ def summary(diffs: list[float]) -> dict:
 
 
 def describe(s: dict, unit: str = "") -> str:
-    """One line: mean [95% t-interval], signs, sign test."""
-    interval = f"[{s['low']:+.2f}, {s['high']:+.2f}]" if s["n"] > 1 else "(one pair)"
-    return (f"mean {s['mean']:+.2f}{unit} 95% t-interval {interval} (n={s['n']}, sd {s['sd']:.2f}); "
+    """One line: mean [95% t-interval], signs, sign test (3 significant digits: losses are small)."""
+    interval = f"[{s['low']:+.3g}, {s['high']:+.3g}]" if s["n"] > 1 else "(one pair)"
+    return (f"mean {s['mean']:+.3g}{unit} 95% t-interval {interval} (n={s['n']}, sd {s['sd']:.3g}); "
             f"higher/equal/lower {s['higher']}/{s['equal']}/{s['lower']}, sign test p={s['sign_p']:.2f}")
 
 
