@@ -354,9 +354,12 @@ def prepare_output(system: config.System, rank0: bool) -> None:
 
 
 def shuffle_mode(cfg: config.TrainConfig) -> str:
-    """``--shuffle``, with auto decided: node-affine epochs with a cache, except under K-step
-    averaging, whose ranks drift toward their node's fixed shards between averages (measured
-    lower accuracy, BENCHMARKS.md "Accuracy: node-affine against global epochs")."""
+    """``--shuffle``, with auto decided: node-affine epochs with a cache (synchronous training:
+    no cost measured in paired seeds, BENCHMARKS.md "Paired evidence: node-affine against global
+    epochs at several seeds"), except under K-step averaging, whose ranks drift toward their
+    node's fixed shards between averages (measured lower accuracy, BENCHMARKS.md "Accuracy:
+    node-affine against global epochs"). The loader still trains global epochs where the class
+    mix of the node shares refuses node-affine ones (``shuffle_fallback``)."""
     if cfg.data.shuffle != "auto":
         return cfg.data.shuffle
     return "node" if cfg.data.cache_dir and cfg.schedules.average_every is None else "global"
