@@ -49,7 +49,7 @@ import re
 
 from aiohttp import web
 
-from shards.catalog import Catalog, CatalogError, Record
+from shards.catalog import Catalog, CatalogError, CatalogUnavailable, Record
 from shards.catalog.condition import condition, shown
 from shards.reading import local_path, open_range
 
@@ -76,6 +76,7 @@ RECORDS = web.AppKey("records", RecordCache)
 COUNTERS = web.AppKey("counters", Counters)
 REDIRECT = web.AppKey("redirect_seconds", int)
 IMMUTABLE = "max-age=31536000, immutable"
+REAP_SECONDS = 15  # how often builds whose builder died are looked for
 FILES_LOG = web.AppKey("out_of_files", OutOfFiles)
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
 
@@ -96,6 +97,9 @@ async def json_errors(request: web.Request, handler):
         response = await handler(request)
         response.headers.setdefault("Cache-Control", "no-store")
         return response
+    except CatalogUnavailable as e:
+        log.warning("%s %s: %s", request.method, request.path, e)
+        return error(503, "the catalog cannot be reached; try again shortly", **{"Retry-After": "1"})
     except Refused as e:
         return error(e.status, str(e))
     except web.HTTPException as e:
@@ -191,6 +195,8 @@ async def get_build(request: web.Request) -> web.Response:
     rec = request.app[CATALOG].get(request.match_info["id"])
     if rec is None:
         raise web.HTTPNotFound(text=f"no build {request.match_info['id']!r}")
+    if rec.state == "building" and rec.request is not None and not rec.lease_alive():  # its builder is gone
+        request.app[BUILDS].take_over_soon(rec)
     return web.json_response({"id": rec.id, "state": rec.state, "progress": rec.progress, "error": rec.error,
                               "location": rec.location, "attempts": rec.attempts,
                               "lease_alive": rec.lease_alive(), "record": rec.to_json()})
@@ -375,12 +381,18 @@ async def delete_dataset(request: web.Request) -> web.Response:
 
 async def _reap_periodically(app: web.Application):
     async def reap():
-        for dataset in await asyncio.to_thread(app[CATALOG].reap):
-            log.warning("build %s: its builder died; marked failed", dataset)
+        """Builds asked for over HTTP whose builder died are taken over (``service.builds``); any
+        other build whose builder died is marked failed."""
+        try:
+            await app[BUILDS].take_over()
+            for dataset in await asyncio.to_thread(app[CATALOG].reap):
+                log.warning("build %s: its builder died; marked failed", dataset)
+        except CatalogUnavailable as e:
+            log.warning("builds not checked: %s", e)
 
     async def loop():
         while True:
-            await asyncio.sleep(15)
+            await asyncio.sleep(REAP_SECONDS)
             await reap()
     await reap()  # at startup, before the first request: builds that died with a previous server
     task = asyncio.create_task(loop())

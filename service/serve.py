@@ -24,6 +24,7 @@ import socket
 from aiohttp import web
 
 from shards.catalog import Catalog, default_path
+from shards.catalog.backends import is_url
 from shards.errors import Interrupted
 
 from .app import make_app
@@ -37,7 +38,9 @@ MAX_CONNECTIONS = 8192
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--catalog", default=default_path(), help="catalog file ($SHARD_SERVICE_CATALOG)")
+    p.add_argument("--catalog", default=default_path(),
+                   help="catalog: a SQLite file, or a PostgreSQL database (postgresql://USER@HOST:PORT/DB) that "
+                        "replicas of the service share ($SHARD_SERVICE_CATALOG)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
@@ -48,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true", help="reads need a token too (all but /v1/health)")
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
-                                       "default: a 'sets' directory beside the catalog)")
+                                       "default: a 'sets' directory beside a catalog file; needed with a "
+                                       "PostgreSQL catalog: storage every replica reaches)")
     p.add_argument("--ray-address", help="run builds on this Ray cluster (default: an embedded local Ray)")
     p.add_argument("--source-root", action="append", default=[], metavar="DIR_OR_URL",
                    help="builds asked for over HTTP may read only sources under this local directory (symbolic "
@@ -100,8 +104,12 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
                     args.max_connections, open_files)
     out_of_files = OutOfFiles()
     out_of_files.install(asyncio.get_running_loop())
-    catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
-    data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
+    if is_url(args.catalog) and roots and not args.data_root:
+        raise SystemExit("--data-root: needed with a PostgreSQL catalog and --source-root (where builds are written: "
+                         "storage every replica reaches)")
+    catalog = Catalog(args.catalog)  # the app's reaper, at startup, takes over or fails builds that died with a server
+    data_root = args.data_root or ("" if is_url(args.catalog) else
+                                   os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets"))
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
                    max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files,
