@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 
+import fsspec.config
 import numpy as np
 import psutil
 from PIL import Image
@@ -126,13 +127,14 @@ def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
 
 
 class Server:
-    """A server's processes (the first and all its children) as one, for CPU and memory."""
+    """A server's processes (each top process and all its children) as one, for CPU and memory:
+    the service and nginx in front of it are one server."""
 
-    def __init__(self, pid: int):
-        self.top = psutil.Process(pid)
+    def __init__(self, *pids: int):
+        self.tops = [psutil.Process(pid) for pid in pids]
 
     def procs(self) -> list[psutil.Process]:
-        return [self.top, *self.top.children(recursive=True)]
+        return [p for top in self.tops for p in (top, *top.children(recursive=True))]
 
     def cpu_times(self) -> tuple[float, float]:
         times = [p.cpu_times() for p in self.procs()]
@@ -175,7 +177,7 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
            "requests": len(lat), "GB": nbytes / 1e9}
     gb = max(out["GB"], 1e-9)
     out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
-        client_user + client_sys, 1e-9)})
+        client_user + client_sys, 1e-9), "load_avg_1min": os.getloadavg()[0]})
     if server:
         cpu1 = server.cpu_times()  # once, so both figures are of the same interval
         used = cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1]
@@ -333,6 +335,50 @@ def slowloris(cat: Catalog, shard: str, n: int, seconds: float) -> dict:
     return res
 
 
+# --- the sources, measured one at a time ---------------------------------------------------------
+LOCAL = "local disk"
+SERVICE = "service (aiohttp, sendfile)"
+NGINX_ROW = "nginx (sendfile)"
+ACCEL_ROW = "service + nginx sending the bytes (X-Accel)"
+
+
+def accel_front(workdir: str, workers: int, upstream: str) -> tuple[subprocess.Popen, str]:
+    """nginx in front of the service at ``upstream`` (host:port), sending files the service hands it
+    (``service.accel``): as docs/runbooks/service.md configures it, with one replica."""
+    from service.accel import nginx_location
+
+    site = ("location / { proxy_pass http://service; proxy_http_version 1.1; proxy_set_header Connection \"\"; "
+            "proxy_set_header Host $http_host; proxy_set_header X-Sendfile-Type X-Accel-Redirect; }\n"
+            + nginx_location("/_accel"))
+    return start_nginx(workdir, workers, site, f"upstream service {{ server {upstream}; keepalive 64; }}")
+
+
+def measure(label: str, serve: list[str] | None, args, root: str, m: Manifest) -> dict:
+    """One source under the clients for ``args.seconds``; its servers started and stopped here."""
+    if label == LOCAL:
+        return load(root, m, root, args.clients, args.procs, args.seconds, None)
+    procs = []
+    try:
+        if label == NGINX_ROW:
+            procs.append(start_nginx(args.out, args.workers, f"root {root};"))
+            base = procs[0][1]
+        else:
+            procs.append(start(serve))
+            base = procs[0][1].removesuffix("/v1") + ("" if "--role" in serve else "/v1/datasets/bench")
+        if label == ACCEL_ROW:
+            procs.append(accel_front(args.out, args.workers, base.split("//")[1].split("/")[0]))
+            base = procs[-1][1] + "/v1/datasets/bench"
+        return load(base, m, root, args.clients, args.procs, args.seconds, Server(*(p.pid for p, _ in procs)))
+    finally:
+        for p, _ in procs:
+            p.terminate()
+            p.wait()
+
+
+def median_row(rows: list[dict]) -> dict:
+    return {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
+
+
 # --- one epoch's data wait ----------------------------------------------------------------------
 def epoch_wait(where: str, workers: int) -> dict:
     from trainer.data.loader import ClipLoader
@@ -355,7 +401,12 @@ def main() -> int:
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--clips", type=int, default=100, help="clips per shard")
     p.add_argument("--workers", type=int, default=1, help="service processes (serve --workers), and nginx's")
-    p.add_argument("--no-nginx", action="store_true", help="leave out the nginx row")
+    p.add_argument("--no-nginx", action="store_true", help="leave out the rows with nginx")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every source this many times, interleaved (each round starts with the next "
+                        "source); medians are reported, and ratios taken within each round")
+    p.add_argument("--read-auth", action="store_true", help="the service asks for a token on every read "
+                                                            "(the clients send it; plain nginx asks for none)")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
@@ -381,38 +432,55 @@ def main() -> int:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))
         return 0
 
-    res = {"local": load(root, m, root, args.clients, args.procs, args.seconds, None)}
-    print("local disk", res["local"], flush=True)
-    service = "service (aiohttp, sendfile)"
-    servers = {service: ([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
-                          "--workers", str(args.workers)], "/v1/datasets/bench")}
+    token = os.path.join(args.out, "tokens")
+    with open(token, "w") as f:
+        f.write("bench-read-token\n")
+    if args.read_auth:  # the clients' requests carry it (shards.http_range reads fsspec's configuration)
+        fsspec.config.conf["http"] = {"headers": {"Authorization": "Bearer bench-read-token"}}
+    serve = [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path, "--workers",
+             str(args.workers), *(["--read-auth", "--token-file", token] if args.read_auth else [])]
+    sources = {LOCAL: None, SERVICE: serve}
     if not args.no_nginx:
-        servers["nginx (sendfile)"] = (None, "")
+        sources[NGINX_ROW] = None
+        sources[ACCEL_ROW] = [*serve, "--x-accel-redirect", "/_accel"]
     if args.compare:
-        servers["starlette FileResponse on uvicorn"] = ([sys.executable, os.path.abspath(__file__), "--role", root], "")
-    for label, (cmd, path) in servers.items():
-        proc, url = start(cmd) if cmd else start_nginx(args.out, args.workers, f"root {root};")
-        try:
-            res[label] = load(url.removesuffix("/v1") + path, m, root, args.clients, args.procs, args.seconds,
-                              Server(proc.pid))
-        finally:
-            proc.terminate()
-            proc.wait()
-        print(label, res[label], flush=True)
-    res["workers"] = args.workers
-    res["service_vs_local_MB_s"] = res[service]["MB_s"] / res["local"]["MB_s"]
-    print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
+        sources["starlette FileResponse on uvicorn"] = [sys.executable, os.path.abspath(__file__), "--role", root]
+    rounds = []
+    for r in range(args.rounds):
+        order = list(sources)[r % len(sources):] + list(sources)[:r % len(sources)]  # interleaved: each first in turn
+        got = {}
+        for label in order:
+            got[label] = measure(label, sources[label], args, root, m)
+            print(f"round {r + 1} {label}", got[label], flush=True)
+        rounds.append(got)
+    res = {"rounds": rounds, "workers": args.workers, "read_auth": args.read_auth,
+           **{label: median_row([g[label] for g in rounds]) for label in sources}}
+    ratios = {"service_vs_local_MB_s": (SERVICE, LOCAL, "MB_s")}
     if not args.no_nginx:
-        nginx = res["nginx (sendfile)"]
-        res["service_vs_nginx_MB_s"] = res[service]["MB_s"] / nginx["MB_s"]
-        res["service_vs_nginx_cpu_per_GB"] = res[service]["cpu_s_per_GB"] / nginx["cpu_s_per_GB"]
-        print(f"service / nginx, {args.workers} worker(s) each: throughput {res['service_vs_nginx_MB_s']:.2f}x "
-              f"(goal >= 0.9), server CPU per GB {res['service_vs_nginx_cpu_per_GB']:.2f}x (goal <= 1.2)")
+        ratios.update({"service_vs_nginx_MB_s": (SERVICE, NGINX_ROW, "MB_s"),
+                       "service_vs_nginx_cpu_per_GB": (SERVICE, NGINX_ROW, "cpu_s_per_GB"),
+                       "accel_vs_nginx_MB_s": (ACCEL_ROW, NGINX_ROW, "MB_s"),
+                       "accel_vs_nginx_cpu_per_GB": (ACCEL_ROW, NGINX_ROW, "cpu_s_per_GB")})
+    for key, (a, b, field) in ratios.items():  # per round (same load), then the median and range
+        per_round = sorted(g[a][field] / g[b][field] for g in rounds)
+        res[key], res[key + "_range"] = float(np.median(per_round)), [per_round[0], per_round[-1]]
+    print(f"{'source':<42} {'MB/s':>7} {'req/s':>7} {'p50 ms':>7} {'server CPU s/GB':>16} {'load':>5}")
+    for label in sources:
+        row = res[label]
+        print(f"{label:<42} {row['MB_s']:>7.0f} {row['req_s']:>7.0f} {row['p50_ms']:>7.1f} "
+              f"{row.get('cpu_s_per_GB', float('nan')):>16.3f} {row['load_avg_1min']:>5.1f}")
+    print(f"medians of {args.rounds} interleaved rounds, ratios taken within each round:")
+    for key in ratios:
+        print(f"  {key}: {res[key]:.2f} ({res[key + '_range'][0]:.2f}-{res[key + '_range'][1]:.2f})")
+    if not args.no_nginx:
+        print(f"goal for the service behind nginx sending the bytes (X-Accel-Redirect): throughput >= 0.95x nginx's "
+              f"({res['accel_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x ({res['accel_vs_nginx_cpu_per_GB']:.2f})"
+              + (", read auth on" if args.read_auth else ""))
     if args.no_epoch:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))
         return 0
 
-    proc, url = start(servers[service][0])
+    proc, url = start(serve)
     try:
         res["epoch_local"] = epoch_wait(root, args.epoch_workers)
         res["epoch_http"] = epoch_wait(url.removesuffix("/v1") + "/v1/datasets/bench", args.epoch_workers)

@@ -20,6 +20,8 @@ looked up by exact name in the set's file table (``service.files``), never joine
 Local files go out with ``sendfile`` (zero copy, ranges included); remote sets stream through,
 or, with ``redirect_seconds``, a shard of a set in an object store is answered with ``307`` to a
 presigned URL of the object, valid that long, and the bytes never pass through the server.
+Behind nginx, with ``x_accel_redirect``, nginx sends a local file's bytes and the server every
+header and refusal (``service.accel``).
 
 Every response says how it may be cached (RFC 9111), for HTTP caches in front of the server
 (nginx's ``proxy_cache``, a site proxy, a CDN): a file named by its set's full id never changes
@@ -53,7 +55,7 @@ from shards.catalog import Catalog, CatalogError, CatalogUnavailable, Record
 from shards.catalog.condition import condition, shown
 from shards.reading import local_path, open_range
 
-from . import housekeeping
+from . import accel, housekeeping
 from .builds import BadRequest, Builds
 from .files import Changed, Entry, Refused, content_type, open_local, presign
 from .limits import OUT_OF_FILES, OutOfFiles
@@ -75,6 +77,7 @@ TABLES = web.AppKey("tables", FileTables)
 RECORDS = web.AppKey("records", RecordCache)
 COUNTERS = web.AppKey("counters", Counters)
 REDIRECT = web.AppKey("redirect_seconds", int)
+ACCEL = web.AppKey("x_accel_redirect", str)
 IMMUTABLE = "max-age=31536000, immutable"
 REAP_SECONDS = 15  # how often builds whose builder died are looked for
 FILES_LOG = web.AppKey("out_of_files", OutOfFiles)
@@ -277,6 +280,12 @@ def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset
     if request.method == "GET" and name.endswith(".tar"):
         request.app[COUNTERS].add("shard_requests")
         request.app[COUNTERS].add("shard_bytes", answer.length)
+    prefix = request.app[ACCEL]
+    if prefix and fd is not None and offset == 0 and size == entry.size and request.method == "GET" \
+            and accel.asked(request.headers) and accel.nginx_agrees(request.headers):
+        os.close(fd)  # checked; nginx opens it again and sends it (service.accel)
+        request.app[COUNTERS].add("accel_redirects")
+        return web.Response(headers={**headers, **accel.redirect(prefix, local_path(rec.location), name)})
     if fd is not None:
         response = _Sendfile(fd, offset + answer.start, answer.length, status=answer.status, headers=headers)
     else:
@@ -412,10 +421,10 @@ def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = Fals
              ray_address: str | None = None, source_roots: SourceRoots = SourceRoots([]),
              max_build_workers: int = 1, max_builds: int = 1, body_timeout: float = 60.0,
              out_of_files: OutOfFiles | None = None, counters: Counters | None = None,
-             redirect_seconds: int = 0) -> web.Application:
+             redirect_seconds: int = 0, x_accel_redirect: str = "") -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH] = catalog, list(tokens), read_auth
-    app[COUNTERS], app[REDIRECT] = counters or Counters(), redirect_seconds
+    app[COUNTERS], app[REDIRECT], app[ACCEL] = counters or Counters(), redirect_seconds, x_accel_redirect
     app[TABLES] = FileTables(catalog, app[COUNTERS])
     app[RECORDS] = RecordCache(catalog)
     app[BODY_TIMEOUT], app[FILES_LOG] = body_timeout, out_of_files or OutOfFiles()

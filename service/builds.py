@@ -249,7 +249,6 @@ class Builds:
         except asyncio.CancelledError:  # stopped while starting: stop what was started
             await self._terminate(await spawn, plan.id)
             raise
-        log.info("build %s: build process %d started", plan.id, proc.pid)
         try:
             owner = {**new_owner(), "pid": proc.pid}
             if not await asyncio.to_thread(self.catalog.transfer, plan.id, claim.owner, owner):
@@ -257,6 +256,7 @@ class Builds:
                 await proc.wait()
                 return None
             holder[0] = owner
+            log.info("build %s: build process %d started, holding the lease", plan.id, proc.pid)
             job = {"catalog": self.catalog.path, "claim": Claim(claim.action, claim.record, owner), "plan": plan,
                    "ray_address": self.ray_address, "workers": run.get("workers"),
                    "videos_per_task": run.get("videos_per_task", 8), "ffmpeg_threads": run.get("ffmpeg_threads", 1),

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 
@@ -47,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redirect", type=int, default=0, metavar="SECONDS",
                    help="answer GETs of shards of sets in an object store with 307 to a presigned URL valid "
                         "this long, so their bytes bypass the server (default 0: stream them through)")
+    p.add_argument("--x-accel-redirect", default="", metavar="PREFIX",
+                   help="behind nginx: answer GETs of local sets' files that nginx can send (requests carrying "
+                        "X-Sendfile-Type: X-Accel-Redirect) with every header decided here and X-Accel-Redirect: "
+                        "PREFIX/<the file's path>, for nginx to send the bytes from its internal location PREFIX/ "
+                        "(docs/runbooks/service.md); refusals, 304s and anything nginx would answer differently "
+                        "are answered here as without it")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true", help="reads need a token too (all but /v1/health)")
@@ -89,6 +96,8 @@ def read_tokens(path: str | None) -> list[str]:
 async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_fd: int | None = None) -> int:
     """One server process, until SIGTERM or SIGINT (returned); ``ready_fd``: a pipe to write a byte
     to once listening (a worker), else the ``serving`` line is printed."""
+    if args.x_accel_redirect and not re.fullmatch(r"(/[A-Za-z0-9_.~-]+)+", args.x_accel_redirect):
+        raise SystemExit(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel")
     for flag in ("max_builds", "max_build_workers"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
@@ -113,7 +122,7 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
                    max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files,
-                   counters=counters, redirect_seconds=args.redirect)
+                   counters=counters, redirect_seconds=args.redirect, x_accel_redirect=args.x_accel_redirect)
     add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False, keepalive_timeout=args.header_timeout)
