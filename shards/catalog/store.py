@@ -359,8 +359,11 @@ class Catalog:
         return True
 
     def reap(self, lease: float = LEASE_SECONDS) -> list[str]:
-        """Mark failed every building record whose lease is dead; return their ids."""
+        """Mark failed every building record whose lease is dead; return their ids. Writes (and so
+        makes every server's caches drop their answers) only when there is one."""
         now, dead = time.time(), []
+        if all(rec.lease_alive(now, lease) for rec in self._records("state = 'building'")):
+            return dead
         with self._write() as db:
             for rec in self._records("state = 'building'"):
                 if not rec.lease_alive(now, lease):
