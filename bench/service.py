@@ -218,11 +218,18 @@ def start_nginx(workdir: str, workers: int, site: str, http_extra: str = "") -> 
                 f"http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000; {temps}\n"
                 f"  {http_extra.replace('PREFIX', prefix)}\n  server {{ listen 127.0.0.1:{port}; {site} }} }}\n")
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
+    wait_listening(proc, port, prefix)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_listening(proc: subprocess.Popen, port: int, prefix: str) -> None:
+    import socket
+
     deadline = time.monotonic() + 30
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"http://127.0.0.1:{port}"
+            return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"nginx did not start (see {prefix}/error.log)") from None
@@ -344,13 +351,19 @@ ACCEL_ROW = "service + nginx sending the bytes (X-Accel)"
 
 def accel_front(workdir: str, workers: int, upstream: str) -> tuple[subprocess.Popen, str]:
     """nginx in front of the service at ``upstream`` (host:port), sending files the service hands it
-    (``service.accel``): as docs/runbooks/service.md configures it, with one replica."""
-    from service.accel import nginx_location
+    (``service.accel``): docker/nginx-replicas.conf with one replica and ``workers`` worker processes."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from fronts import free_port, front_config
 
-    site = ("location / { proxy_pass http://service; proxy_http_version 1.1; proxy_set_header Connection \"\"; "
-            "proxy_set_header Host $http_host; proxy_set_header X-Sendfile-Type X-Accel-Redirect; }\n"
-            + nginx_location("/_accel"))
-    return start_nginx(workdir, workers, site, f"upstream service {{ server {upstream}; keepalive 64; }}")
+    prefix, port = os.path.join(workdir, "front"), free_port()
+    os.makedirs(prefix, exist_ok=True)
+    conf = os.path.join(prefix, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(front_config(prefix, port, [upstream]).replace("worker_processes auto;",
+                                                               f"worker_processes {workers};"))
+    proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
+    wait_listening(proc, port, prefix)
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def measure(label: str, serve: list[str] | None, args, root: str, m: Manifest) -> dict:

@@ -1,6 +1,6 @@
 """Bytes sent by nginx, every check kept here (``serve --x-accel-redirect PREFIX``).
 
-Behind nginx, a GET of a local set's file is decided here as always (the token, the set's state
+Behind nginx (configured as docker/nginx-replicas.conf is), a GET of a local set's file is decided here as always (the token, the set's state
 and refusals, the file's checks, ETag and Cache-Control, conditionals and the range), and when the
 answer is 200 or 206 the service sends no byte: it answers nginx with those headers and
 ``X-Accel-Redirect: PREFIX/<the file's path>``, and nginx sends the file from its internal
@@ -55,18 +55,3 @@ def redirect(prefix: str, root: str, name: str) -> dict:
     it must follow no symbolic link."""
     return {"X-Accel-Redirect": prefix.rstrip("/") + quote(f"{root.rstrip('/')}/{name}"),
             "X-Accel-Root": root.rstrip("/") or "/"}
-
-
-def nginx_location(prefix: str) -> str:
-    """nginx's internal location for ``--x-accel-redirect PREFIX`` (docs/runbooks/service.md)."""
-    return (f"location {prefix.rstrip('/')}/ {{\n"
-            "    internal;\n"
-            "    alias /;\n"
-            "    disable_symlinks on from=$upstream_http_x_accel_root;\n"
-            "    etag off;\n"
-            "    if_modified_since off;\n"
-            "    add_header ETag $upstream_http_etag;\n"
-            "    add_header Last-Modified \"\";\n"
-            "    add_header Vary $upstream_http_vary;\n"
-            "    add_header Preference-Applied $upstream_http_preference_applied;\n"
-            "}\n")

@@ -1,21 +1,24 @@
-"""nginx in front of ``shard-service serve`` replicas, as docs/runbooks/service.md deploys it: an
-upstream of the replicas with passive health checks (``max_fails``/``fail_timeout``), requests
-retried on the next replica when one refuses, fails or answers 502/503/504 (idempotent requests
-only: nginx never retries a POST), and the internal location from which nginx sends the files the
-replicas hand it (``service.accel``). Debian's nginx, a master of the test's own on a free
-loopback port (``../shared/notes/nginx.md``), stopped on every path.
+"""nginx in front of ``shard-service serve`` replicas with the shipped configuration,
+docker/nginx-replicas.conf (docs/runbooks/service.md deploys it): an upstream of the replicas with
+passive health checks (``max_fails``/``fail_timeout``), requests retried on the next replica when
+one refuses, fails or answers 502/503/504 (idempotent requests only: nginx never retries a POST),
+and the internal location from which nginx sends the files the replicas hand it
+(``service.accel``). Only the replicas' addresses, the port and the temporary paths are the
+test's. Debian's nginx, a master of the test's own on a free loopback port
+(``../shared/notes/nginx.md``), stopped on every path.
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import time
-
-from service.accel import nginx_location
+from pathlib import Path
 
 NGINX = "/usr/sbin/nginx"
+SHIPPED = Path(__file__).resolve().parents[1] / "docker" / "nginx-replicas.conf"
 ACCEL_PREFIX = "/_accel"
 
 
@@ -25,46 +28,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def front_config(prefix: str, port: int, replicas: list[str], accel: bool = True) -> str:
-    """nginx.conf for a front on 127.0.0.1:``port`` balancing ``replicas`` (host:port each)."""
-    servers = "".join(f"    server {r} max_fails=1 fail_timeout=2s;\n" for r in replicas)
+def front_config(prefix: str, port: int, replicas: list[str]) -> str:
+    """The shipped docker/nginx-replicas.conf, for a front on 127.0.0.1:``port`` balancing
+    ``replicas`` (host:port each), with its temporary files under ``prefix``."""
+    conf = SHIPPED.read_text()
+    servers = re.findall(r"^ *server replica\d:8765 (.*);$", conf, re.M)
+    assert servers, f"{SHIPPED}: no replica lines"
+    conf = re.sub(r"^( *)server replica1:8765 .*;$",
+                  lambda m: "".join(f"{m[1]}server {r} {servers[0]};\n" for r in replicas).rstrip("\n"), conf, flags=re.M)
+    conf = re.sub(r"^ *server replica[2-9]:8765 .*;\n", "", conf, flags=re.M)
     temps = " ".join(f"{k}_temp_path {prefix}/t{i};" for i, k in
                      enumerate(("client_body", "proxy", "fastcgi", "uwsgi", "scgi")))
-    return f"""user root; worker_processes 1; daemon off; pid {prefix}/nginx.pid; error_log {prefix}/error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off; sendfile on; tcp_nopush on; {temps}
-  upstream replicas {{
-{servers}    keepalive 32;
-  }}
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      proxy_pass http://replicas;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host $http_host;
-      {"proxy_set_header X-Sendfile-Type X-Accel-Redirect;" if accel else ""}
-      proxy_next_upstream error timeout http_502 http_503 http_504;
-      proxy_next_upstream_tries 4;
-      proxy_connect_timeout 2s;
-      proxy_read_timeout 120s;
-    }}
-{nginx_location(ACCEL_PREFIX)}
-  }}
-}}
-"""
+    conf = conf.replace("http {\n", f"http {{\n    {temps}\n", 1).replace("listen 8080;", f"listen 127.0.0.1:{port};")
+    assert f"listen 127.0.0.1:{port};" in conf and all(f"server {r} " in conf for r in replicas)
+    return f"user root; daemon off; pid {prefix}/nginx.pid; error_log {prefix}/error.log;\n" + conf
 
 
 class Front:
     """One nginx master with ``front_config``; ``url`` once started."""
 
-    def __init__(self, prefix: str, replicas: list[str], accel: bool = True):
+    def __init__(self, prefix: str, replicas: list[str]):
         self.prefix, self.port = str(prefix), free_port()
         os.makedirs(self.prefix, exist_ok=True)
         self.conf = os.path.join(self.prefix, "nginx.conf")
         with open(self.conf, "w") as f:
-            f.write(front_config(self.prefix, self.port, replicas, accel))
+            f.write(front_config(self.prefix, self.port, replicas))
         self.proc, self.url = None, f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Front:
