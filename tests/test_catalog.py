@@ -224,3 +224,36 @@ def test_dataset_id_is_canonical():
     assert dataset_id(a, {"frames": 8}) != dataset_id([a[0], {**a[1], "mtime": 7.0}], {"frames": 8})
     assert dataset_id(a, {"frames": 8}) != dataset_id(a, {"frames": 8}, shard_format="kinetics-fast-shards/1")
     assert len(dataset_id(a, {})) == 64 and new_owner()["token"] != new_owner()["token"]
+
+
+@pytest.mark.long
+def test_a_restarted_postgresql_is_reconnected_to_and_a_write_it_cut_is_one_line():
+    """A server of its own (restarted twice: no other test's sessions on it). A session lost while
+    idle is replaced at the next statement; a transaction cut midway is CatalogUnavailable, undone,
+    and the catalog answers again once the server is back; the generation moves on reconnection."""
+    from postgres import PostgresServer
+    from shards.catalog import CatalogUnavailable
+
+    server = PostgresServer()
+    try:
+        cat = Catalog(server.start().database())
+        claim(cat)
+        seen = cat.generation()
+        server.restart()
+        assert cat.get(ID).state == "building"  # a new session, at once
+        deadline = time.monotonic() + 30
+        while cat.generation() == seen:  # the listener is back, and says commits may have been missed
+            assert time.monotonic() < deadline, "the generation never moved after the restart"
+            time.sleep(0.05)
+        with pytest.raises(CatalogUnavailable, match="cannot be reached"):
+            with cat._write() as db:
+                db.execute("UPDATE datasets SET heartbeat = ?", (1.0,))
+                server.stop("immediate")
+                db.execute("UPDATE datasets SET attempts = 99")
+        with pytest.raises(CatalogUnavailable):
+            cat.get(ID)
+        server.start()
+        rec = cat.get(ID)
+        assert rec.heartbeat != 1.0 and rec.attempts == 1  # the cut transaction left nothing
+    finally:
+        server.close()

@@ -180,24 +180,45 @@ def _placeholders(sql: str) -> str:
 
 
 class _PgConnection:
-    """A psycopg connection with the catalog's ``?`` placeholders; a lost server is ``CatalogUnavailable``."""
+    """A thread's session with the server, under the catalog's ``?`` placeholders. A session found
+    lost (the server restarted, a network cut) while nothing of ours was under way on it is opened
+    again and the statement sent again; lost during a transaction, or not to be opened again, it is
+    ``CatalogUnavailable`` (and opened again at the next statement)."""
 
-    def __init__(self, backend: PostgreSQL, conn):
-        self.backend, self.conn = backend, conn
+    def __init__(self, backend: PostgreSQL):
+        self.backend, self.conn = backend, backend.session()
 
     def execute(self, sql: str, params=()):
         import psycopg
+        from psycopg.pq import TransactionStatus
 
+        if self.conn is None:
+            self.conn = self.backend.session()
+        idle = self.conn.info.transaction_status == TransactionStatus.IDLE
         try:
             return self.conn.execute(_placeholders(sql), tuple(params) or None)
         except psycopg.OperationalError as e:
-            if self.conn.broken or self.conn.closed:
-                self.backend.connections.drop()
+            if not (self.conn.broken or self.conn.closed):
+                raise
+            self.close()
+            if not idle:
                 raise self.backend.unavailable(e) from None
-            raise
+        self.conn = self.backend.session()  # it was lost before this statement: nothing else to undo
+        try:
+            return self.conn.execute(_placeholders(sql), tuple(params) or None)
+        except psycopg.OperationalError as e:
+            if not (self.conn.broken or self.conn.closed):
+                raise
+            self.close()
+            raise self.backend.unavailable(e) from None
 
     def close(self) -> None:
-        self.conn.close()
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001 -- a lost session may fail to close; it is dropped either way
+                pass
+        self.conn = None
 
 
 class PostgreSQL:
@@ -218,32 +239,36 @@ class PostgreSQL:
         reason = " ".join(str(e).split())[:300] or type(e).__name__
         return CatalogUnavailable(f"the catalog {shown(self.location)} cannot be reached: {reason}")
 
-    def _open(self) -> _PgConnection:
+    def session(self):
+        """A new psycopg connection (autocommit: transactions are the catalog's own BEGIN/COMMIT)."""
         import psycopg
 
         try:
-            conn = psycopg.connect(self.location, autocommit=True, connect_timeout=self.connect_timeout,
+            return psycopg.connect(self.location, autocommit=True, connect_timeout=self.connect_timeout,
                                    row_factory=_rows)
         except psycopg.OperationalError as e:
             raise self.unavailable(e) from None
-        return _PgConnection(self, conn)
+
+    def _open(self) -> _PgConnection:
+        return _PgConnection(self)
 
     def connect(self) -> _PgConnection:
         return self.connections.get()
 
     @contextmanager
     def transaction(self, db: _PgConnection):
-        import psycopg
-
+        db.execute("BEGIN")  # on a session found lost, a new one: nothing was under way
         try:
-            with db.conn.transaction():
-                db.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
-                yield db
-                db.execute(f"NOTIFY {CHANNEL}")  # delivered at commit, to every replica's listener
-        except psycopg.OperationalError as e:  # lost during the transaction or at its commit
-            if db.conn.broken or db.conn.closed:
-                self.connections.drop()
-                raise self.unavailable(e) from None
+            db.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
+            yield db
+            db.execute(f"NOTIFY {CHANNEL}")  # delivered at commit, to every replica's listener
+            db.execute("COMMIT")  # lost here, the outcome is unknown: CatalogUnavailable, not tried again
+        except BaseException:
+            if db.conn is not None:
+                try:
+                    db.conn.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001 -- the session is being given up on anyway
+                    db.close()
             raise
         self._local_commits += 1  # this process's own commits count at once, before any notification
 
