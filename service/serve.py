@@ -26,7 +26,7 @@ from aiohttp import web
 
 from shards.catalog import Catalog, default_path
 from shards.catalog.backends import is_url
-from shards.errors import Interrupted
+from shards.errors import Interrupted, UsageError
 
 from .app import make_app
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
@@ -96,8 +96,6 @@ def read_tokens(path: str | None) -> list[str]:
 async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_fd: int | None = None) -> int:
     """One server process, until SIGTERM or SIGINT (returned); ``ready_fd``: a pipe to write a byte
     to once listening (a worker), else the ``serving`` line is printed."""
-    if args.x_accel_redirect and not re.fullmatch(r"(/[A-Za-z0-9_.~-]+)+", args.x_accel_redirect):
-        raise SystemExit(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel")
     for flag in ("max_builds", "max_build_workers"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
@@ -113,9 +111,6 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
                     args.max_connections, open_files)
     out_of_files = OutOfFiles()
     out_of_files.install(asyncio.get_running_loop())
-    if is_url(args.catalog) and roots and not args.data_root:
-        raise SystemExit("--data-root: needed with a PostgreSQL catalog and --source-root (where builds are written: "
-                         "storage every replica reaches)")
     catalog = Catalog(args.catalog)  # the app's reaper, at startup, takes over or fails builds that died with a server
     data_root = args.data_root or ("" if is_url(args.catalog) else
                                    os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets"))
@@ -218,7 +213,18 @@ def _fork_workers(args: argparse.Namespace) -> int:
     return code or (_stopped(stopping[0]) if stopping else 0)
 
 
+def check_replica_flags(args: argparse.Namespace) -> None:
+    """The flags of a replica behind nginx, refused before anything starts."""
+    if args.x_accel_redirect and not re.fullmatch(r"(/[A-Za-z0-9_.~-]+)+", args.x_accel_redirect):
+        raise UsageError(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel (nginx's "
+                         "internal location for the files: docker/nginx-replicas.conf)")
+    if is_url(args.catalog) and args.source_root and not args.data_root:
+        raise UsageError("--data-root: needed with a PostgreSQL catalog and --source-root (where builds asked for "
+                         "over HTTP are written: storage every replica reaches)")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_replica_flags(args)
     if args.workers < 1:
         raise SystemExit(f"--workers {args.workers}: give 1 or more")
     if args.workers == 1:

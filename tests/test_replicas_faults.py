@@ -2,12 +2,13 @@
 PostgreSQL catalog behind nginx, which sends the bytes they hand it, all real and on loopback.
 
 * A two-rank training run (``horovodrun -np 2 --gloo``) reads its set through nginx while the
-  harness kills one replica with SIGKILL mid-epoch (the job held at rank 0's third step by
-  SIGSTOP to every process of it, so the kill lands mid-epoch whatever the machine's load, then
-  let go), restarts PostgreSQL while the job runs, and restarts the killed replica: the run ends
-  well, every clip trained exactly once per epoch, the weights at every step and at the end
-  bitwise equal to an undisturbed run's. Red without the retries (nginx's next upstream and the
-  range client's, both off: the killed replica's requests end the run).
+  harness kills one replica with SIGKILL in epoch 1, restarts it in epoch 2 with PostgreSQL
+  stopped, and starts PostgreSQL again three steps later; each fault is made while the job is
+  held (SIGSTOP to every process of it at a step of rank 0's, SIGCONT once done), so each lands
+  where it is meant to whatever the machine's load, and the job then reads on through it. The
+  run ends well, every clip trained exactly once per epoch, the weights at every step and at the
+  end bitwise equal to an undisturbed run's. Red without the retries (nginx's next upstream and
+  the range client's, both off: the killed replica's requests end the run).
 * An HTTP build survives the death of the replica running it: its build process is frozen, the
   replica killed; let go, the build process finds its server gone and leaves; the other replica
   takes the build over from its dead lease and finishes it, once (attempt 2), where the first left
@@ -129,6 +130,11 @@ def signal_job(proc: subprocess.Popen, signum: int) -> None:
             continue
 
 
+def steps_logged(out: Path, rank: int) -> int:
+    """How many steps ``rank`` has logged (a step's record is written as it starts)."""
+    return sum(r["rank"] == rank for path in (out / "clips").glob("*.jsonl") for r in read_file(str(path)))
+
+
 def steps_by_epoch(out: Path) -> dict[int, list[dict]]:
     records = [r for path in (out / "clips").glob("*.jsonl") for r in read_file(str(path))]
     return {e: sorted((r for r in records if r["epoch"] == e), key=lambda r: (r["step"], r["rank"]))
@@ -145,27 +151,38 @@ def test_training_reads_through_a_killed_replica_and_a_catalog_restart_bitwise(c
     assert calm.returncode == 0, calm_log[-3000:]
 
     served = [r.stats()["accel_redirects"] for r in replicas]
-    run = train(data, tmp_path / "faults", {"FAULT": "step:3:STOP:job"})  # every process of the job held at step 3
+    holds = {3: "kill", 7: "restart the replica, stop the catalog", 10: "start the catalog"}  # rank 0's steps
+    out = tmp_path / "faults"
+    run = train(data, out, {"FAULT": ",".join(f"step:{n}:STOP:job" for n in holds)})
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(run.stdout), daemon=True)
     reader.start()
+    postmaster = None
     try:
-        deadline = time.monotonic() + 300
-        while not ranks_stopped(run):
-            assert run.poll() is None and time.monotonic() < deadline, "".join(output)[-3000:]
-            time.sleep(0.05)
-        assert all(r.stats()["accel_redirects"] > s for r, s in zip(replicas, served))  # both served the run
-        replicas[0].kill(signal.SIGKILL)  # mid-epoch 1
-        signal_job(run, signal.SIGCONT)
-        postmaster = db.pid()
-        db.restart()  # while the job reads
-        assert db.pid() != postmaster and run.poll() is None, "the run ended before the catalog restarted"
-        replicas[0].start()  # on its port
-        assert run.poll() is None, "the run ended before the replica came back"
+        for step in holds:  # each fault while the job is held at a step it has not trained yet
+            deadline = time.monotonic() + 300
+            while not ranks_stopped(run):
+                assert run.poll() is None and time.monotonic() < deadline, "".join(output)[-3000:]
+                time.sleep(0.05)
+            assert steps_logged(out, rank=0) == step  # held exactly there: its record written, the step not run
+            if step == 3:
+                assert all(r.stats()["accel_redirects"] > s for r, s in zip(replicas, served))  # both served it
+                replicas[0].kill(signal.SIGKILL)  # epoch 1, step 3: the job reads on with one replica
+            elif step == 7:
+                replicas[0].start()  # on its port: nginx uses it again past fail_timeout
+                postmaster = db.pid()
+                db.stop()  # epoch 2, step 1: the job reads on with the catalog down
+            else:
+                db.start()  # epoch 2, step 4
+            signal_job(run, signal.SIGCONT)
+            while steps_logged(out, rank=0) == step:  # under way again
+                assert run.poll() is None and time.monotonic() < deadline, "".join(output)[-3000:]
+                time.sleep(0.05)
         run.wait(timeout=600)
     finally:
         signal_job(run, signal.SIGKILL)
         reader.join(timeout=60)
+    assert db.pid() not in (None, postmaster)  # the catalog was restarted
     log = "".join(output)
     assert run.returncode == 0 and "Traceback" not in log, log[-4000:]
     for out in ("calm", "faults"):
