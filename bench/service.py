@@ -392,6 +392,38 @@ def median_row(rows: list[dict]) -> dict:
     return {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
 
 
+# --- what a cache check per request costs on a PostgreSQL catalog -------------------------------------
+def catalog_cost(n: int) -> dict:
+    """Per request, what the record cache pays to know whether the catalog changed, on PostgreSQL:
+    the notifications' generation (``Catalog.generation``) against a query of a generation number
+    (one round trip), each ``n`` times, on a server of the tests' own on loopback; CPU of this
+    process and of the server's processes, and wall time, in microseconds per check."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from postgres import PostgresServer
+
+    server = PostgresServer()
+    out = {}
+    try:
+        cat = Catalog(server.start().database())
+        cat.generation()  # the listener started
+        db = Server(server.pid())
+        checks = {"notifications (Catalog.generation)": cat.generation,
+                  "a query per request (SELECT of a generation row)":
+                      lambda: cat._db.execute("SELECT version FROM catalog_schema").fetchone()}
+        for label, check in checks.items():
+            check()
+            cpu, server_cpu, wall = time.process_time(), sum(db.cpu_times()), time.perf_counter()
+            for _ in range(n):
+                check()
+            out[label] = {"client_cpu_us": (time.process_time() - cpu) / n * 1e6,
+                          "server_cpu_us": (sum(db.cpu_times()) - server_cpu) / n * 1e6,
+                          "wall_us": (time.perf_counter() - wall) / n * 1e6, "load_avg_1min": os.getloadavg()[0]}
+            print(label, out[label], flush=True)
+    finally:
+        server.close()
+    return out
+
+
 # --- one epoch's data wait ----------------------------------------------------------------------
 def epoch_wait(where: str, workers: int) -> dict:
     from trainer.data.loader import ClipLoader
@@ -425,10 +457,16 @@ def main() -> int:
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
     p.add_argument("--slowloris", type=int, default=0, metavar="N",
                    help="instead: normal clients beside N slowloris connections, the server's bounds off then on")
+    p.add_argument("--catalog-cost", type=int, default=0, metavar="N",
+                   help="instead: what knowing whether a PostgreSQL catalog changed costs per request, by "
+                        "notifications and by a query (N checks each; a PostgreSQL server is started on loopback)")
     p.add_argument("--role", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
         starlette_main(args.role)
+        return 0
+    if args.catalog_cost:
+        print("BENCH_JSON " + json.dumps({"catalog_cost": catalog_cost(args.catalog_cost)}, sort_keys=True))
         return 0
     shutil.rmtree(args.out, ignore_errors=True)
     root = os.path.join(args.out, "set")
