@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import storage
 from .errors import CommandError, NotFound
+from .http_range import DEFAULT_RETRY, Retry, _config_headers, patiently
 
 MANIFEST_NAME = "manifest.json"
 CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
@@ -124,14 +125,20 @@ class Manifest:
         return url
 
     @classmethod
-    def load(cls, url: str) -> "Manifest":
-        """Load from a directory URL or from the manifest file's URL."""
+    def load(cls, url: str, retry: Retry = DEFAULT_RETRY) -> "Manifest":
+        """Load from a directory URL or from the manifest file's URL; an HTTP source that is down is
+        waited for as ``retry`` says (``shards.http_range``: up to the source deadline)."""
         if url.rstrip("/").endswith(".json"):
             base = url.rsplit("/", 1)[0] if "/" in url else "."
         else:
             base, url = url.rstrip("/"), storage.join(url, MANIFEST_NAME)
         try:
-            data = storage.read_bytes(url)
+            if url.startswith(("http://", "https://")):
+                data = patiently(lambda: storage.read_bytes(url), url, retry)
+            else:
+                data = storage.read_bytes(url)
+        except CommandError:  # (SourceUnavailable: the source stayed down past its deadline)
+            raise
         except Exception as e:
             if url.startswith(("http://", "https://")):
                 raise _http_refusal(url, e) from None
@@ -171,8 +178,6 @@ def _http_refusal(url: str, error: Exception) -> CommandError:
     errors drop its body): asked again with the standard library's client and the same headers."""
     import urllib.error
     import urllib.request
-
-    from .http_range import _config_headers
 
     request = urllib.request.Request(url, headers=_config_headers(url.split(":", 1)[0]))
     try:
