@@ -51,6 +51,9 @@ BOUNDS = {"frames": (1, 64), "clips_per_video": (1, 64), "eval_clips": (1, 64), 
           "ffmpeg_threads": (1, 16), "timeout": (1, 3600), "shard_samples": (1, 10**6), "shard_size": (10**6, 2**36)}
 
 
+MAX_ATTEMPTS = 5  # a build whose builders died this many times is not taken over again
+
+
 class BadRequest(ValueError):
     pass
 
@@ -170,6 +173,10 @@ class Builds:
 
     async def _take_over(self, rec: Record) -> bool:
         who = f"{rec.owner.get('host')} pid {rec.owner.get('pid')}" if rec.owner else "its builder"
+        if rec.attempts >= MAX_ATTEMPTS:  # whatever kills its builders may be the build itself
+            await asyncio.to_thread(self.catalog.fail_orphan, rec.id, f"abandoned: its builder ({who}) is gone, "
+                                    f"after {rec.attempts} attempts; not taken over again: ask for it again")
+            return False
         try:
             req = parse_body(rec.request, self.max_workers)
             src = self.roots.check(req["src"])

@@ -122,3 +122,39 @@ def test_reads_through_nginx_ride_through_a_killed_replica_and_use_it_again_rest
     replicas[0].start()  # on its port: nginx uses it again once its fail_timeout has passed
     until(lambda: reads(4) and served()[0] > 0, "nginx using the restarted replica again")
     assert "no live upstreams" not in front.errors()
+
+
+def test_an_orphan_is_taken_over_only_while_it_can_be(catalog_location, tmp_path):
+    """``Builds.take_over`` (what each replica runs every 15 s) on orphans it must not build: one
+    whose builders died five times (the build itself may be what kills them), one whose sources
+    changed since it was asked for; both recorded failed saying why, neither built. A server
+    without --source-root leaves orphans alone."""
+    import asyncio
+    import subprocess
+    import sys
+
+    import media
+    from service.builds import MAX_ATTEMPTS, Builds
+    from service.roots import SourceRoots
+
+    videos = media.make_class_folders(tmp_path / "videos")
+    cat = Catalog(catalog_location)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    owner = {"host": __import__("socket").gethostname(), "pid": int(dead.stdout), "token": "gone"}
+    request = {"src": str(videos), "splits": ["val"], "short_side": 30, "shard_samples": 2}
+    tired = cat.claim("a1" * 32, source=str(videos), location=str(tmp_path / "tired"), options={}, owner=owner,
+                      request=request)
+    cat._db.execute("UPDATE datasets SET attempts = ? WHERE id = ?", (MAX_ATTEMPTS, tired.record.id))
+    changed = cat.claim("a2" * 32, source=str(videos), location=str(tmp_path / "changed"), options={}, owner=owner,
+                        request=request)  # an id no plan of this request makes: its sources "changed"
+    assert {r.id for r in cat.orphans()} == {tired.record.id, changed.record.id}
+
+    async def take_over(roots):
+        return await Builds(cat, str(tmp_path / "sets"), None, roots=roots, max_workers=1).take_over()
+
+    assert asyncio.run(take_over(SourceRoots([]))) == [] and len(cat.orphans()) == 2  # left to builders
+    assert asyncio.run(take_over(SourceRoots([str(videos)]))) == []
+    tired, changed = cat.get(tired.record.id), cat.get(changed.record.id)
+    assert tired.state == "failed" and f"after {MAX_ATTEMPTS} attempts; not taken over again" in tired.error
+    assert changed.state == "failed" and "its sources changed since it was asked for" in changed.error
+    assert cat.orphans() == []
