@@ -192,25 +192,18 @@ class _PgConnection:
         import psycopg
         from psycopg.pq import TransactionStatus
 
-        if self.conn is None:
-            self.conn = self.backend.session()
-        idle = self.conn.info.transaction_status == TransactionStatus.IDLE
-        try:
-            return self.conn.execute(_placeholders(sql), tuple(params) or None)
-        except psycopg.OperationalError as e:
-            if not (self.conn.broken or self.conn.closed):
-                raise
-            self.close()
-            if not idle:
-                raise self.backend.unavailable(e) from None
-        self.conn = self.backend.session()  # it was lost before this statement: nothing else to undo
-        try:
-            return self.conn.execute(_placeholders(sql), tuple(params) or None)
-        except psycopg.OperationalError as e:
-            if not (self.conn.broken or self.conn.closed):
-                raise
-            self.close()
-            raise self.backend.unavailable(e) from None
+        for first in (True, False):  # a session lost while idle is opened again and the statement sent again, once
+            if self.conn is None:
+                self.conn = self.backend.session()
+            idle = self.conn.info.transaction_status == TransactionStatus.IDLE
+            try:
+                return self.conn.execute(_placeholders(sql), tuple(params) or None)
+            except psycopg.OperationalError as e:
+                if not (self.conn.broken or self.conn.closed):
+                    raise
+                self.close()
+                if not (first and idle):  # lost in a transaction (the server undid it), or lost again
+                    raise self.backend.unavailable(e) from None
 
     def close(self) -> None:
         if self.conn is not None:
