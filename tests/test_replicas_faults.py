@@ -89,8 +89,7 @@ def cluster(tmp_path_factory, ray_local):
         if front is not None:
             front.stop()
         for r in replicas:
-            if r.proc is not None:
-                r.kill(signal.SIGTERM)
+            r.kill(signal.SIGTERM)
         db.close()
 
 

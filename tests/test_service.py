@@ -376,7 +376,7 @@ def test_restart_keeps_the_catalog_and_takes_the_killed_servers_build_over(env, 
     status, _, answer = http(url, "POST", "/v1/builds", auth, body)
     assert status == 202
     dataset = json.loads(answer)["id"]
-    builder = server.build_process()
+    builder = server.build_process(dataset=dataset)  # not the one of an earlier test's build, maybe still exiting
     os.killpg(builder.pid, signal.SIGSTOP)  # held: it cannot finish before the server is killed
     before = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
     server.kill()  # SIGKILL
