@@ -99,7 +99,8 @@ def agreed_fault(said: list[dict | None]) -> DataFault:
     known = {f"{c.__module__}.{c.__qualname__}": c for c in _subclasses(DataFault)}
     cls = known.get(chosen["type"], DataFault)
     fault = cls.__new__(cls, chosen["message"])  # (no __init__: a subclass's own arguments are not at hand)
-    fault.args, fault.status, fault.resume = (chosen["message"],), chosen["status"], chosen["resume"]
+    fault.message, fault.args = chosen["message"], (chosen["message"],)
+    fault.status, fault.resume = chosen["status"], chosen["resume"]
     return fault
 
 
@@ -657,8 +658,9 @@ def stopped_by_fault(t: Trainer, fault: DataFault) -> DataFault:
     remedy = ("once the source answers, the same command with --resume continues from there" if fault.resume
               else "the same command with --resume continues from there once that is repaired")
     where = "during its validation" if t.train_loader.epoch_finished else f"after batch {t.batch}"
-    fault.args = (f"{fault}; stopped in epoch {t.epoch + 1} {where} (step {t.step}, {t.engine.clips_seen} clips "
-                  f"seen), checkpoint saved to {t.checkpoint_url}: {remedy}",)
+    fault.message = (f"{fault}; stopped in epoch {t.epoch + 1} {where} (step {t.step}, {t.engine.clips_seen} clips "
+                     f"seen), checkpoint saved to {t.checkpoint_url}: {remedy}")
+    fault.args = (fault.message,)
     return fault
 
 
