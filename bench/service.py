@@ -17,12 +17,19 @@ waiting for batches.
     python bench/service.py --workers 2 --no-epoch --seconds 8
     python bench/service.py --compare --seconds 8
     python bench/service.py --slowloris 1500 --seconds 10   # slow clients: the server's bounds off, then on
+    python bench/service.py --shards 1 --clips 20 --request-cost 10000 --rounds 3   # server CPU a request
 
 With ``--slowloris N`` it measures instead what N slowloris connections (from 127.0.0.2: a
 request head sent a byte a second, reconnecting whenever the server closes them) do to normal
 clients (from 127.0.0.1: 4 threads, a new connection per 1-clip range read, 5 s timeout), with
 the server under a 1,024 open-files limit (a common host default, soft and hard): first with no
 slow client, then with its bounds off (no header deadline, no connection caps), then with its defaults.
+
+With ``--request-cost N`` it measures instead the server CPU one request costs, N GETs of a shard
+one after another on a keep-alive connection with the headers nginx sends (the token,
+``X-Sendfile-Type``, a range): the service deciding the file for nginx to send
+(``--x-accel-redirect``, ``--read-auth``), and a bare aiohttp route answering the same headers with
+no check (the least any aiohttp route costs), in turn, ``--rounds`` times.
 
 The last line of output is ``BENCH_JSON {...}`` with every figure.
 """
@@ -424,6 +431,55 @@ def catalog_cost(n: int) -> dict:
     return out
 
 
+# --- what one request costs the server --------------------------------------------------------
+def bare_aiohttp_main() -> None:
+    """The least an aiohttp route costs: one handler answering every GET with the headers of a
+    handed-over file and no body; no middleware, no check."""
+    import socket
+
+    from aiohttp import web
+
+    async def handed_over(request):
+        return web.Response(headers={"ETag": '"bench"', "X-Accel-Redirect": "/_accel/bench"})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handed_over)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # connections wait in its backlog until the app accepts them
+    print(f"serving http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    web.run_app(app, sock=sock, print=None, access_log=None)
+
+
+def request_cost(servers: dict[str, list[str]], path: str, token: str, n: int, rounds: int) -> dict:
+    """Server CPU (all its processes) per request, in microseconds, for ``n`` GETs of ``path`` one
+    after another on one keep-alive connection, with the headers nginx sends (the token,
+    ``X-Sendfile-Type``, a range); each of ``servers`` (label: command) in turn, ``rounds`` times."""
+    headers = {"Authorization": f"Bearer {token}", "X-Sendfile-Type": "X-Accel-Redirect", "Range": "bytes=0-999"}
+    got: dict[str, list[float]] = {label: [] for label in servers}
+    for r in range(rounds):
+        for label, cmd in servers.items():
+            proc, url = start(cmd)
+            try:
+                conn = http.client.HTTPConnection(*url.split("//")[1].split("/")[0].split(":"))
+                for i in range(200 + n):  # the first 200 warm it up
+                    if i == 200:
+                        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                        cpu0 = sum(sum(p.cpu_times()[:2]) for p in tree)
+                    conn.request("GET", path, headers=headers)
+                    answer = conn.getresponse()
+                    answer.read()
+                    if answer.status != 200 or not answer.getheader("X-Accel-Redirect"):
+                        raise RuntimeError(f"{label}: {answer.status}, no X-Accel-Redirect")
+                got[label].append((sum(sum(p.cpu_times()[:2]) for p in tree) - cpu0) / n * 1e6)
+                print(f"round {r + 1} {label}: {got[label][-1]:.0f} us of server CPU a request "
+                      f"(load {os.getloadavg()[0]:.0f})", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait()
+    return {label: {"cpu_us_per_request": float(np.median(v)), "range": [min(v), max(v)]} for label, v in got.items()}
+
+
 # --- one epoch's data wait ----------------------------------------------------------------------
 def epoch_wait(where: str, workers: int) -> dict:
     from trainer.data.loader import ClipLoader
@@ -460,10 +516,17 @@ def main() -> int:
     p.add_argument("--catalog-cost", type=int, default=0, metavar="N",
                    help="instead: what knowing whether a PostgreSQL catalog changed costs per request, by "
                         "notifications and by a query (N checks each; a PostgreSQL server is started on loopback)")
+    p.add_argument("--request-cost", type=int, default=0, metavar="N",
+                   help="instead: the server CPU one request costs, N requests one after another as nginx sends "
+                        "them: the service deciding a file for nginx to send (read auth), and a bare aiohttp route")
     p.add_argument("--role", help=argparse.SUPPRESS)
+    p.add_argument("--bare-aiohttp", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
         starlette_main(args.role)
+        return 0
+    if args.bare_aiohttp:
+        bare_aiohttp_main()
         return 0
     if args.catalog_cost:
         print("BENCH_JSON " + json.dumps({"catalog_cost": catalog_cost(args.catalog_cost)}, sort_keys=True))
@@ -486,6 +549,14 @@ def main() -> int:
     token = os.path.join(args.out, "tokens")
     with open(token, "w") as f:
         f.write("bench-read-token\n")
+    if args.request_cost:
+        servers = {"the service deciding, nginx to send (--x-accel-redirect, read auth)": [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
+                               "--read-auth", "--token-file", token, "--x-accel-redirect", "/_accel"],
+                   "a bare aiohttp route": [sys.executable, os.path.abspath(__file__), "--bare-aiohttp"]}
+        res = request_cost(servers, f"/v1/datasets/bench/{m.splits['train'].shards[0].name}", "bench-read-token",
+                           args.request_cost, args.rounds)
+        print("BENCH_JSON " + json.dumps({"request_cost": res}, sort_keys=True))
+        return 0
     if args.read_auth:  # the clients' requests carry it (shards.http_range reads fsspec's configuration)
         fsspec.config.conf["http"] = {"headers": {"Authorization": "Bearer bench-read-token"}}
     serve = [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path, "--workers",
