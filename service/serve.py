@@ -29,7 +29,7 @@ import socket
 from aiohttp import web
 
 from shards.catalog import Catalog, default_path
-from shards.catalog.backends import is_url
+from shards.catalog.backends import is_url, shown
 from shards.errors import Interrupted, UsageError
 
 from .app import make_app
@@ -150,11 +150,12 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
 
 
 def start_lines(host: str, port: int, catalog: str, workers: int = 1) -> str:
-    """What ``serve`` prints once listening: the viewer's URL, then the API's base."""
+    """What ``serve`` prints once listening: the viewer's URL, then the API's base (and the
+    catalog, a URL without its password)."""
     base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     processes = f", {workers} worker processes" if workers > 1 else ""
     return (f"serving {base}/ : the dataset viewer\n"
-            f"        {base}/v1 : the API (a set's URL: {base}/v1/datasets/NAME); catalog {catalog}{processes}")
+            f"        {base}/v1 : the API (a set's URL: {base}/v1/datasets/NAME); catalog {shown(catalog)}{processes}")
 
 
 def _stopped(signum: int) -> int:

@@ -276,7 +276,8 @@ function legend(kind, scale) {
   if (shown) {
     box.append(el("img", {src: "/static/motion-legend.png", alt: "colour wheel: the colour of each direction"}),
       `motion (${kind}): direction as hue (right red, down yellow, left cyan, up blue), length as saturation` +
-      (scale ? `, full colour at ${scale.toPrecision(2)} px/frame` : ", full colour at each clip's 99th-percentile length, longer darker") +
+      (scale ? `, full colour at ${scale.toPrecision(2)} px/frame`
+        : ", full colour at each clip's 99th-percentile length, longer darker") +
       "; black: motion not known (intra-coded frames and blocks)");
   }
   return box;
