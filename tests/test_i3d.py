@@ -1,0 +1,207 @@
+"""The I3D baselines (``--arch i3d-3x3x3|i3d-3x1x1``): their blocks and temporal resolution, the
+inflation of 2D weights, and the trainer's handling of the architecture (checkpoint, resume, test).
+
+The block table below is written from the references (trainer/model/i3d.py: Wang et al. 2018 and
+SlowFast's I3D configuration), not read from the code under test.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from shardsets import make_shardset
+from trainer import cli
+from trainer.model.i3d import INFLATIONS
+from trainer.model.tsm import ModelConfig, build, load_pretrained
+
+# the blocks whose kernel has 3 time steps, per stage (res2..res5 of ResNet-50: 3, 4, 6, 3 blocks);
+# every other block is 2D in time (1xkxk), and conv1 is 5x7x7
+TEMPORAL_BLOCKS = {1: (0, 1, 2), 2: (0, 2), 3: (0, 2, 4), 4: (1,)}
+INFLATED_CONV = {"i3d-3x3x3": "conv2", "i3d-3x1x1": "conv1"}  # the 3x3 one, or the first 1x1 one
+WIDTH, SIZE = 4, 32
+
+
+def network(arch: str, segments: int = 8, **kw):
+    torch.manual_seed(0)
+    return build(ModelConfig(num_classes=5, segments=segments, depth=50, width=WIDTH, arch=arch), **kw)
+
+
+@pytest.mark.parametrize("arch", sorted(INFLATIONS))
+def test_every_kernel_has_the_temporal_size_of_the_references(arch):
+    backbone = network(arch).backbone
+    assert tuple(backbone.conv1.weight.shape) == (WIDTH, 3, 5, 7, 7)
+    for stage in (1, 2, 3, 4):
+        for index, block in enumerate(getattr(backbone, f"layer{stage}")):
+            for name in ("conv1", "conv2", "conv3"):
+                kernel = tuple(getattr(block, name).weight.shape[2:])
+                time = 3 if name == INFLATED_CONV[arch] and index in TEMPORAL_BLOCKS[stage] else 1
+                assert kernel == (time, *((3, 3) if name == "conv2" else (1, 1))), (stage, index, name)
+            if block.downsample is not None:
+                assert tuple(block.downsample[0].weight.shape[2:]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("arch", sorted(INFLATIONS))
+@pytest.mark.parametrize("frames", [1, 2, 5, 8])
+def test_every_block_keeps_time_until_res3_which_halves_it(arch, frames):
+    """Every block's output (N, C, T, H, W) for clips of 1, 2, 5 and 8 frames: conv1 and res2 at T,
+    res3-res5 at ceil(T / 2) (the one temporal max-pool, after res2); channels and space as ResNet-50's."""
+    model = network(arch, segments=8).eval()
+    shapes = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, name=name: shapes.__setitem__(name, tuple(o.shape)))
+             for name, m in model.backbone.named_modules() if name == "maxpool" or name.count(".") == 1]
+    with torch.no_grad():
+        scores = model(torch.randint(0, 256, (2, frames, 3, SIZE, SIZE), dtype=torch.uint8))
+    for h in hooks:
+        h.remove()
+    assert scores.shape == (2, 5)
+    half = math.ceil(frames / 2)
+    expected = {"maxpool": (2, WIDTH, frames, SIZE // 4, SIZE // 4)}
+    for stage, blocks in zip((1, 2, 3, 4), (3, 4, 6, 3)):
+        time = frames if stage == 1 else half
+        for index in range(blocks):
+            expected[f"layer{stage}.{index}"] = (2, WIDTH * 2 ** (stage + 1), time, SIZE // 2 ** (stage + 1),
+                                                 SIZE // 2 ** (stage + 1))
+    assert shapes == expected
+
+
+def test_channels_last_gives_the_same_scores():
+    clips = torch.randint(0, 256, (2, 4, 3, SIZE, SIZE), dtype=torch.uint8)
+    plain = network("i3d-3x3x3").eval()
+    nhwc = network("i3d-3x3x3", channels_last=True).eval()
+    nhwc.to(memory_format=nhwc.memory_format)
+    assert nhwc.backbone.layer2[0].conv2.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        assert torch.allclose(plain(clips), nhwc(clips), atol=1e-5)
+
+
+def randomised_bn(model) -> None:
+    """Running statistics and affine parameters drawn per layer: evaluation then depends on each."""
+    g = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            for t, lo in ((m.running_mean, -0.2), (m.running_var, 0.5), (m.weight, 0.5), (m.bias, -0.2)):
+                t.data = lo + torch.rand(t.shape, generator=g) * abs(2 * lo)
+
+
+# an output time step t (after the pool, 2 frames each) sees frames 2t - 17 .. 2t + 1 + 17: conv1 (5)
+# reaches 2 frames each way and res2's three temporal kernels 3 more, 5 in all before the pool; after
+# it, res3's two, res4's three and res5's one kernel of 3 reach 6 steps, 12 frames, each way
+REACH = 17
+
+
+@pytest.mark.parametrize("arch", sorted(INFLATIONS))
+def test_inflation_gives_the_2d_networks_features_on_a_constant_clip_where_no_zero_padding_reaches(arch, tmp_path):
+    """ImageNet inflation: a 2D network's weights (a TSN's backbone in torchvision's format, its BN
+    statistics drawn at random) loaded into an I3D, every kernel repeated over its t time steps and
+    divided by t. On a clip whose 48 frames are all one frame, each time step whose receptive field lies
+    inside the clip has exactly the 2D network's features of that frame; the steps within reach of the
+    clip's ends differ, because time is zero-padded there (an end frame's missing neighbours are zeros,
+    not copies of it), so the network's average over time is not the 2D network's output."""
+    torch.manual_seed(0)
+    image = build(ModelConfig(num_classes=5, segments=1, depth=50, width=WIDTH, arch="tsn")).eval()
+    randomised_bn(image)
+    torch.save(image.backbone.state_dict(), tmp_path / "resnet50.pth")
+    model = network(arch, segments=48).eval()
+    report = load_pretrained(model, str(tmp_path / "resnet50.pth"))
+    convs = sorted(k for k, v in image.backbone.state_dict().items() if v.dim() == 4)
+    assert report["inflated"] == convs and report["ignored"] == [] and report["new"] == ["fc.weight", "fc.bias"]
+    own = model.backbone.state_dict()
+    for key in convs:  # each time slice is the 2D kernel over t
+        time = own[key].shape[2]
+        assert all(torch.equal(own[key][:, :, k], image.backbone.state_dict()[key] / time) for k in range(time)), key
+    assert own["conv1.weight"].shape[2] == 5
+
+    frame = torch.randint(0, 256, (1, 1, 3, SIZE, SIZE), dtype=torch.uint8)
+    with torch.no_grad():
+        x = (frame.flatten(0, 1).float() - image.mean) / image.std
+        reference = image.backbone(x, 1)[0]  # the 2D network's features of the frame
+        steps = model.backbone(x.repeat(48, 1, 1, 1), 48)  # (24 time steps, features)
+    assert reference.abs().mean() > 0.01  # the activations did not die out
+    same = [torch.allclose(s, reference, rtol=1e-4, atol=1e-5) for s in steps]
+    inside = [2 * t - REACH >= 0 and 2 * t + 1 + REACH <= 47 for t in range(24)]
+    assert inside.count(True) == 6 and all(same[t] for t in range(24) if inside[t]), same
+    # (a step whose field reaches past an end may still agree where a ReLU cut the difference off; the
+    # first and last cannot: their conv1 sees two zero frames of five)
+    assert not same[0] and not same[-1], same
+
+
+# --- the trainer: the architecture in flags, checkpoints, resume and test ------------------------------
+FLAGS = ["--backend", "none", "--segments", "4", "--depth", "50", "--width", "4", "--crop-size", "24",
+         "--scale-size", "28", "--batch-size", "4", "--epochs", "1", "--warmup-epochs", "0", "--workers", "0",
+         "--print-freq", "1", "--no-tensorboard"]
+
+
+def trainer(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *argv], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_an_i3d_run_records_its_architecture_is_tested_as_one_and_resumes_as_no_other(tmp_path, capsys):
+    data, out = tmp_path / "data", tmp_path / "run"
+    make_shardset(str(data), {"train": 8, "val": 4}, per_shard=4, num_classes=3, frames=4, size=(32, 28))
+    run = trainer("train", "--data", str(data), "--output-dir", str(out), "--arch", "i3d-3x1x1", *FLAGS)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "model: I3D 3x1x1 (rgb) ResNet-50 width 4, 4 frames, dropout" in run.stderr
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["model_config"]["arch"] == "i3d-3x1x1" and state["config"]["model"]["arch"] == "i3d-3x1x1"
+    assert state["model"]["backbone.layer1.0.conv1.weight"].shape[2:] == (3, 1, 1)
+
+    assert cli.main(["test", "--checkpoint", str(out), "--data", str(data), "--backend", "none", "--workers", "0"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["arch"] == "i3d-3x1x1"
+
+    before = (out / "checkpoint.pt").read_bytes()
+    for flags, says in (([], "model arch i3d-3x1x1 in the checkpoint, tsm now"),
+                        (["--arch", "i3d-3x3x3"], "model arch i3d-3x1x1 in the checkpoint, i3d-3x3x3 now"),
+                        (["--no-shift"], "model arch i3d-3x1x1 in the checkpoint, tsn now")):
+        with pytest.raises(SystemExit) as refused:  # the one line the console script prints, exit status 1
+            cli.main(["train", "--data", str(data), "--output-dir", str(out), "--resume", *FLAGS, *flags])
+        assert refused.value.code == f"--resume refused: {out / 'checkpoint.pt'} is another run's: {says}"
+    assert (out / "checkpoint.pt").read_bytes() == before
+    resumed = trainer("train", "--data", str(data), "--output-dir", str(out), "--resume", "--arch", "i3d-3x1x1",
+                      *FLAGS, "--epochs", "2")
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 2
+
+
+@pytest.mark.parametrize("clips,per_group", [(6, 2), (7, 2), (4, 8)])
+def test_sub_batch_bn_of_clips_equals_separate_bn3d_layers_on_the_groups(clips, per_group):
+    """An I3D's BN layers normalise groups of whole clips (N, C, T, H, W) apart in training, as multigrid
+    and batch growth ask of every network, and update their running statistics with the whole batch's."""
+    import copy
+
+    from torch import nn
+
+    from trainer.model.subbatch_bn import SubBatchNorm3d, group_sizes
+    torch.manual_seed(1)
+    plain = nn.BatchNorm3d(6)
+    with torch.no_grad():
+        plain.weight.uniform_(0.5, 2)
+        plain.bias.uniform_(-1, 1)
+    sub = SubBatchNorm3d(6)
+    sub.load_state_dict(plain.state_dict())
+    sub.clips_per_group = per_group
+    x = torch.randn(clips, 6, 3, 5, 4) * 3 + torch.arange(clips).view(-1, 1, 1, 1, 1) * 0.2
+    sizes = group_sizes(clips, per_group)
+    reference = torch.cat([copy.deepcopy(plain).train()(part) for part in x.split(sizes)])
+    assert torch.allclose(sub.train()(x, 3), reference, atol=1e-5)
+    whole = copy.deepcopy(plain).train()
+    together = whole(x)
+    assert len(sizes) == 1 or not torch.allclose(reference, together, atol=1e-3)  # groups really apart
+    assert torch.allclose(sub.running_mean, whole.running_mean, atol=1e-6)
+    assert torch.allclose(sub.running_var, whole.running_var, rtol=1e-5)
+
+
+def test_an_i3d_traces_into_one_graph_for_compile():
+    """``--compile``: Dynamo captures the whole I3D, the view of frames as clips and the temporal pool
+    included, in one graph."""
+    import torch._dynamo
+    model = network("i3d-3x3x3").train()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.randint(0, 256, (2, 4, 3, SIZE, SIZE), dtype=torch.uint8))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
