@@ -31,12 +31,12 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import scaling
+from train import interleaved_steps
 from trainer.config import Model, Recipe, System
 from trainer.distributed.backends import Backend
 from trainer.engine import NAMES, Engine
@@ -118,43 +118,42 @@ def engine(args, arch: str) -> Engine:
     return e
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def throughput(args) -> dict:
-    """Median step time of each network, steps interleaved: TSM, TSN, I3D 3x3x3, I3D 3x1x1, TSM, ..."""
+    """Each network's training step, the networks taking turns (TSM, TSN, I3D 3x3x3, I3D 3x1x1, TSM, ...):
+    median step time and clips/s, and TSM's throughput over each network's as the median over the
+    rounds of the two steps' ratio (a round's steps share the machine's load). On the CPU also the CPU
+    seconds of each step (all threads), whose ratio is the one taken (``tsm_speedup``): on a shared
+    machine it is what a step costs, where the wall time is mostly the wait for a core."""
     engines = {arch: engine(args, arch) for arch in ARCHS}
     device = engines["tsm"].device
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (args.batch, args.frames, 3, args.size, args.size), dtype=torch.uint8, generator=g)
     y = torch.randint(0, args.classes, (args.batch,), generator=g)
-    x, y = x.to(device), y.to(device)
-    times = {arch: [] for arch in ARCHS}
-    for i in range(args.warmup + args.steps):
-        for arch, e in engines.items():
-            sync(device)
-            start = time.perf_counter()
-            e.train_step(x, y)
-            sync(device)
-            if i >= args.warmup:
-                times[arch].append(time.perf_counter() - start)
+    times, cpu, _ = interleaved_steps(engines, x.to(device), y.to(device), args.warmup, args.steps)
+
+    def ratio(samples: dict, arch: str) -> float:
+        return statistics.median(a / t for a, t in zip(samples[arch], samples["tsm"]))
+
     out = {}
-    for arch, ts in times.items():
-        step = statistics.median(ts)
-        out[arch] = {"step_ms": 1e3 * step, "clips_per_s": args.batch / step, "steps_ms": [1e3 * t for t in ts],
-                     "params": sum(p.numel() for p in engines[arch].model.parameters())}
     for arch in ARCHS:
-        out[arch]["tsm_speedup"] = out[arch]["step_ms"] / out["tsm"]["step_ms"]
+        step = statistics.median(times[arch])
+        out[arch] = {"step_ms": 1e3 * step, "clips_per_s": args.batch / step, "wall_ratio": ratio(times, arch),
+                     "steps_ms": [1e3 * t for t in times[arch]],
+                     "params": sum(p.numel() for p in engines[arch].model.parameters())}
+        if device.type == "cpu":
+            out[arch] |= {"cpu_s": statistics.median(cpu[arch]), "cpu_ratio": ratio(cpu, arch)}
+        out[arch]["tsm_speedup"] = out[arch]["cpu_ratio" if device.type == "cpu" else "wall_ratio"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     print(f"\n{name}: ResNet-{args.depth} width {args.width}, {args.frames} x {args.size} px, batch {args.batch}, "
-          f"amp {engines['tsm'].amp}, channels-last {args.channels_last}, compile {args.compile}; median of "
-          f"{args.steps} interleaved training steps after {args.warmup}")
+          f"amp {engines['tsm'].amp}, channels-last {args.channels_last}, compile {args.compile}; medians of "
+          f"{args.steps} interleaved training steps after {args.warmup}; TSM's throughput over each network's")
     for arch in ARCHS:
         r = out[arch]
-        print(f"  {label(arch):<10} {r['step_ms']:9.1f} ms/step {r['clips_per_s']:8.2f} clips/s   TSM is "
-              f"{r['tsm_speedup']:.2f}x its throughput   (steps {min(r['steps_ms']):.0f}-{max(r['steps_ms']):.0f} ms)")
+        line = (f"  {label(arch):<10} {r['step_ms']:9.1f} ms/step {r['clips_per_s']:8.2f} clips/s  "
+                f"TSM {r['wall_ratio']:.2f}x (steps {min(r['steps_ms']):.0f}-{max(r['steps_ms']):.0f} ms)")
+        if "cpu_s" in r:
+            line += f"   {r['cpu_s']:7.2f} CPU s/step  TSM {r['cpu_ratio']:.2f}x"
+        print(line)
     return {"device": name, **out}
 
 

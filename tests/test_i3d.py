@@ -169,34 +169,6 @@ def test_an_i3d_run_records_its_architecture_is_tested_as_one_and_resumes_as_no_
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 2
 
 
-@pytest.mark.parametrize("clips,per_group", [(6, 2), (7, 2), (4, 8)])
-def test_sub_batch_bn_of_clips_equals_separate_bn3d_layers_on_the_groups(clips, per_group):
-    """An I3D's BN layers normalise groups of whole clips (N, C, T, H, W) apart in training, as multigrid
-    and batch growth ask of every network, and update their running statistics with the whole batch's."""
-    import copy
-
-    from torch import nn
-
-    from trainer.model.subbatch_bn import SubBatchNorm3d, group_sizes
-    torch.manual_seed(1)
-    plain = nn.BatchNorm3d(6)
-    with torch.no_grad():
-        plain.weight.uniform_(0.5, 2)
-        plain.bias.uniform_(-1, 1)
-    sub = SubBatchNorm3d(6)
-    sub.load_state_dict(plain.state_dict())
-    sub.clips_per_group = per_group
-    x = torch.randn(clips, 6, 3, 5, 4) * 3 + torch.arange(clips).view(-1, 1, 1, 1, 1) * 0.2
-    sizes = group_sizes(clips, per_group)
-    reference = torch.cat([copy.deepcopy(plain).train()(part) for part in x.split(sizes)])
-    assert torch.allclose(sub.train()(x, 3), reference, atol=1e-5)
-    whole = copy.deepcopy(plain).train()
-    together = whole(x)
-    assert len(sizes) == 1 or not torch.allclose(reference, together, atol=1e-3)  # groups really apart
-    assert torch.allclose(sub.running_mean, whole.running_mean, atol=1e-6)
-    assert torch.allclose(sub.running_var, whole.running_var, rtol=1e-5)
-
-
 def test_an_i3d_traces_into_one_graph_for_compile():
     """``--compile``: Dynamo captures the whole I3D, the view of frames as clips and the temporal pool
     included, in one graph."""
@@ -205,3 +177,37 @@ def test_an_i3d_traces_into_one_graph_for_compile():
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(torch.randint(0, 256, (2, 4, 3, SIZE, SIZE), dtype=torch.uint8))
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+@pytest.mark.long
+def test_an_i3d_trains_under_every_schedule_kstep_averaging_and_the_motion_stream(tmp_path):
+    """The I3Ds take the trainer's paths TSM takes: on 2 Horovod ranks, multigrid's long and short
+    cycles (clips of 2, 4 and 8 frames, crops of 3 sizes, sub-batch BN) with K-step averaging and
+    precise BN; in one process, the motion stream (--modality motion, 2 channels into conv1 5x7x7) with
+    the batch growing at epoch 1."""
+    data, motion = tmp_path / "data", tmp_path / "motion"
+    make_shardset(str(data), {"train": 40, "val": 4}, per_shard=7, frames=8, size=(48, 40))
+    make_shardset(str(motion), {"train": 16, "val": 4}, per_shard=4, frames=4, size=(48, 40), motion="mv")
+    small = ["--depth", "50", "--width", "4", "--crop-size", "32", "--scale-size", "36", "--warmup-epochs", "1",
+             "--lr-per-8", "0.05", "--workers", "1", "--print-freq", "1", "--no-tensorboard", "--trace-steps"]
+    ranks = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "trainer",
+                            "train", "--data", str(data), "--output-dir", str(tmp_path / "mg"), "--arch", "i3d-3x3x3",
+                            "--batch-size", "1", "--epochs", "4", "--multigrid", "both", "--multigrid-stages", "2", "3",
+                            "--average-every", "2", "--precise-bn", "1", *small],
+                           capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert ranks.returncode == 0, ranks.stdout[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "mg" / "steps-rank1.jsonl").read_text().splitlines()]
+    assert {s["frames"] for s in steps} == {2, 4, 8} and len({s["crop"] for s in steps}) == 3
+    assert torch.load(tmp_path / "mg" / "checkpoint.pt", weights_only=True)["model_config"]["arch"] == "i3d-3x3x3"
+
+    one = trainer("train", "--data", str(motion), "--output-dir", str(tmp_path / "mv"), "--backend", "none",
+                  "--arch", "i3d-3x1x1", "--modality", "motion", "--batch-size", "2", "--epochs", "2",
+                  "--batch-growth", "points", "--growth-points", "1", *small)
+    assert one.returncode == 0, one.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "mv" / "steps-rank0.jsonl").read_text().splitlines()]
+    assert [s["batch"] for s in steps] == [2] * 8 + [4] * 4
+    state = torch.load(tmp_path / "mv" / "checkpoint.pt", weights_only=True)
+    assert state["model"]["backbone.conv1.weight"].shape == (4, 2, 5, 7, 7)
