@@ -21,7 +21,7 @@ for 3D convolutions. Three parts, for TSM, TSN (``--arch tsn``) and the two I3D 
    (its parameters x 4, fp32) and a single-GPU step of scaling.py's assumed V100 TSM step (46 ms for
    8 clips) times the network's measured step-time ratio to TSM, predicted at 1,536 GPUs.
 
-    nice -n 10 python bench/models.py                      # the table, then the CPU throughput
+    nice -n 10 python bench/models.py --threads 1          # the table, then the CPU throughput
     nice -n 10 python bench/models.py --table-only         # the table alone (a minute)
     python bench/models.py --size 224 --batch 32 --amp bf16 --channels-last --steps 20   # a GPU
 """
@@ -37,29 +37,36 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import scaling
 from train import interleaved_steps
-from trainer.config import Model, Recipe, System
+from trainer.config import ARCHS, Model, Recipe, System
 from trainer.distributed.backends import Backend
 from trainer.engine import NAMES, Engine
-from trainer.model import i3d
-from trainer.model.resnet import ResNet
 from trainer.model.tsm import ModelConfig, build
 
-ARCHS = ("tsm", "tsn", "i3d-3x3x3", "i3d-3x1x1")
-# the paper's figures for its 8-frame ResNet-50s, as issue 32 quotes them (the paper's own table could not be
-# read from this machine): throughput relative to TSM, and the multiply-adds it gives
-PAPER = {"tsm": "1x; ~33 G (8 x ~4 G of the image ResNet-50)", "tsn": "", "i3d-3x3x3": "TSM 1.6x its throughput; ~33 G",
-         "i3d-3x1x1": "TSM 2.9x its throughput", "nopool": ""}
+MEASURED = (*ARCHS, "nopool")  # nopool: SlowFast's i3d_nopool, the I3D 3x1x1 keeping all T frames in every stage
+# the paper's figures for its 8-frame ResNet-50s as issue 32 quotes them (the paper's own table could not be read
+# from this machine): throughput against TSM's, temporal resolution, multiply-adds; and the TSM paper's (ICCV 2019)
+PAPER = {"tsm": "every frame in every block; 33 G, 24.3 M (TSM paper)", "tsn": "33 G, 24.3 M (TSM paper)",
+         "i3d-3x3x3": "time shrinks in later stages; ~33 G; TSM 1.6x its throughput",
+         "i3d-3x1x1": "time kept; TSM 2.9x its throughput", "nopool": ""}
 STAGES = ("conv1", "res2", "res3", "res4", "res5")
 
 
 def network(arch: str, frames: int, depth: int, width: int, classes: int) -> torch.nn.Module:
-    """``arch`` as the trainer builds it; ``nopool``: I3D 3x1x1 without its temporal pool."""
+    """``arch`` (``MEASURED``) as the trainer builds it."""
     torch.manual_seed(0)
-    model = build(ModelConfig(num_classes=classes, segments=frames, depth=depth, width=width,
-                              arch="i3d-3x1x1" if arch == "nopool" else arch))
+    model = build(ModelConfig(num_classes=classes, segments=frames, depth=depth, width=width, arch=trainer_arch(arch)))
+    return keep_time(model, arch).eval()
+
+
+def trainer_arch(arch: str) -> str:
+    return "i3d-3x1x1" if arch == "nopool" else arch
+
+
+def keep_time(model: torch.nn.Module, arch: str) -> torch.nn.Module:
+    """``model``, without its temporal pool if ``arch`` is ``nopool`` (the same parameters: the pool has none)."""
     if arch == "nopool":
-        model.backbone = ResNet(depth, width, inflation=i3d.NOPOOL)
-    return model.eval()
+        model.backbone.pooled_after = ()
+    return model
 
 
 def describe(model: torch.nn.Module, frames: int, size: int) -> dict:
@@ -94,7 +101,7 @@ def table(args) -> dict:
           f"classes; multiply-adds of one clip's forward pass (torch's FlopCounterMode / 2)")
     print(f"{'network':<12} {'params':>8} {'GMACs':>7} {'3D convs':>8}  time steps out of conv1 / each block of "
           f"res2..res5{'':<6} the paper (issue 32)")
-    for arch in (*ARCHS, "nopool"):
+    for arch in MEASURED:
         r = rows[arch] = describe(network(arch, args.frames, args.depth, args.width, args.classes), args.frames,
                                   args.table_size)
         blocks = " / ".join(" ".join(map(str, r["steps"][s])) for s in STAGES)
@@ -110,11 +117,11 @@ def label(arch: str) -> str:
 def engine(args, arch: str) -> Engine:
     torch.manual_seed(0)
     e = Engine(Backend(), args.classes, epoch_clips=10**7,
-               model=Model(arch=arch, depth=args.depth, width=args.width, segments=args.frames),
+               model=Model(arch=trainer_arch(arch), depth=args.depth, width=args.width, segments=args.frames),
                recipe=Recipe(epochs=1, warmup_epochs=0),
                system=System(amp=args.amp, channels_last=True if args.channels_last else None, compile=args.compile),
                batch_size=args.batch)
-    e.model.train()
+    keep_time(e.model, arch).train()
     return e
 
 
@@ -124,7 +131,7 @@ def throughput(args) -> dict:
     rounds of the two steps' ratio (a round's steps share the machine's load). On the CPU also the CPU
     seconds of each step (all threads), whose ratio is the one taken (``tsm_speedup``): on a shared
     machine it is what a step costs, where the wall time is mostly the wait for a core."""
-    engines = {arch: engine(args, arch) for arch in ARCHS}
+    engines = {arch: engine(args, arch) for arch in MEASURED}
     device = engines["tsm"].device
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (args.batch, args.frames, 3, args.size, args.size), dtype=torch.uint8, generator=g)
@@ -135,7 +142,7 @@ def throughput(args) -> dict:
         return statistics.median(a / t for a, t in zip(samples[arch], samples["tsm"]))
 
     out = {}
-    for arch in ARCHS:
+    for arch in MEASURED:
         step = statistics.median(times[arch])
         out[arch] = {"step_ms": 1e3 * step, "clips_per_s": args.batch / step, "wall_ratio": ratio(times, arch),
                      "steps_ms": [1e3 * t for t in times[arch]],
@@ -147,7 +154,7 @@ def throughput(args) -> dict:
     print(f"\n{name}: ResNet-{args.depth} width {args.width}, {args.frames} x {args.size} px, batch {args.batch}, "
           f"amp {engines['tsm'].amp}, channels-last {args.channels_last}, compile {args.compile}; medians of "
           f"{args.steps} interleaved training steps after {args.warmup}; TSM's throughput over each network's")
-    for arch in ARCHS:
+    for arch in MEASURED:
         r = out[arch]
         line = (f"  {label(arch):<10} {r['step_ms']:9.1f} ms/step {r['clips_per_s']:8.2f} clips/s  "
                 f"TSM {r['wall_ratio']:.2f}x (steps {min(r['steps_ms']):.0f}-{max(r['steps_ms']):.0f} ms)")
@@ -164,7 +171,7 @@ def predicted_scaling(measured: dict, gpus: int = 1536) -> dict:
     print(f"\nbench/scaling.py at {gpus} GPUs (Summit's assumptions; TSM's V100 step {base.step_ms:.0f} ms for "
           f"{base.batch} clips, the others' scaled by the measured ratio), allreduce overlapped:")
     out = {}
-    for arch in ARCHS:
+    for arch in MEASURED:
         a = scaling.parser().parse_args([])
         a.params, a.step_ms = measured[arch]["params"], base.step_ms * measured[arch]["tsm_speedup"]
         row = out[arch] = {"params": a.params, "gradient_mib": a.params * 4 / 2**20, "step_ms": a.step_ms}
@@ -193,8 +200,12 @@ def main() -> None:
     p.add_argument("--compile", nargs="?", const="auto", help="torch.compile the networks (trainer --compile)")
     p.add_argument("--steps", type=int, default=7, help="timed steps per network")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per network first")
+    p.add_argument("--threads", type=int, help="intra-op threads (default torch's: the cores); 1 on a shared CPU, "
+                   "where waiting threads of a parallel region spin and count as CPU seconds")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result = {"args": vars(args), "torch": torch.__version__, "load_average": os.getloadavg()}
     result["table"] = table(args)
     if not args.table_only:

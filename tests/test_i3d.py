@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from shardsets import make_shardset
+from test_motion import direction_set  # noqa: F401 (the fixture: four classes told apart by motion alone)
 from trainer import cli
 from trainer.model.i3d import INFLATIONS
 from trainer.model.tsm import ModelConfig, build, load_pretrained
@@ -211,3 +212,21 @@ def test_an_i3d_trains_under_every_schedule_kstep_averaging_and_the_motion_strea
     assert [s["batch"] for s in steps] == [2] * 8 + [4] * 4
     state = torch.load(tmp_path / "mv" / "checkpoint.pt", weights_only=True)
     assert state["model"]["backbone.conv1.weight"].shape == (4, 2, 5, 7, 7)
+
+
+@pytest.mark.long
+@pytest.mark.usefixtures("ray_local")
+def test_a_tiny_i3d_learns_the_direction_of_motion_that_a_2d_network_cannot(direction_set, tmp_path):  # noqa: F811
+    """The motion task of test_motion.py (a disc moving left, right, up or down: any single frame fits
+    every class, so TSN stays near chance there): an I3D 3x1x1, whose conv1 alone spans 5 frames, learns
+    the direction. ResNet-50 of width 8 on 32 px crops (about 4 CPU seconds an epoch), bench/motion.sh's
+    recipe otherwise."""
+    out = tmp_path / "i3d"
+    run = trainer("train", "--data", str(direction_set), "--output-dir", str(out), "--backend", "none",
+                  "--arch", "i3d-3x1x1", "--segments", "4", "--depth", "50", "--width", "8", "--crop-size", "32",
+                  "--scale-size", "32", "--no-flip", "--batch-size", "16", "--epochs", "12", "--warmup-epochs", "2",
+                  "--lr-per-8", "0.025", "--workers", "0", "--print-freq", "8", "--no-tensorboard")
+    assert run.returncode == 0, run.stderr[-3000:]
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    top1 = [r for r in epochs if r["event"] == "epoch"][-1]["val_top1"]
+    assert top1 >= 50, f"the I3D reached only {top1:.1f}% (chance: 25%)"

@@ -24,10 +24,10 @@ I3D for 8-frame clips; facts taken from its configuration, not its code):
   identity, which lets the 50-layer 3D network train from scratch (ImageNet inflation overwrites it).
 
 So for 8-frame clips both variants run conv1 and res2 at 8 time steps and res3-res5 at 4; the
-variants differ in cost only by the kernel they inflate. ``NOPOOL`` is SlowFast's ``i3d_nopool``,
-the same kernels without the temporal pool (every stage at T), which ``bench/models.py`` measures
-beside them. One departure: the temporal pool rounds up (``ceil_mode``), so a clip of odd T keeps
-its last frame and a 1-frame clip still passes (equal to SlowFast's for even T).
+variants differ in cost only by the kernel they inflate (``bench/models.py`` also measures SlowFast's
+``i3d_nopool``, the same kernels without the temporal pool: every stage at T). One departure: the
+temporal pool rounds up (``ceil_mode``), so a clip of odd T keeps its last frame and a 1-frame clip
+still passes (equal to SlowFast's for even T).
 
 Where a clip's ends are zero-padded the inflated network is not the 2D one any more: an end frame
 sees zeros where a neighbour would be. Hence "a constant clip gives the image network's output"
@@ -58,7 +58,6 @@ class Inflation:
 
 # the networks of ``--arch i3d-*`` (trainer.config.ARCHS)
 INFLATIONS = {"i3d-3x3x3": Inflation("conv2"), "i3d-3x1x1": Inflation("conv1")}
-NOPOOL = Inflation("conv1", pool_after=())  # SlowFast's i3d_nopool: every stage keeps all T frames
 
 
 def inflate(weight: torch.Tensor, time: int) -> torch.Tensor:
