@@ -1,10 +1,12 @@
 """Test launcher: ``python tests/holdpoint.py MODULE:QUALNAME -m PACKAGE ARGS...`` is
 ``python -m PACKAGE ARGS...`` held at a known point: the first call of ``MODULE:QUALNAME`` (a
-function, or a method as ``Class.method``) runs, then the calling thread writes ``held`` to the
-file descriptor ``HOLD_FD`` names and blocks for good. The process's other threads go on (a build
-keeps heartbeating its lease), so a test reads that line (EOF instead if the process died first)
-and then acts on a run stopped exactly there, with no race against the clock: kill it, freeze it,
-start a rival. ``HOLD_FD``: the write end of a pipe the test passed (``pass_fds``).
+function, or a method as ``Class.method``; ``MODULE:QUALNAME@N``: the N-th call) runs, then the
+calling thread writes ``held`` to the file descriptor ``HOLD_FD`` names and blocks for good (a
+signal's handler may still raise there: Ctrl-C reaches a held process). The process's other
+threads go on (a build keeps heartbeating its lease), so a test reads that line (EOF instead if
+the process died first) and then acts on a run stopped exactly there, with no race against the
+clock: kill it, interrupt it, freeze it, start a rival. ``HOLD_FD``: the write end of a pipe the
+test passed (``pass_fds``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import threading
 
 
 def arm(target: str, fd: int) -> None:
-    """Wrap ``target`` so that its first call returns into the hold."""
+    """Wrap ``target`` so that its first (or N-th) call returns into the hold."""
+    target, _, nth = target.partition("@")
+    nth = int(nth or 1)
     module_name, qualname = target.split(":")
     owner = importlib.import_module(module_name)
     *path, name = qualname.split(".")
@@ -31,8 +35,8 @@ def arm(target: str, fd: int) -> None:
         out = original(*args, **kwargs)
         with lock:
             calls.append(1)
-            first = len(calls) == 1
-        if first:
+            now = len(calls) == nth
+        if now:
             os.write(fd, b"held\n")
             threading.Event().wait()  # until the test kills the process
         return out
