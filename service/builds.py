@@ -160,7 +160,7 @@ class Builds:
         """Run the build in its own process; None if it exited 0, else what it died of. Cancelled
         (the server stopping), it stops the process: SIGTERM, then after ``stop_grace`` SIGKILL."""
         job = {"catalog": self.catalog.path, "claim": claim, "plan": plan, "ray_address": self.ray_address,
-               "workers": run.get("workers"), "videos_per_task": run.get("videos_per_task", 8),
+               "workers": run.get("workers"), "videos_per_task": run.get("videos_per_task"),
                "ffmpeg_threads": run.get("ffmpeg_threads", 1), "timeout": run.get("timeout", 600)}
         spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
             sys.executable, "-m", "service.build_process", stdin=asyncio.subprocess.PIPE,
