@@ -274,7 +274,7 @@ def test_a_local_worker_killed_mid_task_is_retried_with_the_same_output(class_tr
     ([100] * 8, 2, [1] * 8),
     ([100] * 120, 2, [8] * 15),  # never more than 8 videos a task
     ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 2, 2]),  # a long video is a task of its own
-    ([-1, 100, 100], 1, [3]),  # a directory (size -1) costs nothing to decode
+    ([-1, 100, 100], 1, [2, 1]),  # a directory (size -1) costs nothing to decode: it joins the next video
 ])
 def test_tasks_are_sized_from_the_videos_bytes_and_the_workers(sizes, parallel, batches):
     from ingest.build import plan_batches
