@@ -3,7 +3,7 @@
 A table of mistakes, each run as the console command a user types (a subprocess, all of them
 started at once by one module fixture: most fail before any work). Each must exit with its
 documented status (2: the command line asks for something that cannot be done; 1: the work
-could not go on), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
+could not go on; 75: a source that stayed unreachable, try again later), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
 reason, and no traceback anywhere. The commands that destroyed work silently get their own tests
 below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
 into an old set, ``shard-service`` creating a catalog on a typo, training again into an earlier
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from ingest import registry
+from ingest.clips import ClipConfig
 from shards.catalog import Catalog
 from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
@@ -75,6 +78,12 @@ CASES = [
     ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir {root}/run-cache "
      "--backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
      {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
+    ("source-deadline-negative", "trainer train --data {set} --source-deadline -1", {}, 2,
+     ["--source-deadline", "-1", "range"]),
+    ("source-deadline-unreadable", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "10m"}, 2,
+     ["$SHARD_SOURCE_DEADLINE='10m'", "seconds"]),
+    ("source-down", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "1"}, 75,
+     ["127.0.0.1:{port}/set/manifest.json", "no answer for", "past the source deadline of 1 s", "Connect"]),
     ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
      ["--output-dir", "earlier", "--resume", "--overwrite"]),
     ("bad-sample-stops-training", "trainer train --data {rotten} --output-dir {root}/run-rotten --backend none "
@@ -97,6 +106,20 @@ CASES = [
      ["--resume refused", "damaged/checkpoint.pt", "does not load: truncated or corrupt", "--overwrite"]),
     ("reshard-onto-a-full-disk", "shards reshard {set} {full}/new --num-shards 2", {}, 1,
      ["full/new/", "no space left on device", "the write needs", "are free", "nothing is left"]),
+    # a set is one thing, with one identity (docs/faults.md)
+    ("build-over-other-options", "ingest build --src {vids} --out {set} --frames 4", {}, 2,
+     ["--out {set} holds a shard set built with other options", "--frames 8, now 4", "--force replaces it"]),
+    ("resume-on-another-set", "trainer train --data {set} --output-dir {v0run} --resume --backend none --depth 10 "
+     "--width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 2,
+     ["--resume refused", "v0run/checkpoint.pt was trained on a shard set whose inputs' fingerprint is",
+      "but --data is shard set", "(6 train + 3 val clips, 8 frames) at {set}"]),
+    ("build-of-a-changed-set", "ingest build --src {vids} --out {changed} --catalog {catalog} --frames 2 "
+     "--short-side 16 --shard-samples 4", {}, 1,
+     ["(changed) is changed", "{changed}/manifest.json changed since the set was registered", "--force rebuilds it"]),
+    ("read-a-damaged-set", "shards stats {url}/v1/datasets/worn", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 1,
+     ["/v1/datasets/worn", "HTTP 409", "(worn) is damaged", "shard-service verify", "Prefer: handling=lenient"]),
+    ("show-a-replaced-set", "shard-service show gone --catalog {catalog}", {}, 2,
+     ["(gone) is replaced", "a build without a catalog was forced into", "--force"]),
 ]
 
 
@@ -124,6 +147,17 @@ def world(tmp_path_factory):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(root / "full")], check=True)
     cat = Catalog(str(root / "catalog.sqlite"))
     register(cat, str(root / "set"), "tiny")
+    shutil.copytree(FIXTURE, root / "v0run", ignore=shutil.ignore_patterns("data"))  # a run on another set
+    for name in ("worn", "gone"):
+        make_shardset(str(root / name), {"train": 3}, per_shard=3)
+    worn = register(cat, str(root / "worn"), "worn", dataset_id="cd" * 32)
+    cat.record_verify(worn.id, 1, "train/train-000000.tar: SHA-256 differs from the manifest", worn.verified_files)
+    register(cat, str(root / "gone"), "gone", dataset_id="ce" * 32)
+    cat.replace_at(str(root / "gone"), force=True)  # as `ingest build --force` into it does
+    make_shardset(str(root / "changed"), {"train": 2}, per_shard=2)  # registered as the build below asks for it
+    register(cat, str(root / "changed"), "changed", dataset_id=registry.plan(
+        str(root / "vids"), ClipConfig(frames=2, short_side=16), shard_samples=4).id)
+    shutil.copy(root / "old" / "manifest.json", root / "changed" / "manifest.json")  # then rebuilt behind its back
     (root / "tokens").write_text(TOKEN + "\n")
     try:
         server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
@@ -131,7 +165,9 @@ def world(tmp_path_factory):
         yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
                "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url,
                "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
-               "damaged": str(root / "damaged"), "full": str(root / "full")}
+               "damaged": str(root / "damaged"), "full": str(root / "full"),
+               "v0run": str(root / "v0run"), "changed": str(root / "changed"),
+               "set_manifest": (root / "set" / "manifest.json").read_bytes()}
         server.kill(15)
     finally:
         subprocess.run(["umount", "-l", str(root / "full")], check=True)
@@ -201,6 +237,11 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
     assert os.listdir(os.path.join(root, "full", "new")) == []  # no shard, whole or partial, nor a temporary
     with open(os.path.join(root, "damaged", "checkpoint.pt"), "rb") as f:
         assert len(f.read()) == 30000
+    with open(os.path.join(world["set"], "manifest.json"), "rb") as f:  # a build into it with other options
+        assert f.read() == world["set_manifest"]
+    assert sorted(os.listdir(world["v0run"])) == ["README.md", "checkpoint.pt", "expected.json", "metrics.jsonl"]
+    with open(os.path.join(world["v0run"], "checkpoint.pt"), "rb") as f, open(f"{FIXTURE}/checkpoint.pt", "rb") as g:
+        assert f.read() == g.read()  # a resume onto another set
 
 
 def test_reshard_into_an_old_set_is_refused_and_leaves_it_whole(world, tmp_path):

@@ -67,7 +67,8 @@ from shards.direct import load_manifest
 from shards.cache import Piece, ShardCache
 from shards.digests import CorruptSample, TooManyBadSamples
 from shards.errors import CommandError, UsageError
-from shards.manifest import Manifest
+from shards.http_range import DEFAULT_RETRY, Retry
+from shards.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 from shards.tarformat import member_bytes
 
@@ -89,10 +90,16 @@ SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-aff
 BAD = "corrupt.json"  # the member a bad sample is read as when the loader goes on without it
 
 
-def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
-    """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
-    e.g. ``horovod.torch.broadcast_object``. ``direct``: direct reads (``shards.direct``)."""
-    return broadcast(load_manifest(url, direct) if rank == 0 else None, 0)
+class OtherShardSet(UsageError, ValueError):
+    """A position (``ClipLoader.state_dict``) saved on another shard set or split than the loader
+    reads: continuing it would read other clips in another order. The message names both sets."""
+
+
+def shared_manifest(url: str, rank: int, broadcast, direct: str = "never", retry: Retry = DEFAULT_RETRY) -> Manifest:
+    """Rank 0 reads the manifest (waiting for a source that is down as ``retry`` says); the others
+    receive it via ``broadcast(obj, root_rank)``, e.g. ``horovod.torch.broadcast_object``.
+    ``direct``: direct reads (``shards.direct``)."""
+    return broadcast(load_manifest(url, direct, retry) if rank == 0 else None, 0)
 
 
 def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
@@ -111,12 +118,13 @@ def video_id(key: str) -> str:
     return key.rsplit("_c", 1)[0]
 
 
-def _open_reads(reads, cache: ShardCache | None, lookahead: int, skip_bad: bool):
+def _open_reads(reads, cache: ShardCache | None, lookahead: int, skip_bad: bool, retry: Retry):
     """Stage: each planned read as an open stream of its byte range, closed once consumed. Through
     the node cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads
     without a cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread. Every sample
     is checked against the manifest's digest, whichever way its bytes came (``open_samples``); with
-    ``skip_bad`` a bad one is read as a ``BAD`` member of its key (``_bad_marker``)."""
+    ``skip_bad`` a bad one is read as a ``BAD`` member of its key (``_bad_marker``). A remote source
+    that is down is waited for as ``retry`` says."""
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r["piece"] for r in reads], lookahead)
@@ -124,14 +132,14 @@ def _open_reads(reads, cache: ShardCache | None, lookahead: int, skip_bad: bool)
                              fd=cache.descriptor(r["piece"])) for r, path in zip(reads, copies))
     elif reads and local_path(reads[0]["url"]) is None:
         opened = read_ahead([(r["url"], r["start"], r["end"], r["size"], r["sha256"]) for r in reads],
-                            lookahead * READ_AHEAD_BYTES)
+                            lookahead * READ_AHEAD_BYTES, retry)
     else:
-        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"])
-                  for r in reads)
+        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"],
+                             retry=retry) for r in reads)
     try:
         for r, raw in zip(reads, opened):
             stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"], stream=raw,
-                                  replace=_bad_marker if skip_bad else None)
+                                  replace=_bad_marker if skip_bad else None, retry=retry)
             try:
                 yield {"url": r["url"], "stream": stream}
             finally:
@@ -205,12 +213,16 @@ def _pack_jpegs(samples) -> dict:
 
 
 def _refusals_as_batches(batches):
-    """Stage, in a loader worker: a refusal (``CommandError``, such as ``CacheFull``) takes the place of
-    the next batch, so the rank raises it with its own one-line message (PyTorch would re-raise it
-    with the worker's traceback as its message)."""
+    """Last stage: a refusal (``CommandError``, such as ``CacheFull``; a ``DataFault``, such as a
+    ``CorruptSample`` or ``SourceUnavailable``) takes the place of the next batch, so the rank raises
+    it with its own one-line message (PyTorch would re-raise one from a loader worker with the
+    worker's traceback as its message). webdataset's tar reader adds the stream and URL to the args
+    of an error raised while it reads a shard: the refusal goes on with its own message alone (the
+    stream could not even be sent from a worker)."""
     try:
         yield from batches
     except CommandError as refusal:
+        refusal.args = refusal.args[:1]
         yield refusal
 
 
@@ -218,9 +230,9 @@ class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
     def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None,
-                 cache=None, lookahead=2, skip_bad=False):
+                 cache=None, lookahead=2, skip_bad=False, retry=DEFAULT_RETRY):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
-        self.cache, self.lookahead, self.skip_bad = cache, lookahead, skip_bad
+        self.cache, self.lookahead, self.skip_bad, self.retry = cache, lookahead, skip_bad, retry
         self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
         self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.data.shapes)
 
@@ -266,7 +278,7 @@ class _Streams(IterableDataset):
             return iter(())
         pipeline = wds.DataPipeline(
             lambda: iter(self.plan["reads"]),
-            lambda reads: _open_reads(reads, self.cache, self.lookahead, self.skip_bad),
+            lambda reads: _open_reads(reads, self.cache, self.lookahead, self.skip_bad, self.retry),
             wds.tariterators.tar_file_expander,
             wds.tariterators.group_by_keys,
             lambda src: _tag(src, self.plan["expected"]),
@@ -275,7 +287,7 @@ class _Streams(IterableDataset):
             wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(self._decode),
         )
-        return _refusals_as_batches(pipeline) if info else iter(pipeline)
+        return _refusals_as_batches(pipeline)
 
 
 class ClipLoader:
@@ -304,6 +316,14 @@ class ClipLoader:
     ``max_bad_samples``: 0 (the default) ends the iteration at the first bad sample; N goes on
     without up to N of them an epoch on this rank (counted from 0 again after ``load_state_dict``);
     None without any number, leaving the budget to the caller (see the module docstring).
+
+    A remote source that refuses connections, times out or answers 502/503/504 is waited for (the
+    manifest read, every range, every cache download; ``shards.http_range``) for up to
+    ``source_deadline`` seconds (None: ``$SHARD_SOURCE_DEADLINE``, else 10 minutes); past it the
+    iteration raises ``shards.errors.SourceUnavailable`` at the batch that needed the bytes. That
+    and every other ``shards.errors.DataFault`` (a ``CorruptSample``, a ``RangeError``) reach the
+    caller as themselves, from loader workers too, with the loader's position at the batch before:
+    ``state_dict`` then resumes at the batch that failed.
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -313,16 +333,20 @@ class ClipLoader:
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", local_size: int = 1,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
-                 modality: str = "rgb", max_bad_samples: int | None = 0):
-        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
+                 modality: str = "rgb", max_bad_samples: int | None = 0, source_deadline: float | None = None):
+        # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
+        self.retry = Retry(deadline=source_deadline)
+        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads,
+                                                                                      self.retry)
         self.split = split
+        self.identity = self.manifest.identity  # what a saved position belongs to (``saved_on``)
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.train, self.seed, self.num_workers = train, seed, num_workers
         self.remainder, self.piece_samples = remainder, piece_samples
         self.shuffle_buffer = shuffle_buffer if train else 0
-        self.cache = ShardCache(cache_dir, cache_budget) if cache_dir else None
+        self.cache = ShardCache(cache_dir, cache_budget, retry=self.retry) if cache_dir else None
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {SHUFFLES}, not {shuffle!r}")
         if world_size % local_size:
@@ -441,11 +465,31 @@ class ClipLoader:
                 "segments": [asdict(s) for s in self._past + [self._segment()]],
                 "remainder": self.remainder, "shuffle_buffer": self.shuffle_buffer,
                 "piece_samples": self.piece_samples, "split": self.split,
+                "identity": self.identity, "set": self.manifest.describe(),
                 "fingerprint": self.manifest.fingerprint}
 
+    def saved_on(self, state: dict) -> str | None:
+        """The shard set a position (``state_dict``) was saved on, in words naming its identity,
+        when it is not this loader's; None when it is. A state saved before sets had identities is
+        matched by the inputs' fingerprint, all it holds (sets built from the same videos with
+        other options pass that check)."""
+        if "identity" in state:
+            return None if state["identity"] == self.identity else set_title(state["identity"], state["set"])
+        if state["fingerprint"] == self.manifest.fingerprint:
+            return None
+        return f"a shard set whose inputs' fingerprint is {state['fingerprint']} (saved before sets had identities)"
+
+    def title(self) -> str:
+        """This loader's set in words: its identity, what it holds and where."""
+        return f"{set_title(self.identity, self.manifest.describe())} at {self.manifest.base or 'an unsaved manifest'}"
+
     def load_state_dict(self, state: dict) -> None:
-        if state["fingerprint"] != self.manifest.fingerprint or state["split"] != self.split:
-            raise ValueError("state was saved for another shard set or split")
+        other = self.saved_on(state)
+        if other:
+            raise OtherShardSet(f"a loader position saved on {other} cannot continue on {self.title()}")
+        if state["split"] != self.split:
+            raise OtherShardSet(f"a loader position saved on split {state['split']!r} cannot continue on split "
+                                f"{self.split!r}")
         self.epoch, self.seed = state["epoch"], state["seed"]
         if self.shapes:
             self.batch_size = self.shapes.batch_size(self.epoch)
@@ -605,7 +649,7 @@ class ClipLoader:
                                                else None)
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
                                self.decode_on_device, pool, renderer, self.cache, self.lookahead,
-                               skip_bad=self.max_bad_samples != 0)
+                               skip_bad=self.max_bad_samples != 0, retry=self.retry)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
@@ -613,7 +657,7 @@ class ClipLoader:
                                 worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
-                if isinstance(sent, CommandError):  # a worker's refusal (_refusals_as_batches)
+                if isinstance(sent, CommandError):  # a refusal of the pipeline (_refusals_as_batches)
                     raise sent
                 self._count_bad(sent.get("bad", []))
                 self._done += 1
