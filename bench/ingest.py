@@ -261,14 +261,20 @@ def main() -> int:
                 if m in SECTION:
                     work = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
                     modes[m](work)
-                    shutil.rmtree(work)
-            seconds, cpu, extra = {m: [] for m in chosen}, {m: [] for m in chosen}, {}
+                    shutil.rmtree(work, ignore_errors=True)
+            seconds, cpu, extra, failed = {m: [] for m in chosen}, {m: [] for m in chosen}, {}, {}
             loads = [os.getloadavg()[0]]
             for _ in range(args.repeats):  # interleaved
                 for m in chosen:
                     work = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
                     before, t0 = processes.tree_cpu(), time.perf_counter()
-                    out = modes[m](work)
+                    try:
+                        out = modes[m](work)
+                    except Exception as e:  # noqa: BLE001 -- e.g. Ray not starting on a loaded machine: counted, not fatal
+                        failed[m] = failed.get(m, 0) + 1
+                        print(f"  {m}: failed: {type(e).__name__}: {str(e)[-300:]}", file=sys.stderr)
+                        shutil.rmtree(work)
+                        continue
                     if isinstance(out, dict) and "cpu" in out:  # a fresh process: its own measures
                         seconds[m].append(out.pop("seconds"))
                         cpu[m].append(out.pop("cpu"))
@@ -279,7 +285,8 @@ def main() -> int:
                         extra.setdefault(m, []).append(out)
                     shutil.rmtree(work)
                 loads.append(os.getloadavg()[0])
-            rows.append(report(name, videos, args, seconds, cpu, extra, loads))
+            rows.append(report(name, videos, args, {m: t for m, t in seconds.items() if t},
+                               {m: c for m, c in cpu.items() if c}, extra, loads, failed))
     print(json.dumps(rows))
     return 0
 
@@ -292,7 +299,8 @@ def video_set(name: str, cache: Path, args) -> Path:
     return real_set(cache, args.copies, reencode=name == "real-x264")
 
 
-def report(name: str, videos: list[Path], args, seconds: dict, cpu: dict, extra: dict, loads: list) -> dict:
+def report(name: str, videos: list[Path], args, seconds: dict, cpu: dict, extra: dict, loads: list,
+           failed: dict) -> dict:
     """Print and return one set's medians and ratios."""
     n = len(videos)
     med = {m: statistics.median(s) for m, s in seconds.items()}
@@ -315,7 +323,7 @@ def report(name: str, videos: list[Path], args, seconds: dict, cpu: dict, extra:
             ratios[f"{kind}: {peer} CPU / {best} CPU"] = round(med_cpu[peer] / med_cpu[best], 2)
             ratios[f"{kind}: goal"] = goal
     row = {"set": name, "videos": n, "workers": args.workers, "repeats": args.repeats,
-           "load_averages": [round(x, 1) for x in loads],
+           "load_averages": [round(x, 1) for x in loads], "failed_runs": failed,
            "median_seconds": {m: round(t, 2) for m, t in med.items()},
            "median_cpu_seconds": {m: round(c, 2) for m, c in med_cpu.items()},
            "videos_per_s_per_core": {m: round(r, 3) for m, r in rate.items()}, "ratios": ratios,
@@ -324,7 +332,8 @@ def report(name: str, videos: list[Path], args, seconds: dict, cpu: dict, extra:
         pack = statistics.median(e["pack_seconds"] for e in extra["ingest"])
         row["ingest_pack_share"] = round(pack / med["ingest"], 3)
         row["ingest_bytes_per_video"] = extra["ingest"][0]["bytes"] // n
-    print(f"{name}: {n} videos, {args.workers} workers, median of {args.repeats}, load {row['load_averages']}")
+    print(f"{name}: {n} videos, {args.workers} workers, median of {args.repeats}, load {row['load_averages']}"
+          + (f"; failed runs (left out): {failed}" if failed else ""))
     for m, t in med.items():
         print(f"  {m:24s} {t:7.2f} s  CPU {med_cpu[m]:7.2f} s  {rate[m]:7.3f} videos/s/core")
     print("  " + "   ".join(f"{k} = {v}" for k, v in ratios.items()))
