@@ -15,6 +15,7 @@ build, they do too:
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -31,6 +32,7 @@ RETRIES = 2  # as the Ray tasks' max_retries
 NODE = "local"
 PRELOAD = ["ingest.staging"]  # what a fork server imports for its workers
 _PR_SET_PDEATHSIG = 1
+log = logging.getLogger("ingest.local")
 
 
 class Cancelled(BaseException):
@@ -80,6 +82,7 @@ class Handle:
 class LocalTasks:
     def __init__(self, workers: int | None):
         self.parallel = max(1, workers or os.cpu_count() or 1)
+        log.info("%d worker processes on this machine, without Ray", self.parallel)
         self._pool: ProcessPoolExecutor | None = None
         self._live: set[Handle] = set()
 
