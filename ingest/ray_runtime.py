@@ -13,7 +13,7 @@ import ray
 from shards.errors import CommandError
 from shards.words import plural
 
-from .runtime import check_reachable
+from .ray_address import check_reachable
 
 log = logging.getLogger("ingest.ray")
 
