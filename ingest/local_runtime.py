@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from shards.errors import CommandError
+from shards.words import plural
 
 RETRIES = 2  # as the Ray tasks' max_retries
 NODE = "local"
@@ -82,7 +83,7 @@ class Handle:
 class LocalTasks:
     def __init__(self, workers: int | None):
         self.parallel = max(1, workers or os.cpu_count() or 1)
-        log.info("%d worker processes on this machine, without Ray", self.parallel)
+        log.info("%s on this machine, without Ray", plural(self.parallel, "worker process", "worker processes"))
         self._pool: ProcessPoolExecutor | None = None
         self._live: set[Handle] = set()
 

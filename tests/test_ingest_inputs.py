@@ -169,7 +169,7 @@ def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, request, ru
                              capture_output=True, text=True)
     assert lenient.returncode == 0, lenient.stderr
     assert f"{len(BROKEN) + len(UNLABELED)} failed" in lenient.stdout
-    assert ("worker processes on this machine, without Ray" in lenient.stderr) == (runner == "local")
+    assert ("on this machine, without Ray" in lenient.stderr) == (runner == "local")
 
 
 def test_help_documents_the_error_threshold():
