@@ -2,17 +2,22 @@
 
 * ``ray_local``: one local Ray on loopback for the whole run (it costs seconds to start); always a
   new one (address="local"), never another Ray running on the machine.
-* Nothing the suite starts may outlive it. The session (the controller, under pytest-xdist) puts a
-  token of its own in ``KF_TEST_SESSION``, which every process it starts inherits: pytest's
-  workers, servers, Ray's daemons and workers, horovodrun and its ranks, Slurm's daemons and jobs.
-  Once the session is over (the workers gone, every fixture torn down), any process still carrying
-  the token, or still a descendant of the session, is listed, killed, and fails the run. Processes
-  that are merely slow to go (Ray's, which ``ray.shutdown()`` reaps asynchronously) get
-  ``LEFTOVER_GRACE_S`` to exit first.
+* Nothing the suite starts may outlive it. The session (the controller, under pytest-xdist) moves
+  itself into a cgroup of its own (``SessionGroup``, cgroup v2), which every process it starts
+  and their descendants are born into, whatever they do to their parent, session, group or
+  environment (a daemon's double fork, ``setsid env -i ... &``): the kernel keeps the lineage that
+  a parent chain loses when a parent exits. Once the session is over (the workers gone, every
+  fixture torn down), every process in that cgroup (and its sub-cgroups) but the session itself,
+  every descendant of the session, and every process carrying the session's token (in
+  ``KF_TEST_SESSION``, inherited by what keeps its environment) is listed, killed, and fails the
+  run. Processes that are merely slow to go (Ray's, which ``ray.shutdown()`` reaps asynchronously)
+  get ``LEFTOVER_GRACE_S`` to exit first. Where no cgroup can be made (not root, no cgroup2
+  mount), the session says so and checks descendants and the token alone.
 """
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import psutil
@@ -25,7 +30,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 SESSION_VAR = "KF_TEST_SESSION"
-LEFTOVER_GRACE_S = 30
+LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_leftovers.py's sessions: less
+GROUP = pytest.StashKey["SessionGroup | str"]()  # the session's cgroup, or why it has none
 
 
 @pytest.fixture(scope="session")
@@ -44,19 +50,73 @@ def controller(config) -> bool:
 
 
 def pytest_configure(config):
-    if controller(config):  # before xdist starts its workers, which inherit it
+    if controller(config):  # before xdist starts its workers, which inherit both
         os.environ[SESSION_VAR] = uuid.uuid4().hex
+        try:
+            config.stash[GROUP] = SessionGroup(f"kf-test-{os.environ[SESSION_VAR]}")
+        except OSError as e:
+            config.stash[GROUP] = f"no cgroup for the session ({e})"
 
 
-def suite_processes() -> list[psutil.Process]:
-    """Processes carrying this session's token or descending from this process; not this process
-    nor its ancestors (the shell, a CI runner), nor this process's own multiprocessing resource
-    tracker (started by a test's spawn context, it ends with this process)."""
+class SessionGroup:
+    """A cgroup (v2) that this process moves into: every process started from then on, by it or
+    by its descendants, is born into it (or a cgroup under it) and stays there, orphaned or not."""
+
+    def __init__(self, name: str):
+        mount = next((line.split(" - ")[0].split()[4] for line in open("/proc/self/mountinfo")
+                      if line.split(" - ")[1].startswith("cgroup2 ")), None)
+        if mount is None:
+            raise OSError("no cgroup2 filesystem mounted")
+        here = next(line.split("::", 1)[1].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
+        self.parent = os.path.join(mount, here.lstrip("/"))
+        self.path = os.path.join(self.parent, name)
+        os.mkdir(self.path)
+        try:
+            self._enter(self.path)
+        except OSError:
+            os.rmdir(self.path)
+            raise
+
+    @staticmethod
+    def _enter(path: str) -> None:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def members(self) -> set[int]:
+        """Every process in the cgroup and the cgroups under it (a nested session's)."""
+        found = set()
+        for directory, _, _ in os.walk(self.path):
+            with open(os.path.join(directory, "cgroup.procs")) as f:
+                found.update(int(pid) for pid in f.read().split())
+        return found
+
+    def close(self) -> None:
+        """Leave the cgroup and remove it (once its last member has been reaped)."""
+        self._enter(self.parent)
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # still populated: a killed member not yet reaped
+                time.sleep(0.1)
+
+
+def suite_processes(group: SessionGroup | str) -> list[psutil.Process]:
+    """Processes in the session's cgroup, descending from this process or carrying this session's
+    token; not this process nor its ancestors (the shell, a CI runner), nor this process's own
+    multiprocessing resource tracker (started by a test's spawn context, it ends with this process)."""
     from multiprocessing import resource_tracker
 
     me = psutil.Process()
     exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid", None)}
     found = {p.pid: p for p in me.children(recursive=True)}
+    for pid in group.members() if isinstance(group, SessionGroup) else ():
+        try:
+            found.setdefault(pid, psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
     token = os.environ[SESSION_VAR]
     for p in psutil.process_iter():
         try:
@@ -75,22 +135,36 @@ def running(p: psutil.Process) -> bool:
 
 
 def describe(p: psutil.Process) -> str:
+    """The process's command line, and the test that started it where its environment says so."""
     try:
-        return f"pid {p.pid}: {' '.join(p.cmdline())[:300] or p.name()}"
+        line = f"pid {p.pid}: {' '.join(p.cmdline()).strip()[:300] or p.name()}"
     except psutil.Error:
         return f"pid {p.pid}: (gone)"
+    try:
+        test = p.environ().get("PYTEST_CURRENT_TEST")
+    except psutil.Error:
+        test = None
+    return line + (f" (started during {test})" if test else "")
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_sessionfinish(session):
     result = yield  # after every other plugin's finish: xdist has shut its workers down by then
-    if controller(session.config) and SESSION_VAR in os.environ:
-        check_leftovers(session)
+    if controller(session.config) and GROUP in session.config.stash:
+        group = session.config.stash[GROUP]
+        try:
+            check_leftovers(session, group)
+        finally:
+            if isinstance(group, SessionGroup):
+                group.close()
     return result
 
 
-def check_leftovers(session) -> None:
-    _, alive = psutil.wait_procs(suite_processes(), timeout=LEFTOVER_GRACE_S)
+def check_leftovers(session, group: SessionGroup | str) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if isinstance(group, str) and reporter is not None:
+        reporter.write_line(f"leftover processes: checked by descent and token only: {group}")
+    _, alive = psutil.wait_procs(suite_processes(group), timeout=LEFTOVER_GRACE_S)
     alive = [p for p in alive if running(p)]
     if not alive:
         return
@@ -100,7 +174,7 @@ def check_leftovers(session) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    psutil.wait_procs(alive, timeout=10)
     if reporter is not None:
         reporter.write_line("")
         reporter.write_sep("=", f"{len(alive)} processes started by the suite were still running (now killed)",

@@ -1,0 +1,50 @@
+"""The suite's own check (tests/conftest.py): a process a test starts and that outlives the session
+fails the run and is killed, even one that left the process tree with a scrubbed environment
+(``setsid env -i ... &``: a new session, no parent of its own, no trace of the suite in its
+environment). A pytest session of one such test runs here as the suite runs (two xdist workers)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+ESCAPE = """
+import subprocess
+
+
+def test_starts_a_process_that_escapes():
+    subprocess.run(["bash", "-c", "setsid env -i sleep {marker} </dev/null >/dev/null 2>&1 &"], check=True)
+"""
+
+
+def processes_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if marker in (p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
+def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_session_and_is_killed(tmp_path):
+    marker = f"{os.getpid()}{len(str(tmp_path))}.25"  # sleep's seconds, unique to this test
+    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_escape.py").write_text(ESCAPE.format(marker=marker))
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "KF_LEFTOVER_GRACE_S": "1"})
+        left = processes_with(marker)
+        assert p.returncode == 1, p.stdout[-3000:]
+        assert "1 processes started by the suite were still running (now killed)" in p.stdout, p.stdout[-3000:]
+        assert f"sleep {marker}" in p.stdout and "1 passed" in p.stdout, p.stdout[-3000:]
+        assert not left, left
+    finally:
+        for proc in processes_with(marker):  # only what this test started: its marker
+            proc.kill()
