@@ -13,15 +13,22 @@
   run. Processes that are merely slow to go (Ray's, which ``ray.shutdown()`` reaps asynchronously)
   get ``LEFTOVER_GRACE_S`` to exit first. Where no cgroup can be made (not root, no cgroup2
   mount), the session says so and checks descendants and the token alone.
+* Every runbook command runs (tests/runbooks.py): the tests record the commands they ran in a
+  ledger of the session's (``KF_RUNBOOK_LEDGER``); once a session that selected whole test files
+  is over, every command not marked ``# needs:`` of a block whose test file ran (and passed, none
+  of its tests skipped) must be in it, else the run fails naming the commands.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import uuid
+from collections import defaultdict
 
 import psutil
 import pytest
+import runbooks
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Ray 2.60 turns on token authentication for a new local cluster by default, and processes that
@@ -32,6 +39,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 SESSION_VAR = "KF_TEST_SESSION"
 LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_leftovers.py's sessions: less
 GROUP = pytest.StashKey["SessionGroup | str"]()  # the session's cgroup, or why it has none
+OUTCOMES: dict[str, set[str]] = defaultdict(set)  # test file -> its tests' outcomes in this session
 
 
 @pytest.fixture(scope="session")
@@ -50,12 +58,20 @@ def controller(config) -> bool:
 
 
 def pytest_configure(config):
-    if controller(config):  # before xdist starts its workers, which inherit both
+    if controller(config):  # before xdist starts its workers, which inherit them
         os.environ[SESSION_VAR] = uuid.uuid4().hex
         try:
             config.stash[GROUP] = SessionGroup(f"kf-test-{os.environ[SESSION_VAR]}")
         except OSError as e:
             config.stash[GROUP] = f"no cgroup for the session ({e})"
+        fd, os.environ[runbooks.LEDGER_VAR] = tempfile.mkstemp(prefix="kf-runbook-ledger-", suffix=".txt")
+        os.close(fd)
+
+
+def pytest_runtest_logreport(report):
+    """Each test's outcome, by file (in the session's process: xdist's workers report there too)."""
+    if report.when == "call" or report.outcome != "passed":
+        OUTCOMES[report.nodeid.split("::")[0]].add(report.outcome)
 
 
 class SessionGroup:
@@ -153,11 +169,30 @@ def pytest_sessionfinish(session):
     if controller(session.config) and GROUP in session.config.stash:
         group = session.config.stash[GROUP]
         try:
+            check_runbooks(session)
             check_leftovers(session, group)
         finally:
             if isinstance(group, SessionGroup):
                 group.close()
+            os.remove(os.environ[runbooks.LEDGER_VAR])
     return result
+
+
+def check_runbooks(session) -> None:
+    """Every runbook command of the blocks whose test files ran whole and passed was executed."""
+    config = session.config
+    if config.option.keyword or any("::" in arg for arg in config.args):
+        return  # some tests of a file alone: its blocks may belong to others
+    passed = {f for f, outcomes in OUTCOMES.items() if outcomes == {"passed"}}
+    missing = runbooks.unexecuted(os.environ[runbooks.LEDGER_VAR], passed)
+    if missing:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", f"{len(missing)} runbook commands were not run by the tests that run "
+                                    "their blocks", red=True)
+            for line in missing:
+                reporter.write_line(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def check_leftovers(session, group: SessionGroup | str) -> None:

@@ -129,14 +129,17 @@ def stop_nodes(temp_dir: str) -> None:
 
 def test_the_runbooks_two_node_loopback_build(videos, embedded, tmp_path):
     """docs/runbooks/ingest-on-ray.md's block as a reader pastes it: two ``ray start`` nodes on
-    127.0.0.2 and 127.0.0.3, and the build joining them by address."""
+    127.0.0.2 and 127.0.0.3, the build joining them by address, and ``ray stop``. The block runs in
+    a PID namespace of its own (``run_block(own_processes=True)``), where ``ray stop``, which stops
+    every Ray node it can see, sees the block's two alone."""
     temp_dir = tempfile.mkdtemp(prefix="kf-ray-")
     subs = {"ray start --head": f"ray start --head --temp-dir={temp_dir}",  # this test's nodes, found by it
             "6379": str(free_port()), "8265": str(free_port()), "10001": str(free_port()),  # free ports
-            "--src videos": f"--src {videos}",
-            "ray stop": "true"}  # stop_nodes below: ray stop would stop every Ray of the machine
+            "--src videos": f"--src {videos}"}
     try:
-        out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path, env=ENV)
+        out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path, env=ENV,
+                        own_processes=True)
+        assert "Stopped all" in out, out[-2000:]  # ray stop found the block's nodes and stopped them
     finally:
         stop_nodes(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -34,7 +34,8 @@ def processes_with(marker: str) -> list[psutil.Process]:
 
 def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_session_and_is_killed(tmp_path):
     marker = f"{os.getpid()}{len(str(tmp_path))}.25"  # sleep's seconds, unique to this test
-    shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
+    for helper in ("conftest.py", "runbooks.py"):  # the suite's conftest, and what it imports
+        shutil.copy(HERE / helper, tmp_path / helper)
     (tmp_path / "test_escape.py").write_text(ESCAPE.format(marker=marker))
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)],
