@@ -37,7 +37,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 SESSION_VAR = "KF_TEST_SESSION"
-LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_leftovers.py's sessions: less
+LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_suite_rules.py's sessions: less
 GROUP = pytest.StashKey["SessionGroup | str"]()  # the session's cgroup, or why it has none
 OUTCOMES: dict[str, set[str]] = defaultdict(set)  # test file -> its tests' outcomes in this session
 

@@ -27,6 +27,7 @@ from shards.digests import CorruptSample
 from shards.http_range import RangeError
 from shards.manifest import Manifest
 from shards.reading import iter_samples, open_range
+from required import require
 from shardsets import RangeHandler, ServiceProcess, http, make_shardset, register
 
 NGINX = "/usr/sbin/nginx"
@@ -257,8 +258,7 @@ def test_direct_reads_fall_back_or_fail_when_the_files_are_not_the_served_ones(e
 # --- cache headers, behind a real nginx proxy_cache --------------------------------------------
 @pytest.fixture(scope="module")
 def proxy(env, tmp_path_factory):
-    if not os.path.exists(NGINX):
-        pytest.fail(f"{NGINX} missing: scripts/test.sh installs Debian's nginx-light")
+    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's nginx-light")
     prefix = tmp_path_factory.mktemp("nginx")
     port, upstream = free_port(), env["server"].url.split("//")[1]
     conf = prefix / "nginx.conf"

@@ -1,11 +1,17 @@
-"""The suite's own check (tests/conftest.py): a process a test starts and that outlives the session
-fails the run and is killed, even one that left the process tree with a scrubbed environment
-(``setsid env -i ... &``: a new session, no parent of its own, no trace of the suite in its
-environment). A pytest session of one such test runs here as the suite runs (two xdist workers)."""
+"""The suite's own rules.
+
+* The leftover check (tests/conftest.py): a process a test starts and that outlives the session
+  fails the run and is killed, even one that left the process tree with a scrubbed environment
+  (``setsid env -i ... &``: a new session, no parent of its own, no trace of the suite in its
+  environment). A pytest session of one such test runs here as the suite runs (two xdist workers).
+* Every system tool a test requires (tests/required.py: the browser, nginx, Slurm) is required by
+  the test command, scripts/test.sh, so that CI cannot pass with those tests skipped."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,3 +55,14 @@ def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_sess
     finally:
         for proc in processes_with(marker):  # only what this test started: its marker
             proc.kill()
+
+
+def test_the_test_command_requires_every_tool_a_test_requires():
+    named = set()
+    for path in HERE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require":
+                named.add(node.args[0].value)
+    script = (HERE.parent / "scripts" / "test.sh").read_text()
+    exported = set(re.findall(r"\bKF_REQUIRE_(\w+)=1", "\n".join(re.findall(r"^export .*$", script, re.M))))
+    assert named == {"browser", "nginx", "slurm"} and {n.upper() for n in named} <= exported, (named, exported)
