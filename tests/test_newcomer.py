@@ -105,9 +105,13 @@ def world(tmp_path_factory):
     server.kill(15)
 
 
+ANSWER_S = 300  # a trainer's refusal (import torch, start Horovod, build the net, read the manifest) took
+# 90-150 s with four commands at once at load 25-35 (cache-too-small failed at the 120 s this was)
+
+
 def run(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     """A console script, as a user runs it."""
-    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120,
+    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True, timeout=ANSWER_S,
                           env={**os.environ, **(env or {})})
 
 
