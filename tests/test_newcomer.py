@@ -76,6 +76,15 @@ CASES = [
      {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
     ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
      ["--output-dir", "earlier", "--resume", "--overwrite"]),
+    ("ema-with-k-step-averaging", "trainer train --data {set} --output-dir {root}/run-ema --backend none --depth 10 "
+     "--ema-decay 0.99 --average-every 2", {}, 1, ["--ema-decay", "not with --average-every"]),
+    ("test-ema-of-a-run-without", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --ema "
+     "--backend none", {}, 1, ["checkpoint.pt", "--ema", "no weight average", "--ema-decay"]),
+    ("decode-on-device-without-torchvision", "trainer train --data {set} --output-dir {root}/run-nvjpeg --backend none "
+     "--depth 10 --width 4 --decode-on-device", {"PYTHONPATH": "{missing}:{pythonpath}"}, 2,
+     ["--decode-on-device", "needs torchvision"]),
+    ("horovod-not-installed", "trainer train --data {set} --output-dir {root}/run-hvd --depth 10",
+     {"PYTHONPATH": "{missing}:{pythonpath}"}, 2, ["--backend horovod", "cannot import horovod", "--backend none"]),
 ]
 
 
@@ -91,6 +100,9 @@ def world(tmp_path_factory):
     for d in ("flat", "vids/train/a"):  # never decoded: every case here stops before
         for i in range(2):
             (root / d / f"v{i}.mp4").write_bytes(b"not decoded")
+    for package in ("horovod", "torchvision"):  # a Python where they are missing, whatever this one has
+        (root / "missing" / package).mkdir(parents=True)
+        (root / "missing" / package / "__init__.py").write_text(f"raise ImportError('No module named {package}')\n")
     (root / "earlier").mkdir()  # an earlier run's output directory
     for name in ("checkpoint.pt", "metrics.jsonl"):
         (root / "earlier" / name).write_text(f"the earlier run's {name}")
@@ -101,7 +113,8 @@ def world(tmp_path_factory):
     server.start()
     yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
            "old": str(root / "old"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url, "port": _free_port(),
-           "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"})}
+           "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}), "missing": str(root / "missing"),
+           "pythonpath": os.environ.get("PYTHONPATH", "")}
     server.kill(15)
 
 
