@@ -12,7 +12,11 @@
   ``KF_TEST_SESSION``, inherited by what keeps its environment) is listed, killed, and fails the
   run. Processes that are merely slow to go (Ray's, which ``ray.shutdown()`` reaps asynchronously)
   get ``LEFTOVER_GRACE_S`` to exit first. Where no cgroup can be made (not root, no cgroup2
-  mount), the session says so and checks descendants and the token alone.
+  mount, or ``KF_TEST_CGROUP=0``), the session says so and compares the machine's processes at
+  its end with those at its start (``ProcessSnapshot``): a process of this user started since
+  (one not in the snapshot, by pid and start time) is the session's when its parent chain reaches
+  the session or one of its ancestors (an orphan is re-parented to init or a subreaper above it)
+  before any process that predates the session (another session's shell or suite, a daemon).
 * Every runbook command runs (tests/runbooks.py): the tests record the commands they ran in a
   ledger of the session's (``KF_RUNBOOK_LEDGER``); once a session that selected whole test files
   is over, every command not marked ``# needs:`` of a block whose test file ran (and passed, none
@@ -38,7 +42,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 SESSION_VAR = "KF_TEST_SESSION"
 LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_suite_rules.py's sessions: less
-GROUP = pytest.StashKey["SessionGroup | str"]()  # the session's cgroup, or why it has none
+GROUP = pytest.StashKey["SessionGroup | ProcessSnapshot"]()  # the session's cgroup, or the processes before it
 OUTCOMES: dict[str, set[str]] = defaultdict(set)  # test file -> its tests' outcomes in this session
 
 
@@ -61,9 +65,11 @@ def pytest_configure(config):
     if controller(config):  # before xdist starts its workers, which inherit them
         os.environ[SESSION_VAR] = uuid.uuid4().hex
         try:
+            if os.environ.get("KF_TEST_CGROUP") == "0":
+                raise OSError("KF_TEST_CGROUP=0")
             config.stash[GROUP] = SessionGroup(f"kf-test-{os.environ[SESSION_VAR]}")
         except OSError as e:
-            config.stash[GROUP] = f"no cgroup for the session ({e})"
+            config.stash[GROUP] = ProcessSnapshot(f"no cgroup for the session ({e})")
         fd, os.environ[runbooks.LEDGER_VAR] = tempfile.mkstemp(prefix="kf-runbook-ledger-", suffix=".txt")
         os.close(fd)
 
@@ -119,16 +125,47 @@ class SessionGroup:
                 time.sleep(0.1)
 
 
-def suite_processes(group: SessionGroup | str) -> list[psutil.Process]:
-    """Processes in the session's cgroup, descending from this process or carrying this session's
-    token; not this process nor its ancestors (the shell, a CI runner), nor this process's own
-    multiprocessing resource tracker (started by a test's spawn context, it ends with this process)."""
+class ProcessSnapshot:
+    """The machine's processes when the session began (where it has no cgroup): ``members`` are
+    the processes of this user started since whose parent chain reaches the session's own chain
+    (this process or an ancestor) before a process that predates the session."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        self.before = {(p.pid, p.info["create_time"]) for p in psutil.process_iter(["create_time"])}
+
+    def predates(self, p: psutil.Process) -> bool:
+        return (p.pid, p.create_time()) in self.before
+
+    def members(self) -> set[int]:
+        me = psutil.Process()
+        session = {me.pid, *(p.pid for p in me.parents())}
+        found = set()
+        for p in psutil.process_iter():
+            try:
+                if p.uids().real != os.getuid() or self.predates(p):
+                    continue
+                parent = p.parent()
+                while parent is not None and parent.pid not in session and not self.predates(parent):
+                    parent = parent.parent()
+            except psutil.Error:
+                continue
+            if parent is not None and parent.pid in session:
+                found.add(p.pid)
+        return found
+
+
+def suite_processes(group: SessionGroup | ProcessSnapshot) -> list[psutil.Process]:
+    """Processes in the session's cgroup (or started since it began and reaching it by their
+    parent chain), descending from this process or carrying this session's token; not this
+    process nor its ancestors (the shell, a CI runner), nor this process's own multiprocessing
+    resource tracker (started by a test's spawn context, it ends with this process)."""
     from multiprocessing import resource_tracker
 
     me = psutil.Process()
     exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid", None)}
     found = {p.pid: p for p in me.children(recursive=True)}
-    for pid in group.members() if isinstance(group, SessionGroup) else ():
+    for pid in group.members():
         try:
             found.setdefault(pid, psutil.Process(pid))
         except psutil.NoSuchProcess:
@@ -195,10 +232,10 @@ def check_runbooks(session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def check_leftovers(session, group: SessionGroup | str) -> None:
+def check_leftovers(session, group: SessionGroup | ProcessSnapshot) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if isinstance(group, str) and reporter is not None:
-        reporter.write_line(f"leftover processes: checked by descent and token only: {group}")
+    if isinstance(group, ProcessSnapshot) and reporter is not None:
+        reporter.write_line(f"leftover processes: checked by start time and parent chain: {group.reason}")
     _, alive = psutil.wait_procs(suite_processes(group), timeout=LEFTOVER_GRACE_S)
     alive = [p for p in alive if running(p)]
     if not alive:
