@@ -10,13 +10,17 @@ only the packets the kept frames need.
    the last pick, and keep the output frames whose pts is a pick's: bit-identical to a full
    decode's (``tests/test_pyav_decoder.py`` checks every codec and container of the test media).
 4. When timestamps cannot map display order, or a pick does not come out, decode everything:
-   once to count the displayed frames, once to keep the picks.
+   once to count the displayed frames, once to keep the picks. The first pass stamps each packet
+   with its decode index as its pts, which the decoder hands on to the frame it makes: the
+   frames' display order is then known in decode indices, as step 2 knows it from timestamps.
 
 ``decode_frames`` returns the kept frames as the decoder gives them; ``decode`` scales and turns
 them for the JPEG encoder. With ``motion_vectors`` the decoder also exports the codec's motion
 vectors of the kept frames, which ``decode`` makes into fields (``ingest.motion``): no other
-frame is decoded for them. Where the packet index cannot order the frames (two passes), the
-reference distances are unknown and the fields are left invalid.
+frame is decoded for them. Their reference distances come from the packet index and the display
+order (step 2, or the stamps of step 4: an elementary stream such as ``.h264`` has no
+timestamps); where a packet makes more than one frame (MPEG-4 Part 2's packed B-frames), or none
+is stamped, they are unknown: the fields are left invalid, with a warning.
 
 MPEG-4 Part 2 (Xvid, DivX: UCF101's and HMDB51's AVIs) codes most B-frame blocks in direct mode,
 whose motion is the co-located block's of the next reference frame scaled by the frames between
@@ -42,6 +46,7 @@ from . import bitstream, motion, packets
 from .deadline import Deadline
 from .video import Decoded, DecodeError, VideoInfo, display_size, output_size
 
+log = logging.getLogger("ingest.pyav")
 TRANSPOSE = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
 EXACT_COUNT_CONTAINERS = ("mov", "mp4")  # their sample tables list every packet: fewer means truncated
 
@@ -143,7 +148,7 @@ def decode_frames(path: str, wanted: Callable[[int], list[int]], *, threads: int
                 found = _selective(demuxed, index, order, stream, wanted, threads, deadline, motion_vectors)
                 if found is not None:
                     return found
-    return _two_passes(path, wanted, threads, deadline, motion_vectors)
+    return _two_passes(path, wanted, threads, deadline, motion_vectors, index)
 
 
 def _selective(demuxed, index, order, stream, wanted, threads, deadline, motion_vectors) -> Frames | None:
@@ -176,24 +181,42 @@ def _selective(demuxed, index, order, stream, wanted, threads, deadline, motion_
 
 
 def _every_frame(path, threads, deadline, step, errors, motion_vectors=False):
-    """(stream, frame) for every frame a full decode of a fresh open of ``path`` displays."""
+    """(stream, frame) for every frame a full decode of a fresh open of ``path`` displays; each
+    frame's pts is the decode index of the packet that made it (step 4)."""
     with open(path, "rb") as f:
         container, stream = _open(f)
         with container:
             cc = _decoder(stream, threads, motion_vectors)
+            k = 0
             for packet in container.demux(stream):
                 deadline.check(step)
+                if packet.size:
+                    packet.pts = packet.dts = k
+                    k += 1
                 for frame in _frames(cc, packet if packet.size else None, errors):
                     yield stream, frame
 
 
-def _two_passes(path, wanted, threads, deadline, motion_vectors) -> Frames:
-    """Decode everything once to count the displayed frames, then again up to the last pick."""
+def _decoded_distances(path, index: list[packets.Packet], order: list, picks: list[int]) -> dict[int, tuple]:
+    """``motion.reference_distances`` from the display order a full decode showed (``order``: the
+    decode index stamped on each displayed frame); {} with a warning where the stamps cannot say."""
+    if None in order or len(set(order)) != len(order) or max(order) >= len(index):
+        log.warning("%s: the decoder's display order does not map to its packets (a packet made several frames, "
+                    "or none): the motion fields of --motion mv are left invalid", path)
+        return {}
+    return motion.reference_distances(index, order, picks)
+
+
+def _two_passes(path, wanted, threads, deadline, motion_vectors, index) -> Frames:
+    """Decode everything once to count the displayed frames (and learn their decode order), then
+    again up to the last pick."""
     errors = []
-    counted = sum(1 for _ in _every_frame(path, threads, deadline, "counting frames", errors))
+    order = [frame.pts for _, frame in _every_frame(path, threads, deadline, "counting frames", errors)]
+    counted = len(order)
     if not counted:
         raise DecodeError("no frame decodes", " | ".join(errors[-4:]))
     picks = sorted(set(wanted(counted)))
+    distances = _decoded_distances(path, index, order, picks) if motion_vectors else {}
     frames, facts = {}, {}
     for shown, (stream, frame) in enumerate(_every_frame(path, threads, deadline, "decoding", errors,
                                                          motion_vectors)):
@@ -204,7 +227,7 @@ def _two_passes(path, wanted, threads, deadline, motion_vectors) -> Frames:
     if len(frames) < len(picks):
         raise DecodeError(f"truncated or corrupt: decoded {len(frames)} of {len(picks)} wanted frames",
                           " | ".join(errors[-4:]))
-    return Frames(frames, counted, "decoded", None, None, errors, facts)
+    return Frames(frames, counted, "decoded", None, None, errors, facts, distances)
 
 
 def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, threads: int = 1,

@@ -8,8 +8,11 @@ import os
 import re
 import socket
 import sys
+from contextlib import contextmanager
 
 import ray
+
+from shards.errors import CommandError
 
 log = logging.getLogger("ingest.ray")
 
@@ -64,3 +67,34 @@ def on_node(fn, *args):
     """Run ``fn(*args)`` as a Ray task; -> (its result, the id of the node that ran it), so a build
     can say how the work spread over the cluster's nodes."""
     return fn(*args), ray.get_runtime_context().get_node_id()
+
+
+def result(ref):
+    """``ray.get(ref)``, with a refusal the task raised (a ``CommandError``, such as a full disk's
+    ``NoSpace``) raised here as itself: its one line, not Ray's error with the worker's traceback."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, CommandError):
+            raise e.cause from None
+        raise
+
+
+@contextmanager
+def in_flight(refs):
+    """Around the driver's wait for the tasks of ``refs`` (a list, or a dict it keeps up to date):
+    should the driver stop (Ctrl-C, a task's refusal), the tasks still running are cancelled (a
+    KeyboardInterrupt in each, so a write under way removes its temporary file) and waited for, so
+    that nothing is left half-written behind it and Ray reports no error left unread."""
+    try:
+        yield
+    except BaseException:
+        left = list(refs)
+        for ref in left:
+            ray.cancel(ref)
+        for ref in left:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                pass
+        raise

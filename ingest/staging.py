@@ -119,5 +119,6 @@ def pack_shard(out: str, name: str, stage: str, pieces: list[tuple[str, int, str
                 f.seek(off)
                 chunks[(batch, off)] = f.read(length)
     info = packing.write_shard(storage.join(out, name), name,
-                               ((k, lab, chunks[(b, off)]) for k, lab, b, off, _ in pieces))
+                               ((k, lab, chunks[(b, off)]) for k, lab, b, off, _ in pieces),
+                               packing.shard_bytes(p[4] for p in pieces))
     return info.__dict__

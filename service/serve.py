@@ -2,7 +2,8 @@
 
 Prints ``serving http://HOST:PORT/v1`` once listening (``--port 0`` picks a free port).
 SIGTERM or SIGINT stops it, and the builds it runs (each in a process of its own, recorded failed:
-``stopped``); builds of a server killed outright stop by themselves (``abandoned``).
+``stopped``); builds of a server killed outright stop by themselves (``abandoned``). Stopped by
+SIGTERM (a service manager), it exits 0; by Ctrl-C, with one line and status 130.
 
 ``--workers N`` (N > 1) forks N server processes that share the port through ``SO_REUSEPORT``
 (the kernel spreads connections over them) and the one catalog file (SQLite, as any number of
@@ -23,6 +24,7 @@ import socket
 from aiohttp import web
 
 from shards.catalog import Catalog, default_path
+from shards.errors import Interrupted
 
 from .app import make_app
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
@@ -80,9 +82,9 @@ def read_tokens(path: str | None) -> list[str]:
     return tokens
 
 
-async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_fd: int | None = None) -> None:
-    """One server process; ``ready_fd``: a pipe to write a byte to once listening (a worker), else
-    the ``serving`` line is printed."""
+async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_fd: int | None = None) -> int:
+    """One server process, until SIGTERM or SIGINT (returned); ``ready_fd``: a pipe to write a byte
+    to once listening (a worker), else the ``serving`` line is printed."""
     for flag in ("max_builds", "max_build_workers"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
@@ -116,9 +118,9 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     log.info("open files %d; connections at most %s, %s per client; request heads within %g s, bodies within %g s",
              open_files, max_connections or "unlimited", args.max_connections_per_client or "unlimited",
              args.header_timeout, args.body_timeout)
-    stop = asyncio.Event()
+    stop, signals = asyncio.Event(), []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        asyncio.get_running_loop().add_signal_handler(sig, lambda sig=sig: (signals.append(sig), stop.set()))
     if ready_fd is None:
         print(f"serving http://{host}:{port}/v1 (catalog {args.catalog})", flush=True)
     else:
@@ -128,6 +130,15 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     log.info("stopping")
     server.close()
     await runner.cleanup()
+    return signals[0]
+
+
+def _stopped(signum: int) -> int:
+    """The status of a server stopped by ``signum``: 0 for SIGTERM, Ctrl-C's one line for SIGINT."""
+    if signum == signal.SIGINT:
+        raise Interrupted("interrupted: the server has stopped, and the builds it was running are recorded "
+                          "'stopped' in the catalog")
+    return 0
 
 
 def _hold_port(host: str, port: int) -> socket.socket:
@@ -185,13 +196,14 @@ def _fork_workers(args: argparse.Namespace) -> int:
             code = 1
             stop(signal.SIGTERM, None)
     held.close()
-    return code if started == args.workers else 1
+    if started < args.workers:
+        return 1
+    return code or (_stopped(stopping[0]) if stopping else 0)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise SystemExit(f"--workers {args.workers}: give 1 or more")
     if args.workers == 1:
-        asyncio.run(serve(args, Counters(), args.port))
-        return 0
+        return _stopped(asyncio.run(serve(args, Counters(), args.port)))
     return _fork_workers(args)

@@ -3,8 +3,9 @@ owns), each downloaded once per node, streamed through one byte budget that ever
 the directory shares.
 
 Files: ``DIR/ab/<sha256>.tar`` (a whole shard), ``DIR/ab/<sha256>.<start>-<end>.tar`` (bytes
-[start, end) of it, a piece), ``<name>.tmp-<random>`` (a download in progress) and
-``<name>.lock`` (exists while a download is under way). The files are the ledger: no process
+[start, end) of it, a piece), ``<name>.tmp-<random>`` (a download in progress),
+``<name>.lock`` (exists while a download is under way) and ``<name>.unavailable`` (the last
+download gave up on its source). The files are the ledger: no process
 keeps an account another could not read from the directory.
 
 * One download per copy: the process holding an exclusive ``flock`` on the ``.lock`` file
@@ -13,13 +14,19 @@ keeps an account another could not read from the directory.
   ``shards.http_range``, which include the shard's size and SHA-256 ETag); a killed download
   leaves no file under the final name. The downloader holds a lease that follows its progress:
   every ``heartbeat`` seconds it touches the ``.lock`` file if bytes arrived since the last beat
-  (a chunk of ``READ_BUFFER``, 1 MiB) or it is waiting on purpose (for room in the budget, or a
-  retry's backoff or a server's ``Retry-After``). Other processes (ranks, loader workers, other
+  (a chunk of ``READ_BUFFER``, 1 MiB) or it is waiting on purpose (for room in the budget, a
+  retry's backoff, a server's ``Retry-After``, a source that is down). Other processes (ranks, loader workers, other
   jobs) wait for as long as the lease is renewed, and fail when it has not been for ``lease``
   seconds: a downloader that is hung, or alive but getting no byte (a stalled connection, a
   transfer slower than a chunk per lease), does not keep its waiters forever. The kernel drops a
   dead process's lock, so a waiter then takes the download over (deleting the dead one's
   temporary file).
+* A source that is down: the downloader waits for it as every reader does (``shards.http_range``:
+  backoff up to the source deadline, one log line when the wait starts and one when it ends),
+  renewing its lease meanwhile, so the node's other processes wait behind it. If it gives up
+  (``SourceUnavailable``) it leaves ``<name>.unavailable`` holding its one-line reason, and every
+  process that was already waiting for that copy gives up with the same line instead of starting
+  a deadline of its own: one node, one clock. The next download that gets through deletes it.
 * In use: ``fetch`` returns a path pinned by a shared ``flock`` on the copy itself, held until
   ``release`` (a forked child, such as a loader worker, starts without its parent's pins). Eviction first takes an exclusive non-blocking lock, so a copy pinned by any
   process on the node is never evicted.
@@ -30,6 +37,9 @@ keeps an account another could not read from the directory.
   smaller than an epoch's share streams through); only what this process pins itself could never
   make room, and that is ``CacheFull``. ``reserve`` refuses up front, before any download, a
   budget that cannot hold what the node's readers pin at once (their lookahead).
+* A disk that fills before the budget does (no budget, or one larger than the disk) is
+  ``CacheDiskFull``: a ``DataFault`` whose one line names the copy, the bytes needed and free, and
+  the remedy; the preallocated temporary file is removed.
 * Streaming: ``stream(pieces, lookahead)`` yields the copies in the order asked, downloading in a
   background thread up to ``lookahead`` copies ahead of the reader (the first is there after one
   download), each pinned until the reader asks for the next; ``descriptor`` gives the pin's
@@ -39,6 +49,7 @@ The locks are POSIX ``flock``: keep the cache on a node-local filesystem.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -50,12 +61,12 @@ import uuid
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from .errors import CommandError
-from .http_range import DEFAULT_RETRY, Retry
+from . import storage
+from .errors import CommandError, DataFault, NoSpace, SourceUnavailable
+from .http_range import DEFAULT_RETRY, Retry, ShardChanged
 from .packing import parse_size
 from .reading import READ_BUFFER, open_range
 
@@ -72,6 +83,11 @@ class CacheFull(CommandError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class CacheDiskFull(NoSpace, DataFault):
+    """The disk under the cache has no room for a copy (no budget, or one larger than the disk): a
+    fault of the run's data path, one line naming the copy, the bytes needed and free, and the remedy."""
 
 
 @dataclass(frozen=True)
@@ -139,18 +155,14 @@ class _Lease(threading.Thread):
 
 
 class _Renewing:
-    """A retry policy whose waits (backoff, a server's ``Retry-After``) renew the lease; all else
-    is the policy's."""
+    """A retry policy whose waits (backoff, a server's ``Retry-After``, a source that is down)
+    renew the lease; all else is the policy's."""
 
     def __init__(self, policy: Retry, lease: _Lease):
         self._policy, self._lease = policy, lease
 
     def __getattr__(self, name: str):
         return getattr(self._policy, name)
-
-    def sleep(self, failures: int) -> None:
-        with self._lease.waiting():
-            self._policy.sleep(failures)
 
     def wait(self, seconds: float) -> None:
         with self._lease.waiting():
@@ -188,6 +200,13 @@ class ShardCache:
             raise CacheFull(f"{self.directory}: a cache budget of {self.budget:,} bytes cannot hold {what} "
                             f"({nbytes:,} bytes); raise ${ENV_BUDGET} or read without a cache")
 
+    def _remedy(self) -> str:
+        """What to do when the disk fills before the budget does."""
+        if self.budget is None:
+            return (f"the cache has no budget: give it one the disk can hold (${ENV_BUDGET}, e.g. 50GB) and it "
+                    "evicts old copies, or free some space")
+        return f"its budget of {self.budget:,} bytes is more than the disk holds: lower ${ENV_BUDGET}"
+
     def fetch(self, url: str, sha256: str, size: int, start: int = 0, end: int | None = None) -> str:
         """The local path of a verified copy of the shard at ``url`` (or of its bytes [start, end):
         the copy's byte 0 is the shard's byte ``start``), downloaded if needed and pinned (never
@@ -200,6 +219,7 @@ class ShardCache:
             if piece.name in self._pins:
                 self._pins[piece.name][1] += 1
                 return dest
+        asked = time.time()
         while not self._pin(dest, piece.name):
             lock = self._lock_download(dest, piece.url)
             if lock is None:
@@ -207,7 +227,8 @@ class ShardCache:
             try:
                 with _Lease(lock, self.heartbeat) as lease:
                     if not os.path.exists(dest):
-                        self._download(piece, dest, lease)
+                        with storage.room_for(dest, piece.nbytes, error=CacheDiskFull, advice=self._remedy()):
+                            self._download_or_give_up(piece, dest, asked, lease)
                         return dest  # pinned by _download before it had its name
             finally:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
@@ -313,6 +334,26 @@ class ShardCache:
                 return fd
             os.close(fd)  # we locked a lock file its finished owner had already removed: look again
 
+    def _download_or_give_up(self, piece: Piece, dest: str, asked: float, lease: _Lease) -> None:
+        """``_download``, holding the copy's lock, unless the download that held it before gave up on
+        its source after this process asked (``asked``, a ``time.time()``): then its reason is ours."""
+        marker = dest + ".unavailable"
+        try:
+            if os.stat(marker).st_mtime >= asked:
+                with open(marker, encoding="utf-8") as f:
+                    raise SourceUnavailable(f.read().strip())
+        except FileNotFoundError:
+            pass
+        try:
+            self._download(piece, dest, lease)
+        except SourceUnavailable as gave_up:
+            with open(marker + ".tmp", "w", encoding="utf-8") as f:
+                f.write(str(gave_up))
+            os.replace(marker + ".tmp", marker)
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
+
     def _download(self, piece: Piece, dest: str, lease: _Lease) -> None:
         for stale in glob.glob(glob.escape(dest) + ".tmp-*"):  # a dead downloader's; we hold the lock
             os.remove(stale)
@@ -331,10 +372,13 @@ class ShardCache:
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())  # a copy under its final name must survive a crash whole
-            if n != size or (piece.whole and h.hexdigest() != piece.sha256):
-                raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes, "
-                              f"sha256 {h.hexdigest()[:12]}; manifest says {size} bytes"
-                              + (f", sha256 {piece.sha256[:12]}" if piece.whole else ""))
+            if n != size:
+                raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes; "
+                              f"the manifest says {size}")
+            if piece.whole and h.hexdigest() != piece.sha256:  # what another download would get too
+                raise ShardChanged(f"{piece.url}: the copy downloaded has SHA-256 {h.hexdigest()}, the manifest says "
+                                   f"{piece.sha256}: the file changed or is damaged (shards verify names the "
+                                   "samples); not kept")
             # pinned before it is visible under its name: another process making room could
             # otherwise evict the new copy between its rename and our pin, and it would be fetched again
             fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
@@ -357,7 +401,7 @@ class ShardCache:
                 os.remove(tmp)
 
     # --- budget ---------------------------------------------------------------------------------
-    @contextmanager
+    @contextlib.contextmanager
     def _directory_lock(self):
         if self.budget is None:
             yield
@@ -380,8 +424,12 @@ class ShardCache:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                     try:
                         os.posix_fallocate(fd, 0, size)  # the budget counts it from now on
-                    except OSError:
-                        os.ftruncate(fd, size)
+                    except OSError as e:
+                        if e.errno in storage.FULL:  # the disk itself is full
+                            os.close(fd)
+                            os.remove(tmp)
+                            raise
+                        os.ftruncate(fd, size)  # a filesystem without fallocate
                     os.close(fd)
                     if waiting:
                         log.info("%s: room for %s bytes", self.directory, f"{size:,}")

@@ -8,15 +8,20 @@ Exit status, the same for every command: 0 done; 1 the work failed (the message 
 2 the command line asks for something that cannot be done (argparse's usage errors, and the
 ``shards.errors.UsageError`` a command raises: a value out of range, a path that does not
 exist). A refusal (``shards.errors.CommandError``) is one line on stderr, never a traceback.
+Ctrl-C is one line too, status 130 (``Interrupted``, whose message a command may make say what
+is kept). Output into a closed pipe (``shards stats | head``) ends quietly with status 141, as
+``cat`` ends.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
 
-from .errors import CommandError
+from .errors import CommandError, Interrupted
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -64,10 +69,23 @@ def main(prog: str, description: str, commands: dict[str, str], argv: list[str] 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
-        return loaded[args.command].run(args)
-    except CommandError as e:
-        print(f"{prog} {args.command}: error: {e}", file=sys.stderr)
-        return e.status
+        status = loaded[args.command].run(args)
+        sys.stdout.flush()  # a closed pipe shows here rather than at exit
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
+    except (CommandError, KeyboardInterrupt) as e:  # a command that says what Ctrl-C leaves raises Interrupted
+        refusal = Interrupted("interrupted") if isinstance(e, KeyboardInterrupt) else e
+        print(f"{prog} {args.command}: error: {refusal}", file=sys.stderr)
+        return refusal.status
+
+
+def _reader_gone() -> int:
+    """Output into a pipe whose reader has gone (``shards stats | head``): stop quietly with the
+    status of a process SIGPIPE ended, as ``cat`` does. Standard output is pointed at /dev/null so
+    that Python's flush at exit does not fail again (the Python docs' recipe, "Note on SIGPIPE")."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 # argparse ``type=`` checkers: a bad value is refused before any work starts, as argparse refuses
@@ -116,6 +134,22 @@ def byte_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give more than 0 bytes")
     return value
+
+
+def count_or_share(text: str) -> str:
+    """A count ('3') or a share in percent ('0.5%'), at least 0, as written (``share_of`` applies it)."""
+    try:
+        value = float(text[:-1]) if text.endswith("%") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (3) or a share in percent (0.5%)") from None
+    if not 0 <= value <= (100 if text.endswith("%") else value):
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: give a count of 0 or more, or 0% to 100%")
+    return text
+
+
+def share_of(budget: str, total: int) -> int:
+    """``count_or_share``'s text as a number of ``total`` things: the count, or the share rounded down."""
+    return int(total * float(budget[:-1]) / 100) if budget.endswith("%") else int(budget)
 
 
 def comma_list(choices):

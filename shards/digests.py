@@ -8,7 +8,9 @@ shard. So format ``/2`` manifests carry each sample's xxh3-64 digest (``ShardInf
 sample at a time, each checked before any of its bytes are handed on. A sample whose bytes
 differ is read again once, on its own, from the same URL (a new request: a bit flipped on the
 wire or by a proxy is not flipped twice); if it differs again the read fails naming the shard,
-the sample and the URL.
+the sample, both digests and the URL (``CorruptSample``, whose attributes hold the same), or, for a
+reader that goes on without such samples, the sample's bytes are replaced by what ``replace``
+makes of that ``CorruptSample`` (the trainer's loader: a marker it recognises).
 """
 from __future__ import annotations
 
@@ -27,7 +29,22 @@ def sample_digest(data) -> str:
 
 class CorruptSample(DataFault, OSError):
     """A sample whose bytes differ from the manifest's digest twice in a row: deterministic, never
-    retried as if it were transient."""
+    retried as if it were transient. Attributes: ``url``, ``shard`` (its name in the manifest),
+    ``key``, ``index`` (the sample's in the shard), ``expected`` and ``found`` (the digests)."""
+
+    FACTS = ("url", "shard", "key", "index", "expected", "found")
+
+    @classmethod
+    def of(cls, url: str, shard: str, key: str, index: int, expected: str, found: str, why: str = "read twice"):
+        return cls(f"{url}: shard {shard}, sample {key}: {ALGORITHM} digest {found}, the manifest says {expected} "
+                   f"({why})", url=url, shard=shard, key=key, index=index, expected=expected, found=found)
+
+    def facts(self) -> dict:
+        return {k: getattr(self, k) for k in self.FACTS}
+
+
+class TooManyBadSamples(DataFault):
+    """More bad samples than a reader's budget allows (``--max-bad-samples``)."""
 
 
 class CheckedSamples(io.RawIOBase):
@@ -35,10 +52,11 @@ class CheckedSamples(io.RawIOBase):
     read from ``src`` (a stream of those bytes; by default ``opener`` of them), each sample
     checked against ``info.digests`` before it is handed on; one that fails is read again through
     ``opener(start, end)`` (a function returning a readable binary stream of those bytes of the
-    shard, from its source)."""
+    shard, from its source). A sample that fails again raises its ``CorruptSample``, or with
+    ``replace`` (a function of that ``CorruptSample`` returning bytes) is handed on as those bytes."""
 
-    def __init__(self, url: str, info, first: int, last: int, opener, src=None):
-        self.url, self.info, self.opener = url, info, opener
+    def __init__(self, url: str, info, first: int, last: int, opener, src=None, replace=None):
+        self.url, self.info, self.opener, self.replace = url, info, opener, replace
         self.next, self.last = first, last  # samples [next, last] are still to come
         self.src = src if src is not None else opener(info.offsets[first], info.offsets[last] + info.lengths[last])
         self.buf, self.at = b"", 0
@@ -58,8 +76,10 @@ class CheckedSamples(io.RawIOBase):
                 retry = again.read()
             got = sample_digest(retry)
             if got != info.digests[i]:
-                raise CorruptSample(f"{self.url}: shard {info.name}, sample {info.keys[i]}: {ALGORITHM} digest "
-                                    f"{got}, the manifest says {info.digests[i]} (read twice)")
+                error = CorruptSample.of(self.url, info.name, info.keys[i], i, info.digests[i], got)
+                if self.replace is None:
+                    raise error
+                retry = self.replace(error)
             data = retry + data[info.lengths[i]:]
         self.next += 1
         return data

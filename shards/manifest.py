@@ -4,6 +4,16 @@ Readers (the loader, ``shards verify``, the service) read this one small file in
 listing or stat-ing the filesystem. Shard names are relative to the manifest's directory,
 so a shard set can be moved or served over HTTP as a whole.
 
+A set's ``identity`` is the SHA-256 of its class list and, per split, every shard's name, sample
+count, size and SHA-256: what the set *is*, whoever wrote it and from what. Two builds with the
+same bytes have it (builds are deterministic), a set served over HTTP has its directory's, and
+any other options (frames, clips per video, motion, shard size, a reshard) give another. It is
+distinct from ``fingerprint``, the builder's hash of the input videos alone, which sets built
+from the same videos with other options share. The loader's position and a checkpoint record
+the identity, so a resume on another set is refused. It is written into the manifest for readers
+of the file; a loaded manifest derives it from its shard list (so manifests written before it
+existed have it too, and a stored value that no longer matches the shards cannot pass for them).
+
 Format versions: ``/2`` adds each sample's xxh3-64 digest (``ShardInfo.digests``, checked by
 every reader as the bytes arrive: ``shards.digests``); ``/1`` manifests, without them, are still
 read (their samples are checked only by the shard's SHA-256).
@@ -16,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import storage
 from .errors import CommandError, NotFound
+from .http_range import DEFAULT_RETRY, Retry, _config_headers, patiently
 
 MANIFEST_NAME = "manifest.json"
 CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
@@ -67,12 +78,30 @@ class Manifest:
         """The motion fields stored beside the frames (``shards.motionfield``): "mv", "flow" or "none"."""
         return self.config.get("clip", {}).get("motion", "none")
 
+    @property
+    def identity(self) -> str:
+        """The set itself (module docstring): SHA-256 hex over the classes and every shard's name,
+        sample count, size and SHA-256."""
+        body = {"classes": self.classes,
+                "splits": {name: [[s.name, s.num_samples, s.bytes, s.sha256] for s in split.shards]
+                           for name, split in self.splits.items()}}
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def describe(self) -> str:
+        """The set in a few words for a message (``describe``)."""
+        return describe({name: split.num_samples for name, split in self.splits.items()}, self.config.get("clip", {}))
+
+    def title(self) -> str:
+        """``shard set IDENTITY (what it holds)`` for a message (``set_title``)."""
+        return set_title(self.identity, self.describe())
+
     def shard_url(self, shard: ShardInfo) -> str:
         return storage.join(self.base, shard.name)
 
     def to_json(self) -> bytes:
         d = asdict(self)
         d.pop("base")
+        d["identity"] = self.identity
         for split in d["splits"].values():
             split["num_samples"] = sum(s["num_samples"] for s in split["shards"])
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode() + b"\n"
@@ -96,14 +125,20 @@ class Manifest:
         return url
 
     @classmethod
-    def load(cls, url: str) -> "Manifest":
-        """Load from a directory URL or from the manifest file's URL."""
+    def load(cls, url: str, retry: Retry = DEFAULT_RETRY) -> "Manifest":
+        """Load from a directory URL or from the manifest file's URL; an HTTP source that is down is
+        waited for as ``retry`` says (``shards.http_range``: up to the source deadline)."""
         if url.rstrip("/").endswith(".json"):
             base = url.rsplit("/", 1)[0] if "/" in url else "."
         else:
             base, url = url.rstrip("/"), storage.join(url, MANIFEST_NAME)
         try:
-            data = storage.read_bytes(url)
+            if url.startswith(("http://", "https://")):
+                data = patiently(lambda: storage.read_bytes(url), url, retry)
+            else:
+                data = storage.read_bytes(url)
+        except CommandError:  # (SourceUnavailable: the source stayed down past its deadline)
+            raise
         except Exception as e:
             if url.startswith(("http://", "https://")):
                 raise _http_refusal(url, e) from None
@@ -115,13 +150,34 @@ class Manifest:
         return cls.from_json(data, base=base)
 
 
+def describe(clips: dict[str, int], clip: dict) -> str:
+    """A set in a few words: its clips per split and the build options that shape a clip, from
+    ``clip`` (a manifest's ``config["clip"]``, or a catalog record's), e.g. ``96 train + 8 val
+    clips, 4 frames, 4 clips per video``."""
+    words = [f"{' + '.join(f'{n} {name}' for name, n in clips.items()) or 'no'} clips"]
+    if "frames" in clip:
+        words.append(f"{clip['frames']} frames")
+    for key, unit in (("clips_per_video", "clips"), ("eval_clips", "eval clips")):
+        if clip.get(key, 1) != 1:
+            words.append(f"{clip[key]} {unit} per video")
+    if clip.get("short_side"):
+        words.append(f"short side {clip['short_side']}")
+    if clip.get("motion", "none") != "none":
+        words.append(f"motion {clip['motion']}")
+    return ", ".join(words)
+
+
+def set_title(identity: str, description: str) -> str:
+    """A set named in a message: its identity's first 16 hex digits (64 bits: enough to tell sets
+    apart, short enough to read) and what it holds."""
+    return f"shard set {identity[:16]} ({description})"
+
+
 def _http_refusal(url: str, error: Exception) -> CommandError:
     """The error for a manifest an HTTP server would not give, with the server's own words (fsspec's
     errors drop its body): asked again with the standard library's client and the same headers."""
     import urllib.error
     import urllib.request
-
-    from .http_range import _config_headers
 
     request = urllib.request.Request(url, headers=_config_headers(url.split(":", 1)[0]))
     try:

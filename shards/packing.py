@@ -34,15 +34,22 @@ def cut(sizes: list[int], max_bytes: int | None = None, max_samples: int | None 
     return out
 
 
-def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]]) -> ShardInfo:
-    """Write ``(key, label, sample_bytes)`` in order as one tar shard, atomically.
+def shard_bytes(sample_sizes: Iterable[int]) -> int:
+    """The size of a shard of samples of these sizes, its end-of-archive blocks included."""
+    n = sum(sample_sizes)
+    return n + len(tarformat.end_of_archive(n))
+
+
+def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]], size: int | None = None) -> ShardInfo:
+    """Write ``(key, label, sample_bytes)`` in order as one tar shard, atomically (``size``, when
+    known: the shard's, for the message of a full disk).
 
     Returns the shard's manifest entry (``name`` is its path relative to the manifest).
     """
     info = ShardInfo(name=name, num_samples=0, bytes=0, sha256="")
     h = hashlib.sha256()
     pos = 0
-    with storage.AtomicWriter(url) as f:
+    with storage.AtomicWriter(url, size) as f:
         for key, label, data in samples:
             f.write(data)
             h.update(data)

@@ -8,7 +8,10 @@ a static HTML page (``--html DIR``).
 
 Clips are spread evenly over those of the split (of the given classes), so a sheet shows the
 whole split, not its first shard. Each clip is one byte-range read of its shard, from any URL
-the loader reads; frames go into the HTML page as the stored JPEG bytes, unchanged.
+the loader reads, checked against the manifest's digest as the trainer checks it; frames go into
+the HTML page as the stored JPEG bytes, unchanged. A clip whose bytes differ from the manifest is
+not drawn: its row says so in red (both digests), and the command ends with exit status 1 after
+writing the sheet (as ``shards verify`` does on a problem).
 """
 from __future__ import annotations
 
@@ -21,11 +24,15 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from . import storage
-from .clipindex import ClipIndex, frame_spans, read_clip
+from .clipindex import ClipIndex, frame_spans
+from .digests import ALGORITHM, CorruptSample
+from .errors import CommandError
 from .manifest import Manifest
+from .reading import iter_samples
 
 LABEL_WIDTH = 240  # pixels left of the frames for the label and key
 GAP = 4
+DAMAGED = (200, 0, 0)  # the colour a damaged clip's row is marked in
 
 
 def pick(index: ClipIndex, split: str, classes: list[str] | None, clips: int) -> list:
@@ -39,8 +46,12 @@ def pick(index: ClipIndex, split: str, classes: list[str] | None, clips: int) ->
     return [part.clip(int(positions[k])) for k in chosen]
 
 
-def read_frames(manifest: Manifest, clip) -> list[bytes]:
-    sample = read_clip(manifest, clip)
+def read_frames(manifest: Manifest, clip) -> list[bytes] | str:
+    """The clip's JPEG frames, or, for a clip whose bytes differ from the manifest's digest, why
+    it is not shown."""
+    ((_, sample),) = iter_samples(manifest.shard_url(clip.shard), clip.shard, clip.index, clip.index + 1, bad=True)
+    if isinstance(sample, CorruptSample):
+        return f"damaged: {ALGORITHM} digest {sample.found}, the manifest says {sample.expected}"
     return [sample[offset:offset + size] for offset, size in frame_spans(sample)]
 
 
@@ -60,17 +71,24 @@ def _fit(im: Image.Image, height: int) -> Image.Image:
     return im.resize(size, Image.Resampling.NEAREST if height >= im.height else Image.Resampling.BILINEAR)
 
 
-def sheet(rows: list[tuple[str, str, list[bytes]]], height: int) -> Image.Image:
-    """One row per (label, key, frames): the text, then the frames scaled to ``height`` pixels."""
-    decoded = [[Image.open(io.BytesIO(f)).convert("RGB") for f in frames] for _, _, frames in rows]
-    scaled = [[_fit(im, height) for im in ims] for ims in decoded]
-    width = LABEL_WIDTH + max((sum(im.width + GAP for im in ims) for ims in scaled), default=0)
+def sheet(rows: list[tuple[str, str, list[bytes] | str]], height: int) -> Image.Image:
+    """One row per (label, key, frames): the text, then the frames scaled to ``height`` pixels; a
+    damaged clip's row (frames: why it is not shown) is a red frame around that text instead."""
+    scaled = [[_fit(Image.open(io.BytesIO(f)).convert("RGB"), height) for f in frames] if isinstance(frames, list)
+              else [] for _, _, frames in rows]
+    width = LABEL_WIDTH + max([sum(im.width + GAP for im in ims) for ims in scaled] + [LABEL_WIDTH + GAP])
     out = Image.new("RGB", (width, max(1, len(rows)) * (height + GAP) + GAP), "white")
     draw, font = ImageDraw.Draw(out), ImageFont.load_default()
-    for r, ((label, key, _), ims) in enumerate(zip(rows, scaled)):
+    for r, ((label, key, frames), ims) in enumerate(zip(rows, scaled)):
         y = GAP + r * (height + GAP)
-        draw.text((GAP, y + 2), _drawable(label), fill="black", font=font)
-        draw.text((GAP, y + 18), _drawable(key), fill=(90, 90, 90), font=font)
+        damaged = isinstance(frames, str)
+        draw.text((GAP, y + 2), _drawable(label), fill=DAMAGED if damaged else "black", font=font)
+        draw.text((GAP, y + 18), _drawable(key), fill=DAMAGED if damaged else (90, 90, 90), font=font)
+        if damaged:  # the text cut to the box (about 6 pixels a character)
+            draw.rectangle((LABEL_WIDTH, y, width - GAP - 1, y + height - 1), fill=(255, 225, 225), outline=DAMAGED,
+                           width=3)
+            draw.text((LABEL_WIDTH + 8, y + 8), _drawable(frames, (width - LABEL_WIDTH - 16) // 6), fill=DAMAGED,
+                      font=font)
         x = LABEL_WIDTH
         for im in ims:
             out.paste(im, (x, y))
@@ -82,6 +100,10 @@ def write_html(directory: str, title: str, rows: list[tuple[str, str, list[bytes
     """``directory/index.html`` showing the rows, the frames beside it as ``frames/R_T.jpg``."""
     body = []
     for r, (label, key, frames) in enumerate(rows):
+        if isinstance(frames, str):  # damaged: why it is not shown
+            body.append(f'<tr class="damaged"><th>{html.escape(label)}<br><small>{html.escape(key)}</small></th>'
+                        f'<td>{html.escape(frames)}</td></tr>')
+            continue
         cells = []
         for t, data in enumerate(frames):
             storage.atomic_write(storage.join(directory, f"frames/{r:04d}_{t:02d}.jpg"), data)
@@ -90,7 +112,7 @@ def write_html(directory: str, title: str, rows: list[tuple[str, str, list[bytes
                     f'<td>{"".join(cells)}</td></tr>')
     page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             '<style>body{font-family:sans-serif}th{text-align:left;font-weight:normal;padding-right:1em}'
-            'td img{margin-right:4px}</style></head>\n'
+            'td img{margin-right:4px}tr.damaged{color:#c80000}tr.damaged td{border:3px solid #c80000}</style></head>\n'
             f'<body><h1>{html.escape(title)}</h1><table>\n' + "\n".join(body) + "\n</table></body></html>\n")
     url = storage.join(directory, "index.html")
     storage.atomic_write(url, page.encode())
@@ -130,4 +152,9 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         title = f"{os.path.basename(manifest.base.rstrip('/')) or manifest.base}: {args.split}"
         print(f"{write_html(args.html, title, rows, args.height)}: {len(rows)} clips of {args.split}")
+    damaged = [f"{c.shard.name} sample {c.key}" for c, (_, _, frames) in zip(clips, rows) if isinstance(frames, str)]
+    if damaged:
+        raise CommandError(f"{len(damaged)} of the {len(rows)} clips shown differ from the manifest's digests and are "
+                           f"marked damaged ({', '.join(damaged[:3])}{', ...' if len(damaged) > 3 else ''}); "
+                           f"shards verify {args.shardset} checks every clip")
     return 0

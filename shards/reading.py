@@ -22,8 +22,8 @@ from typing import BinaryIO, Iterator
 
 from fsspec.core import url_to_fs
 
-from .digests import CheckedSamples
-from .http_range import DEFAULT_RETRY, HTTPRange, RangeError, Retry
+from .digests import CheckedSamples, CorruptSample
+from .http_range import DEFAULT_RETRY, OUTAGE, WRONG, HTTPRange, Patience, RangeError, Retry
 from .storage import local_path, open_fd
 
 READ_BUFFER = 1 << 20  # bytes per read call on local files; tar parsing asks for 10 KiB at a time
@@ -61,7 +61,8 @@ class _PreadFile(io.RawIOBase):
 
 class _Chunked(io.RawIOBase):
     """Bytes [start, end) of an fsspec file, one ranged ``cat_file`` per chunk, each checked for
-    length and retried like HTTP ranges."""
+    length; a store that fails is waited for, and short answers asked again, as HTTP ranges are
+    (``shards.http_range.Patience``)."""
 
     def __init__(self, url: str, start: int, end: int, retry: Retry):
         self.url, self.pos, self.end, self.retry = url, start, end, retry
@@ -72,23 +73,23 @@ class _Chunked(io.RawIOBase):
         return True
 
     def _fetch(self) -> None:
+        patience = Patience(self.url, self.retry)
         want = min(OBJECT_CHUNK, self.end - self.pos)
-        for attempt in range(1, self.retry.attempts + 1):
+        while True:
             try:
                 data = self.fs.cat_file(self.path, start=self.pos, end=self.pos + want)
             except FileNotFoundError:
                 raise FileNotFoundError(f"{self.url}: not found") from None
-            except OSError as e:
-                problem = f"{type(e).__name__}: {e}"
-            else:
-                if len(data) == want:
-                    self.buf, self.at = data, 0
-                    return
-                problem = f"{len(data)} bytes, expected {want}"
-            if attempt < self.retry.attempts:
-                self.retry.sleep(attempt)
-        raise RangeError(f"{self.url}: bytes {self.pos}-{self.pos + want - 1}: {problem}; "
-                         f"gave up after {self.retry.attempts} attempts")
+            except PermissionError as e:
+                raise RangeError(f"{self.url}: {e}") from None
+            except OSError as e:  # the store's client gave up on a connection or an answer: wait for it
+                patience.failed(OUTAGE, f"{type(e).__name__}: {e}", f"bytes {self.pos}-{self.pos + want - 1}")
+                continue
+            patience.answered()
+            if len(data) == want:
+                self.buf, self.at = data, 0
+                return
+            patience.failed(WRONG, f"{len(data)} bytes, expected {want}", f"bytes {self.pos}-{self.pos + want - 1}")
 
     def readinto(self, buf) -> int:
         if self.pos >= self.end:
@@ -123,12 +124,13 @@ def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: i
 
 
 def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *,
-                 retry: Retry = DEFAULT_RETRY, stream: BinaryIO | None = None) -> BinaryIO:
+                 retry: Retry = DEFAULT_RETRY, stream: BinaryIO | None = None, replace=None) -> BinaryIO:
     """``open_range`` of bytes [start, end) of a shard (a manifest ``ShardInfo``) that begin and end
     at sample boundaries, every sample checked against the manifest's digest (format /2 manifests;
     older ones have none, and their ranges are read unchecked). ``stream``: those bytes already
     opened elsewhere (a node-cache copy, a read-ahead); a sample that fails its check is still read
-    again from ``url``, the source."""
+    again from ``url``, the source. ``replace``: what a sample that fails twice is read as, instead
+    of raising (``CheckedSamples``)."""
     opener = lambda a, b: open_range(url, a, b, fd, size=shard.bytes, sha256=shard.sha256, retry=retry)  # noqa: E731
     if not shard.digests:
         return stream if stream is not None else opener(start, end)
@@ -136,7 +138,7 @@ def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *
     last = bisect.bisect_left(shard.offsets, end) - 1
     if first > last or shard.offsets[first] != start or shard.offsets[last] + shard.lengths[last] != end:
         raise ValueError(f"{url}: bytes {start}-{end - 1} are not whole samples of {shard.name}")
-    return io.BufferedReader(CheckedSamples(url, shard, first, last, opener, stream), READ_BUFFER)
+    return io.BufferedReader(CheckedSamples(url, shard, first, last, opener, stream, replace), READ_BUFFER)
 
 
 class _Ahead(io.RawIOBase):
@@ -181,7 +183,7 @@ class _Ahead(io.RawIOBase):
         super().close()
 
 
-def read_ahead(reads: list[tuple], max_bytes: int) -> Iterator[BinaryIO]:
+def read_ahead(reads: list[tuple], max_bytes: int, retry: Retry = DEFAULT_RETRY) -> Iterator[BinaryIO]:
     """Each (url, start, end, size, sha256) range as a stream, in order, its bytes read by a
     background thread up to ``max_bytes`` ahead of the reader, across range boundaries (the next
     range is asked for while the last is still being consumed). A stream must be read to its end
@@ -201,7 +203,7 @@ def read_ahead(reads: list[tuple], max_bytes: int) -> Iterator[BinaryIO]:
     def reader():
         try:
             for url, start, end, size, sha256 in reads:
-                with open_range(url, start, end, size=size, sha256=sha256) as f:
+                with open_range(url, start, end, size=size, sha256=sha256, retry=retry) as f:
                     while chunk := f.read(READ_BUFFER):
                         if not put(chunk):
                             return
@@ -225,17 +227,25 @@ def read_range(url: str, start: int, end: int) -> bytes:
         return f.read()
 
 
-def iter_samples(url: str, shard, start: int, stop: int):
+def iter_samples(url: str, shard, start: int, stop: int, bad: bool = False):
     """Samples [start, stop) of a shard (a manifest ``ShardInfo``) as (index, tar bytes), read
-    sequentially through one open of their byte range."""
+    sequentially through one open of their byte range, each checked against the manifest's digest:
+    one that differs raises its ``CorruptSample``, or with ``bad`` comes as (index, that
+    ``CorruptSample``) and the reading goes on."""
     if start >= stop:
         return
-    pos = shard.offsets[start]
-    with open_samples(url, shard, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1]) as f:
+    pos, found = shard.offsets[start], {}
+
+    def note(error: CorruptSample) -> bytes:  # the bad sample's place kept, its bytes never handed on
+        found[error.index] = error
+        return bytes(shard.lengths[error.index])
+
+    with open_samples(url, shard, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1],
+                      replace=note if bad else None) as f:
         for i in range(start, stop):
             f.read(shard.offsets[i] - pos)  # a gap between samples; empty in shards we write
             data = f.read(shard.lengths[i])
             if len(data) < shard.lengths[i]:
                 raise EOFError(f"{url}: ends inside sample {shard.keys[i]}")
             pos = shard.offsets[i] + shard.lengths[i]
-            yield i, data
+            yield i, found.pop(i, data)

@@ -23,7 +23,7 @@ from fsspec.core import url_to_fs
 
 from . import packing, storage
 from .commands import byte_size, positive_int
-from .errors import UsageError
+from .errors import NoSpace, UsageError
 from .manifest import CLASSES_NAME, LEDGER_NAME, Manifest, ShardInfo, SplitInfo, digest
 from .verify import check_shard
 
@@ -110,9 +110,11 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                 lost = sum(dropped.get(s.name, 0) for s in split.shards)
                 splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost)
                 log.info("%s: %d samples in %d shards -> %d shards", name, len(sizes), len(sources), len(parts))
-    except BadShard:  # a refused reshard leaves nothing behind (the destination was empty)
+    except (BadShard, NoSpace) as refused:  # a refused reshard leaves nothing behind (the destination was empty)
         for entry in fs.ls(root, detail=False) if fs.exists(root) else []:
             fs.rm(entry, recursive=True)
+        if isinstance(refused, NoSpace):
+            raise NoSpace(f"{refused}; nothing is left in {dst}, the same command with room starts afresh") from None
         raise
     layout = {"shard_bytes": shard_bytes, "shard_samples": shard_samples, "num_shards": num_shards}
     done = layout | ({"dropped": dropped} if dropped else {})

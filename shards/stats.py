@@ -7,6 +7,10 @@ no frame is decoded. A set with motion fields (``shards.motionfield``) has the p
 fields decoded for their magnitude statistics: the share of valid cells, and over those the
 mean, median and 95th percentile of the motion's length in pixels per frame and the share
 clipped at the quantisation bound.
+
+Every clip read is checked against the manifest's digest, as the trainer checks it
+(``shards.digests``): one that differs is left out of the figures and named, and the command
+ends with exit status 1 after printing them (as ``shards verify`` does on a problem).
 """
 from __future__ import annotations
 
@@ -20,22 +24,25 @@ import numpy as np
 from PIL import Image
 
 from . import motionfield, tarformat
+from .digests import ALGORITHM, CorruptSample
+from .errors import CommandError
 from .manifest import Manifest, SplitInfo
-from .reading import iter_samples, read_range
+from .reading import iter_samples
 
 
 def _probe_samples(manifest: Manifest, split: SplitInfo, probe: int):
-    """Tar bytes of the probed samples of a split."""
+    """Tar bytes of the probed samples of a split, checked: a bad one comes as its ``CorruptSample``."""
     if probe == 0:
         for shard in split.shards:
-            for _, data in iter_samples(manifest.shard_url(shard), shard, 0, shard.num_samples):
+            for _, data in iter_samples(manifest.shard_url(shard), shard, 0, shard.num_samples, bad=True):
                 yield data
         return
     starts = np.cumsum([0] + [s.num_samples for s in split.shards])
     for g in np.unique(np.linspace(0, split.num_samples - 1, min(probe, split.num_samples)).astype(int)):
         k = int(np.searchsorted(starts, g, side="right")) - 1
         shard, i = split.shards[k], int(g - starts[k])
-        yield read_range(manifest.shard_url(shard), shard.offsets[i], shard.offsets[i] + shard.lengths[i])
+        for _, data in iter_samples(manifest.shard_url(shard), shard, i, i + 1, bad=True):
+            yield data
 
 
 def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
@@ -43,9 +50,12 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
     labels = Counter(label for s in split.shards for label in s.labels)
     sizes = [s.bytes for s in split.shards] or [0]
     frames, frame_sizes, frame_bytes, probed = Counter(), Counter(), [], 0
-    lengths, cells, clipped = [], 0, 0
+    lengths, cells, clipped, bad = [], 0, 0, []
     for data in _probe_samples(manifest, split, probe):
         probed += 1
+        if isinstance(data, CorruptSample):
+            bad.append({k: getattr(data, k) for k in ("shard", "key", "expected", "found")})
+            continue
         members = tarformat.read_members(data)
         jpgs = [v for n, v in members if n.endswith(".jpg")]
         for n, v in members:
@@ -66,6 +76,7 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
         "shard_bytes": {"min": min(sizes), "median": statistics.median(sizes), "max": max(sizes)},
         "classes": {manifest.classes[c] if c >= 0 else "(unlabeled)": n for c, n in sorted(labels.items())},
         "probed_clips": probed,
+        "bad_samples": bad,
         "frames_per_clip": dict(sorted(frames.items())),
         "frame_sizes": dict(frame_sizes.most_common()),
         "bytes_per_frame": statistics.mean(frame_bytes) if frame_bytes else None,
@@ -83,7 +94,7 @@ def _motion_stats(kind: str, lengths: list[np.ndarray], cells: int, clipped: int
 
 
 def collect(manifest: Manifest, probe: int = 64, splits: list[str] | None = None) -> dict:
-    return {"classes": len(manifest.classes), "fingerprint": manifest.fingerprint,
+    return {"classes": len(manifest.classes), "identity": manifest.identity, "fingerprint": manifest.fingerprint,
             "splits": {n: split_stats(manifest, n, probe) for n in manifest.splits if not splits or n in splits}}
 
 
@@ -92,7 +103,7 @@ def _mb(n: float) -> str:
 
 
 def format_text(stats: dict) -> str:
-    lines = [f"{stats['classes']} classes, fingerprint {stats['fingerprint']}"]
+    lines = [f"shard set {stats['identity']}, {stats['classes']} classes, inputs' fingerprint {stats['fingerprint']}"]
     for name, s in stats["splits"].items():
         sb = s["shard_bytes"]
         lines.append(f"{name}: {s['clips']:,} clips in {s['shards']} shards, {_mb(s['bytes'])} "
@@ -106,6 +117,11 @@ def format_text(stats: dict) -> str:
                          + ", ".join(f"{k}: {v}" for k, v in s["frames_per_clip"].items())
                          + "; frame sizes " + ", ".join(f"{k}: {v}" for k, v in s["frame_sizes"].items())
                          + f"; {s['bytes_per_frame'] / 1e3:,.1f} kB/frame")
+        if s["bad_samples"]:
+            lines.append(f"  {len(s['bad_samples'])} of the {s['probed_clips']} clips read differ from the manifest's "
+                         "digests (left out of these figures):")
+            lines += [f"    {b['shard']}: sample {b['key']}: {ALGORITHM} digest {b['found']}, the manifest says "
+                      f"{b['expected']}" for b in s["bad_samples"]]
         if "mean" in s.get("motion", {}):
             mo = s["motion"]
             lines.append(f"  motion ({mo['kind']}): {mo['valid_fraction']:.0%} of cells valid; length mean "
@@ -124,4 +140,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     stats = collect(Manifest.load(args.shardset), args.probe, args.split)
     print(json.dumps(stats, sort_keys=True) if args.json else format_text(stats))
+    bad = [(name, b) for name, s in stats["splits"].items() for b in s["bad_samples"]]
+    if bad:
+        named = ", ".join(f"{b['shard']} sample {b['key']}" for _, b in bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise CommandError(f"{len(bad)} clip{'s' if len(bad) > 1 else ''} read differ{'' if len(bad) > 1 else 's'} "
+                           f"from the manifest's digests ({named}); shards verify {args.shardset} checks every clip")
     return 0

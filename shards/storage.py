@@ -1,15 +1,22 @@
 """fsspec helpers: URL joining, local paths, whole-file reads and atomic writes (temp name, then rename).
 
-The bottom layer of ``shards``: it imports nothing of the project, and no HTTP client
-(``shards.reading`` and ``shards.http_range`` build on it, not the other way round).
+The bottom layer of ``shards``: it imports nothing of the project but its vocabulary of refusals
+(``shards.errors``), and no HTTP client (``shards.reading`` and ``shards.http_range`` build on
+it, not the other way round). A write that fails, a full disk included, leaves no temporary file
+behind; a full disk is ``NoSpace``, one line naming the path and the bytes needed and free.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 import uuid
+from contextlib import contextmanager
 
 from fsspec.core import url_to_fs
+
+from .errors import NoSpace
 
 TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{8}$")  # the suffix of a file being written, before its rename
 
@@ -66,55 +73,109 @@ def makedirs(url: str) -> None:
     fs.makedirs(path, exist_ok=True)
 
 
-def atomic_write(url: str, data: bytes) -> None:
-    """Write ``data`` so that ``url`` is either absent, old, or complete: never partial."""
-    fs, path = url_to_fs(url)
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no room: the disk, a quota, RLIMIT_FSIZE
+
+
+def free_bytes(url: str) -> int | None:
+    """Bytes free to this process on the filesystem of a local ``url`` (its nearest existing
+    directory), None for a remote one."""
+    path = local_path(url)
+    if path is None:
+        return None
+    path = os.path.abspath(path)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+@contextmanager
+def room_for(url: str, needed: int, cleanup=lambda: None, *, error=NoSpace, advice: str = ""):
+    """Around a write of ``needed`` bytes to ``url``: whatever fails, ``cleanup`` runs first (removing
+    the temporary file, so the bytes free are counted without it); no room on the filesystem is
+    ``error`` (a ``NoSpace``), one line naming the path, the bytes needed and free, and ``advice``."""
+    try:
+        yield
+    except BaseException as e:
+        cleanup()
+        if not isinstance(e, OSError) or e.errno not in FULL:
+            raise
+        free = free_bytes(url)
+        raise error(f"{url}: {os.strerror(e.errno).lower()}: the write needs {needed:,} bytes"
+                    + (f", {free:,} are free" if free is not None else "") + (f"; {advice}" if advice else "")) from None
+
+
+def _make_parent(fs, path: str) -> None:
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
     if parent:
         fs.makedirs(parent, exist_ok=True)
+
+
+def _remove(fs, path: str) -> None:
+    try:
+        fs.rm(path)
+    except FileNotFoundError:
+        pass
+
+
+def atomic_write(url: str, data: bytes) -> None:
+    """Write ``data`` so that ``url`` is either absent, old, or complete: never partial, and no
+    temporary file left when the write fails."""
+    fs, path = url_to_fs(url)
     tmp = _temporary(path)
-    if is_local(url):
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    else:
-        with fs.open(tmp, "wb") as f:
-            f.write(data)
-        fs.mv(tmp, path)
+    with room_for(url, len(data), lambda: _remove(fs, tmp)):
+        _make_parent(fs, path)
+        if is_local(url):
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        else:
+            with fs.open(tmp, "wb") as f:
+                f.write(data)
+            fs.mv(tmp, path)
 
 
 class AtomicWriter:
-    """A file object for streaming writes that appears under its final name only on commit."""
+    """A file object for streaming writes that appears under its final name only on commit; a
+    failed write or commit (``NoSpace`` for no room: ``size``, when given, is the bytes it needs)
+    leaves nothing behind."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, size: int | None = None):
+        self.url, self.size, self.written = url, size, 0
         self.fs, self.path = url_to_fs(url)
-        parent = self.path.rsplit("/", 1)[0] if "/" in self.path else ""
-        if parent:
-            self.fs.makedirs(parent, exist_ok=True)
         self.tmp = _temporary(self.path)
-        self.f = self.fs.open(self.tmp, "wb")
+        with room_for(url, size or 0):
+            _make_parent(self.fs, self.path)
+            self.f = self.fs.open(self.tmp, "wb")
+
+    def _room(self, more: int = 0):
+        self.written += more
+        return room_for(self.url, max(self.size or 0, self.written), self.abort)
 
     def write(self, data: bytes) -> int:
-        return self.f.write(data)
+        with self._room(len(data)):
+            return self.f.write(data)
 
     def commit(self) -> None:
-        self.f.flush()
-        if hasattr(self.f, "fileno"):
-            try:
-                os.fsync(self.f.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
-        self.f.close()
-        self.fs.mv(self.tmp, self.path)
+        with self._room():
+            self.f.flush()
+            if hasattr(self.f, "fileno"):
+                try:
+                    os.fsync(self.f.fileno())
+                except (OSError, ValueError, AttributeError) as e:  # no descriptor, or none to sync
+                    if getattr(e, "errno", None) in FULL:
+                        raise
+            self.f.close()
+            self.fs.mv(self.tmp, self.path)
 
     def abort(self) -> None:
-        self.f.close()
         try:
-            self.fs.rm(self.tmp)
-        except FileNotFoundError:
-            pass
+            self.f.close()
+        except OSError:
+            pass  # the buffered bytes that did not fit: the failure being aborted
+        finally:
+            _remove(self.fs, self.tmp)
 
     def __enter__(self) -> "AtomicWriter":
         return self

@@ -12,7 +12,9 @@ The fault is set by the environment, so that it reaches every rank through horov
 * target ``self`` (this rank), ``group`` (its process group: the rank and its loader workers, as
   ``kill -TERM -PGID`` or Ctrl-C in a terminal), ``job`` (every process of the horovodrun job:
   horovodrun, its helpers, every rank and every loader worker, as Slurm's ``scancel`` and time
-  limit signal every process of a job), ``launcher`` (horovodrun alone).
+  limit signal every process of a job), ``launcher`` (horovodrun alone), ``terminal`` (horovodrun's
+  process group: what Ctrl-C in the terminal that started it reaches; Horovod's helpers start
+  sessions of their own, so the ranks are not in it).
 
 ``EXIT_LOG=<prefix>``: each rank appends ``{"exit": code}`` to ``<prefix>.rank<r>.jsonl`` when the
 trainer returns (horovodrun reports a rank's helper's code, not the rank's). The clips of every
@@ -55,6 +57,8 @@ def send(signum: int, target: str) -> None:
         pids = [f"-{os.getpgrp()}"]  # the kill process is in the group too, and dies of it once sent
     elif target == "launcher":
         pids = [str(launcher().pid)]
+    elif target == "terminal":
+        pids = [f"-{os.getpgid(launcher().pid)}"]
     elif target == "job":
         top = launcher()
         pids = [str(p.pid) for p in [top, *top.children(recursive=True)]]

@@ -3,10 +3,11 @@
 ``MODULE:QUALNAME`` (a function, or a method as ``Class.method``) runs, then the calling thread
 writes ``held`` to the file descriptor ``HOLD_FD`` names and blocks: for good, or, where
 ``RELEASE_FD`` names a descriptor too, until a line or the end of file can be read from it (then
-it goes on). The
+it goes on); a signal's handler may still raise there (Ctrl-C reaches a held process). The
 process's other threads go on (a build keeps heartbeating its lease), so a test reads that line
 (EOF instead if the process died first) and then acts on a run stopped exactly there, with no
-race against the clock: kill it, freeze it, start a rival, take a node away and let it go on.
+race against the clock: kill it, interrupt it, freeze it, start a rival, take a node away and let
+it go on.
 ``HOLD_FD``: the write end of a pipe the test passed (``pass_fds``); ``RELEASE_FD``: the read end
 of another.
 

@@ -90,6 +90,26 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     return m
 
 
+def corrupt_sample(directory, split: str = "train", shard: int = 0, sample: int = 2, at: int = 3000,
+                   nbytes: int = 1, mask: int = 0x10, keep_mtime: bool = True):
+    """Flip ``nbytes`` bytes (XOR ``mask``) ``at`` bytes into sample ``sample`` of shard ``shard`` of
+    ``split``, in place (same size); with ``keep_mtime`` as bit rot would (the modification time
+    unchanged). Returns the shard's ``ShardInfo`` (its ``keys[sample]`` is the damaged sample's)."""
+    info = Manifest.load(str(directory)).splits[split].shards[shard]
+    path = os.path.join(str(directory), info.name)
+    st = os.stat(path)
+    start = info.offsets[sample] + at
+    assert at + nbytes <= info.lengths[sample], "the bytes to flip must lie inside the sample"
+    with open(path, "r+b") as f:
+        f.seek(start)
+        data = f.read(nbytes)
+        f.seek(start)
+        f.write(bytes(b ^ mask for b in data))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return info
+
+
 class RangeHandler(SimpleHTTPRequestHandler):
     """Static files with single byte-range support (``Range: bytes=a-b``); records (method, path)."""
 
@@ -141,14 +161,14 @@ def serve(directory: str, gate=None):
 def register(catalog, directory: str, name: str, dataset_id: str | None = None):
     """Record an existing shard set as ready in a catalog (as a finished build would); returns the record."""
     from ingest.registry import describe_set
-    from shards.verify import stamps
+    from shards.verify import set_file_stamps, stamps
 
     dataset_id = dataset_id or digest(directory) * 4
     claim = catalog.claim(dataset_id, source="tests", location=directory, options={"splits": ["train", "val"]},
                           name=name, strict_name=True)
     splits, files, sha = describe_set(directory)
     catalog.finish(dataset_id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="tests",
-                   verified_files=stamps(Manifest.load(directory)))
+                   verified_files={**stamps(Manifest.load(directory)), **set_file_stamps(directory, files)})
     return catalog.get(dataset_id)
 
 

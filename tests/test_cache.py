@@ -20,11 +20,11 @@ import fsspec
 import pytest
 
 from shards.cache import ENV_BUDGET, CacheFull, Piece, ShardCache
-from shards.http_range import HTTPRange, RangeError, Retry, range_problem
+from shards.errors import DataFault
+from shards.http_range import HTTPRange, RangeError, Retry, ShardChanged, integrity_problem, range_problem
 from shards.reading import open_range
-from shardsets import make_shardset
 
-FAST = Retry(attempts=3, backoff=0.01)
+FAST = Retry(attempts=3, backoff=0.01, deadline=1.0)
 SIZE = 300_000
 BLOB = bytes(range(256)) * (SIZE // 256) + bytes(SIZE % 256)
 SHA = hashlib.sha256(BLOB).hexdigest()
@@ -126,7 +126,7 @@ class Waits(Retry):
     """A retry policy that records the waits asked of it instead of sleeping."""
 
     def __init__(self):
-        super().__init__(attempts=3, backoff=0.01)
+        super().__init__(attempts=3, backoff=0.01, deadline=60.0)
         object.__setattr__(self, "waits", [])
 
     def wait(self, seconds):
@@ -177,21 +177,42 @@ GOOD = {"Content-Range": "bytes 10-19/100", "Content-Length": "10", "ETag": f'"{
     (206, {"Content-Range": "bytes 10-19/101"}, "total size 101"),
     (206, {"Content-Range": "bytes 10-19/*"}, "total size *"),
     (206, {"Content-Length": "11"}, "Content-Length 11"),
-    (206, {"ETag": f'"{"0" * 64}"'}, "differs from the manifest"),
 ])
 def test_range_problem_table(status, change, problem):
     headers = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
-    found = range_problem(status, headers, 10, 20, size=100, sha256=SHA)
+    found = range_problem(status, headers, 10, 20, size=100)
     assert (found is None) if problem is None else (problem in found)
 
 
-@pytest.mark.parametrize("mode", ["full", "short", "total", "etag"])
+@pytest.mark.parametrize("status, etag, changed", [
+    (206, SHA, False), (200, SHA, False),
+    (206, "0" * 64, True), (200, "0" * 64, True),  # another file's SHA-256, for a range or the whole file
+    (206, "d41d8cd98f00b204e9800998ecf8427e", False),  # an ETag of another kind (an object store's) is not ours to judge
+    (503, "0" * 64, False),  # no answer of the file: retried as any 5xx
+])
+def test_integrity_problem_table(status, etag, changed):
+    assert (integrity_problem(status, {"ETag": f'"{etag}"'}, SHA) is not None) == changed
+
+
+@pytest.mark.parametrize("mode", ["full", "total"])
 def test_client_rejects_a_server_answering_ranges_wrongly(mode):
     with misbehaving(mode) as (srv, url):
         with pytest.raises(RangeError) as err:
             open_range(f"{url}/blob.tar", 1000, 5000, size=SIZE, sha256=SHA, retry=FAST).read()
         assert f"{url}/blob.tar: bytes 1000-4999, at byte" in str(err.value) and "after 3 attempts" in str(err.value)
         assert srv.counts["/blob.tar"] == 3
+
+
+def test_another_files_etag_is_an_integrity_failure_at_once_never_retried():
+    """Before: the same wrong ETag asked for 5 times (about 4 s), then a RangeError: a deterministic answer
+    retried as if it were transient."""
+    with misbehaving("etag") as (srv, url):
+        with pytest.raises(ShardChanged) as err:
+            open_range(f"{url}/blob.tar", 1000, 5000, size=SIZE, sha256=SHA, retry=FAST).read()
+    assert srv.counts["/blob.tar"] == 1  # one request
+    assert isinstance(err.value, DataFault) and isinstance(err.value, RangeError)
+    assert str(err.value) == (f"{url}/blob.tar: the server's ETag {'0' * 64} differs from the manifest's SHA-256 "
+                              f"{SHA}: the file changed or is damaged (shards verify names the samples); not retried")
 
 
 def test_client_retries_a_failed_answer_and_resumes_a_broken_body():
@@ -384,10 +405,14 @@ def test_a_killed_download_is_never_visible_and_a_waiter_takes_over(tmp_path):
 
 
 def test_a_damaged_download_is_never_visible(tmp_path):
+    """A copy whose SHA-256 is not the manifest's is an integrity failure (one line, a DataFault;
+    before: a bare OSError, a traceback in the trainer), not kept and not downloaded again."""
     cache = ShardCache(str(tmp_path), retry=FAST)
     with misbehaving("corrupt") as (srv, url):
-        with pytest.raises(OSError, match="sha256"):
+        with pytest.raises(ShardChanged, match=f"^{url}/blob.tar: the copy downloaded has SHA-256 [0-9a-f]{{64}}, "
+                                               f"the manifest says {SHA}: the file changed or is damaged"):
             cache.fetch(f"{url}/blob.tar", SHA, SIZE)
+        assert srv.counts["/blob.tar"] == 1
     assert not os.path.exists(cache.path(SHA)) and leftovers(tmp_path) == []
 
 

@@ -14,6 +14,7 @@ from PIL import Image
 from shards import partition as P
 from shards.manifest import Manifest
 from shards.cache import ShardCache
+from shards.http_range import ShardChanged
 from shards.reading import read_range
 from shardsets import frame_colour, make_shardset, serve
 from trainer.data.loader import ClipLoader, shared_manifest
@@ -174,7 +175,7 @@ def test_cache_refuses_a_corrupt_copy(shardset, tmp_path):
     data[700] ^= 1
     path.write_bytes(bytes(data))
     cache = ShardCache(str(tmp_path / "cache"))
-    with pytest.raises(OSError, match="sha256"):
+    with pytest.raises(ShardChanged, match="the copy downloaded has SHA-256 [0-9a-f]{64}, the manifest says"):
         cache.fetch(m.shard_url(shard), shard.sha256, shard.bytes)
     assert not os.path.exists(cache.path(shard.sha256))
 

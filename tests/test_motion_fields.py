@@ -114,6 +114,27 @@ def test_mv_fields_give_the_translation_for_p_and_b_frames(request, video, frame
     assert seen == {"P", "B"}, f"picture types checked: {seen}"
 
 
+@pytest.mark.parametrize("x264", ["bframes=2:b-adapt=0:b-pyramid=none:ref=1", "bframes=3:b-adapt=0:b-pyramid=normal:ref=1"])
+def test_an_elementary_stream_decoded_twice_gets_the_fields_its_mp4_gets(tmp_path, x264):
+    """A ``.h264`` elementary stream has no timestamps: the decoder decodes it twice, and the frames'
+    display order comes from the packets' decode indices stamped as their pts. The very same
+    bitstream in an MP4 is decoded from its packet index: the fields must be the same, byte for
+    byte, and as valid (before: the two-pass fields were all invalid, silently)."""
+    mp4 = _translated(tmp_path / "slide.mp4", x264)
+    raw = _translated(tmp_path / "slide.h264", x264, vcodec="libx264", crf=12, f="h264", **{"x264-params": x264})
+    found = pyav_decoder.decode_frames(str(raw), lambda n: [0], deadline=Deadline(60))
+    assert found.counted_by == "decoded", "the elementary stream takes the two-pass path"
+    stored, indices = _fields(mp4, "mv", frames=12)
+    raw_stored, raw_indices = _fields(raw, "mv", frames=12)
+    assert raw_indices == indices
+    types = _picture_types(raw)
+    for i in indices:
+        (field, valid), (raw_field, raw_valid) = stored[i], raw_stored[i]
+        assert np.array_equal(raw_valid, valid) and np.array_equal(raw_field, field), f"frame {i} ({types[i]})"
+        if types[i] != "I":
+            assert valid[INTERIOR].mean() > 0.9, f"frame {i} ({types[i]}): {valid[INTERIOR].mean():.0%} valid"
+
+
 def test_xvid_b_frames_take_their_references_motion(xvid):
     """Every B-frame of the Xvid clip, the one before an intra frame included (whose future
     reference has no vectors: it takes its past one's), read with PyAV here: the codec's own

@@ -3,7 +3,7 @@
 A table of mistakes, each run as the console command a user types (a subprocess, all of them
 started at once by one module fixture: most fail before any work). Each must exit with its
 documented status (2: the command line asks for something that cannot be done; 1: the work
-could not go on), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
+could not go on; 75: a source that stayed unreachable, try again later), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
 reason, and no traceback anywhere. The commands that destroyed work silently get their own tests
 below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
 into an old set, ``shard-service`` creating a catalog on a typo, training again into an earlier
@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from ingest import registry
+from ingest.clips import ClipConfig
 from shards.catalog import Catalog
-from shardsets import ServiceProcess, make_shardset, register
+from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
 import media
 
@@ -74,6 +78,12 @@ CASES = [
     ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir {root}/run-cache "
      "--backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
      {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
+    ("source-deadline-negative", "trainer train --data {set} --source-deadline -1", {}, 2,
+     ["--source-deadline", "-1", "range"]),
+    ("source-deadline-unreadable", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "10m"}, 2,
+     ["$SHARD_SOURCE_DEADLINE='10m'", "seconds"]),
+    ("source-down", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "1"}, 75,
+     ["127.0.0.1:{port}/set/manifest.json", "no answer for", "past the source deadline of 1 s", "Connect"]),
     ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
      ["--output-dir", "earlier", "--resume", "--overwrite"]),
     ("ema-with-k-step-averaging", "trainer train --data {set} --output-dir {root}/run-ema --backend none --depth 10 "
@@ -85,6 +95,40 @@ CASES = [
      ["--decode-on-device", "needs torchvision"]),
     ("horovod-not-installed", "trainer train --data {set} --output-dir {root}/run-hvd --depth 10",
      {"PYTHONPATH": "{missing}:{pythonpath}"}, 2, ["--backend horovod", "cannot import horovod", "--backend none"]),
+    ("bad-sample-stops-training", "trainer train --data {rotten} --output-dir {root}/run-rotten --backend none "
+     "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1", {}, 1,
+     ["{rotten}/train/train-00000", ": shard train/train-00000", ", sample train_v000", ": xxh3-64 digest ",
+      ", the manifest says ", "(read twice)"]),
+    ("bad-samples-over-the-budget", "trainer train --data {rotten} --output-dir {root}/run-budget --backend none "
+     "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1 --max-bad-samples 1", {}, 1,
+     ["2 samples of train in epoch 1 differ from the manifest's digests", "more than --max-bad-samples 1",
+      "(read twice)", "{root}/run-budget/bad-samples.jsonl"]),
+    ("max-bad-samples-not-a-count", "trainer train --data {set} --max-bad-samples lots", {}, 2,
+     ["--max-bad-samples", "'lots'", "a count (3) or a share in percent (0.5%)"]),
+    ("stats-of-damaged-clips", "shards stats {rotten} --probe 0", {}, 1,
+     ["2 clips read differ from the manifest's digests", "train/train-000000.tar sample train_v0000_c01",
+      "train/train-000001.tar sample train_v0001_c01", "shards verify {rotten}"]),
+    ("preview-of-damaged-clips", "shards preview {rotten} --clips 6 --out {root}/rotten.png", {}, 1,
+     ["2 of the 6 clips shown differ", "marked damaged", "train/train-000000.tar sample train_v0000_c01"]),
+    ("resume-a-truncated-checkpoint", "trainer train --data {set} --output-dir {damaged} --resume --backend none "
+     "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 1,
+     ["--resume refused", "damaged/checkpoint.pt", "does not load: truncated or corrupt", "--overwrite"]),
+    ("reshard-onto-a-full-disk", "shards reshard {set} {full}/new --num-shards 2", {}, 1,
+     ["full/new/", "no space left on device", "the write needs", "are free", "nothing is left"]),
+    # a set is one thing, with one identity (docs/faults.md)
+    ("build-over-other-options", "ingest build --src {vids} --out {set} --frames 4", {}, 2,
+     ["--out {set} holds a shard set built with other options", "--frames 8, now 4", "--force replaces it"]),
+    ("resume-on-another-set", "trainer train --data {set} --output-dir {v0run} --resume --backend none --depth 10 "
+     "--width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 2,
+     ["--resume refused", "v0run/checkpoint.pt was trained on a shard set whose inputs' fingerprint is",
+      "but --data is shard set", "(6 train + 3 val clips, 8 frames) at {set}"]),
+    ("build-of-a-changed-set", "ingest build --src {vids} --out {changed} --catalog {catalog} --frames 2 "
+     "--short-side 16 --shard-samples 4", {}, 1,
+     ["(changed) is changed", "{changed}/manifest.json changed since the set was registered", "--force rebuilds it"]),
+    ("read-a-damaged-set", "shards stats {url}/v1/datasets/worn", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 1,
+     ["/v1/datasets/worn", "HTTP 409", "(worn) is damaged", "shard-service verify", "Prefer: handling=lenient"]),
+    ("show-a-replaced-set", "shard-service show gone --catalog {catalog}", {}, 2,
+     ["(gone) is replaced", "a build without a catalog was forced into", "--force"]),
 ]
 
 
@@ -94,6 +138,9 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("newcomer")
     make_shardset(str(root / "set"), {"train": 6, "val": 3}, per_shard=3)
     make_shardset(str(root / "old"), {"train": 12}, per_shard=2)  # an earlier set, 6 shards
+    make_shardset(str(root / "rotten"), {"train": 6, "val": 3}, per_shard=3)  # two training samples damaged:
+    corrupt_sample(root / "rotten", "train", 0, 1, nbytes=40, mask=0xFF)  # clip 1, train_v0000_c01
+    corrupt_sample(root / "rotten", "train", 1, 0, nbytes=40, mask=0xFF)  # clip 3, train_v0001_c01
     (root / "empty").mkdir()
     (root / "flat").mkdir()
     (root / "vids" / "train" / "a").mkdir(parents=True)
@@ -106,16 +153,37 @@ def world(tmp_path_factory):
     (root / "earlier").mkdir()  # an earlier run's output directory
     for name in ("checkpoint.pt", "metrics.jsonl"):
         (root / "earlier" / name).write_text(f"the earlier run's {name}")
+    (root / "damaged").mkdir()  # a run whose checkpoint was cut short after it was written
+    (root / "damaged" / "checkpoint.pt").write_bytes((Path(FIXTURE) / "checkpoint.pt").read_bytes()[:30000])
+    (root / "full").mkdir()  # a disk with room for no shard
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(root / "full")], check=True)
     cat = Catalog(str(root / "catalog.sqlite"))
     register(cat, str(root / "set"), "tiny")
+    shutil.copytree(FIXTURE, root / "v0run", ignore=shutil.ignore_patterns("data"))  # a run on another set
+    for name in ("worn", "gone"):
+        make_shardset(str(root / name), {"train": 3}, per_shard=3)
+    worn = register(cat, str(root / "worn"), "worn", dataset_id="cd" * 32)
+    cat.record_verify(worn.id, 1, "train/train-000000.tar: SHA-256 differs from the manifest", worn.verified_files)
+    register(cat, str(root / "gone"), "gone", dataset_id="ce" * 32)
+    cat.replace_at(str(root / "gone"), force=True)  # as `ingest build --force` into it does
+    make_shardset(str(root / "changed"), {"train": 2}, per_shard=2)  # registered as the build below asks for it
+    register(cat, str(root / "changed"), "changed", dataset_id=registry.plan(
+        str(root / "vids"), ClipConfig(frames=2, short_side=16), shard_samples=4).id)
+    shutil.copy(root / "old" / "manifest.json", root / "changed" / "manifest.json")  # then rebuilt behind its back
     (root / "tokens").write_text(TOKEN + "\n")
-    server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
-    server.start()
-    yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
-           "old": str(root / "old"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url, "port": _free_port(),
-           "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}), "missing": str(root / "missing"),
-           "pythonpath": os.environ.get("PYTHONPATH", "")}
-    server.kill(15)
+    try:
+        server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
+        server.start()
+        yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
+               "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url,
+               "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
+               "damaged": str(root / "damaged"), "full": str(root / "full"),
+               "v0run": str(root / "v0run"), "changed": str(root / "changed"),
+               "set_manifest": (root / "set" / "manifest.json").read_bytes(),
+               "missing": str(root / "missing"), "pythonpath": os.environ.get("PYTHONPATH", "")}
+        server.kill(15)
+    finally:
+        subprocess.run(["umount", "-l", str(root / "full")], check=True)
 
 
 ANSWER_S = 300  # a trainer's refusal (import torch, start Horovod, build the net, read the manifest) took
@@ -183,6 +251,14 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
         with open(os.path.join(world["earlier"], name)) as f:
             assert f.read() == f"the earlier run's {name}"
     assert not os.path.exists(os.path.join(root, "run"))
+    assert os.listdir(os.path.join(root, "full", "new")) == []  # no shard, whole or partial, nor a temporary
+    with open(os.path.join(root, "damaged", "checkpoint.pt"), "rb") as f:
+        assert len(f.read()) == 30000
+    with open(os.path.join(world["set"], "manifest.json"), "rb") as f:  # a build into it with other options
+        assert f.read() == world["set_manifest"]
+    assert sorted(os.listdir(world["v0run"])) == ["README.md", "checkpoint.pt", "expected.json", "metrics.jsonl"]
+    with open(os.path.join(world["v0run"], "checkpoint.pt"), "rb") as f, open(f"{FIXTURE}/checkpoint.pt", "rb") as g:
+        assert f.read() == g.read()  # a resume onto another set
 
 
 def test_reshard_into_an_old_set_is_refused_and_leaves_it_whole(world, tmp_path):

@@ -1,9 +1,10 @@
-"""shards verify, stats and reshard on real shard sets."""
+"""shards verify, stats, preview and reshard on real shard sets."""
 import json
 import os
 import shutil
 
 import pytest
+from PIL import Image
 
 from shards.cli import main
 from shards.manifest import Manifest, SplitInfo
@@ -12,7 +13,8 @@ from shards.reshard import BadShard, reshard
 from shards.stats import collect
 from shards.tarformat import RECORD, sample_bytes
 from shards.verify import verify
-from shardsets import jpeg, make_shardset, serve
+from shards.preview import DAMAGED, GAP, LABEL_WIDTH
+from shardsets import corrupt_sample, frame_colour, jpeg, make_shardset, serve
 
 TRAIN, TEST = 23, 7
 
@@ -115,6 +117,46 @@ def test_stats_counts_from_manifest_and_probed_clips(pristine, capsys):
     assert "train: 23 clips in 5 shards" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("probe", [0, TRAIN])
+def test_stats_checks_every_clip_it_reads_against_its_digest_and_names_the_bad_ones(shardset, probe, capsys):
+    """Before: a damaged clip was read unchecked and counted, exit 0 (docs/service.md said stats reads
+    through the digest-checked path)."""
+    shard = corrupt_sample(shardset, "train", 1, keep_mtime=True)
+    key = shard.keys[2]
+    assert main(["stats", shardset, "--probe", str(probe)]) == 1
+    out, err = capsys.readouterr()
+    assert [line for line in err.splitlines()] == [
+        f"shards stats: error: 1 clip read differs from the manifest's digests ({shard.name} sample {key}); "
+        f"shards verify {shardset} checks every clip"]
+    assert "1 of the 23 clips read differ from the manifest's digests (left out of these figures):" in out
+    assert f"    {shard.name}: sample {key}: xxh3-64 digest " in out and f"the manifest says {shard.digests[2]}" in out
+    assert "from 23 clips read: frames per clip 8: 22;" in out  # the damaged clip is in no figure
+    assert main(["stats", shardset, "--probe", str(probe), "--json"]) == 1
+    (bad,) = json.loads(capsys.readouterr().out)["splits"]["train"]["bad_samples"]
+    assert (bad["shard"], bad["key"], bad["expected"]) == (shard.name, key, shard.digests[2]) != bad["found"]
+
+
+def test_preview_marks_a_damaged_clip_and_exits_1_after_drawing_the_sheet(shardset, tmp_path, capsys):
+    """Before: the damaged clip's frames were drawn as a grey block, exit 0."""
+    shard = corrupt_sample(shardset, "train", 1, keep_mtime=True)  # clip 7 of the split
+    out, page = tmp_path / "sheet.png", tmp_path / "page"
+    assert main(["preview", shardset, "--clips", str(TRAIN), "--height", "48", "--out", str(out),
+                 "--html", str(page)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"shards preview: error: 1 of the 23 clips shown differ from the manifest's digests and are marked "
+                   f"damaged ({shard.name} sample {shard.keys[2]}); shards verify {shardset} checks every clip"]
+    sheet = Image.open(out).convert("RGB")
+    for row in (6, 7, 8):  # the frames' centres: the clip's colours, and for the damaged clip none of them
+        pixels = [sheet.getpixel((LABEL_WIDTH + t * (64 + GAP) + 32, GAP + row * (48 + GAP) + 24)) for t in range(8)]
+        if row != 7:
+            assert all(max(abs(a - b) for a, b in zip(p, frame_colour(row, t))) <= 6 for t, p in enumerate(pixels))
+        else:
+            assert len(set(pixels)) == 1 and sheet.getpixel((LABEL_WIDTH + 1, GAP + row * (48 + GAP) + 24)) == DAMAGED
+    html = (page / "index.html").read_text()
+    assert f'<tr class="damaged"><th>class1<br><small>{shard.keys[2]}</small></th><td>damaged: xxh3-64 digest ' in html
+    assert f"the manifest says {shard.digests[2]}</td></tr>" in html and html.count("<img") == 8 * (TRAIN - 1)
+
+
 def sample_table(d):
     m = Manifest.load(d)
     out = {}
@@ -162,11 +204,7 @@ def test_verify_and_reshard_over_http(pristine, tmp_path):
 
 
 def flip_a_jpeg_byte(d, split="train", k=1):
-    _, shard, path = shard_path(d, split, k)
-    data = bytearray(open(path, "rb").read())
-    data[shard.offsets[2] + 3000] ^= 0x10  # inside a JPEG of the third sample: only the hash sees it
-    open(path, "wb").write(data)
-    return shard
+    return corrupt_sample(d, split, k, keep_mtime=False)  # inside a JPEG of the third sample: only the hash sees it
 
 
 def test_reshard_refuses_a_damaged_source_naming_the_shard(shardset, tmp_path, capsys):

@@ -16,6 +16,7 @@ import random
 import torch
 
 from shards import storage
+from shards.errors import CommandError, NoSpace
 
 from .config import TrainConfig, of_checkpoint
 
@@ -26,8 +27,9 @@ MODEL_FIELDS = ("shift", "segments", "shift_div", "depth", "width", "num_classes
 # sequence it saved would not fit (docs/faults.md); (concern, field)
 REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
-# (the shard set itself is checked by its fingerprint)
+# (the shard set itself is checked by its identity, ``shards.manifest``)
 INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("data", "lookahead"),
+         ("data", "source_deadline"),
          ("system", "backend"),
          ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"), ("system", "print_freq"),
          ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))
@@ -47,32 +49,48 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class Unreadable(CommandError):
+    """A checkpoint file that does not load: truncated, corrupt, or not a checkpoint."""
+
+
 def save(url: str, state: dict) -> None:
+    """Replace the checkpoint at ``url`` whole; on a full disk, ``NoSpace`` saying that the previous
+    one (if any) is kept."""
     buf = io.BytesIO()
     torch.save(state, buf)
-    storage.atomic_write(url, buf.getvalue())
+    try:
+        storage.atomic_write(url, buf.getvalue())
+    except NoSpace as full:
+        kept = "the previous one is kept" if storage.exists(url) else "there is no earlier one"
+        raise NoSpace(f"{full}: this checkpoint is not written, {kept}; with room, the same command with --resume "
+                      "continues from the last one written") from None
 
 
 def load(url: str) -> dict | None:
-    """The checkpoint at ``url``, or None when there is none yet."""
+    """The checkpoint at ``url``, or None when there is none yet; ``Unreadable`` when it does not load."""
     if not storage.exists(url):
         return None
-    return torch.load(io.BytesIO(storage.read_bytes(url)), map_location="cpu", weights_only=True)
+    data = storage.read_bytes(url)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- whatever the file's damage makes torch raise
+        said = (str(e).strip().splitlines() or [""])[0]
+        reason = type(e).__name__ + (f": {said}" if said and len(said) <= 100 else "")
+        raise Unreadable(f"{url} ({len(data):,} bytes) does not load: truncated or corrupt ({reason})") from None
 
 
-def differences(state: dict, model_config: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
-    """Why ``state`` is not a checkpoint of the run ``cfg`` describes (its network ``model_config``,
-    its shard set's manifest ``fingerprint``): each model field, the BN mode (it decides which
-    parameters the optimizer holds), the shard set or the training split that differs, as
-    ``name: checkpoint's vs now``."""
+def differences(state: dict, model_config: dict, cfg: TrainConfig) -> list[str]:
+    """Why ``state`` is not a checkpoint of the run ``cfg`` describes (its network ``model_config``):
+    each model field, the BN mode (it decides which parameters the optimizer holds), the refused
+    flags or the training split that differs, as ``name: checkpoint's vs now``. The shard set is
+    checked apart, by its identity (``ClipLoader.saved_on``)."""
     if "clips_seen" not in state:
         return ["written by a trainer whose schedule counted steps (no clips_seen)"]
     saved, loader, old = state["model_config"], state["loader"], of_checkpoint(state)
     pairs = [(f"model {k}", saved[k], model_config[k]) for k in MODEL_FIELDS]
     pairs += [(_flag(field), getattr(getattr(old, concern), field), getattr(getattr(cfg, concern), field))
               for concern, field in REFUSED]
-    pairs += [("data: manifest fingerprint", loader["fingerprint"], fingerprint),
-              ("--train-split", loader["split"], cfg.data.train_split)]
+    pairs += [("--train-split", loader["split"], cfg.data.train_split)]
     return [f"{name} {old} in the checkpoint, {new} now" for name, old, new in pairs if old != new]
 
 

@@ -28,7 +28,7 @@ import typing
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from shards.commands import HelpFormatter, int_in_range, number_in_range, positive_int
+from shards.commands import HelpFormatter, count_or_share, int_in_range, number_in_range, positive_int
 
 from .errors import OutOfRange
 
@@ -97,6 +97,12 @@ class Data(Flags):
                                 "unless --average-every is set, else global", choices=SHUFFLES)
     lookahead: int = flag(2, "shards each loader worker fetches ahead through --cache-dir (or 32 MB ranges it reads "
                              "ahead from a remote set without one)")
+    source_deadline: float | None = flag(
+        None, "seconds a remote shard source (HTTP, the dataset service, an object store) may stay unreachable "
+              "(refusing connections, timing out, answering 502/503/504) while the ranks wait for it, pausing; past "
+              "it the run stops as on SIGTERM, its position saved, with exit status 75 for a --resume once the "
+              "source is back (default: $SHARD_SOURCE_DEADLINE, else 600)", type=number_in_range(float, 0),
+        metavar="SECONDS")
     direct_reads: str = flag("never", "a set of the dataset service (--data http://HOST/v1/datasets/REF) whose "
                                       "files are visible here with the same manifest: read its shards from there "
                                       "(auto), never, or fail if not possible (always)",
@@ -106,6 +112,12 @@ class Data(Flags):
     modality: str = flag("rgb", "what the network sees of each frame: its RGB pixels, or (two-stream's motion "
                                 "stream) the motion field stored beside it by ingest build --motion mv|flow, "
                                 "cropped, flipped and resized as the frame would be", choices=MODALITIES)
+    max_bad_samples: str = flag("0", "samples whose bytes differ from the manifest's digests an epoch may go on "
+                                      "without, in each split it reads: a count (3) or a share of the split's clips "
+                                      "(0.1%%); each is left out on its rank (a repeat of a good clip that weighs "
+                                      "nothing takes its place), logged once, counted in metrics.jsonl and listed in "
+                                      "OUTPUT_DIR/bad-samples.jsonl; one more, or the first with 0, stops the run",
+                                type=count_or_share, metavar="N|P%")
 
 
 @dataclass(frozen=True)

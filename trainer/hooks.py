@@ -1,6 +1,6 @@
 """The one way a feature enters the training loop: a ``Hook`` (after Lightning's callbacks, at a small size).
 
-The loop (``trainer.train``) calls every hook of ``Trainer.hooks``, in order, at five points, and
+The loop (``trainer.train``) calls every hook of ``Trainer.hooks``, in order, at seven points, and
 knows none of them by name:
 
 * ``before_step(t, batch)``: a training batch is about to be stepped on (``t.step`` its index);
@@ -11,7 +11,11 @@ knows none of them by name:
 * ``at_epoch_end(t) -> dict``: an epoch's training is over, before validation; what it returns goes
   into the epoch's metrics record;
 * ``validation_models(t) -> dict``: further weights to validate beside the model's, by metrics
-  prefix (``{"ema": model}`` records ``ema_val_top1``, ...).
+  prefix (``{"ema": model}`` records ``ema_val_top1``, ...);
+* ``validation_batch(t, batch)``: a validation batch is about to be scored (on every rank; ``batch`` None
+  where this rank's read failed, which it says in the agreement that follows);
+* ``at_validation_end(t) -> dict``: the validation is over; what it returns goes into the epoch's
+  metrics record beside the validation's figures.
 
 A hook with state names its ``key``: ``state_dict()`` goes under that key in the checkpoint and in
 Horovod Elastic's commits, and ``load_state_dict(state)`` receives it back (None from a checkpoint
@@ -48,6 +52,12 @@ class Hook:
         return {}
 
     def validation_models(self, t) -> dict:
+        return {}
+
+    def validation_batch(self, t, batch: dict | None) -> None:
+        """After each validation batch, on every rank; ``batch`` None where this rank's read failed."""
+
+    def at_validation_end(self, t) -> dict:
         return {}
 
     def state_dict(self) -> dict | None:

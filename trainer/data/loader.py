@@ -4,9 +4,11 @@ Who reads what, in which order, is decided by the pure functions of ``shards.par
 this module only carries it out. The data path of one loader worker, top to bottom:
 
     byte ranges of shards (one open each; local descriptors opened once by the rank and
-    shared with its forked workers) -> tar members (webdataset) -> samples (webdataset)
+    shared with its forked workers), every sample checked against the manifest's digest
+    -> tar members (webdataset) -> samples (webdataset)
     -> tag each with its position in the plan -> release in the planned shuffled order
-    -> batches of undecoded samples (webdataset) -> decode + TSM transform into a batch slot
+    -> [bad samples: a stand-in for each] -> batches of undecoded samples (webdataset)
+    -> decode + TSM transform into a batch slot
 
 The sample shuffle is the bounded buffer of ``partition.buffer_shuffle`` computed on indices,
 not webdataset's ``shuffle`` stage, whose RNG state a checkpoint could not capture: knowing
@@ -21,6 +23,7 @@ so a batch may be held as long as wanted (holding more than the pool has left co
 not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding
 repeats); ``global_valid``, the real clips in this batch and the same batch of every other rank
 together (one optimizer step's, for the loss weights and the clips seen).
+
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.data.device_decode``.
 With ``modality="motion"`` the clips are the samples' stored motion fields rendered with the
@@ -29,6 +32,18 @@ With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batc
 ``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
 crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
 
+Bad samples (bytes that differ from the manifest's digest, read twice: ``shards.digests``): by
+default the first ends the iteration with its ``CorruptSample``, a ``DataFault`` naming the shard,
+the sample, both digests and the URL. With ``max_bad_samples`` (N, or None: the caller keeps the
+budget, as ``trainer.bad_samples`` does over every rank) the loader goes on without them: a bad
+sample's place in its batch is taken by a repeat of a good clip of the same worker (the one before
+it, or for the first ones the one after), marked ``valid`` False as a padding repeat is, so every
+rank still yields the same batches of the same size and every good clip is read once; the batch's
+``bad`` lists what was left out (``url``, ``shard``, ``key``, ``index`` in the shard, ``clip``: its
+position in the split, as the viewer numbers clips, ``split``, ``expected`` and ``found`` digests,
+``rank``, ``slot`` in the batch). A bad sample met again as a padding repeat is left out unlisted.
+Past N in an epoch the iteration ends with ``TooManyBadSamples`` before the batch that went over.
+
 The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
 ``shared_manifest`` lets rank 0 read it and broadcasts it over the job's collective (one
 open per job instead of one per rank, at job start when every rank would hit the metadata
@@ -36,6 +51,7 @@ server at once); loader workers inherit it from the rank process.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -49,9 +65,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from shards import partition
 from shards.direct import load_manifest
 from shards.cache import Piece, ShardCache
+from shards.digests import CorruptSample, TooManyBadSamples
 from shards.errors import CommandError, UsageError
-from shards.manifest import Manifest
+from shards.http_range import DEFAULT_RETRY, Retry
+from shards.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
+from shards.tarformat import member_bytes
 
 from .motion import MotionTransform
 from .shapes import PartsRenderer, unpack
@@ -68,12 +87,19 @@ PREFETCH = 2
 # Reading remote ranges without a cache, a worker reads ahead lookahead x this many bytes.
 READ_AHEAD_BYTES = 32 << 20
 SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
+BAD = "corrupt.json"  # the member a bad sample is read as when the loader goes on without it
 
 
-def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
-    """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
-    e.g. ``horovod.torch.broadcast_object``. ``direct``: direct reads (``shards.direct``)."""
-    return broadcast(load_manifest(url, direct) if rank == 0 else None, 0)
+class OtherShardSet(UsageError, ValueError):
+    """A position (``ClipLoader.state_dict``) saved on another shard set or split than the loader
+    reads: continuing it would read other clips in another order. The message names both sets."""
+
+
+def shared_manifest(url: str, rank: int, broadcast, direct: str = "never", retry: Retry = DEFAULT_RETRY) -> Manifest:
+    """Rank 0 reads the manifest (waiting for a source that is down as ``retry`` says); the others
+    receive it via ``broadcast(obj, root_rank)``, e.g. ``horovod.torch.broadcast_object``.
+    ``direct``: direct reads (``shards.direct``)."""
+    return broadcast(load_manifest(url, direct, retry) if rank == 0 else None, 0)
 
 
 def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
@@ -92,11 +118,13 @@ def video_id(key: str) -> str:
     return key.rsplit("_c", 1)[0]
 
 
-def _open_reads(reads, cache: ShardCache | None, lookahead: int):
+def _open_reads(reads, cache: ShardCache | None, lookahead: int, skip_bad: bool, retry: Retry):
     """Stage: each planned read as an open stream of its byte range, closed once consumed. Through
     the node cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads
     without a cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread. Every sample
-    is checked against the manifest's digest, whichever way its bytes came (``open_samples``)."""
+    is checked against the manifest's digest, whichever way its bytes came (``open_samples``); with
+    ``skip_bad`` a bad one is read as a ``BAD`` member of its key (``_bad_marker``). A remote source
+    that is down is waited for as ``retry`` says."""
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r["piece"] for r in reads], lookahead)
@@ -104,13 +132,14 @@ def _open_reads(reads, cache: ShardCache | None, lookahead: int):
                              fd=cache.descriptor(r["piece"])) for r, path in zip(reads, copies))
     elif reads and local_path(reads[0]["url"]) is None:
         opened = read_ahead([(r["url"], r["start"], r["end"], r["size"], r["sha256"]) for r in reads],
-                            lookahead * READ_AHEAD_BYTES)
+                            lookahead * READ_AHEAD_BYTES, retry)
     else:
-        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"])
-                  for r in reads)
+        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"],
+                             retry=retry) for r in reads)
     try:
         for r, raw in zip(reads, opened):
-            stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"], stream=raw)
+            stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"], stream=raw,
+                                  replace=_bad_marker if skip_bad else None, retry=retry)
             try:
                 yield {"url": r["url"], "stream": stream}
             finally:
@@ -144,6 +173,33 @@ def _in_order(samples, order):
         raise RuntimeError(f"stream ended before planned sample {want}")
 
 
+def _bad_marker(error: CorruptSample) -> bytes:
+    """What a bad sample is read as when the loader goes on without it: one tar member of its key
+    holding what was found (``_stand_ins`` recognises it)."""
+    return member_bytes(f"{error.key}.{BAD}", json.dumps(error.facts()).encode())
+
+
+def _stand_ins(samples):
+    """Stage: each bad sample (a ``BAD`` member in place of its own) replaced by a repeat of the last
+    good sample before it, or, for those before the first good one, the first after; the repeat has
+    the bad sample's plan index and its ``__bad__`` facts (``_Streams._decode`` marks it padding)."""
+    last, waiting = None, []
+    for sample in samples:
+        if BAD in sample:
+            bad = {"__local__": sample["__local__"], "__bad__": json.loads(sample[BAD])}
+            if last is None:
+                waiting.append(bad)
+            else:
+                yield {**last, **bad}
+            continue
+        yield from ({**sample, **bad} for bad in waiting)
+        waiting, last = [], sample
+        yield sample
+    if waiting:  # nothing good in the worker's whole share
+        raise CorruptSample.of(**waiting[0]["__bad__"], why="read twice; no good clip in this loader worker's "
+                               "share to stand in for it")
+
+
 def _pack_jpegs(samples) -> dict:
     """Undecoded frames and their geometry for ``trainer.data.device_decode``: all JPEG bytes of the
     batch in one uint8 tensor with offsets (one shared-memory transfer instead of B x T)."""
@@ -157,12 +213,16 @@ def _pack_jpegs(samples) -> dict:
 
 
 def _refusals_as_batches(batches):
-    """Stage, in a loader worker: a refusal (``CommandError``, such as ``CacheFull``) takes the place of
-    the next batch, so the rank raises it with its own one-line message (PyTorch would re-raise it
-    with the worker's traceback as its message)."""
+    """Last stage: a refusal (``CommandError``, such as ``CacheFull``; a ``DataFault``, such as a
+    ``CorruptSample`` or ``SourceUnavailable``) takes the place of the next batch, so the rank raises
+    it with its own one-line message (PyTorch would re-raise one from a loader worker with the
+    worker's traceback as its message). webdataset's tar reader adds the stream and URL to the args
+    of an error raised while it reads a shard: the refusal goes on with its own message alone (the
+    stream could not even be sent from a worker)."""
     try:
         yield from batches
     except CommandError as refusal:
+        refusal.args = refusal.args[:1]
         yield refusal
 
 
@@ -170,9 +230,9 @@ class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
 
     def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None,
-                 cache=None, lookahead=2):
+                 cache=None, lookahead=2, skip_bad=False, retry=DEFAULT_RETRY):
         self.plans, self.transform, self.batch_size = plans, transform, batch_size
-        self.cache, self.lookahead = cache, lookahead
+        self.cache, self.lookahead, self.skip_bad, self.retry = cache, lookahead, skip_bad, retry
         self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
         self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.data.shapes)
 
@@ -181,8 +241,12 @@ class _Streams(IterableDataset):
         metadata travel on), or, with ``decode_on_device``, its JPEG bytes and geometry."""
         keys = [s["__key__"] for s in samples]
         rngs = [partition.rng_for("augment", self.seed, self.epoch, k) for k in keys]
+        real = [s["__local__"] < self.plan["valid_locals"] for s in samples]  # not a padding repeat
         out = {"keys": keys, "labels": [int(s["cls"]) if "cls" in s else -1 for s in samples],
-               "valid": [s["__local__"] < self.plan["valid_locals"] for s in samples]}
+               "valid": [r and "__bad__" not in s for r, s in zip(real, samples)]}
+        if self.skip_bad:
+            out["bad"] = [s["__bad__"] | {"slot": i} for i, (r, s) in enumerate(zip(real, samples))
+                          if r and "__bad__" in s]
         frames = [self.transform.members(s) for s in samples]
         if self.decode_on_device:  # only the headers are parsed here
             return out | _pack_jpegs([{"jpegs": f, "geometry": self.transform.geometry(*jpeg_size(f[0]), rng)}
@@ -214,15 +278,16 @@ class _Streams(IterableDataset):
             return iter(())
         pipeline = wds.DataPipeline(
             lambda: iter(self.plan["reads"]),
-            lambda reads: _open_reads(reads, self.cache, self.lookahead),
+            lambda reads: _open_reads(reads, self.cache, self.lookahead, self.skip_bad, self.retry),
             wds.tariterators.tar_file_expander,
             wds.tariterators.group_by_keys,
             lambda src: _tag(src, self.plan["expected"]),
             lambda src: _in_order(src, self.plan["order"]),
+            *([_stand_ins] if self.skip_bad else []),
             wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(self._decode),
         )
-        return _refusals_as_batches(pipeline) if info else iter(pipeline)
+        return _refusals_as_batches(pipeline)
 
 
 class ClipLoader:
@@ -247,6 +312,18 @@ class ClipLoader:
     every process using the directory) must hold ``local_size`` x workers x ``lookahead`` copies.
     The mode is this loader's, not the state's: a resumed epoch is split anew when it changes (its
     segments record their node counts).
+
+    ``max_bad_samples``: 0 (the default) ends the iteration at the first bad sample; N goes on
+    without up to N of them an epoch on this rank (counted from 0 again after ``load_state_dict``);
+    None without any number, leaving the budget to the caller (see the module docstring).
+
+    A remote source that refuses connections, times out or answers 502/503/504 is waited for (the
+    manifest read, every range, every cache download; ``shards.http_range``) for up to
+    ``source_deadline`` seconds (None: ``$SHARD_SOURCE_DEADLINE``, else 10 minutes); past it the
+    iteration raises ``shards.errors.SourceUnavailable`` at the batch that needed the bytes. That
+    and every other ``shards.errors.DataFault`` (a ``CorruptSample``, a ``RangeError``) reach the
+    caller as themselves, from loader workers too, with the loader's position at the batch before:
+    ``state_dict`` then resumes at the batch that failed.
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -256,16 +333,20 @@ class ClipLoader:
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", local_size: int = 1,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
-                 modality: str = "rgb"):
-        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
+                 modality: str = "rgb", max_bad_samples: int | None = 0, source_deadline: float | None = None):
+        # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
+        self.retry = Retry(deadline=source_deadline)
+        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads,
+                                                                                      self.retry)
         self.split = split
+        self.identity = self.manifest.identity  # what a saved position belongs to (``saved_on``)
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.train, self.seed, self.num_workers = train, seed, num_workers
         self.remainder, self.piece_samples = remainder, piece_samples
         self.shuffle_buffer = shuffle_buffer if train else 0
-        self.cache = ShardCache(cache_dir, cache_budget) if cache_dir else None
+        self.cache = ShardCache(cache_dir, cache_budget, retry=self.retry) if cache_dir else None
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {SHUFFLES}, not {shuffle!r}")
         if world_size % local_size:
@@ -294,6 +375,8 @@ class ClipLoader:
             raise ValueError(f"split {split!r} cannot fill one batch of {batch_size} on each of {world_size} "
                              "ranks; use remainder='pad'")
         self.epoch, self._past, self._done = epoch, [], 0
+        self.max_bad_samples, self._bad = max_bad_samples, 0  # the budget, and the bad samples met this epoch
+        self._clip_starts = None  # shard name -> its first clip's position in the split (made when needed)
         self._cached_order = None
         self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
         self._slots_in_use = False
@@ -362,7 +445,7 @@ class ClipLoader:
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self.epoch, self._past, self._done = epoch, [], 0
+            self.epoch, self._past, self._done, self._bad = epoch, [], 0, 0
             if self.shapes:
                 self.batch_size = self.shapes.batch_size(epoch)
 
@@ -382,17 +465,38 @@ class ClipLoader:
                 "segments": [asdict(s) for s in self._past + [self._segment()]],
                 "remainder": self.remainder, "shuffle_buffer": self.shuffle_buffer,
                 "piece_samples": self.piece_samples, "split": self.split,
+                "identity": self.identity, "set": self.manifest.describe(),
                 "fingerprint": self.manifest.fingerprint}
 
+    def saved_on(self, state: dict) -> str | None:
+        """The shard set a position (``state_dict``) was saved on, in words naming its identity,
+        when it is not this loader's; None when it is. A state saved before sets had identities is
+        matched by the inputs' fingerprint, all it holds (sets built from the same videos with
+        other options pass that check)."""
+        if "identity" in state:
+            return None if state["identity"] == self.identity else set_title(state["identity"], state["set"])
+        if state["fingerprint"] == self.manifest.fingerprint:
+            return None
+        return f"a shard set whose inputs' fingerprint is {state['fingerprint']} (saved before sets had identities)"
+
+    def title(self) -> str:
+        """This loader's set in words: its identity, what it holds and where."""
+        return f"{set_title(self.identity, self.manifest.describe())} at {self.manifest.base or 'an unsaved manifest'}"
+
     def load_state_dict(self, state: dict) -> None:
-        if state["fingerprint"] != self.manifest.fingerprint or state["split"] != self.split:
-            raise ValueError("state was saved for another shard set or split")
+        other = self.saved_on(state)
+        if other:
+            raise OtherShardSet(f"a loader position saved on {other} cannot continue on {self.title()}")
+        if state["split"] != self.split:
+            raise OtherShardSet(f"a loader position saved on split {state['split']!r} cannot continue on split "
+                                f"{self.split!r}")
         self.epoch, self.seed = state["epoch"], state["seed"]
         if self.shapes:
             self.batch_size = self.shapes.batch_size(self.epoch)
         self.remainder, self.shuffle_buffer = state["remainder"], state["shuffle_buffer"]
         self.piece_samples = state["piece_samples"]
         segments = [partition.Segment(**s) for s in state["segments"]]
+        self._bad = 0
         last = segments[-1]
         if (last.world_size, last.num_workers, last.batch_size, last.nodes) == (
                 self.world_size, self._workers, self.batch_size, self._nodes):
@@ -452,6 +556,23 @@ class ClipLoader:
         return {**sent, "labels": torch.tensor(sent["labels"], dtype=torch.int64),
                 "videos": [video_id(k) for k in sent["keys"]],
                 "valid": torch.tensor(sent["valid"], dtype=torch.bool)}
+
+    def _count_bad(self, found: list[dict]) -> None:
+        """What a batch left out, completed with where it is (its clip in the split, this rank) and
+        counted; past ``max_bad_samples`` this epoch: ``TooManyBadSamples``."""
+        if not found:
+            return
+        if self._clip_starts is None:
+            self._clip_starts = dict(zip((s.name for s in self.shards),
+                                         np.cumsum([0] + [s.num_samples for s in self.shards]).tolist()))
+        for record in found:
+            record |= {"split": self.split, "clip": self._clip_starts[record["shard"]] + record["index"],
+                       "rank": self.rank}
+        self._bad += len(found)
+        if self.max_bad_samples is not None and self._bad > self.max_bad_samples:
+            last = CorruptSample.of(**{k: found[-1][k] for k in CorruptSample.FACTS})
+            raise TooManyBadSamples(f"{self._bad} bad samples in epoch {self.epoch + 1} of {self.split} on rank "
+                                    f"{self.rank}, more than max_bad_samples={self.max_bad_samples}; the last: {last}")
 
     def _pieces(self) -> list[dict[int, tuple[int, int]]]:
         """What each node's cache holds of each shard it owns (node-affine): the byte range of its
@@ -527,7 +648,8 @@ class ClipLoader:
                                                self.transform.flip, self.manifest.motion if self.modality == "motion"
                                                else None)
             dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
-                               self.decode_on_device, pool, renderer, self.cache, self.lookahead)
+                               self.decode_on_device, pool, renderer, self.cache, self.lookahead,
+                               skip_bad=self.max_bad_samples != 0, retry=self.retry)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
@@ -535,8 +657,9 @@ class ClipLoader:
                                 worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
-                if isinstance(sent, CommandError):  # a worker's refusal (_refusals_as_batches)
+                if isinstance(sent, CommandError):  # a refusal of the pipeline (_refusals_as_batches)
                     raise sent
+                self._count_bad(sent.get("bad", []))
                 self._done += 1
                 batch = self._batch(sent, pool, parts) | {"global_valid": global_valid}
                 yield unpack(batch, parts) if parts else batch
