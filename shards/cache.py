@@ -129,7 +129,7 @@ class _Lease(threading.Thread):
     def moved(self) -> None:
         self.progress += 1
 
-    @contextmanager
+    @contextlib.contextmanager
     def waiting(self):
         self.waits += 1
         try:
