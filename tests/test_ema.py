@@ -114,6 +114,7 @@ def records(out) -> list[dict]:
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long  # three trainer processes: 66-87 s at load 17-22 on 2 cores
 def test_a_stopped_run_resumes_its_average_bit_for_bit(tmp_path):
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     assert run(straight).returncode == 0
