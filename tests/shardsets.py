@@ -201,16 +201,22 @@ class ServiceProcess:
         return self.url
 
     def kill(self, signum: int = 9) -> None:
+        """Signal the server and wait for it to end; nothing if it was never started (a fixture's
+        clean-up after an earlier start failed)."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
         self.proc.wait(timeout=60)
 
-    def build_process(self, nth: int = 0):
-        """The ``nth`` build process this server started (a psutil.Process), once its log says so."""
+    def build_process(self, nth: int = 0, dataset: str = ""):
+        """The ``nth`` build process this server started (of ``dataset``'s builds, if given; a
+        psutil.Process), once its log says so."""
         import psutil
 
         deadline = time.time() + 60
-        while len(started := [line for line in self.log if "build process" in line and "started" in line]) <= nth:
+        while len(started := [line for line in self.log if f"{dataset}: build process" in line
+                              and "started" in line]) <= nth:
             assert time.time() < deadline and self.proc.poll() is None, "".join(self.log)
             time.sleep(0.05)
         return psutil.Process(int(started[nth].split("build process ")[1].split()[0]))

@@ -130,6 +130,15 @@ CASES = [
      ["/v1/datasets/worn", "HTTP 409", "(worn) is damaged", "shard-service verify", "Prefer: handling=lenient"]),
     ("show-a-replaced-set", "shard-service show gone --catalog {catalog}", {}, 2,
      ["(gone) is replaced", "a build without a catalog was forced into", "--force"]),
+    # the service past one process: a PostgreSQL catalog, replicas behind nginx (docs/runbooks/service.md)
+    ("catalog-server-down", "shard-service list --catalog postgresql://kf:pw@127.0.0.1:{port}/catalog", {}, 75,
+     ["the catalog postgresql://kf:***@127.0.0.1:{port}/catalog cannot be reached", "Connection refused"]),
+    ("build-with-the-catalog-server-down", "ingest build --src {vids} --out {out} --catalog "
+     "postgresql://kf@127.0.0.1:{port}/catalog", {}, 75, ["postgresql://kf@127.0.0.1:{port}/catalog cannot be reached"]),
+    ("replica-without-a-data-root", "shard-service serve --catalog postgresql://kf@127.0.0.1:{port}/catalog "
+     "--source-root {vids}", {}, 2, ["--data-root", "PostgreSQL catalog", "every replica reaches"]),
+    ("x-accel-not-a-path", "shard-service serve --catalog {catalog} --x-accel-redirect _accel", {}, 2,
+     ["--x-accel-redirect _accel", "plain URI path such as /_accel"]),
     # on two simulated nodes: every rank judges the same shares (``outcomes``)
     ("node-affine-on-a-class-sorted-set", "horovodrun -np 2 -H localhost:1,127.0.0.1:1 --gloo {bin}/trainer train "
      "--data {sorted} --shuffle node --output-dir {root}/run-sorted --epochs 1 --depth 10 --width 4 --crop-size 32 "
