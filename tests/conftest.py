@@ -180,11 +180,14 @@ def suite_processes(group: SessionGroup | ProcessSnapshot) -> list[psutil.Proces
     """Processes in the session's cgroup (or started since it began and reaching it by their
     parent chain), descending from this process or carrying this session's token; not this
     process nor its ancestors (the shell, a CI runner), nor this process's own multiprocessing
-    resource tracker (started by a test's spawn context, it ends with this process)."""
-    from multiprocessing import resource_tracker
+    resource tracker (started by a test's spawn context, it ends with this process) and fork server
+    (started by a build without Ray in a process that runs threads, ``ingest.local_runtime``; it
+    ends with this process too)."""
+    from multiprocessing import forkserver, resource_tracker
 
     me = psutil.Process()
-    exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid", None)}
+    exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid", None),
+              getattr(forkserver._forkserver, "_forkserver_pid", None)}
     found = {p.pid: p for p in me.children(recursive=True)}
     for pid in group.members():
         try:

@@ -32,7 +32,7 @@ from .distributed import backends as distributed
 from .distributed import cores
 from .errors import ConfigError
 from .engine import amp_dtype, autocast, pick_device
-from .model.tsm import build
+from .model.tsm import ModelConfig, build
 
 log = logging.getLogger("trainer.test")
 
@@ -112,8 +112,9 @@ def resolve_run(run: str) -> str:
 
 def load_network(url: str, backend, ema: bool = False) -> dict:
     """Rank 0 reads the checkpoint at ``url`` and every rank gets what testing needs of it: the weights
-    (``ema``: the weight average instead), the network's config, the classes and the training run's
-    data config (its crop, scale and modality)."""
+    (``ema``: the weight average instead), the network's config and architecture
+    (``trainer.config.ARCHS``: the checkpoint decides which network is tested), the classes and the
+    training run's data config (its crop, scale and modality)."""
     state = checkpoint.load(url) if backend.rank == 0 else None
     if backend.rank == 0 and state is None:
         raise ConfigError(f"{url}: no checkpoint")
@@ -121,7 +122,7 @@ def load_network(url: str, backend, ema: bool = False) -> dict:
     if state is not None:
         weights = (checkpoint.hook_states(state).get("ema") or {}).get("weights") if ema else state["model"]
         network = {"url": url, "model": weights, "model_config": state["model_config"], "classes": state["classes"],
-                   "data": config.of_checkpoint(state).data}
+                   "data": config.of_checkpoint(state).data, "arch": ModelConfig(**state["model_config"]).arch}
     network = backend.broadcast_object(network)
     if network["model"] is None:  # every rank refuses alike
         raise ConfigError(f"{url}: --ema: the checkpoint keeps no weight average (its run had no --ema-decay)")
@@ -197,13 +198,14 @@ def main(ev: config.Evaluation) -> int:
         classes = networks[0]["classes"]
         head = {"split": ev.split, "crops": ev.crops, **({"ema": True} if ev.ema else {})}
         if ev.fuse is None:
-            summary = {**head, **scores[0].summary()}
+            summary = {**head, "arch": networks[0]["arch"], **scores[0].summary()}
             report = {"summary": summary, "videos": scores[0].predictions(classes)}
         else:
             together = fused(runs, scores, weights)
             summary = {**head, "runs": list(runs), "weights": list(weights),
                        **{k: v for k, v in together.summary().items() if k != "views_per_video"},
-                       "streams": [{"run": run, **s.summary()} for run, s in zip(runs, scores)]}
+                       "streams": [{"run": run, "arch": network["arch"], **s.summary()}
+                                   for run, network, s in zip(runs, networks, scores)]}
             report = {"summary": summary, "videos": together.predictions(classes),
                       "streams": [{"run": run, "videos": s.predictions(classes)} for run, s in zip(runs, scores)]}
         print(json.dumps(summary))
