@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
