@@ -22,7 +22,7 @@ from shards.commands import byte_size, comma_list, int_in_range, number_in_range
 from shards.errors import CommandError, UsageError
 from shards.manifest import LEDGER_NAME
 
-from . import registry, runtime
+from . import ray_address, registry
 from .build import build
 from .clips import DECODERS, ClipConfig
 from .content_digests import FINGERPRINTS, default_cache
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                   fingerprint=args.fingerprint, hash_cache=args.hash_cache, split_set=args.split_set)
     if args.address:  # before anything else: ray.init would retry a wrong address for minutes
         try:
-            runtime.check_reachable(args.address)
+            ray_address.check_reachable(args.address)
         except ConnectionError as e:
             raise CommandError(f"--address {args.address}: {e}; is `ray start --head` running there?") from None
     location = args.out

@@ -12,7 +12,7 @@ import ray
 
 from shards.errors import CommandError
 
-from .runtime import check_reachable
+from .ray_address import check_reachable
 
 log = logging.getLogger("ingest.ray")
 

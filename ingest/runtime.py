@@ -16,8 +16,6 @@ of the build at most, and Ray is used as before. Ray is imported only to use it.
 """
 from __future__ import annotations
 
-import re
-import socket
 import sys
 from typing import Any, Callable, Iterable, Protocol
 
@@ -66,15 +64,3 @@ def _ray_running() -> bool:
     """Whether this process has already started or joined Ray (then its tasks go there, as before)."""
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
-
-
-def check_reachable(address: str) -> None:
-    """Raise ConnectionError at once when nothing listens at a HOST:PORT address: ray.init would
-    retry it for about ten minutes."""
-    found = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address)
-    if found is None:  # 'auto' and other forms: Ray resolves them
-        return
-    try:
-        socket.create_connection((found[1], int(found[2])), timeout=10).close()
-    except OSError as e:
-        raise ConnectionError(f"nothing answers at {address}: {e.strerror or e}") from None
