@@ -518,7 +518,7 @@ def main() -> int:
            "shards_read": len(Manifest.load(info["shards"]).splits["train"].shards),
            "shuffle": [shuffle_quality(8), shuffle_quality(1536), shuffle_quality(8, per_node=4),
                        shuffle_quality(1536, per_node=6)],
-           "plan": layout.plan(layout.Totals(240_000, info["clip_bytes"], T), 6144, 8, 8, [1536])}
+           "plan": layout.plan(layout.Totals(240_000, info["clip_bytes"], T), 6144, 8, 8, [1536, 6144])}
     for key, rate in (("jpeg_limit", "clips_per_s"), ("jpeg_limit_cpu", "clips_per_cpu_s")):
         res[key] = max(res["in_memory"]["decode:" + d][rate] for d in DECODERS)
     print(report(res))

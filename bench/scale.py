@@ -248,7 +248,7 @@ def main() -> int:
         rows = []
         try:
             server = psutil.Process(proc.pid)
-            base = url.removesuffix("/v1") + "/v1/datasets/bench"
+            base = url + "/v1/datasets/bench"
             small = int(args.small_budget * set_bytes)
             shard_s = one_shard_s(base, shards[0].name)
             for mode in ("global", "node"):

@@ -163,7 +163,7 @@ def main() -> int:
             proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", catalog.path,
                                *extra], env=env)
             procs.append(proc)
-            ctx[key], ctx[key.replace("service", "server")] = url.removesuffix("/v1"), Server(proc.pid)
+            ctx[key], ctx[key.replace("service", "server")] = url, Server(proc.pid)
         proxy, ctx["proxy"] = start_nginx(  # a caching proxy in front of the service
             args.out, 2, f"location / {{ proxy_pass {ctx['service']}; proxy_http_version 1.1; proxy_cache shards; }}",
             "proxy_cache_path PREFIX/cache keys_zone=shards:10m max_size=4g;")

@@ -199,7 +199,7 @@ def start(cmd: list[str], env=None) -> tuple[subprocess.Popen, str]:
     for line in proc.stdout:
         if line.startswith("serving "):
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, line.split()[1]
+            return proc, line.split()[1].rstrip("/")  # the server's root URL (the viewer's)
     raise RuntimeError("server did not start")
 
 
@@ -384,7 +384,7 @@ def measure(label: str, serve: list[str] | None, args, root: str, m: Manifest) -
             base = procs[0][1]
         else:
             procs.append(start(serve))
-            base = procs[0][1].removesuffix("/v1") + ("" if "--role" in serve else "/v1/datasets/bench")
+            base = procs[0][1] + ("" if "--role" in serve else "/v1/datasets/bench")
         if label == ACCEL_ROW:
             procs.append(accel_front(args.out, args.workers, base.split("//")[1].split("/")[0]))
             base = procs[-1][1] + "/v1/datasets/bench"
@@ -605,7 +605,7 @@ def main() -> int:
     proc, url = start(serve)
     try:
         res["epoch_local"] = epoch_wait(root, args.epoch_workers)
-        res["epoch_http"] = epoch_wait(url.removesuffix("/v1") + "/v1/datasets/bench", args.epoch_workers)
+        res["epoch_http"] = epoch_wait(url + "/v1/datasets/bench", args.epoch_workers)
     finally:
         proc.terminate()
         proc.wait()

@@ -27,10 +27,11 @@ from contextlib import closing
 from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
-from tqdm import tqdm
 
 from shards import ordering, packing, storage
 from shards.errors import CommandError, Interrupted, NoSpace, UsageError
+from shards.progress import Progress
+from shards.words import plural
 from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
                              SplitInfo)
 
@@ -112,8 +113,8 @@ class Summary:
 
     def line(self) -> str:
         rate = self.videos / self.seconds if self.seconds else 0.0
-        text = (f"{self.videos} videos in, {self.clips} clips out, {self.failed} failed, "
-                f"{self.bytes / 1e6:.1f} MB in {self.shards} shards, {self.seconds:.1f} s "
+        text = (f"{plural(self.videos, 'video')} in, {plural(self.clips, 'clip')} out, {self.failed:,} failed, "
+                f"{self.bytes / 1e6:.1f} MB in {plural(self.shards, 'shard')}, {self.seconds:.1f} s "
                 f"({rate:.1f} videos/s)")
         if self.missing:
             text += f"; {self.missing} annotated videos not found"
@@ -313,8 +314,7 @@ def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, tasks,
     batches = plan_batches(todo, tasks.parallel, videos_per_task)
     pending = {}
     failed = sum(1 for e in entries if e["error"])
-    with tqdm(total=len(videos), initial=len(entries), unit="video", desc="decode", smoothing=0.1,
-              mininterval=1.0) as bar:
+    with Progress(len(videos), initial=len(entries), unit="video", desc="decode") as bar:
         with tasks.in_flight(pending):
             while batches or pending:
                 while batches and len(pending) < 2 * tasks.parallel:
@@ -324,11 +324,10 @@ def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, tasks,
                     pending[ref] = len(vs)
                 for ref in tasks.wait(pending):
                     result, node = tasks.result(ref)
-                    bar.update(pending.pop(ref))
                     nodes[node] += 1
                     entries += [{**e, "batch": result["batch"]} for e in result["videos"]]
                     failed += sum(1 for e in result["videos"] if e["error"])
-                    bar.set_postfix(failed=failed, refresh=False)
+                    bar.update(pending.pop(ref), failed=failed)
                     report({"videos_done": bar.n, "videos_total": len(videos), "failed": failed,
                             "shards_written": 0})
     return sorted(entries, key=lambda e: e["path"])
@@ -356,13 +355,13 @@ def _check_room(out: str, plans: dict) -> None:
 def _pack_split(tasks, out, stage, split, planned, nodes: Counter, report) -> list[ShardInfo]:
     refs = [tasks.submit(staging.pack_shard, out, name, stage, pieces) for name, pieces in planned]
     infos = []
-    with tqdm(total=len(refs), unit="shard", desc=f"pack {split}", mininterval=1.0) as bar, \
-            tasks.in_flight(refs):
+    with Progress(len(refs), unit="shard", desc=f"pack {split}") as bar, tasks.in_flight(refs):
         for ref in refs:
             info, node = tasks.result(ref)
             nodes[node] += 1
             infos.append(ShardInfo(**info))
             bar.update()
             report(len(infos))
-    log.info("%s: %d clips in %d shards", split, sum(len(pieces) for _, pieces in planned), len(infos))
+    log.info("%s: %s in %s", split, plural(sum(len(pieces) for _, pieces in planned), "clip"),
+             plural(len(infos), "shard"))
     return infos

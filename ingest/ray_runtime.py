@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import ray
 
 from shards.errors import CommandError
+from shards.words import plural
 
 from .ray_address import check_reachable
 
@@ -36,7 +37,7 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
                      object_store_memory=object_store_mb * 2**20, logging_level=logging.WARNING)
     cpus = int(ray.cluster_resources().get("CPU", 1))
     parallel = min(workers, cpus) if workers else cpus
-    log.info("Ray: %d CPUs in the cluster, %d tasks at a time", cpus, parallel)
+    log.info("Ray: %s in the cluster, %s at a time", plural(cpus, "CPU"), plural(parallel, "task"))
     return max(1, parallel)
 
 

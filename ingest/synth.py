@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import ffmpeg
 import numpy as np
-from tqdm import tqdm
 
 from shards.commands import int_in_range
+from shards.progress import Progress
+from shards.words import plural
 
 CLASSES = ("move_left", "move_right", "move_up", "move_down", "rotate_cw", "rotate_ccw")
 SPLITS = ("train", "val")
@@ -224,7 +225,7 @@ def synthesize(out: str, classes: int = 4, train_per_class: int = 12, val_per_cl
     # spawn, not fork: callers may have threads running (Ray, pytest plugins)
     spawn = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(workers, mp_context=spawn) if workers > 1 else nullcontext()
-    with pool, tqdm(total=len(todo), desc="synth", unit="video", disable=None) as bar:
+    with pool, Progress(len(todo), desc="synth", unit="video") as bar:
         for _ in (pool.map if workers > 1 else map)(encode, todo):
             bar.update()
     names = [name for name, _, _ in class_kinds(classes, colours)]
@@ -246,10 +247,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--val-per-class", type=int, default=4, help="val videos per class")
     presets = "; ".join(f"{k} {v['width']}x{v['height']} {v['fps']} fps {v['seconds']:g} s" for k, v in PRESETS.items())
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help=f"size, rate and length: {presets}")
-    parser.add_argument("--width", type=int, help="frame width; None: the preset's")
-    parser.add_argument("--height", type=int, help="frame height; None: the preset's")
-    parser.add_argument("--fps", type=int, help="frame rate; None: the preset's")
-    parser.add_argument("--seconds", type=float, help="video length; None: the preset's")
+    parser.add_argument("--width", type=int, help="frame width (default: the --preset's)")
+    parser.add_argument("--height", type=int, help="frame height (default: the --preset's)")
+    parser.add_argument("--fps", type=int, help="frame rate (default: the --preset's)")
+    parser.add_argument("--seconds", type=float, help="video length (default: the --preset's)")
     parser.add_argument("--seed", type=int, default=0, help="dataset seed (each video derives its own)")
     parser.add_argument("--speed-scale", type=float, default=1.0,
                         help=f"multiplies the speeds ({SPEED[0]:g}-{SPEED[1]:g} short sides per second, "
@@ -259,7 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"0: classes differ only in motion; N (1-{len(COLOURS)}): classes are disc colour x "
                              f"motion (<colour>_<motion>, the first N of {', '.join(COLOURS)}), a task that needs "
                              "appearance and motion")
-    parser.add_argument("--workers", type=int, help="encoder processes; None: all CPUs")
+    parser.add_argument("--workers", type=int, help="encoder processes (default: one per CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
                          val_per_class=args.val_per_class, seed=args.seed, workers=args.workers,
                          speed_scale=args.speed_scale, colours=args.colours, **shape)
     print(f"synth: {summary['written']} written, {summary['skipped']} already present; "
-          f"{len(summary['classes'])} classes, train {summary['videos']['train']} / val {summary['videos']['val']} "
+          f"{plural(len(summary['classes']), 'class', 'classes')}, train {summary['videos']['train']} / val "
+          f"{summary['videos']['val']} "
           f"videos of {shape['width']}x{shape['height']} at {shape['fps']} fps, "
           f"{summary['frames_per_video']} frames, in {summary['out']} ({summary['seconds']:.1f} s)")
     return 0

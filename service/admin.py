@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 from shards.catalog import Catalog, Record, default_path
@@ -17,7 +18,7 @@ from shards.errors import CommandError, NotFound
 from shards.manifest import Manifest
 from shards.verify import set_file_stamps, verify
 
-from . import housekeeping
+from . import housekeeping, states
 from .files import checked_manifest
 
 
@@ -62,7 +63,8 @@ def _state(rec: Record) -> str:
 class List:
     """List the catalog's datasets: id, name, state, tags, clips, size, location. A state says what the set is now:
     changed (its manifest is not the registered one), damaged (its last verify found problems), replaced, abandoned;
-    `show` says why and what to do."""
+    `show` says why and what to do. On a terminal each state is in its colour (service.states): only a sound
+    set is green."""
 
     @staticmethod
     def add_arguments(p):
@@ -72,8 +74,8 @@ class List:
 
     @staticmethod
     def run(args) -> int:
-        states = ("building", "ready", "failed", "deleted") if args.all else ("building", "ready", "failed")
-        records = _open(args.catalog).list(states)
+        kept = ("building", "ready", "failed", "deleted") if args.all else ("building", "ready", "failed")
+        records = _open(args.catalog).list(kept)
         conditions = [condition(rec, remote=False) for rec in records]
         if args.json:
             for rec, cond in zip(records, conditions):
@@ -84,8 +86,8 @@ class List:
             clips = sum(s["clips"] for s in rec.splits.values())
             size = sum(s["bytes"] for s in rec.splits.values())
             tags = f"[{', '.join(rec.tags)}] " if rec.tags else ""
-            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {cond.state:<9} {clips:>9,} {_size(size):>10}"
-                  f"  {tags}{rec.location}")
+            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {states.painted(cond.state, 9, sys.stdout)} "
+                  f"{clips:>9,} {_size(size):>10}  {tags}{rec.location}")
         return 0
 
 

@@ -1,5 +1,6 @@
 """The HTTP API on aiohttp's server: one small handler per route, all under ``/v1``.
 
+    GET    /v1                              what is here: the routes below and the viewer (JSON, no token)
     GET    /v1/health                       liveness and counts
     GET    /v1/stats                        what the server carried (``service.stats``), all workers
     GET    /v1/datasets                     the catalog's live records (JSON)
@@ -174,6 +175,13 @@ def _record(request: web.Request, ready: bool = False, damaged: bool = False) ->
 
 
 # --- reads -------------------------------------------------------------------------------------
+async def index(request: web.Request) -> web.Response:
+    """The API's base: where things are (no data, so no token), for a person who opens it."""
+    return web.json_response({"service": "shard-service", "viewer": "/", "datasets": "/v1/datasets",
+                              "dataset": "/v1/datasets/{ref}", "health": "/v1/health", "stats": "/v1/stats",
+                              "builds": "/v1/builds"})
+
+
 async def health(request: web.Request) -> web.Response:
     states = {}
     for rec in request.app[CATALOG].list():
@@ -439,6 +447,7 @@ def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = Fals
     app.cleanup_ctx.append(_reap_periodically)
     app.on_shutdown.append(_stop_builds)
     app.on_cleanup.append(_close_records)
+    app.router.add_get("/v1", index)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/datasets", list_datasets)

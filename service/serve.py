@@ -1,6 +1,10 @@
 """Serve the catalog's shard sets over HTTP (see docs/service.md for the API).
 
-Prints ``serving http://HOST:PORT/v1`` once listening (``--port 0`` picks a free port).
+Once listening (``--port 0`` picks a free port) it prints where to look, both answering 200:
+
+    serving http://HOST:PORT/ : the dataset viewer
+            http://HOST:PORT/v1 : the API (a set's URL: http://HOST:PORT/v1/datasets/NAME); catalog PATH
+
 SIGTERM or SIGINT stops it, and the builds it runs (each in a process of its own, recorded failed:
 ``stopped``); builds of a server killed outright stop by themselves (``abandoned``). Stopped by
 SIGTERM (a service manager), it exits 0; by Ctrl-C, with one line and status 130.
@@ -25,7 +29,7 @@ import socket
 from aiohttp import web
 
 from shards.catalog import Catalog, default_path
-from shards.catalog.backends import is_url
+from shards.catalog.backends import is_url, shown
 from shards.errors import Interrupted, UsageError
 
 from .app import make_app
@@ -134,7 +138,7 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, lambda sig=sig: (signals.append(sig), stop.set()))
     if ready_fd is None:
-        print(f"serving http://{host}:{port}/v1 (catalog {args.catalog})", flush=True)
+        print(start_lines(host, port, args.catalog), flush=True)
     else:
         os.write(ready_fd, b"1")
         os.close(ready_fd)
@@ -143,6 +147,15 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     server.close()
     await runner.cleanup()
     return signals[0]
+
+
+def start_lines(host: str, port: int, catalog: str, workers: int = 1) -> str:
+    """What ``serve`` prints once listening: the viewer's URL, then the API's base (and the
+    catalog, a URL without its password)."""
+    base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    processes = f", {workers} worker processes" if workers > 1 else ""
+    return (f"serving {base}/ : the dataset viewer\n"
+            f"        {base}/v1 : the API (a set's URL: {base}/v1/datasets/NAME); catalog {shown(catalog)}{processes}")
 
 
 def _stopped(signum: int) -> int:
@@ -198,7 +211,7 @@ def _fork_workers(args: argparse.Namespace) -> int:
         started += len(got)
     os.close(ready_r)
     if started == args.workers:
-        print(f"serving http://{args.host}:{port}/v1 (catalog {args.catalog}, {args.workers} workers)", flush=True)
+        print(start_lines(args.host, port, args.catalog, args.workers), flush=True)
     code = 0
     while pids:
         pid, status = os.wait()

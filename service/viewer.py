@@ -5,12 +5,14 @@ routes they read.
     GET /sets/{ref}                             a set: counts, class histogram, frames, options, error ledger
     GET /sets/{ref}/clips[?split=&class=&page=] a paged grid of clips, filterable by split and class
     GET /static/{name}                          the pages' CSS, script and icon (package data, service/static/)
-    GET /v1/viewer                              {"read_auth": bool}: whether the pages must ask for a token
+    GET /v1/viewer                              {"read_auth": bool, "states": ...}: whether the pages must ask
+                                                for a token, and how each set state is drawn (service.states)
     GET /v1/viewer/{ref}                        what the set page shows (JSON; catalog and manifest only)
     GET /v1/viewer/{ref}/probe                  frames per clip and frame sizes, from a few clips read (JSON)
     GET /v1/viewer/{ref}/clips?split=S[&class=C][&page=P][&per_page=N]   one page of clips (JSON)
     GET /v1/viewer/{ref}/clips/{split}/{n}      one clip: key, label, source video, offset, size, its JSON
     GET /v1/viewer/{ref}/frames/{split}/{n}/{t} frame t of clip n: its JPEG bytes, straight from the shard
+    GET /v1/viewer/{ref}/motion/{split}/{n}/{t} frame t's motion field, coloured (PNG; sets with motion fields)
 
 The pages are static shells holding no data. Their one script fetches the JSON routes with the
 bearer token the user typed (kept in the tab's sessionStorage, sent as an Authorization header,
@@ -32,24 +34,34 @@ Every page shows a set's state as the catalog's commands do (``shards.catalog.co
 with why and the remedy: a set whose manifest changed is shown but not indexed; a damaged set
 (its last verification found problems) is shown and browsed, in its state's colour, never
 green, and its frames are not cached.
+
+A set built with ``--motion`` has a motion field beside each frame; the pages show it coloured as
+optical-flow figures are (``shards.motioncolour``, the colouring ``shards preview`` draws with):
+the clip is read once, its fields coloured at one scale for the whole clip (given with the clip's
+JSON) and kept, each served as a PNG of its frame's size. A picture made here, not stored bytes:
+its ETag names the clip's bytes and the colouring, and it is revalidated each time. The colour
+wheel is ``/static/motion-legend.png``.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import importlib.resources
+import io
 import json
 from collections import OrderedDict
 
 from aiohttp import web
+from PIL import Image
 
-from shards import storage
+from shards import motioncolour, storage
 from shards.catalog import Record
 from shards.catalog.condition import shown
-from shards.clipindex import ClipIndex, clip_meta, frame_spans, read_clip
+from shards.clipindex import ClipIndex, clip_meta, frame_spans, motion_fields, read_clip
 from shards.manifest import Manifest
 from shards.stats import split_stats
 
+from . import states
 from .app import READ_AUTH, TABLES, _reader, _record, cache_control, open_file, send_span
 from .files import checked_manifest
 from .ranges import evaluate
@@ -58,6 +70,8 @@ PAGE_SIZE, MAX_PAGE_SIZE = 48, 200  # clips per page: default and largest
 MAX_LEDGER_ROWS = 1000  # error ledger rows sent to the set page (the total is always given)
 PROBE_CLIPS = 8  # clips read per split for frames per clip and frame sizes
 SETS_KEPT, CLIPS_KEPT = 4, 8192  # indexed sets and clips' frame positions kept in memory
+MOTION_KEPT = 256  # clips whose coloured motion fields are kept (a few kB each)
+COLOURING = "mb1"  # the colouring's version, in the ETags of coloured fields: a new one is a new picture
 SECURITY = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; "
                                "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
@@ -65,7 +79,7 @@ SECURITY = {
     "Referrer-Policy": "no-referrer",
 }
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
-                ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
+                ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
 SHELL = "viewer.html"  # every page: the script draws the one the path names
 
 
@@ -73,12 +87,14 @@ class _Static:
     """The files of ``service/static`` (read once), each with its content type and strong ETag."""
 
     def __init__(self):
+        folder = importlib.resources.files("service").joinpath("static")
+        files = {item.name: item.read_bytes() for item in folder.iterdir()}
+        files["motion-legend.png"] = motioncolour.png(motioncolour.legend())  # drawn by the motion fields' colouring
         self.files = {}
-        for item in importlib.resources.files("service").joinpath("static").iterdir():
-            suffix = item.name[item.name.rfind("."):]
+        for name, data in files.items():
+            suffix = name[name.rfind("."):]
             if suffix in STATIC_TYPES:
-                data = item.read_bytes()
-                self.files[item.name] = (data, STATIC_TYPES[suffix], f'"{hashlib.sha256(data).hexdigest()}"')
+                self.files[name] = (data, STATIC_TYPES[suffix], f'"{hashlib.sha256(data).hexdigest()}"')
 
     def response(self, request: web.Request, name: str) -> web.Response:
         if name not in self.files:
@@ -97,22 +113,12 @@ class Viewer:
         self.static = _Static()
         self._sets: OrderedDict[tuple, asyncio.Future] = OrderedDict()
         self._frames: OrderedDict[tuple, list[tuple[int, int]]] = OrderedDict()
+        self._motion: OrderedDict[tuple, asyncio.Future] = OrderedDict()  # (coloured fields, scale) per clip
 
     async def indexed(self, rec: Record) -> dict:
         """{"manifest", "index", "overview"} of a ready set, built once (in a thread) and shared
         (the probe route adds "probe")."""
-        key = (rec.id, rec.manifest_sha256)
-        if key not in self._sets:
-            self._sets[key] = asyncio.ensure_future(asyncio.to_thread(_index, rec))
-            while len(self._sets) > SETS_KEPT:
-                self._sets.popitem(last=False)
-        self._sets.move_to_end(key)
-        future = self._sets[key]
-        try:
-            return await asyncio.shield(future)
-        except Exception:
-            self._sets.pop(key, None)  # asked again, tried again
-            raise
+        return await _kept(self._sets, (rec.id, rec.manifest_sha256), SETS_KEPT, _index, rec)
 
     async def frames(self, rec: Record, manifest: Manifest, clip) -> list[tuple[int, int]]:
         """(offset in the shard, size) of each frame of ``clip``: one read of the clip, then kept."""
@@ -123,6 +129,36 @@ class Viewer:
             while len(self._frames) > CLIPS_KEPT:
                 self._frames.popitem(last=False)
         return self._frames[key]
+
+    async def motion(self, rec: Record, manifest: Manifest, clip) -> tuple[list[bytes], float]:
+        """The clip's motion fields coloured (PNG bytes, frame order) and their scale (pixels per
+        frame at full colour): one read of the clip however many ask at once, then kept."""
+        return await _kept(self._motion, (rec.id, rec.manifest_sha256, clip.split, clip.n), MOTION_KEPT, _coloured,
+                           manifest, clip)
+
+
+async def _kept(kept: OrderedDict, key: tuple, limit: int, work, *args):
+    """``work(*args)``, in a thread, once for every caller of ``key`` at the same time; its result
+    kept with the ``limit`` most recently used; a failure is not kept (asked again, tried again)."""
+    if key not in kept:
+        kept[key] = asyncio.ensure_future(asyncio.to_thread(work, *args))
+        while len(kept) > limit:
+            kept.popitem(last=False)
+    kept.move_to_end(key)
+    future = kept[key]
+    try:
+        return await asyncio.shield(future)
+    except Exception:
+        kept.pop(key, None)
+        raise
+
+
+def _coloured(manifest: Manifest, clip) -> tuple[list[bytes], float]:
+    sample = read_clip(manifest, clip)
+    spans = frame_spans(sample)
+    size = Image.open(io.BytesIO(sample[spans[0][0]:spans[0][0] + spans[0][1]])).size if spans else None
+    pictures, scale = motioncolour.render(motion_fields(sample, manifest.motion), size)
+    return [motioncolour.png(p) for p in pictures], scale
 
 
 VIEWER = web.AppKey("viewer", Viewer)
@@ -206,8 +242,9 @@ async def static(request: web.Request) -> web.Response:
 
 # --- JSON and frames ---------------------------------------------------------------------------
 async def settings(request: web.Request) -> web.Response:
-    """Whether reads need a token: the pages ask before anything else, so none fails before the login."""
-    return _json({"read_auth": request.app[READ_AUTH]})
+    """Whether reads need a token (the pages ask before anything else, so none fails before the
+    login) and the states' badges (``service.states``: no data of any set)."""
+    return _json({"read_auth": request.app[READ_AUTH], "states": states.table()})
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -245,7 +282,8 @@ async def clips(request: web.Request) -> web.Response:
         frames = len(await request.app[VIEWER].frames(rec, data["manifest"], part.clip(shown[0]["n"])))
     return _json({"id": rec.id, "split": part.name, "splits": list(index.splits), "class": label,
                   "classes": index.classes, "page": page, "per_page": per_page, "total": int(len(chosen)),
-                  "pages": -(-len(chosen) // per_page), "frames": frames, "clips": shown})
+                  "pages": -(-len(chosen) // per_page), "frames": frames, "motion": _motion_kind(data["manifest"]),
+                  "clips": shown})
 
 
 async def clip_detail(request: web.Request) -> web.Response:
@@ -253,8 +291,11 @@ async def clip_detail(request: web.Request) -> web.Response:
     clip = _clip(_split(data, request.match_info["split"]), request.match_info["n"])
     sample = await asyncio.to_thread(read_clip, data["manifest"], clip)
     spans = frame_spans(sample)
+    kind = _motion_kind(data["manifest"])
+    scale = (await request.app[VIEWER].motion(rec, data["manifest"], clip))[1] if kind else None
     return _json({"id": rec.id, "split": clip.split, **_clip_json(data["index"], clip),
-                  "frames": len(spans), "frame_bytes": [size for _, size in spans], "meta": clip_meta(sample)})
+                  "frames": len(spans), "frame_bytes": [size for _, size in spans], "meta": clip_meta(sample),
+                  "motion": kind, "motion_scale": scale})
 
 
 async def frame(request: web.Request) -> web.StreamResponse:
@@ -273,10 +314,35 @@ async def frame(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def motion(request: web.Request) -> web.Response:
+    rec, data = await _ready(request)
+    kind = _motion_kind(data["manifest"])
+    if kind is None:
+        raise web.HTTPNotFound(text=f"dataset {rec.id} has no motion fields (ingest build --motion stores them)")
+    clip = _clip(_split(data, request.match_info["split"]), request.match_info["n"])
+    pictures, _ = await request.app[VIEWER].motion(rec, data["manifest"], clip)
+    t = request.match_info["t"]
+    if not t.isdigit() or int(t) >= len(pictures):
+        raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(pictures)} motion fields; there is no "
+                                    f"field {t!r}")
+    body = pictures[int(t)]
+    headers = {"ETag": f'"{clip.shard.sha256}.{clip.offset}.{kind}.{t}.{COLOURING}"',
+               "Cache-Control": "no-store" if rec.verify_problems  # a damaged set: nothing of it kept
+               else ("private, " if request.app[READ_AUTH] else "") + "no-cache", **SECURITY}
+    if evaluate("HEAD", len(body), headers["ETag"], request.headers).status == 304:  # If-None-Match
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, headers={**headers, "Content-Type": "image/png"})
+
+
+def _motion_kind(manifest: Manifest) -> str | None:
+    return None if manifest.motion == "none" else manifest.motion
+
+
 ROUTES = {"/": page, "/sets/{ref}": page, "/sets/{ref}/clips": page, "/static/{name}": static,
           "/v1/viewer": settings, "/v1/viewer/{ref}": overview, "/v1/viewer/{ref}/probe": probe,
           "/v1/viewer/{ref}/clips": clips, "/v1/viewer/{ref}/clips/{split}/{n}": clip_detail,
-          "/v1/viewer/{ref}/frames/{split}/{n}/{t}": frame}  # GET, and HEAD with it
+          "/v1/viewer/{ref}/frames/{split}/{n}/{t}": frame,
+          "/v1/viewer/{ref}/motion/{split}/{n}/{t}": motion}  # GET, and HEAD with it
 
 
 def add_routes(app: web.Application) -> None:

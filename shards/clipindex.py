@@ -123,3 +123,8 @@ def clip_meta(sample: bytes) -> dict:
         if name.endswith(".json"):
             return json.loads(data)
     return {}
+
+
+def motion_fields(sample: bytes, kind: str) -> list[bytes]:
+    """The clip's stored motion fields of ``kind`` (``shards.motionfield`` PNGs), in frame order."""
+    return [data for name, data in tarformat.read_members(sample) if name.endswith(f".{kind}.png")]

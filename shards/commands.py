@@ -18,10 +18,12 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 
 from .errors import CommandError, Interrupted
+from .progress import console_handler
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -38,6 +40,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _format_text(self, text):
         return super()._format_text(text.replace("``", ""))
+
+    def _fill_text(self, text, width, indent):
+        """Paragraphs (split at blank lines) filled one by one; an indented one (a command line, an
+        example) kept line for line, as written."""
+        paragraphs = re.split(r"\n\s*\n", text.strip("\n"))
+        return "\n\n".join(
+            "\n".join(indent + line.rstrip() for line in p.splitlines()) if p[:1].isspace()
+            else super(HelpFormatter, self)._fill_text(p, width, indent) for p in paragraphs)
 
     def _expand_help(self, action):
         return super()._expand_help(action).replace("``", "")
@@ -67,7 +77,8 @@ def build_parser(prog: str, description: str, commands: dict[str, str],
 def main(prog: str, description: str, commands: dict[str, str], argv: list[str] | None = None) -> int:
     parser, loaded = build_parser(prog, description, commands)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        handlers=[console_handler()])  # never on a progress bar's line
     try:
         status = loaded[args.command].run(args)
         sys.stdout.flush()  # a closed pipe shows here rather than at exit

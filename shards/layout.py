@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from . import partition
+from .words import plural
 
 MB = 1e6
 
@@ -80,12 +81,18 @@ def shard_opens(shard_sizes: list[int], world_size: int, workers: int, batch_siz
 
 
 def plan(totals: Totals, max_world: int, workers: int, batch_size: int, world_sizes: list[int],
-         target_bytes: float = 256 * MB, num_shards: int | None = None) -> dict:
-    """The recommendation and, per world size, per-rank and total metadata operations per epoch."""
-    count, per_shard = recommend(totals, target_bytes) if not num_shards else (num_shards, math.ceil(totals.clips / num_shards))
-    sizes = [totals.clips * (j + 1) // count - totals.clips * j // count for j in range(count)]
+         target_bytes: float = 256 * MB, num_shards: int | None = None, shard_sizes: list[int] | None = None) -> dict:
+    """A layout and, per world size (the rows: ``world_sizes``, in order), per-rank and total
+    metadata operations per epoch. The layout: ``shard_sizes`` (clips per shard: a built set's own),
+    else ``num_shards`` even shards, else the recommendation for ``target_bytes``."""
+    if shard_sizes:
+        sizes, count, per_shard = list(shard_sizes), len(shard_sizes), max(shard_sizes)
+    else:
+        count = num_shards or recommend(totals, target_bytes)[0]
+        per_shard = math.ceil(totals.clips / count)
+        sizes = [totals.clips * (j + 1) // count - totals.clips * j // count for j in range(count)]
     rows = []
-    for world in sorted(set(world_sizes) | {max_world}):
+    for world in sorted(set(world_sizes)):
         share = partition.per_rank(totals.clips, world, batch_size)
         ranks, workers_opens = shard_opens(sizes, world, workers, batch_size)
         ours = Ops(opens=sum(ranks) + 1)  # + the manifest, read once by rank 0 and broadcast
@@ -105,37 +112,54 @@ def plan(totals: Totals, max_world: int, workers: int, batch_size: int, world_si
     return {"clips": totals.clips, "clip_bytes": totals.clip_bytes, "frames": totals.frames,
             "max_world_size": max_world, "workers_per_rank": workers, "batch_size": batch_size,
             "num_shards": count, "clips_per_shard": per_shard, "shard_mb": per_shard * totals.clip_bytes / MB,
-            "rows": rows}
+            "shard_clips": [min(sizes), max(sizes)],
+            "layout": "set" if shard_sizes else "num_shards" if num_shards else "recommended", "rows": rows}
+
+
+def _mb(n: float) -> str:
+    return f"{n:,.0f} MB" if n >= 10 else f"{n:.1f} MB"
+
+
+def recommendation(p: dict) -> str:
+    """The recommended (or, with ``--num-shards``, the asked for) layout in one line."""
+    head = "Planned (--num-shards)" if p.get("layout") == "num_shards" else "Recommended"
+    return f"{head}: {plural(p['num_shards'], 'shard')} of ~{p['clips_per_shard']:,} clips (~{_mb(p['shard_mb'])})."
+
+
+def own_layout(p: dict) -> str:
+    """A built set's layout in one line."""
+    low, high = p["shard_clips"]
+    clips = f"{high:,} clips" if low == high else f"{low:,}-{high:,} clips"
+    return f"This set: {plural(p['num_shards'], 'shard')} of {clips} (up to ~{_mb(p['shard_mb'])})."
 
 
 def explain(p: dict) -> str:
-    """The recommendation and its trade-off in words."""
+    """How ranks read a layout, and the trade-off of the shard size, in words."""
     top = p["rows"][-1]
     return "\n".join([
-        f"Recommended: {p['num_shards']} shard{'s' if p['num_shards'] != 1 else ''} of ~{p['clips_per_shard']:,} clips (~{p['shard_mb']:,.0f} MB).",
         "How ranks read: every epoch the shard order is shuffled and rotated (seeded by seed and epoch);",
-        f"rank r reads one contiguous range of it: at {p['max_world_size']:,} ranks {top['clips_per_rank']:,} clips "
+        f"rank r reads one contiguous range of it: at {top['world_size']:,} ranks {top['clips_per_rank']:,} clips "
         f"({top['mb_per_rank']:,.1f} MB),",
         "a byte range of one shard, sometimes two, found by the manifest's per-sample offsets. Its loader",
         "workers split the range by batches and share the rank's descriptors, so a rank opens each shard",
         "it touches once; nothing is listed or stat-ed. Where descriptors cannot be shared (remote",
         f"storage) each worker opens its own: at most {top['shards']['opens_per_rank_per_worker_max']} per rank "
-        f"at {p['max_world_size']:,} ranks.",
+        f"at {top['world_size']:,} ranks.",
         "Trade-off: opens per epoch are about world size + shard count, so larger shards cost fewer",
         "metadata operations and give long sequential reads, but they are coarser units for the",
         "per-epoch shuffle of the shard order, for ingest's parallel writers, and for verify, staging",
         "to a node-local cache and retrying a failed transfer. Below a few MB a shard stops being an",
         "efficient sequential read. Readers outnumbering shards cost nothing extra here: at",
-        f"{p['max_world_size']:,} ranks x {p['workers_per_rank']} workers about {top['readers_per_shard']:,.0f} "
+        f"{top['world_size']:,} ranks x {p['workers_per_rank']} workers about {top['readers_per_shard']:,.0f} "
         "readers share each shard, each with its own byte range.",
     ])
 
 
-def format_plan(p: dict) -> str:
+def format_table(p: dict) -> str:
+    """A layout's metadata operations per epoch, a row per world size, against frame folders and video files."""
     head = (f"{'ranks':>6} {'clips/rank':>10} {'MB/rank':>8} | {'shards: opens/rank':>18} {'total':>8} | "
             f"{'frame folders: ops/rank':>23} {'total':>10} | {'video files: ops/rank':>21} {'total':>9} | {'ratio':>6}")
-    lines = [f"{p['clips']:,} clips x {p['clip_bytes'] / 1e3:,.0f} kB, {p['frames']} frames; "
-             f"batch {p['batch_size']} per rank, {p['workers_per_rank']} loader workers per rank", "", head, "-" * len(head)]
+    lines = [head, "-" * len(head)]
     for r in p["rows"]:
         s, f, v = r["shards"], r["frame_folders"], r["video_files"]
         lines.append(
@@ -144,7 +168,17 @@ def format_plan(p: dict) -> str:
             f"{f['opens_per_rank'] + f['stats_per_rank']:>23,.0f} {f['total']:>10,.0f} | "
             f"{v['opens_per_rank'] + v['stats_per_rank']:>21,.0f} {v['total']:>9,.0f} | "
             f"{r['frame_folders_over_shards']:>5,.0f}x")
-    lines += ["", "ops = opens + stats + listings per epoch; shards total includes the manifest (1 open per job);",
+    return "\n".join(lines)
+
+
+def format_plan(p: dict, own: dict | None = None) -> str:
+    """The plan ``p`` (a recommendation) as text; ``own``: a built set's own layout, tabled first."""
+    lines = [f"{p['clips']:,} clips x {p['clip_bytes'] / 1e3:,.0f} kB, {p['frames']} frames; "
+             f"batch {p['batch_size']} per rank, {p['workers_per_rank']} loader workers per rank", ""]
+    if own:
+        lines += [own_layout(own), format_table(own), ""]
+    lines += [recommendation(p), format_table(p), "",
+              "ops = opens + stats + listings per epoch; shards total includes the manifest (1 open per job);",
               "ratio = frame-folder total / shard total.", "", explain(p)]
     return "\n".join(lines)
 

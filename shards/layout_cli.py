@@ -1,7 +1,9 @@
 """Recommend a shard layout and predict metadata operations per epoch, 1 to N ranks.
 
-Give a manifest (its split's clip count and bytes are used) or dataset totals. The table
-compares this layout with frame folders and one file per video; see ``shards.layout``.
+Give a built set (its split's own layout is tabled first, then the recommendation for its clip
+count and bytes) or dataset totals. Each table compares the layout with frame folders and one
+file per video, a row per world size (``--world-sizes``; by default 1 to ``--max-world-size``);
+see ``shards.layout``.
 """
 from __future__ import annotations
 
@@ -25,14 +27,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-world-size", type=int, default=6144, help="largest number of ranks to serve")
     p.add_argument("--workers", type=int, default=8, help="loader workers per rank")
     p.add_argument("--batch-size", type=int, default=8, help="clips per rank per step")
-    p.add_argument("--world-sizes", default=",".join(map(str, DEFAULT_WORLD_SIZES)),
-                   help="comma-separated world sizes for the table")
+    p.add_argument("--world-sizes", type=world_sizes,
+                   help="comma-separated world sizes, a table row each (default: "
+                        f"{','.join(map(str, DEFAULT_WORLD_SIZES))}, up to --max-world-size, and it)")
     p.add_argument("--target-size", default="256MB", help="shard size to aim for")
     p.add_argument("--num-shards", type=int, help="plan this shard count instead of recommending one")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def world_sizes(text: str) -> list[int]:
+    """'1,8,64' -> [1, 8, 64]: whole numbers of ranks, 1 or more."""
+    try:
+        sizes = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers of ranks separated by commas") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give world sizes of 1 rank or more")
+    return sizes
+
+
 def run(args: argparse.Namespace) -> int:
+    shard_sizes = None
     if args.manifest:
         m = Manifest.load(args.manifest)
         if args.split not in m.splits:
@@ -40,12 +55,14 @@ def run(args: argparse.Namespace) -> int:
         split = m.splits[args.split]
         totals = Totals(split.num_samples, split.num_bytes / max(1, split.num_samples),
                         m.config.get("clip", {}).get("frames", args.frames))  # as ingest writes it
+        shard_sizes = [s.num_samples for s in split.shards if s.num_samples]
     elif args.clips:
         totals = Totals(args.clips, parse_size(args.clip_size), args.frames)
     else:
         raise SystemExit("shards plan: give a manifest or --clips")
-    worlds = [int(w) for w in args.world_sizes.split(",") if int(w) <= args.max_world_size]
-    p = plan(totals, args.max_world_size, args.workers, args.batch_size, worlds,
-             parse_size(args.target_size) or 256 * MB, args.num_shards)
-    print(json.dumps(p, sort_keys=True) if args.json else format_plan(p))
+    worlds = args.world_sizes or [w for w in DEFAULT_WORLD_SIZES if w < args.max_world_size] + [args.max_world_size]
+    layout = dict(max_world=args.max_world_size, workers=args.workers, batch_size=args.batch_size, world_sizes=worlds)
+    p = plan(totals, target_bytes=parse_size(args.target_size) or 256 * MB, num_shards=args.num_shards, **layout)
+    own = plan(totals, shard_sizes=shard_sizes, **layout) if shard_sizes else None
+    print(json.dumps({**p, "set": own}, sort_keys=True) if args.json else format_plan(p, own))
     return 0

@@ -1,9 +1,13 @@
 """Contact sheets of clips, as a PNG and/or a static HTML page: look before training.
 
 One row per clip (its label and key, then its T frames in order), as a PNG (``--out``) and/or
-a static HTML page (``--html DIR``).
+a static HTML page (``--html DIR``). A set with motion fields (``ingest build --motion``) gets a
+second row under each clip's frames: each frame's field in the colours of optical-flow figures
+(``shards.motioncolour``: direction as hue, length as saturation, black where the motion is not
+known), at one scale per clip, with the colour wheel and that scale beside it. Examples:
 
     shards preview shards/k400 --split val --classes "riding a bike" juggling --clips 12 --out sheet.png
+
     shards preview http://127.0.0.1:8765/v1/datasets/k400 --html preview/
 
 Clips are spread evenly over those of the split (of the given classes), so a sheet shows the
@@ -19,20 +23,35 @@ import argparse
 import html
 import io
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from . import storage
-from .clipindex import ClipIndex, frame_spans
+from . import motioncolour, storage
+from .clipindex import ClipIndex, frame_spans, motion_fields
 from .digests import ALGORITHM, CorruptSample
 from .errors import CommandError
 from .manifest import Manifest
 from .reading import iter_samples
+from .words import plural
 
 LABEL_WIDTH = 240  # pixels left of the frames for the label and key
 GAP = 4
 DAMAGED = (200, 0, 0)  # the colour a damaged clip's row is marked in
+LEGEND = "direction: hue (right red, down yellow, left cyan, up blue); length: saturation; black: not known"
+
+
+@dataclass
+class Row:
+    """One clip as the sheet shows it: its JPEG frames and coloured motion fields (none without
+    motion), or why it is not shown (``damaged``)."""
+    label: str
+    key: str
+    frames: list[bytes] = field(default_factory=list)
+    motion: list[Image.Image] = field(default_factory=list)
+    scale: float = 0.0  # pixels per frame at full colour
+    damaged: str | None = None
 
 
 def pick(index: ClipIndex, split: str, classes: list[str] | None, clips: int) -> list:
@@ -46,13 +65,19 @@ def pick(index: ClipIndex, split: str, classes: list[str] | None, clips: int) ->
     return [part.clip(int(positions[k])) for k in chosen]
 
 
-def read_frames(manifest: Manifest, clip) -> list[bytes] | str:
-    """The clip's JPEG frames, or, for a clip whose bytes differ from the manifest's digest, why
-    it is not shown."""
+def read_row(manifest: Manifest, index: ClipIndex, clip) -> Row:
+    """The clip's frames and, on a set with motion, its fields coloured; a clip whose bytes differ
+    from the manifest's digest is a row saying why it is not shown."""
+    row = Row(_label(index, clip), clip.key)
     ((_, sample),) = iter_samples(manifest.shard_url(clip.shard), clip.shard, clip.index, clip.index + 1, bad=True)
     if isinstance(sample, CorruptSample):
-        return f"damaged: {ALGORITHM} digest {sample.found}, the manifest says {sample.expected}"
-    return [sample[offset:offset + size] for offset, size in frame_spans(sample)]
+        row.damaged = f"damaged: {ALGORITHM} digest {sample.found}, the manifest says {sample.expected}"
+        return row
+    row.frames = [sample[offset:offset + size] for offset, size in frame_spans(sample)]
+    if manifest.motion != "none" and row.frames:
+        size = Image.open(io.BytesIO(row.frames[0])).size
+        row.motion, row.scale = motioncolour.render(motion_fields(sample, manifest.motion), size)
+    return row
 
 
 def _label(index: ClipIndex, clip) -> str:
@@ -71,49 +96,76 @@ def _fit(im: Image.Image, height: int) -> Image.Image:
     return im.resize(size, Image.Resampling.NEAREST if height >= im.height else Image.Resampling.BILINEAR)
 
 
-def sheet(rows: list[tuple[str, str, list[bytes] | str]], height: int) -> Image.Image:
-    """One row per (label, key, frames): the text, then the frames scaled to ``height`` pixels; a
-    damaged clip's row (frames: why it is not shown) is a red frame around that text instead."""
-    scaled = [[_fit(Image.open(io.BytesIO(f)).convert("RGB"), height) for f in frames] if isinstance(frames, list)
-              else [] for _, _, frames in rows]
+def _scale_text(scale: float) -> str:
+    return f"full colour: {scale:.2g} px/frame"
+
+
+def sheet(rows: list[Row], height: int) -> Image.Image:
+    """One row per clip: the text, then the frames scaled to ``height`` pixels, and under them,
+    on a set with motion, the fields with the colour wheel and their scale; a damaged clip's row
+    is a red frame around why instead."""
+    scaled = [[_fit(Image.open(io.BytesIO(f)).convert("RGB"), height) for f in r.frames] for r in rows]
+    fields = [[_fit(im, height) for im in r.motion] for r in rows]
     width = LABEL_WIDTH + max([sum(im.width + GAP for im in ims) for ims in scaled] + [LABEL_WIDTH + GAP])
-    out = Image.new("RGB", (width, max(1, len(rows)) * (height + GAP) + GAP), "white")
+    tall = [height + GAP + (height + 3 * GAP if f else 0) for f in fields]  # a clip's rows apart from the next's
+    out = Image.new("RGB", (width, max(1, sum(tall) or height + GAP) + GAP), "white")
     draw, font = ImageDraw.Draw(out), ImageFont.load_default()
-    for r, ((label, key, frames), ims) in enumerate(zip(rows, scaled)):
-        y = GAP + r * (height + GAP)
-        damaged = isinstance(frames, str)
-        draw.text((GAP, y + 2), _drawable(label), fill=DAMAGED if damaged else "black", font=font)
-        draw.text((GAP, y + 18), _drawable(key), fill=DAMAGED if damaged else (90, 90, 90), font=font)
-        if damaged:  # the text cut to the box (about 6 pixels a character)
+    wheel = _fit(motioncolour.legend(), height) if any(fields) else None
+    y = GAP
+    for row, ims, motion, h in zip(rows, scaled, fields, tall):
+        colour = DAMAGED if row.damaged else "black"
+        draw.text((GAP, y + 2), _drawable(row.label), fill=colour, font=font)
+        draw.text((GAP, y + 18), _drawable(row.key), fill=DAMAGED if row.damaged else (90, 90, 90), font=font)
+        if row.damaged:  # the text cut to the box (about 6 pixels a character)
             draw.rectangle((LABEL_WIDTH, y, width - GAP - 1, y + height - 1), fill=(255, 225, 225), outline=DAMAGED,
                            width=3)
-            draw.text((LABEL_WIDTH + 8, y + 8), _drawable(frames, (width - LABEL_WIDTH - 16) // 6), fill=DAMAGED,
+            draw.text((LABEL_WIDTH + 8, y + 8), _drawable(row.damaged, (width - LABEL_WIDTH - 16) // 6), fill=DAMAGED,
                       font=font)
-        x = LABEL_WIDTH
-        for im in ims:
-            out.paste(im, (x, y))
-            x += im.width + GAP
+        for line, pictures in ((y, ims), (y + height + GAP, motion)):
+            x = LABEL_WIDTH
+            for im in pictures:
+                out.paste(im, (x, line))
+                if pictures is motion:  # a frame around it, in the gap: no motion is white, as the page
+                    draw.rectangle((x - 1, line - 1, x + im.width, line + im.height), outline=(190, 190, 190))
+                x += im.width + GAP
+        if motion:  # the wheel and the scale in the label column, beside the fields
+            out.paste(wheel, (GAP, y + height + GAP))
+            draw.text((2 * GAP + wheel.width, y + height + GAP + 2), "motion", fill="black", font=font)
+            draw.text((2 * GAP + wheel.width, y + height + GAP + 18), _drawable(_scale_text(row.scale)),
+                      fill=(90, 90, 90), font=font)
+        y += h
     return out
 
 
-def write_html(directory: str, title: str, rows: list[tuple[str, str, list[bytes]]], height: int) -> str:
-    """``directory/index.html`` showing the rows, the frames beside it as ``frames/R_T.jpg``."""
-    body = []
-    for r, (label, key, frames) in enumerate(rows):
-        if isinstance(frames, str):  # damaged: why it is not shown
-            body.append(f'<tr class="damaged"><th>{html.escape(label)}<br><small>{html.escape(key)}</small></th>'
-                        f'<td>{html.escape(frames)}</td></tr>')
+def write_html(directory: str, title: str, rows: list[Row], height: int) -> str:
+    """``directory/index.html`` showing the rows, the frames beside it as ``frames/R_T.jpg``, the
+    coloured fields as ``motion/R_T.png`` and their colour wheel as ``motion/legend.png``."""
+    body, wheel = [], ""
+    for r, row in enumerate(rows):
+        head = f'<th>{html.escape(row.label)}<br><small>{html.escape(row.key)}</small></th>'
+        if row.damaged:  # why it is not shown
+            body.append(f'<tr class="damaged">{head}<td>{html.escape(row.damaged)}</td></tr>')
             continue
-        cells = []
-        for t, data in enumerate(frames):
+        cells, fields = [], []
+        for t, data in enumerate(row.frames):
             storage.atomic_write(storage.join(directory, f"frames/{r:04d}_{t:02d}.jpg"), data)
             cells.append(f'<img src="frames/{r:04d}_{t:02d}.jpg" height="{height}" alt="frame {t}">')
-        body.append(f'<tr><th>{html.escape(label)}<br><small>{html.escape(key)}</small></th>'
-                    f'<td>{"".join(cells)}</td></tr>')
+        for t, picture in enumerate(row.motion):
+            storage.atomic_write(storage.join(directory, f"motion/{r:04d}_{t:02d}.png"), motioncolour.png(picture))
+            fields.append(f'<img src="motion/{r:04d}_{t:02d}.png" height="{height}" alt="motion of frame {t}">')
+        motion = (f'<div class="motion">{"".join(fields)} <small>{html.escape(_scale_text(row.scale))}</small></div>'
+                  if fields else "")
+        body.append(f'<tr>{head}<td><div>{"".join(cells)}</div>{motion}</td></tr>')
+    if any(row.motion for row in rows):
+        storage.atomic_write(storage.join(directory, "motion/legend.png"), motioncolour.png(motioncolour.legend()))
+        wheel = (f'<p class="legend"><img src="motion/legend.png" height="{height}" alt="colour wheel"> Under each '
+                 f'clip, the motion of each frame: {html.escape(LEGEND)}.</p>\n')
     page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             '<style>body{font-family:sans-serif}th{text-align:left;font-weight:normal;padding-right:1em}'
-            'td img{margin-right:4px}tr.damaged{color:#c80000}tr.damaged td{border:3px solid #c80000}</style></head>\n'
-            f'<body><h1>{html.escape(title)}</h1><table>\n' + "\n".join(body) + "\n</table></body></html>\n")
+            'td img{margin-right:4px}td .motion{margin-top:4px}td .motion img{outline:1px solid #bbb}'
+            '.legend img{vertical-align:middle}'
+            'tr.damaged{color:#c80000}tr.damaged td{border:3px solid #c80000}</style></head>\n'
+            f'<body><h1>{html.escape(title)}</h1>\n{wheel}<table>\n' + "\n".join(body) + "\n</table></body></html>\n")
     url = storage.join(directory, "index.html")
     storage.atomic_write(url, page.encode())
     return url
@@ -143,16 +195,16 @@ def run(args: argparse.Namespace) -> int:
     if not clips:
         raise SystemExit(f"shards preview: split {args.split} has no clips"
                          + (f" of {', '.join(args.classes)}" if args.classes else ""))
-    rows = [(_label(index, c), c.key, read_frames(manifest, c)) for c in clips]
+    rows = [read_row(manifest, index, c) for c in clips]
     if args.out:
         buf = io.BytesIO()
         sheet(rows, args.height).save(buf, "PNG", optimize=True)
         storage.atomic_write(args.out, buf.getvalue())
-        print(f"{args.out}: {len(rows)} clips of {args.split}")
+        print(f"{args.out}: {plural(len(rows), 'clip')} of {args.split}")
     if args.html:
         title = f"{os.path.basename(manifest.base.rstrip('/')) or manifest.base}: {args.split}"
-        print(f"{write_html(args.html, title, rows, args.height)}: {len(rows)} clips of {args.split}")
-    damaged = [f"{c.shard.name} sample {c.key}" for c, (_, _, frames) in zip(clips, rows) if isinstance(frames, str)]
+        print(f"{write_html(args.html, title, rows, args.height)}: {plural(len(rows), 'clip')} of {args.split}")
+    damaged = [f"{c.shard.name} sample {c.key}" for c, row in zip(clips, rows) if row.damaged]
     if damaged:
         raise CommandError(f"{len(damaged)} of the {len(rows)} clips shown differ from the manifest's digests and are "
                            f"marked damaged ({', '.join(damaged[:3])}{', ...' if len(damaged) > 3 else ''}); "

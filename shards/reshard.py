@@ -26,6 +26,7 @@ from .commands import byte_size, positive_int
 from .errors import NoSpace, UsageError
 from .manifest import CLASSES_NAME, LEDGER_NAME, Manifest, ShardInfo, SplitInfo, digest
 from .verify import check_shard
+from .words import plural
 
 log = logging.getLogger("shards.reshard")
 
@@ -109,7 +110,8 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                     raise AssertionError("cuts do not cover every sample")
                 lost = sum(dropped.get(s.name, 0) for s in split.shards)
                 splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost)
-                log.info("%s: %d samples in %d shards -> %d shards", name, len(sizes), len(sources), len(parts))
+                log.info("%s: %s in %s -> %s", name, plural(len(sizes), "sample"), plural(len(sources), "shard"),
+                         plural(len(parts), "shard"))
     except (BadShard, NoSpace) as refused:  # a refused reshard leaves nothing behind (the destination was empty)
         for entry in fs.ls(root, detail=False) if fs.exists(root) else []:
             fs.rm(entry, recursive=True)
@@ -154,11 +156,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     dropped = out.config["resharded"].get("dropped", {})
     for name, clips in dropped.items():
-        print(f"skipped damaged {name}: {clips} clips lost")
+        print(f"skipped damaged {name}: {plural(clips, 'clip')} lost")
     for name, split in out.splits.items():
         fewer = (f" (--num-shards {args.num_shards} is more than the clips allow)"
                  if args.num_shards and args.num_shards > len(split.shards) else "")
-        print(f"{name}: {split.num_samples} clips in {len(split.shards)} shards{fewer}")
+        print(f"{name}: {plural(split.num_samples, 'clip')} in {plural(len(split.shards), 'shard')}{fewer}")
     if dropped:
-        print(f"{sum(dropped.values())} clips lost in {len(dropped)} damaged shards")
+        print(f"{plural(sum(dropped.values()), 'clip')} lost in {plural(len(dropped), 'damaged shard')}")
     return 0

@@ -28,6 +28,7 @@ from .digests import ALGORITHM, CorruptSample
 from .errors import CommandError
 from .manifest import Manifest, SplitInfo
 from .reading import iter_samples
+from .words import plural
 
 
 def _probe_samples(manifest: Manifest, split: SplitInfo, probe: int):
@@ -106,17 +107,18 @@ def format_text(stats: dict) -> str:
     lines = [f"shard set {stats['identity']}, {stats['classes']} classes, inputs' fingerprint {stats['fingerprint']}"]
     for name, s in stats["splits"].items():
         sb = s["shard_bytes"]
-        lines.append(f"{name}: {s['clips']:,} clips in {s['shards']} shards, {_mb(s['bytes'])} "
+        lines.append(f"{name}: {plural(s['clips'], 'clip')} in {plural(s['shards'], 'shard')}, {_mb(s['bytes'])} "
                      f"({s['bytes_per_clip'] / 1e3:,.1f} kB/clip), {s['failed_at_ingest']} failed at ingest")
         lines.append(f"  shard size min/median/max: {_mb(sb['min'])} / {_mb(sb['median'])} / {_mb(sb['max'])}")
         counts = sorted(s["classes"].items(), key=lambda kv: -kv[1])
         shown = counts if len(counts) <= 12 else counts[:5] + [("...", "")] + counts[-5:]
         lines.append("  clips per class: " + ", ".join(f"{c} {n}" for c, n in shown))
-        if s["probed_clips"]:
-            lines.append(f"  from {s['probed_clips']} clips read: frames per clip "
-                         + ", ".join(f"{k}: {v}" for k, v in s["frames_per_clip"].items())
-                         + "; frame sizes " + ", ".join(f"{k}: {v}" for k, v in s["frame_sizes"].items())
-                         + f"; {s['bytes_per_frame'] / 1e3:,.1f} kB/frame")
+        if s["bytes_per_frame"] is not None:  # some clip read was whole
+            clips = ", ".join(f"{plural(n, 'clip')} of {plural(int(t), 'frame')}"
+                              for t, n in s["frames_per_clip"].items())
+            sizes = ", ".join(f"{plural(n, 'frame')} of {size} px" for size, n in s["frame_sizes"].items())
+            lines.append(f"  from {plural(s['probed_clips'], 'clip')} read: {clips}; {sizes}; "
+                         f"{s['bytes_per_frame'] / 1e3:,.1f} kB/frame")
         if s["bad_samples"]:
             lines.append(f"  {len(s['bad_samples'])} of the {s['probed_clips']} clips read differ from the manifest's "
                          "digests (left out of these figures):")

@@ -23,6 +23,7 @@ from . import motionfield, tarformat
 from .digests import ALGORITHM, sample_digest
 from .manifest import Manifest, ShardInfo
 from .reading import local_path
+from .words import plural
 
 CHUNK = 8 << 20
 
@@ -210,5 +211,5 @@ def run(args: argparse.Namespace) -> int:
     for p in problems:
         print(p)
     shards = sum(len(s.shards) for n, s in m.splits.items() if not args.split or n in args.split)
-    print(f"{shards} shards checked{' (deep)' if args.deep else ''}: {len(problems)} problems")
+    print(f"{plural(shards, 'shard')} checked{' (deep)' if args.deep else ''}: {plural(len(problems), 'problem')}")
     return 1 if problems else 0

@@ -94,6 +94,21 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
     return m
 
 
+def make_class_set(directory: str, counts: list[int], classes: list[str]) -> Manifest:
+    """A one-shard train split with ``counts[c]`` clips of class c, each one 16x16 frame: a class
+    chart's data (hundreds of classes in a fraction of a second)."""
+    frame = jpeg((90, 120, 200), (16, 16))
+    labels = [c for c, n in enumerate(counts) for _ in range(n)]
+    samples = [(f"v{i:05d}", c, sample_bytes(f"v{i:05d}", [("00.jpg", frame), ("cls", str(c).encode())]))
+               for i, c in enumerate(labels)]
+    name = shard_name("train", 0)
+    m = Manifest(classes=classes, splits={"train": SplitInfo(shards=[write_shard(os.path.join(directory, name), name,
+                                                                                 samples)])},
+                 config={"clip": {"frames": 1}}, fingerprint=digest({"counts": counts}))
+    m.save(directory)
+    return m
+
+
 def corrupt_sample(directory, split: str = "train", shard: int = 0, sample: int = 2, at: int = 3000,
                    nbytes: int = 1, mask: int = 0x10, keep_mtime: bool = True):
     """Flip ``nbytes`` bytes (XOR ``mask``) ``at`` bytes into sample ``sample`` of shard ``shard`` of
@@ -195,7 +210,8 @@ class ServiceProcess:
         while not (line := self.proc.stdout.readline()).startswith("serving "):
             seen.append(line)
             assert line, "the server exited: " + "".join(seen)
-        self.url = line.split()[1].removesuffix("/v1")
+        self.url = line.split()[1].rstrip("/")  # the viewer's URL, the API's without its /v1
+        self.banner = [line, self.proc.stdout.readline()]  # the start lines: the viewer's URL, the API's
         self.log = seen
         threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()  # keep draining
         return self.url

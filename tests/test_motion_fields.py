@@ -11,6 +11,8 @@ import argparse
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import av
@@ -18,13 +20,15 @@ import cv2
 import ffmpeg
 import numpy as np
 import pytest
+from PIL import Image
 
 from ingest import build_cli, pyav_decoder, registry, staging
 from ingest.build import build
 from ingest.clips import ClipConfig, make_clips
 from ingest.deadline import Deadline
 from ingest.sources import Video
-from shards import motionfield, reshard, tarformat, verify
+from shards import motioncolour, motionfield, preview, reshard, tarformat, verify
+from shards.clipindex import ClipIndex, motion_fields, read_clip
 from shards.manifest import Manifest
 from shards.stats import collect
 
@@ -265,6 +269,8 @@ def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixtur
     resharded = reshard.reshard(str(out), str(tmp_path / "resharded"), shard_samples=1)
     assert resharded.motion == kind and verify.verify(resharded, deep=True) == []
 
+    _preview_shows_the_fields(out, m, tmp_path / "preview")
+
     # a damaged field is found by --deep
     data = bytearray((out / shard.name).read_bytes())
     start = data.index(members[fields[-1]])
@@ -272,6 +278,51 @@ def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixtur
     (out / shard.name).write_bytes(bytes(data))
     problems = [p.message for p in verify.verify(m, deep=True)]
     assert f"motion field {motionfield.member(3, kind)} does not decode" in " ".join(problems), problems
+
+
+def _preview_shows_the_fields(out: Path, m: Manifest, where: Path) -> None:
+    """``shards preview`` of the set: under each clip's frames a row of its fields, coloured by
+    ``shards.motioncolour`` (the viewer's colouring) with the colour wheel and the clip's scale,
+    in the PNG and the HTML page. Before: the fields were never shown."""
+    done = subprocess.run([sys.executable, "-m", "shards", "preview", str(out), "--split", "train", "--clips", "2",
+                           "--height", "32", "--out", str(where / "sheet.png"), "--html", str(where / "h")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    sheet = Image.open(where / "sheet.png").convert("RGB")
+    html = (where / "h" / "index.html").read_text()
+    assert 'src="motion/legend.png"' in html and "direction: hue" in html
+    index = ClipIndex(m)
+    chosen = preview.pick(index, "train", None, 2)
+    for row, clip in enumerate(chosen):
+        fields = motion_fields(read_clip(m, clip), m.motion)
+        assert len(fields) == 4
+        pictures, scale = motioncolour.render(fields, (43, 32))
+        top = preview.GAP + row * (2 * (32 + preview.GAP) + 2 * preview.GAP) + 32 + preview.GAP  # the fields' row
+        for t, picture in enumerate(pictures):
+            x = preview.LABEL_WIDTH + t * (43 + preview.GAP)
+            assert sheet.crop((x, top, x + 43, top + 32)).tobytes() == picture.tobytes(), (row, t)
+            shown = Image.open(where / "h" / "motion" / f"{row:04d}_{t:02d}.png").convert("RGB")
+            assert shown.tobytes() == picture.tobytes()
+            assert f'src="motion/{row:04d}_{t:02d}.png"' in html
+        assert f"full colour: {scale:.2g} px/frame" in html
+    assert (where / "h" / "motion" / "legend.png").is_file()
+
+
+def test_motion_colours_follow_the_optical_flow_convention():
+    """Baker et al.'s colour wheel (Middlebury): right red, down yellow, left cyan, up blue-violet;
+    no motion white, half the scale half saturated, beyond it darker; unknown black. One stray long
+    vector does not set a clip's scale."""
+    cases = {(1, 0): (255, 0, 0), (0, 1): (255, 229, 0), (-1, 0): (0, 209, 255), (0, -1): (88, 0, 255),
+             (0, 0): (255, 255, 255), (0.5, 0): (255, 127, 127), (2, 0): (191, 0, 0)}
+    field = np.array([list(cases)], dtype=float)
+    got = motioncolour.colour(field, np.ones(field.shape[:2], bool), scale=1.0)
+    assert [tuple(map(int, c)) for c in got[0]] == list(cases.values())
+    assert motioncolour.colour(field, np.zeros(field.shape[:2], bool), 1.0).max() == 0  # not known: black
+    typical = np.dstack([np.full((12, 12), 3.0), np.zeros((12, 12))])
+    stray = typical.copy()
+    stray[0, 0] = (20, 0)
+    ok = np.ones((12, 12), bool)
+    assert motioncolour.clip_scale([(typical, ok)] * 3 + [(stray, ok)]) == 3.0
 
 
 def test_motion_is_in_the_staging_key_and_the_catalog_id(fixture_src):

@@ -59,6 +59,7 @@ CASES = [
     ("plan-missing", "shards plan {root}/nope", {}, 2, ["nope", "no such file or directory"]),
     ("stats-not-a-set", "shards stats {root}/empty", {}, 2, ["empty/manifest.json", "no manifest"]),
     ("plan-no-such-split", "shards plan {set} --split test", {}, 2, ["'test'", "no split"]),
+    ("plan-world-size-0", "shards plan {set} --world-sizes 1,0", {}, 2, ["--world-sizes", "'1,0'", "1 rank or more"]),
     ("reshard-size-unit", "shards reshard {set} {root}/new --shard-size 64XB", {}, 2, ["--shard-size", "64XB"]),
     ("reshard-into-a-set", "shards reshard {set} {old} --num-shards 2", {}, 2, ["old", "not empty"]),
     ("dataset-not-served", "shards stats {url}/v1/datasets/nope", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 2,

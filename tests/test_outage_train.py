@@ -248,7 +248,8 @@ def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_ther
     finally:
         service.kill(15)
     assert exits(out) == {0: [75, 0], 1: [75, 0]}, output[-4000:]
-    assert f"resumed from {out / 'checkpoint.pt'} in epoch 1, after batch {batch} (step {batch}," in output
+    resumed_at = f"in epoch 1, after batch {batch}" if batch else "at the start of epoch 1"  # checkpoint.position
+    assert f"resumed from {out / 'checkpoint.pt'} {resumed_at} (step {batch}," in output
     records = [r for p in (out / "clips").glob("*.jsonl") for r in read_file(str(p))]
     after = [r for r in records if r not in first]
     assert min((r["epoch"], r["batch"]) for r in after) == ((2, 0) if where == "validation" else (1, batch))
@@ -303,7 +304,8 @@ def test_a_corrupt_sample_stops_the_run_at_its_batch_and_resume_after_the_repair
     path.write_bytes(whole)
     resumed = train(tmp_path / "run", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"in epoch 1, after batch {batch} (step {batch}," in resumed.stderr
+    assert f"{f'in epoch 1, after batch {batch}' if batch else 'at the start of epoch 1'} (step {batch}," in \
+        resumed.stderr
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "run")
     assert a["clips_seen"] == b["clips_seen"] == EPOCHS * 24
     for key, value in a["model"].items():

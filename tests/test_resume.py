@@ -5,11 +5,13 @@ Bitwise, not merely close, because on CPU every step is deterministic for a fixe
 count, and the checkpoint restores everything the rest of the run depends on: weights,
 momentum buffers, clips seen (the learning rate), the loader's place in the epoch (with a
 forked worker), the epoch's training sums and the RNG state that draws dropout masks.
+Its output is a log's (stderr is a pipe): progress lines, and each resume says where it resumed.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from shardsets import make_shardset
 
 EPOCHS, STEPS_PER_EPOCH, TRAIN_CLIPS = 2, 6, 24
 FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "KF_PROGRESS_SECONDS": "0"}  # a progress line every step
 # (fault, exit code, checkpoint's (epoch, batch, step) after it): the issue's four points and the end
 STOPS = [
     ("step:1:TERM:group", 143, (0, 1, 1)),  # first step; the whole process group, loader worker too
@@ -53,6 +55,14 @@ def test_stopped_at_first_middle_last_step_after_validation_or_killed_resumes_bi
 
     straight = train(data, tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-3000:]
+    # stderr is a pipe, not a terminal: progress as lines (before: a bar redrawn with "\r" per refresh)
+    lines = straight.stderr.splitlines()
+    assert "\r" not in straight.stderr
+    steps = [line for line in lines if re.match(r"epoch 1/2: \d/6 steps \(\d+%\), [\d.]+ steps/s, ETA \d:\d\d:\d\d; "
+                                                  r"loss [\d.]+, lr [\d.e+-]+, clips/s [\d.]+, data ms \d+, compute ms \d+$",
+                                                  line)]
+    assert [int(line.split()[2].split("/")[0]) for line in steps] == [1, 2, 3, 4, 5], lines
+    assert sum(bool(re.match(r"epoch 2/2: 6/6 steps in \d:\d\d:\d\d, [\d.]+ steps/s; loss", line)) for line in lines) == 1
 
     broken = tmp_path / "broken"
     for i, (fault, code, position) in enumerate(STOPS):
@@ -64,7 +74,11 @@ def test_stopped_at_first_middle_last_step_after_validation_or_killed_resumes_bi
             assert "checkpoint saved" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
         if i:
             epoch, batch, step = STOPS[i - 1][2]
-            assert f"resumed from {broken / 'checkpoint.pt'} in epoch {epoch + 1}, after batch {batch} (step {step}," in run.stderr
+            where = f"in epoch {epoch + 1}, after batch {batch}" if batch else f"at the start of epoch {epoch + 1}"
+            assert f"resumed from {broken / 'checkpoint.pt'} {where} (step {step}," in run.stderr
+    again = train(data, broken, "", "--resume")  # a finished run resumed: before, "in epoch 3, after batch 0"
+    assert again.returncode == 0 and f"after its last epoch ({EPOCHS} of {EPOCHS}): nothing is left to train" in \
+        again.stderr and f"epoch {EPOCHS + 1}" not in again.stderr, again.stderr[-3000:]
 
     a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
     b = torch.load(broken / "checkpoint.pt", weights_only=True)

@@ -106,3 +106,49 @@ def test_verify_records_its_outcome_and_list_show_tag(catalog):
     assert states == {"good": "changed", "tagged-ready": "ready", "failed": "failed", "failed-tagged": "failed",
                       "abandoned": "abandoned", "live": "building"}
     assert cli(cat, "show", "nothing")[0] == 2  # no such dataset: a usage error
+
+
+def test_list_on_a_terminal_colours_each_state_and_only_a_sound_set_green(catalog):
+    """Each state in its tone's colour (service.states) when stdout is a terminal (a real
+    pseudo-terminal here), plain into a pipe or with $NO_COLOR."""
+    import pty
+    import re
+
+    from service.states import ANSI, STATES
+
+    cat, sets, _ = catalog
+    good = cat.get(sets["good"].id)
+    cat.record_verify(good.id, 2, "val/val-000000.tar: SHA-256 differs", good.verified_files)
+    argv = [sys.executable, "-m", "service", "list", "--catalog", cat.path]
+
+    def on_a_terminal(env) -> str:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(argv, stdout=slave, stderr=subprocess.DEVNULL, env=env)
+        os.close(slave)
+        out = b""
+        while chunk := _read(master):
+            out += chunk
+        os.close(master)
+        assert proc.wait(timeout=60) == 0
+        return out.decode()
+
+    painted = {}
+    for line in on_a_terminal(dict(os.environ)).splitlines()[1:]:
+        name, sgr, state = re.match(r"\w+\s+(\S+)\s+\x1b\[([\d;]+)m(\w+)\x1b\[0m", line).groups()
+        painted[name] = (state, sgr)
+    assert painted == {"good": ("damaged", ANSI["bad"]), "tagged-ready": ("ready", ANSI["good"]),
+                       "failed": ("failed", ANSI["bad"]), "failed-tagged": ("failed", ANSI["bad"]),
+                       "abandoned": ("abandoned", ANSI["warn"]), "live": ("building", ANSI["busy"])}
+    assert [s for s, (_, sgr) in painted.items() if sgr == ANSI["good"]] == ["tagged-ready"]  # the only green
+    assert all(STATES[state].tone in ANSI for state, _ in painted.values())
+    assert "\x1b[" not in on_a_terminal({**os.environ, "NO_COLOR": "1"})
+    piped = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert "\x1b[" not in piped and {line.split()[1]: line.split()[2] for line in piped.splitlines()[1:]}["good"] == \
+        "damaged"
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # the terminal's other end closed (EIO)
+        return b""

@@ -163,3 +163,17 @@ def test_an_orphan_is_taken_over_only_while_it_can_be(catalog_location, tmp_path
     assert tired.state == "failed" and f"after {MAX_ATTEMPTS} attempts; not taken over again" in tired.error
     assert changed.state == "failed" and "its sources changed since it was asked for" in changed.error
     assert cat.orphans() == [] and not (tmp_path / "tired").exists() and not (tmp_path / "changed").exists()
+
+
+def test_the_start_lines_name_a_postgresql_catalog_without_its_password(postgres):
+    """Before: ``serving ... (catalog postgresql://kf:PASSWORD@...)`` in the service's journal. The
+    tests' server trusts loopback, so the password in the URL is ignored and the server starts."""
+    user, rest = postgres.database().removeprefix("postgresql://").split("@", 1)
+    server = ServiceProcess("--catalog", f"postgresql://{user}:never-print-me@{rest}")
+    try:
+        server.start()
+        assert "never-print-me" not in "".join(server.banner) and f"catalog postgresql://{user}:***@{rest}\n" \
+            in server.banner[1], server.banner
+        assert http(server.url, path="/v1")[0] == 200
+    finally:
+        server.kill()

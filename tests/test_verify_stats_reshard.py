@@ -130,7 +130,7 @@ def test_stats_checks_every_clip_it_reads_against_its_digest_and_names_the_bad_o
         f"shards verify {shardset} checks every clip"]
     assert "1 of the 23 clips read differ from the manifest's digests (left out of these figures):" in out
     assert f"    {shard.name}: sample {key}: xxh3-64 digest " in out and f"the manifest says {shard.digests[2]}" in out
-    assert "from 23 clips read: frames per clip 8: 22;" in out  # the damaged clip is in no figure
+    assert "from 23 clips read: 22 clips of 8 frames;" in out  # the damaged clip is in no figure
     assert main(["stats", shardset, "--probe", str(probe), "--json"]) == 1
     (bad,) = json.loads(capsys.readouterr().out)["splits"]["train"]["bad_samples"]
     assert (bad["shard"], bad["key"], bad["expected"]) == (shard.name, key, shard.digests[2]) != bad["found"]
@@ -232,7 +232,7 @@ def test_reshard_skip_bad_leaves_damaged_shards_out_and_reports_the_clips_lost(p
     assert main(["reshard", shardset, dst, "--shard-samples", "7", "--skip-bad"]) == 0
     out = capsys.readouterr().out
     assert f"skipped damaged {shard.name}: {shard.num_samples} clips lost" in out
-    assert f"{shard.num_samples} clips lost in 1 damaged shards" in out
+    assert f"{shard.num_samples} clips lost in 1 damaged shard\n" in out  # before: "1 damaged shards"
     lost = set(shard.keys)
     expected = {split: [row for row in rows if row[0] not in lost] for split, rows in sample_table(pristine).items()}
     assert sample_table(dst) == expected and len(expected["train"]) == TRAIN - shard.num_samples

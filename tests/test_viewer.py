@@ -10,6 +10,7 @@ import base64
 import contextlib
 import io
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -20,12 +21,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from service.states import STATES
+from shards import motioncolour
 from shards.catalog import Catalog
 from shards.clipindex import ClipIndex
 from shards.manifest import Manifest
 from shards.tarformat import read_members
 from required import require
-from shardsets import ServiceProcess, frame_colour, http, make_shardset, register, serve
+from shardsets import (ServiceProcess, frame_colour, frame_motion, http, make_class_set, make_shardset, register,
+                       serve)
 from test_service import TRAVERSALS
 
 TOKEN = "viewer-token-for-tests"
@@ -33,7 +37,10 @@ HOSTILE = '<img src=x onerror="window.pwned=1">'  # a class folder name
 HOSTILE_MESSAGE = "<script>window.pwned=2</script> moov atom not found"
 CLASSES = ["walking", HOSTILE, "jumping"]
 WORN = "train/train-000000.tar: SHA-256 differs from the manifest"  # what verify recorded of the worn set
-GREEN = "rgb(19, 115, 51)"  # .state-ready
+GREEN = "rgb(230, 244, 234)"  # the background of a sound set's badge (.badge.tone-good)
+MANY = [f"class {c:03d}, a Kinetics-like name" for c in range(400)]
+MANY_COUNTS = [3 + (c * 37) % 29 for c in range(400)]  # 3 to 31 clips a class
+MOTION_SIZE = (85, 64)  # the motion set's frames: not a whole number of 8-pixel cells wide
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +59,10 @@ def site(tmp_path_factory):
     worn = register(cat, str(root / "worn"), "worn", dataset_id="cd" * 32)
     cat.record_verify(worn.id, 1, WORN, cat.get(worn.id).verified_files)
     cat.claim("ee" * 32, source="tests", location=str(root / "half"), options={}, name="half")  # never ready
+    make_shardset(str(root / "moving"), {"train": 6}, per_shard=3, size=MOTION_SIZE, motion="mv")
+    register(cat, str(root / "moving"), "moving")
+    make_class_set(str(root / "many"), MANY_COUNTS, MANY)
+    register(cat, str(root / "many"), "many")
     (root / "tokens").write_text(TOKEN + "\n")
     stack = contextlib.ExitStack()
     base, _ = stack.enter_context(serve(str(root)))  # the same set on another HTTP server: a remote set
@@ -184,6 +195,21 @@ def test_frame_and_page_routes_refuse_traversal_and_unknown_names(site, raw):
     assert b"SECRET" not in body and b"\xff\xd8" not in body and b"import" not in body and len(body) < 400
 
 
+def test_the_start_lines_name_the_viewer_and_the_api_and_both_answer(site):
+    """Before: one line, ``serving http://HOST:PORT/v1``, which answered 404; the viewer unmentioned."""
+    for server in (site["open"], site["auth"]):
+        viewer, api = server.banner
+        assert re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) : the dataset viewer\n", viewer)
+        assert re.fullmatch(r" +(http://127\.0\.0\.1:\d+/v1) : the API \(a set's URL: http://\S+/v1/datasets/NAME\); "
+                            r"catalog \S+catalog\.sqlite\n", api)
+        for url in (viewer.split()[1], api.split()[0]):
+            origin, path = re.fullmatch(r"(http://[^/]+)(/.*)", url).groups()
+            status, _, body = http(origin, path=path)
+            assert status == 200, (url, status, body[:200])
+        status, _, body = http(server.url, path="/v1")  # the API's base says where things are, no data
+        assert json.loads(body)["datasets"] == "/v1/datasets" and b"tiny" not in body
+
+
 def test_pages_are_static_shells_with_a_strict_policy(site):
     url = site["open"].url
     for path in ("/", "/sets/tiny", "/sets/tiny/clips", "/static/viewer.js", "/static/viewer.css", "/v1/viewer/tiny"):
@@ -205,7 +231,9 @@ def test_pages_are_static_shells_with_a_strict_policy(site):
 def test_read_auth_json_and_frame_routes_need_the_token(site):
     url = site["auth"].url
     status, _, body = http(url, path="/v1/viewer")
-    assert status == 200 and json.loads(body) == {"read_auth": True}
+    settings = json.loads(body)
+    assert status == 200 and settings["read_auth"] is True  # the badges' table: no set's data
+    assert set(settings["states"]) == set(STATES) and settings["states"]["damaged"]["tone"] == "bad"
     for path in ("/v1/viewer/tiny", "/v1/viewer/tiny/clips?split=train", "/v1/viewer/tiny/clips/train/1",
                  "/v1/viewer/tiny/frames/train/1/0", "/v1/viewer/tiny/probe"):
         status, _, body = http(url, path=path)
@@ -215,6 +243,44 @@ def test_read_auth_json_and_frame_routes_need_the_token(site):
     status, headers, _ = http(url, path=f"/v1/viewer/{site['tiny'].id}/frames/train/1/0",
                               headers={"Authorization": f"Bearer {TOKEN}"})
     assert headers["cache-control"].startswith("private")
+
+
+def test_motion_route_serves_each_frames_field_coloured_at_the_clips_scale(site):
+    """The motion set's fields (uniform: frame t of clip n moved ``frame_motion(n, t)``, rightward
+    and growing with t) as pictures of the frame's size, in the optical-flow colours of
+    ``shards.motioncolour``, one scale for the clip; a set without fields says so."""
+    url = site["open"].url
+    for n in (1, 4):
+        scale = max(math.hypot(*frame_motion(n, t)) for t in range(8))
+        blues = []
+        for t in (0, 3, 7):
+            status, headers, body = http(url, path=f"/v1/viewer/moving/motion/train/{n}/{t}")
+            assert status == 200 and headers["content-type"] == "image/png", body[:200]
+            picture = np.asarray(Image.open(io.BytesIO(body)).convert("RGB")).astype(int)
+            assert picture.shape == (MOTION_SIZE[1], MOTION_SIZE[0], 3)  # the frame's size, cells cut at its edge
+            expect = motioncolour.colour(np.array([[frame_motion(n, t)]]), np.ones((1, 1), bool), scale)[0, 0]
+            assert np.abs(picture - expect).max() <= 4, (n, t, picture[0, 0], expect)  # stored fields are quantised
+            assert (picture[..., 0] == 255).all()  # rightward, down a little: red to orange, never blue
+            blues.append(int(picture[0, 0, 2]))
+        assert blues[0] > blues[1] > blues[2] and blues[2] <= 2  # longer motion, deeper colour; the longest full
+        detail = json.loads(http(url, path=f"/v1/viewer/moving/clips/train/{n}")[2])
+        assert detail["motion"] == "mv" and abs(detail["motion_scale"] - scale) < 0.2
+    status, headers, _ = http(url, path="/v1/viewer/moving/motion/train/1/3")
+    assert http(url, path="/v1/viewer/moving/motion/train/1/3", headers={"If-None-Match": headers["etag"]})[0] == 304
+    assert headers["cache-control"] == "no-cache"  # drawn here, not stored: asked again each time
+    assert json.loads(http(url, path="/v1/viewer/moving/clips?split=train")[2])["motion"] == "mv"
+    assert json.loads(http(url, path="/v1/viewer/tiny/clips?split=train")[2])["motion"] is None
+    status, _, body = http(url, path="/v1/viewer/tiny/motion/train/1/0")
+    assert status == 404 and "no motion fields" in json.loads(body)["error"]
+    assert http(url, path="/v1/viewer/moving/motion/train/1/8")[0] == 404
+    status, headers, body = http(url, path="/static/motion-legend.png")
+    assert status == 200 and headers["content-type"] == "image/png"
+    wheel = Image.open(io.BytesIO(body)).convert("RGB")  # right red, down yellow, left cyan, up blue, white centre
+    w = wheel.width
+    assert min(wheel.getpixel((w // 2, w // 2))) >= 245  # no motion: white
+    right, down, left, up = (wheel.getpixel(xy) for xy in ((w - 3, w // 2), (w // 2, w - 3), (2, w // 2), (w // 2, 2)))
+    assert right[0] > 200 > right[1] and down[0] > 200 and down[1] > 150 and down[2] < 60
+    assert left[0] < 60 and left[2] > 200 and up[2] > 200 and up[1] < 60
 
 
 # --- in a real browser ---------------------------------------------------------------------------
@@ -284,19 +350,42 @@ def test_a_set_verify_found_bad_is_listed_damaged_shown_and_not_served(site):
     assert status == 200 and headers["cache-control"] == "no-store"
 
 
+BADGES = ("return Array.from(document.querySelectorAll('.badge'), b => [b.closest('tr') ? b.closest('tr').dataset.id : "
+          "'', b.dataset.state, b.innerText, getComputedStyle(b).backgroundColor, b.title])")
+
+
 def test_browser_a_damaged_set_is_never_green(site, browser):
-    """Before: a set verify had found bad was a green ``ready`` in the catalog and on its page."""
+    """Before: a set verify had found bad was a green ``ready`` in the catalog and on its page. Every
+    state has its badge (service.states), and only a sound set's is green."""
     page(browser, site["open"].url + "/")
-    cell = "document.querySelector('tr[data-id=\"" + "cd" * 32 + "\"] td:nth-child(3)')"
-    state, colour = browser.execute_script(f"const c = {cell}; return [c.innerText, getComputedStyle(c).color]")
-    assert state.startswith("damaged") and WORN in state and colour not in (GREEN, "")
-    tiny = browser.execute_script(f"return getComputedStyle({cell.replace('cd' * 32, site['tiny'].id)}).color")
-    assert tiny == GREEN  # the sound set beside it
+    badges = browser.execute_script(BADGES)
+    shown = {row: (state, text, background, title) for row, state, text, background, title in badges}
+    assert shown[site["tiny"].id][:3] == ("ready", "ready", GREEN)
+    assert shown["cd" * 32][:2] == ("damaged", "damaged") and shown["cd" * 32][2] == "rgb(176, 0, 32)"  # red
+    assert all((background == GREEN) == (state == "ready") for _, state, _, background, _ in badges), badges
+    assert {state for _, state, *_ in badges} >= {"ready", "damaged", "building"}
+    assert all(title == STATES[state].meaning for _, state, _, _, title in badges)
+    cell = browser.execute_script(f"return document.querySelector('tr[data-id=\"{'cd' * 32}\"] td.state').innerText")
+    assert cell.startswith("damaged") and WORN in cell  # why, under the badge
+    # its why kept to three lines in the table (the row no taller than that), all of it in the tooltip
+    why, title, height, full, line = browser.execute_script(
+        f"const w = document.querySelector('tr[data-id=\"{'cd' * 32}\"] td.state .why'); "
+        "return [w.textContent, w.title, w.clientHeight, w.scrollHeight, parseFloat(getComputedStyle(w).lineHeight)]")
+    assert title == why and WORN in why and "shard-service verify" in why
+    assert height <= 3 * line + 1 < full, (height, full, line)
+    browser.set_window_size(900, 900)  # the last verify column narrow: broken between date and time, not inside
+    try:
+        verified = browser.execute_script(f"const c = document.querySelector('tr[data-id=\"{'cd' * 32}\"]')"
+                                          ".lastChild; return [c.innerText, Array.from(c.querySelectorAll('.nowrap'),"
+                                          " s => s.getClientRects().length)]")
+    finally:
+        browser.set_window_size(1200, 900)  # as the fixture started it
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\S+: 1 problem", verified[0]) and verified[1] == [1, 1], verified
     page(browser, site["open"].url + "/sets/worn")
-    shown = browser.execute_script("const d = Array.from(document.querySelectorAll('#record dd'))"
-                                   ".find(d => d.previousSibling.innerText === 'state'); "
-                                   "return [d.innerText, getComputedStyle(d).color]")
-    assert shown[0] == "damaged" and shown[1] not in (GREEN, "")
+    dd = browser.execute_script("const d = Array.from(document.querySelectorAll('#record dd'))"
+                                ".find(d => d.previousSibling.innerText === 'state'); "
+                                "return [d.innerText, getComputedStyle(d.querySelector('.badge')).backgroundColor]")
+    assert dd == ["damaged", "rgb(176, 0, 32)"]
     assert WORN in browser.execute_script("return document.getElementById('record').innerText")
     assert console_errors(browser) == []
 
@@ -317,7 +406,7 @@ def test_browser_set_page_counts_equal_the_manifest(site, browser):
                                     ".map(r => Array.from(r.cells).map(c => c.innerText))")
     assert ledger == [[e["path"], e["split"], e["reason"], e["ffmpeg"]] for e in site["ledger"]]
     frames = browser.execute_script("return document.querySelector('#frames tbody').innerText")
-    assert "64x48" in frames and "8: 8" in frames
+    assert "8 frames per clip" in frames and "64x48 px: 64 frames" in frames  # before: "8: 8" and "64x48: 64"
     assert console_errors(browser) == []
 
 
@@ -357,6 +446,85 @@ def shown_pixels(browser) -> list:
         });""")
 
 
+IMAGES = ("return Array.from(document.querySelectorAll(arguments[0]), i => [i.className, i.dataset.frame || '', "
+          "i.complete && i.naturalWidth, i.naturalHeight])")
+
+
+def test_browser_motion_toggle_shows_a_field_per_frame(site, browser):
+    """The motion set's clips: frames, motion or both (each field under its frame), and in the
+    clip's modal both players side by side; the colour wheel beside them. Before: no motion anywhere."""
+    from selenium.webdriver.support.ui import Select
+
+    url = site["open"].url
+    page(browser, url + "/sets/moving/clips?view=motion")
+    wait(browser, "return document.body.dataset.loaded === 'clips'")
+    figures = browser.execute_script("return Array.from(document.querySelectorAll('#grid figure'), f => f.dataset.n)")
+    assert len(figures) == 6
+    for n in figures:
+        shown = browser.execute_script(IMAGES, f"#grid figure[data-n='{n}'] img")
+        assert [(cls, src.split("/v1/viewer/")[1].split("/", 1)[1]) for cls, src, _, _ in shown] == \
+            [("motion", f"motion/train/{n}/{t}") for t in range(8)]  # an image per frame, frame order
+        assert all(w == MOTION_SIZE[0] and h == MOTION_SIZE[1] for _, _, w, h in shown)  # loaded, the frames' size
+    legend = browser.execute_script("const i = document.querySelector('#clips-legend img'); "
+                                    "return [i.naturalWidth, document.getElementById('clips-legend').innerText]")
+    assert legend[0] > 0 and "direction as hue" in legend[1]
+    Select(browser.find_element("id", "view")).select_by_value("both")
+    wait(browser, "return document.body.dataset.loaded === 'clips' && location.search.includes('view=both')")
+    cells = browser.execute_script("return Array.from(document.querySelectorAll('#grid figure[data-n=\"0\"] .cell'), "
+                                   "c => Array.from(c.querySelectorAll('img'), i => i.className + ' ' + "
+                                   "(i.complete && i.naturalWidth)))")
+    assert cells == [["frame 85", "motion 85"]] * 8  # each field under its frame
+    browser.find_element("css selector", "#grid figure").click()
+    wait(browser, "return document.getElementById('detail').open && document.querySelectorAll('#detail-frames img')"
+                  ".length === 16 && Array.from(document.querySelectorAll('#detail-frames img'))"
+                  ".every(i => i.naturalWidth > 0) && document.getElementById('player-motion').naturalWidth > 0")
+    players = browser.execute_script("return ['player', 'player-motion'].map(id => { const r = "
+                                     "document.getElementById(id).getBoundingClientRect(); return [r.left, r.top, "
+                                     "r.width]; })")
+    assert players[0][2] > 0 and players[1][2] > 0 and players[1][0] >= players[0][0] + players[0][2]  # side by side
+    assert "full colour at" in browser.execute_script("return document.getElementById('detail-fields').innerText")
+    browser.execute_script("document.getElementById('detail').close()")
+    page(browser, url + "/sets/tiny/clips")  # a set without fields: no toggle, frames only
+    wait(browser, "return document.body.dataset.loaded === 'clips'")
+    assert browser.execute_script("return document.getElementById('view-label').hidden && "
+                                  "document.querySelectorAll('#grid img.motion').length === 0")
+    assert console_errors(browser) == []
+
+
+def test_browser_class_chart_labels_itself_at_400_classes(site, browser):
+    """Before: bare bars, names and counts only in tooltips, no axis. Now: axes with their labels
+    and ticks, the longest and shortest classes marked and named, every class and its count in
+    the table beside the chart, sorted as the bars are."""
+    page(browser, site["open"].url + "/sets/many")
+    wait(browser, "return document.querySelectorAll('#hist-table tbody tr').length > 0")
+    texts = browser.execute_script("return Array.from(document.querySelectorAll('#histogram text'), t => "
+                                   "[t.getAttribute('class'), t.textContent])")
+    labels = [t for cls, t in texts if cls == "axis-label"]
+    assert labels == ["clips", "400 classes, most clips first"]
+    ticks = [int(t.replace(",", "")) for cls, t in texts if cls == "tick"]
+    assert ticks[0] == 0 and ticks[-1] >= max(MANY_COUNTS) and len(ticks) >= 3
+    longest = max(range(400), key=lambda c: (MANY_COUNTS[c], -c))
+    shortest = min(range(400), key=lambda c: (MANY_COUNTS[c], -c))
+    notes = [t for cls, t in texts if cls.startswith("note")]
+    assert notes == [f"longest: {MANY[longest]} ({MANY_COUNTS[longest]})",
+                     f"shortest: {MANY[shortest]} ({MANY_COUNTS[shortest]})"]
+    bars = browser.execute_script("return Array.from(document.querySelectorAll('#histogram rect'), r => "
+                                  "[Number(r.dataset.class), r.getAttribute('class'), "
+                                  "Number(r.getAttribute('height'))])")
+    assert len(bars) == 400 and [b[0] for b in bars] == sorted(range(400), key=lambda c: (-MANY_COUNTS[c], c))
+    assert bars[0][1] == "longest" and bars[-1][1] == "shortest" and bars[0][2] > bars[-1][2] > 0
+    rows = browser.execute_script("return Array.from(document.querySelectorAll('#hist-table tbody tr'), r => "
+                                  "Array.from(r.cells, c => c.innerText))")
+    assert [(name, int(n)) for _, name, n, _ in rows] == [(MANY[c], MANY_COUNTS[c]) for c, _, _ in bars]
+    assert browser.execute_script("return document.getElementById('hist-summary').innerText") == \
+        f"{sum(MANY_COUNTS):,} clips in 400 classes"
+    page(browser, site["open"].url + "/sets/tiny")  # every class alike: nothing to mark
+    wait(browser, "return document.querySelectorAll('#hist-table tbody tr').length > 0")
+    assert browser.execute_script("return Array.from(document.querySelectorAll('#histogram .note'), t => "
+                                  "t.textContent)") == ["every class: 8 clips"]
+    assert console_errors(browser) == []
+
+
 def test_browser_class_filter_and_detail_view(site, browser):
     from selenium.webdriver.support.ui import Select
 
@@ -379,15 +547,22 @@ def test_browser_class_filter_and_detail_view(site, browser):
 
 
 def test_browser_a_hostile_class_name_is_text_and_runs_nothing(site, browser):
+    ran = "return document.querySelectorAll('img[src=\"x\"], script:not([src])').length"
     for path in ("/sets/tiny", "/sets/tiny/clips?class=1"):
         page(browser, site["open"].url + path)
         text = wait(browser, f"return document.body.innerText.includes({json.dumps(HOSTILE)}) && "
                              "document.body.innerText")
-        ran = "return document.querySelectorAll('img[src=\"x\"], script:not([src])').length"
         assert browser.execute_script(ran) == 0
         assert browser.execute_script("return window.pwned === undefined")
         if path == "/sets/tiny":
             assert HOSTILE_MESSAGE in text
+    wait(browser, "return document.body.dataset.loaded === 'clips'")
+    browser.find_element("css selector", "#grid figure").click()  # the clip's modal: its title and fields
+    title = wait(browser, "return document.getElementById('detail').open && "
+                          "document.getElementById('detail-title').innerText")
+    assert title.startswith(HOSTILE) and HOSTILE in browser.execute_script(
+        "return document.getElementById('detail-fields').innerText")
+    assert browser.execute_script(ran) == 0 and browser.execute_script("return window.pwned === undefined")
     assert console_errors(browser) == []
 
 

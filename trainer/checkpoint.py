@@ -38,6 +38,18 @@ INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", 
          ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))
 
 
+def position(epoch: int, batch: int, epochs: int) -> str:
+    """Where a run stands, in words: ``epoch`` (0-based: the epochs finished) and ``batch`` (the
+    loader batches done in it) of a run of ``epochs``."""
+    if epoch == epochs:
+        return f"after its last epoch ({epoch} of {epochs}): nothing is left to train"
+    if epoch > epochs:
+        return f"after epoch {epoch}, past the {epochs} asked for: nothing is left to train"
+    if batch == 0:
+        return f"at the start of epoch {epoch + 1}"
+    return f"in epoch {epoch + 1}, after batch {batch}"
+
+
 def rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

@@ -31,11 +31,11 @@ from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from shards.direct import load_manifest
 from shards.errors import CommandError, DataFault, UsageError
 from shards.http_range import Retry
+from shards.progress import Progress as Bar
 from shards.manifest import Manifest
 
 from . import bad_samples, checkpoint, config, metrics
@@ -265,8 +265,8 @@ class Trainer:
         else:
             log.warning("resuming on %d ranks from %d: fresh random streams", self.backend.size, len(small["rng"]))
         if self.rank0:
-            log.info("resumed from %s in epoch %d, after batch %d (step %d, %d clips seen)", self.checkpoint_url,
-                     self.epoch + 1, self.batch, self.step, e.clips_seen)
+            log.info("resumed from %s %s (step %d, %d clips seen)", self.checkpoint_url,
+                     checkpoint.position(self.epoch, self.batch, self.regime.epochs), self.step, e.clips_seen)
 
     def position(self) -> dict:
         """Where the run stands, besides weights, optimizer and the epoch's sums."""
@@ -435,23 +435,23 @@ def train_step(t: Trainer, batch: dict, tick: float) -> dict:
 
 
 class Progress:
-    """An epoch's progress bar (rank 0's) and its ``train`` records, the steps' totals over every
-    rank every ``--print-freq`` steps."""
+    """An epoch's progress (rank 0's: a bar on a terminal, else a line every ``$KF_PROGRESS_SECONDS``
+    and one at the epoch's end, ``shards.progress``) and its ``train`` records, the steps' totals
+    over every rank every ``--print-freq`` steps."""
 
     def __init__(self, t: Trainer):
         self.t, self.window = t, metrics.StepTotals()
-        self.bar = tqdm(total=t.batch + len(t.train_loader), initial=t.batch,
-                        desc=f"epoch {t.epoch + 1}/{t.regime.epochs}", unit="step",
-                        disable=not t.rank0, dynamic_ncols=True, leave=False)
+        self.bar = Bar(t.batch + len(t.train_loader), initial=t.batch, desc=f"epoch {t.epoch + 1}/{t.regime.epochs}",
+                       unit="step", enabled=t.rank0, leave=False)
 
     def update(self, step: dict, batch: dict) -> None:
         t, e = self.t, self.t.engine
         self.window.add(**step)
         seconds = step["data_time"] + step["compute_time"]
-        self.bar.update(batch["period_end"])
-        self.bar.set_postfix(loss=f"{step['loss'] / max(step['clips'], 1):.3f}", lr=f"{e.lr:.2e}",
-                             clips_s=f"{batch['global_valid'] / seconds:.1f}", data_ms=f"{1e3 * step['data_time']:.0f}",
-                             compute_ms=f"{1e3 * step['compute_time']:.0f}", refresh=False)
+        self.bar.update(batch["period_end"], **{
+            "loss": f"{step['loss'] / max(step['clips'], 1):.3f}", "lr": f"{e.lr:.2e}",
+            "clips/s": f"{batch['global_valid'] / seconds:.1f}", "data ms": f"{1e3 * step['data_time']:.0f}",
+            "compute ms": f"{1e3 * step['compute_time']:.0f}"})
         if t.step % t.cfg.system.print_freq == 0:
             w = self.window.reduce(t.backend.all_sum).summary()
             t.log.log("train", t.step, epoch=t.epoch + 1, clips=e.clips_seen, loss=w["loss"], lr=e.lr,

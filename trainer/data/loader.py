@@ -71,6 +71,7 @@ from shards.http_range import DEFAULT_RETRY, Retry
 from shards.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 from shards.tarformat import member_bytes
+from shards.words import plural
 
 from .motion import MotionTransform
 from .shapes import PartsRenderer, unpack
@@ -392,7 +393,8 @@ class ClipLoader:
     def describe(self) -> str:
         """One line: what the loader reads and how it shuffles (the trainer logs it on rank 0, so a
         run's log says whether it really ran node-affine, and on how many nodes)."""
-        what = f"{self.split}: {self.manifest.splits[self.split].num_samples} clips in {len(self.shards)} shards"
+        clips = self.manifest.splits[self.split].num_samples
+        what = f"{self.split}: {plural(clips, 'clip')} in {plural(len(self.shards), 'shard')}"
         if not self.train:
             return f"{what}, in stored order"
         if self._nodes == 1:
