@@ -2,22 +2,26 @@
 paper's scale.
 
 Simulated (``--nodes`` x ``--ranks-per-node`` rank processes, all started at once, a cache
-directory per node, 3 epochs, against this project's shard service on 127.0.0.1): for each of
-global and node-affine epochs, through a node cache with room for the whole set, through one
-smaller than the set (``--small-budget`` of it: the dataset is larger than a node's budget), and
-reading byte ranges without a cache. Reported: per rank the time to its first batch (epoch 1,
-and the slowest later epoch) and the clips it trained each epoch (checked: every clip once per
-epoch over all ranks); per node the bytes downloaded each epoch and the downloads per copy (from
-the cache's own record of each download); the server's peak memory and CPU seconds (psutil on
-its process). Without a cache nothing is recorded per node: each epoch reads its share again, as
-byte ranges (``shards.layout.traffic`` counts them).
+directory per node, ``--epochs`` epochs, against this project's shard service on 127.0.0.1): for
+each of global and node-affine epochs, through a node cache with room for the whole set, through
+one smaller than the set (``--small-budget`` of it: the dataset is larger than a node's budget),
+reading byte ranges without a cache, and reading the set's files directly (``direct_reads=
+"always"``: the service names the set's location, visible here with the same manifest, and no
+shard byte goes through it). Reported: per rank the time to its first batch (epoch 1, and the
+slowest later epoch), beside the time one shard takes to download from the service alone (the
+median of 3 GETs), and the clips it trained each epoch (checked: every clip once per epoch over
+all ranks); per node the bytes downloaded each epoch and the downloads per copy (from the
+cache's own record of each download); the server's shard bytes and requests (its ``/v1/stats``
+counters, before and after), peak memory and CPU seconds (psutil on its process). Without a
+cache nothing is recorded per node: each epoch reads its share again, as byte ranges
+(``shards.layout.traffic`` counts them).
 
 Then ``shards.layout.traffic`` at the paper's scale (1,536 ranks on 256 nodes of 6, 240,000
 clips of 150 kB, 100 epochs): bytes over the network per epoch and per run, the aggregate rate
 from storage and the requests per second at the service at ``--epoch-seconds`` per epoch, in the
 global and node-affine modes, for the shard counts of ``--paper-shards``.
 
-    python bench/scale.py                    # 2 nodes x 2 ranks, 3 epochs; ~2 min on 2 cores
+    python bench/scale.py                    # 2 nodes x 2 ranks, 5 epochs; 6 min on 2 cores at load 22
     python bench/scale.py --paper-only       # the arithmetic alone (~30 s)
 
 The last line of output is ``BENCH_JSON {...}`` with every figure.
@@ -31,7 +35,9 @@ import multiprocessing
 import os
 import shutil
 import sys
+import statistics
 import time
+import urllib.request
 from collections import Counter
 
 import psutil
@@ -42,8 +48,6 @@ from bench.service import make_set, start  # noqa: E402
 from ingest.registry import describe_set  # noqa: E402
 from shards import layout  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
-
-EPOCHS = 3
 
 
 class _Downloads(logging.Handler):
@@ -58,9 +62,9 @@ class _Downloads(logging.Handler):
             self.done.append((record.piece, record.nbytes))
 
 
-def _rank(url, rank, world, per_node, mode, cache, budget, crop, go, out):
-    """One simulated rank: three epochs of its loader; per epoch its first-batch time, its valid
-    clips, the downloads its node cache made in this process and the range bytes it planned."""
+def _rank(url, rank, world, per_node, mode, cache, budget, direct, crop, epochs, go, out):
+    """One simulated rank: ``epochs`` epochs of its loader; per epoch its first-batch time, its
+    valid clips and the downloads its node cache made in this process."""
     from trainer.data.loader import ClipLoader
 
     downloads = _Downloads()
@@ -69,32 +73,52 @@ def _rank(url, rank, world, per_node, mode, cache, budget, crop, go, out):
     try:
         loader = ClipLoader(url, "train", batch_size=4, rank=rank, world_size=world, local_size=per_node,
                             shuffle=mode, num_workers=0, crop_size=crop, scale_size=crop + crop // 8,
-                            shuffle_buffer=16, cache_dir=cache, cache_budget=budget, lookahead=2)
+                            shuffle_buffer=16, cache_dir=cache, cache_budget=budget, lookahead=2,
+                            direct_reads="always" if direct else "never")
         go.wait()
-        epochs = []
-        for epoch in range(EPOCHS):
+        done = []
+        for epoch in range(epochs):
             loader.set_epoch(epoch)
             t, first, keys, before = time.perf_counter(), None, [], len(downloads.done)
             for batch in loader:
                 first = first if first is not None else time.perf_counter() - t
                 keys += [k for k, ok in zip(batch["keys"], batch["valid"].tolist()) if ok]
-            epochs.append({"first_batch_s": first, "keys": keys, "downloads": downloads.done[before:],
-                           "seconds": time.perf_counter() - t})
-        out.put((rank, epochs))
+            done.append({"first_batch_s": first, "keys": keys, "downloads": downloads.done[before:],
+                         "seconds": time.perf_counter() - t})
+        out.put((rank, done))
     except Exception as e:  # reported by the parent
         out.put((rank, repr(e)))
 
 
+def served(url: str) -> dict:
+    """The server's counters (``GET /v1/stats``), summed over its workers."""
+    with urllib.request.urlopen(url.split("/v1/")[0] + "/v1/stats", timeout=60) as r:
+        return json.loads(r.read())["total"]
+
+
+def one_shard_s(url: str, name: str, times: int = 3) -> float:
+    """The median time one whole shard takes to download from the service alone."""
+    took = []
+    for _ in range(times):
+        t = time.perf_counter()
+        with urllib.request.urlopen(f"{url}/{name}", timeout=300) as r:
+            while r.read(1 << 20):
+                pass
+        took.append(time.perf_counter() - t)
+    return statistics.median(took)
+
+
 def simulate(url: str, work: str, nodes: int, per_node: int, mode: str, budget: int | None, cached: bool,
-             server: psutil.Process, crop: int, clips: int, shard_bytes: dict) -> dict:
+             direct: bool, server: psutil.Process, crop: int, clips: int, epochs: int) -> dict:
     ctx = multiprocessing.get_context("fork")
     out, go = ctx.Queue(), ctx.Event()
     caches = [os.path.join(work, f"{mode}-{budget}-{cached}-node{n}") for n in range(nodes)]
     world = nodes * per_node
     procs = [ctx.Process(target=_rank, args=(url, r, world, per_node, mode, caches[r // per_node] if cached else None,
-                                             budget, crop, go, out)) for r in range(world)]
+                                             budget, direct, crop, epochs, go, out)) for r in range(world)]
     for p in procs:
         p.start()
+    before = served(url)
     cpu0 = server.cpu_times()
     peak = server.memory_info().rss
     go.set()
@@ -109,27 +133,31 @@ def simulate(url: str, work: str, nodes: int, per_node: int, mode: str, budget: 
     for p in procs:
         p.join()
     cpu1 = server.cpu_times()
+    after = served(url)
     bad = {r: v for r, v in got.items() if isinstance(v, str)}
     if bad:
         raise RuntimeError(f"{mode}: ranks failed: {bad}")
     ranks = [got[r] for r in range(world)]
-    per_epoch_clips = [Counter(k for r in ranks for k in r[e]["keys"]) for e in range(EPOCHS)]
+    per_epoch_clips = [Counter(k for r in ranks for k in r[e]["keys"]) for e in range(epochs)]
     every_clip_once = all(len(c) == clips and set(c.values()) == {1} for c in per_epoch_clips)
     node_rows = []
     for n in range(nodes):
         mine = ranks[n * per_node:(n + 1) * per_node]
         per_copy = Counter(name for r in mine for e in r for name, _ in e["downloads"])
-        node_rows.append({"bytes_per_epoch": [sum(b for r in mine for _, b in r[e]["downloads"]) for e in range(EPOCHS)],
+        node_rows.append({"bytes_per_epoch": [sum(b for r in mine for _, b in r[e]["downloads"]) for e in range(epochs)],
                           "downloads": sum(per_copy.values()), "copies": len(per_copy),
                           "max_downloads_per_copy": max(per_copy.values(), default=0)})
     return {
-        "mode": mode, "cache": cached, "budget": budget, "every_clip_once": every_clip_once,
+        "mode": mode, "cache": cached, "budget": budget, "direct": direct, "every_clip_once": every_clip_once,
         "first_batch_s": [r[0]["first_batch_s"] for r in ranks],
         "later_first_batch_s_max": [max(e["first_batch_s"] for e in r[1:]) for r in ranks],
         "clips_per_rank_per_epoch": [[len(e["keys"]) for e in r] for r in ranks],
-        "epoch_s_max": [max(r[e]["seconds"] for r in ranks) for e in range(EPOCHS)],
+        "epoch_s_max": [max(r[e]["seconds"] for r in ranks) for e in range(epochs)],
         "nodes": node_rows,
         "downloaded_bytes": sum(sum(n["bytes_per_epoch"]) for n in node_rows),
+        "server_shard_bytes": after["shard_bytes"] - before["shard_bytes"],
+        "server_requests": after["requests"] - before["requests"] - 1,  # less the /v1/stats that read them
+        "server_shard_requests": after["shard_requests"] - before["shard_requests"],
         "server_peak_rss_mb": peak / 1e6, "server_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
     }
 
@@ -166,17 +194,26 @@ def report_paper(rows: list[dict], epoch_seconds: float, epochs: int) -> str:
     return "\n".join(lines)
 
 
-def report_sim(rows: list[dict], clips: int, set_mb: float) -> str:
-    lines = [f"{clips} clips, {set_mb:.0f} MB; per node MB downloaded in epochs 1/2/3; first batch s (max over ranks)"]
+def label(r: dict) -> str:
+    how = ("direct reads, no cache" if r["direct"] else f"cache, budget {r['budget'] / 1e6:.0f} MB" if r["budget"]
+           else "cache, no budget" if r["cache"] else "byte ranges, no cache")
+    return f"{r['mode']:<6} {how}"
+
+
+def report_sim(rows: list[dict], clips: int, set_mb: float, shard_s: float) -> str:
+    lines = [f"{clips} clips, {set_mb:.0f} MB; per node MB downloaded in each epoch; first batch s (max over ranks), "
+             f"one shard's download alone {shard_s:.3f} s"]
     for r in rows:
-        label = f"{r['mode']:<6} " + (f"cache, budget {r['budget'] / 1e6:.0f} MB" if r["cache"] and r["budget"]
-                                      else "cache, no budget" if r["cache"] else "byte ranges, no cache")
         nodes = "; ".join("/".join(f"{b / 1e6:.0f}" for b in n["bytes_per_epoch"]) +
-                          f" ({n['downloads']} downloads of {n['copies']} copies)" for n in r["nodes"])
-        lines.append(f"{label:<34} first batch {max(r['first_batch_s']):.2f} s (later {max(r['later_first_batch_s_max']):.2f}),"
-                     f" epoch {max(r['epoch_s_max']):.1f} s; clips/rank {r['clips_per_rank_per_epoch'][0]}; every clip "
-                     f"once: {r['every_clip_once']}; nodes: {nodes or '-'}; total {r['downloaded_bytes'] / 1e6:.0f} MB; "
-                     f"server peak {r['server_peak_rss_mb']:.0f} MB, {r['server_cpu_s']:.2f} CPU s")
+                          f" ({n['downloads']} downloads of {n['copies']} copies)" for n in r["nodes"] if r["cache"])
+        lines.append(f"{label(r):<34} first batch {max(r['first_batch_s']):.2f} s "
+                     f"({max(r['first_batch_s']) / shard_s:.1f}x one shard's download; later "
+                     f"{max(r['later_first_batch_s_max']):.2f}), epoch {max(r['epoch_s_max']):.1f} s; clips/rank "
+                     f"{r['clips_per_rank_per_epoch'][0]}; every clip once: {r['every_clip_once']}; "
+                     f"nodes: {nodes or '-'}; cache total {r['downloaded_bytes'] / 1e6:.0f} MB; server sent "
+                     f"{r['server_shard_bytes'] / 1e6:.0f} MB of shards in {r['server_shard_requests']} requests "
+                     f"({r['server_requests']} in all), peak "
+                     f"{r['server_peak_rss_mb']:.0f} MB, {r['server_cpu_s']:.2f} CPU s")
     return "\n".join(lines)
 
 
@@ -184,6 +221,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="/tmp/kinetics-fast-bench-scale", help="working directory (rebuilt)")
     p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--ranks-per-node", type=int, default=2)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--clips", type=int, default=24, help="clips per shard (~160 kB each)")
@@ -212,21 +250,23 @@ def main() -> int:
             server = psutil.Process(proc.pid)
             base = url + "/v1/datasets/bench"
             small = int(args.small_budget * set_bytes)
+            shard_s = one_shard_s(base, shards[0].name)
             for mode in ("global", "node"):
-                for cached, budget in ((True, None), (True, small), (False, None)):
+                for cached, budget, direct in ((True, None, False), (True, small, False), (False, None, False),
+                                               (False, None, True)):
                     rows.append(simulate(base, args.out, args.nodes, args.ranks_per_node, mode, budget, cached,
-                                         server, args.crop, len(shards) * args.clips,
-                                         {s.sha256: s.bytes for s in shards}))
-                    print(report_sim(rows[-1:], len(shards) * args.clips, set_bytes / 1e6).splitlines()[-1],
+                                         direct, server, args.crop, len(shards) * args.clips, args.epochs))
+                    print(report_sim(rows[-1:], len(shards) * args.clips, set_bytes / 1e6, shard_s).splitlines()[-1],
                           flush=True)
         finally:
             proc.terminate()
             proc.wait()
         res["simulated"] = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "shards": args.shards,
-                            "clips": len(shards) * args.clips, "set_bytes": set_bytes,
-                            "shard_bytes": shards[0].bytes, "small_budget": small, "rows": rows}
+                            "epochs": args.epochs, "clips": len(shards) * args.clips, "set_bytes": set_bytes,
+                            "shard_bytes": shards[0].bytes, "one_shard_download_s": shard_s, "small_budget": small,
+                            "rows": rows}
         print()
-        print(report_sim(rows, len(shards) * args.clips, set_bytes / 1e6))
+        print(report_sim(rows, len(shards) * args.clips, set_bytes / 1e6, shard_s))
         print()
     res["paper"] = paper(args.paper_shards, args.epoch_seconds, args.paper_epochs)
     print(report_paper(res["paper"], args.epoch_seconds, args.paper_epochs))

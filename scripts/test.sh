@@ -23,7 +23,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-export KF_REQUIRE_SLURM=1  # here the Slurm test fails instead of skipping when Slurm cannot run
+# Here the tests that need these tools fail instead of skipping when one cannot run (tests/required.py).
+export KF_REQUIRE_SLURM=1 KF_REQUIRE_BROWSER=1 KF_REQUIRE_NGINX=1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep every Ray on 127.0.0.1 (../shared/notes/loopback.md)
 # Two pytest processes (KF_TEST_WORKERS; 0: one), each test file whole in one of them: much of
 # the suite waits on launches, rendezvous and timeouts, which the other process fills.

@@ -12,10 +12,13 @@ keeps an account another could not read from the directory.
   downloads to a temporary name, and renames into place only when it is whole and verified (a
   whole shard: size and SHA-256 from the manifest; a piece: its length, and the range checks of
   ``shards.http_range``, which include the shard's size and SHA-256 ETag); a killed download
-  leaves no file under the final name. While it works (and retries, and waits for room), the
-  downloader renews a lease: it touches the ``.lock`` file every ``heartbeat`` seconds. Other
-  processes (ranks, loader workers, other jobs) wait for as long as the lease is renewed, and
-  fail only when it has not been for ``lease`` seconds (a hung downloader). The kernel drops a
+  leaves no file under the final name. The downloader holds a lease that follows its progress:
+  every ``heartbeat`` seconds it touches the ``.lock`` file if bytes arrived since the last beat
+  (a chunk of ``READ_BUFFER``, 1 MiB) or it is waiting on purpose (for room in the budget, a
+  retry's backoff, a server's ``Retry-After``, a source that is down). Other processes (ranks, loader workers, other
+  jobs) wait for as long as the lease is renewed, and fail when it has not been for ``lease``
+  seconds: a downloader that is hung, or alive but getting no byte (a stalled connection, a
+  transfer slower than a chunk per lease), does not keep its waiters forever. The kernel drops a
   dead process's lock, so a waiter then takes the download over (deleting the dead one's
   temporary file).
 * A source that is down: the downloader waits for it as every reader does (``shards.http_range``:
@@ -115,15 +118,31 @@ class Piece:
 
 
 class _Lease(threading.Thread):
-    """Touches the download's lock file every ``interval`` seconds until stopped."""
+    """Every ``interval`` seconds until stopped, touches the download's lock file if the download
+    moved since (``moved``) or is ``waiting`` on purpose."""
 
     def __init__(self, fd: int, interval: float):
         super().__init__(daemon=True, name="shard-cache-lease")
         self.fd, self.interval, self.stopped = fd, interval, threading.Event()
+        self.progress, self.waits = 0, 0  # changed by the downloading thread alone
+
+    def moved(self) -> None:
+        self.progress += 1
+
+    @contextlib.contextmanager
+    def waiting(self):
+        self.waits += 1
+        try:
+            yield
+        finally:
+            self.waits -= 1
 
     def run(self) -> None:
+        seen = self.progress
         while not self.stopped.wait(self.interval):
-            os.utime(self.fd)
+            if self.progress != seen or self.waits:
+                seen = self.progress
+                os.utime(self.fd)
 
     def __enter__(self):
         os.utime(self.fd)
@@ -133,6 +152,21 @@ class _Lease(threading.Thread):
     def __exit__(self, *exc) -> None:
         self.stopped.set()
         self.join()
+
+
+class _Renewing:
+    """A retry policy whose waits (backoff, a server's ``Retry-After``, a source that is down)
+    renew the lease; all else is the policy's."""
+
+    def __init__(self, policy: Retry, lease: _Lease):
+        self._policy, self._lease = policy, lease
+
+    def __getattr__(self, name: str):
+        return getattr(self._policy, name)
+
+    def wait(self, seconds: float) -> None:
+        with self._lease.waiting():
+            self._policy.wait(seconds)
 
 
 class ShardCache:
@@ -191,10 +225,10 @@ class ShardCache:
             if lock is None:
                 continue  # someone else's copy appeared
             try:
-                with _Lease(lock, self.heartbeat):
+                with _Lease(lock, self.heartbeat) as lease:
                     if not os.path.exists(dest):
                         with storage.room_for(dest, piece.nbytes, error=CacheDiskFull, advice=self._remedy()):
-                            self._download_or_give_up(piece, dest, asked)
+                            self._download_or_give_up(piece, dest, asked, lease)
                         return dest  # pinned by _download before it had its name
             finally:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
@@ -288,7 +322,8 @@ class ShardCache:
                     os.close(fd)
                 if silent > self.lease:
                     raise TimeoutError(f"{url}: the process downloading this shard to {os.path.dirname(dest)} "
-                                       f"has not renewed its lease for {silent:.0f} s (lease {self.lease:g} s)")
+                                       f"has not renewed its lease for {silent:.0f} s (lease {self.lease:g} s): "
+                                       "no byte arrived and it was not waiting")
                 time.sleep(self.poll)
                 continue
             try:
@@ -299,7 +334,7 @@ class ShardCache:
                 return fd
             os.close(fd)  # we locked a lock file its finished owner had already removed: look again
 
-    def _download_or_give_up(self, piece: Piece, dest: str, asked: float) -> None:
+    def _download_or_give_up(self, piece: Piece, dest: str, asked: float, lease: _Lease) -> None:
         """``_download``, holding the copy's lock, unless the download that held it before gave up on
         its source after this process asked (``asked``, a ``time.time()``): then its reason is ours."""
         marker = dest + ".unavailable"
@@ -310,7 +345,7 @@ class ShardCache:
         except FileNotFoundError:
             pass
         try:
-            self._download(piece, dest)
+            self._download(piece, dest, lease)
         except SourceUnavailable as gave_up:
             with open(marker + ".tmp", "w", encoding="utf-8") as f:
                 f.write(str(gave_up))
@@ -319,17 +354,19 @@ class ShardCache:
         with contextlib.suppress(FileNotFoundError):
             os.remove(marker)
 
-    def _download(self, piece: Piece, dest: str) -> None:
+    def _download(self, piece: Piece, dest: str, lease: _Lease) -> None:
         for stale in glob.glob(glob.escape(dest) + ".tmp-*"):  # a dead downloader's; we hold the lock
             os.remove(stale)
         tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
         size = piece.nbytes
-        self._make_room(size, tmp)
+        with lease.waiting():
+            self._make_room(size, tmp)
         h, n, began = hashlib.sha256(), 0, time.monotonic()
         try:
             with open(tmp, "r+b") as out, open_range(piece.url, piece.start, piece.stop, size=piece.size,
-                                                     sha256=piece.sha256, retry=self.retry) as src:
-                while chunk := src.read(READ_BUFFER * 8):
+                                                     sha256=piece.sha256, retry=_Renewing(self.retry, lease)) as src:
+                while chunk := src.read(READ_BUFFER):
+                    lease.moved()
                     h.update(chunk)
                     n += len(chunk)
                     out.write(chunk)

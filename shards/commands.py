@@ -102,10 +102,6 @@ def _reader_gone() -> int:
 # argparse ``type=`` checkers: a bad value is refused before any work starts, as argparse refuses
 # a bad choice (``PROG COMMAND: error: argument --frames: ...``, exit status 2).
 
-def positive_int(text: str) -> int:
-    return int_in_range(1)(text)
-
-
 def int_in_range(lo: int, hi: int | None = None):
     """An integer in [lo, hi] (no upper bound when ``hi`` is None)."""
     return number_in_range(int, lo, hi)
@@ -113,18 +109,29 @@ def int_in_range(lo: int, hi: int | None = None):
 
 def number_in_range(kind, lo: float, hi: float | None = None, *, above: bool = False):
     """A ``kind`` (int or float) in [lo, hi], or in (lo, hi] when ``above``; no upper bound when
-    ``hi`` is None."""
+    ``hi`` is None. The checker's ``in_range(value)`` checks a value instead of a flag's text
+    (``ValueError``, the same message): configs built in Python refuse what the flag refuses."""
+    def in_range(value):
+        if value < lo or (above and value == lo) or (hi is not None and value > hi):
+            wanted = (f"more than {lo}" if above else f"{lo} or more") if hi is None else f"{lo} to {hi}"
+            raise ValueError(f"{value} is out of range: give {wanted}")
+        return value
+
     def check(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if value < lo or (above and value == lo) or (hi is not None and value > hi):
-            wanted = (f"more than {lo}" if above else f"{lo} or more") if hi is None else f"{lo} to {hi}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range: give {wanted}")
-        return value
+        try:
+            return in_range(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     check.__name__ = kind.__name__
+    check.in_range = in_range
     return check
+
+
+positive_int = int_in_range(1)
 
 
 def byte_size(text: str) -> int:

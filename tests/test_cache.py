@@ -43,6 +43,7 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
         srv.ranges.append(self.headers.get("Range"))
         srv.ports.append(self.client_address[1])  # which connection asked
         srv.auth.append(self.headers.get("Authorization"))
+        srv.cookies.append(self.headers.get("Cookie"))
         first = srv.counts[self.path] == 1
         mode = srv.mode
         if mode == "slow":
@@ -52,9 +53,9 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
         if mode == "flaky" and first:
             return self._reply(503, {"Content-Length": "0"}, b"")
         if mode == "busy" and first:
-            return self._reply(503, {"Content-Length": "0", "Retry-After": "7"}, b"")
-        if mode == "redirect" and not self.path.startswith("/moved"):
-            return self._reply(307, {"Content-Length": "0", "Location": f"/moved{self.path}"}, b"")
+            return self._reply(503, {"Content-Length": "0", "Retry-After": str(srv.retry_after)}, b"")
+        if mode == "redirect" and not self.path.startswith("/moved"):  # to srv.target's host, or this one
+            return self._reply(307, {"Content-Length": "0", "Location": f"{srv.target}/moved{self.path}"}, b"")
         data = BLOBS[self.path.removeprefix("/moved")]
         a, b = re.match(r"bytes=(\d+)-(\d+)", self.headers["Range"]).groups()
         a, b = int(a), int(b)
@@ -81,6 +82,13 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
             srv.release.wait(60)
             self.close_connection = True
             return None
+        if mode == "trickle":  # srv.piece bytes at a time, srv.pause seconds apart
+            self._reply(206, headers, b"")
+            for i in range(0, len(body), srv.piece):
+                time.sleep(srv.pause)
+                self.wfile.write(body[i:i + srv.piece])
+                self.wfile.flush()
+            return None
         return self._reply(206, headers, body)
 
     def _reply(self, status, headers, body, close=False):
@@ -98,15 +106,16 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def misbehaving(mode="ok"):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+def misbehaving(mode="ok", host="127.0.0.1"):
+    srv = http.server.ThreadingHTTPServer((host, 0), Misbehaving)
     srv.daemon_threads = True
     srv.mode, srv.counts, srv.ranges, srv.release, srv.ports = mode, Counter(), [], threading.Event(), []
-    srv.auth = []
+    srv.auth, srv.cookies = [], []
     srv.held = set()
+    srv.retry_after, srv.target, srv.piece, srv.pause = 7, "", SIZE, 0.0
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
+        yield srv, f"http://{host}:{srv.server_address[1]}"
     finally:
         srv.release.set()
         srv.shutdown()
@@ -137,6 +146,20 @@ def test_redirects_are_followed_with_the_range_and_checked():
         assert srv.ranges == ["bytes=7-90006", "bytes=7-90006"] and srv.counts["/moved/blob.tar"] == 1
         with pytest.raises(RangeError, match="differs from the manifest"):  # the target's answer is checked too
             open_range(f"{url}/blob.tar", 0, 99, size=SIZE, sha256="0" * 64, retry=FAST).read()
+
+
+def test_credentials_follow_a_redirect_to_the_same_host_and_never_to_another(monkeypatch):
+    """fsspec's configured headers (as ``FSSPEC_HTTP_HEADERS`` sets them) go to the URL's server
+    and, redirected there, to the same server again; a redirect to another host (as the service's
+    307 to an object store) gets the range without the ``Authorization`` and ``Cookie`` headers."""
+    monkeypatch.setitem(fsspec.config.conf, "http", {"headers": {"Authorization": "Bearer s3cret", "Cookie": "k=v"}})
+    with misbehaving("redirect") as (origin, url), misbehaving(host="127.0.0.2") as (other, elsewhere):
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:90_007]
+        assert origin.auth == ["Bearer s3cret"] * 2 and origin.cookies == ["k=v"] * 2  # asked, then redirected
+        origin.target = elsewhere
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:90_007]
+        assert origin.auth[2:] == ["Bearer s3cret"] and origin.cookies[2:] == ["k=v"]  # the redirect's request
+        assert other.ranges == ["bytes=7-90006"] and other.auth == [None] and other.cookies == [None]
 
 
 # --- the range check, as a table ------------------------------------------------------------
@@ -497,26 +520,65 @@ def test_a_piece_of_a_shard_is_its_own_copy(tmp_path):
         assert srv.ranges == ["bytes=1000-4999"]
 
 
-def test_a_waiter_follows_the_downloaders_lease_through_a_long_stall(tmp_path):
-    """The downloader's server stalls mid-body for many lease periods (the old waiter gave up after
-    a fixed time without file growth): the waiter waits as long as the downloader renews its lease,
-    and both get the one download once the server goes on (dropping the connection: the downloader
-    asks for the rest)."""
+def test_a_waiter_gives_up_on_a_live_downloader_that_gets_no_byte(tmp_path):
+    """The downloader's server stops mid-body (its connection open, far within the client's
+    60 s socket timeout): the downloader, alive with its heartbeat thread running, gets no byte,
+    so its lease lapses and a waiter fails after ``lease`` seconds instead of waiting for good.
+    Once the server goes on (dropping the connection), the downloader resumes and its copy is whole."""
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
-    lease = {"heartbeat": 0.05, "lease": 1.5}  # the lease leaves room for a busy machine's scheduling
+    lease = {"heartbeat": 0.05, "lease": 0.5}
     with misbehaving("stall-first") as (srv, url):
         first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results), kwargs=lease)
         first.start()
-        wait_for(lambda: srv.counts["/blob.tar"] == 1, "the download starts")
-        waiter = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results), kwargs=lease)
-        waiter.start()
-        time.sleep(3 * lease["lease"])  # the stall, not an assertion: 3 leases without a byte
-        assert waiter.is_alive() and results.empty()
-        srv.release.set()
-        assert [results.get(timeout=60) for _ in range(2)] == [ShardCache(str(tmp_path)).path(SHA)] * 2
-        first.join(), waiter.join()
+        try:
+            wait_for(lambda: srv.counts["/blob.tar"] == 1, "the download starts")
+            waiter = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results),
+                                 kwargs=lease)
+            waiter.start()
+            gave_up = results.get(timeout=30)  # a waiter that waits for good fails here
+            assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has not "
+                                r"renewed its lease for \d+ s \(lease 0.5 s\): no byte arrived and it was not "
+                                r"waiting'\)", gave_up), gave_up
+            waiter.join()
+            assert first.is_alive()
+            srv.release.set()
+            assert results.get(timeout=60) == ShardCache(str(tmp_path)).path(SHA)
+        finally:
+            srv.release.set()
+            first.join(timeout=60)
+            if first.is_alive():
+                first.kill()
         assert srv.ranges == [f"bytes=0-{SIZE - 1}", f"bytes={SIZE // 2}-{SIZE - 1}"]  # the downloader's, resumed
+    assert open(ShardCache(str(tmp_path)).path(SHA), "rb").read() == BLOB
+
+
+@pytest.mark.parametrize("mode", ["busy", "trickle"])
+def test_a_waiter_waits_for_a_downloader_that_waits_on_purpose_or_moves_slowly(tmp_path, mode):
+    """No byte for more than two leases, but the downloader waits as the server asked (503,
+    ``Retry-After: 5``, leases of 2 s), or gets its 3 MiB slowly (a chunk of 1 MiB every 0.8 s,
+    more than a lease in all): the lease is renewed throughout, and the waiter gets the one
+    download."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    lease = {"heartbeat": 0.05, "lease": 2.0}  # the lease leaves room for a busy machine's scheduling
+    big = bytes(range(256)) * (3 * 2**20 // 256)
+    with misbehaving(mode) as (srv, url):
+        srv.retry_after, srv.piece, srv.pause = 5, 2**20, 0.8
+        BLOBS["/big.tar"] = big
+        try:
+            sha = hashlib.sha256(big).hexdigest()
+            fetch = (str(tmp_path), f"{url}/big.tar", sha, len(big), results)
+            first = ctx.Process(target=_fetch, args=fetch, kwargs=lease)
+            first.start()
+            wait_for(lambda: srv.counts["/big.tar"] == 1, "the download starts")
+            waiter = ctx.Process(target=_fetch, args=fetch, kwargs=lease)
+            waiter.start()
+            assert [results.get(timeout=60) for _ in range(2)] == [ShardCache(str(tmp_path)).path(sha)] * 2
+            first.join(), waiter.join()
+        finally:
+            BLOBS.pop("/big.tar")
+        assert srv.counts["/big.tar"] == (2 if mode == "busy" else 1)  # the downloader's alone
 
 
 def test_a_waiter_gives_up_on_a_downloader_that_stopped_renewing_its_lease(tmp_path):
@@ -532,7 +594,8 @@ def test_a_waiter_gives_up_on_a_downloader_that_stopped_renewing_its_lease(tmp_p
         try:
             _fetch(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results, **lease)
             assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has not renewed "
-                                r"its lease for \d+ s \(lease 0.5 s\)'\)", results.get(timeout=60))
+                                r"its lease for \d+ s \(lease 0.5 s\): no byte arrived and it was not waiting'\)",
+                                results.get(timeout=60))
         finally:
             os.kill(first.pid, signal.SIGKILL)
             first.join()

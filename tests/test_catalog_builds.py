@@ -4,6 +4,7 @@ options (nothing decoded, even for another --out), ids change exactly when the b
 build whose process is killed is taken over by the one waiting for it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,29 +104,32 @@ def test_killed_build_is_taken_over_by_the_build_waiting_for_it(tree, built, ray
                             env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     os.close(held)
-    with os.fdopen(hold) as f:
-        assert f.readline() == "held\n", f"the build ended ({proc.wait()}) before reporting progress"
-    cat = Catalog(catalog)
-    rec = cat.get(dataset)
-    assert rec.state == "building" and rec.owner["pid"] == proc.pid and rec.progress["videos_done"] == 1
+    try:
+        with os.fdopen(hold) as f:
+            assert f.readline() == "held\n", f"the build ended ({proc.wait()}) before reporting progress"
+        cat = Catalog(catalog)
+        rec = cat.get(dataset)
+        assert rec.state == "building" and rec.owner["pid"] == proc.pid and rec.progress["videos_done"] == 1
 
-    waits, claim = threading.Semaphore(0), registry.claim
+        waits, claim = threading.Semaphore(0), registry.claim
 
-    def counted(*args, **kwargs):  # each time the waiter finds the build still owned by a live builder
-        c = claim(*args, **kwargs)
-        if c.action == "wait":
-            waits.release()
-        return c
+        def counted(*args, **kwargs):  # each time the waiter finds the build still owned by a live builder
+            c = claim(*args, **kwargs)
+            if c.action == "wait":
+                waits.release()
+            return c
 
-    monkeypatch.setattr(registry, "claim", counted)
-    results = []
-    waiter = threading.Thread(target=lambda: results.append(registry.build(
-        catalog, str(tree), str(second), cfg, poll=0.2, workers=2, videos_per_task=1, **OPTS)))
-    waiter.start()
-    assert all(waits.acquire(timeout=120) for _ in range(3))  # it found the live builder three times...
-    assert waiter.is_alive() and cat.get(dataset).owner["pid"] == proc.pid  # ...and kept waiting
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+        monkeypatch.setattr(registry, "claim", counted)
+        results = []
+        waiter = threading.Thread(target=lambda: results.append(registry.build(
+            catalog, str(tree), str(second), cfg, poll=0.2, workers=2, videos_per_task=1, **OPTS)))
+        waiter.start()
+        assert all(waits.acquire(timeout=120) for _ in range(3))  # it found the live builder three times...
+        assert waiter.is_alive() and cat.get(dataset).owner["pid"] == proc.pid  # ...and kept waiting
+    finally:  # the held build ends here, also when an assertion above failed
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     waiter.join(timeout=240)
     summary, rec = results[0]
     assert rec.state == "ready" and rec.attempts == 2 and rec.location == str(first)

@@ -31,6 +31,7 @@ from runbooks import run_block
 
 from shards.catalog import Catalog
 
+HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))
 VIDEOS = 16  # one video per decode task: enough tasks to kill the worker node among them
 BUILD = ["--frames", "4", "--short-side", "32", "--shard-samples", "5", "--videos-per-task", "1",
          "--splits", "train,val"]
@@ -59,9 +60,12 @@ def cluster():
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def ingest(src: Path, out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ingest", "build", "--src", str(src), "--out", str(out),
-                             *BUILD, *extra], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def ingest(src: Path, out: Path, *extra: str, env: dict | None = None, hold: str | None = None) -> subprocess.Popen:
+    """``ingest build`` in its own process; ``hold``: run it under tests/holdpoint.py at that target."""
+    argv = [sys.executable, *([HOLDPOINT, hold] if hold else []), "-m", "ingest", "build", "--src", str(src),
+            "--out", str(out), *BUILD, *extra]
+    return subprocess.Popen(argv, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -92,6 +96,15 @@ def embedded(videos, tmp_path_factory) -> Path:
     return out
 
 
+def wait_for(condition, proc: subprocess.Popen, what: str, seconds: float = 120) -> None:
+    """Until ``condition()`` (a file the build writes); fails if the build ends first or never gets there."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert proc.poll() is None, f"the build ended before {what}: {proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,14 +129,17 @@ def stop_nodes(temp_dir: str) -> None:
 
 def test_the_runbooks_two_node_loopback_build(videos, embedded, tmp_path):
     """docs/runbooks/ingest-on-ray.md's block as a reader pastes it: two ``ray start`` nodes on
-    127.0.0.2 and 127.0.0.3, and the build joining them by address."""
+    127.0.0.2 and 127.0.0.3, the build joining them by address, and ``ray stop``. The block runs in
+    a PID namespace of its own (``run_block(own_processes=True)``), where ``ray stop``, which stops
+    every Ray node it can see, sees the block's two alone."""
     temp_dir = tempfile.mkdtemp(prefix="kf-ray-")
     subs = {"ray start --head": f"ray start --head --temp-dir={temp_dir}",  # this test's nodes, found by it
             "6379": str(free_port()), "8265": str(free_port()), "10001": str(free_port()),  # free ports
-            "--src videos": f"--src {videos}",
-            "ray stop": "true"}  # stop_nodes below: ray stop would stop every Ray of the machine
+            "--src videos": f"--src {videos}"}
     try:
-        out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path, env=ENV)
+        out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path, env=ENV,
+                        own_processes=True)
+        assert "Stopped all" in out, out[-2000:]  # ray stop found the block's nodes and stopped them
     finally:
         stop_nodes(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
@@ -146,16 +162,22 @@ def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, e
     assert record.state == "ready" and record.location == str(tmp_path / "cluster")
     assert sum(s["clips"] for s in record.splits.values()) == VIDEOS
 
-    # the worker node dies once a few videos are staged, with the rest of the build still to come
-    out = tmp_path / "lost-worker"
-    proc = ingest(videos, out, "--address", c.address)
-    deadline = time.monotonic() + 120
-    while len(list(out.glob(".staging/*.json"))) < 3:
-        assert proc.poll() is None and time.monotonic() < deadline, "the build ended before the node could be killed"
-        time.sleep(0.02)
-    staged_at_kill = len(list(out.glob(".staging/*.json")))
-    c.remove_node(worker, allow_graceful=False)
-    assert not worker.any_processes_alive()
-    finish(proc)
+    # the worker node dies under a decode task it runs (held there: tests/holdpoint.py), with most
+    # of the build still to come; Ray runs that task again on the head
+    out, marker = tmp_path / "lost-worker", tmp_path / "held-task"
+    proc = ingest(videos, out, "--address", c.address, hold="ingest.staging:decode_batch",
+                  env={"HOLD_ON_NODE": worker.node_id, "HOLD_MARKER": str(marker)})
+    try:
+        wait_for(lambda: marker.exists() and marker.read_text(), proc, "a decode task held on the worker node")
+        held = psutil.Process(int(marker.read_text()))
+        staged_at_kill = len(list(out.glob(".staging/*.json")))
+        c.remove_node(worker, allow_graceful=False)
+        assert not worker.any_processes_alive()
+        assert not psutil.wait_procs([held], timeout=60)[1]  # the held task's worker ends with its node
+        finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert staged_at_kill < VIDEOS
     assert_same_files(embedded, out)

@@ -6,7 +6,10 @@ runbook and executed (``tests/runbooks.py``: on small data, on loopback, through
 table written out in the test that runs it), or is marked ``# needs: WHAT`` in the runbook; the
 first test counts both kinds and fails on a command that is neither. The blocks that need no
 cluster, no servers and no launcher run here, on a small shard set and two short training runs
-standing in for the demo's; the others run in the test the block's "*Run by*" line names. Every
+standing in for the demo's; the others run in the test the block's "*Run by*" line names. A
+substitution may not replace a command, a script must run every command, and at the end of the
+session tests/conftest.py checks the ledger of the commands that ran: each command of a block
+whose test file ran was executed, not merely called somewhere in that file. Every
 ``ingest``/``shards``/``trainer``/``shard-service`` command in any code block (bash, a systemd
 unit, a crontab), marked or not, is parsed by the project's own argparse parsers, so a removed or
 misspelt flag fails here; and every runbook is listed in the runbooks' README.
@@ -25,7 +28,8 @@ from pathlib import Path
 import pytest
 from commandlines import parse, project_commands
 from media import make_video
-from runbooks import RUNBOOKS, parse as parse_blocks, run_block
+from runbooks import (LEDGER_VAR, RUNBOOKS, RunbookCommand, block_commands, parse as parse_blocks, run_block,
+                      run_commands, unexecuted)
 from shardsets import make_shardset
 
 from shards.partition import per_rank
@@ -66,6 +70,32 @@ def test_every_command_runs_in_the_suite_or_is_marked():
     print(f"runbook commands: {run} run in the suite, {marked} marked as needing more than one machine")
     assert not problems, "\n".join(problems)
     assert run >= 20 and marked >= 10, (run, marked)
+
+
+def test_a_substitution_cannot_make_a_command_another_or_nothing():
+    with pytest.raises(AssertionError, match="a substitution makes 'ray stop' another command \\('true'\\)"):
+        block_commands("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", {"ray stop": "true"})
+    with pytest.raises(AssertionError, match="another command"):
+        block_commands("parallel-filesystems.md", "shards plan --clips 240000", {"shards plan": ": shards plan"})
+    assert block_commands("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", {"6379": "7000"})[1] \
+        .startswith("ray start --head --node-ip-address=127.0.0.2 --port=7000 ")  # arguments may change
+
+
+def test_every_command_of_a_script_must_run_and_the_ledger_names_those_that_did_not(tmp_path, monkeypatch):
+    """A script that ends early (``exit 0`` between two commands) fails ``run_commands``; the ledger
+    records a block's commands once they exited 0, and ``unexecuted`` names those it lacks."""
+    with pytest.raises(AssertionError, match="ran 1 of 3 commands"):
+        run_commands(["true", "exit 0", "true"], cwd=tmp_path)
+    ledger = tmp_path / "ledger.txt"
+    monkeypatch.setenv(LEDGER_VAR, str(ledger))
+    here = {"tests/test_cluster_runbooks.py"}
+    block = block_commands("parallel-filesystems.md", "shards plan --clips 240000")
+    before = unexecuted(str(ledger), here)
+    assert any(f"{b.runbook}:{b.line}: 'shards plan --clips 240000" in line for line in before for b in BLOCKS
+               if b.starts_with("shards plan --clips 240000"))
+    run_commands([RunbookCommand("true", c.key) for c in block], cwd=tmp_path)  # as if each had run
+    after = unexecuted(str(ledger), here)
+    assert len(before) - len(after) == len(block) and set(after) < set(before)
 
 
 def test_every_runbook_is_listed_and_every_example_command_parses():

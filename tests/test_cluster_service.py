@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from runbooks import block_commands, run_block, run_commands, shell_env
+from runbooks import block_commands, ran, run_block, run_commands, shell_env
 from shardsets import ServiceProcess, make_shardset, register
 
 from shards.catalog import Catalog
@@ -51,6 +51,7 @@ def serve(root: Path) -> ServiceProcess:
     line = block_commands("service.md", "python -c \"import secrets", subs(root))[1]
     server = ServiceProcess(command=tuple(shlex.split(line)), env=shell_env())
     server.start()
+    ran(line)
     return server
 
 

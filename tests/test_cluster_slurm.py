@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from required import require
 from runbooks import run_block
 from shardsets import make_shardset
 
@@ -31,8 +32,6 @@ SLURM = ROOT / "docs" / "runbooks" / "slurm"
 
 MISSING = None if all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged", "sbatch")) and os.geteuid() == 0 \
     else "needs Debian's slurm-wlm and munge (apt-get install slurm-wlm munge), run as root"
-# the test command (scripts/test.sh) installs them and sets KF_REQUIRE_SLURM: there a missing Slurm fails
-pytestmark = pytest.mark.skipif(MISSING is not None and not os.environ.get("KF_REQUIRE_SLURM"), reason=str(MISSING))
 
 
 def free_port() -> int:
@@ -43,8 +42,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def state():
-    """The cluster's state directory; its daemons stopped at the end whatever the block did."""
-    assert MISSING is None, MISSING
+    """The cluster's state directory; its daemons stopped at the end whatever the block did. (The
+    test command, scripts/test.sh, installs Slurm and requires it: tests/required.py.)"""
+    require("slurm", MISSING)
     state = tempfile.mkdtemp(prefix="kf-slurm-")
     try:
         yield state

@@ -1,5 +1,6 @@
 """Weight EMA (``--ema-decay``, trainer/ema.py): the average of the weights the run really trained,
-validated beside them, resumed bit for bit, and refused in one line where it cannot combine."""
+validated beside them, scored by ``trainer test --ema``, resumed bit for bit, and refused in one
+line where it cannot combine."""
 from __future__ import annotations
 
 import json
@@ -36,12 +37,16 @@ class Recorder(Hook):
         self.after.append({k: v.clone() for k, v in t.engine.model.state_dict().items()})
 
 
-def test_the_average_is_the_running_average_of_the_trained_weights_and_is_validated(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of two epochs with the average: (its output directory, the loop's weights before the
+    first step and after every step, the average at the end)."""
+    out = tmp_path_factory.mktemp("ema")
     cfg = config.TrainConfig(
         data=config.Data(data=str(DATA), batch_size=2, workers=1, crop_size=24, scale_size=28),
         model=config.Model(segments=4, depth=10, width=4, dropout=0.5),
         recipe=config.Recipe(epochs=2, warmup_epochs=1, lr_per_8=0.05, ema_decay=DECAY),
-        system=config.System(backend="none", output_dir=str(tmp_path), tensorboard=False, print_freq=1))
+        system=config.System(backend="none", output_dir=str(out), tensorboard=False, print_freq=1))
     t = train.Trainer(cfg)
     recorder = Recorder()
     t.hooks.append(recorder)
@@ -51,7 +56,13 @@ def test_the_average_is_the_running_average_of_the_trained_weights_and_is_valida
         average = {k: v.clone() for k, v in ema.average.state_dict().items()}
     finally:
         t.close()
-    assert len(recorder.after) == 8 and ema.updates == 8
+    assert ema.updates == 8
+    return out, recorder, average
+
+
+def test_the_average_is_the_running_average_of_the_trained_weights_and_is_validated(trained):
+    out, recorder, average = trained
+    assert len(recorder.after) == 8
     expected = dict(recorder.start)
     for weights in recorder.after:
         expected = {k: DECAY * expected[k] + (1 - DECAY) * w if w.is_floating_point() else w
@@ -60,10 +71,36 @@ def test_the_average_is_the_running_average_of_the_trained_weights_and_is_valida
         assert torch.allclose(average[key], value, rtol=1e-5, atol=1e-7), key
     # the average is not the last weights (the check above would not tell them apart otherwise)
     assert not torch.allclose(average["fc.weight"], recorder.after[-1]["fc.weight"])
-    epochs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
               if json.loads(line)["event"] == "epoch"]
     assert [e["ema_val_samples"] for e in epochs] == [4, 4]
     assert epochs[-1]["ema_val_loss"] != epochs[-1]["val_loss"]
+
+
+def test_trainer_test_scores_the_average_with_ema_and_refuses_a_checkpoint_without_one(trained, tmp_path, capsys):
+    """``trainer test --ema`` scores exactly what a checkpoint holding the average as its weights
+    scores, and not what the weights score; a checkpoint of a run without ``--ema-decay`` is
+    refused in one line."""
+    out, _, average = trained
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert all(torch.equal(v, average[k]) for k, v in state["hooks"]["ema"]["weights"].items())
+    as_weights = tmp_path / "as-weights"
+    as_weights.mkdir()
+    torch.save({**state, "model": state["hooks"]["ema"]["weights"], "hooks": {}}, as_weights / "checkpoint.pt")
+
+    def scored(run, *flags):
+        report = tmp_path / "report.json"
+        assert cli.main(["test", "--checkpoint", str(run), "--data", str(DATA), "--backend", "none", "--workers", "0",
+                         "--output", str(report), *flags]) == 0
+        return json.loads(report.read_text())
+
+    ema, plain, reference = scored(out, "--ema"), scored(out), scored(as_weights)
+    assert ema["videos"] == reference["videos"] and ema["videos"] != plain["videos"]
+    assert ema["summary"]["ema"] is True and "ema" not in plain["summary"]
+    capsys.readouterr()
+    assert cli.main(["test", "--checkpoint", str(as_weights), "--data", str(DATA), "--backend", "none", "--ema"]) == 1
+    assert capsys.readouterr().err == (f"trainer test: error: {as_weights / 'checkpoint.pt'}: --ema: the checkpoint "
+                                       "keeps no weight average (its run had no --ema-decay)\n")
 
 
 def run(out, fault="", *extra) -> subprocess.CompletedProcess:
@@ -77,6 +114,7 @@ def records(out) -> list[dict]:
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long  # three trainer processes: 66-87 s at load 17-22 on 2 cores
 def test_a_stopped_run_resumes_its_average_bit_for_bit(tmp_path):
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     assert run(straight).returncode == 0
@@ -94,11 +132,11 @@ def test_a_stopped_run_resumes_its_average_bit_for_bit(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--average-every", "2"], "trainer train: --ema-decay averages one model's weights, and K-step averaging's "
-                               "ranks hold different ones between synchronisations: not with --average-every"),
-    (["--ema-decay", "1"], "trainer train: --ema-decay must be in [0, 1) (0: off), not 1.0"),
+    (["--average-every", "2"], "trainer train: error: --ema-decay averages one model's weights, and K-step "
+                               "averaging's ranks hold different ones between synchronisations: not with "
+                               "--average-every"),
+    (["--ema-decay", "1"], "trainer train: error: --ema-decay must be in [0, 1) (0: off), not 1.0"),
 ])
-def test_what_cannot_combine_is_refused_in_one_line(tmp_path, flags, message):
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["train", "--data", str(DATA), "--output-dir", str(tmp_path), *FLAGS, *flags])
-    assert exit_.value.code == message
+def test_what_cannot_combine_is_refused_in_one_line(tmp_path, flags, message, capsys):
+    assert cli.main(["train", "--data", str(DATA), "--output-dir", str(tmp_path), *FLAGS, *flags]) == 1
+    assert capsys.readouterr().err == message + "\n"

@@ -12,8 +12,9 @@ import shutil
 
 import pytest
 import torch
-
+from fusion import assert_fused, probabilities, report_of
 from shardsets import make_shardset
+
 from trainer import cli
 
 NET = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--batch-size", "2",
@@ -34,57 +35,21 @@ def runs(tmp_path_factory):
     return root, data
 
 
-def report_of(root, *argv: str) -> dict:
-    report = root / "report.json"
-    assert cli.main(["test", *argv, *TEST, "--output", str(report)]) == 0
-    return json.loads(report.read_text())
-
-
-def probabilities(videos: dict, classes: list[str]) -> dict[str, torch.Tensor]:
-    """Each video's scores by class index, from a report's top-5 lists (every class, with three)."""
-    out = {}
-    for video, entry in videos.items():
-        assert sorted(entry["top5"]) == classes
-        p = torch.zeros(len(classes))
-        for name, score in zip(entry["top5"], entry["scores"]):
-            p[classes.index(name)] = score
-        out[video] = p
-    return out
-
-
 def test_fused_scores_are_the_weighted_mean_of_each_runs_own_scores(runs, capsys):
     root, data = runs
     classes = ["class0", "class1", "class2"]
-    alone = [report_of(root, "--checkpoint", str(root / name / "checkpoint.pt"), "--data", str(data))
-             for name in ("tsm", "tsn")]
+    alone = [report_of(root / "report.json", "--checkpoint", str(root / name / "checkpoint.pt"), "--data", str(data),
+                       *TEST) for name in ("tsm", "tsn")]
     capsys.readouterr()
-    fused = report_of(root, "--fuse", str(root / "tsm"), str(root / "tsn"), "--weights", "1", "1.5",
-                      "--data", str(data))
+    fused = report_of(root / "report.json", "--fuse", str(root / "tsm"), str(root / "tsn"), "--weights", "1", "1.5",
+                      "--data", str(data), *TEST)
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line == fused["summary"]
     a, b = (probabilities(r["videos"], classes) for r in alone)
     assert a.keys() == b.keys() == {f"val_v{i:04d}" for i in range(4)}
     assert max((a[v] - b[v]).abs().max().item() for v in a) > 0.01  # two different networks
-
-    # each stream as its own trainer test scored it
-    for stream, own, run in zip(fused["streams"], alone, ("tsm", "tsn")):
-        assert stream["run"] == str(root / run)
-        assert stream["videos"] == own["videos"]
-    for stream, own in zip(fused["summary"]["streams"], alone):
-        assert {k: stream[k] for k in own["summary"] if k not in ("split", "crops")} == \
-            {k: v for k, v in own["summary"].items() if k not in ("split", "crops")}
-
-    # the fusion: (1 a + 1.5 b) / 2.5 per video, within the reports' 5-digit rounding
-    together = probabilities(fused["videos"], classes)
-    labels = {v: e["label"] for v, e in fused["videos"].items()}
-    assert labels == {v: e["label"] for v, e in alone[0]["videos"].items()}
-    for video, p in together.items():
-        assert torch.allclose(p, (a[video] + 1.5 * b[video]) / 2.5, atol=2e-5), video
-    expected = {v: (a[v] + 1.5 * b[v]).argmax().item() == labels[v] for v in a}
-    summary = fused["summary"]
-    assert summary["video_top1"] == pytest.approx(100 * sum(expected.values()) / 4)
-    assert summary["video_top5"] == 100.0 and "clip_top1" not in summary
-    assert (summary["runs"], summary["weights"]) == ([str(root / "tsm"), str(root / "tsn")], [1.0, 1.5])
+    assert_fused(fused, alone, [str(root / "tsm"), str(root / "tsn")], [1.0, 1.5], classes)
+    assert fused["summary"]["video_top5"] == 100.0 and "clip_top1" not in fused["summary"]
 
 
 def test_runs_must_score_the_same_videos_and_classes(runs, tmp_path, capsys):
@@ -92,19 +57,19 @@ def test_runs_must_score_the_same_videos_and_classes(runs, tmp_path, capsys):
     fewer = tmp_path / "fewer"  # the same clips but the last video's
     make_shardset(str(fewer), {"train": 12, "val": 6}, per_shard=4, num_classes=3, frames=4, size=(48, 40))
     fuse = ["test", "--fuse", str(root / "tsm"), str(root / "tsn"), *TEST]
-    with pytest.raises(SystemExit) as exit_:
-        cli.main([*fuse, "--data", str(data), str(fewer)])
-    assert exit_.value.code == (f"--fuse: {root / 'tsn'} scores 3 videos, {root / 'tsm'} 4; 1 are scored by only "
-                                f"one of them (e.g. val_v0003)")
+    capsys.readouterr()
+    assert cli.main([*fuse, "--data", str(data), str(fewer)]) == 1
+    assert capsys.readouterr().err == (f"trainer test: error: --fuse: {root / 'tsn'} scores 3 videos, "
+                                       f"{root / 'tsm'} 4; 1 are scored by only one of them (e.g. val_v0003)\n")
 
     other = tmp_path / "other"
     shutil.copytree(root / "tsn", other)
     state = torch.load(other / "checkpoint.pt", weights_only=True)
     state["classes"] = ["a", "b", "c"]
     torch.save(state, other / "checkpoint.pt")
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["test", "--fuse", str(root / "tsm"), str(other), *TEST, "--data", str(data)])
-    assert exit_.value.code == f"--fuse: {other} was trained on other classes than {root / 'tsm'}"
+    assert cli.main(["test", "--fuse", str(root / "tsm"), str(other), *TEST, "--data", str(data)]) == 1
+    assert capsys.readouterr().err == (f"trainer test: error: --fuse: {other} was trained on other classes than "
+                                       f"{root / 'tsm'}\n")
 
     for argv, message in (
             ([*fuse, "--data", str(data), "--weights", "1"],

@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import ray
 import webdataset as wds
 from PIL import Image
 
+from ingest import staging
 from ingest.build import build
 from ingest.clips import ClipConfig
 from ingest.jpeg import restart_interval
@@ -152,37 +154,53 @@ def staged_videos(out: Path) -> int:
     return sum(len(json.loads(p.read_text())["videos"]) for p in out.glob(".staging/*.json"))
 
 
+HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))
+
+
+def held(argv: list[str], target: str) -> subprocess.Popen:
+    """``python -m ARGV`` in a process group of its own, held at ``target`` (tests/holdpoint.py);
+    returns once it is held there (fails if it ended first)."""
+    hold, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, HOLDPOINT, target, "-m", *argv], env={**os.environ, "HOLD_FD": str(write_end)},
+                            pass_fds=(write_end,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    os.close(write_end)
+    with os.fdopen(hold) as f:
+        if f.readline() != "held\n":
+            proc.wait()
+            raise AssertionError(f"{' '.join(argv[:2])} ended ({proc.returncode}) before {target}")
+    return proc
+
+
 def test_build_killed_at_random_points_and_rerun_with_other_flags_gives_the_same_set(
         class_tree, reference, tmp_path, ray_local):
     """SIGKILL to the build's process group while decoding (twice) and while packing, each rerun
-    with other batching, worker count and timeout; the last rerun finishes. Every staged file under
-    its final name is whole after each kill, and the finished set is the reference byte for byte:
-    no video dropped or doubled, no temporary file, stale shard or staging left behind."""
+    with other batching, worker count and timeout; the last rerun finishes. Each kill comes at a
+    hold point (tests/holdpoint.py): once the driver has taken the N-th decoded batch (N drawn at
+    random; tasks still in flight go on meanwhile), and once the first shard is packed (the others
+    in flight). Every staged file under its final name is whole after each kill, and the finished
+    set is the reference byte for byte: no video dropped or doubled, no temporary file, stale
+    shard or staging left behind."""
     out = tmp_path / "out"
-    base = [sys.executable, "-m", "ingest", "build", "--src", str(class_tree), "--out", str(out),
-            "--short-side", "32", "--shard-samples", "3", "--address", ray_local.get_runtime_context().gcs_address]
+    base = ["ingest", "build", "--src", str(class_tree), "--out", str(out), "--short-side", "32", "--shard-samples",
+            "3", "--address", ray_local.get_runtime_context().gcs_address]
     rng = random.Random(9)
-    first, second = sorted(rng.sample(range(2, 14), 2))  # 16 videos
-    points = [  # (flags of the run, kill when this holds)
-        (["--videos-per-task", "1", "--workers", "1"], lambda: staged_videos(out) >= first),
-        (["--videos-per-task", "3", "--workers", "2", "--timeout", "300"], lambda: staged_videos(out) >= second),
-        (["--videos-per-task", "2", "--workers", "1"], lambda: any((out / s).exists() for s in ("train", "val", "test"))),
+    first = rng.randint(2, 5)  # of 16 one-video batches, two more in flight: at most 7 videos staged
+    points = [  # (flags of the run, where it is held and killed, whether packing had begun)
+        (["--videos-per-task", "1", "--workers", "1"], f"ray:get@{first}", False),
+        (["--videos-per-task", "3", "--workers", "2", "--timeout", "300"], f"ray:get@{rng.randint(1, 2)}", False),
+        (["--videos-per-task", "2", "--workers", "1"], "ingest.build:ShardInfo", True),  # the first shard packed
     ]
-    killed = 0
-    for flags, when in points:
-        proc = subprocess.Popen(base + flags, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        while proc.poll() is None and not when():
-            time.sleep(0.005)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            killed += 1
+    for flags, where, packing in points:
+        proc = held(base + flags, where)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         for index in out.glob(".staging/*.json"):  # whatever is under a final name is complete
             rec = json.loads(index.read_text())
             lengths = [s["length"] for v in rec["videos"] for s in v["samples"]]
             assert index.with_suffix(".tar").stat().st_size == sum(lengths)
-    assert killed >= 2 and not (out / "manifest.json").exists()
+        assert bool(list(out.glob("t*/*.tar"))) == packing and not (out / "manifest.json").exists()  # test, train
+        assert packing or staged_videos(out) < 16
     build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, videos_per_task=4, timeout=60)
     assert tree_bytes(out) == tree_bytes(reference)
 
@@ -212,27 +230,39 @@ def test_staged_videos_are_reused_only_under_the_same_clip_options(class_tree, t
         assert len(members["00.jpg"]) < len(got[key]["00.jpg"]), key  # the markers' bytes
 
 
-def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path):
-    killed, stop = [], threading.Event()
+def dying_once(marker: str, decode_batch):
+    """``decode_batch`` (``ingest.staging``'s task), except that the first call of a build (the one
+    that creates ``marker``, writing its pid there) SIGKILLs its own Ray worker mid-task: the batch
+    decoded and its data file written, its index (what makes a batch staged) not yet."""
+    def task(*args, **kwargs):
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            return decode_batch(*args, **kwargs)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        write = staging.storage.atomic_write
 
-    def kill_one_decoding_worker():
-        while not killed and not stop.is_set():
-            for p in psutil.process_iter(["pid", "cmdline"]):
-                if (p.info["cmdline"] or [""])[0].startswith("ray::decode_batch"):
-                    os.kill(p.info["pid"], signal.SIGKILL)
-                    killed.append(p.info["pid"])
-                    break
-            time.sleep(0.01)
+        def die_before_the_index(url, data):
+            if url.endswith(".json"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            write(url, data)
+        staging.storage.atomic_write = die_before_the_index
+        return decode_batch(*args, **kwargs)
+    task.__name__ = decode_batch.__name__  # the task's name; its module stays this one, sent by value
+    return task
 
-    killer = threading.Thread(target=kill_one_decoding_worker)
-    killer.start()
-    try:
-        build(str(class_tree), str(tmp_path), CFG, workers=2, shard_samples=3, videos_per_task=4)
-    finally:
-        stop.set()
-        killer.join()
-    assert killed
-    assert tree_bytes(tmp_path) == tree_bytes(reference)
+
+def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path, monkeypatch):
+    """The build's first decode task kills its own worker (SIGKILL) between the batch's data file
+    and its index: Ray retries the task on another worker, and the set is the reference's bytes."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the task, sent to Ray's workers by value
+    marker = tmp_path / "killed"
+    monkeypatch.setattr(staging, "decode_batch", dying_once(str(marker), staging.decode_batch))
+    build(str(class_tree), str(tmp_path / "out"), CFG, workers=2, shard_samples=3, videos_per_task=4)
+    killed = int(marker.read_text())
+    assert killed != os.getpid() and not psutil.pid_exists(killed)
+    assert tree_bytes(tmp_path / "out") == tree_bytes(reference)
 
 
 def test_a_build_without_ray_writes_the_same_bytes_with_the_same_code(class_tree, reference, tmp_path):

@@ -9,10 +9,13 @@ shift and stays near chance (25%) without it (TSN: frames averaged, order never 
 the motion stream (``--modality motion``), which sees each frame's field instead of its pixels,
 learns the direction in two epochs; it would stay at chance if the fields were zeros or belonged
 to other clips. Its checkpoint is then tested (``trainer test`` rebuilds the motion network and
-loader) and refused as the start of an RGB run.
+loader), fused with a short RGB run's (TSN's two streams: ``trainer test --fuse``, each stream's
+scores weighted) and refused as the start of an RGB run. The TSM against TSN comparison needs the
+demo's long run (16 epochs) and is marked ``long``; the motion stream's two epochs are in the suite.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +23,7 @@ import subprocess
 import sys
 
 import pytest
+from fusion import assert_fused, probabilities, report_of
 
 from ingest.build import build
 from ingest.clips import ClipConfig
@@ -65,23 +69,36 @@ def direction_set(tmp_path_factory):
     return data
 
 
+@contextlib.contextmanager
+def started(direction_set, work, runs: dict[str, tuple[str, ...]]):
+    """The ``runs`` (name: extra flags) started side by side; {name: (process, directory)}, a test
+    waits for those it reads. Stops what is still running at the end."""
+    procs = {}
+    try:
+        for name, extra in runs.items():
+            procs[name] = start(direction_set, work / name, *extra)
+        yield {name: (proc, work / name) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.fixture(scope="module")
 def runs(direction_set, tmp_path_factory):
-    """The three runs, started side by side; a test waits for those it reads. Stops what is still running."""
-    work = tmp_path_factory.mktemp("runs")
-    procs = {"tsm": start(direction_set, work / "tsm"), "tsn": start(direction_set, work / "tsn", "--no-shift"),
-             "motion": start(direction_set, work / "motion", *MOTION)}
-    yield {name: (proc, work / name) for name, proc in procs.items()}
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    """The motion stream's run, and a one-epoch RGB TSM run to fuse it with (its accuracy is not read)."""
+    with started(direction_set, tmp_path_factory.mktemp("runs"), {
+            "motion": MOTION, "rgb": ("--epochs", "1", "--warmup-epochs", "0.5", "--lr-per-8", "0.05")}) as both:
+        yield both
 
 
-def test_tsm_learns_motion_direction_that_tsn_cannot(runs):
-    tsm, tsn = (final_val_top1(*runs[name]) for name in ("tsm", "tsn"))
-    assert tsm >= 90, f"TSM reached only {tsm:.1f}% (TSN {tsn:.1f}%)"
-    assert tsn <= 50, f"TSN reached {tsn:.1f}%: single frames should not tell the direction"
+@pytest.mark.long  # the demo's run: motion features appear only after a few hundred steps
+def test_tsm_learns_motion_direction_that_tsn_cannot(direction_set, tmp_path_factory):
+    with started(direction_set, tmp_path_factory.mktemp("demo"), {"tsm": (), "tsn": ("--no-shift",)}) as runs:
+        tsm, tsn = (final_val_top1(*runs[name]) for name in ("tsm", "tsn"))
+        assert tsm >= 90, f"TSM reached only {tsm:.1f}% (TSN {tsn:.1f}%)"
+        assert tsn <= 50, f"TSN reached {tsn:.1f}%: single frames should not tell the direction"
 
 
 def test_a_motion_tsn_learns_the_direction_from_the_stored_fields(runs):
@@ -89,14 +106,37 @@ def test_a_motion_tsn_learns_the_direction_from_the_stored_fields(runs):
     assert motion >= 90, f"the motion stream's TSN reached only {motion:.1f}% (chance: 25%)"
 
 
-def test_trainer_test_rebuilds_the_motion_network_from_its_checkpoint(runs, direction_set, tmp_path):
-    proc, out = runs["motion"]
-    final_val_top1(proc, out)
-    report = tmp_path / "test.json"
-    assert cli.main(["test", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(direction_set),
-                     "--backend", "none", "--workers", "0", "--output", str(report)]) == 0
-    summary = json.loads(report.read_text())["summary"]
+TEST = ["--backend", "none", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def reports(runs, direction_set, tmp_path_factory):
+    """``trainer test`` of the RGB run and of the motion run, then of the two fused (weights 1 and 2)."""
+    work = tmp_path_factory.mktemp("reports")
+    for name in ("rgb", "motion"):
+        final_val_top1(*runs[name])
+    alone = {name: report_of(work / f"{name}.json", "--checkpoint", str(runs[name][1] / "checkpoint.pt"),
+                             "--data", str(direction_set), *TEST) for name in ("rgb", "motion")}
+    fused = report_of(work / "fused.json", "--fuse", str(runs["rgb"][1]), str(runs["motion"][1]),
+                      "--weights", "1", "2", "--data", str(direction_set), *TEST)
+    return {**alone, "fused": fused}
+
+
+def test_trainer_test_rebuilds_the_motion_network_from_its_checkpoint(reports):
+    summary = reports["motion"]["summary"]
     assert summary["labeled_videos"] == 64 and summary["video_top1"] >= 90, summary
+
+
+def test_an_rgb_and_a_motion_stream_fused_are_the_weighted_mean_of_each_streams_scores(runs, reports):
+    """TSN's two streams: ``trainer test --fuse`` of an RGB run (frames) and the motion run, each
+    rebuilt with its own network and loader (3 and 2 channels a frame), scores every video with
+    the weighted mean of what each stream alone scores it."""
+    classes = sorted(next(iter(reports["rgb"]["videos"].values()))["top5"])  # the four directions
+    assert len(classes) == 4
+    rgb, motion = (probabilities(reports[name]["videos"], classes) for name in ("rgb", "motion"))
+    assert max((rgb[v] - motion[v]).abs().max().item() for v in rgb) > 0.01  # two different networks
+    assert_fused(reports["fused"], [reports["rgb"], reports["motion"]], [str(runs["rgb"][1]), str(runs["motion"][1])],
+                 [1.0, 2.0], classes)
 
 
 def _without_fields(data, out):
@@ -123,10 +163,12 @@ def test_motion_is_refused_in_one_line_without_fields_or_with_decoding_on_device
         assert status == 2 and capsys.readouterr().err == f"trainer train: error: {message}\n"
 
 
-def test_resuming_the_motion_run_as_rgb_is_refused(runs, direction_set):
+def test_resuming_the_motion_run_as_rgb_is_refused(runs, direction_set, capsys):
     proc, out = runs["motion"]
     final_val_top1(proc, out)
-    with pytest.raises(SystemExit) as refused:
-        cli.main(["train", "--data", str(direction_set), "--output-dir", str(out), "--resume", "--backend", "none",
-                  *RUN, "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8", "0.05"])
-    assert "--modality motion in the checkpoint, rgb now" in str(refused.value) and "\n" not in str(refused.value)
+    capsys.readouterr()
+    assert cli.main(["train", "--data", str(direction_set), "--output-dir", str(out), "--resume", "--backend", "none",
+                     *RUN, "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8", "0.05"]) == 1
+    refused = capsys.readouterr().err
+    assert refused.startswith("trainer train: error: --resume refused: ") and refused.count("\n") == 1
+    assert "--modality motion in the checkpoint, rgb now" in refused

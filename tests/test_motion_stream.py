@@ -143,12 +143,21 @@ def test_cross_modality_initialisation_averages_the_rgb_first_layer(tmp_path, wr
 
 
 def test_a_motion_network_takes_two_channels_normalised_around_128():
+    """What ``forward`` hands its first convolution, seen by a hook there: a still field (128 in
+    both channels) is zero, and a field of 128 + 32 k is k (one unit per 32 quantisation steps,
+    ``MOTION_STD``) in that channel, frame by frame; an RGB clip does not fit."""
     motion = build(ModelConfig(num_classes=3, segments=2, depth=10, width=8, modality="motion")).eval()
+    seen = []
+    motion.backbone.conv1.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
     still = torch.full((1, 2, 2, 32, 32), 128, dtype=torch.uint8)
+    moving = still.clone()
+    moving[0, 0, 0], moving[0, 1, 1] = 128 + 64, 128 - 96  # u of frame 0: +2 units; v of frame 1: -3
     with torch.no_grad():
-        x = (still.flatten(0, 1).float() - motion.mean) / motion.std
-        assert torch.equal(x, torch.zeros_like(x))
-        assert motion(still).shape == (1, 3)
+        assert motion(still).shape == (1, 3) and motion(moving).shape == (1, 3)
+        assert torch.equal(seen[0], torch.zeros(2, 2, 32, 32))
+        expect = torch.zeros(2, 2, 32, 32)
+        expect[0, 0], expect[1, 1] = 2.0, -3.0
+        assert torch.equal(seen[1], expect)
         with pytest.raises(RuntimeError):
             motion(torch.zeros((1, 2, 3, 32, 32), dtype=torch.uint8))
 

@@ -92,6 +92,15 @@ CASES = [
      ["127.0.0.1:{port}/set/manifest.json", "no answer for", "past the source deadline of 1 s", "Connect"]),
     ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
      ["--output-dir", "earlier", "--resume", "--overwrite"]),
+    ("ema-with-k-step-averaging", "trainer train --data {set} --output-dir {root}/run-ema --backend none --depth 10 "
+     "--ema-decay 0.99 --average-every 2", {}, 1, ["--ema-decay", "not with --average-every"]),
+    ("test-ema-of-a-run-without", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --ema "
+     "--backend none", {}, 1, ["checkpoint.pt", "--ema", "no weight average", "--ema-decay"]),
+    ("decode-on-device-without-torchvision", "trainer train --data {set} --output-dir {root}/run-nvjpeg --backend none "
+     "--depth 10 --width 4 --decode-on-device", {"PYTHONPATH": "{missing}:{pythonpath}"}, 2,
+     ["--decode-on-device", "needs torchvision"]),
+    ("horovod-not-installed", "trainer train --data {set} --output-dir {root}/run-hvd --depth 10",
+     {"PYTHONPATH": "{missing}:{pythonpath}"}, 2, ["--backend horovod", "cannot import horovod", "--backend none"]),
     ("bad-sample-stops-training", "trainer train --data {rotten} --output-dir {root}/run-rotten --backend none "
      "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1", {}, 1,
      ["{rotten}/train/train-00000", ": shard train/train-00000", ", sample train_v000", ": xxh3-64 digest ",
@@ -161,6 +170,9 @@ def world(tmp_path_factory):
     for d in ("flat", "vids/train/a"):  # never decoded: every case here stops before
         for i in range(2):
             (root / d / f"v{i}.mp4").write_bytes(b"not decoded")
+    for package in ("horovod", "torchvision"):  # a Python where they are missing, whatever this one has
+        (root / "missing" / package).mkdir(parents=True)
+        (root / "missing" / package / "__init__.py").write_text(f"raise ImportError('No module named {package}')\n")
     (root / "earlier").mkdir()  # an earlier run's output directory
     for name in ("checkpoint.pt", "metrics.jsonl"):
         (root / "earlier" / name).write_text(f"the earlier run's {name}")
@@ -191,15 +203,20 @@ def world(tmp_path_factory):
                "damaged": str(root / "damaged"), "full": str(root / "full"),
                "v0run": str(root / "v0run"), "changed": str(root / "changed"), "sorted": str(root / "sorted"),
                "bin": BIN,
-               "set_manifest": (root / "set" / "manifest.json").read_bytes()}
+               "set_manifest": (root / "set" / "manifest.json").read_bytes(),
+               "missing": str(root / "missing"), "pythonpath": os.environ.get("PYTHONPATH", "")}
         server.kill(15)
     finally:
         subprocess.run(["umount", "-l", str(root / "full")], check=True)
 
 
+ANSWER_S = 300  # a trainer's refusal (import torch, start Horovod, build the net, read the manifest) took
+# 90-150 s with four commands at once at load 25-35 (cache-too-small failed at the 120 s this was)
+
+
 def run(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     """A console script, as a user runs it."""
-    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120,
+    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True, timeout=ANSWER_S,
                           env={**os.environ, **(env or {})})
 
 

@@ -2,6 +2,7 @@
 node stream through one budget smaller than their shares, the first batch comes while later
 shards still download, and each node downloads its pieces once in a run of several epochs."""
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from shards import partition
 from shards.cache import CacheFull
 from shards.manifest import Manifest
 from shardsets import make_shardset, serve
@@ -34,24 +36,34 @@ def keys(batches):
     return [k for b in batches for k, ok in zip(b["keys"], b["valid"].tolist()) if ok]
 
 
-def _rank(url, rank, cache, budget, epochs, out):
-    """One rank of a two-rank node: its clips of each epoch, or what went wrong."""
+@pytest.fixture(scope="module")
+def rank_processes():
+    """A context for rank processes, forked from a fork server that has imported the loader once
+    (not forked from this pytest worker, whose other threads may hold locks at the fork: torch's
+    shared memory then hangs; nor spawned, which imports torch again for every rank). The server
+    is stopped at the end (``_stop``: the standard library's own tests stop it so)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    yield ctx
+    multiprocessing.forkserver._forkserver._stop()
+
+
+def _rank(url, rank, cache, budget, epochs, out, world_size=2, num_workers=1, lookahead=2):
+    """One rank of a job of two-rank nodes: its clips of each epoch, or what went wrong."""
     try:
-        loader = ClipLoader(url, "train", rank=rank, world_size=2, local_size=2, shuffle="node", num_workers=1,
-                            cache_dir=cache, cache_budget=budget, lookahead=2, **SMALL)
+        loader = ClipLoader(url, "train", rank=rank, world_size=world_size, local_size=2, shuffle="node", seed=0,
+                            num_workers=num_workers, cache_dir=cache, cache_budget=budget, lookahead=lookahead, **SMALL)
         out.put((rank, [keys(loader) for _ in range(epochs)]))
     except Exception as e:  # reported to the test
         out.put((rank, repr(e)))
 
 
-def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares(forty, tmp_path):
+def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares(forty, tmp_path, rank_processes):
     """Budget 0.7x the split (each rank's share fits, both together do not): both ranks finish two
     epochs, every clip once per epoch, no CacheFull."""
     split = Manifest.load(forty).splits["train"]
     budget = int(0.7 * sum(s.bytes for s in split.shards))
-    # spawned, not forked: a fork of this pytest worker inherits whatever lock another of its
-    # threads (an earlier test's HTTP or cache thread) held, and torch's shared memory then hangs
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_processes
     out = ctx.Queue()
     with serve(forty) as (url, _):
         ranks = [ctx.Process(target=_rank, args=(url, r, str(tmp_path / "cache"), budget, 2, out)) for r in (0, 1)]
@@ -127,30 +139,42 @@ def test_the_first_batch_comes_while_later_shards_still_download(forty, tmp_path
     assert sorted(keys([batch] + rest)) == sorted(k for s in Manifest.load(forty).splits["train"].shards for k in s.keys)
 
 
-def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path):
-    """Two nodes of two ranks, three shards (one split between the nodes), three epochs through a
-    cache per node: every clip once per epoch; each node asks the server for each byte range once,
-    and the two nodes together for no more than the split's bytes (global epochs: up to twice)."""
+def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path, rank_processes):
+    """Two nodes of two ranks, the four ranks running at once for two epochs; nine shards, one of
+    them split between the nodes; each node's cache budget exactly the bytes it owns (its whole
+    shards and its piece of the split one, ``shards.partition.assign``), and each node reading
+    through a server of its own: every clip once per epoch, and each node asks for each byte range
+    it owns exactly once in the run, and for nothing else."""
     d = str(tmp_path / "set")
-    make_shardset(d, {"train": 15}, per_shard=5)
-    ranges, per_node = [], {}
-    with serve(d, lambda path, start, end: ranges.append((path, start, end))) as (url, _):
-        per_epoch = [Counter() for _ in range(3)]
-        for node in (0, 1):
-            before = len(ranges)
-            for rank in (2 * node, 2 * node + 1):
-                loader = ClipLoader(url, "train", rank=rank, world_size=4, local_size=2, shuffle="node", num_workers=0,
-                                    cache_dir=str(tmp_path / f"node{node}"), lookahead=2, **SMALL)
-                for epoch in range(3):
-                    loader.set_epoch(epoch)
-                    per_epoch[epoch].update(keys(loader))
-            per_node[node] = ranges[before:]
-    assert all(len(c) == 15 and set(c.values()) == {1} for c in per_epoch)
-    split = Manifest.load(d).splits["train"]
-    for asked in per_node.values():
-        assert len(asked) == len(set(asked)) and len({p for p, _, _ in asked}) == len(asked)  # one copy per shard
-    assert sum(b - a for p, a, b in ranges) <= sum(s.bytes for s in split.shards)
-    assert len(ranges) == 4  # the whole shards each node owns, and a piece each of the one they share
+    make_shardset(d, {"train": 45}, per_shard=5)
+    shards = Manifest.load(d).splits["train"].shards
+    def copy(run):  # a whole shard, or the bytes of its samples the node owns
+        shard = shards[run.shard]
+        if run.size == shard.num_samples:
+            return f"/{shard.name}", 0, shard.bytes
+        return f"/{shard.name}", shard.offsets[run.start], shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1]
+    owned = [{copy(run) for run in runs} for runs in partition.assign([s.num_samples for s in shards], 2, 0)]
+    assert sorted(len({p for p, _, _ in o}) for o in owned) == [5, 5]  # 4 whole shards each and a shared one
+    asked = [[], []]
+    ctx = rank_processes
+    out = ctx.Queue()
+    with serve(d, lambda path, start, end: asked[0].append((path, start, end))) as (url0, _), \
+            serve(d, lambda path, start, end: asked[1].append((path, start, end))) as (url1, _):
+        ranks = [ctx.Process(target=_rank, args=(url, rank, str(tmp_path / f"node{node}"),
+                                                 sum(b - a for _, a, b in owned[node]), 2, out),
+                             kwargs=dict(world_size=4, num_workers=0, lookahead=1))
+                 for node, url in ((0, url0), (1, url1)) for rank in (2 * node, 2 * node + 1)]
+        for p in ranks:
+            p.start()
+        got = dict(out.get(timeout=300) for _ in ranks)
+        for p in ranks:
+            p.join()
+    assert all(isinstance(v, list) for v in got.values()), got
+    for epoch in range(2):
+        clips = Counter(k for r in range(4) for k in got[r][epoch])
+        assert len(clips) == 45 and set(clips.values()) == {1}, epoch
+    for node in (0, 1):
+        assert sorted(asked[node]) == sorted(owned[node]), node  # each once, nothing else
 
 
 @pytest.mark.parametrize("before,after", [((2, 2), (3, 1)), ((2, 2), (1, 3)), ((1, 4), (2, 1))])

@@ -104,23 +104,30 @@ def test_a_killed_build_process_is_recorded_failed_at_once_and_asking_again_resu
 
 def test_sigterm_stops_the_running_build_records_it_and_leaves_no_process(tmp_path, videos):
     server = serve(tmp_path, "--source-root", str(videos))
-    status, answer = post(server.url, videos, splits=["train"], short_side=20, shard_samples=2)
-    assert status == 202
-    builder = server.build_process()
-    os.killpg(builder.pid, signal.SIGSTOP)  # held where it is: a build of seconds cannot finish under us
-    started = [builder, *builder.children(recursive=True)]
-    server.proc.send_signal(signal.SIGTERM)
-    deadline = time.time() + 60
-    while not any("stopping build process" in line for line in server.log):
-        assert time.time() < deadline and server.proc.poll() is None, "".join(server.log)
-        time.sleep(0.05)
+    started = []
     try:
-        os.killpg(builder.pid, signal.SIGCONT)  # now it handles the server's SIGTERM ...
-    except ProcessLookupError:
-        pass  # ... unless caught before it had a handler: SIGTERM's default action ends even a stopped process
-    assert server.proc.wait(timeout=120) == 0
-    gone, alive = psutil.wait_procs(started, timeout=30)
-    assert not alive and not [p for p in psutil.process_iter(["pid"]) if _group(p) == builder.pid]
+        status, answer = post(server.url, videos, splits=["train"], short_side=20, shard_samples=2)
+        assert status == 202
+        builder = server.build_process()
+        os.killpg(builder.pid, signal.SIGSTOP)  # held where it is: a build of seconds cannot finish under us
+        started = [builder, *builder.children(recursive=True)]
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 60
+        while not any("stopping build process" in line for line in server.log):
+            assert time.time() < deadline and server.proc.poll() is None, "".join(server.log)
+            time.sleep(0.05)
+        try:
+            os.killpg(builder.pid, signal.SIGCONT)  # now it handles the server's SIGTERM ...
+        except ProcessLookupError:
+            pass  # ... unless caught before it had a handler: SIGTERM's default action ends even a stopped process
+        assert server.proc.wait(timeout=120) == 0
+        gone, alive = psutil.wait_procs(started, timeout=30)
+        assert not alive and not [p for p in psutil.process_iter(["pid"]) if _group(p) == builder.pid]
+    finally:  # on a failure above: the stopped build and the server stopped here, not left to the session
+        for p in started:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        server.kill(signal.SIGKILL)
     rec = Catalog(str(tmp_path / "catalog.sqlite")).get(answer["id"])
     assert rec.state == "failed" and rec.error.lower().startswith("stopped"), rec.error
 

@@ -4,6 +4,7 @@ parse for 32 first requests, Cache-Control behind a real nginx ``proxy_cache``, 
 and a ``307`` to a presigned URL of moto's S3 server followed with the right bytes."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -18,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from http.server import ThreadingHTTPServer
 
+import psutil
 import pytest
 
 from shards.catalog import Catalog
@@ -25,6 +27,7 @@ from shards.digests import CorruptSample
 from shards.http_range import RangeError
 from shards.manifest import Manifest
 from shards.reading import iter_samples, open_range
+from required import require
 from shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register
 
 NGINX = "/usr/sbin/nginx"
@@ -58,6 +61,17 @@ def listening(proc: subprocess.Popen, port: int, what: str) -> None:
         except OSError:
             return False
     until(up, f"{what} listening")
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` and what it started, if still running (a fixture's failure path)."""
+    if proc.poll() is None:
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.kill()
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -260,8 +274,7 @@ def test_direct_reads_fall_back_or_fail_when_the_files_are_not_the_served_ones(e
 # --- cache headers, behind a real nginx proxy_cache --------------------------------------------
 @pytest.fixture(scope="module")
 def proxy(env, tmp_path_factory):
-    if not os.path.exists(NGINX):
-        pytest.fail(f"{NGINX} missing: scripts/test.sh installs Debian's nginx-light")
+    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's nginx-light")
     prefix = tmp_path_factory.mktemp("nginx")
     port, upstream = free_port(), env["server"].url.split("//")[1]
     conf = prefix / "nginx.conf"
@@ -275,10 +288,13 @@ http {{ access_log off; client_body_temp_path {prefix}/t1; proxy_temp_path {pref
                   add_header X-Cache-Status $upstream_cache_status; }} }} }}
 """)
     proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(prefix)])
-    listening(proc, port, "nginx")
-    yield f"http://127.0.0.1:{port}"
-    proc.send_signal(signal.SIGQUIT)
-    proc.wait(timeout=60)
+    try:
+        listening(proc, port, "nginx")
+        yield f"http://127.0.0.1:{port}"
+        proc.send_signal(signal.SIGQUIT)  # a graceful stop: its worker too
+        proc.wait(timeout=60)
+    finally:  # never started, or did not stop: the master and its worker (its only child)
+        stop_tree(proc)
 
 
 def test_responses_say_how_they_may_be_cached(env):
@@ -384,10 +400,13 @@ def moto(tmp_path_factory):
                              "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, **creds})
     endpoint = f"http://127.0.0.1:{port}"
-    listening(proc, port, "moto's server")
-    yield endpoint, {**creds, "AWS_ENDPOINT_URL": endpoint}
-    proc.terminate()
-    proc.wait(timeout=60)
+    try:
+        listening(proc, port, "moto's server")
+        yield endpoint, {**creds, "AWS_ENDPOINT_URL": endpoint}
+        proc.terminate()
+        proc.wait(timeout=60)
+    finally:
+        stop_tree(proc)
 
 
 def test_a_redirect_to_a_presigned_url_is_followed_and_no_byte_goes_through_the_server(env, moto, tmp_path):

@@ -2,7 +2,8 @@
 
 Each command's flags come from ``trainer.config`` (the standard library only) and its module, with
 PyTorch, is imported only to run it: ``trainer train --help`` or a mistyped flag answers in a
-fraction of a second. A refusal (``trainer.errors.ConfigError``) is printed as its one line, exit status 1.
+fraction of a second. A refusal (``trainer.errors``, ``shards.errors``) is printed as every
+command prints one: ``trainer COMMAND: error: MESSAGE``, exit status 1 (2: the command line).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import sys
 from shards.commands import main as run_commands
 
 from . import config
-from .errors import ConfigError
 
 
 class Command:
@@ -39,10 +39,7 @@ COMMANDS = {"train": "trainer.cli:TRAIN", "elastic": "trainer.cli:ELASTIC", "tes
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run_commands("trainer", __doc__.split("\n", 1)[0], COMMANDS, argv)
-    except ConfigError as e:  # a refusal: its one line and exit status 1, no traceback
-        raise SystemExit(str(e)) from None
+    return run_commands("trainer", __doc__.split("\n", 1)[0], COMMANDS, argv)
 
 
 if __name__ == "__main__":

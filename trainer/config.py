@@ -5,7 +5,9 @@ Imports nothing but the standard library, so ``trainer ... --help`` answers with
 and ``Schedules``, together a ``TrainConfig``. Each field is also its command-line flag: ``flag(...)``
 holds the help text and whatever argparse needs besides the type and default (a ``--no-`` spelling,
 choices, ``nargs``), and ``add_arguments`` builds the parser's groups from the fields, so an option is
-written once. The parsed namespace stops at the entry points (``run`` of ``trainer.train``,
+written once. So is its range: a range checker given as the flag's ``type`` (``positive_int``,
+``number_in_range``) refuses the flag's text in argparse and, in ``__post_init__``, the value of a
+config built in Python (``OutOfRange``: ``--batch-size: 0 is out of range: give 1 or more``). The parsed namespace stops at the entry points (``run`` of ``trainer.train``,
 ``trainer.elastic`` and ``trainer.evaluate``): below them the code takes the configs it needs, and
 tests build configs directly.
 
@@ -28,6 +30,8 @@ from typing import ClassVar
 
 from shards.commands import HelpFormatter, count_or_share, int_in_range, number_in_range, positive_int
 from shards.errors import UsageError
+
+from .errors import OutOfRange
 
 VERSION = 1  # of the config as a checkpoint stores it; 0: the flat ``args`` dict of older checkpoints
 
@@ -72,8 +76,28 @@ def flag(default=dataclasses.MISSING, help: str | None = None, *, spelling: str 
     return dataclasses.field(default=default, metadata={"help": help, "spelling": spelling, "options": argparse_options})
 
 
+NON_NEGATIVE = number_in_range(float, 0)
+UNIT = number_in_range(float, 0, 1)
+
+
+class Flags:
+    """A concern's fields, each within its flag's range (checked as the config is made)."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            in_range = getattr(f.metadata["options"].get("type"), "in_range", None)
+            value = getattr(self, f.name)
+            if in_range is None or value is None:
+                continue
+            for v in value if isinstance(value, tuple) else (value,):
+                try:
+                    in_range(v)
+                except ValueError as e:
+                    raise OutOfRange(f"{f.metadata['spelling'] or '--' + f.name.replace('_', '-')}: {e}") from None
+
+
 @dataclass(frozen=True)
-class Data:
+class Data(Flags):
     GROUP: ClassVar[str] = "data"
     data: str = flag(help="shard-set directory or manifest.json URL", required=True)
     train_split: str = flag("train", "split to train on")
@@ -118,7 +142,7 @@ class Data:
 
 
 @dataclass(frozen=True)
-class Model:
+class Model(Flags):
     GROUP: ClassVar[str] = "model"
     segments: int | None = flag(None, "frames per clip (T) (default: the shard set's, from its manifest)",
                                 type=positive_int)
@@ -126,11 +150,11 @@ class Model:
                                   "baselines i3d-3x3x3 and i3d-3x1x1 (trainer/model/i3d.py; --depth 50, 101 or 152)",
                             choices=ARCHS)
     depth: int = flag(50, "ResNet depth", choices=DEPTHS)
-    width: int = flag(64, "ResNet base width (64 standard)")
+    width: int = flag(64, "ResNet base width (64 standard)", type=positive_int)
     shift: bool = flag(True, "no temporal shift: TSN (--arch tsn); nothing to remove from TSN or an I3D; refused with "
                              "--arch tsm", spelling="--no-shift")
-    shift_div: int = flag(8, "shift 1/div of channels each way")
-    dropout: float = flag(0.0, "before the head (0 for the large-batch recipe)")
+    shift_div: int = flag(8, "shift 1/div of channels each way", type=int_in_range(2))
+    dropout: float = flag(0.0, "before the head (0 for the large-batch recipe)", type=UNIT)
     pretrained: str | None = flag(None, "torchvision-format ResNet state dict, or a checkpoint.pt of trainer train, "
                                         "to start the backbone from (RGB weights for --modality motion: the first "
                                         "layer averaged over its channels, TSN's cross-modality initialisation)")
@@ -152,22 +176,23 @@ class Model:
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Recipe(Flags):
     GROUP: ClassVar[str] = "recipe"
     epochs: int = flag(100, "passes over the training split", type=positive_int)
-    lr_per_8: float = flag(0.00125, "learning rate per 8 clips of global batch")
-    warmup_epochs: float = flag(5.0, "epochs of linear warm-up of the learning rate from 0")
+    lr_per_8: float = flag(0.00125, "learning rate per 8 clips of global batch",
+                           type=number_in_range(float, 0, above=True))
+    warmup_epochs: float = flag(5.0, "epochs of linear warm-up of the learning rate from 0", type=NON_NEGATIVE)
     optimizer: str = flag("sgd", "adam: weight decay as L2 in the gradient; adamw: decoupled; none decays BN or biases",
                           choices=OPTIMIZERS)
-    momentum: float = flag(0.9, "SGD's")
-    weight_decay: float = flag(1e-4, "on conv/linear weights only")
-    clip_grad_norm: float = flag(0.0, "max gradient norm (0: off)")
+    momentum: float = flag(0.9, "SGD's", type=UNIT)
+    weight_decay: float = flag(1e-4, "on conv/linear weights only", type=NON_NEGATIVE)
+    clip_grad_norm: float = flag(0.0, "max gradient norm (0: off)", type=NON_NEGATIVE)
     ema_decay: float = flag(0.0, "keep an exponential moving average of the weights with this decay per step (e.g. "
                                  "0.9998), validated (ema_val_*) and checkpointed beside them (trainer/ema.py); 0: off")
 
 
 @dataclass(frozen=True)
-class System:
+class System(Flags):
     GROUP: ClassVar[str] = "system"
     backend: str = flag("horovod", "how ranks talk: horovod (horovodrun, mpirun, srun), torch (torchrun), none "
                                    "(one process)", choices=BACKENDS)
@@ -185,7 +210,7 @@ class System:
     overwrite: bool = flag(False, "start afresh in an OUTPUT_DIR that holds an earlier run (its checkpoint, metrics "
                                   "and logs are deleted); without it or --resume such a directory is refused")
     checkpoint_steps: int = flag(0, "also checkpoint every N steps (0: only at epoch ends and stops); bounds what a "
-                                    "SIGKILL, an OOM kill or a lost node costs to N steps")
+                                    "SIGKILL, an OOM kill or a lost node costs to N steps", type=int_in_range(0))
     print_freq: int = flag(10, "steps between metric records", type=positive_int)
     clip_log: bool = flag(False, "log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/ "
                                  "(trainer.clip_log): the audit that each epoch trained on every clip once")
@@ -193,7 +218,7 @@ class System:
 
 
 @dataclass(frozen=True)
-class Schedules:
+class Schedules(Flags):
     GROUP: ClassVar[str] = "schedules (docs/schedules.md)"
     multigrid: str = flag("off", "multigrid batch shapes: the long cycle (T, S and B over each stage), the short cycle "
                                  "(crops over successive iterations), or both; runs the plan's 1.5x --epochs",
@@ -204,34 +229,39 @@ class Schedules:
     batch_growth: str = flag("off", "double the batch at --growth-points epochs, in place of the rate's decay, or when "
                                     "the gradient noise scale exceeds the global batch (needs 2+ ranks)", choices=GROWTH)
     growth_points: tuple[float, ...] = flag((), "epochs where the batch doubles", nargs="+")
-    max_batch_size: int | None = flag(None, "clips per rank the batch grows to at most (default 8x --batch-size)")
+    max_batch_size: int | None = flag(None, "clips per rank the batch grows to at most (default 8x --batch-size)",
+                                      type=positive_int)
     average_every: int | None = flag(None, "K-step model averaging: each rank steps alone, ranks average every K steps "
-                                           "(default: gradients averaged at every step by the backend)")
-    local_after_epochs: float = flag(0.0, "post-local averaging: synchronous for these first epochs, K-step after")
+                                           "(default: gradients averaged at every step by the backend)",
+                                     type=positive_int)
+    local_after_epochs: float = flag(0.0, "post-local averaging: synchronous for these first epochs, K-step after",
+                                     type=NON_NEGATIVE)
     bn_group: int | None = flag(None, "clips per BN statistics group (0: the whole batch; default: --batch-size when "
-                                      "the batch varies)")
+                                      "the batch varies)", type=int_in_range(0))
     trace_steps: bool = flag(False, "every rank writes each step's shape, batch, rate and a weight checksum to "
                                     "OUTPUT_DIR/steps-rank<R>.jsonl")
     precise_bn: int = flag(0, "before every validation, set BN statistics to those of N full-shape training batches "
                               "per rank (for multigrid, whose training shapes differ from validation's); 0: off",
-                           metavar="N")
+                           metavar="N", type=int_in_range(0))
 
 
 @dataclass(frozen=True)
-class Elastic:
+class Elastic(Flags):
     GROUP: ClassVar[str] = "elastic"
     commit_every: int = flag(20, "steps between in-memory commits, the most steps a failure costs (also at every "
-                                 "epoch end)")
+                                 "epoch end)", type=positive_int)
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class Evaluation(Flags):
     """``trainer test``'s flags (one group, no title)."""
     GROUP: ClassVar[str | None] = None
     data: tuple[str, ...] = flag(help="shard-set directory or manifest.json URL; with --fuse, one for every run or "
                                       "one per run (runs trained on sets with different motion kinds)",
                                  required=True, nargs="+", metavar="SET")
     checkpoint: str | None = flag(None, "checkpoint.pt written by trainer train, or the run's --output-dir")
+    ema: bool = flag(False, "score the weight average a run trained with --ema-decay keeps (trainer/ema.py) instead "
+                            "of its weights (with --fuse: every run's)")
     fuse: tuple[str, ...] | None = flag(None, "late fusion instead of --checkpoint (TSN's): score the split with each "
                                               "run's own network, crop and modality (a run's --output-dir or its "
                                               "checkpoint.pt) and average each video's softmax scores over the runs "
@@ -241,8 +271,8 @@ class Evaluation:
                                                    "equal)", nargs="+", metavar="W", type=number_in_range(float, 0))
     split: str = flag("val", "split to test on")
     crops: int = flag(1, "1: centre crop_size crop; 3: three full-height scale_size crops", choices=[1, 3])
-    crop_size: int | None = flag(None, "default: the training run's")
-    scale_size: int | None = flag(None, "default: the training run's")
+    crop_size: int | None = flag(None, "default: the training run's", type=positive_int)
+    scale_size: int | None = flag(None, "default: the training run's", type=positive_int)
     batch_size: int = flag(8, "clips per rank per step", type=positive_int)
     workers: int | None = flag(None, "loader worker processes per rank (default: the CPU cores each local rank has, "
                                      "less one, at most 4)", type=int_in_range(0))

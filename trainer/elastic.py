@@ -53,9 +53,7 @@ def elastic_train(t: train.Trainer, stop: train.StopFlag, commit_every: int) -> 
 
 def main(cfg: config.TrainConfig, elastic: config.Elastic) -> int:
     if cfg.system.backend != "horovod":
-        raise ConfigError("trainer elastic: Horovod Elastic needs --backend horovod")
-    if elastic.commit_every < 1:
-        raise ConfigError(f"trainer elastic: --commit-every must be at least 1, not {elastic.commit_every}")
+        raise ConfigError("Horovod Elastic needs --backend horovod")
     return train.main(cfg, elastic=lambda t, stop: elastic_train(t, stop, elastic.commit_every))
 
 

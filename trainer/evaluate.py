@@ -6,6 +6,9 @@ all views of a video are averaged and the video is scored once, however its clip
 spread over ranks; clips repeated only to pad the last batch are skipped. Also reports
 single-view clip accuracy, and writes per-video top-5 predictions (for unlabeled test splits).
 
+``--ema`` scores the weight average a run trained with ``--ema-decay`` checkpoints beside its
+weights (``trainer.ema``) instead of the weights.
+
 ``--fuse RUN_A RUN_B [--weights 1 1.5]`` is TSN's late fusion of two streams (appearance and
 motion): each run scores the split as above with its own network, crop and modality, and each
 video's fused score is the weighted mean of the runs' view-averaged softmax scores. It reports each
@@ -107,16 +110,23 @@ def resolve_run(run: str) -> str:
     return inside if storage.exists(inside) else run
 
 
-def load_network(url: str, backend) -> dict:
-    """Rank 0 reads the checkpoint at ``url`` and every rank gets what testing needs of it: the weights,
-    the network's config and architecture (``trainer.config.ARCHS``: the checkpoint decides which network
-    is tested), the classes and the training run's data config (its crop, scale and modality)."""
+def load_network(url: str, backend, ema: bool = False) -> dict:
+    """Rank 0 reads the checkpoint at ``url`` and every rank gets what testing needs of it: the weights
+    (``ema``: the weight average instead), the network's config and architecture
+    (``trainer.config.ARCHS``: the checkpoint decides which network is tested), the classes and the
+    training run's data config (its crop, scale and modality)."""
     state = checkpoint.load(url) if backend.rank == 0 else None
     if backend.rank == 0 and state is None:
         raise ConfigError(f"{url}: no checkpoint")
-    return backend.broadcast_object(None if state is None else {
-        "url": url, "model": state["model"], "model_config": state["model_config"], "classes": state["classes"],
-        "data": config.of_checkpoint(state).data, "arch": ModelConfig(**state["model_config"]).arch})
+    network = None
+    if state is not None:
+        weights = (checkpoint.hook_states(state).get("ema") or {}).get("weights") if ema else state["model"]
+        network = {"url": url, "model": weights, "model_config": state["model_config"], "classes": state["classes"],
+                   "data": config.of_checkpoint(state).data, "arch": ModelConfig(**state["model_config"]).arch}
+    network = backend.broadcast_object(network)
+    if network["model"] is None:  # every rank refuses alike
+        raise ConfigError(f"{url}: --ema: the checkpoint keeps no weight average (its run had no --ema-decay)")
+    return network
 
 
 def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, device) -> VideoScores:
@@ -178,7 +188,7 @@ def main(ev: config.Evaluation) -> int:
     backend = distributed.init(ev.backend)
     cores.cap_threads(backend.local_ranks)
     device = pick_device(backend)
-    networks = [load_network(resolve_run(run), backend) for run in runs]
+    networks = [load_network(resolve_run(run), backend, ev.ema) for run in runs]
     for run, network in zip(runs[1:], networks[1:]):
         if network["classes"] != networks[0]["classes"]:
             raise ConfigError(f"--fuse: {run} was trained on other classes than {runs[0]}")
@@ -186,12 +196,13 @@ def main(ev: config.Evaluation) -> int:
     scores = [score_checkpoint(network, data, ev, backend, device) for network, data in zip(networks, sets)]
     if backend.rank == 0:
         classes = networks[0]["classes"]
+        head = {"split": ev.split, "crops": ev.crops, **({"ema": True} if ev.ema else {})}
         if ev.fuse is None:
-            summary = {"split": ev.split, "crops": ev.crops, "arch": networks[0]["arch"], **scores[0].summary()}
+            summary = {**head, "arch": networks[0]["arch"], **scores[0].summary()}
             report = {"summary": summary, "videos": scores[0].predictions(classes)}
         else:
             together = fused(runs, scores, weights)
-            summary = {"split": ev.split, "crops": ev.crops, "runs": list(runs), "weights": list(weights),
+            summary = {**head, "runs": list(runs), "weights": list(weights),
                        **{k: v for k, v in together.summary().items() if k != "views_per_video"},
                        "streams": [{"run": run, "arch": network["arch"], **s.summary()}
                                    for run, network, s in zip(runs, networks, scores)]}

@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from shards.errors import UsageError
+
 Decoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 
@@ -29,7 +31,7 @@ def nvjpeg(device: torch.device) -> Decoder:
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
     except ImportError as e:
-        raise SystemExit(f"--decode-on-device needs torchvision ({e}); it comes with CUDA builds of "
+        raise UsageError(f"--decode-on-device needs torchvision ({e}); it comes with CUDA builds of "
                          "PyTorch, not with the CPU-only build of these machines") from None
     return lambda datas: decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
 

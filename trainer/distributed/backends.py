@@ -27,6 +27,7 @@ import socket
 import torch
 from torch import nn
 
+from shards.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class Horovod(Backend):
         try:
             import horovod.torch as hvd
         except ImportError as e:
-            raise SystemExit(f"--backend horovod: cannot import horovod.torch ({e}); "
+            raise UsageError(f"--backend horovod: cannot import horovod.torch ({e}); "
                              "run scripts/setup.sh, or pass --backend none or torch") from None
         hvd.init()
         self.hvd = hvd

@@ -155,8 +155,8 @@ class KStepBackend:
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, compression: bool):
         if compression:
-            raise ConfigError("trainer train: --fp16-allreduce compresses the per-step gradient allreduce, which "
-                             "K-step averaging replaces; use one or the other")
+            raise ConfigError("--fp16-allreduce compresses the per-step gradient allreduce, which "
+                              "K-step averaging replaces; use one or the other")
         self.averaging = KStepAveraging(model, optimizer, self.inner.all_sum, self.inner.size, self.every,
                                         self.local_after)
         return model, optimizer

@@ -43,7 +43,7 @@ NOISE_MEASUREMENTS = 16  # noise-scale measurements (since the start or the last
 
 def refuse(message: str):
     """Flags that cannot go together, or a run they cannot continue: one line, no traceback."""
-    raise ConfigError(f"trainer train: {message}")
+    raise ConfigError(message)
 
 
 def stages_for(cfg: TrainConfig) -> tuple[int, ...]:
@@ -152,8 +152,6 @@ class Regime(Hook):
             if s.local_after_epochs:
                 refuse("--local-after-epochs switches to K-step averaging: give --average-every")
             return backend
-        if s.average_every < 1:
-            refuse(f"--average-every must be at least 1, not {s.average_every}")
         if self.growth and self.growth.mode == "noise":
             refuse("--batch-growth noise measures the noise of synchronously averaged gradients: "
                    "not with --average-every")
