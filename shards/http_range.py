@@ -59,9 +59,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import fsspec.asyn
-import fsspec.config
 
 from .errors import DataFault
+from .storage import http_headers
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 _SHA256_ETAG = re.compile(r'"([0-9a-f]{64})"$')
@@ -172,11 +172,6 @@ _POOL = _Pool()
 TIMEOUT = 60.0  # seconds without progress on a connection before the request is retried
 
 
-def _config_headers(scheme: str) -> dict:
-    conf = fsspec.config.conf
-    return {**conf.get("http", {}).get("headers", {}), **conf.get(scheme, {}).get("headers", {})}
-
-
 class HTTPRange(io.RawIOBase):
     """Bytes [start, end) of an HTTP(S) URL as a raw stream (wrap it in ``io.BufferedReader``)."""
 
@@ -229,7 +224,7 @@ class HTTPRange(io.RawIOBase):
 
     def _request(self) -> None:
         """Send the GET for the missing bytes and receive the answer's headers."""
-        headers = {**_config_headers(self.key[0]), "Range": f"bytes={self.pos}-{self.end - 1}"}
+        headers = {**http_headers(self.key[0]), "Range": f"bytes={self.pos}-{self.end - 1}"}
         if self.key != self.origin:  # redirected to another server: credentials stay with ours
             headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "cookie")}
         while True:

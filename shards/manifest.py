@@ -121,9 +121,7 @@ def _http_refusal(url: str, error: Exception) -> CommandError:
     import urllib.error
     import urllib.request
 
-    from .http_range import _config_headers
-
-    request = urllib.request.Request(url, headers=_config_headers(url.split(":", 1)[0]))
+    request = urllib.request.Request(url, headers=storage.http_headers(url.split(":", 1)[0]))
     try:
         with urllib.request.urlopen(request, timeout=30):
             return CommandError(f"{url}: {error}")  # answered this time: report the first failure

@@ -55,6 +55,7 @@ import json
 import logging
 import os
 import signal
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -104,6 +105,42 @@ def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
     parent every 5 s)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class Upsampling(UserWarning):
+    """Crops larger than the stored frames: the clips are upscaled (``upsampling``)."""
+
+
+def upsampling(manifest: Manifest, transform) -> str | None:
+    """Why ``transform``'s crops of this set's frames are upscaled, or None: a training crop
+    larger than the frames' short side as stored, or an evaluation scale or crop larger than it."""
+    short = manifest.config.get("clip", {}).get("short_side")  # as ingest writes it; other sets may lack it
+    need = transform.crop_size if isinstance(transform, TrainTransform) else max(transform.crop_size,
+                                                                                  transform.scale_size)
+    if not short or need <= short:
+        return None
+    return (f"crop_size={transform.crop_size}, scale_size={transform.scale_size}: the frames of "
+            f"{manifest.base or 'the shard set'} are {short} pixels on their short side, so the clips are "
+            f"upscaled (scale_size={short}, crop_size={short * transform.crop_size // transform.scale_size} "
+            "would crop them as stored)")
+
+
+def placement(rank: int | None = None, world_size: int | None = None,
+              local_size: int | None = None) -> tuple[int, int, int]:
+    """(rank, world size, ranks per node) as given, else from ``torch.distributed`` when it is
+    initialised, else from the environment torchrun, Lightning and Slurm launchers set (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``), else one process. Ranks per node come from
+    ``LOCAL_WORLD_SIZE`` only when the world size was not given either."""
+    if world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            found = dist.get_rank(), dist.get_world_size()
+        else:
+            found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        rank, world_size = found[0] if rank is None else rank, found[1]
+        if local_size is None:
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return (0 if rank is None else rank), world_size, (1 if local_size is None else local_size)
 
 
 def video_id(key: str) -> str:
@@ -306,18 +343,19 @@ class ClipLoader:
     None without any number, leaving the budget to the caller (see the module docstring).
     """
 
-    def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
-                 train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
+    def __init__(self, manifest, split: str, *, batch_size: int, rank: int | None = None,
+                 world_size: int | None = None, train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
                  crop_size: int = 224, scale_size: int = 256, flip: bool = True,
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
-                 piece_samples: int | None = None, shuffle: str = "global", local_size: int = 1,
+                 piece_samples: int | None = None, shuffle: str = "global", local_size: int | None = None,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
                  modality: str = "rgb", max_bad_samples: int | None = 0):
         self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
         self.split = split
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
+        rank, world_size, local_size = placement(rank, world_size, local_size)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.train, self.seed, self.num_workers = train, seed, num_workers
         self.remainder, self.piece_samples = remainder, piece_samples
@@ -336,6 +374,8 @@ class ClipLoader:
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
         self.modality = modality
+        if rank == 0 and (why := upsampling(self.manifest, self.transform)):
+            warnings.warn(why, Upsampling, stacklevel=2)
         if modality == "motion":  # the clips' stored motion fields, with the geometry of their frames
             where = self.manifest.base or "the shard set"
             if self.manifest.motion == "none":
@@ -461,10 +501,12 @@ class ClipLoader:
             self._past, self._done = segments, 0
 
     # --- reading ---------------------------------------------------------------------------
-    def _plan(self, order: partition.Order, stream: partition.Stream, segment: int) -> dict:
-        """What one worker reads (byte ranges, expected keys) and emits (local indices, in order)."""
+    def _plan(self, order: partition.Order, stream: partition.Stream, segment: int, skip: int = 0) -> dict:
+        """What one worker reads (byte ranges, expected keys) and emits (local indices, in order),
+        ``skip`` more of its batches left out (those a ``ClipDataset`` worker has made already)."""
         emitted = partition.emission(stream, self.shuffle_buffer, self.seed, self.epoch, segment)
-        todo = emitted[partition.worker_batches(self._done, self._workers, stream.worker) * self.batch_size:]
+        done = partition.worker_batches(self._done, self._workers, stream.worker) + skip
+        todo = emitted[done * self.batch_size:]
         wanted = np.zeros(stream.size, dtype=bool)
         wanted[todo] = True
         reads, expected, local = [], [], 0
@@ -565,31 +607,41 @@ class ClipLoader:
             start, end = 0, None
         return Piece(self.manifest.shard_url(shard), shard.sha256, shard.bytes, start, end)
 
-    def __iter__(self):
-        if self.epoch_finished:
-            self.set_epoch(self.epoch + 1)
+    def _worker_plans(self, skips: dict[int, int] | None = None) -> tuple[list[dict], int]:
+        """Every DataLoader worker's plan for the rest of the epoch, its reads complete with where
+        they read from and what they are checked against (``fd`` None: opened by the worker), and
+        the node whose order they are in. ``skips``: batches more to leave out, by worker."""
         orders, lengths, segment = self._orders(), self._lengths(), len(self._past)
         streams = partition.streams(lengths, self.world_size, self.rank, self._workers,
                                     self.batch_size, self.remainder)
         order = orders[streams[0].node]
         # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
-        plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
+        plans = [self._plan(order, streams[(self._done + i) % self._workers], segment, (skips or {}).get(i, 0))
                  for i in range(self._workers)]
-        parts = self.shapes.parts(self.epoch) if self.shapes else None
-        steps = partition.step_samples(lengths, self._segment(), self.remainder, self.shuffle_buffer,
-                                       self.seed, self.epoch, segment, parts and tuple(p.clips for p in parts))
-        reads = [r for p in plans for r in p["reads"]]
-        for r in reads:
+        node = streams[0].node
+        pieces = self._pieces() if self.cache else None
+        for r in (r for p in plans for r in p["reads"]):
             shard = self.shards[r["shard"]]
             r["url"], r["size"], r["sha256"] = self.manifest.shard_url(shard), shard.bytes, shard.sha256
-        if self.cache:  # refuse before downloading anything if the node's readers cannot fit
-            pieces = self._pieces()
-            for r in reads:
-                r["piece"] = self._piece(r, pieces[streams[0].node])
+            r["shard_info"], r["fd"] = shard, None  # sizes, digests: every sample checked as read
+            if pieces is not None:
+                r["piece"] = self._piece(r, pieces[node])
+        if pieces is not None:  # refuse before downloading anything if the node's readers cannot fit
             largest, ahead = self._largest_copy(pieces), max(1, self.lookahead)
             self.cache.reserve(self.local_size * self._workers * ahead * largest,
                                f"the lookahead of this node's {self.local_size} ranks x {self._workers} loader "
                                f"workers x {ahead} shards of up to {largest:,} bytes")
+        return plans, node
+
+    def __iter__(self):
+        if self.epoch_finished:
+            self.set_epoch(self.epoch + 1)
+        lengths, segment = self._lengths(), len(self._past)
+        plans, _ = self._worker_plans()
+        parts = self.shapes.parts(self.epoch) if self.shapes else None
+        steps = partition.step_samples(lengths, self._segment(), self.remainder, self.shuffle_buffer,
+                                       self.seed, self.epoch, segment, parts and tuple(p.clips for p in parts))
+        reads = [r for p in plans for r in p["reads"]]
         local = {r["shard"]: r["url"] for r in reads if local_path(r["url"]) is not None and not self.cache}
         fds, pool, batches = {}, None, None
         try:
@@ -597,7 +649,6 @@ class ClipLoader:
                 fds = {i: open_fd(u) for i, u in local.items()}
             for r in reads:
                 r["fd"] = fds.get(r["shard"])
-                r["shard_info"] = self.shards[r["shard"]]  # sizes, digests: every sample checked as read
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,

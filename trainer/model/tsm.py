@@ -25,15 +25,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import BN_MODES, CHANNELS
+from ..config import BN_MODES, CHANNELS, IMAGENET_MEAN, IMAGENET_STD
 from .resnet import NoShift, ResNet
 from .subbatch_bn import set_clips_per_group
 from .temporal_shift import TemporalShift
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 MOTION_STD = 32.0  # quantisation steps of shards.motionfield, 0.157 px each
 # the loader's uint8 input of each modality: per-channel mean and spread, in units of the third value
 NORMALISE = {"rgb": (IMAGENET_MEAN, IMAGENET_STD, 255.0),
