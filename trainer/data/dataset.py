@@ -35,18 +35,19 @@ worker count).
 """
 from __future__ import annotations
 
+import io
 import logging
 
 import numpy as np
 import torch
 import webdataset as wds
+from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from shards import partition
 
 from ..config import IMAGENET_MEAN, IMAGENET_STD
 from .loader import ClipLoader, _in_order, _open_reads, _stand_ins, _tag, video_id
-from .transforms import decode
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,8 @@ class ClipDataset(IterableDataset):
         elif self.frames == "jpeg":
             out["clips"] = tuple(jpegs)
         else:
-            clip = torch.from_numpy(np.stack([np.asarray(decode(j, 0)) for j in jpegs])).movedim(-1, -3)
+            clip = torch.from_numpy(np.stack([np.asarray(Image.open(io.BytesIO(j)).convert("RGB"))
+                                              for j in jpegs])).movedim(-1, -3)
             if self.user_transform is not None:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(rng.getrandbits(63))
