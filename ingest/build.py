@@ -6,16 +6,23 @@ shards in their final order (``staging.pack_shard``), then writes the manifest, 
 and the error ledger. A finished build with the same inputs and config is left as it is; a
 killed one resumes, reusing every staged video. Stopped by Ctrl-C or a full disk (``_stopped``),
 it cancels its tasks in flight, so that nothing is left half-written, and says in one line what is
-staged; a local ``OUT`` without room for the shards is refused before any is written. The command line is ``ingest.build_cli``; the
-catalog's wrapper around ``build`` is ``ingest.registry``.
+staged; a local ``OUT`` without room for the shards is refused before any is written. A finished
+set built with other options (those that decide the bytes: ``byte_options``) is not replaced
+unless ``force``: it is another set, which someone may be using (``refuse_other_options``); one
+from other inputs with the same options is rebuilt, the caller's ``replacing`` hook asked first
+(the catalog's guard). The manifest records the source as an absolute path (or a URL), and how
+``--src`` was spelled does not make a finished build another one. The command line is
+``ingest.build_cli``; the catalog's wrapper around ``build`` is ``ingest.registry``.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
@@ -23,7 +30,7 @@ from fsspec.core import url_to_fs
 from tqdm import tqdm
 
 from shards import ordering, packing, storage
-from shards.errors import CommandError, Interrupted, NoSpace
+from shards.errors import CommandError, Interrupted, NoSpace, UsageError
 from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
                              SplitInfo)
 
@@ -33,6 +40,58 @@ from .sources import LABELED_SPLITS, SPLITS, Source, Video, discover
 
 log = logging.getLogger("ingest.build")
 _SHARD = re.compile(rf"({'|'.join(SPLITS)})/\1-\d{{6}}\.tar")  # packing.shard_name
+# a manifest's config: what decides the bytes, beside "src" (where the inputs were) and
+# "fingerprint" (how they were identified), which do not
+BYTE_OPTIONS = ("layout", "clip", "shard_size", "shard_samples", "splits")
+
+
+class ReplaceRefused(UsageError):
+    """``--out`` holds a finished set that this build would replace, and ``--force`` was not given."""
+
+
+def normalise(url: str) -> str:
+    """Local paths absolute; URLs as given, without a trailing slash."""
+    return url.rstrip("/") if "://" in url else os.path.abspath(url)
+
+
+def byte_options(layout: str, cfg: ClipConfig, shard_size: int | None, shard_samples: int | None,
+                 splits: list[str]) -> dict:
+    """The options that decide a set's bytes, as its manifest's config records them."""
+    return {"layout": layout, "clip": cfg.as_dict(), "shard_size": shard_size, "shard_samples": shard_samples,
+            "splits": splits}
+
+
+def refuse_other_options(out: str, options: dict, force: bool) -> Manifest | None:
+    """The finished set at ``out``, if any; refused (``ReplaceRefused``) when it was built with
+    other ``byte_options`` and ``force`` is not given."""
+    existing = _existing(out)
+    if existing is None or force:
+        return existing
+    old = {k: existing.config.get(k) for k in BYTE_OPTIONS}
+    if old != options:
+        raise ReplaceRefused(f"--out {out} holds a shard set built with other options ({_changes(old, options)}); "
+                             "--force replaces it, or choose another --out")
+    return existing
+
+
+def _changes(old: dict, new: dict) -> str:
+    """``--frames 4, now 8; ...``: the options that differ, named as flags."""
+    a, b = _flat(old), _flat(new)
+    return "; ".join(f"{_flag(k)} {_shown(a.get(k))}, now {_shown(b.get(k))}" for k in sorted(a.keys() | b.keys())
+                     if a.get(k) != b.get(k))
+
+
+def _flat(options: dict) -> dict:
+    """``byte_options`` with the clip options beside the others."""
+    return {**{k: v for k, v in options.items() if k != "clip"}, **(options.get("clip") or {})}
+
+
+def _flag(option: str) -> str:
+    return "the source layout" if option == "layout" else "--" + option.replace("_", "-")
+
+
+def _shown(value) -> str:
+    return "unset" if value is None else ",".join(value) if isinstance(value, list) else str(value)
 
 
 @dataclass
@@ -69,30 +128,35 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
           splits=("train", "val", "test"), videos_per_task: int = 8, threads: int = 1,
           timeout: float = 600, keep_staging: bool = False, force: bool = False, fingerprint: str = "stat",
           hash_cache: str | None = None, split_set: int = 1, source: Source | None = None,
-          progress=None) -> Summary:
+          progress=None, replacing: Callable[[Manifest], None] | None = None) -> Summary:
     """``fingerprint``: what identifies the inputs, ``"stat"`` or ``"content"`` (their SHA-256,
     cached in ``hash_cache``; see ``ingest.content_digests``); ``split_set``: UCF101's or HMDB51's
     train/test split (``sources.discover``); ``source``: already discovered;
-    ``progress``: called with a dict of counts as work is done."""
+    ``progress``: called with a dict of counts as work is done; ``replacing``: called with the
+    finished set at ``out`` before a build that differs from it replaces it (it may refuse by raising)."""
     t0 = time.time()
+    src, out = normalise(src), normalise(out)  # Ray workers, whose working directory is not ours, use them
     source = source or discover(src, split_set)
     videos = [v for v in source.videos if v.split in splits]
-    config = {"src": src, "layout": source.layout, "clip": cfg.as_dict(), "shard_size": shard_size,
-              "shard_samples": shard_samples, "splits": sorted({v.split for v in videos})}
+    options = byte_options(source.layout, cfg, shard_size, shard_samples, sorted({v.split for v in videos}))
+    existing = refuse_other_options(out, options, force)  # before any work, Ray included
+    config = {"src": src, **options}
     digests = None
     if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
         digests = content_digests.digests(videos, hash_cache, ray_runtime.start(address, workers))
         config["fingerprint"] = "content"
     inputs_id = source.fingerprint(digests)
     summary = Summary(videos=len(videos), missing=sum(source.missing.values()))
-    existing = _existing(out)
-    if existing and existing.config == config and existing.fingerprint == inputs_id and not force:
+    same = existing is not None and _sans_src(existing.config) == _sans_src(config) and existing.fingerprint == inputs_id
+    if same and not force:
         log.info("%s is already built from these inputs with this config", out)
         _tidy(out, existing, keep_staging)
         return _summarise_existing(existing, summary)
+    if existing and not same and replacing:
+        replacing(existing)
     if existing:
         log.warning("%s holds a shard set built %s: replacing it", out,
-                    "before (--force)" if force else "from other inputs or options")
+                    "before (--force)" if same else "from other inputs or options")
 
     stage = storage.join(out, STAGING_NAME)
     unlabeled = [v for v in videos if v.split in LABELED_SPLITS and v.label is None]
@@ -179,6 +243,13 @@ def _tidy(out: str, manifest: Manifest, keep_staging: bool) -> None:
         rel = path.rstrip("/")[len(root) + 1:]
         if storage.TEMPORARY.search(rel) or (_SHARD.fullmatch(rel) and rel not in listed):
             fs.rm(path)
+
+
+def _sans_src(config: dict) -> dict:
+    """A manifest's config without where the inputs were: the same videos and options are the same
+    build however ``--src`` was spelled (relative or absolute; the manifests of builds before
+    sources were recorded absolute hold it as given)."""
+    return {k: v for k, v in config.items() if k != "src"}
 
 
 def _existing(out: str) -> Manifest | None:

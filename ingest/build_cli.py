@@ -7,7 +7,8 @@ writes OUT/<split>/<split>-NNNNNN.tar, OUT/manifest.json, OUT/classes.txt and th
 OUT/errors.jsonl. Bad videos, and videos of the train and val splits without a label, are
 recorded in the ledger and skipped; the command exits non-zero only when the failed fraction
 exceeds --max-error-fraction. A killed build resumes when rerun, with any batching, worker count
-or timeout: each video's staged samples are found by what decides their bytes.
+or timeout: each video's staged samples are found by what decides their bytes. A finished set at
+OUT built with other options, or one a catalog records there, is replaced only with --force.
 """
 from __future__ import annotations
 
@@ -84,7 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hash-cache", metavar="FILE", default=default_cache(),
                    help="SQLite file of content digests by path, size, mtime, ctime and inode, so a rebuild does "
                         "not reread unchanged inputs (keep it on a local disk)")
-    p.add_argument("--force", action="store_true", help="rebuild even if the same build is already finished")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even if the same build is already finished; replace a set at --out built with "
+                        "other options, or one a catalog records there (that record is marked replaced), or one "
+                        "whose files changed since the catalog registered it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         if asked and record.name == f"{asked}-{record.id[:8]}":
             print(f"named {record.name}: the name {asked!r} belongs to another dataset (--name chooses one)")
         location = record.location
-    else:
-        summary = build(args.src, args.out, cfg, **kwargs)
+    else:  # a set the default catalog records at --out is replaced only with --force, and marked so
+        summary = build(args.src, args.out, cfg, replacing=registry.guard(args.out, args.force), **kwargs)
     print(("up to date: " if summary.reused else "done: ") + summary.line())
     fraction = summary.failed / max(1, summary.videos)
     if fraction > args.max_error_fraction:

@@ -18,7 +18,15 @@ cannot change the bytes and are left out, so the same build asked for anywhere i
 A build claims its id in the catalog first (``Catalog.claim``): a ready set with that id is
 reused wherever it lives and nothing is decoded; a set another live process is building is
 waited for; otherwise this process builds, heartbeating its lease, reporting progress, and
-records the set as ready (with its split counts and file digests) or failed.
+records the set as ready (with its split counts, file digests and the files' stamps) or failed.
+
+Sets are not replaced behind the catalog's back. Before claiming, a finished set at ``--out``
+built with other options is refused unless ``--force`` (``ingest.build.refuse_other_options``),
+and a set the catalog records there is replaced only with ``--force``, its record then marked
+replaced (``Catalog.claim``). A ready set whose manifest is no longer the one registered
+(``shards.catalog.condition``: rebuilt or edited without the catalog) is not reused: the build is
+refused naming what is there now, and ``--force`` rebuilds it. A build without ``--catalog``
+asks ``guard`` before it replaces a set: the default catalog, if there is one, may record it.
 """
 from __future__ import annotations
 
@@ -29,15 +37,17 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shards import storage
-from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, Record, dataset_id
+from shards.catalog import HEARTBEAT_SECONDS, Catalog, CatalogError, Claim, Record, dataset_id, default_path
+from shards.catalog.condition import condition
 from shards.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
-from shards.verify import stamps
+from shards.verify import set_file_stamps, stamps
 
 from . import content_digests, ray_runtime
-from .build import Summary
+from .build import Summary, byte_options, normalise, refuse_other_options
 from .build import build as ingest_build
 from .clips import ClipConfig
 from .sources import Source, discover
@@ -58,11 +68,6 @@ class Plan:
     options: dict  # the byte-changing options, as recorded
     fingerprint: str = "stat"  # what identifies the inputs (``ingest.content_digests``)
     hash_cache: str | None = None  # where content digests are cached (None: the default)
-
-
-def normalise(url: str) -> str:
-    """Local paths absolute; URLs as given, without a trailing slash."""
-    return url.rstrip("/") if "://" in url else os.path.abspath(url)
 
 
 def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 256 * 10**6,
@@ -109,6 +114,10 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
     p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits, fingerprint=fingerprint,
              hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"),
              split_set=build_kwargs.get("split_set", 1))
+    known = cat.get(p.id)
+    if not (known and known.state == "ready") or force:  # a build, not a reuse: never over another set unasked
+        refuse_other_options(normalise(out), byte_options(p.source.layout, p.cfg, p.shard_size, p.shard_samples,
+                                                          p.splits), force)
     waited = False
     while True:
         c = claim(cat, p, out, name, force)
@@ -116,6 +125,10 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
             log.warning("dataset %s is recorded at %s, but its manifest is gone: rebuilding", p.id, c.record.location)
             force = True
             continue
+        found = condition(c.record) if c.action == "reuse" else None
+        if found and found.state == "changed":  # never "up to date" over files that are not the set
+            raise CatalogError(f"dataset {c.record.id} ({c.record.name}) is changed: {found.problem}; --force "
+                               f"rebuilds it there, or shard-service remove {c.record.id[:12]} forgets it")
         if c.action != "wait":
             break
         if not waited:
@@ -166,6 +179,7 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, max_error_
                                shard_samples=p.shard_samples, splits=p.splits, fingerprint=p.fingerprint,
                                hash_cache=p.hash_cache, progress=progress, force=force, **build_kwargs)
         splits, files, manifest_sha = describe_set(c.record.location)
+        verified = {**stamps(Manifest.load(c.record.location)), **set_file_stamps(c.record.location, files)}
     except BaseException as e:
         stop.set()
         cat.fail(dataset, owner, f"{type(e).__name__}: {e}")
@@ -177,7 +191,7 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, max_error_
         log.warning("dataset %s: too many videos failed; recorded failed", dataset)
         return summary
     if not cat.finish(dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
-                      verified_files=stamps(Manifest.load(c.record.location)),
+                      verified_files=verified,
                       builder_version=_version(),
                       progress={"videos_done": summary.videos, "videos_total": summary.videos,
                                 "failed": summary.failed, "shards_written": summary.shards}):
@@ -199,6 +213,24 @@ def describe_set(location: str) -> tuple[dict, dict, str]:
     splits = {name: {"clips": s.num_samples, "bytes": s.num_bytes, "shards": len(s.shards), "failed": s.num_failed}
               for name, s in m.splits.items()}
     return splits, files, files[MANIFEST_NAME][1]
+
+
+def guard(out: str, force: bool, catalog: str | None = None) -> Callable[[Manifest], None]:
+    """``ingest.build.build``'s ``replacing`` hook for a build without ``--catalog``: a set that
+    ``catalog`` (default: the default catalog, if that file exists) records at ``out`` is replaced
+    only with ``force``, and its record is then marked replaced (``Catalog.replace_at``)."""
+    path = catalog or default_path()
+
+    def replacing(existing: Manifest) -> None:
+        if not os.path.exists(path):
+            return
+        try:
+            marked = Catalog(path).replace_at(normalise(out), force)
+        except CatalogError as e:
+            raise CatalogError(f"{e} (it is registered in the catalog {path})") from None
+        for rec in marked:
+            log.warning("dataset %s (%s) in %s: marked replaced by this build", rec.id, rec.name, path)
+    return replacing
 
 
 def _version() -> str:

@@ -11,12 +11,13 @@ import os
 import time
 
 from shards.catalog import Catalog, Record, default_path
+from shards.catalog.condition import condition, shown
 from shards.errors import CommandError, NotFound
 from shards.manifest import Manifest
-from shards.verify import verify
+from shards.verify import set_file_stamps, verify
 
 from . import housekeeping
-from .files import file_table
+from .files import checked_manifest
 
 
 def _common(p: argparse.ArgumentParser, ref: bool = True) -> None:
@@ -44,16 +45,22 @@ def _size(n: float) -> str:
 def _resolve(cat: Catalog, ref: str) -> Record:
     rec = cat.resolve(ref)
     if rec is None:
+        gone = cat.replaced(ref)
+        if gone is not None:
+            raise NotFound(condition(gone).sentence(gone))
         raise NotFound(f"no dataset {ref!r} in {cat.path} (give an id, a unique id prefix, a name or a tag)")
     return rec
 
 
 def _state(rec: Record) -> str:
-    return "abandoned" if rec.state == "building" and not rec.lease_alive() else rec.state
+    """The state ``list`` and ``gc`` show (``shards.catalog.condition``; local manifests checked by a stat)."""
+    return condition(rec, remote=False).state
 
 
 class List:
-    """List the catalog's datasets: id, name, state, tags, clips, size, location."""
+    """List the catalog's datasets: id, name, state, tags, clips, size, location. A state says what the set is now:
+    changed (its manifest is not the registered one), damaged (its last verify found problems), replaced, abandoned;
+    `show` says why and what to do."""
 
     @staticmethod
     def add_arguments(p):
@@ -65,22 +72,24 @@ class List:
     def run(args) -> int:
         states = ("building", "ready", "failed", "deleted") if args.all else ("building", "ready", "failed")
         records = _open(args.catalog).list(states)
+        conditions = [condition(rec, remote=False) for rec in records]
         if args.json:
-            for rec in records:
-                print(json.dumps(rec.to_json(), sort_keys=True))
+            for rec, cond in zip(records, conditions):
+                print(json.dumps(shown(rec, cond), sort_keys=True))
             return 0
         print(f"{'id':<12}  {'name':<20} {'state':<9} {'clips':>9} {'size':>10}  tags / location")
-        for rec in records:
+        for rec, cond in zip(records, conditions):
             clips = sum(s["clips"] for s in rec.splits.values())
             size = sum(s["bytes"] for s in rec.splits.values())
             tags = f"[{', '.join(rec.tags)}] " if rec.tags else ""
-            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {_state(rec):<9} {clips:>9,} {_size(size):>10}"
+            print(f"{rec.id[:12]}  {(rec.name or '-')[:20]:<20} {cond.state:<9} {clips:>9,} {_size(size):>10}"
                   f"  {tags}{rec.location}")
         return 0
 
 
 class Show:
-    """Show one dataset's record (by id, unique id prefix, name or tag) as JSON."""
+    """Show one dataset's record (by id, unique id prefix, name or tag) as JSON, with its state now, why, and the
+    remedy."""
 
     @staticmethod
     def add_arguments(p):
@@ -89,7 +98,7 @@ class Show:
     @staticmethod
     def run(args) -> int:
         rec = _resolve(_open(args.catalog), args.ref)
-        print(json.dumps({**rec.to_json(), "state": _state(rec)}, indent=2, sort_keys=True))
+        print(json.dumps(shown(rec, condition(rec)), indent=2, sort_keys=True))
         return 0
 
 
@@ -144,9 +153,13 @@ class Verify:
             raise CommandError(f"dataset {rec.id} is {rec.state}; only ready sets are verified")
         problems, hashed = [], {}
         try:
-            file_table(rec.location, rec.files, rec.manifest_sha256)  # the manifest is the registered one
+            checked_manifest(rec)  # the manifest is the registered one
             problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep, workers=args.workers,
                                                 hashed=hashed)]
+            small = set_file_stamps(rec.location, rec.files)  # classes.txt, errors.jsonl: the catalog's?
+            problems += [f"{name}: SHA-256 differs from the catalog's" for name, (_, _, sha) in small.items()
+                         if sha != rec.files[name][1]]
+            hashed.update(small)
         except Exception as e:  # a missing or changed manifest is the outcome, not a crash
             problems.append(f"{rec.location}: {e}")
         for p in problems:

@@ -28,6 +28,15 @@ id prefix it may move to another set (``no-cache``: a cache asks again, with ``I
 everything else (health, stats, listings, records, builds, errors, redirects) is ``no-store``.
 A shard's ETag is its SHA-256 as last hashed (``service.files``): a local file changed since is
 hashed again before it is served (``service.tables``), never served under its old ETag.
+
+A set is served only while it is sound (``shards.catalog.condition``): one whose manifest changed
+since it was registered answers ``409 Conflict`` naming what is there now and the remedy, and so
+does one whose last verification found problems, unless the request asks for it as it is with
+``Prefer: handling=lenient`` (RFC 7240), answered with ``Preference-Applied`` and never cached.
+409, because the set's state conflicts with the request and a user can resolve it (rebuild,
+repair and verify again) and ask again (RFC 9110 §15.5.10); not 503, which says the server is
+overloaded or down and makes clients retry for minutes; not 410, which caches may keep. A set
+forced out of its location by another build answers ``410 Gone``: its files are gone for good.
 """
 from __future__ import annotations
 
@@ -41,6 +50,7 @@ import re
 from aiohttp import web
 
 from shards.catalog import Catalog, CatalogError, Record
+from shards.catalog.condition import condition, shown
 from shards.reading import local_path, open_range
 
 from . import housekeeping
@@ -124,13 +134,30 @@ def _reader(request: web.Request) -> None:
         _authorised(request)
 
 
-def _record(request: web.Request, ready: bool = False) -> Record:
-    """The request's set; a ready one (a file read) from the record cache."""
-    rec = (request.app[RECORDS] if ready else request.app[CATALOG]).resolve(request.match_info["ref"])
+LENIENT = "handling=lenient"  # RFC 7240's preference: a damaged set's files as they are
+
+
+def lenient(request: web.Request) -> bool:
+    """Whether the request asks for a damaged set's files as they are (``Prefer: handling=lenient``)."""
+    return any(p.strip().lower() == LENIENT for value in request.headers.getall("Prefer", [])
+               for p in value.split(","))
+
+
+def _record(request: web.Request, ready: bool = False, damaged: bool = False) -> Record:
+    """The request's set; a ready one (a file read) from the record cache, refused when damaged
+    unless ``damaged`` (the viewer, which shows the state) or the request asks leniently."""
+    ref = request.match_info["ref"]
+    rec = (request.app[RECORDS] if ready else request.app[CATALOG]).resolve(ref)
     if rec is None:
-        raise web.HTTPNotFound(text=f"no dataset {request.match_info['ref']!r}")
+        gone = request.app[CATALOG].replaced(ref)
+        if gone is not None:
+            raise Refused(410, condition(gone).sentence(gone))
+        raise web.HTTPNotFound(text=f"no dataset {ref!r}")
     if ready and rec.state != "ready":
         raise web.HTTPConflict(text=f"dataset {rec.id} is {rec.state}, not ready: nothing of it is served")
+    if ready and rec.verify_problems and not (damaged or lenient(request)):
+        raise Refused(409, f"{condition(rec, check_files=False).sentence(rec)}; to read it as it is, send "
+                           f"Prefer: {LENIENT}")
     return rec
 
 
@@ -148,12 +175,15 @@ async def stats(request: web.Request) -> web.Response:
 
 async def list_datasets(request: web.Request) -> web.Response:
     _reader(request)
-    return web.json_response({"datasets": [r.to_json() for r in request.app[CATALOG].list()]})
+    records = request.app[CATALOG].list()
+    conditions = await asyncio.to_thread(lambda: [request.app[TABLES].condition(r, remote=False) for r in records])
+    return web.json_response({"datasets": [shown(r, c) for r, c in zip(records, conditions)]})
 
 
 async def show_dataset(request: web.Request) -> web.Response:
     _reader(request)
-    return web.json_response(_record(request).to_json())
+    rec = _record(request)
+    return web.json_response(shown(rec, await asyncio.to_thread(request.app[TABLES].condition, rec)))
 
 
 async def get_build(request: web.Request) -> web.Response:
@@ -173,9 +203,11 @@ async def _entry(request: web.Request, rec: Record, name: str) -> Entry:
     return entry
 
 
-async def open_file(request: web.Request, rec: Record, name: str) -> tuple[Record, Entry, int | None]:
+async def open_file(request: web.Request, rec: Record, name: str,
+                    damaged: bool = False) -> tuple[Record, Entry, int | None]:
     """The file's entry and, for a local set, a descriptor of it, the file hashed again first if it
-    changed since it was last hashed (``service.tables``); the record as it then stands."""
+    changed since it was last hashed (``service.tables``); the record as it then stands (``damaged``:
+    as ``_record``'s)."""
     entry = await _entry(request, rec, name)
     root = local_path(rec.location)
     if root is None:
@@ -183,8 +215,8 @@ async def open_file(request: web.Request, rec: Record, name: str) -> tuple[Recor
     try:
         return rec, entry, open_local(root, name, entry)  # a few system calls: no thread hop
     except Changed:
-        await request.app[TABLES].rehash(rec, name)
-    rec = _record(request, ready=True)  # as recorded after hashing
+        await request.app[TABLES].changed(rec, name)  # the whole set changed (409), or this file hashed again
+    rec = _record(request, ready=True, damaged=damaged)  # as recorded after hashing
     entry = await _entry(request, rec, name)
     try:
         return rec, entry, open_local(root, name, entry)
@@ -194,6 +226,8 @@ async def open_file(request: web.Request, rec: Record, name: str) -> tuple[Recor
 
 def cache_control(request: web.Request, rec: Record) -> str:
     """How caches may keep a file of ``rec`` asked for by this request's reference."""
+    if rec.verify_problems:
+        return "no-store"  # a damaged set, read as it is: nothing of it is kept as the set
     if request.match_info["ref"] != rec.id:
         return "no-cache"  # a name or tag may point at another set tomorrow
     return f"{'private' if request.app[READ_AUTH] else 'public'}, {IMMUTABLE}"
@@ -221,6 +255,8 @@ def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset
     ``open_file`` (None: a remote set, streamed); ``cache``: its Cache-Control."""
     answer = evaluate(request.method, size, etag, request.headers)
     headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": cache}
+    if rec.verify_problems and lenient(request):
+        headers.update({"Preference-Applied": LENIENT, "Vary": "Prefer"})
     if answer.status not in (200, 206):
         if fd is not None:
             os.close(fd)

@@ -2,10 +2,11 @@
 
 Only names the catalog knows are served: a set's file table maps each name listed in its
 manifest (the shards) plus ``manifest.json``, ``classes.txt`` and ``errors.jsonl`` to the size
-and SHA-256 recorded for it. A shard's SHA-256 (its ETag) is the one last computed from its
+and SHA-256 recorded for it. A file's SHA-256 (its ETag) is the one last computed from its
 bytes, by the build that wrote it or by ``shard-service verify``, together with the file's size
 and modification time then (``Entry.stamp``): a file that no longer looks like that is not served
-until it has been hashed again (``Changed``; ``service.tables`` does it), so the ETag always
+until the set's manifest has been checked (a set rebuilt or edited in place is ``changed``: 409)
+and the file hashed again (``Changed``; ``service.tables`` does both), so the ETag always
 means the bytes, and a shard whose bytes are not the manifest's goes out with an ETag that no
 checking client accepts. A request's path is only ever looked up in that table; it is
 never joined onto a filesystem path. Local files are opened component by component from the
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from fsspec.core import url_to_fs
 
 from shards import storage
+from shards.catalog import Record
+from shards.catalog.condition import changed, difference
 from shards.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger("service.files")
@@ -61,27 +64,30 @@ def clean_name(name: str) -> bool:
         all(part not in ("", ".", "..") for part in name.split("/"))
 
 
-def checked_manifest(location: str, manifest_sha256: str) -> Manifest:
-    """A ready set's manifest, refused unless it still has the SHA-256 the catalog recorded."""
-    data = storage.read_bytes(storage.join(location, MANIFEST_NAME))
-    if hashlib.sha256(data).hexdigest() != manifest_sha256:
-        raise Refused(500, f"{location}: manifest.json changed since the set was registered; "
-                           "run `shard-service verify` and rebuild it")
-    return Manifest.from_json(data, base=location)
+def checked_manifest(rec: Record) -> Manifest:
+    """A ready set's manifest, refused (409, the set ``changed``) unless it still has the SHA-256
+    the catalog recorded."""
+    data = storage.read_bytes(storage.join(rec.location, MANIFEST_NAME))
+    problem = difference(rec, data)
+    if problem:
+        raise Refused(409, changed(rec, problem).sentence(rec))
+    return Manifest.from_json(data, base=rec.location)
 
 
-def file_table(location: str, files: dict, manifest_sha256: str, verified: dict | None = None) -> dict[str, Entry]:
+def file_table(rec: Record) -> dict[str, Entry]:
     """name -> Entry for every file of a ready set, from its manifest, checked against the catalog;
-    ``verified``: {shard: [size, mtime_ns, sha256]} as last hashed (the record's ``verified_files``)."""
-    verified = verified or {}
-    table = {name: Entry(size, sha) for name, (size, sha) in files.items()}
-    for split in checked_manifest(location, manifest_sha256).splits.values():
+    each with its size, modification time and SHA-256 as last hashed (the record's ``verified_files``)."""
+    table = {}
+    for name, (size, sha) in rec.files.items():
+        stamp = rec.verified_files.get(name)
+        table[name] = Entry(size, sha, None if stamp is None else tuple(stamp[:2]), None if stamp is None else stamp[2])
+    for split in checked_manifest(rec).splits.values():
         for shard in split.shards:
             if clean_name(shard.name):
-                size, mtime, sha = verified.get(shard.name, (None, None, None))
+                size, mtime, sha = rec.verified_files.get(shard.name, (None, None, None))
                 table[shard.name] = Entry(shard.bytes, shard.sha256, None if size is None else (size, mtime), sha)
             else:
-                log.warning("%s: manifest names a shard %r outside the set; not served", location, shard.name)
+                log.warning("%s: manifest names a shard %r outside the set; not served", rec.location, shard.name)
     return table
 
 

@@ -27,6 +27,11 @@ the byte range of its tar member; the frame's place in the shard is read once pe
 read of the clip's bytes) and kept. Its strong ETag is the shard's SHA-256 and the frame's
 offset. Asked for by dataset id, which names content, it is cached for a year as immutable;
 by a name or tag, which can move, it is revalidated each time.
+
+Every page shows a set's state as the catalog's commands do (``shards.catalog.condition``),
+with why and the remedy: a set whose manifest changed is shown but not indexed; a damaged set
+(its last verification found problems) is shown and browsed, in its state's colour, never
+green, and its frames are not cached.
 """
 from __future__ import annotations
 
@@ -40,11 +45,12 @@ from aiohttp import web
 
 from shards import storage
 from shards.catalog import Record
+from shards.catalog.condition import shown
 from shards.clipindex import ClipIndex, clip_meta, frame_spans, read_clip
 from shards.manifest import Manifest
 from shards.stats import split_stats
 
-from .app import READ_AUTH, _reader, _record, cache_control, open_file, send_span
+from .app import READ_AUTH, TABLES, _reader, _record, cache_control, open_file, send_span
 from .files import checked_manifest
 from .ranges import evaluate
 
@@ -123,7 +129,7 @@ VIEWER = web.AppKey("viewer", Viewer)
 
 
 def _index(rec: Record) -> dict:
-    manifest = checked_manifest(rec.location, rec.manifest_sha256)
+    manifest = checked_manifest(rec)
     index = ClipIndex(manifest)
     splits = {name: {"clips": len(part), "bytes": manifest.splits[name].num_bytes, "shards": len(part.shards),
                      "failed": manifest.splits[name].num_failed,
@@ -159,8 +165,9 @@ def _int(request: web.Request, name: str, default: int | None, low: int, high: i
 
 
 async def _ready(request: web.Request) -> tuple[Record, dict]:
+    """The request's ready set and its index; a damaged one too: the viewer shows its state."""
     _reader(request)
-    rec = _record(request, ready=True)
+    rec = _record(request, ready=True, damaged=True)
     return rec, await request.app[VIEWER].indexed(rec)
 
 
@@ -206,10 +213,11 @@ async def settings(request: web.Request) -> web.Response:
 async def overview(request: web.Request) -> web.Response:
     _reader(request)
     rec = _record(request)
-    if rec.state != "ready":
-        return _json({"record": rec.to_json(), "classes": [], "splits": {}, "errors": None})
+    found = await asyncio.to_thread(request.app[TABLES].condition, rec)
+    if found.state not in ("ready", "damaged"):  # nothing of it is the registered set to show
+        return _json({"record": shown(rec, found), "classes": [], "splits": {}, "errors": None})
     data = await request.app[VIEWER].indexed(rec)
-    return _json({"record": rec.to_json(), **data["overview"]})
+    return _json({"record": shown(rec, found), **data["overview"]})
 
 
 async def probe(request: web.Request) -> web.Response:
@@ -257,7 +265,7 @@ async def frame(request: web.Request) -> web.StreamResponse:
     if not t.isdigit() or int(t) >= len(spans):
         raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(spans)} frames; there is no frame {t!r}")
     offset, size = spans[int(t)]
-    rec, entry, fd = await open_file(request, rec, clip.shard.name)
+    rec, entry, fd = await open_file(request, rec, clip.shard.name, damaged=True)
     etag = f'"{entry.etag.strip(chr(34))}.{offset}"'  # the shard's bytes as last hashed, and where in it
     response = send_span(request, rec, clip.shard.name, entry, offset, size, etag, {"Content-Type": "image/jpeg"},
                          fd=fd, cache=cache_control(request, rec))

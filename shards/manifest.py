@@ -4,6 +4,16 @@ Readers (the loader, ``shards verify``, the service) read this one small file in
 listing or stat-ing the filesystem. Shard names are relative to the manifest's directory,
 so a shard set can be moved or served over HTTP as a whole.
 
+A set's ``identity`` is the SHA-256 of its class list and, per split, every shard's name, sample
+count, size and SHA-256: what the set *is*, whoever wrote it and from what. Two builds with the
+same bytes have it (builds are deterministic), a set served over HTTP has its directory's, and
+any other options (frames, clips per video, motion, shard size, a reshard) give another. It is
+distinct from ``fingerprint``, the builder's hash of the input videos alone, which sets built
+from the same videos with other options share. The loader's position and a checkpoint record
+the identity, so a resume on another set is refused. It is written into the manifest for readers
+of the file; a loaded manifest derives it from its shard list (so manifests written before it
+existed have it too, and a stored value that no longer matches the shards cannot pass for them).
+
 Format versions: ``/2`` adds each sample's xxh3-64 digest (``ShardInfo.digests``, checked by
 every reader as the bytes arrive: ``shards.digests``); ``/1`` manifests, without them, are still
 read (their samples are checked only by the shard's SHA-256).
@@ -67,12 +77,30 @@ class Manifest:
         """The motion fields stored beside the frames (``shards.motionfield``): "mv", "flow" or "none"."""
         return self.config.get("clip", {}).get("motion", "none")
 
+    @property
+    def identity(self) -> str:
+        """The set itself (module docstring): SHA-256 hex over the classes and every shard's name,
+        sample count, size and SHA-256."""
+        body = {"classes": self.classes,
+                "splits": {name: [[s.name, s.num_samples, s.bytes, s.sha256] for s in split.shards]
+                           for name, split in self.splits.items()}}
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def describe(self) -> str:
+        """The set in a few words for a message (``describe``)."""
+        return describe({name: split.num_samples for name, split in self.splits.items()}, self.config.get("clip", {}))
+
+    def title(self) -> str:
+        """``shard set IDENTITY (what it holds)`` for a message (``set_title``)."""
+        return set_title(self.identity, self.describe())
+
     def shard_url(self, shard: ShardInfo) -> str:
         return storage.join(self.base, shard.name)
 
     def to_json(self) -> bytes:
         d = asdict(self)
         d.pop("base")
+        d["identity"] = self.identity
         for split in d["splits"].values():
             split["num_samples"] = sum(s["num_samples"] for s in split["shards"])
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode() + b"\n"
@@ -113,6 +141,29 @@ class Manifest:
                 raise NotFound(f"{base}: no such file or directory") from None
             raise NotFound(f"{url}: no manifest (was the shard set built to the end?)") from None
         return cls.from_json(data, base=base)
+
+
+def describe(clips: dict[str, int], clip: dict) -> str:
+    """A set in a few words: its clips per split and the build options that shape a clip, from
+    ``clip`` (a manifest's ``config["clip"]``, or a catalog record's), e.g. ``96 train + 8 val
+    clips, 4 frames, 4 clips per video``."""
+    words = [f"{' + '.join(f'{n} {name}' for name, n in clips.items()) or 'no'} clips"]
+    if "frames" in clip:
+        words.append(f"{clip['frames']} frames")
+    for key, unit in (("clips_per_video", "clips"), ("eval_clips", "eval clips")):
+        if clip.get(key, 1) != 1:
+            words.append(f"{clip[key]} {unit} per video")
+    if clip.get("short_side"):
+        words.append(f"short side {clip['short_side']}")
+    if clip.get("motion", "none") != "none":
+        words.append(f"motion {clip['motion']}")
+    return ", ".join(words)
+
+
+def set_title(identity: str, description: str) -> str:
+    """A set named in a message: its identity's first 16 hex digits (64 bits: enough to tell sets
+    apart, short enough to read) and what it holds."""
+    return f"shard set {identity[:16]} ({description})"
 
 
 def _http_refusal(url: str, error: Exception) -> CommandError:

@@ -94,7 +94,7 @@ def _motion_stats(kind: str, lengths: list[np.ndarray], cells: int, clipped: int
 
 
 def collect(manifest: Manifest, probe: int = 64, splits: list[str] | None = None) -> dict:
-    return {"classes": len(manifest.classes), "fingerprint": manifest.fingerprint,
+    return {"classes": len(manifest.classes), "identity": manifest.identity, "fingerprint": manifest.fingerprint,
             "splits": {n: split_stats(manifest, n, probe) for n in manifest.splits if not splits or n in splits}}
 
 
@@ -103,7 +103,7 @@ def _mb(n: float) -> str:
 
 
 def format_text(stats: dict) -> str:
-    lines = [f"{stats['classes']} classes, fingerprint {stats['fingerprint']}"]
+    lines = [f"shard set {stats['identity']}, {stats['classes']} classes, inputs' fingerprint {stats['fingerprint']}"]
     for name, s in stats["splits"].items():
         sb = s["shard_bytes"]
         lines.append(f"{name}: {s['clips']:,} clips in {s['shards']} shards, {_mb(s['bytes'])} "

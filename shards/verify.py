@@ -170,6 +170,20 @@ def stamps(manifest: Manifest) -> dict:
     return out
 
 
+def set_file_stamps(location: str, names) -> dict:
+    """{name: [size, mtime_ns, sha256]} of a local set's small files (``manifest.json``,
+    ``classes.txt``, ``errors.jsonl``: ``names``) as they are now, each stamped before it is read;
+    {} for a remote set."""
+    out = {}
+    for name in names:
+        url = f"{location.rstrip('/')}/{name}"
+        stamp = _stamp(url)
+        if stamp is not None:
+            with open(local_path(url), "rb") as f:
+                out[name] = [*stamp, hashlib.file_digest(f, "sha256").hexdigest()]
+    return out
+
+
 def verify(manifest: Manifest, splits: list[str] | None = None, deep: bool = False,
            frames: int | None = None, workers: int = 4, hashed: dict | None = None) -> list[Problem]:
     """Every problem of the set's shards; ``hashed`` receives what was hashed (``check_shard``)."""

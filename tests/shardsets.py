@@ -161,14 +161,14 @@ def serve(directory: str, gate=None):
 def register(catalog, directory: str, name: str, dataset_id: str | None = None):
     """Record an existing shard set as ready in a catalog (as a finished build would); returns the record."""
     from ingest.registry import describe_set
-    from shards.verify import stamps
+    from shards.verify import set_file_stamps, stamps
 
     dataset_id = dataset_id or digest(directory) * 4
     claim = catalog.claim(dataset_id, source="tests", location=directory, options={"splits": ["train", "val"]},
                           name=name, strict_name=True)
     splits, files, sha = describe_set(directory)
     catalog.finish(dataset_id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="tests",
-                   verified_files=stamps(Manifest.load(directory)))
+                   verified_files={**stamps(Manifest.load(directory)), **set_file_stamps(directory, files)})
     return catalog.get(dataset_id)
 
 

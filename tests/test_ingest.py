@@ -195,7 +195,7 @@ def test_staged_videos_are_reused_only_under_the_same_clip_options(class_tree, t
     build(str(class_tree), str(out), CFG, workers=2, shard_samples=4, splits=("val",), keep_staging=True)
     assert staged_videos(out) == 4
     build(str(class_tree), str(out), ClipConfig(frames=8, short_side=24), workers=2, shard_samples=4,
-          splits=("val",), keep_staging=True)
+          splits=("val",), keep_staging=True, force=True)  # another set: replaced only when asked
     got = samples(out, "val")
     assert len(got) == 4
     for key, members in got.items():
@@ -203,7 +203,7 @@ def test_staged_videos_are_reused_only_under_the_same_clip_options(class_tree, t
         assert {min(f.size) for f in frames} == {24} and json.loads(members["json"])["frame_size"][1] == 24, key
         assert restart_interval(members["00.jpg"]) == 1, key
     build(str(class_tree), str(out), ClipConfig(frames=8, short_side=24, restart_interval=0), workers=2,
-          shard_samples=4, splits=("val",))
+          shard_samples=4, splits=("val",), force=True)
     assert Manifest.load(str(out)).config["clip"]["restart_interval"] == 0 and not (out / ".staging").exists()
     without = samples(out, "val")
     assert without.keys() == got.keys()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from ingest import registry
+from ingest.clips import ClipConfig
 from shards.catalog import Catalog
 from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
@@ -97,6 +100,20 @@ CASES = [
      ["--resume refused", "damaged/checkpoint.pt", "does not load: truncated or corrupt", "--overwrite"]),
     ("reshard-onto-a-full-disk", "shards reshard {set} {full}/new --num-shards 2", {}, 1,
      ["full/new/", "no space left on device", "the write needs", "are free", "nothing is left"]),
+    # a set is one thing, with one identity (docs/faults.md)
+    ("build-over-other-options", "ingest build --src {vids} --out {set} --frames 4", {}, 2,
+     ["--out {set} holds a shard set built with other options", "--frames 8, now 4", "--force replaces it"]),
+    ("resume-on-another-set", "trainer train --data {set} --output-dir {v0run} --resume --backend none --depth 10 "
+     "--width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 2,
+     ["--resume refused", "v0run/checkpoint.pt was trained on a shard set whose inputs' fingerprint is",
+      "but --data is shard set", "(6 train + 3 val clips, 8 frames) at {set}"]),
+    ("build-of-a-changed-set", "ingest build --src {vids} --out {changed} --catalog {catalog} --frames 2 "
+     "--short-side 16 --shard-samples 4", {}, 1,
+     ["(changed) is changed", "{changed}/manifest.json changed since the set was registered", "--force rebuilds it"]),
+    ("read-a-damaged-set", "shards stats {url}/v1/datasets/worn", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 1,
+     ["/v1/datasets/worn", "HTTP 409", "(worn) is damaged", "shard-service verify", "Prefer: handling=lenient"]),
+    ("show-a-replaced-set", "shard-service show gone --catalog {catalog}", {}, 2,
+     ["(gone) is replaced", "a build without a catalog was forced into", "--force"]),
 ]
 
 
@@ -124,6 +141,17 @@ def world(tmp_path_factory):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(root / "full")], check=True)
     cat = Catalog(str(root / "catalog.sqlite"))
     register(cat, str(root / "set"), "tiny")
+    shutil.copytree(FIXTURE, root / "v0run", ignore=shutil.ignore_patterns("data"))  # a run on another set
+    for name in ("worn", "gone"):
+        make_shardset(str(root / name), {"train": 3}, per_shard=3)
+    worn = register(cat, str(root / "worn"), "worn", dataset_id="cd" * 32)
+    cat.record_verify(worn.id, 1, "train/train-000000.tar: SHA-256 differs from the manifest", worn.verified_files)
+    register(cat, str(root / "gone"), "gone", dataset_id="ce" * 32)
+    cat.replace_at(str(root / "gone"), force=True)  # as `ingest build --force` into it does
+    make_shardset(str(root / "changed"), {"train": 2}, per_shard=2)  # registered as the build below asks for it
+    register(cat, str(root / "changed"), "changed", dataset_id=registry.plan(
+        str(root / "vids"), ClipConfig(frames=2, short_side=16), shard_samples=4).id)
+    shutil.copy(root / "old" / "manifest.json", root / "changed" / "manifest.json")  # then rebuilt behind its back
     (root / "tokens").write_text(TOKEN + "\n")
     try:
         server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
@@ -131,7 +159,9 @@ def world(tmp_path_factory):
         yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
                "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url,
                "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
-               "damaged": str(root / "damaged"), "full": str(root / "full")}
+               "damaged": str(root / "damaged"), "full": str(root / "full"),
+               "v0run": str(root / "v0run"), "changed": str(root / "changed"),
+               "set_manifest": (root / "set" / "manifest.json").read_bytes()}
         server.kill(15)
     finally:
         subprocess.run(["umount", "-l", str(root / "full")], check=True)
@@ -201,6 +231,11 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
     assert os.listdir(os.path.join(root, "full", "new")) == []  # no shard, whole or partial, nor a temporary
     with open(os.path.join(root, "damaged", "checkpoint.pt"), "rb") as f:
         assert len(f.read()) == 30000
+    with open(os.path.join(world["set"], "manifest.json"), "rb") as f:  # a build into it with other options
+        assert f.read() == world["set_manifest"]
+    assert sorted(os.listdir(world["v0run"])) == ["README.md", "checkpoint.pt", "expected.json", "metrics.jsonl"]
+    with open(os.path.join(world["v0run"], "checkpoint.pt"), "rb") as f, open(f"{FIXTURE}/checkpoint.pt", "rb") as g:
+        assert f.read() == g.read()  # a resume onto another set
 
 
 def test_reshard_into_an_old_set_is_refused_and_leaves_it_whole(world, tmp_path):

@@ -89,14 +89,20 @@ def test_verify_records_its_outcome_and_list_show_tag(catalog):
     code, out = cli(cat, "verify", sets["good"].id)
     rec = cat.get(sets["good"].id)
     assert code == 1 and "SHA-256 differs" in out and rec.verify_problems >= 1 and "val-000000" in rec.verify_detail
+    code, out = cli(cat, "list")  # a set verify found bad is not listed as sound
+    assert {line.split()[1]: line.split()[2] for line in out.splitlines()[1:]}["good"] == "damaged"
+    shown = json.loads(cli(cat, "show", "good")[1])
+    assert "val-000000" in shown["problem"] and f"shard-service verify {rec.id[:12]}" in shown["remedy"]
     (root / "good" / "manifest.json").write_text("{}")
     code, out = cli(cat, "verify", "good")
     assert code == 1 and "changed since the set was registered" in out
     assert cli(cat, "tag", "good", "v1")[0] == 0 and cli(cat, "tag", "good", "bad tag")[0] == 1
     code, out = cli(cat, "show", "v1")
-    assert code == 0 and json.loads(out)["tags"] == ["v1"]
-    code, out = cli(cat, "list")
+    shown = json.loads(out)
+    assert code == 0 and shown["tags"] == ["v1"] and shown["state"] == "changed"
+    assert "manifest.json changed since the set was registered" in shown["problem"]
+    code, out = cli(cat, "list")  # its manifest is not the registered one: not ready, whatever the record says
     states = {line.split()[1]: line.split()[2] for line in out.splitlines()[1:]}
-    assert states == {"good": "ready", "tagged-ready": "ready", "failed": "failed", "failed-tagged": "failed",
+    assert states == {"good": "changed", "tagged-ready": "ready", "failed": "failed", "failed-tagged": "failed",
                       "abandoned": "abandoned", "live": "building"}
     assert cli(cat, "show", "nothing")[0] == 2  # no such dataset: a usage error

@@ -161,37 +161,68 @@ def test_file_tables_keep_the_most_recently_used(env):
 def test_a_changed_shard_is_hashed_again_and_its_etag_refused(env):
     url, cat, rec = env["server"].url, env["catalog"], env["sets"]["changed"]
     shard = corrupt_sample(env["root"] / "changed", keep_mtime=False)
-    with pytest.raises(RangeError, match="differs from the manifest's SHA-256"):
+    with pytest.raises(RangeError, match="status 409"):  # hashed again: not the manifest's bytes, so damaged
         open_range(f"{url}/v1/datasets/changed/{shard.name}", 0, 100, size=shard.bytes, sha256=shard.sha256).read()
     assert stats(url)["reverified"] == 1
     rec = cat.get(rec.id)
     assert rec.verify_problems == 1 and shard.name in rec.verify_detail
-    status, headers, _ = http(url, "HEAD", f"/v1/datasets/changed/{shard.name}")
+    status, headers, _ = http(url, "HEAD", f"/v1/datasets/changed/{shard.name}", headers={"Prefer": "handling=lenient"})
     assert status == 200 and headers["etag"] == f'"{rec.verified_files[shard.name][2]}"' != f'"{shard.sha256}"'
 
 
-def test_a_set_verify_found_bad_is_not_served_as_sound(env):
-    """As a new user tried it: a byte flipped, ``verify`` reported it, training from the URL must fail."""
+LENIENT = {"Prefer": "handling=lenient"}
+
+
+def test_a_set_verify_found_bad_is_not_served_as_sound(env, tmp_path):
+    """As a new user tried it: a byte flipped, ``verify`` reported it, training from the URL must fail,
+    saying why and what to do. Before: every file went on being served with 200 (only a client
+    checking ETags noticed), and training died with a 114-line traceback after five retries."""
     url, rec = env["server"].url, env["sets"]["flagged"]
     shard = corrupt_sample(env["root"] / "flagged", keep_mtime=False)
     out = subprocess.run([sys.executable, "-m", "service", "verify", "--catalog", env["catalog"].path, "flagged"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and f"{shard.name}: SHA-256 differs" in out.stdout
     assert env["catalog"].get(rec.id).verify_problems == 2  # that and the sample's digest
-    status, headers, _ = http(url, "HEAD", f"/v1/datasets/flagged/{shard.name}")
-    assert headers["etag"] != f'"{shard.sha256}"'  # what verify hashed, not what the manifest wants
-    with pytest.raises(RangeError, match="differs from the manifest's SHA-256"):
-        loader_batches(f"{url}/v1/datasets/flagged")
+    for name in ("manifest.json", "classes.txt", shard.name, Manifest.load(rec.location).splits["train"].shards[1].name):
+        for method in ("GET", "HEAD"):  # every file of the set, the sound shard too: the set is not sound
+            status, headers, body = http(url, method, f"/v1/datasets/flagged/{name}")
+            assert status == 409 and headers["cache-control"] == "no-store", (name, method, status)
+    error = json.loads(http(url, path=f"/v1/datasets/{rec.id}/manifest.json")[2])["error"]
+    assert f"dataset {rec.id} (flagged) is damaged" in error and f"{shard.name}: SHA-256 differs" in error
+    assert f"shard-service verify {rec.id[:12]}" in error and "Prefer: handling=lenient" in error
+    # training from the URL: one line with the server's reason, no traceback
+    train = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", f"{url}/v1/datasets/flagged",
+                            "--output-dir", str(tmp_path / "run"), "--backend", "none", "--workers", "0"],
+                           capture_output=True, text=True, timeout=300)
+    lines = [line for line in train.stderr.splitlines() if ": error: " in line]
+    assert train.returncode == 1 and "Traceback" not in train.stderr and len(lines) == 1, train.stderr[-3000:]
+    assert lines[0].startswith("trainer train: error: ") and "HTTP 409" in lines[0] and "is damaged" in lines[0]
+    # asked for explicitly, the files as they are: what verify hashed, never cached, the preference said applied
+    status, headers, _ = http(url, "HEAD", f"/v1/datasets/{rec.id}/{shard.name}", headers=LENIENT)
+    assert status == 200 and headers["etag"] != f'"{shard.sha256}"'
+    assert headers["preference-applied"] == "handling=lenient" and headers["cache-control"] == "no-store"
     assert stats(url)["reverified"] <= 1  # verify's stamps are current: nothing hashed again by the server
 
 
-def test_a_range_of_5000_digits_gets_a_4xx(env):
+def test_a_range_of_5000_digits_is_read_as_the_rfc_says(env):
+    """RFC 9110 §14.1.1: a position is 1*DIGIT, so 5,000 digits are a valid range, whose numbers
+    are past any end: as a first byte unsatisfiable (416, ``Content-Range: bytes */SIZE``), as a
+    last byte the representation's end (206 with the whole file), as a suffix longer than the
+    file the whole file (206); leading zeros are only zeros (bytes 5-9). Never a 500 (Python's
+    int refuses strings of over 4,300 digits), and not 416 for the satisfiable ones (what a server
+    comparing the number's length, not its value, would answer)."""
     url, rec = env["server"].url, env["sets"]["alpha"]
-    path = f"/v1/datasets/alpha/{Manifest.load(rec.location).splits['train'].shards[0].name}"
-    for header in ("bytes=" + "9" * 5000 + "-", "bytes=0-" + "9" * 5000, "bytes=-" + "9" * 5000,
-                   "bytes=" + "0" * 4990 + "5-9"):
-        status, _, body = http(url, path=path, headers={"Range": header})
-        assert status in (206, 416), (status, body[:200])
+    name = Manifest.load(rec.location).splits["train"].shards[0].name
+    data = (env["root"] / "alpha" / name).read_bytes()
+    size, many = len(data), "9" * 5000
+    for header, status, span in ((f"bytes={many}-", 416, None), (f"bytes=0-{many}", 206, (0, size)),
+                                 (f"bytes=-{many}", 206, (0, size)), ("bytes=" + "0" * 4990 + "5-9", 206, (5, 10))):
+        got, headers, body = http(url, path=f"/v1/datasets/alpha/{name}", headers={"Range": header})
+        assert got == status, (header[:20], got, body[:200])
+        if span is None:
+            assert headers["content-range"] == f"bytes */{size}"
+        else:
+            assert headers["content-range"] == f"bytes {span[0]}-{span[1] - 1}/{size}" and body == data[slice(*span)]
     assert http(url, path="/v1/health")[0] == 200
 
 

@@ -29,6 +29,8 @@ TOKEN = "viewer-token-for-tests"
 HOSTILE = '<img src=x onerror="window.pwned=1">'  # a class folder name
 HOSTILE_MESSAGE = "<script>window.pwned=2</script> moov atom not found"
 CLASSES = ["walking", HOSTILE, "jumping"]
+WORN = "train/train-000000.tar: SHA-256 differs from the manifest"  # what verify recorded of the worn set
+GREEN = "rgb(19, 115, 51)"  # .state-ready
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,9 @@ def site(tmp_path_factory):
     cat = Catalog(str(root / "catalog.sqlite"))
     tiny = register(cat, str(root / "tiny"), "tiny")
     cat.tag(tiny.id, "prod")
+    make_shardset(str(root / "worn"), {"train": 6}, per_shard=6)  # a set `shard-service verify` found bad
+    worn = register(cat, str(root / "worn"), "worn", dataset_id="cd" * 32)
+    cat.record_verify(worn.id, 1, WORN, cat.get(worn.id).verified_files)
     cat.claim("ee" * 32, source="tests", location=str(root / "half"), options={}, name="half")  # never ready
     (root / "tokens").write_text(TOKEN + "\n")
     stack = contextlib.ExitStack()
@@ -260,6 +265,36 @@ def test_browser_catalog_lists_the_set_and_a_build_updating_live(site, browser):
                                                           "shards_written": 5})
     wait(browser, "return document.body.innerText.includes('7 / 10 videos, 1 failed, 5 shards written')")
     assert browser.execute_script(f"return document.querySelector('tr[data-id=\"{'dd' * 32}\"] progress').value") == 7
+    assert console_errors(browser) == []
+
+
+def test_a_set_verify_found_bad_is_listed_damaged_shown_and_not_served(site):
+    url = site["open"].url
+    listed = {d["name"]: d for d in json.loads(http(url, path="/v1/datasets")[2])["datasets"]}
+    assert listed["tiny"]["state"] == "ready" and listed["tiny"]["problem"] is None
+    worn = listed["worn"]
+    assert worn["state"] == "damaged" and WORN in worn["problem"] and "shard-service verify" in worn["remedy"]
+    assert http(url, path="/v1/datasets/worn/train/train-000000.tar")[0] == 409  # the data route: not as sound
+    status, _, body = http(url, path="/v1/viewer/worn")  # the viewer shows it, saying what it is
+    assert status == 200 and json.loads(body)["record"]["state"] == "damaged"
+    status, headers, _ = http(url, path="/v1/viewer/worn/frames/train/0/0")
+    assert status == 200 and headers["cache-control"] == "no-store"
+
+
+def test_browser_a_damaged_set_is_never_green(site, browser):
+    """Before: a set verify had found bad was a green ``ready`` in the catalog and on its page."""
+    page(browser, site["open"].url + "/")
+    cell = "document.querySelector('tr[data-id=\"" + "cd" * 32 + "\"] td:nth-child(3)')"
+    state, colour = browser.execute_script(f"const c = {cell}; return [c.innerText, getComputedStyle(c).color]")
+    assert state.startswith("damaged") and WORN in state and colour not in (GREEN, "")
+    tiny = browser.execute_script(f"return getComputedStyle({cell.replace('cd' * 32, site['tiny'].id)}).color")
+    assert tiny == GREEN  # the sound set beside it
+    page(browser, site["open"].url + "/sets/worn")
+    shown = browser.execute_script("const d = Array.from(document.querySelectorAll('#record dd'))"
+                                   ".find(d => d.previousSibling.innerText === 'state'); "
+                                   "return [d.innerText, getComputedStyle(d).color]")
+    assert shown[0] == "damaged" and shown[1] not in (GREEN, "")
+    assert WORN in browser.execute_script("return document.getElementById('record').innerText")
     assert console_errors(browser) == []
 
 

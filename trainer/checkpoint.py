@@ -27,7 +27,7 @@ MODEL_FIELDS = ("shift", "segments", "shift_div", "depth", "width", "num_classes
 # sequence it saved would not fit (docs/faults.md); (concern, field)
 REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
-# (the shard set itself is checked by its fingerprint)
+# (the shard set itself is checked by its identity, ``shards.manifest``)
 INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("data", "lookahead"),
          ("system", "backend"),
          ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"), ("system", "print_freq"),
@@ -78,19 +78,18 @@ def load(url: str) -> dict | None:
         raise Unreadable(f"{url} ({len(data):,} bytes) does not load: truncated or corrupt ({reason})") from None
 
 
-def differences(state: dict, model_config: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
-    """Why ``state`` is not a checkpoint of the run ``cfg`` describes (its network ``model_config``,
-    its shard set's manifest ``fingerprint``): each model field, the BN mode (it decides which
-    parameters the optimizer holds), the shard set or the training split that differs, as
-    ``name: checkpoint's vs now``."""
+def differences(state: dict, model_config: dict, cfg: TrainConfig) -> list[str]:
+    """Why ``state`` is not a checkpoint of the run ``cfg`` describes (its network ``model_config``):
+    each model field, the BN mode (it decides which parameters the optimizer holds), the refused
+    flags or the training split that differs, as ``name: checkpoint's vs now``. The shard set is
+    checked apart, by its identity (``ClipLoader.saved_on``)."""
     if "clips_seen" not in state:
         return ["written by a trainer whose schedule counted steps (no clips_seen)"]
     saved, loader, old = state["model_config"], state["loader"], of_checkpoint(state)
     pairs = [(f"model {k}", saved[k], model_config[k]) for k in MODEL_FIELDS]
     pairs += [(_flag(field), getattr(getattr(old, concern), field), getattr(getattr(cfg, concern), field))
               for concern, field in REFUSED]
-    pairs += [("data: manifest fingerprint", loader["fingerprint"], fingerprint),
-              ("--train-split", loader["split"], cfg.data.train_split)]
+    pairs += [("--train-split", loader["split"], cfg.data.train_split)]
     return [f"{name} {old} in the checkpoint, {new} now" for name, old, new in pairs if old != new]
 
 

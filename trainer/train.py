@@ -190,9 +190,14 @@ class Trainer:
                 state = checkpoint.load(self.checkpoint_url)
             except checkpoint.Unreadable as error:  # refused on every rank below, never a hang in the broadcast
                 small = {"unreadable": str(error)}
-        if state is not None:
+        other = self.train_loader.saved_on(state["loader"]) if state is not None and "loader" in state else None
+        if other:
+            small = {"other_set": f"--resume refused: {self.checkpoint_url} was trained on {other}, but --data is "
+                                  f"{self.train_loader.title()}: resume with --data naming the run's set, or start "
+                                  "afresh (--overwrite, or another --output-dir)"}
+        elif state is not None:
             try:
-                refused = checkpoint.differences(state, asdict(e.config), self.cfg, self.train_loader.manifest.fingerprint)
+                refused = checkpoint.differences(state, asdict(e.config), self.cfg)
                 if not refused:
                     e.model.load_state_dict(state["model"])
                     e.load_optimizer(state["optimizer"])
@@ -209,6 +214,8 @@ class Trainer:
         if "unreadable" in small:  # each save replaces the one file whole: a damaged one has no older copy
             raise CommandError(f"--resume refused: {small['unreadable']}; the run keeps no other checkpoint: restore "
                                "it from a copy, or start afresh with --overwrite")
+        if "other_set" in small:  # every rank alike: the command line names another set than the run's
+            raise UsageError(small["other_set"])
         if small["refused"]:
             raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
         self.load_hook_states(small["hooks"])

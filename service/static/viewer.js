@@ -71,12 +71,17 @@ function progress(p) {
     `${count(p.shards_written || 0)} shards written`);
 }
 
+// A set's state as the catalog's commands show it (shards.catalog.condition): ready, or why not.
+const READABLE = ["ready", "damaged"];  // a damaged set is shown and browsed, in its own colour
+
 function stateCell(rec) {
   const cell = el("td", {class: "state-" + rec.state}, rec.state);
   if (rec.state === "building") {
     cell.append(el("br"), progress(rec.progress || {}));
   } else if (rec.state === "failed" && rec.error) {
     cell.append(el("br"), el("span", {class: "mono"}, rec.error));
+  } else if (rec.problem) {
+    cell.append(el("br"), el("span", {class: "problem"}, `${rec.problem}; ${rec.remedy}`));
   }
   return cell;
 }
@@ -96,8 +101,8 @@ async function catalogPage() {
     return el("tr", {"data-id": rec.id},
       el("td", {class: "nowrap"}, el("a", {href: "/sets/" + encodeURIComponent(ref)}, rec.name || "(unnamed)")),
       el("td", {class: "mono nowrap"}, rec.id.slice(0, 12)), stateCell(rec),
-      el("td", {class: "num"}, rec.state === "ready" ? count(clips) : ""),
-      el("td", {class: "num nowrap"}, rec.state === "ready" ? bytes(size) : ""),
+      el("td", {class: "num"}, READABLE.includes(rec.state) ? count(clips) : ""),
+      el("td", {class: "num nowrap"}, READABLE.includes(rec.state) ? bytes(size) : ""),
       el("td", {}, rec.tags.join(", ")), el("td", {class: "nowrap"}, rec.created || ""),
       el("td", {class: "nowrap"}, rec.finished || ""),
       el("td", {}, verifyText(rec.verified)));
@@ -137,13 +142,14 @@ async function setPage() {
   fill($("name"), rec.name || rec.id);
   fill($("crumbs"), " / ", rec.name || rec.id.slice(0, 12));
   $("clips-link").href = `/sets/${encodeURIComponent(ref)}/clips`;
-  $("clips-link").hidden = rec.state !== "ready";
-  const fields = [["id", rec.id], ["state", rec.state], ["tags", rec.tags.join(", ")], ["source", rec.source],
+  $("clips-link").hidden = !READABLE.includes(rec.state);
+  const fields = [["id", rec.id], ["state", rec.state], ["why", rec.problem], ["remedy", rec.remedy],
+    ["tags", rec.tags.join(", ")], ["source", rec.source],
     ["location", rec.location], ["created", rec.created], ["finished", rec.finished], ["attempts", rec.attempts],
     ["last verify", verifyText(rec.verified)], ["error", rec.error], ["classes", data.classes.length],
     ["frames per clip", data.frames_per_clip]];
-  fill($("record"), ...fields.filter(([, v]) => v !== null && v !== "").flatMap(([k, v]) => [el("dt", {}, k),
-    el("dd", {}, v)]));
+  fill($("record"), ...fields.filter(([, v]) => v !== null && v !== undefined && v !== "").flatMap(([k, v]) =>
+    [el("dt", {}, k), el("dd", k === "state" ? {class: "state-" + v} : {}, v)]));
   if (rec.state === "building") {
     $("record").append(el("dt", {}, "progress"), el("dd", {}, progress(rec.progress || {})));
     setTimeout(() => run(setPage), POLL_BUILDING_MS);
@@ -171,7 +177,7 @@ async function setPage() {
     : `${count(errors.total)} videos could not be used; the first ${count(errors.rows.length)} are shown`);
   fill($("errors").tBodies[0], ...errors.rows.map((e) => el("tr", {}, el("td", {class: "mono"}, e.path),
     el("td", {}, e.split), el("td", {}, e.reason), el("td", {class: "mono"}, e.ffmpeg))));
-  if (rec.state !== "ready") return;
+  if (!READABLE.includes(rec.state)) return;
   const probe = await api(`/v1/viewer/${encodeURIComponent(ref)}/probe`);
   const list = (o) => Object.entries(o).map(([k, v]) => `${k}: ${count(v)}`).join(", ");
   fill($("frames").tBodies[0], ...Object.entries(probe.splits).map(([s, p]) => el("tr", {},

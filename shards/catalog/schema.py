@@ -45,6 +45,13 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE datasets ADD COLUMN verified_files TEXT NOT NULL DEFAULT '{}'",
     ],
+    # 3: a set another build was forced into the location of: its state is 'deleted' (its files are
+    #    gone; its name and location are free), and these say by which set (an id, or '' for a build
+    #    without a catalog) and when; shown as the state 'replaced' (shards.catalog.condition)
+    [
+        "ALTER TABLE datasets ADD COLUMN replaced_by TEXT",
+        "ALTER TABLE datasets ADD COLUMN replaced REAL",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

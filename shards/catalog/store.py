@@ -94,7 +94,9 @@ class Record:
     verified: float | None = None
     verify_problems: int | None = None
     verify_detail: str | None = None
-    verified_files: dict = field(default_factory=dict)  # {shard: [size, mtime_ns, sha256]} as last hashed
+    verified_files: dict = field(default_factory=dict)  # {file: [size, mtime_ns, sha256]} as last hashed
+    replaced_by: str | None = None  # the set forced into its location ('': one built without a catalog)
+    replaced: float | None = None  # when
     tags: list[str] = field(default_factory=list)
 
     def lease_alive(self, now: float | None = None, lease: float = LEASE_SECONDS) -> bool:
@@ -115,7 +117,8 @@ class Record:
                 "finished": iso(self.finished), "attempts": self.attempts, "progress": self.progress,
                 "error": self.error,
                 "verified": None if self.verified is None else
-                {"at": iso(self.verified), "problems": self.verify_problems, "detail": self.verify_detail}}
+                {"at": iso(self.verified), "problems": self.verify_problems, "detail": self.verify_detail},
+                "replaced": None if self.replaced is None else {"at": iso(self.replaced), "by": self.replaced_by}}
 
 
 @dataclass
@@ -215,6 +218,13 @@ class Catalog:
             row = rows[0] if len(rows) == 1 else None
         return self.get(row[0]) if row else None
 
+    def replaced(self, ref: str) -> Record | None:
+        """The set last replaced (``Catalog.claim``'s ``force``) among those ``ref`` named, by id,
+        unique id prefix of 6+ characters or name; None if none was."""
+        rows = self._records("state = 'deleted' AND replaced IS NOT NULL AND (id = ? OR name = ? OR "
+                             "(length(?) >= 6 AND substr(id, 1, length(?)) = ?))", (ref, ref, ref, ref, ref))
+        return max(rows, key=lambda r: r.replaced) if rows else None
+
     # --- building ----------------------------------------------------------------------------
     def claim(self, dataset_id: str, *, source: str, location: str, options: dict, name: str | None = None,
               strict_name: bool = False, force: bool = False, owner: dict | None = None) -> Claim:
@@ -223,7 +233,9 @@ class Catalog:
         A ready set is reused unless ``force``; a building one is waited for while its lease is
         alive, else marked failed and taken over; a failed one is built again where it was
         (its finished work is resumed) unless ``force``. ``name`` taken by another set: an
-        error when ``strict_name``, else the id's first 8 characters are appended.
+        error when ``strict_name``, else the id's first 8 characters are appended. Another set
+        at ``location``: an error, unless ``force``, which marks it replaced by this one (never a
+        tagged set, nor one being built).
         """
         owner = owner or new_owner()
         now = time.time()
@@ -238,12 +250,8 @@ class Catalog:
                 rec.state = "failed"
             if rec and rec.state == "failed" and not force:
                 location = rec.location  # resume where the failed attempt left its work
-            other = db.execute("SELECT id, name FROM datasets WHERE location = ? AND id != ? AND state != 'deleted'",
-                               (location, dataset_id)).fetchone()
-            if other:
-                raise CatalogError(f"{location} already holds dataset {other['id']}"
-                                   f"{' (' + other['name'] + ')' if other['name'] else ''}; "
-                                   "build into another location or remove that set first")
+            for other in self._records("location = ? AND id != ? AND state != 'deleted'", (location, dataset_id)):
+                self._replace(db, other, dataset_id, force, now)
             if rec and rec.name and (name is None or not strict_name):
                 name = rec.name  # a set keeps its name unless given another explicitly
             if name is not None:
@@ -255,7 +263,7 @@ class Catalog:
                 name = f"{name}-{dataset_id[:8]}"
             values = {"name": name, "source": source, "location": location, "options": json.dumps(options),
                       "state": "building", "owner": json.dumps(owner), "heartbeat": now, "progress": "{}",
-                      "error": None, "finished": None}
+                      "error": None, "finished": None, "replaced_by": None, "replaced": None}
             if rec:
                 db.execute(f"UPDATE datasets SET {', '.join(f'{k} = ?' for k in values)}, attempts = attempts + 1 "
                            "WHERE id = ?", (*values.values(), dataset_id))
@@ -263,6 +271,37 @@ class Catalog:
                 db.execute(f"INSERT INTO datasets (id, created, attempts, {', '.join(values)}) "
                            f"VALUES (?, ?, 1, {', '.join('?' * len(values))})", (dataset_id, now, *values.values()))
         return Claim("build", self.get(dataset_id), owner)
+
+    def _replace(self, db, rec: Record, by: str, force: bool, now: float) -> None:
+        """Mark ``rec`` replaced by ``by`` (an id, or '' for a build without a catalog) as another
+        build is about to be written into its location; refused without ``force``, and always for a
+        tagged set or one a live process is building."""
+        what = f"dataset {rec.id}{' (' + rec.name + ')' if rec.name else ''}"
+        if rec.lease_alive(now):
+            raise CatalogError(f"{rec.location} already holds {what}, which is being built; build into another location")
+        if not force:
+            raise CatalogError(f"{rec.location} already holds {what}; --force replaces it (the catalog records it "
+                               "as replaced), or build into another location")
+        if rec.tags:
+            raise CatalogError(f"{rec.location} already holds {what}, tagged {', '.join(rec.tags)}: a tagged set is never "
+                               f"replaced; untag it first (shard-service untag {rec.tags[0]}) or build into another "
+                               "location")
+        db.execute("UPDATE datasets SET state = 'deleted', replaced_by = ?, replaced = ?, owner = NULL, heartbeat = "
+                   "NULL WHERE id = ?", (by, now, rec.id))
+
+    def replace_at(self, location: str, force: bool) -> list[Record]:
+        """Before a build without a catalog record of its own replaces the set at ``location``: mark
+        every live set recorded there replaced (``_replace``: refused without ``force``); returns them."""
+        now = time.time()
+        with self._write() as db:
+            found = self._records("location = ? AND state != 'deleted'", (location,))
+            for rec in found:
+                self._replace(db, rec, "", force, now)
+        return found
+
+    def at_location(self, location: str) -> list[Record]:
+        """The live sets recorded at ``location``."""
+        return self._records("location = ? AND state != 'deleted'", (location,))
 
     def _owned_update(self, dataset_id: str, owner: dict, sets: str, params=()) -> bool:
         """Update a building record only while ``owner`` still holds its lease."""

@@ -68,7 +68,7 @@ from shards.direct import load_manifest
 from shards.cache import Piece, ShardCache
 from shards.digests import CorruptSample, TooManyBadSamples
 from shards.errors import CommandError, UsageError
-from shards.manifest import Manifest
+from shards.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
 from shards.tarformat import member_bytes
 
@@ -88,6 +88,11 @@ PREFETCH = 2
 READ_AHEAD_BYTES = 32 << 20
 SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
 BAD = "corrupt.json"  # the member a bad sample is read as when the loader goes on without it
+
+
+class OtherShardSet(UsageError, ValueError):
+    """A position (``ClipLoader.state_dict``) saved on another shard set or split than the loader
+    reads: continuing it would read other clips in another order. The message names both sets."""
 
 
 def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
@@ -353,6 +358,7 @@ class ClipLoader:
                  modality: str = "rgb", max_bad_samples: int | None = 0):
         self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
         self.split = split
+        self.identity = self.manifest.identity  # what a saved position belongs to (``saved_on``)
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
         rank, world_size, local_size = placement(rank, world_size, local_size)
@@ -481,11 +487,31 @@ class ClipLoader:
                 "segments": [asdict(s) for s in self._past + [self._segment()]],
                 "remainder": self.remainder, "shuffle_buffer": self.shuffle_buffer,
                 "piece_samples": self.piece_samples, "split": self.split,
+                "identity": self.identity, "set": self.manifest.describe(),
                 "fingerprint": self.manifest.fingerprint}
 
+    def saved_on(self, state: dict) -> str | None:
+        """The shard set a position (``state_dict``) was saved on, in words naming its identity,
+        when it is not this loader's; None when it is. A state saved before sets had identities is
+        matched by the inputs' fingerprint, all it holds (sets built from the same videos with
+        other options pass that check)."""
+        if "identity" in state:
+            return None if state["identity"] == self.identity else set_title(state["identity"], state["set"])
+        if state["fingerprint"] == self.manifest.fingerprint:
+            return None
+        return f"a shard set whose inputs' fingerprint is {state['fingerprint']} (saved before sets had identities)"
+
+    def title(self) -> str:
+        """This loader's set in words: its identity, what it holds and where."""
+        return f"{set_title(self.identity, self.manifest.describe())} at {self.manifest.base or 'an unsaved manifest'}"
+
     def load_state_dict(self, state: dict) -> None:
-        if state["fingerprint"] != self.manifest.fingerprint or state["split"] != self.split:
-            raise ValueError("state was saved for another shard set or split")
+        other = self.saved_on(state)
+        if other:
+            raise OtherShardSet(f"a loader position saved on {other} cannot continue on {self.title()}")
+        if state["split"] != self.split:
+            raise OtherShardSet(f"a loader position saved on split {state['split']!r} cannot continue on split "
+                                f"{self.split!r}")
         self.epoch, self.seed = state["epoch"], state["seed"]
         if self.shapes:
             self.batch_size = self.shapes.batch_size(self.epoch)
