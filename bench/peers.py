@@ -70,7 +70,7 @@ def frames_of(clip: int, size=(340, 256)) -> list[bytes]:
     rng = np.random.default_rng(clip)
     coarse = Image.fromarray(rng.integers(0, 256, (size[1] // 8 + 8, size[0] // 8 + 8, 3), dtype=np.uint8))
     scene = np.asarray(coarse.resize((coarse.width * 8, coarse.height * 8), Image.BICUBIC))
-    grain = rng.integers(-12, 12, scene.shape, dtype=np.int16)
+    grain = rng.integers(-3, 4, scene.shape, dtype=np.int16)
     scene = np.clip(scene + grain, 0, 255).astype(np.uint8)
     return [encode(Image.fromarray(np.ascontiguousarray(scene[t * 4: t * 4 + size[1], t * 6: t * 6 + size[0]])), 90)
             for t in range(T)]
@@ -179,7 +179,7 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
 
         def decode(sample):
             jpegs = [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
-            return crop_clip(jpegs, random.Random(sample["__key__"])), int(sample["cls"])
+            return crop_clip(jpegs, random.Random(f"{sample['__key__']}/{time.monotonic_ns()}")), int(sample["cls"])
 
         shards = sorted(os.path.join(where, f) for f in os.listdir(where)) if "://" not in where else \
             [f"{where}/shard-{i:06d}.tar" for i in range(int(os.environ["PEERS_SHARDS"]))]
@@ -194,7 +194,8 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
         class Clips(litdata.StreamingDataset):
             def __getitem__(self, index):
                 item = super().__getitem__(index)
-                return crop_clip([item[f"f{t}"] for t in range(T)], random.Random(index)), item["label"]
+                draw = random.Random(f"{index.index}/{getattr(self, "current_epoch", 0)}")  # index: LitData's ChunkedIndex
+                return crop_clip([item[f"f{t}"] for t in range(T)], draw), item["label"]
 
         loader = litdata.StreamingDataLoader(Clips(where, shuffle=True), batch_size=BATCH, num_workers=workers)
         return (lambda epoch: loader), lambda b: len(b[1])
@@ -203,7 +204,8 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
     class Clips(streaming.StreamingDataset):
         def __getitem__(self, index):
             item = super().__getitem__(index)
-            return crop_clip([item[f"f{t}"] for t in range(T)], random.Random(index)), item["label"]
+            return crop_clip([item[f"f{t}"] for t in range(T)], random.Random(f"{int(index)}/{getattr(self, "next_epoch", 0)}")), \
+                item["label"]
 
     streaming.base.util.clean_stale_shared_memory()
     dataset = Clips(local=where, shuffle=True, batch_size=BATCH, shuffle_seed=0)

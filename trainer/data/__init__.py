@@ -7,7 +7,10 @@ as Lightning, mmaction2 or SlowFast do), ``normalise`` with ``MEAN`` and ``STD``
 (``TrainTransform``, ``EvalTransform``, their ``Geometry``). Importing this package loads none of them
 until asked for, and none of them needs the trainer, Ray, aiohttp, OpenCV or Horovod.
 
-``loader`` (the streaming ``ClipLoader``), ``dataset`` (``ClipDataset``), ``transforms`` (TSM's crops, JPEG
+``loader`` (the streaming ``ClipLoader``, glue), ``plan`` (each worker's reads and order, pure functions
+over frozen records), ``position`` (where a loader stands in its epochs, and how a saved position
+continues), ``stages`` (the pipeline's stages: plain functions over their plans), ``dataset``
+(``ClipDataset``), ``transforms`` (TSM's crops, JPEG
 decoding), ``cropdecode`` (the C crop decoder, ``trainer/libcropjpeg.so``), ``device_decode`` (nvJPEG on
 the GPU), ``slots`` (the shared-memory batch pool) and ``shapes`` (a multigrid epoch's batches cut into
 parts; ``EpochShapes``, what the loader needs of a schedule). Imports nothing of the trainer outside this

@@ -40,14 +40,15 @@ import logging
 
 import numpy as np
 import torch
-import webdataset as wds
 from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from shards import partition
 
 from ..config import IMAGENET_MEAN, IMAGENET_STD
-from .loader import ClipLoader, _in_order, _open_reads, _stand_ins, _tag, video_id
+from .loader import ClipLoader, video_id
+from .plan import WorkerPlan
+from .stages import ordered_samples
 
 log = logging.getLogger(__name__)
 
@@ -113,19 +114,9 @@ class ClipDataset(IterableDataset):
         if self.epoch != loader.epoch:
             loader.set_epoch(self.epoch)
             self._skip = self._made = 0
-        plans, _ = loader._worker_plans({worker: self._skip})
-        plan, epoch = plans[worker], loader.epoch
-        if plan["order"]:
-            stages = wds.DataPipeline(
-                lambda: iter(plan["reads"]),
-                lambda reads: _open_reads(reads, loader.cache, loader.lookahead, self.skip_bad),
-                wds.tariterators.tar_file_expander,
-                wds.tariterators.group_by_keys,
-                lambda src: _tag(src, plan["expected"]),
-                lambda src: _in_order(src, plan["order"]),
-                *([_stand_ins] if self.skip_bad else []),
-            )
-            for i, sample in enumerate(stages):
+        plan, epoch = loader._worker_plans({worker: self._skip})[worker], loader.epoch
+        if plan.order:
+            for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead, self.skip_bad)):
                 row = self._sample(sample, plan, epoch)
                 if (i + 1) % self.batch_size == 0:
                     self._made += 1  # before the batch's last row leaves: a state taken after it counts it
@@ -133,7 +124,7 @@ class ClipDataset(IterableDataset):
         self._epoch[0] = max(self.epoch, epoch + 1)  # this worker's share is read: the next iteration moves on
         self._skip = self._made = 0
 
-    def _sample(self, sample: dict, plan: dict, epoch: int) -> dict:
+    def _sample(self, sample: dict, plan: WorkerPlan, epoch: int) -> dict:
         """One clip as a row of a batch (module docstring)."""
         loader, key = self.loader, sample["__key__"]
         bad = sample.get("__bad__")
@@ -143,7 +134,7 @@ class ClipDataset(IterableDataset):
         rng = partition.rng_for("augment", loader.seed, epoch, key)
         jpegs = loader.transform.members(sample)
         out = {"labels": int(sample["cls"]) if "cls" in sample else -1, "keys": key, "videos": video_id(key),
-               "valid": sample["__local__"] < plan["valid_locals"] and bad is None}
+               "valid": sample["__local__"] < plan.valid_locals and bad is None}
         if self.geometry:
             g, d, _ = loader.transform.draw(jpegs[0], partition.rng_for("augment", loader.seed, epoch, key))
             out["boxes"] = torch.tensor(g.boxes, dtype=torch.float64) * d
