@@ -13,8 +13,6 @@ import errno
 import os
 import re
 import shutil
-import urllib.error
-import urllib.request
 import uuid
 from contextlib import contextmanager
 
@@ -66,6 +64,9 @@ def read_bytes(url: str) -> bytes:
         finally:
             os.close(fd)
     if url.startswith(("http://", "https://")):
+        import urllib.error  # only here: the path helpers load no HTTP client (tests/test_layering.py)
+        import urllib.request
+
         request = urllib.request.Request(url, headers=http_headers(url.split(":", 1)[0]))
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
