@@ -229,3 +229,36 @@ def test_the_reading_api_imports_none_of_the_heavy_packages():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+# --- the loader's parts: the plan and the position are plain data and pure functions -----------------
+def test_a_position_continues_the_same_layout_and_splits_the_rest_of_the_epoch_for_another():
+    from shards.partition import Segment
+    from trainer.data.position import Position, Shuffle
+
+    here = Segment(world_size=2, num_workers=2, batch_size=4, nodes=1)
+    saved = Position(epoch=3, done=5).state_dict(here, Shuffle(seed=7, shuffle_buffer=16))
+    assert saved["samples_consumed"] == 20 and Position.shuffle_of(saved) == Shuffle(seed=7, shuffle_buffer=16)
+    same = Position.resume(saved, here)
+    assert (same.epoch, same.past, same.done) == (3, [], 5)
+    other = Position.resume(saved, Segment(world_size=4, num_workers=2, batch_size=4, nodes=1))
+    assert (other.epoch, other.past, other.done) == (3, [Segment(2, 2, 4, 5, 1)], 0)
+
+
+def test_a_worker_plan_reads_whole_ranges_once(shardset):
+    from shards import partition
+    from shards.manifest import Manifest
+    from trainer.data.plan import worker_plan
+
+    shards = Manifest.load(shardset).splits["train"].shards
+    (order,) = partition.epoch_orders([s.num_samples for s in shards], 1, 0, 0, True, None)
+    (stream,) = partition.streams([len(order)], 1, 0, 1, 4)
+    emitted = partition.emission(stream, 8, 0, 0)
+    plan = worker_plan(shards, [f"u{i}" for i in range(len(shards))], order, stream, emitted, 1, 4)
+    assert plan.order == tuple(emitted[4:])  # the first batch (4 clips) made already: left out
+    key_at = [shards[r.shard].keys[j] for r in order.slice(0, len(order)) for j in range(r.start, r.stop)]
+    assert sorted((k, i) for k, i in plan.expected if i is not None) == sorted((key_at[i], i) for i in plan.order)
+    for read in plan.reads:  # each read lies in its shard; the reads hold the expected keys in file order
+        assert 0 <= read.start < read.end <= read.info.bytes and read.url == f"u{read.shard}"
+    assert [k for k, _ in plan.expected] == [s.keys[j] for r in plan.reads for s in [r.info]
+                                             for j in range(len(s.keys)) if r.start <= s.offsets[j] < r.end]
