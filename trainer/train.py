@@ -37,7 +37,8 @@ from shards.manifest import Manifest
 
 from . import bad_samples, checkpoint, config, metrics
 from .data.device_decode import clip_source
-from .data.loader import ClipLoader, Upsampling, shared_manifest
+from .data import ClipLoader, Upsampling  # the public reading API (docs/library.md), as any training loop reads
+from .data.loader import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
 from .errors import ConfigError
