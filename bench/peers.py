@@ -23,7 +23,8 @@ webdataset reads whole shards through ``curl``, its documented way; LitData and 
 have no plain-HTTP source, only object stores, so they are measured locally only).
 
 Every (loader, workers, source) runs in a process of its own, ``--runs`` times, the combinations
-interleaved; printed are medians of: clips/s over the epochs after the first (each epoch timed from
+interleaved; printed are medians of: clips per CPU-second of the process and all its workers (the
+figure a loaded machine disturbs least: what a worker costs), clips/s over the epochs after the first (each epoch timed from
 asking for its iterator, so workers started per epoch count, as in training; the first epoch is left
 out: imports, index building, the first page faults), clips/s with start-up (every epoch, from
 constructing the dataset), the time to the first batch, and the ratios of ``ours`` to the best peer. The load averages seen are printed with
@@ -46,6 +47,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -215,6 +217,24 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
     return (lambda epoch: loader), lambda b: len(b[1])
 
 
+def tree_cpu() -> float:
+    """CPU seconds of this process and all its descendants, live or reaped (/proc: utime, stime, and
+    the cutime and cstime of the children each has waited for)."""
+    tick, procs = os.sysconf("SC_CLK_TCK"), {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        procs[int(pid)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
+    tree, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, (parent, _) in procs.items() if parent in tree} - tree
+        tree, grew = tree | more, bool(more)
+    return sum(procs[pid][1] for pid in tree if pid in procs)
+
+
 def one_run(name: str, where: str, workers: int, epochs: int) -> dict:
     """In a process of its own: ``epochs`` epochs; clips counted from the batches."""
     import torch
@@ -222,19 +242,21 @@ def one_run(name: str, where: str, workers: int, epochs: int) -> dict:
     torch.set_num_threads(1)
     start = time.perf_counter()
     epoch_of, count = loader_of(name, where, workers, epochs)
-    first, per_epoch, starts = None, [], []
+    first, per_epoch, starts, cpus = None, [], [], []
     for epoch in range(epochs):
         n = 0
         starts.append(time.perf_counter())
+        cpus.append(tree_cpu())
         for batch in epoch_of(epoch):
             if first is None:
                 first = time.perf_counter()
             n += count(batch)
         per_epoch.append(n)
-    end = time.perf_counter()
+    end, cpu = time.perf_counter(), tree_cpu()
     later = slice(1 if epochs > 1 else 0, None)  # epoch 1 left out of the rate: imports, indexes, first page faults
     return {"clips": sum(per_epoch), "per_epoch": per_epoch, "first_batch_s": first - start,
             "steady": sum(per_epoch[later]) / (end - starts[later][0]),
+            "per_cpu": sum(per_epoch[later]) / (cpu - cpus[later][0]),
             "with_startup": sum(per_epoch) / (end - start), "load": os.getloadavg()[0]}
 
 
@@ -262,6 +284,7 @@ def main() -> int:
     if a.one:
         print("RUN_JSON", json.dumps(one_run(a.one[0], a.one[1], int(a.one[2]), int(a.one[3]))), flush=True)
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the HTTP server is stopped on a kill too
     info = write_all(a.out, a.clips, a.shards)
     print(f"{a.clips} clips of {T} frames (340x256, {info['frame_bytes']:,} bytes a frame) in {a.shards} shards; "
           f"bytes by format: {info['bytes']}", flush=True)
@@ -287,7 +310,7 @@ def main() -> int:
                 res = {"loader": name, "workers": w, "source": src, "run": r, **json.loads(line[0][9:])}
                 runs.append(res)
                 print(f"run {r} {src:5s} w={w} {name:12s} clips {res['clips']} ({res['per_epoch']}) "
-                      f"{res['steady']:7.1f} clips/s, {res['with_startup']:7.1f} with start-up, first batch "
+                      f"{res['steady']:7.1f} clips/s, {res['per_cpu']:6.1f} per CPU-s, {res['with_startup']:7.1f} with start-up, first batch "
                       f"{res['first_batch_s']:.2f} s, load {res['load']:.1f}", flush=True)
     finally:
         if server:
@@ -302,22 +325,25 @@ def report(runs: list[dict], a) -> str:
     med = {}
     for key in {(r["loader"], r["workers"], r["source"]) for r in runs}:
         rs = [r for r in runs if (r["loader"], r["workers"], r["source"]) == key]
-        med[key] = {m: statistics.median(r[m] for r in rs) for m in ("steady", "with_startup", "first_batch_s")}
-    lines = ["", "medians | source | workers | loader | clips/s | with start-up | first batch s | per worker"]
+        med[key] = {m: statistics.median(r[m] for r in rs)
+                    for m in ("steady", "per_cpu", "with_startup", "first_batch_s")}
+    lines = ["", "medians | source | workers | loader | clips/s | clips per CPU-second | with start-up | first batch s"]
     for (name, w, src), m in sorted(med.items(), key=lambda kv: (kv[0][2], kv[0][1], LOADERS.index(kv[0][0]))):
-        lines.append(f"| {src} | {w} | {name} | {m['steady']:.1f} | {m['with_startup']:.1f} | "
-                     f"{m['first_batch_s']:.2f} | {m['steady'] / w:.1f} |")
+        lines.append(f"| {src} | {w} | {name} | {m['steady']:.1f} | {m['per_cpu']:.1f} | {m['with_startup']:.1f} | "
+                     f"{m['first_batch_s']:.2f} |")
     lines.append("")
     for src in a.sources:
         for w in a.workers:
             peers = {n: med[(n, w, src)] for n in LOADERS[2:] if (n, w, src) in med}
             if (("ours", w, src) not in med) or not peers:
                 continue
-            best = max(peers, key=lambda n: peers[n]["steady"])
-            best_s = max(peers, key=lambda n: peers[n]["with_startup"])
             ours = med[("ours", w, src)]
-            lines.append(f"{src}, {w} worker(s): ours / best peer ({best}) = {ours['steady'] / peers[best]['steady']:.2f}x"
-                         f" clips/s; with start-up ({best_s}) {ours['with_startup'] / peers[best_s]['with_startup']:.2f}x")
+            ratios = []
+            for metric, words in (("steady", "clips/s"), ("per_cpu", "clips per CPU-second"),
+                                  ("with_startup", "with start-up")):
+                best = max(peers, key=lambda n: peers[n][metric])
+                ratios.append(f"{words} {ours[metric] / peers[best][metric]:.2f}x ({best})")
+            lines.append(f"{src}, {w} worker(s): ours / the best peer: " + "; ".join(ratios))
     loads = [r["load"] for r in runs]
     lines.append(f"load average (1 min) seen at the ends of the runs: {min(loads):.1f}-{max(loads):.1f} on "
                  f"{os.cpu_count()} cores" if loads else "no runs")
