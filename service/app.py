@@ -51,6 +51,7 @@ from aiohttp import web
 
 from shards.catalog import Catalog, CatalogError, Record
 from shards.catalog.condition import condition, shown
+from shards.http_range import Retry
 from shards.reading import local_path, open_range
 
 from . import housekeeping
@@ -66,6 +67,10 @@ from .tables import FileTables
 log = logging.getLogger("service.app")
 MAX_BODY = 64 * 1024
 STREAM_CHUNK = 1 << 20
+# A remote location that is down is not waited out while a client's request is held open: the
+# answer is cut after a few seconds, and the client, which waits for its source as long as its
+# own deadline says (shards.http_range), asks again.
+UPSTREAM = Retry(deadline=5.0)
 _PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_\-~]+(\.[A-Za-z0-9_\-~]+)*)*/?")
 CATALOG = web.AppKey("catalog", Catalog)
 BUILDS = web.AppKey("builds", Builds)
@@ -311,7 +316,8 @@ class _Streamed(web.StreamResponse):
         url, entry, start, end = self._source
         writer = await super().prepare(request)
         if request.method != "HEAD" and end > start:
-            src = await asyncio.to_thread(open_range, url, start, end, size=entry.size, sha256=entry.sha256)
+            src = await asyncio.to_thread(open_range, url, start, end, size=entry.size, sha256=entry.sha256,
+                                          retry=UPSTREAM)
             try:
                 while chunk := await asyncio.to_thread(src.read, STREAM_CHUNK):
                     await self.write(chunk)

@@ -3,8 +3,9 @@ owns), each downloaded once per node, streamed through one byte budget that ever
 the directory shares.
 
 Files: ``DIR/ab/<sha256>.tar`` (a whole shard), ``DIR/ab/<sha256>.<start>-<end>.tar`` (bytes
-[start, end) of it, a piece), ``<name>.tmp-<random>`` (a download in progress) and
-``<name>.lock`` (exists while a download is under way). The files are the ledger: no process
+[start, end) of it, a piece), ``<name>.tmp-<random>`` (a download in progress),
+``<name>.lock`` (exists while a download is under way) and ``<name>.unavailable`` (the last
+download gave up on its source). The files are the ledger: no process
 keeps an account another could not read from the directory.
 
 * One download per copy: the process holding an exclusive ``flock`` on the ``.lock`` file
@@ -17,6 +18,12 @@ keeps an account another could not read from the directory.
   fail only when it has not been for ``lease`` seconds (a hung downloader). The kernel drops a
   dead process's lock, so a waiter then takes the download over (deleting the dead one's
   temporary file).
+* A source that is down: the downloader waits for it as every reader does (``shards.http_range``:
+  backoff up to the source deadline, one log line when the wait starts and one when it ends),
+  renewing its lease meanwhile, so the node's other processes wait behind it. If it gives up
+  (``SourceUnavailable``) it leaves ``<name>.unavailable`` holding its one-line reason, and every
+  process that was already waiting for that copy gives up with the same line instead of starting
+  a deadline of its own: one node, one clock. The next download that gets through deletes it.
 * In use: ``fetch`` returns a path pinned by a shared ``flock`` on the copy itself, held until
   ``release`` (a forked child, such as a loader worker, starts without its parent's pins). Eviction first takes an exclusive non-blocking lock, so a copy pinned by any
   process on the node is never evicted.
@@ -39,6 +46,7 @@ The locks are POSIX ``flock``: keep the cache on a node-local filesystem.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -50,12 +58,11 @@ import uuid
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from . import storage
-from .errors import CommandError, DataFault, NoSpace
+from .errors import CommandError, DataFault, NoSpace, SourceUnavailable
 from .http_range import DEFAULT_RETRY, Retry, ShardChanged
 from .packing import parse_size
 from .reading import READ_BUFFER, open_range
@@ -178,6 +185,7 @@ class ShardCache:
             if piece.name in self._pins:
                 self._pins[piece.name][1] += 1
                 return dest
+        asked = time.time()
         while not self._pin(dest, piece.name):
             lock = self._lock_download(dest, piece.url)
             if lock is None:
@@ -186,7 +194,7 @@ class ShardCache:
                 with _Lease(lock, self.heartbeat):
                     if not os.path.exists(dest):
                         with storage.room_for(dest, piece.nbytes, error=CacheDiskFull, advice=self._remedy()):
-                            self._download(piece, dest)
+                            self._download_or_give_up(piece, dest, asked)
                         return dest  # pinned by _download before it had its name
             finally:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
@@ -291,6 +299,26 @@ class ShardCache:
                 return fd
             os.close(fd)  # we locked a lock file its finished owner had already removed: look again
 
+    def _download_or_give_up(self, piece: Piece, dest: str, asked: float) -> None:
+        """``_download``, holding the copy's lock, unless the download that held it before gave up on
+        its source after this process asked (``asked``, a ``time.time()``): then its reason is ours."""
+        marker = dest + ".unavailable"
+        try:
+            if os.stat(marker).st_mtime >= asked:
+                with open(marker, encoding="utf-8") as f:
+                    raise SourceUnavailable(f.read().strip())
+        except FileNotFoundError:
+            pass
+        try:
+            self._download(piece, dest)
+        except SourceUnavailable as gave_up:
+            with open(marker + ".tmp", "w", encoding="utf-8") as f:
+                f.write(str(gave_up))
+            os.replace(marker + ".tmp", marker)
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
+
     def _download(self, piece: Piece, dest: str) -> None:
         for stale in glob.glob(glob.escape(dest) + ".tmp-*"):  # a dead downloader's; we hold the lock
             os.remove(stale)
@@ -336,7 +364,7 @@ class ShardCache:
                 os.remove(tmp)
 
     # --- budget ---------------------------------------------------------------------------------
-    @contextmanager
+    @contextlib.contextmanager
     def _directory_lock(self):
         if self.budget is None:
             yield

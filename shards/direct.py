@@ -17,6 +17,7 @@ import logging
 import re
 
 from . import storage
+from .http_range import DEFAULT_RETRY, Retry
 from .manifest import MANIFEST_NAME, Manifest
 from .storage import local_path
 
@@ -29,9 +30,10 @@ class NoDirectRead(ValueError):
     """``always`` asked for, and the set cannot be read directly (the message says why)."""
 
 
-def load_manifest(url: str, mode: str = "never") -> Manifest:
-    """``Manifest.load`` of the set at ``url``, its shards to be read directly as ``mode`` says."""
-    return Manifest.load(url if url.rstrip("/").endswith(".json") else resolve(url, mode))
+def load_manifest(url: str, mode: str = "never", retry: Retry = DEFAULT_RETRY) -> Manifest:
+    """``Manifest.load`` of the set at ``url``, its shards to be read directly as ``mode`` says; an
+    HTTP source that is down is waited for as ``retry`` says."""
+    return Manifest.load(url if url.rstrip("/").endswith(".json") else resolve(url, mode), retry)
 
 
 def resolve(url: str, mode: str = "auto") -> str:

@@ -1,18 +1,34 @@
-"""Byte ranges over HTTP, checked and retried: one GET per range on a kept-alive connection,
-resumed where it broke off.
+"""Byte ranges over HTTP, checked, resumed where they broke off, and patient with a source that is
+down: one GET per range on a kept-alive connection.
 
 Every response must be exactly what was asked (``range_problem``): 206, a ``Content-Range``
 whose first and last byte and total size are the requested ones, a ``Content-Length`` equal
-to the range and a body of that length. Anything else (a 200 with the whole file, a short body,
-a wrong total, a 5xx, a dropped connection) is retried from the first missing byte with
-exponential backoff and jitter (``Retry.attempts`` requests in all per range), then fails naming
-the URL, the bytes and the last problem. Answers that asking again cannot change fail at once:
-404 and other 4xx, and a SHA-256 strong ETag (as the dataset service sends) that is not the
-manifest's SHA-256 (``integrity_problem``: the server's file is not the one the manifest describes,
-changed or damaged; ``ShardChanged``, a ``DataFault``).
-A 429 or 503 with ``Retry-After`` (seconds or an HTTP date) waits as long as the server asks
-(at most ``Retry.max_retry_after``) instead of the backoff. Redirects (301, 302, 303, 307, 308;
-at most ``MAX_REDIRECTS`` in a row) are followed with the same ``Range``, as the service's
+to the range, a body of that length, and, when the server sends a SHA-256 strong ETag (as
+the dataset service does), the manifest's SHA-256. What a failure calls for is decided in one
+place, ``classify``:
+
+* an outage (``OUTAGE``): no answer (the connection refused, reset or cut off mid-body, nothing
+  heard for ``Retry.stall`` seconds) or 408, 425, 429, 502, 503, 504. The reader waits for the
+  source, asking again from the first missing byte with capped exponential backoff and jitter (or
+  as long as a ``Retry-After`` says), for up to ``Retry.deadline`` seconds from the first failure
+  (``--source-deadline``, ``$SHARD_SOURCE_DEADLINE``; 10 minutes by default: a service restart, a
+  rolling upgrade, a host's reboot), then raises ``shards.errors.SourceUnavailable`` (exit status
+  75: resume later) naming the URL, how long it waited and the last problem. Any bytes of the
+  answer end the wait. One log line when a source first fails (per server and process, however
+  many readers wait for it) and one when it answers again, with how long that took.
+* a wrong answer (``WRONG``: a 500 or another 5xx, a 200 with the whole file, another
+  ``Content-Range`` or ``Content-Length``): asked again ``Retry.attempts`` times in all per range,
+  then ``RangeError`` naming the URL, the bytes and the last problem.
+* a deterministic failure (``FATAL``): 404 (``FileNotFoundError``) and every other 4xx
+  (``RangeError``), and a SHA-256 strong ETag that is not the manifest's SHA-256
+  (``integrity_problem``: the server's file is not the one the manifest describes, changed or
+  damaged; ``ShardChanged``): raised at once, asking again will not help.
+
+``RangeError`` is a ``shards.errors.DataFault``: a trainer stops on it with its position saved.
+``Patience`` carries the policy for every reader of a source (this client, object-store chunks in
+``shards.reading``, the manifest read): anything that fetches from a source can wait for it alike.
+
+Redirects (301, 302, 303, 307, 308; at most ``MAX_REDIRECTS`` in a row) are followed with the same ``Range``, as the service's
 ``307`` to a presigned object-store URL needs; the answer is checked as any other (an object
 store's ETag is not a SHA-256 and is not compared), ``Authorization`` is not sent to another
 host, and a retry starts again from the original URL.
@@ -48,6 +64,7 @@ from __future__ import annotations
 import email.utils
 import http.client
 import io
+import logging
 import os
 import random
 import re
@@ -60,26 +77,72 @@ from typing import Mapping
 
 import fsspec.asyn
 
-from .errors import DataFault
+from .errors import DataFault, SourceUnavailable, UsageError
 from .storage import http_headers
+
+log = logging.getLogger(__name__)
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)$")
 _SHA256_ETAG = re.compile(r'"([0-9a-f]{64})"$')
-_RETRIED_4XX = {408, 425, 429}
 _REDIRECTS = {301, 302, 303, 307, 308}
 MAX_REDIRECTS = 5
+ENV_DEADLINE = "SHARD_SOURCE_DEADLINE"
+# A service restart takes seconds, a rolling upgrade of a few replicas or a host's reboot a few
+# minutes; a source still down after 10 is not coming back soon, and a job is better stopped
+# (position saved, exit 75) and requeued than holding every node idle longer.
+DEFAULT_DEADLINE = 600.0
+
+OUTAGE, WRONG, FATAL = "outage", "wrong answer", "fatal"
+# the answers of a source that is there but cannot answer now: timeouts, too early, too many
+# requests, and a gateway whose upstream is down, timed out or restarting
+OUTAGE_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
+
+
+def classify(status: int | None) -> str:
+    """What a failed request calls for (the module docstring): ``OUTAGE`` (wait for the source up to
+    the deadline), ``WRONG`` (ask again a few times) or ``FATAL`` (raise at once). ``status`` None:
+    no answer at all (refused, reset, cut off, timed out). An answer of another file than the
+    manifest's is decided before (``integrity_problem``): no status can repair it."""
+    if status is None or status in OUTAGE_STATUSES:
+        return OUTAGE
+    if 400 <= status < 500:
+        return FATAL
+    return WRONG
+
+
+def deadline_from_env() -> float:
+    """``$SHARD_SOURCE_DEADLINE`` seconds, or ``DEFAULT_DEADLINE``."""
+    text = os.environ.get(ENV_DEADLINE, "").strip()
+    if not text:
+        return DEFAULT_DEADLINE
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise UsageError(f"${ENV_DEADLINE}={text!r}: give the seconds a source may stay unreachable, 0 or more")
+    return value
 
 
 @dataclass(frozen=True)
 class Retry:
-    attempts: int = 5  # tries per missing byte range before giving up
+    """How readers treat a failing source (see the module docstring)."""
+    deadline: float | None = None  # seconds a source may stay unreachable; None: $SHARD_SOURCE_DEADLINE, or 600
+    attempts: int = 5  # tries per range when the answers are wrong (not an outage) before giving up
     backoff: float = 0.25  # seconds before the second try, doubling up to max_backoff
-    max_backoff: float = 8.0
+    max_backoff: float = 5.0
     max_retry_after: float = 120.0  # the longest wait a server's Retry-After gets
+    stall: float = 60.0  # seconds without a byte on a connection: the source is taken to be down
 
-    def sleep(self, failures: int) -> None:
+    @property
+    def patience(self) -> float:
+        return deadline_from_env() if self.deadline is None else self.deadline
+
+    def backoff_for(self, failures: int) -> float:
+        """The pause after the ``failures``-th failure in a row: exponential, capped, with jitter
+        (half to all of it, so that many readers do not come back at the same instant)."""
         base = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
-        self.wait(base * (0.5 + random.random() / 2))
+        return base * (0.5 + _JITTER.random() / 2)
 
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -98,13 +161,125 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
 
 
 DEFAULT_RETRY = Retry()
+# the jitter's own generator: the global one's state is a trainer's to checkpoint, and reseeded in a
+# forked child (a loader worker), whose jitter would otherwise repeat its parent's and its siblings'
+_JITTER = random.Random()
 
 
-class RangeError(OSError):
-    """A byte range that could not be read as asked, after the retries."""
+class RangeError(DataFault, OSError):
+    """A byte range that could not be read as asked: a deterministic refusal, or wrong answers
+    after ``Retry.attempts`` tries."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
-class ShardChanged(DataFault, RangeError):
+class _Outages:
+    """The servers this process is waiting for, since when: one log line when the first of its
+    readers finds one down, one when any of them gets an answer again (not one per retry)."""
+
+    def __init__(self):
+        self.since: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def began(self, server: str, problem: str, deadline: float) -> None:
+        with self.lock:
+            first = server not in self.since
+            if first:
+                self.since[server] = time.monotonic()
+        if first:
+            log.warning("%s is not answering (%s): waiting for it, up to %s (--source-deadline, $%s)", server,
+                        problem, _seconds(deadline), ENV_DEADLINE)
+
+    def ended(self, server: str) -> None:
+        with self.lock:
+            since = self.since.pop(server, None)
+        if since is not None:
+            log.warning("%s answers again, after %.1f s", server, time.monotonic() - since)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's waits are the parent's to report."""
+        self.since, self.lock = {}, threading.Lock()
+
+
+_OUTAGES = _Outages()
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s" if value < 120 else f"{value / 60:g} min"
+
+
+def server_of(url: str) -> str:
+    """``scheme://host[:port]`` of a URL, what an outage is reported for."""
+    u = urllib.parse.urlsplit(url)
+    return f"{u.scheme}://{u.netloc.rpartition('@')[2]}" if u.netloc else url
+
+
+class Patience:
+    """One reader's dealings with its source under a ``Retry`` policy: ``failed`` after each failed
+    try (it waits before the next, or raises), ``answered`` when the source delivered again."""
+
+    def __init__(self, url: str, retry: Retry = DEFAULT_RETRY):
+        self.url, self.retry, self.server = url, retry, server_of(url)
+        self.since: float | None = None  # when the current outage began for this reader
+        self.outage_failures = 0  # failed tries in the current outage (the backoff's exponent)
+        self.wrong = 0  # wrong answers so far
+
+    def failed(self, kind: str, problem: str, where: str = "", wait: float | None = None) -> None:
+        """A try failed (``kind`` from ``classify``): raise, or wait before the next (``wait``
+        seconds when the server said, else the backoff). ``where``: what was being read, for the
+        message (such as ``bytes 0-99, at byte 50``)."""
+        at = f"{self.url}: {where}: " if where else f"{self.url}: "
+        if kind == FATAL:
+            raise RangeError(at + problem)
+        if kind == WRONG:
+            self.wrong += 1
+            if self.wrong >= self.retry.attempts:
+                raise RangeError(f"{at}{problem}; gave up after {self.wrong} attempts")
+            self.retry.wait(min(self.retry.backoff_for(self.wrong) if wait is None else wait,
+                                self.retry.max_retry_after))
+            return
+        deadline, now = self.retry.patience, time.monotonic()
+        if self.since is None:
+            self.since, self.outage_failures = now, 0
+            _OUTAGES.began(self.server, problem, deadline)
+        waited = now - self.since
+        if waited >= deadline:
+            raise SourceUnavailable(f"{at}no answer for {waited:.0f} s, past the source deadline of "
+                                    f"{_seconds(deadline)} (--source-deadline, ${ENV_DEADLINE}); last: {problem}")
+        self.outage_failures += 1
+        pause = self.retry.backoff_for(self.outage_failures) if wait is None else wait
+        self.retry.wait(min(pause, self.retry.max_retry_after, deadline - waited))
+
+    def answered(self) -> None:
+        if self.since is not None:
+            self.since = None
+            _OUTAGES.ended(self.server)
+
+
+def patiently(fetch, url: str, retry: Retry = DEFAULT_RETRY):
+    """``fetch()``'s result, waiting for its source through outages as a range is read (a read of a
+    whole small file, such as a manifest, with the standard library's client, ``storage.read_bytes``:
+    its errors are classified by their HTTP status, or as no answer when the connection failed, an
+    ``OSError``). Other failures are raised as they came."""
+    patience = Patience(url, retry)
+    while True:
+        try:
+            data = fetch()
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            status = getattr(e, "status", None)
+            unanswered = isinstance(e, OSError)
+            if (classify(status) if isinstance(status, int) else OUTAGE if unanswered else FATAL) != OUTAGE:
+                raise
+            patience.failed(OUTAGE, f"{type(e).__name__}: {e}")
+            continue
+        patience.answered()
+        return data
+
+
+class ShardChanged(RangeError):
     """The server says by its ETag that its file is not the one the manifest describes: an
     integrity failure, the same however often asked, so never retried."""
 
@@ -169,7 +344,6 @@ class _Pool:
 
 
 _POOL = _Pool()
-TIMEOUT = 60.0  # seconds without progress on a connection before the request is retried
 
 
 class HTTPRange(io.RawIOBase):
@@ -183,7 +357,8 @@ class HTTPRange(io.RawIOBase):
         self.origin, self.hops = self.key, 0
         self.pid = os.getpid()
         self.conn, self.r = None, None  # the connection and its open response
-        self.failures = 0
+        self.patience = Patience(url, retry)
+        self.answer_from = start  # where the current answer's body began
 
     def _go(self, url: str) -> None:
         """Send the next request to ``url`` (the original one, or where a redirect pointed)."""
@@ -197,21 +372,22 @@ class HTTPRange(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def _failed(self, problem: str, wait: float | None = None) -> None:
-        """Note a failure; raise after the last try, else wait (``wait`` seconds, or the backoff)
-        before the next, which starts again from the original URL."""
+    def _failed(self, kind: str, problem: str, wait: float | None = None) -> None:
+        """Note a failure of ``kind`` (``classify``'s); raise, or wait (``wait`` seconds, or the
+        backoff) before the next try, which starts again from the original URL."""
         self._drop()
-        self.failures += 1
-        if self.failures >= self.retry.attempts:
-            raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: {problem}; "
-                             f"gave up after {self.failures} attempts")
-        if wait is None:
-            self.retry.sleep(self.failures)
-        else:
-            self.retry.wait(min(wait, self.retry.max_retry_after))
+        self.patience.failed(kind, problem, f"bytes {self.start}-{self.end - 1}, at byte {self.pos}", wait)
         if self.where != self.url:
             self._go(self.url)
             self.hops = 0
+
+    def _cut(self, kind: str, problem: str) -> None:
+        """The answer broke off. If it had delivered bytes, the source was there: ask at once for
+        the rest (no wait, no failure counted); if not, it failed."""
+        if self.pos > self.answer_from:
+            self._drop()
+        else:
+            self._failed(kind, problem)
 
     def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
         """A connection to the URL's server, and whether it was pooled (so may have been closed by now)."""
@@ -220,7 +396,7 @@ class HTTPRange(io.RawIOBase):
             return conn, True
         scheme, host, port = self.key
         cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        return cls(host, port, timeout=TIMEOUT), False
+        return cls(host, port, timeout=self.retry.stall), False
 
     def _request(self) -> None:
         """Send the GET for the missing bytes and receive the answer's headers."""
@@ -229,9 +405,13 @@ class HTTPRange(io.RawIOBase):
             headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "cookie")}
         while True:
             conn, pooled = self._connection()
+            conn.timeout = self.retry.stall
+            if conn.sock is not None:  # (a pooled connection another reader's policy made)
+                conn.sock.settimeout(self.retry.stall)
             try:
                 conn.request("GET", self.target, headers=headers)
                 self.conn, self.r = conn, conn.getresponse()
+                self.answer_from = self.pos
                 return
             except (ConnectionError, http.client.BadStatusLine):
                 conn.close()
@@ -245,7 +425,7 @@ class HTTPRange(io.RawIOBase):
         try:
             self._request()
         except (http.client.HTTPException, OSError) as e:
-            return self._failed(f"{type(e).__name__}: {e}")
+            return self._failed(_kind_of(e), f"{type(e).__name__}: {e}")
         r = self.r
         if r.status != 206:
             self._drop()  # whatever its body, this connection is not reused
@@ -256,8 +436,6 @@ class HTTPRange(io.RawIOBase):
             return self._go(urllib.parse.urljoin(self.where, r.headers["Location"]))
         if r.status == 404:
             raise FileNotFoundError(f"{self.url}: not found (404)")
-        if 400 <= r.status < 500 and r.status not in _RETRIED_4XX:
-            raise RangeError(f"{self.url}: bytes {self.start}-{self.end - 1}, at byte {self.pos}: status {r.status}")
         changed = integrity_problem(r.status, r.headers, self.sha256)
         if changed:
             self._drop()
@@ -265,7 +443,7 @@ class HTTPRange(io.RawIOBase):
         problem = range_problem(r.status, r.headers, self.pos, self.end, self.size)
         if problem:
             wait = retry_after(r.headers.get("Retry-After")) if r.status in (429, 503) else None
-            return self._failed(problem if wait is None else f"{problem} (Retry-After: {wait:g} s)", wait)
+            return self._failed(classify(r.status), problem if wait is None else f"{problem} (Retry-After: {wait:g} s)", wait)
 
     def _forked(self) -> bool:
         """After a fork, in the child: forget the parent's response and connection (the child asks
@@ -287,11 +465,12 @@ class HTTPRange(io.RawIOBase):
             try:
                 got = read(self.r, want)
             except (http.client.HTTPException, OSError) as e:
-                self._failed(f"reading the body: {type(e).__name__}: {e}")
+                self._cut(_kind_of(e), f"reading the body: {type(e).__name__}: {e}")
                 continue
             if not got:
-                self._failed(f"the body ended {self.end - self.pos} bytes short")
+                self._cut(OUTAGE, f"the body ended {self.end - self.pos} bytes short (connection closed)")
                 continue
+            self.patience.answered()
             self.pos += got if isinstance(got, int) else len(got)
             if self.pos == self.end:
                 self._release()
@@ -326,6 +505,12 @@ class HTTPRange(io.RawIOBase):
         super().close()
 
 
+def _kind_of(error: Exception) -> str:
+    """A request that raised: no answer (refused, reset, timed out, cut off) is an outage; an
+    answer that is not HTTP is a wrong one."""
+    return OUTAGE if isinstance(error, (OSError, http.client.IncompleteRead)) else WRONG
+
+
 # --- fork safety: the child's copy of fsspec's event loop -----------------------------------------
 _loop_at_fork: list = []
 
@@ -335,12 +520,15 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """Forget this module's pooled connections, which are the parent's. Cut the parent's loop, as copied into this child, off from everything the parent uses: each
+    """Forget this module's pooled connections and waits, which are the parent's, and draw other
+    jitter. Cut the parent's loop, as copied into this child, off from everything the parent uses: each
     socket it holds open (connections, its wake-up socket pair) is pointed at /dev/null, so whatever
     the child's copies do later (unregister from epoll, write, close) reaches none of the parent's
     connections; and the loop is marked not running (its thread stayed in the parent), so fsspec
     closes inherited sessions without waiting a second for it."""
     _POOL.forget()
+    _OUTAGES.forget()
+    _JITTER.seed()
     loop = _loop_at_fork.pop() if _loop_at_fork else None
     if not isinstance(loop, BaseSelectorEventLoop) or loop.is_closed():
         return

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import storage
 from .errors import CommandError, NotFound
+from .http_range import DEFAULT_RETRY, Retry, patiently
 
 MANIFEST_NAME = "manifest.json"
 CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
@@ -124,14 +125,20 @@ class Manifest:
         return url
 
     @classmethod
-    def load(cls, url: str) -> "Manifest":
-        """Load from a directory URL or from the manifest file's URL."""
+    def load(cls, url: str, retry: Retry = DEFAULT_RETRY) -> "Manifest":
+        """Load from a directory URL or from the manifest file's URL; an HTTP source that is down is
+        waited for as ``retry`` says (``shards.http_range``: up to the source deadline)."""
         if url.rstrip("/").endswith(".json"):
             base = url.rsplit("/", 1)[0] if "/" in url else "."
         else:
             base, url = url.rstrip("/"), storage.join(url, MANIFEST_NAME)
         try:
-            data = storage.read_bytes(url)
+            if url.startswith(("http://", "https://")):
+                data = patiently(lambda: storage.read_bytes(url), url, retry)
+            else:
+                data = storage.read_bytes(url)
+        except CommandError:  # (SourceUnavailable: the source stayed down past its deadline)
+            raise
         except Exception as e:
             if url.startswith(("http://", "https://")):
                 raise _http_refusal(url, e) from None

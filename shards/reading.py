@@ -23,7 +23,7 @@ from typing import BinaryIO, Iterator
 from fsspec.core import url_to_fs
 
 from .digests import CheckedSamples, CorruptSample
-from .http_range import DEFAULT_RETRY, HTTPRange, RangeError, Retry
+from .http_range import DEFAULT_RETRY, OUTAGE, WRONG, HTTPRange, Patience, RangeError, Retry
 from .storage import local_path, open_fd
 
 READ_BUFFER = 1 << 20  # bytes per read call on local files; tar parsing asks for 10 KiB at a time
@@ -61,7 +61,8 @@ class _PreadFile(io.RawIOBase):
 
 class _Chunked(io.RawIOBase):
     """Bytes [start, end) of an fsspec file, one ranged ``cat_file`` per chunk, each checked for
-    length and retried like HTTP ranges."""
+    length; a store that fails is waited for, and short answers asked again, as HTTP ranges are
+    (``shards.http_range.Patience``)."""
 
     def __init__(self, url: str, start: int, end: int, retry: Retry):
         self.url, self.pos, self.end, self.retry = url, start, end, retry
@@ -72,23 +73,23 @@ class _Chunked(io.RawIOBase):
         return True
 
     def _fetch(self) -> None:
+        patience = Patience(self.url, self.retry)
         want = min(OBJECT_CHUNK, self.end - self.pos)
-        for attempt in range(1, self.retry.attempts + 1):
+        while True:
             try:
                 data = self.fs.cat_file(self.path, start=self.pos, end=self.pos + want)
             except FileNotFoundError:
                 raise FileNotFoundError(f"{self.url}: not found") from None
-            except OSError as e:
-                problem = f"{type(e).__name__}: {e}"
-            else:
-                if len(data) == want:
-                    self.buf, self.at = data, 0
-                    return
-                problem = f"{len(data)} bytes, expected {want}"
-            if attempt < self.retry.attempts:
-                self.retry.sleep(attempt)
-        raise RangeError(f"{self.url}: bytes {self.pos}-{self.pos + want - 1}: {problem}; "
-                         f"gave up after {self.retry.attempts} attempts")
+            except PermissionError as e:
+                raise RangeError(f"{self.url}: {e}") from None
+            except OSError as e:  # the store's client gave up on a connection or an answer: wait for it
+                patience.failed(OUTAGE, f"{type(e).__name__}: {e}", f"bytes {self.pos}-{self.pos + want - 1}")
+                continue
+            patience.answered()
+            if len(data) == want:
+                self.buf, self.at = data, 0
+                return
+            patience.failed(WRONG, f"{len(data)} bytes, expected {want}", f"bytes {self.pos}-{self.pos + want - 1}")
 
     def readinto(self, buf) -> int:
         if self.pos >= self.end:
@@ -182,7 +183,7 @@ class _Ahead(io.RawIOBase):
         super().close()
 
 
-def read_ahead(reads: list[tuple], max_bytes: int) -> Iterator[BinaryIO]:
+def read_ahead(reads: list[tuple], max_bytes: int, retry: Retry = DEFAULT_RETRY) -> Iterator[BinaryIO]:
     """Each (url, start, end, size, sha256) range as a stream, in order, its bytes read by a
     background thread up to ``max_bytes`` ahead of the reader, across range boundaries (the next
     range is asked for while the last is still being consumed). A stream must be read to its end
@@ -202,7 +203,7 @@ def read_ahead(reads: list[tuple], max_bytes: int) -> Iterator[BinaryIO]:
     def reader():
         try:
             for url, start, end, size, sha256 in reads:
-                with open_range(url, start, end, size=size, sha256=sha256) as f:
+                with open_range(url, start, end, size=size, sha256=sha256, retry=retry) as f:
                     while chunk := f.read(READ_BUFFER):
                         if not put(chunk):
                             return

@@ -3,7 +3,7 @@
 A table of mistakes, each run as the console command a user types (a subprocess, all of them
 started at once by one module fixture: most fail before any work). Each must exit with its
 documented status (2: the command line asks for something that cannot be done; 1: the work
-could not go on), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
+could not go on; 75: a source that stayed unreachable, try again later), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
 reason, and no traceback anywhere. The commands that destroyed work silently get their own tests
 below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
 into an old set, ``shard-service`` creating a catalog on a typo, training again into an earlier
@@ -78,6 +78,12 @@ CASES = [
     ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir {root}/run-cache "
      "--backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
      {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
+    ("source-deadline-negative", "trainer train --data {set} --source-deadline -1", {}, 2,
+     ["--source-deadline", "-1", "range"]),
+    ("source-deadline-unreadable", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "10m"}, 2,
+     ["$SHARD_SOURCE_DEADLINE='10m'", "seconds"]),
+    ("source-down", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "1"}, 75,
+     ["127.0.0.1:{port}/set/manifest.json", "no answer for", "past the source deadline of 1 s", "Connect"]),
     ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
      ["--output-dir", "earlier", "--resume", "--overwrite"]),
     ("bad-sample-stops-training", "trainer train --data {rotten} --output-dir {root}/run-rotten --backend none "

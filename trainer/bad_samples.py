@@ -73,8 +73,8 @@ class BadSamples(Hook):
         self._agree(t)
         return {"bad_samples": self.counts.get(self.train_split, 0)}
 
-    def validation_batch(self, t, batch: dict) -> None:
-        self.pending += batch.get("bad", [])
+    def validation_batch(self, t, batch: dict | None) -> None:
+        self.pending += batch.get("bad", []) if batch is not None else []
         self._agree(t)
 
     def at_validation_end(self, t) -> dict:

@@ -29,6 +29,7 @@ REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("sch
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
 # (the shard set itself is checked by its identity, ``shards.manifest``)
 INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("data", "lookahead"),
+         ("data", "source_deadline"),
          ("system", "backend"),
          ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"), ("system", "print_freq"),
          ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))

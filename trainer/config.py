@@ -77,6 +77,12 @@ class Data:
                                 "unless --average-every is set, else global", choices=SHUFFLES)
     lookahead: int = flag(2, "shards each loader worker fetches ahead through --cache-dir (or 32 MB ranges it reads "
                              "ahead from a remote set without one)")
+    source_deadline: float | None = flag(
+        None, "seconds a remote shard source (HTTP, the dataset service, an object store) may stay unreachable "
+              "(refusing connections, timing out, answering 502/503/504) while the ranks wait for it, pausing; past "
+              "it the run stops as on SIGTERM, its position saved, with exit status 75 for a --resume once the "
+              "source is back (default: $SHARD_SOURCE_DEADLINE, else 600)", type=number_in_range(float, 0),
+        metavar="SECONDS")
     direct_reads: str = flag("never", "a set of the dataset service (--data http://HOST/v1/datasets/REF) whose "
                                       "files are visible here with the same manifest: read its shards from there "
                                       "(auto), never, or fail if not possible (always)",

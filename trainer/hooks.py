@@ -12,7 +12,8 @@ knows none of them by name:
   into the epoch's metrics record;
 * ``validation_models(t) -> dict``: further weights to validate beside the model's, by metrics
   prefix (``{"ema": model}`` records ``ema_val_top1``, ...);
-* ``validation_batch(t, batch)``: a validation batch is about to be scored;
+* ``validation_batch(t, batch)``: a validation batch is about to be scored (on every rank; ``batch`` None
+  where this rank's read failed, which it says in the agreement that follows);
 * ``at_validation_end(t) -> dict``: the validation is over; what it returns goes into the epoch's
   metrics record beside the validation's figures.
 
@@ -53,8 +54,8 @@ class Hook:
     def validation_models(self, t) -> dict:
         return {}
 
-    def validation_batch(self, t, batch: dict) -> None:
-        pass
+    def validation_batch(self, t, batch: dict | None) -> None:
+        """After each validation batch, on every rank; ``batch`` None where this rank's read failed."""
 
     def at_validation_end(self, t) -> dict:
         return {}

@@ -10,8 +10,11 @@ Stopping (docs/faults.md): SIGTERM or SIGINT to any process of the job (one rank
 the loader workers: they ignore it and leave it to their rank) stops every rank after the same
 step, or abandons validation; rank 0 writes the checkpoint, every rank waits for it and exits
 with 128 + the signal (143 for SIGTERM, 130 for SIGINT). A second SIGINT interrupts at once.
-``--resume`` continues from that checkpoint as if nothing had happened: stopped after an
-epoch's last step, it validates that epoch and goes on with the next.
+A data fault on any rank (``shards.errors.DataFault`` from its loader: a source unreachable past
+``--source-deadline``, a corrupt sample) stops the job the same way, with the fault's one line
+and status on every rank (75, "try again later", for a source that stayed down). ``--resume``
+continues from that checkpoint as if nothing had happened: at the batch it stopped at, or, stopped
+after an epoch's last step, it validates that epoch and goes on with the next.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from shards.direct import load_manifest
-from shards.errors import CommandError, UsageError
+from shards.errors import CommandError, DataFault, UsageError
+from shards.http_range import Retry
 from shards.manifest import Manifest
 
 from . import bad_samples, checkpoint, config, metrics
@@ -52,8 +56,12 @@ from .precise_bn import PreciseBN
 log = logging.getLogger("trainer.train")
 
 
+FAULT = -1  # what the loop returns (as it returns a signal's number) when a data fault stopped the run
+
+
 class StopFlag:
-    """Records SIGTERM or SIGINT for the training loop to act on at the next step boundary.
+    """Records SIGTERM or SIGINT, and a data fault of this rank's loader, for the training loop to
+    act on at the next step boundary (``Trainer.agreed_stop``).
 
     Repeated SIGTERMs are one request (Slurm signals every process of a job, horovodrun then
     signals its ranks again); a SIGINT after any stop signal interrupts at once (Ctrl-C twice).
@@ -61,6 +69,8 @@ class StopFlag:
 
     def __init__(self):
         self.signum = 0
+        self.fault: DataFault | None = None  # this rank's loader failed; the ranks stop at the boundary
+        self.agreed: DataFault | None = None  # the fault every rank stops on (FAULT), once they agreed
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
@@ -71,6 +81,33 @@ class StopFlag:
     def restore(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+def describe_fault(fault: DataFault | None, rank: int, size: int) -> dict | None:
+    """What the other ranks need of this rank's data fault to stop on it alike: plain data (the
+    class travels by name), its message naming the rank in a job of several."""
+    if fault is None:
+        return None
+    cls = type(fault)
+    return {"rank": rank, "type": f"{cls.__module__}.{cls.__qualname__}", "status": fault.status,
+            "resume": fault.resume, "message": f"rank {rank}: {fault}" if size > 1 else str(fault)}
+
+
+def agreed_fault(said: list[dict | None]) -> DataFault:
+    """The fault every rank stops on, from every rank's ``describe_fault``: the first rank's whose
+    cause a plain ``--resume`` cannot cure (a corrupt sample), else the first rank's (a source that
+    stayed down); of its class (where this rank knows it), status and message."""
+    chosen = min((f for f in said if f), key=lambda f: (f["resume"], f["rank"]))
+    known = {f"{c.__module__}.{c.__qualname__}": c for c in _subclasses(DataFault)}
+    cls = known.get(chosen["type"], DataFault)
+    fault = cls.__new__(cls, chosen["message"])  # (no __init__: a subclass's own arguments are not at hand)
+    fault.message, fault.args = chosen["message"], (chosen["message"],)
+    fault.status, fault.resume = chosen["status"], chosen["resume"]
+    return fault
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 
 
 # what every rank takes from a checkpoint besides weights, optimizer and the hooks' states
@@ -88,7 +125,8 @@ class Trainer:
         left to ``trainer.elastic``."""
         self.cfg = cfg
         d, s = cfg.data, cfg.system
-        self.backend = distributed.init(s.backend)
+        # a rank may wait in a collective for another waiting out its data source, up to the deadline
+        self.backend = distributed.init(s.backend, pause=Retry(deadline=d.source_deadline).patience)
         self.rank0 = self.backend.rank == 0
         self.threads = cores.cap_threads(self.backend.local_ranks)
         if not elastic:  # (an elastic ring agrees in its sync)
@@ -96,8 +134,9 @@ class Trainer:
         if not elastic:  # ranks of an elastic job join its directory at any time, the run in it theirs
             prepare_output(s, self.rank0)
         torch.manual_seed(s.seed + self.backend.rank)
-        manifest = load_manifest(d.data, d.direct_reads) if elastic else shared_manifest(
-            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads)
+        retry = Retry(deadline=d.source_deadline)
+        manifest = load_manifest(d.data, d.direct_reads, retry) if elastic else shared_manifest(
+            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads, retry)
         check_splits(manifest, d)
         self.cfg = cfg = fit_to_data(manifest, cfg, self.backend.local_ranks, self.rank0)
         d = cfg.data
@@ -159,6 +198,7 @@ class Trainer:
                           shuffle=shuffle_mode(self.cfg),
                           local_size=self.backend.local_size, lookahead=a.lookahead,
                           decode_on_device=a.decode_on_device, modality=a.modality,
+                          source_deadline=a.source_deadline,
                           shapes=None if full_shape else self.regime.shapes,
                           max_bad_samples=None if self.bad_sample_limit(manifest, split) else 0)
 
@@ -278,10 +318,16 @@ class Trainer:
         self.backend.all_sum(torch.zeros(1))
 
     def agreed_stop(self, stop: StopFlag) -> int:
-        """The stop signal (0: none) on every rank as soon as any rank has one, so all stop at the
-        same step and exit alike; SIGTERM wins where ranks got different signals."""
-        flags = torch.tensor([stop.signum == signal.SIGTERM, stop.signum == signal.SIGINT], dtype=torch.float32)
-        term, interrupt = (self.backend.all_sum(flags) if self.backend.size > 1 else flags).tolist()
+        """Why every rank stops here, as soon as any rank has a reason: ``FAULT`` when a rank's loader
+        failed (the fault all raise is in ``stop.agreed``), else the stop signal (0: none), so all
+        stop at the same step and exit alike; SIGTERM wins where ranks got different signals."""
+        flags = torch.tensor([stop.signum == signal.SIGTERM, stop.signum == signal.SIGINT, stop.fault is not None],
+                             dtype=torch.float32)
+        term, interrupt, faults = (self.backend.all_sum(flags) if self.backend.size > 1 else flags).tolist()
+        if faults:
+            said = describe_fault(stop.fault, self.backend.rank, self.backend.size)
+            stop.agreed = agreed_fault(self.backend.all_gather_object(said) if self.backend.size > 1 else [said])
+            return FAULT
         return signal.SIGTERM if term else signal.SIGINT if interrupt else 0
 
     def close(self) -> None:
@@ -416,37 +462,76 @@ class Progress:
         self.bar.close()
 
 
+def at_hooks(t: Trainer, stop: StopFlag, call) -> None:
+    """``call(hook)`` for every hook; a data fault one raises (``--max-bad-samples``' budget exceeded,
+    on every rank alike) becomes this rank's stop request, as a loader's does (``fetch``)."""
+    try:
+        for h in t.hooks:
+            call(h)
+    except DataFault as fault:
+        stop.fault = fault
+
+
 def at_boundary(t: Trainer, stop: StopFlag) -> int:
     """Where a run may stop (the end of a loader batch, one model on every rank): the hooks'
-    (a periodic checkpoint, Horovod Elastic's commit), then the signal every rank agrees on (0: none)."""
-    for h in t.hooks:
-        h.at_boundary(t)
+    (a periodic checkpoint, Horovod Elastic's commit), then the stop every rank agrees on (0: none)."""
+    at_hooks(t, stop, lambda h: h.at_boundary(t))
     return t.agreed_stop(stop)
 
 
+def fetch(batches, stop: StopFlag) -> dict | None:
+    """The next batch (None at the epoch's end). A data fault of the loader (raised here, also from
+    its workers) becomes this rank's stop request, for the ranks to agree on at the boundary, instead
+    of leaving the others waiting for it in a collective: the one place a ``DataFault`` of the
+    training data enters the loop."""
+    try:
+        return next(batches, None)
+    except DataFault as fault:
+        stop.fault = fault
+        return None
+
+
+def next_or_stop(t: Trainer, batches, stop: StopFlag) -> tuple[int, dict | None]:
+    """At a boundary: the next batch, fetched before the ranks agree whether to stop, so that a rank
+    whose read failed says so in that agreement (every rank's next collective). Stopping, the batch
+    fetched ahead is given back: the loader stands where it stood, and a resume starts at that batch."""
+    place = t.train_loader.state_dict()
+    batch = fetch(batches, stop)
+    signum = t.agreed_stop(stop)
+    if signum:
+        batches.close()  # ends the loader's iteration (its workers) before its position is set back
+        t.train_loader.load_state_dict(place)
+    return signum, batch
+
+
 def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
-    """Train to the end of the epoch or until a signal reaches every rank; returns the signal
-    (0: the epoch's training is done)."""
+    """Train to the end of the epoch or until a stop reaches every rank (a signal or a data fault:
+    agreed before each step, so a rank whose batch could not be read never leaves the others in the
+    step's collectives); returns it (0: the epoch's training is done)."""
     loader = t.train_loader
     loader.set_epoch(t.epoch)
     if loader.epoch_finished:  # resumed after the epoch's last step: validation is what is left
         return 0
     t.engine.model.train()
     progress = Progress(t)
-    signum = 0
     tick, cpu = time.perf_counter(), metrics.cpu_seconds()
     # one batch per optimizer step: a multigrid loader batch holds several (t.batch counts loader batches)
+    batches = t.regime.batches(loader, isolated, t.step)
     try:
-        for batch in t.regime.batches(loader, isolated, t.step):
+        signum, batch = next_or_stop(t, batches, stop)
+        while batch is not None and not signum:
             step = train_step(t, batch, tick)
             t.epoch_totals.add(**step)
             progress.update(step, batch)
             tick = time.perf_counter()
             # the loader's position counts whole loader batches; a checkpoint holds one model
             if batch["period_end"] and not t.regime.drifted:
-                signum = at_boundary(t, stop)
-                if signum:
-                    break
+                at_hooks(t, stop, lambda h: h.at_boundary(t))
+                signum, batch = next_or_stop(t, batches, stop)
+            else:  # within a loader batch (nothing is read), or K-step averaging's drifted ranks (no boundary)
+                batch = fetch(batches, stop)
+                if stop.fault is not None:  # a fault between averages: no checkpoint can hold the ranks' models
+                    raise stop.fault
     finally:  # cleared from the terminal, also when the run ends in a refusal's one line
         progress.close()
     t.epoch_cpu += metrics.cpu_seconds() - cpu  # (the loader's workers have ended with the epoch's iteration)
@@ -457,8 +542,8 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
 def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
     """Single-clip centre-crop loss, top-1 and top-5 on the validation split, of the model and of
     the weights hooks add (``Hook.validation_models``: ``<prefix>_val_top1``, ...), in one pass over
-    the clips; padding never counts. Abandoned when a signal reaches every rank: then the signal is
-    returned."""
+    the clips; padding never counts. Abandoned when a stop reaches every rank (a signal, a data
+    fault of any rank's validation read): then it is returned (``agreed_stop``'s)."""
     e = t.engine
     models = {"": e.model}
     for h in t.hooks:
@@ -467,17 +552,19 @@ def evaluate(t: Trainer, stop: StopFlag) -> dict | int:
     for prefix, model in models.items():
         model.eval()
         sums[prefix] = torch.zeros(4, dtype=torch.float64)  # samples, loss, top-1, top-5
-    for batch in isolated(t.val_loader):
-        for h in t.hooks:
-            h.validation_batch(t, batch)
-        clips = t.clips(batch)
-        labels = batch["labels"]
-        valid = batch["valid"] & (labels >= 0)
-        for prefix, model in models.items():
-            logits = e.scores(clips, model).cpu()
-            loss = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
-            top1, top5 = metrics.topk_correct(logits, labels, (1, 5), valid)
-            sums[prefix] += torch.stack([valid.sum(), (loss * valid).sum(), top1, top5]).double()
+    batches = isolated(t.val_loader)
+    while (batch := fetch(batches, stop)) is not None or stop.fault is not None:
+        # every rank, also one whose read failed (batch None): the hooks may agree across ranks
+        at_hooks(t, stop, lambda h: h.validation_batch(t, batch))
+        if batch is not None:  # (a rank whose read failed says so in the agreement below)
+            clips = t.clips(batch)
+            labels = batch["labels"]
+            valid = batch["valid"] & (labels >= 0)
+            for prefix, model in models.items():
+                logits = e.scores(clips, model).cpu()
+                loss = F.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+                top1, top5 = metrics.topk_correct(logits, labels, (1, 5), valid)
+                sums[prefix] += torch.stack([valid.sum(), (loss * valid).sum(), top1, top5]).double()
         signum = t.agreed_stop(stop)
         if signum:
             return signum
@@ -503,8 +590,8 @@ def epoch_summary(t: Trainer) -> dict:
 
 
 def train(t: Trainer, stop: StopFlag) -> int:
-    """Epochs until the last, or until a signal reaches every rank: then the checkpoint is
-    saved and the signal returned (0: finished)."""
+    """Epochs until the last, or until a stop reaches every rank: then the checkpoint is saved and
+    the stop returned (a signal's number or ``FAULT``; 0: finished)."""
     while t.epoch < t.regime.epochs:
         signum = train_one_epoch(t, stop)
         if not signum:
@@ -545,6 +632,8 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
             log.info("writing the checkpoint to %s and metrics to %s", t.checkpoint_url,
                      os.path.join(cfg.system.output_dir, "metrics.jsonl"))
         signum = (elastic or train)(t, stop)
+        if signum == FAULT:  # every rank says it in one line, with the fault's status (75: resume later)
+            raise stopped_by_fault(t, stop.agreed)
         if signum and t.rank0:
             log.info("stopped by signal %d in epoch %d after batch %d (step %d, %d clips seen): checkpoint saved to "
                      "%s; the same command with --resume continues", signum, t.epoch + 1, t.batch, t.step,
@@ -564,6 +653,18 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
         stop.restore()
         if t is not None:
             t.close()
+
+
+def stopped_by_fault(t: Trainer, fault: DataFault) -> DataFault:
+    """``fault`` (the one every rank agreed on), its message followed by where the run stopped and
+    how it goes on; raised by every rank once the checkpoint is in place."""
+    remedy = ("once the source answers, the same command with --resume continues from there" if fault.resume
+              else "the same command with --resume continues from there once that is repaired")
+    where = "during its validation" if t.train_loader.epoch_finished else f"after batch {t.batch}"
+    fault.message = (f"{fault}; stopped in epoch {t.epoch + 1} {where} (step {t.step}, {t.engine.clips_seen} clips "
+                     f"seen), checkpoint saved to {t.checkpoint_url}: {remedy}")
+    fault.args = (fault.message,)
+    return fault
 
 
 def run(args: argparse.Namespace) -> int:

@@ -116,7 +116,8 @@ class ClipDataset(IterableDataset):
             self._skip = self._made = 0
         plan, epoch = loader._worker_plans({worker: self._skip})[worker], loader.epoch
         if plan.order:
-            for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead, self.skip_bad)):
+            for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead, self.skip_bad,
+                                                           loader.retry)):
                 row = self._sample(sample, plan, epoch)
                 if (i + 1) % self.batch_size == 0:
                     self._made += 1  # before the batch's last row leaves: a state taken after it counts it

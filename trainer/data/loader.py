@@ -69,6 +69,7 @@ from shards.cache import ShardCache
 from shards.digests import CorruptSample, TooManyBadSamples
 from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
+from shards.http_range import DEFAULT_RETRY, Retry
 from shards.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd
 
@@ -95,10 +96,11 @@ class OtherShardSet(UsageError, ValueError):
     reads: continuing it would read other clips in another order. The message names both sets."""
 
 
-def shared_manifest(url: str, rank: int, broadcast, direct: str = "never") -> Manifest:
-    """Rank 0 reads the manifest; the others receive it via ``broadcast(obj, root_rank)``,
-    e.g. ``horovod.torch.broadcast_object``. ``direct``: direct reads (``shards.direct``)."""
-    return broadcast(load_manifest(url, direct) if rank == 0 else None, 0)
+def shared_manifest(url: str, rank: int, broadcast, direct: str = "never", retry: Retry = DEFAULT_RETRY) -> Manifest:
+    """Rank 0 reads the manifest (waiting for a source that is down as ``retry`` says); the others
+    receive it via ``broadcast(obj, root_rank)``, e.g. ``horovod.torch.broadcast_object``.
+    ``direct``: direct reads (``shards.direct``)."""
+    return broadcast(load_manifest(url, direct, retry) if rank == 0 else None, 0)
 
 
 def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
@@ -158,9 +160,9 @@ class _Streams(IterableDataset):
     decoded (``trainer.data.stages``)."""
 
     def __init__(self, plans: list[WorkerPlan], batch_size: int, how: Decoding, pool: SlotPool | None,
-                 fds: dict[int, int], cache: ShardCache | None, lookahead: int):
+                 fds: dict[int, int], cache: ShardCache | None, lookahead: int, retry: Retry):
         self.plans, self.batch_size, self.how, self.pool = plans, batch_size, how, pool
-        self.fds, self.cache, self.lookahead = fds, cache, lookahead
+        self.fds, self.cache, self.lookahead, self.retry = fds, cache, lookahead, retry
 
     def __iter__(self):
         info = get_worker_info()
@@ -169,11 +171,12 @@ class _Streams(IterableDataset):
         if not plan.order:
             return iter(())
         batches = wds.DataPipeline(
-            lambda: iter(ordered_samples(plan, self.fds, self.cache, self.lookahead, self.how.skip_bad)),
+            lambda: iter(ordered_samples(plan, self.fds, self.cache, self.lookahead, self.how.skip_bad,
+                                         self.retry)),
             wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(lambda samples: decode_batch(samples, plan, self.how, self.pool, worker)),
         )
-        return refusals_as_batches(batches) if info else iter(batches)
+        return refusals_as_batches(batches)
 
 
 class ClipLoader:
@@ -202,6 +205,14 @@ class ClipLoader:
     ``max_bad_samples``: 0 (the default) ends the iteration at the first bad sample; N goes on
     without up to N of them an epoch on this rank (counted from 0 again after ``load_state_dict``);
     None without any number, leaving the budget to the caller (see the module docstring).
+
+    A remote source that refuses connections, times out or answers 502/503/504 is waited for (the
+    manifest read, every range, every cache download; ``shards.http_range``) for up to
+    ``source_deadline`` seconds (None: ``$SHARD_SOURCE_DEADLINE``, else 10 minutes); past it the
+    iteration raises ``shards.errors.SourceUnavailable`` at the batch that needed the bytes. That
+    and every other ``shards.errors.DataFault`` (a ``CorruptSample``, a ``RangeError``) reach the
+    caller as themselves, from loader workers too, with the loader's position at the batch before:
+    ``state_dict`` then resumes at the batch that failed.
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int | None = None,
@@ -211,8 +222,11 @@ class ClipLoader:
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", local_size: int | None = None,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
-                 modality: str = "rgb", max_bad_samples: int | None = 0):
-        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads)
+                 modality: str = "rgb", max_bad_samples: int | None = 0, source_deadline: float | None = None):
+        # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
+        self.retry = Retry(deadline=source_deadline)
+        self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads,
+                                                                                      self.retry)
         self.split = split
         self.identity = self.manifest.identity  # what a saved position belongs to (``saved_on``)
         self.shards = self.manifest.splits[split].shards
@@ -221,7 +235,7 @@ class ClipLoader:
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.train, self.num_workers = train, num_workers
         self.shuffling = Shuffle(seed, remainder, shuffle_buffer if train else 0, piece_samples)
-        self.cache = ShardCache(cache_dir, cache_budget) if cache_dir else None
+        self.cache = ShardCache(cache_dir, cache_budget, retry=self.retry) if cache_dir else None
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {SHUFFLES}, not {shuffle!r}")
         if world_size % local_size:
@@ -471,7 +485,7 @@ class ClipLoader:
                                                else None)
             how = Decoding(self.transform, self.seed, self.epoch, skip_bad=self.max_bad_samples != 0,
                            on_device=self.decode_on_device, renderer=renderer)
-            loader = DataLoader(_Streams(plans, self.batch_size, how, pool, fds, self.cache, self.lookahead),
+            loader = DataLoader(_Streams(plans, self.batch_size, how, pool, fds, self.cache, self.lookahead, self.retry),
                                 batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
@@ -479,7 +493,7 @@ class ClipLoader:
                                 worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
-                if isinstance(sent, CommandError):  # a worker's refusal (stages.refusals_as_batches)
+                if isinstance(sent, CommandError):  # a refusal of the pipeline (stages.refusals_as_batches)
                     raise sent
                 self._count_bad(sent.get("bad", []))
                 self.position.done += 1

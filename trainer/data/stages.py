@@ -24,6 +24,7 @@ from shards import partition
 from shards.cache import ShardCache
 from shards.digests import CorruptSample
 from shards.errors import CommandError
+from shards.http_range import Retry
 from shards.reading import local_path, open_range, open_samples, read_ahead
 from shards.tarformat import member_bytes
 
@@ -37,13 +38,14 @@ BAD = "corrupt.json"  # the member a bad sample is read as when the loader goes 
 
 
 def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | None, lookahead: int,
-               skip_bad: bool):
+               skip_bad: bool, retry: Retry):
     """Stage: each planned read as an open stream of its byte range, closed once consumed. Through
     the node cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads
     without a cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread; local ones through
     the rank's shared descriptor of the shard (``fds``) when it has one. Every sample is checked against
     the manifest's digest, whichever way its bytes came (``open_samples``); with ``skip_bad`` a bad one is
-    read as a ``BAD`` member of its key (``bad_marker``)."""
+    read as a ``BAD`` member of its key (``bad_marker``). A remote source that is down is waited for as
+    ``retry`` says (``shards.http_range``)."""
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r.piece for r in reads], lookahead)
@@ -51,14 +53,14 @@ def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | N
                   for r, path in zip(reads, copies))
     elif reads and local_path(reads[0].url) is None:
         opened = read_ahead([(r.url, r.start, r.end, r.info.bytes, r.info.sha256) for r in reads],
-                            lookahead * READ_AHEAD_BYTES)
+                            lookahead * READ_AHEAD_BYTES, retry)
     else:
-        opened = (open_range(r.url, r.start, r.end, fd=fds.get(r.shard), size=r.info.bytes, sha256=r.info.sha256)
-                  for r in reads)
+        opened = (open_range(r.url, r.start, r.end, fd=fds.get(r.shard), size=r.info.bytes, sha256=r.info.sha256,
+                             retry=retry) for r in reads)
     try:
         for r, raw in zip(reads, opened):
             stream = open_samples(r.url, r.info, r.start, r.end, fd=fds.get(r.shard), stream=raw,
-                                  replace=bad_marker if skip_bad else None)
+                                  replace=bad_marker if skip_bad else None, retry=retry)
             try:
                 yield {"url": r.url, "stream": stream}
             finally:
@@ -120,11 +122,12 @@ def stand_ins(samples):
 
 
 def ordered_samples(plan: WorkerPlan, fds: dict[int, int], cache: ShardCache | None, lookahead: int,
-                    skip_bad: bool) -> wds.DataPipeline:
-    """A worker's samples in its plan's order (stand-ins in place of bad ones with ``skip_bad``)."""
+                    skip_bad: bool, retry: Retry) -> wds.DataPipeline:
+    """A worker's samples in its plan's order (stand-ins in place of bad ones with ``skip_bad``; a source
+    that is down waited for as ``retry`` says)."""
     return wds.DataPipeline(
         lambda: iter(plan.reads),
-        lambda reads: open_reads(reads, fds, cache, lookahead, skip_bad),
+        lambda reads: open_reads(reads, fds, cache, lookahead, skip_bad, retry),
         wds.tariterators.tar_file_expander,
         wds.tariterators.group_by_keys,
         lambda src: tag(src, plan.expected),
@@ -134,12 +137,16 @@ def ordered_samples(plan: WorkerPlan, fds: dict[int, int], cache: ShardCache | N
 
 
 def refusals_as_batches(batches):
-    """Stage, in a loader worker: a refusal (``CommandError``, such as ``CacheFull``) takes the place of
-    the next batch, so the rank raises it with its own one-line message (PyTorch would re-raise it
-    with the worker's traceback as its message)."""
+    """Last stage: a refusal (``CommandError``, such as ``CacheFull``; a ``DataFault``, such as a
+    ``CorruptSample`` or ``SourceUnavailable``) takes the place of the next batch, so the rank raises
+    it with its own one-line message (PyTorch would re-raise one from a loader worker with the
+    worker's traceback as its message). webdataset's tar reader adds the stream and URL to the args
+    of an error raised while it reads a shard: the refusal goes on with its own message alone (the
+    stream could not even be sent from a worker)."""
     try:
         yield from batches
     except CommandError as refusal:
+        refusal.args = refusal.args[:1]
         yield refusal
 
 

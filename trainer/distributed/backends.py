@@ -18,6 +18,7 @@ same for both. Launching:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 import logging
 import os
@@ -152,7 +153,9 @@ class TorchDistributed(Backend):
 
     name = "torch"
 
-    def __init__(self):
+    def __init__(self, pause: float | None = None):
+        """``pause``: the longest a rank may wait in a collective for another that waits out its data
+        source (``--source-deadline``); Gloo's and NCCL's own timeouts are set well above it."""
         import torch.distributed as dist
         self.dist = dist
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -161,7 +164,8 @@ class TorchDistributed(Backend):
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
         # Gloo for the CPU tensors (metrics, stop flags), NCCL for the GPU ones where there are GPUs
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        timeout = {} if pause is None else {"timeout": datetime.timedelta(seconds=max(1800.0, pause + 300.0))}
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", **timeout)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
 
     def prepare(self, model, optimizer, compression):
@@ -198,12 +202,14 @@ class TorchDistributed(Backend):
         self.dist.destroy_process_group()
 
 
-def init(name: str = "horovod") -> Backend:
-    """``horovod`` | ``torch`` (falls back to one process outside torchrun) | ``none``."""
+def init(name: str = "horovod", pause: float | None = None) -> Backend:
+    """``horovod`` | ``torch`` (falls back to one process outside torchrun) | ``none``. ``pause``: the
+    longest a rank may wait in a collective for another (Horovod's Gloo waits without limit:
+    measured in docs/runbooks/training.md; torch.distributed's timeouts are set above it)."""
     if name == "horovod":
         return Horovod()
     if name == "torch":
-        return TorchDistributed() if "WORLD_SIZE" in os.environ else Backend()
+        return TorchDistributed(pause) if "WORLD_SIZE" in os.environ else Backend()
     if name == "none":
         return Backend()
     raise ValueError(f"unknown backend {name!r}")
