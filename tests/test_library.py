@@ -262,3 +262,79 @@ def test_a_worker_plan_reads_whole_ranges_once(shardset):
         assert 0 <= read.start < read.end <= read.info.bytes and read.url == f"u{read.shard}"
     assert [k for k, _ in plan.expected] == [s.keys[j] for r in plan.reads for s in [r.info]
                                              for j in range(len(s.keys)) if r.start <= s.offsets[j] < r.end]
+
+
+# --- what a user's own decoding gets: the crop's geometry, and seeded draws of a transform --------------
+def textured(colour, size=(64, 48)) -> bytes:
+    """A test frame with a gradient across it (red rising to the right, green downwards), so that every
+    crop box and its mirror image are told apart by their pixels; blue from the clip's colour."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    w, h = size
+    x, y = np.meshgrid(np.arange(w), np.arange(h))
+    pixels = np.dstack([x * 255 // (w - 1), y * 255 // (h - 1), np.full((h, w), colour[0])]).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def textured_set(tmp_path_factory):
+    import shardsets
+
+    d = tmp_path_factory.mktemp("textured")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shardsets, "jpeg", textured)
+        make_shardset(str(d), {"train": 8}, per_shard=4, frames=2, size=(96, 72))
+    return str(d)
+
+
+def test_the_geometry_given_is_the_crop_the_built_in_transform_takes(textured_set):
+    """``geometry=True``: cropping the stored frame at ``boxes`` (and mirroring when ``flip``) gives the
+    pixels of ``frames="crops"``, for frames the crop decoder reads at half size (``dct_denom``)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from trainer.data import ClipDataset
+
+    options = dict(batch_size=4, crop_size=24, scale_size=32, seed=5)
+    crops = {k: c for s in ClipDataset(textured_set, **options) for k, c in [(s["keys"], s["clips"])]}
+    flips = []
+    for s in ClipDataset(textured_set, frames="jpeg", geometry=True, **options):
+        whole = Image.open(io.BytesIO(s["clips"][0])).convert("RGB")
+        made = crops[s["keys"]][0].movedim(0, -1).numpy().astype(float)  # frame 0, (H, W, C)
+        (box,) = s["boxes"].tolist()
+        mine = np.asarray(whole.resize((24, 24), Image.BILINEAR, box=box), dtype=float)
+        right, mirrored = (mine[:, ::-1], mine) if s["flip"] else (mine, mine[:, ::-1])
+        assert np.abs(made - right).mean() < 4 < np.abs(made - mirrored).mean(), (s["keys"], box, s["flip"])
+        flips.append(s["flip"])
+    assert len(flips) == 8 and any(flips) and not all(flips)
+
+
+def test_a_users_transform_draws_the_same_whatever_the_workers(shardset):
+    """``frames="decoded"`` with a random transform: each clip gets the same draws with one DataLoader
+    worker or two (torch's RNG seeded by the clip's key, the seed and the epoch), and other draws in
+    another epoch."""
+    from torch.utils.data import DataLoader
+
+    from trainer.data import ClipDataset
+
+    def shift(clip: torch.Tensor) -> torch.Tensor:
+        return clip.roll(int(torch.randint(0, 64, ())), dims=-1)[..., :8] + torch.randint(0, 9, (1,), dtype=torch.uint8)
+
+    def by_key(workers: int, epoch: int) -> dict:
+        dataset = ClipDataset(shardset, "train", batch_size=4, frames="decoded", transform=shift, seed=1)
+        dataset.set_epoch(epoch)
+        return {k: c for b in DataLoader(dataset, batch_size=4, num_workers=workers)
+                for k, c in zip(b["keys"], b["clips"])}
+
+    one, two = by_key(1, 0), by_key(2, 0)
+    assert set(one) == set(two) == train_keys(shardset)
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    later = by_key(1, 1)
+    assert sum(not torch.equal(one[k], later[k]) for k in one) > len(one) // 2
