@@ -16,20 +16,29 @@
 # nodes (horovodrun -H localhost:1,127.0.0.1:1), once per mode of --shuffles with the same seed:
 # node-affine epochs (each node reads only its 8 of the 16 training shards, all run) against
 # global ones.
+# --seeds "0 1 2 3": every run once per seed (--seed; run directories MODEL[-SHUFFLE]-sSEED), for paired
+# differences between the modes (bench/paired.py); --keep: a run whose log says done and whose
+# command line (WORKDIR/RUN.cmd) is this one's is kept, not trained again (a campaign stopped partway).
+# Each run's output also goes to WORKDIR/RUN.log.
 #
-#   bash bench/motion.sh [--nodes 2 --shuffles "global node"] [--models "tsm tsn"] [WORKDIR] [PNG]
-#                                      # defaults: /tmp/kinetics-fast-motion, motion.png
+#   bash bench/motion.sh [--nodes 2 --shuffles "global node"] [--models "tsm tsn"] [--seeds "0 1"] [--keep]
+#                        [WORKDIR] [PNG]   # defaults: /tmp/kinetics-fast-motion, motion.png
 #   EPOCHS=3 bash bench/motion.sh ...  # shorter runs (the motion stream is at 100% after one)
 set -euo pipefail
-nodes=1 shuffles=global models="tsm tsn motion-mv motion-flow"
+nodes=1 shuffles=global models="tsm tsn motion-mv motion-flow" seeds="" keep=0
 while [[ ${1:-} == --* ]]; do
     case $1 in
         --nodes) nodes=$2 ;;
         --shuffles) shuffles=$2 ;;
         --models) models=$2 ;;
-        *) echo "motion.sh: unknown option $1 (--nodes, --shuffles, --models)" >&2; exit 2 ;;
+        --seeds) seeds=$2 ;;
+        --keep) keep=1; shift; continue ;;
+        *) echo "motion.sh: unknown option $1 (--nodes, --shuffles, --models, --seeds, --keep)" >&2; exit 2 ;;
     esac
     shift 2
+done
+for seed in $seeds; do
+    [[ $seed =~ ^[0-9]+$ ]] || { echo "motion.sh: --seeds: whole numbers, not $seed" >&2; exit 2; }
 done
 case $nodes in 1|2) ;; *) echo "motion.sh: --nodes $nodes: 1 or 2 simulated nodes" >&2; exit 2 ;; esac
 for model in $models; do
@@ -50,7 +59,7 @@ export RAY_ADDRESS=
 flags=(--segments 4 --depth 10 --width 32 --crop-size 48 --scale-size 48 --no-flip
        --epochs "${EPOCHS:-12}" --warmup-epochs 2 --lr-per-8 0.025 --workers 1 --print-freq 8 --no-tensorboard)
 
-"$py" -m ingest synth --out "$work/videos" --classes 4 --train-per-class 64 --val-per-class 16 \
+[ -d "$work/videos" ] || "$py" -m ingest synth --out "$work/videos" --classes 4 --train-per-class 64 --val-per-class 16 \
     --width 64 --height 64 --fps 10 --seconds 2 --workers 2
 kinds=mv
 [[ " $models " == *" motion-flow "* ]] && kinds="mv flow"
@@ -59,6 +68,22 @@ for kind in $kinds; do
     "$py" -m ingest build --src "$work/videos" --out "$work/shards-$kind" --frames 4 --clips-per-video 4 \
         --short-side 48 --shard-samples 64 --workers 2 --motion "$kind"
 done
+# train RUN CMD...: the run's command, its output on the terminal and in WORKDIR/RUN.log; with --keep,
+# skipped when that log says done and WORKDIR/RUN.cmd holds the same command
+train() {
+    local run=$1; shift
+    local cmd="$*"
+    if [ "$keep" = 1 ] && grep -qa "trainer.train: done:" "$work/$run.log" 2>/dev/null \
+            && [ "$(cat "$work/$run.cmd" 2>/dev/null)" = "$cmd" ]; then
+        echo "motion.sh: $run kept (finished with this command)"
+        return
+    fi
+    rm -rf "${work:?}/$run"
+    printf '%s' "$cmd" > "$work/$run.cmd"
+    "$@" 2>&1 | tee "$work/$run.log"
+}
+read -ra seed_list <<< "$seeds"
+[ ${#seed_list[@]} -gt 0 ] || seed_list=("")  # one run per model (and shuffle) at the trainer's default seed
 runs=() labels=()
 for model in $models; do
     case $model in
@@ -67,19 +92,21 @@ for model in $models; do
         motion-mv) data=mv extra=(--no-shift --modality motion) label="motion TSN (mv)" ;;
         motion-flow) data=flow extra=(--no-shift --modality motion) label="motion TSN (flow)" ;;
     esac
-    if [ "$nodes" = 1 ]; then
-        rm -rf "${work:?}/$model"
-        "$py" -m trainer train --data "$work/shards-$data" --output-dir "$work/$model" --batch-size 16 \
-            "${flags[@]}" "${extra[@]}"
-        runs+=("$work/$model") labels+=("$label")
-        continue
-    fi
-    for shuffle in $shuffles; do
-        rm -rf "${work:?}/$model-$shuffle"
-        OMP_NUM_THREADS=1 "$hvd" -np 2 -H localhost:1,127.0.0.1:1 --gloo \
-            "$py" -m trainer train --data "$work/shards-$data" --output-dir "$work/$model-$shuffle" --batch-size 8 \
-            --shuffle "$shuffle" "${flags[@]}" "${extra[@]}"
-        runs+=("$work/$model-$shuffle") labels+=("$label, $shuffle")
+    for seed in "${seed_list[@]}"; do
+        seeded=() suffix="" seedlabel=""
+        [ -n "$seed" ] && seeded=(--seed "$seed") suffix="-s$seed" seedlabel=", seed $seed"
+        if [ "$nodes" = 1 ]; then
+            train "$model$suffix" "$py" -m trainer train --data "$work/shards-$data" --output-dir "$work/$model$suffix" \
+                --batch-size 16 "${flags[@]}" "${extra[@]}" "${seeded[@]}"
+            runs+=("$work/$model$suffix") labels+=("$label$seedlabel")
+            continue
+        fi
+        for shuffle in $shuffles; do
+            train "$model-$shuffle$suffix" env OMP_NUM_THREADS=1 "$hvd" -np 2 -H localhost:1,127.0.0.1:1 --gloo \
+                "$py" -m trainer train --data "$work/shards-$data" --output-dir "$work/$model-$shuffle$suffix" \
+                --batch-size 8 --shuffle "$shuffle" "${flags[@]}" "${extra[@]}" "${seeded[@]}"
+            runs+=("$work/$model-$shuffle$suffix") labels+=("$label, $shuffle$seedlabel")
+        done
     done
 done
 "$py" -m trainer plot "${runs[@]}" --labels "${labels[@]}" --out "$png"  # prints the tables too

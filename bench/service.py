@@ -17,12 +17,19 @@ waiting for batches.
     python bench/service.py --workers 2 --no-epoch --seconds 8
     python bench/service.py --compare --seconds 8
     python bench/service.py --slowloris 1500 --seconds 10   # slow clients: the server's bounds off, then on
+    python bench/service.py --shards 1 --clips 20 --request-cost 10000 --rounds 3   # server CPU a request
 
 With ``--slowloris N`` it measures instead what N slowloris connections (from 127.0.0.2: a
 request head sent a byte a second, reconnecting whenever the server closes them) do to normal
 clients (from 127.0.0.1: 4 threads, a new connection per 1-clip range read, 5 s timeout), with
 the server under a 1,024 open-files limit (a common host default, soft and hard): first with no
 slow client, then with its bounds off (no header deadline, no connection caps), then with its defaults.
+
+With ``--request-cost N`` it measures instead the server CPU one request costs, N GETs of a shard
+one after another on a keep-alive connection with the headers nginx sends (the token,
+``X-Sendfile-Type``, a range): the service deciding the file for nginx to send
+(``--x-accel-redirect``, ``--read-auth``), and a bare aiohttp route answering the same headers with
+no check (the least any aiohttp route costs), in turn, ``--rounds`` times.
 
 The last line of output is ``BENCH_JSON {...}`` with every figure.
 """
@@ -43,6 +50,7 @@ import sys
 import threading
 import time
 
+import fsspec.config
 import numpy as np
 import psutil
 from PIL import Image
@@ -126,13 +134,14 @@ def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
 
 
 class Server:
-    """A server's processes (the first and all its children) as one, for CPU and memory."""
+    """A server's processes (each top process and all its children) as one, for CPU and memory:
+    the service and nginx in front of it are one server."""
 
-    def __init__(self, pid: int):
-        self.top = psutil.Process(pid)
+    def __init__(self, *pids: int):
+        self.tops = [psutil.Process(pid) for pid in pids]
 
     def procs(self) -> list[psutil.Process]:
-        return [self.top, *self.top.children(recursive=True)]
+        return [p for top in self.tops for p in (top, *top.children(recursive=True))]
 
     def cpu_times(self) -> tuple[float, float]:
         times = [p.cpu_times() for p in self.procs()]
@@ -175,7 +184,7 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
            "requests": len(lat), "GB": nbytes / 1e9}
     gb = max(out["GB"], 1e-9)
     out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
-        client_user + client_sys, 1e-9)})
+        client_user + client_sys, 1e-9), "load_avg_1min": os.getloadavg()[0]})
     if server:
         cpu1 = server.cpu_times()  # once, so both figures are of the same interval
         used = cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1]
@@ -216,11 +225,18 @@ def start_nginx(workdir: str, workers: int, site: str, http_extra: str = "") -> 
                 f"http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000; {temps}\n"
                 f"  {http_extra.replace('PREFIX', prefix)}\n  server {{ listen 127.0.0.1:{port}; {site} }} }}\n")
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
+    wait_listening(proc, port, prefix)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_listening(proc: subprocess.Popen, port: int, prefix: str) -> None:
+    import socket
+
     deadline = time.monotonic() + 30
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"http://127.0.0.1:{port}"
+            return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"nginx did not start (see {prefix}/error.log)") from None
@@ -333,6 +349,137 @@ def slowloris(cat: Catalog, shard: str, n: int, seconds: float) -> dict:
     return res
 
 
+# --- the sources, measured one at a time ---------------------------------------------------------
+LOCAL = "local disk"
+SERVICE = "service (aiohttp, sendfile)"
+NGINX_ROW = "nginx (sendfile)"
+ACCEL_ROW = "service + nginx sending the bytes (X-Accel)"
+
+
+def accel_front(workdir: str, workers: int, upstream: str) -> tuple[subprocess.Popen, str]:
+    """nginx in front of the service at ``upstream`` (host:port), sending files the service hands it
+    (``service.accel``): docker/nginx-replicas.conf with one replica and ``workers`` worker processes."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from fronts import free_port, front_config
+
+    prefix, port = os.path.join(workdir, "front"), free_port()
+    os.makedirs(prefix, exist_ok=True)
+    conf = os.path.join(prefix, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(front_config(prefix, port, [upstream]).replace("worker_processes auto;",
+                                                               f"worker_processes {workers};"))
+    proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
+    wait_listening(proc, port, prefix)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def measure(label: str, serve: list[str] | None, args, root: str, m: Manifest) -> dict:
+    """One source under the clients for ``args.seconds``; its servers started and stopped here."""
+    if label == LOCAL:
+        return load(root, m, root, args.clients, args.procs, args.seconds, None)
+    procs = []
+    try:
+        if label == NGINX_ROW:
+            procs.append(start_nginx(args.out, args.workers, f"root {root};"))
+            base = procs[0][1]
+        else:
+            procs.append(start(serve))
+            base = procs[0][1].removesuffix("/v1") + ("" if "--role" in serve else "/v1/datasets/bench")
+        if label == ACCEL_ROW:
+            procs.append(accel_front(args.out, args.workers, base.split("//")[1].split("/")[0]))
+            base = procs[-1][1] + "/v1/datasets/bench"
+        return load(base, m, root, args.clients, args.procs, args.seconds, Server(*(p.pid for p, _ in procs)))
+    finally:
+        for p, _ in procs:
+            p.terminate()
+            p.wait()
+
+
+def median_row(rows: list[dict]) -> dict:
+    return {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
+
+
+# --- what a cache check per request costs on a PostgreSQL catalog -------------------------------------
+def catalog_cost(n: int) -> dict:
+    """Per request, what the record cache pays to know whether the catalog changed, on PostgreSQL:
+    the notifications' generation (``Catalog.generation``) against a query of a generation number
+    (one round trip), each ``n`` times, on a server of the tests' own on loopback; CPU of this
+    process and of the server's processes, and wall time, in microseconds per check."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from postgres import PostgresServer
+
+    server = PostgresServer()
+    out = {}
+    try:
+        cat = Catalog(server.start().database())
+        cat.generation()  # the listener started
+        db = Server(server.pid())
+        checks = {"notifications (Catalog.generation)": cat.generation,
+                  "a query per request (SELECT of a generation row)":
+                      lambda: cat._db.execute("SELECT version FROM catalog_schema").fetchone()}
+        for label, check in checks.items():
+            check()
+            cpu, server_cpu, wall = time.process_time(), sum(db.cpu_times()), time.perf_counter()
+            for _ in range(n):
+                check()
+            out[label] = {"client_cpu_us": (time.process_time() - cpu) / n * 1e6,
+                          "server_cpu_us": (sum(db.cpu_times()) - server_cpu) / n * 1e6,
+                          "wall_us": (time.perf_counter() - wall) / n * 1e6, "load_avg_1min": os.getloadavg()[0]}
+            print(label, out[label], flush=True)
+    finally:
+        server.close()
+    return out
+
+
+# --- what one request costs the server --------------------------------------------------------
+def bare_aiohttp_main() -> None:
+    """The least an aiohttp route costs: one handler answering every GET with the headers of a
+    handed-over file and no body; no middleware, no check."""
+    import socket
+
+    from aiohttp import web
+
+    async def handed_over(request):
+        return web.Response(headers={"ETag": '"bench"', "X-Accel-Redirect": "/_accel/bench"})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handed_over)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # connections wait in its backlog until the app accepts them
+    print(f"serving http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    web.run_app(app, sock=sock, print=None, access_log=None)
+
+
+def request_cost(servers: dict[str, list[str]], path: str, token: str, n: int, rounds: int) -> dict:
+    """Server CPU (all its processes) per request, in microseconds, for ``n`` GETs of ``path`` one
+    after another on one keep-alive connection, with the headers nginx sends (the token,
+    ``X-Sendfile-Type``, a range); each of ``servers`` (label: command) in turn, ``rounds`` times."""
+    headers = {"Authorization": f"Bearer {token}", "X-Sendfile-Type": "X-Accel-Redirect", "Range": "bytes=0-999"}
+    got: dict[str, list[float]] = {label: [] for label in servers}
+    for r in range(rounds):
+        for label, cmd in servers.items():
+            proc, url = start(cmd)
+            try:
+                conn = http.client.HTTPConnection(*url.split("//")[1].split("/")[0].split(":"))
+                for i in range(200 + n):  # the first 200 warm it up
+                    if i == 200:
+                        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                        cpu0 = sum(sum(p.cpu_times()[:2]) for p in tree)
+                    conn.request("GET", path, headers=headers)
+                    answer = conn.getresponse()
+                    answer.read()
+                    if answer.status != 200 or not answer.getheader("X-Accel-Redirect"):
+                        raise RuntimeError(f"{label}: {answer.status}, no X-Accel-Redirect")
+                got[label].append((sum(sum(p.cpu_times()[:2]) for p in tree) - cpu0) / n * 1e6)
+                print(f"round {r + 1} {label}: {got[label][-1]:.0f} us of server CPU a request "
+                      f"(load {os.getloadavg()[0]:.0f})", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait()
+    return {label: {"cpu_us_per_request": float(np.median(v)), "range": [min(v), max(v)]} for label, v in got.items()}
+
+
 # --- one epoch's data wait ----------------------------------------------------------------------
 def epoch_wait(where: str, workers: int) -> dict:
     from trainer.data.loader import ClipLoader
@@ -355,16 +502,34 @@ def main() -> int:
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--clips", type=int, default=100, help="clips per shard")
     p.add_argument("--workers", type=int, default=1, help="service processes (serve --workers), and nginx's")
-    p.add_argument("--no-nginx", action="store_true", help="leave out the nginx row")
+    p.add_argument("--no-nginx", action="store_true", help="leave out the rows with nginx")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every source this many times, interleaved (each round starts with the next "
+                        "source); medians are reported, and ratios taken within each round")
+    p.add_argument("--read-auth", action="store_true", help="the service asks for a token on every read "
+                                                            "(the clients send it; plain nginx asks for none)")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
     p.add_argument("--slowloris", type=int, default=0, metavar="N",
                    help="instead: normal clients beside N slowloris connections, the server's bounds off then on")
+    p.add_argument("--catalog-cost", type=int, default=0, metavar="N",
+                   help="instead: what knowing whether a PostgreSQL catalog changed costs per request, by "
+                        "notifications and by a query (N checks each; a PostgreSQL server is started on loopback)")
+    p.add_argument("--request-cost", type=int, default=0, metavar="N",
+                   help="instead: the server CPU one request costs, N requests one after another as nginx sends "
+                        "them: the service deciding a file for nginx to send (read auth), and a bare aiohttp route")
     p.add_argument("--role", help=argparse.SUPPRESS)
+    p.add_argument("--bare-aiohttp", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
         starlette_main(args.role)
+        return 0
+    if args.bare_aiohttp:
+        bare_aiohttp_main()
+        return 0
+    if args.catalog_cost:
+        print("BENCH_JSON " + json.dumps({"catalog_cost": catalog_cost(args.catalog_cost)}, sort_keys=True))
         return 0
     shutil.rmtree(args.out, ignore_errors=True)
     root = os.path.join(args.out, "set")
@@ -381,38 +546,63 @@ def main() -> int:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))
         return 0
 
-    res = {"local": load(root, m, root, args.clients, args.procs, args.seconds, None)}
-    print("local disk", res["local"], flush=True)
-    service = "service (aiohttp, sendfile)"
-    servers = {service: ([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
-                          "--workers", str(args.workers)], "/v1/datasets/bench")}
+    token = os.path.join(args.out, "tokens")
+    with open(token, "w") as f:
+        f.write("bench-read-token\n")
+    if args.request_cost:
+        servers = {"the service deciding, nginx to send (--x-accel-redirect, read auth)": [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
+                               "--read-auth", "--token-file", token, "--x-accel-redirect", "/_accel"],
+                   "a bare aiohttp route": [sys.executable, os.path.abspath(__file__), "--bare-aiohttp"]}
+        res = request_cost(servers, f"/v1/datasets/bench/{m.splits['train'].shards[0].name}", "bench-read-token",
+                           args.request_cost, args.rounds)
+        print("BENCH_JSON " + json.dumps({"request_cost": res}, sort_keys=True))
+        return 0
+    if args.read_auth:  # the clients' requests carry it (shards.http_range reads fsspec's configuration)
+        fsspec.config.conf["http"] = {"headers": {"Authorization": "Bearer bench-read-token"}}
+    serve = [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path, "--workers",
+             str(args.workers), *(["--read-auth", "--token-file", token] if args.read_auth else [])]
+    sources = {LOCAL: None, SERVICE: serve}
     if not args.no_nginx:
-        servers["nginx (sendfile)"] = (None, "")
+        sources[NGINX_ROW] = None
+        sources[ACCEL_ROW] = [*serve, "--x-accel-redirect", "/_accel"]
     if args.compare:
-        servers["starlette FileResponse on uvicorn"] = ([sys.executable, os.path.abspath(__file__), "--role", root], "")
-    for label, (cmd, path) in servers.items():
-        proc, url = start(cmd) if cmd else start_nginx(args.out, args.workers, f"root {root};")
-        try:
-            res[label] = load(url.removesuffix("/v1") + path, m, root, args.clients, args.procs, args.seconds,
-                              Server(proc.pid))
-        finally:
-            proc.terminate()
-            proc.wait()
-        print(label, res[label], flush=True)
-    res["workers"] = args.workers
-    res["service_vs_local_MB_s"] = res[service]["MB_s"] / res["local"]["MB_s"]
-    print(f"service throughput / local disk: {res['service_vs_local_MB_s']:.2f}")
+        sources["starlette FileResponse on uvicorn"] = [sys.executable, os.path.abspath(__file__), "--role", root]
+    rounds = []
+    for r in range(args.rounds):
+        order = list(sources)[r % len(sources):] + list(sources)[:r % len(sources)]  # interleaved: each first in turn
+        got = {}
+        for label in order:
+            got[label] = measure(label, sources[label], args, root, m)
+            print(f"round {r + 1} {label}", got[label], flush=True)
+        rounds.append(got)
+    res = {"rounds": rounds, "workers": args.workers, "read_auth": args.read_auth,
+           **{label: median_row([g[label] for g in rounds]) for label in sources}}
+    ratios = {"service_vs_local_MB_s": (SERVICE, LOCAL, "MB_s")}
     if not args.no_nginx:
-        nginx = res["nginx (sendfile)"]
-        res["service_vs_nginx_MB_s"] = res[service]["MB_s"] / nginx["MB_s"]
-        res["service_vs_nginx_cpu_per_GB"] = res[service]["cpu_s_per_GB"] / nginx["cpu_s_per_GB"]
-        print(f"service / nginx, {args.workers} worker(s) each: throughput {res['service_vs_nginx_MB_s']:.2f}x "
-              f"(goal >= 0.9), server CPU per GB {res['service_vs_nginx_cpu_per_GB']:.2f}x (goal <= 1.2)")
+        ratios.update({"service_vs_nginx_MB_s": (SERVICE, NGINX_ROW, "MB_s"),
+                       "service_vs_nginx_cpu_per_GB": (SERVICE, NGINX_ROW, "cpu_s_per_GB"),
+                       "accel_vs_nginx_MB_s": (ACCEL_ROW, NGINX_ROW, "MB_s"),
+                       "accel_vs_nginx_cpu_per_GB": (ACCEL_ROW, NGINX_ROW, "cpu_s_per_GB")})
+    for key, (a, b, field) in ratios.items():  # per round (same load), then the median and range
+        per_round = sorted(g[a][field] / g[b][field] for g in rounds)
+        res[key], res[key + "_range"] = float(np.median(per_round)), [per_round[0], per_round[-1]]
+    print(f"{'source':<42} {'MB/s':>7} {'req/s':>7} {'p50 ms':>7} {'server CPU s/GB':>16} {'load':>5}")
+    for label in sources:
+        row = res[label]
+        print(f"{label:<42} {row['MB_s']:>7.0f} {row['req_s']:>7.0f} {row['p50_ms']:>7.1f} "
+              f"{row.get('cpu_s_per_GB', float('nan')):>16.3f} {row['load_avg_1min']:>5.1f}")
+    print(f"medians of {args.rounds} interleaved rounds, ratios taken within each round:")
+    for key in ratios:
+        print(f"  {key}: {res[key]:.2f} ({res[key + '_range'][0]:.2f}-{res[key + '_range'][1]:.2f})")
+    if not args.no_nginx:
+        print(f"goal for the service behind nginx sending the bytes (X-Accel-Redirect): throughput >= 0.95x nginx's "
+              f"({res['accel_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x ({res['accel_vs_nginx_cpu_per_GB']:.2f})"
+              + (", read auth on" if args.read_auth else ""))
     if args.no_epoch:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))
         return 0
 
-    proc, url = start(servers[service][0])
+    proc, url = start(serve)
     try:
         res["epoch_local"] = epoch_wait(root, args.epoch_workers)
         res["epoch_http"] = epoch_wait(url.removesuffix("/v1") + "/v1/datasets/bench", args.epoch_workers)

@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one video may take, download, probe and decode included, before it is "
                         "abandoned and recorded in the ledger")
     p.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging after a successful build")
-    p.add_argument("--catalog", help="register the build in this dataset catalog (SQLite file); a set with the same "
+    p.add_argument("--catalog", help="register the build in this dataset catalog (a SQLite file, or a postgresql:// URL); a set with the same "
                                      "inputs and output options already built anywhere is reused, nothing decoded")
     p.add_argument("--name", help="catalog name of the set (default: the last part of --out)")
     p.add_argument("--fingerprint", choices=FINGERPRINTS, default="stat",

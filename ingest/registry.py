@@ -41,7 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shards import storage
-from shards.catalog import HEARTBEAT_SECONDS, Catalog, CatalogError, Claim, Record, dataset_id, default_path
+from shards.catalog import (HEARTBEAT_SECONDS, Catalog, CatalogError, CatalogUnavailable, Claim, Record, dataset_id,
+                            default_path)
+from shards.catalog.store import LEASE_SECONDS
 from shards.catalog.condition import condition
 from shards.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
 from shards.verify import set_file_stamps, stamps
@@ -93,10 +95,12 @@ def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 2
     return Plan(ident, src, source, cfg, shard_size, shard_samples, present, options, fingerprint, hash_cache)
 
 
-def claim(catalog: Catalog, p: Plan, out: str, name: str | None = None, force: bool = False) -> Claim:
-    """Claim ``p.id`` for a build into ``out``; unnamed sets are named after ``out``'s last part."""
+def claim(catalog: Catalog, p: Plan, out: str, name: str | None = None, force: bool = False,
+          request: dict | None = None) -> Claim:
+    """Claim ``p.id`` for a build into ``out``; unnamed sets are named after ``out``'s last part.
+    ``request``: the HTTP request of a build the service runs (kept for a replica to take it over)."""
     return catalog.claim(p.id, source=p.src, location=normalise(out), options=p.options,
-                         name=name or default_name(out), strict_name=name is not None, force=force)
+                         name=name or default_name(out), strict_name=name is not None, force=force, request=request)
 
 
 def default_name(out: str) -> str | None:
@@ -151,29 +155,28 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
 
 
 def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, max_error_fraction: float | None = None,
-                **build_kwargs):
+                lost: Callable[[], None] | None = None, **build_kwargs):
     """Build a claimed id into its record's location: heartbeat, progress, then ready or failed.
     ``force``: rebuild even if the location holds a finished build. More than ``max_error_fraction``
     of the videos failed: recorded failed, so it is neither served nor reused, and ``gc`` collects it
-    (a rerun finds the finished work and records it failed again)."""
+    (a rerun finds the finished work and records it failed again). ``lost``: called when another
+    process has taken the record over (default: a warning, and the build goes on).
+
+    A catalog that cannot be reached for a while (a PostgreSQL restart) costs heartbeats and progress
+    reports, not the build; its outcome is recorded once the catalog answers again."""
     dataset, owner = c.record.id, c.owner
-    stop = threading.Event()
-
-    def beat():
-        while not stop.wait(HEARTBEAT_SECONDS):
-            if not cat.heartbeat(dataset, owner):
-                log.warning("dataset %s: another process has taken this build over", dataset)
-                return
-
+    stop = keep_alive(cat, dataset, owner, lost)
     last = [0.0]
 
     def progress(state: dict) -> None:
         now = time.monotonic()
         if now - last[0] >= 1.0 or state.get("final"):
             last[0] = now
-            cat.set_progress(dataset, owner, state)
+            try:
+                cat.set_progress(dataset, owner, state)
+            except CatalogUnavailable as e:
+                log.warning("dataset %s: progress not recorded: %s", dataset, e)
 
-    threading.Thread(target=beat, daemon=True, name=f"heartbeat-{dataset[:8]}").start()
     try:
         summary = ingest_build(p.src, c.record.location, p.cfg, source=p.source, shard_size=p.shard_size,
                                shard_samples=p.shard_samples, splits=p.splits, fingerprint=p.fingerprint,
@@ -182,22 +185,60 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, max_error_
         verified = {**stamps(Manifest.load(c.record.location)), **set_file_stamps(c.record.location, files)}
     except BaseException as e:
         stop.set()
-        cat.fail(dataset, owner, f"{type(e).__name__}: {e}")
+        until_reachable(lambda: cat.fail(dataset, owner, f"{type(e).__name__}: {e}"))
         raise
     stop.set()
     if max_error_fraction is not None and summary.failed > max_error_fraction * max(1, summary.videos):
-        cat.fail(dataset, owner, f"{summary.failed} of {summary.videos} videos failed (more than "
-                                 f"{max_error_fraction:.1%}); see {storage.join(c.record.location, LEDGER_NAME)}")
+        until_reachable(lambda: cat.fail(
+            dataset, owner, f"{summary.failed} of {summary.videos} videos failed (more than {max_error_fraction:.1%}); "
+            f"see {storage.join(c.record.location, LEDGER_NAME)}"))
         log.warning("dataset %s: too many videos failed; recorded failed", dataset)
         return summary
-    if not cat.finish(dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
-                      verified_files=verified,
-                      builder_version=_version(),
-                      progress={"videos_done": summary.videos, "videos_total": summary.videos,
-                                "failed": summary.failed, "shards_written": summary.shards}):
-        log.warning("dataset %s: built, but another process had taken the record over", dataset)
+    if not until_reachable(lambda: cat.finish(
+            dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha, verified_files=verified,
+            builder_version=_version(), progress={"videos_done": summary.videos, "videos_total": summary.videos,
+                                                  "failed": summary.failed, "shards_written": summary.shards})):
+        rec = cat.get(dataset)
+        if not (rec and rec.state == "ready" and rec.manifest_sha256 == manifest_sha):  # else: a commit whose answer was lost
+            log.warning("dataset %s: built, but another process had taken the record over", dataset)
     log.info("dataset %s registered at %s", dataset, c.record.location)
     return summary
+
+
+def keep_alive(cat: Catalog, dataset: str, owner: dict, lost: Callable[[], None] | None = None) -> threading.Event:
+    """Heartbeat ``owner``'s lease on ``dataset`` from a thread until the event returned is set;
+    ``lost()`` once another process has taken the record over (default: a warning). A heartbeat the
+    catalog cannot take (it is unreachable) is tried again at the next beat."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(HEARTBEAT_SECONDS):
+            try:
+                held = cat.heartbeat(dataset, owner)
+            except CatalogUnavailable as e:
+                log.warning("dataset %s: heartbeat not recorded: %s", dataset, e)
+                continue
+            if not held:
+                log.warning("dataset %s: another process has taken this build over", dataset)
+                if lost is not None:
+                    lost()
+                return
+
+    threading.Thread(target=beat, daemon=True, name=f"heartbeat-{dataset[:8]}").start()
+    return stop
+
+
+def until_reachable(write: Callable[[], bool | None], seconds: float = LEASE_SECONDS):
+    """``write()``, tried again while the catalog cannot be reached, for up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return write()
+        except CatalogUnavailable as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s; trying again", e)
+            time.sleep(1.0)
 
 
 def describe_set(location: str) -> tuple[dict, dict, str]:

@@ -7,13 +7,16 @@ bash scripts/setup.sh
 # browser and its driver for tests/test_viewer.py (Debian's chromium and chromium-driver;
 # Selenium comes with the dev extras); Debian's nginx (tests/test_service_bytes.py's caching proxy
 # and bench/service.py's reference server; each starts its own on loopback, never the system's
-# service); and a one-node Slurm for tests/test_cluster_slurm.py, which runs the Slurm runbook on
-# loopback (slurm-wlm and munge: apt-get update + install took 13 s on the development machine).
+# service); a one-node Slurm for tests/test_cluster_slurm.py, which runs the Slurm runbook on
+# loopback (slurm-wlm and munge: apt-get update + install took 13 s on the development machine);
+# and Debian's PostgreSQL server for the catalog tests on PostgreSQL and the service's replicas
+# (tests/postgres.py starts its own with initdb/pg_ctl in a temporary directory, never the system's).
 need=()
 { command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || need+=(chromium chromium-driver)
 [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   echo "test: apt-get install ${need[*]}"
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)

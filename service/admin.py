@@ -11,6 +11,7 @@ import os
 import time
 
 from shards.catalog import Catalog, Record, default_path
+from shards.catalog.backends import is_url
 from shards.catalog.condition import condition, shown
 from shards.errors import CommandError, NotFound
 from shards.manifest import Manifest
@@ -21,14 +22,15 @@ from .files import checked_manifest
 
 
 def _common(p: argparse.ArgumentParser, ref: bool = True) -> None:
-    p.add_argument("--catalog", default=default_path(), help="catalog file ($SHARD_SERVICE_CATALOG)")
+    p.add_argument("--catalog", default=default_path(),
+                   help="catalog file or postgresql:// URL ($SHARD_SERVICE_CATALOG)")
     if ref:
         p.add_argument("ref", help="id, unique id prefix, name or tag")
 
 
 def _open(path: str) -> Catalog:
-    """The catalog file named; refused when there is none (opening would create an empty one)."""
-    if not os.path.exists(path):
+    """The catalog named; a file refused when there is none (opening would create an empty one)."""
+    if not is_url(path) and not os.path.exists(path):
         raise NotFound(f"--catalog {path}: no such catalog (`ingest build --catalog FILE` creates one; "
                        "$SHARD_SERVICE_CATALOG names the default)")
     return Catalog(path)
@@ -48,7 +50,7 @@ def _resolve(cat: Catalog, ref: str) -> Record:
         gone = cat.replaced(ref)
         if gone is not None:
             raise NotFound(condition(gone).sentence(gone))
-        raise NotFound(f"no dataset {ref!r} in {cat.path} (give an id, a unique id prefix, a name or a tag)")
+        raise NotFound(f"no dataset {ref!r} in {cat.where} (give an id, a unique id prefix, a name or a tag)")
     return rec
 
 

@@ -20,6 +20,8 @@ looked up by exact name in the set's file table (``service.files``), never joine
 Local files go out with ``sendfile`` (zero copy, ranges included); remote sets stream through,
 or, with ``redirect_seconds``, a shard of a set in an object store is answered with ``307`` to a
 presigned URL of the object, valid that long, and the bytes never pass through the server.
+Behind nginx, with ``x_accel_redirect``, nginx sends a local file's bytes and the server every
+header and refusal (``service.accel``).
 
 Every response says how it may be cached (RFC 9111), for HTTP caches in front of the server
 (nginx's ``proxy_cache``, a site proxy, a CDN): a file named by its set's full id never changes
@@ -49,12 +51,12 @@ import re
 
 from aiohttp import web
 
-from shards.catalog import Catalog, CatalogError, Record
+from shards.catalog import Catalog, CatalogError, CatalogUnavailable, Record
 from shards.catalog.condition import condition, shown
 from shards.http_range import Retry
 from shards.reading import local_path, open_range
 
-from . import housekeeping
+from . import accel, housekeeping
 from .builds import BadRequest, Builds
 from .files import Changed, Entry, Refused, content_type, open_local, presign
 from .limits import OUT_OF_FILES, OutOfFiles
@@ -80,7 +82,9 @@ TABLES = web.AppKey("tables", FileTables)
 RECORDS = web.AppKey("records", RecordCache)
 COUNTERS = web.AppKey("counters", Counters)
 REDIRECT = web.AppKey("redirect_seconds", int)
+ACCEL = web.AppKey("x_accel_redirect", str)
 IMMUTABLE = "max-age=31536000, immutable"
+REAP_SECONDS = 15  # how often builds whose builder died are looked for
 FILES_LOG = web.AppKey("out_of_files", OutOfFiles)
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
 
@@ -101,6 +105,9 @@ async def json_errors(request: web.Request, handler):
         response = await handler(request)
         response.headers.setdefault("Cache-Control", "no-store")
         return response
+    except CatalogUnavailable as e:
+        log.warning("%s %s: %s", request.method, request.path, e)
+        return error(503, "the catalog cannot be reached; try again shortly", **{"Retry-After": "1"})
     except Refused as e:
         return error(e.status, str(e))
     except web.HTTPException as e:
@@ -196,6 +203,8 @@ async def get_build(request: web.Request) -> web.Response:
     rec = request.app[CATALOG].get(request.match_info["id"])
     if rec is None:
         raise web.HTTPNotFound(text=f"no build {request.match_info['id']!r}")
+    if rec.state == "building" and rec.request is not None and not rec.lease_alive():  # its builder is gone
+        request.app[BUILDS].take_over_soon(rec)
     return web.json_response({"id": rec.id, "state": rec.state, "progress": rec.progress, "error": rec.error,
                               "location": rec.location, "attempts": rec.attempts,
                               "lease_alive": rec.lease_alive(), "record": rec.to_json()})
@@ -276,6 +285,12 @@ def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset
     if request.method == "GET" and name.endswith(".tar"):
         request.app[COUNTERS].add("shard_requests")
         request.app[COUNTERS].add("shard_bytes", answer.length)
+    prefix = request.app[ACCEL]
+    if prefix and fd is not None and offset == 0 and size == entry.size and request.method == "GET" \
+            and accel.asked(request.headers) and accel.nginx_agrees(request.headers):
+        os.close(fd)  # checked; nginx opens it again and sends it (service.accel)
+        request.app[COUNTERS].add("accel_redirects")
+        return web.Response(headers={**headers, **accel.redirect(prefix, local_path(rec.location), name)})
     if fd is not None:
         response = _Sendfile(fd, offset + answer.start, answer.length, status=answer.status, headers=headers)
     else:
@@ -381,12 +396,18 @@ async def delete_dataset(request: web.Request) -> web.Response:
 
 async def _reap_periodically(app: web.Application):
     async def reap():
-        for dataset in await asyncio.to_thread(app[CATALOG].reap):
-            log.warning("build %s: its builder died; marked failed", dataset)
+        """Builds asked for over HTTP whose builder died are taken over (``service.builds``); any
+        other build whose builder died is marked failed."""
+        try:
+            await app[BUILDS].take_over()
+            for dataset in await asyncio.to_thread(app[CATALOG].reap):
+                log.warning("build %s: its builder died; marked failed", dataset)
+        except CatalogUnavailable as e:
+            log.warning("builds not checked: %s", e)
 
     async def loop():
         while True:
-            await asyncio.sleep(15)
+            await asyncio.sleep(REAP_SECONDS)
             await reap()
     await reap()  # at startup, before the first request: builds that died with a previous server
     task = asyncio.create_task(loop())
@@ -406,10 +427,10 @@ def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = Fals
              ray_address: str | None = None, source_roots: SourceRoots = SourceRoots([]),
              max_build_workers: int = 1, max_builds: int = 1, body_timeout: float = 60.0,
              out_of_files: OutOfFiles | None = None, counters: Counters | None = None,
-             redirect_seconds: int = 0) -> web.Application:
+             redirect_seconds: int = 0, x_accel_redirect: str = "") -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH] = catalog, list(tokens), read_auth
-    app[COUNTERS], app[REDIRECT] = counters or Counters(), redirect_seconds
+    app[COUNTERS], app[REDIRECT], app[ACCEL] = counters or Counters(), redirect_seconds, x_accel_redirect
     app[TABLES] = FileTables(catalog, app[COUNTERS])
     app[RECORDS] = RecordCache(catalog)
     app[BODY_TIMEOUT], app[FILES_LOG] = body_timeout, out_of_files or OutOfFiles()

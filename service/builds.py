@@ -5,10 +5,19 @@ Identical requests share one plan while it is being computed and one claim in th
 so any number of them at once make one build; requests for a set that is already ready are
 answered with it. At most ``max_running`` build processes run at once (each starts its own
 embedded Ray, or joins ``--ray-address``); the others wait their turn, their claims kept alive
-by the server's heartbeat. A build process that dies without recording why is recorded failed
+by the server's heartbeat. Once started, the build process holds the lease itself
+(``Catalog.transfer``). A build process that dies without recording why is recorded failed
 from its exit status at once; on shutdown the server stops its builds (SIGTERM, then SIGKILL to
-the build's process group) and records them failed; if the server itself is killed, its build
-processes see their stdin close and stop, recording why.
+the build's process group) and records them failed.
+
+If the server itself dies (killed, or its host gone), its build processes see their stdin close
+and end without recording anything, so their leases die with them (on the same host at once, from
+another host when the heartbeats stop: ``shards.catalog.store``). The claim keeps the build's
+request, and any server on the catalog (a replica, or this one restarted) takes the build over
+(``take_over``: periodically, and whenever a status request finds it orphaned): it plans the
+request again and claims the id, which resumes the staged work where the dead builder left it.
+The claim decides in one write transaction, so of several replicas trying at once one builds and
+the others find it being built: no build runs twice.
 """
 from __future__ import annotations
 
@@ -24,10 +33,10 @@ from ingest import registry
 from ingest.clips import DECODERS, ClipConfig
 from ingest.sources import SPLITS
 from shards import storage
-from shards.catalog import HEARTBEAT_SECONDS, Catalog, Claim, canonical_json
+from shards.catalog import HEARTBEAT_SECONDS, Catalog, CatalogUnavailable, Claim, Record, canonical_json, new_owner
 from shards.packing import parse_size
 
-from .roots import SourceRoots
+from .roots import SourceRefused, SourceRoots
 
 log = logging.getLogger("service.builds")
 
@@ -40,6 +49,9 @@ OTHER_KEYS = {"src": str, "name": str, "shard_size": (int, str), "shard_samples"
 BOUNDS = {"frames": (1, 64), "clips_per_video": (1, 64), "eval_clips": (1, 64), "short_side": (16, 2048),
           "quality": (1, 100), "restart_interval": (0, 1024), "seed": (0, 2**63 - 1), "videos_per_task": (1, 1024),
           "ffmpeg_threads": (1, 16), "timeout": (1, 3600), "shard_samples": (1, 10**6), "shard_size": (10**6, 2**36)}
+
+
+MAX_ATTEMPTS = 5  # a build whose builders died this many times is not taken over again
 
 
 class BadRequest(ValueError):
@@ -96,6 +108,7 @@ class Builds:
         self._planning: dict[bytes, asyncio.Future] = {}
         self._slots = asyncio.Semaphore(max_running)
         self._tasks: set[asyncio.Task] = set()
+        self._taking: set[str] = set()  # ids this server is trying to take over
 
     async def request(self, body) -> tuple[int, dict]:
         """(HTTP status, JSON answer) for a build request; raises BadRequest (400) or SourceRefused (403)."""
@@ -110,17 +123,80 @@ class Builds:
         except (FileNotFoundError, ValueError) as e:
             raise BadRequest(f"src {req['src']}: {e}") from None
         out = storage.join(self.data_root, plan.id[:16])
-        claim = await asyncio.to_thread(registry.claim, self.catalog, plan, out, req["name"])
+        claim = await asyncio.to_thread(registry.claim, self.catalog, plan, out, req["name"], request=body)
         answer = {"id": plan.id, "state": claim.record.state, "location": claim.record.location,
                   "status_url": f"/v1/builds/{plan.id}", "dataset_url": f"/v1/datasets/{plan.id}"}
         if claim.action == "reuse":
             return 200, answer
         if claim.action == "build":
-            task = asyncio.create_task(self._run(claim, plan, req["run"]), name=f"build-{plan.id[:8]}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(claim, plan, req["run"])
             log.info("build %s of %s asked for, into %s", plan.id, plan.src, claim.record.location)
         return 202, answer
+
+    def _start(self, claim: Claim, plan: registry.Plan, run: dict) -> None:
+        task = asyncio.create_task(self._run(claim, plan, run), name=f"build-{plan.id[:8]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def take_over(self, orphans: list[Record] | None = None) -> list[str]:
+        """Take over the builds asked for over HTTP whose builder is gone (``orphans``: those found,
+        default: the catalog's): each planned again from its request and claimed; returns the ids
+        this server now builds. One whose request no longer plans to its id (its sources changed) or
+        is no longer allowed here is recorded failed, saying why. A server that runs no builds (no
+        --source-root) leaves them to those that do."""
+        if not self.roots:
+            return []
+        taken = []
+        for rec in orphans if orphans is not None else await asyncio.to_thread(self.catalog.orphans):
+            if rec.id in self._taking:
+                continue
+            self._taking.add(rec.id)
+            try:
+                if await self._take_over(rec):
+                    taken.append(rec.id)
+            finally:
+                self._taking.discard(rec.id)
+        return taken
+
+    def take_over_soon(self, rec: Record) -> None:
+        """``take_over`` of one orphan in the background (a status request found it)."""
+        async def attempt():
+            try:
+                await self.take_over([rec])
+            except CatalogUnavailable as e:
+                log.warning("build %s: not taken over: %s", rec.id, e)
+
+        if rec.id not in self._taking:
+            task = asyncio.create_task(attempt(), name=f"take-over-{rec.id[:8]}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _take_over(self, rec: Record) -> bool:
+        who = f"{rec.owner.get('host')} pid {rec.owner.get('pid')}" if rec.owner else "its builder"
+        if rec.attempts >= MAX_ATTEMPTS:  # whatever kills its builders may be the build itself
+            await asyncio.to_thread(self.catalog.fail_orphan, rec.id, f"abandoned: its builder ({who}) is gone, "
+                                    f"after {rec.attempts} attempts; not taken over again: ask for it again")
+            return False
+        try:
+            req = parse_body(rec.request, self.max_workers)
+            src = self.roots.check(req["src"])
+            plan = await asyncio.to_thread(self._plan, src, req)
+        except (BadRequest, SourceRefused, FileNotFoundError, ValueError) as e:
+            reason = f"abandoned: its builder ({who}) is gone, and it cannot be taken over here: {e}"
+            await asyncio.to_thread(self.catalog.fail_orphan, rec.id, reason)
+            return False
+        if plan.id != rec.id:
+            reason = (f"abandoned: its builder ({who}) is gone, and its sources changed since it was asked for "
+                      f"(they now make dataset {plan.id}); ask for it again")
+            await asyncio.to_thread(self.catalog.fail_orphan, rec.id, reason)
+            return False
+        claim = await asyncio.to_thread(registry.claim, self.catalog, plan, rec.location, None, request=rec.request)
+        if claim.action != "build":
+            return False  # another replica was first, or it was finished meanwhile
+        log.warning("build %s: its builder (%s) is gone; taken over (attempt %d), resuming in %s", rec.id, who,
+                    claim.record.attempts, claim.record.location)
+        self._start(claim, plan, req["run"])
+        return True
 
     def _plan(self, src: str, req: dict) -> registry.Plan:
         if "://" not in src:
@@ -129,23 +205,31 @@ class Builds:
                              splits=req["splits"])
 
     async def _run(self, claim: Claim, plan: registry.Plan, run: dict) -> None:
-        dataset, owner = plan.id, claim.owner
+        dataset, holder = plan.id, [claim.owner]  # the lease's owner: this server, then its build process
         started = False
         try:
-            await self._wait_for_a_slot(dataset, owner)
+            await self._wait_for_a_slot(dataset, claim.owner)
             started = True
             try:
-                reason = await self._build_process(claim, plan, run)
+                reason = await self._build_process(claim, plan, run, holder)
             except OSError as e:
                 reason = f"the build process could not be started: {e}"
             finally:
                 self._slots.release()
         except asyncio.CancelledError:  # the server is stopping
             reason = "stopped: the server shut down" + ("" if started else " before the build started")
-            await asyncio.to_thread(self.catalog.fail, dataset, owner, reason)
+            await self._record_failed(dataset, holder[0], reason)
             raise
         if reason:  # a no-op when the build process recorded its own outcome (the record is no longer ours)
+            await self._record_failed(dataset, holder[0], reason)
+
+    async def _record_failed(self, dataset: str, owner: dict, reason: str) -> None:
+        """Record the build failed; with the catalog unreachable, its lease is left to lapse (and a
+        replica to take the build over)."""
+        try:
             await asyncio.to_thread(self.catalog.fail, dataset, owner, reason)
+        except CatalogUnavailable as e:
+            log.error("build %s: %s; not recorded: %s", dataset, reason, e)
 
     async def _wait_for_a_slot(self, dataset: str, owner: dict) -> None:
         """Wait for a free build slot, heartbeating the claim meanwhile so it is not taken for abandoned."""
@@ -154,14 +238,15 @@ class Builds:
                 await asyncio.wait_for(self._slots.acquire(), HEARTBEAT_SECONDS)
                 return
             except TimeoutError:
-                await asyncio.to_thread(self.catalog.heartbeat, dataset, owner)
+                try:
+                    await asyncio.to_thread(self.catalog.heartbeat, dataset, owner)
+                except CatalogUnavailable as e:
+                    log.warning("build %s: heartbeat not recorded: %s", dataset, e)
 
-    async def _build_process(self, claim: Claim, plan: registry.Plan, run: dict) -> str | None:
-        """Run the build in its own process; None if it exited 0, else what it died of. Cancelled
-        (the server stopping), it stops the process: SIGTERM, then after ``stop_grace`` SIGKILL."""
-        job = {"catalog": self.catalog.path, "claim": claim, "plan": plan, "ray_address": self.ray_address,
-               "workers": run.get("workers"), "videos_per_task": run.get("videos_per_task", 8),
-               "ffmpeg_threads": run.get("ffmpeg_threads", 1), "timeout": run.get("timeout", 600)}
+    async def _build_process(self, claim: Claim, plan: registry.Plan, run: dict, holder: list) -> str | None:
+        """Run the build in its own process, which holds the lease from its start (``holder[0]``
+        becomes its owner); None if it exited 0, else what it died of. Cancelled (the server
+        stopping), it stops the process: SIGTERM, then after ``stop_grace`` SIGKILL."""
         spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
             sys.executable, "-m", "service.build_process", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
@@ -171,8 +256,18 @@ class Builds:
         except asyncio.CancelledError:  # stopped while starting: stop what was started
             await self._terminate(await spawn, plan.id)
             raise
-        log.info("build %s: build process %d started", plan.id, proc.pid)
         try:
+            owner = {**new_owner(), "pid": proc.pid}
+            if not await asyncio.to_thread(self.catalog.transfer, plan.id, claim.owner, owner):
+                proc.kill()  # the record is no longer this server's: nothing to build
+                await proc.wait()
+                return None
+            holder[0] = owner
+            log.info("build %s: build process %d started, holding the lease", plan.id, proc.pid)
+            job = {"catalog": self.catalog.path, "claim": Claim(claim.action, claim.record, owner), "plan": plan,
+                   "ray_address": self.ray_address, "workers": run.get("workers"),
+                   "videos_per_task": run.get("videos_per_task", 8), "ffmpeg_threads": run.get("ffmpeg_threads", 1),
+                   "timeout": run.get("timeout", 600)}
             proc.stdin.write(pickle.dumps(job))  # stdin stays open: its end tells the process the server is gone
             await proc.stdin.drain()
             tail = await _relay(proc.stdout, f"build {plan.id[:8]}")

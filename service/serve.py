@@ -18,13 +18,15 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 
 from aiohttp import web
 
 from shards.catalog import Catalog, default_path
-from shards.errors import Interrupted
+from shards.catalog.backends import is_url
+from shards.errors import Interrupted, UsageError
 
 from .app import make_app
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
@@ -37,18 +39,27 @@ MAX_CONNECTIONS = 8192
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--catalog", default=default_path(), help="catalog file ($SHARD_SERVICE_CATALOG)")
+    p.add_argument("--catalog", default=default_path(),
+                   help="catalog: a SQLite file, or a PostgreSQL database (postgresql://USER@HOST:PORT/DB) that "
+                        "replicas of the service share ($SHARD_SERVICE_CATALOG)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--redirect", type=int, default=0, metavar="SECONDS",
                    help="answer GETs of shards of sets in an object store with 307 to a presigned URL valid "
                         "this long, so their bytes bypass the server (default 0: stream them through)")
+    p.add_argument("--x-accel-redirect", default="", metavar="PREFIX",
+                   help="behind nginx: answer GETs of local sets' files that nginx can send (requests carrying "
+                        "X-Sendfile-Type: X-Accel-Redirect) with every header decided here and X-Accel-Redirect: "
+                        "PREFIX/<the file's path>, for nginx to send the bytes from its internal location PREFIX/ "
+                        "(docs/runbooks/service.md); refusals, 304s and anything nginx would answer differently "
+                        "are answered here as without it")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true", help="reads need a token too (all but /v1/health)")
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
-                                       "default: a 'sets' directory beside the catalog)")
+                                       "default: a 'sets' directory beside a catalog file; needed with a "
+                                       "PostgreSQL catalog: storage every replica reaches)")
     p.add_argument("--ray-address", help="run builds on this Ray cluster (default: an embedded local Ray)")
     p.add_argument("--source-root", action="append", default=[], metavar="DIR_OR_URL",
                    help="builds asked for over HTTP may read only sources under this local directory (symbolic "
@@ -100,12 +111,13 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
                     args.max_connections, open_files)
     out_of_files = OutOfFiles()
     out_of_files.install(asyncio.get_running_loop())
-    catalog = Catalog(args.catalog)  # the app's reaper, at startup, marks builds that died with a previous server failed
-    data_root = args.data_root or os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets")
+    catalog = Catalog(args.catalog)  # the app's reaper, at startup, takes over or fails builds that died with a server
+    data_root = args.data_root or ("" if is_url(args.catalog) else
+                                   os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets"))
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
                    max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files,
-                   counters=counters, redirect_seconds=args.redirect)
+                   counters=counters, redirect_seconds=args.redirect, x_accel_redirect=args.x_accel_redirect)
     add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
                            handle_signals=False, keepalive_timeout=args.header_timeout)
@@ -201,7 +213,18 @@ def _fork_workers(args: argparse.Namespace) -> int:
     return code or (_stopped(stopping[0]) if stopping else 0)
 
 
+def check_replica_flags(args: argparse.Namespace) -> None:
+    """The flags of a replica behind nginx, refused before anything starts."""
+    if args.x_accel_redirect and not re.fullmatch(r"(/[A-Za-z0-9_.~-]+)+", args.x_accel_redirect):
+        raise UsageError(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel (nginx's "
+                         "internal location for the files: docker/nginx-replicas.conf)")
+    if is_url(args.catalog) and args.source_root and not args.data_root:
+        raise UsageError("--data-root: needed with a PostgreSQL catalog and --source-root (where builds asked for "
+                         "over HTTP are written: storage every replica reaches)")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_replica_flags(args)
     if args.workers < 1:
         raise SystemExit(f"--workers {args.workers}: give 1 or more")
     if args.workers == 1:

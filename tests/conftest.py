@@ -2,6 +2,9 @@
 
 * ``ray_local``: one local Ray on loopback for the whole run (it costs seconds to start); always a
   new one (address="local"), never another Ray running on the machine.
+* ``postgres``: one PostgreSQL server on loopback for the run (``tests/postgres.py``), stopped at
+  its end; ``catalog_location``: a new catalog on each back end in turn, a SQLite file and a
+  database of that server (the catalog tests run on both).
 * Nothing the suite starts may outlive it. The session (the controller, under pytest-xdist) puts a
   token of its own in ``KF_TEST_SESSION``, which every process it starts inherits: pytest's
   workers, servers, Ray's daemons and workers, horovodrun and its ranks, Slurm's daemons and jobs.
@@ -36,6 +39,24 @@ def ray_local():
              logging_level="WARNING")
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    from postgres import PostgresServer
+
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog_location(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "catalog.sqlite")
+    return request.getfixturevalue("postgres").database()
 
 
 def controller(config) -> bool:

@@ -3,12 +3,12 @@ sent at an exact point of the run, and each rank's exit code.
 
 The fault is set by the environment, so that it reaches every rank through horovodrun:
 
-    FAULT="<point>:<n>:<signal>:<target>" [FAULT_RANK=r (default 0)]
+    FAULT="<point>:<n>:<signal>:<target>[,<point>:<n>:<signal>:<target>...]" [FAULT_RANK=r (default 0)]
 
 * point ``step``: as this process's n-th training step starts, so the signal lands mid-step
   (the loop sees it after that step); ``validation``: as its n-th validation batch is scored;
   ``validated``: once its n-th whole validation is done.
-* signal ``TERM`` or ``INT``.
+* signal ``TERM`` or ``INT`` (or ``STOP``: the job held, for a harness to act on and let go with SIGCONT).
 * target ``self`` (this rank), ``group`` (its process group: the rank and its loader workers, as
   ``kill -TERM -PGID`` or Ctrl-C in a terminal), ``job`` (every process of the horovodrun job:
   horovodrun, its helpers, every rank and every loader worker, as Slurm's ``scancel`` and time
@@ -88,8 +88,9 @@ def arm(point: str, n: int, signum: int, target: str) -> None:
 
 if __name__ == "__main__":
     if os.environ.get("FAULT") and rank() == int(os.environ.get("FAULT_RANK", 0)):
-        point, n, sig, target = os.environ["FAULT"].split(":")
-        arm(point, int(n), getattr(signal, "SIG" + sig), target)
+        for fault in os.environ["FAULT"].split(","):
+            point, n, sig, target = fault.split(":")
+            arm(point, int(n), getattr(signal, "SIG" + sig), target)
     code = cli.main(sys.argv[1:])
     if os.environ.get("EXIT_LOG"):
         with open(f"{os.environ['EXIT_LOG']}.rank{rank()}.jsonl", "a") as f:

@@ -44,12 +44,14 @@ def frame_motion(sample: int, frame: int) -> tuple[float, float]:
     return 2.0 + frame, float(sample % 5)
 
 
-def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool, motion: str | None):
+def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool, motion: str | None,
+                 class_sorted: bool = False):
     """(key, label, sample_bytes) for ``count`` clips, two clips per video; with ``motion`` (a kind
-    of ``shards.motionfield``) a uniform field of ``frame_motion`` beside each frame."""
+    of ``shards.motionfield``) a uniform field of ``frame_motion`` beside each frame. Labels go
+    round the classes (i % num_classes), or with ``class_sorted`` class by class."""
     for i in range(count):
         key = f"{split}_v{i // 2:04d}_c{i % 2:02d}"
-        label = i % num_classes if labeled else -1
+        label = (i * num_classes // count if class_sorted else i % num_classes) if labeled else -1
         members = [(f"{t:02d}.jpg", jpeg(frame_colour(i, t), size)) for t in range(frames)]
         if motion:
             members += [(motionfield.member(t, motion), uniform_field(*frame_motion(i, t), size))
@@ -65,17 +67,19 @@ def clip_samples(split: str, count: int, num_classes: int, frames: int, size, la
 
 def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, num_classes: int = 3,
                   frames: int = 8, size=(64, 48), unlabeled=("test",), classes: list[str] | None = None,
-                  motion: str | None = None) -> Manifest:
+                  motion: str | None = None, class_sorted: bool = False) -> Manifest:
     """Write ``splits`` ({name: clip count}) as shards of ``per_shard`` clips plus a manifest.
 
-    Clip i of a split has label i % num_classes and frame t coloured ``frame_colour(i, t)``.
+    Clip i of a split has label i % num_classes (with ``class_sorted``: i * num_classes // count,
+    the set written class by class) and frame t coloured ``frame_colour(i, t)``.
     ``classes``: the class names (default ``class0``, ``class1``, ...; their number overrides num_classes).
     ``motion``: also a motion field of that kind per frame (``frame_motion``), as ``ingest build --motion``.
     """
     num_classes = len(classes) if classes else num_classes
     out = {}
     for split, count in splits.items():
-        samples = list(clip_samples(split, count, num_classes, frames, size, split not in unlabeled, motion))
+        samples = list(clip_samples(split, count, num_classes, frames, size, split not in unlabeled, motion,
+                                    class_sorted))
         shards = []
         for k, start in enumerate(range(0, count, per_shard)):
             name = shard_name(split, k)
@@ -197,16 +201,22 @@ class ServiceProcess:
         return self.url
 
     def kill(self, signum: int = 9) -> None:
+        """Signal the server and wait for it to end; nothing if it was never started (a fixture's
+        clean-up after an earlier start failed)."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
         self.proc.wait(timeout=60)
 
-    def build_process(self, nth: int = 0):
-        """The ``nth`` build process this server started (a psutil.Process), once its log says so."""
+    def build_process(self, nth: int = 0, dataset: str = ""):
+        """The ``nth`` build process this server started (of ``dataset``'s builds, if given; a
+        psutil.Process), once its log says so."""
         import psutil
 
         deadline = time.time() + 60
-        while len(started := [line for line in self.log if "build process" in line and "started" in line]) <= nth:
+        while len(started := [line for line in self.log if f"{dataset}: build process" in line
+                              and "started" in line]) <= nth:
             assert time.time() < deadline and self.proc.poll() is None, "".join(self.log)
             time.sleep(0.05)
         return psutil.Process(int(started[nth].split("build process ")[1].split()[0]))

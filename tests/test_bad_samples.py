@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -178,7 +179,9 @@ def test_two_ranks_stop_alike_at_the_first_bad_sample_or_past_the_budget(sets, t
     assert all(len(e) == 1 for e in errors.values()) and not any("Traceback" in line for r in (0, 1)
                                                                  for line in rank_lines(run, r))
     met = [e[0] for e in errors.values() if "(read twice)" in e[0]]  # one bad sample in each rank's share here
-    assert met and all(any(f"error: {directory}/{shard}: shard {shard}, sample {key}: xxh3-64 digest " in line
+    # every rank stops on the fault the ranks agreed on, naming the rank that met it
+    assert met and all(any(re.search(rf"error: rank [01]: {re.escape(f'{directory}/{shard}: shard {shard}, sample {key}: ')}"
+                                     "xxh3-64 digest ", line)
                            for key, shard in sets["two"]["train"]) for line in met)
     assert len(met) + sum("another rank of the job stopped" in e[0] for e in errors.values()) == 2
 
@@ -187,8 +190,11 @@ def test_two_ranks_stop_alike_at_the_first_bad_sample_or_past_the_budget(sets, t
     assert run.returncode == 1 and exits(out) == {0: [1], 1: [1]}, run.stderr[-3000:]
     for r in (0, 1):
         (line,) = [line for line in rank_lines(run, r) if "trainer train: error: " in line]
-        assert ("error: 2 samples of train in epoch 1 differ from the manifest's digests, more than --max-bad-samples "
-                f"1 allows (1); the last: ") in line and line.endswith(f"all are listed in {out}/bad-samples.jsonl")
+        assert ("error: rank 0: 2 samples of train in epoch 1 differ from the manifest's digests, more than "
+                "--max-bad-samples 1 allows (1); the last: ") in line
+        assert f"all are listed in {out}/bad-samples.jsonl; stopped in epoch 1 after batch " in line
+        assert line.endswith(f"checkpoint saved to {out}/checkpoint.pt: the same command with --resume continues "
+                             "from there once that is repaired")
     steps = Counter(r["rank"] for path in (out / "clips").glob("*.jsonl") for r in read_file(str(path)))
     assert steps[0] == steps[1] > 0  # the same step on both ranks
     listed = [json.loads(line)["key"] for line in (out / "bad-samples.jsonl").read_text().splitlines()]

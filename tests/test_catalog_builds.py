@@ -1,6 +1,7 @@
-"""``ingest build --catalog``: real ffmpeg, real Ray, a real catalog file. A build is found again
-by its inputs and options (nothing decoded, even for another --out), ids change exactly when the bytes can, and
-a build whose process is killed is taken over by the one waiting for it."""
+"""``ingest build --catalog``: real ffmpeg, real Ray, a real catalog on each back end (a SQLite
+file; a PostgreSQL database on a server on loopback). A build is found again by its inputs and
+options (nothing decoded, even for another --out), ids change exactly when the bytes can, and a
+build whose process is killed is taken over by the one waiting for it."""
 from __future__ import annotations
 
 import json
@@ -36,10 +37,10 @@ def tree(tmp_path_factory):
     return src
 
 
-@pytest.fixture(scope="module")
-def built(tree, tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def built(request, tree, tmp_path_factory):
     root = tmp_path_factory.mktemp("built")
-    catalog = str(root / "catalog.sqlite")
+    catalog = str(root / "catalog.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres").database()
     summary, record = registry.build(catalog, str(tree), str(root / "first"), CFG, workers=2, videos_per_task=2,
                                      **OPTS)
     assert not summary.reused and record.state == "ready"

@@ -2,7 +2,9 @@
 the runbook and executed (tests/runbooks.py) with the substitutions below. ``shard-service serve``
 behind a token file made as the runbook makes it, with ``--read-auth`` (readers without the token
 refused, with it served); the listing; tag, verify and gc as the routine runs them; a backup of the
-catalog taken while the server runs, then restored and served again. A set registered here stands
+catalog taken while the server runs, then restored and served again; the replicated deployment on the
+tests' PostgreSQL (its role and database, two replicas, nginx with the shipped configuration, one
+replica killed). A set registered here stands
 in for the runbook's cluster build (tests/test_cluster_ray.py builds and registers on two Ray
 nodes); its trainers' block runs in tests/test_cluster_horovod.py.
 """
@@ -11,7 +13,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import stat
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -112,3 +117,66 @@ def test_tag_verify_gc_and_a_backup_restored_while_serving(team):
     status, body = get(f"{server.url}/v1/datasets/paper-v1/manifest.json", team["token"])
     assert status == 200 and Manifest.from_json(body).splits["train"].num_samples == 12
     assert get(f"{server.url}/v1/datasets/paper-v1/manifest.json")[0] == 401  # still behind the token
+
+
+def test_replicas_on_postgresql_behind_nginx(team, postgres):
+    """The runbook's replicated deployment: the role and database made with its commands on the
+    tests' PostgreSQL, two replicas started with its ``serve`` line (ports of their own), nginx with
+    the shipped configuration listing them, the set read through nginx with the token (its bytes
+    sent by nginx), still read with one replica killed, and listed from the catalog's URL."""
+    from fronts import free_port, front_config
+
+    root, role, db = team["root"], f"kf{os.getpid()}", f"kinetics_fast_{os.getpid()}"
+    url = f"postgresql://{role}@127.0.0.1:{postgres.port}/{db}"
+    pg = {"postgresql://kf@db.internal/kinetics_fast": url, "--owner kf kinetics_fast": f"--owner {role} {db}",
+          "--host db.internal --username postgres": f"--host 127.0.0.1 --port {postgres.port} --username {postgres.user}",
+          f"{postgres.user} kf": f"{postgres.user} {role}", "/lustre/sets/service": f"{root}/sets-service",
+          "/lustre/videos": f"{root}/videos", **subs(root)}
+    (root / "videos").mkdir(exist_ok=True)
+    run_block("service.md", "createuser --host db.internal", pg, cwd=root)
+    register(Catalog(url), str(root / "sets" / NAME), NAME)
+    ports, replicas, front = [free_port(), free_port()], [], None
+    try:
+        for port in ports:
+            (line,) = block_commands("service.md", "shard-service serve --catalog postgresql://",
+                                     {**pg, "--port 0": f"--port {port}"})
+            replicas.append(ServiceProcess(command=tuple(shlex.split(line)), env=shell_env()))
+            replicas[-1].start()
+        conf, front_port = root / "front" / "nginx.conf", free_port()
+        conf.parent.mkdir(exist_ok=True)
+        conf.write_text(front_config(str(conf.parent), front_port, [f"127.0.0.1:{p}" for p in ports]))
+        nginx_line, list_line = block_commands("service.md", "nginx -c /opt/kinetics-fast/docker/nginx-replicas.conf",
+                                               {"/opt/kinetics-fast/docker/nginx-replicas.conf": str(conf), **pg})
+        front = ServiceProcess(command=tuple(shlex.split(nginx_line)))  # in the foreground: stopped by its pid
+        front.proc = subprocess.Popen(front.command, start_new_session=True)
+        data = f"http://127.0.0.1:{front_port}/v1/datasets/{NAME}/train/train-000000.tar"
+        shard = (root / "sets" / NAME / "train" / "train-000000.tar").read_bytes()
+        deadline = time.monotonic() + 60
+        while (got := get_or_none(data, team["token"])) is None:
+            assert front.proc.poll() is None and time.monotonic() < deadline, "nginx never answered"
+            time.sleep(0.05)
+        assert got == (200, shard) and get(data)[0] == 401
+        for _ in range(4):  # both replicas answered (nginx balances); nginx sent the bytes they handed it
+            assert get(data, team["token"]) == (200, shard)
+        replicas[0].kill(9)
+        assert all(get(data, team["token"]) == (200, shard) for _ in range(4))  # the other one answers
+        redirected = json.loads(get(f"{replicas[1].url}/v1/stats", team["token"])[1])["total"]["accel_redirects"]
+        assert redirected >= 3
+        listed = run_commands([list_line], cwd=root, env=shell_env())
+        assert NAME in listed and "ready" in listed, listed
+    finally:
+        if front is not None and front.proc.poll() is None:
+            os.killpg(front.proc.pid, signal.SIGQUIT)
+            front.proc.wait(timeout=60)
+        for r in replicas:
+            r.kill(15)
+
+
+def get_or_none(url: str, token: str) -> tuple[int, bytes] | None:
+    """``get``, or None while nothing listens yet."""
+    try:
+        return get(url, token)
+    except urllib.error.URLError as e:
+        if isinstance(e, urllib.error.HTTPError):
+            raise
+        return None

@@ -126,3 +126,40 @@ def test_compose_file_is_valid_and_runs_the_pipeline_on_the_images():
     assert parse_size(services["train"]["environment"][ENV_BUDGET]) > 0
     assert services["train"]["depends_on"]["ingest"]["condition"] == "service_completed_successfully"
     assert services["train"]["depends_on"]["service"]["condition"] == "service_healthy"
+
+
+def test_the_replicated_service_compose_file_is_valid_and_its_parts_agree():
+    """docker/compose-replicas.yaml (docs/runbooks/service.md): PostgreSQL, two replicas serving its
+    catalog with the bytes handed to nginx, and nginx with the shipped configuration, whose upstream
+    names both replicas at their port and whose internal location is the one the replicas name."""
+    binary = Path(compose.__file__).parent / "docker-compose"
+    proc = subprocess.run([str(binary), "-f", str(ROOT / "docker" / "compose-replicas.yaml"), "config", "--format",
+                           "json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HOME": "/tmp", "KF_DB_PASSWORD": "db-password", "KF_TOKEN": "the-token-value"})
+    assert proc.returncode == 0, proc.stderr
+    services = json.loads(proc.stdout)["services"]
+    assert set(services) == {"postgres", "replica1", "replica2", "nginx"}
+    serves = {}
+    for name in ("replica1", "replica2"):
+        (argv,) = project_commands(" ".join(services[name]["command"]))
+        serves[name] = parse(argv)
+        assert services[name]["image"] == "kinetics-fast:cpu" and services[name].get("user") in (None, "10001:10001")
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert "KF_TOKEN" not in " ".join(services[name]["command"]).replace("$KF_TOKEN", "")  # from the environment
+    one, two = serves.values()
+    assert one.catalog == two.catalog and one.catalog.startswith("postgresql://kf@postgres:5432/")
+    assert one.catalog.rsplit("/", 1)[1] == services["postgres"]["environment"]["POSTGRES_DB"]
+    assert one.read_auth and one.x_accel_redirect == two.x_accel_redirect == "/_accel" and one.host == "0.0.0.0"
+    assert one.data_root.startswith("/data/") and one.data_root == two.data_root
+    nginx = services["nginx"]
+    mounts = {v["target"]: v["source"] for v in nginx["volumes"]}
+    conf_path = Path(mounts["/etc/nginx/nginx.conf"])
+    assert conf_path == ROOT / "docker" / "nginx-replicas.conf"
+    mounted = lambda s: {v["target"] for v in services[s]["volumes"] if v["type"] == "volume"}  # noqa: E731
+    assert "/data" in mounted("nginx") & mounted("replica1") & mounted("replica2")  # one path for a file, everywhere
+    conf = conf_path.read_text()
+    assert re.findall(r"server (replica\d):(\d+) ", conf) == [("replica1", str(one.port)), ("replica2", str(two.port))]
+    assert f"location {one.x_accel_redirect}/ {{" in conf and "internal;" in conf
+    assert int(re.search(r"listen (\d+);", conf)[1]) == nginx["ports"][0]["target"]
+    commands = " ".join(w for s in services.values() for w in s.get("command") or [])
+    assert "db-password" not in commands and "the-token-value" not in commands  # secrets in no argv

@@ -4,7 +4,7 @@ A table of mistakes, each run as the console command a user types (a subprocess,
 started at once by one module fixture: most fail before any work). Each must exit with its
 documented status (2: the command line asks for something that cannot be done; 1: the work
 could not go on; 75: a source that stayed unreachable, try again later), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
-reason, and no traceback anywhere. The commands that destroyed work silently get their own tests
+reason, and no traceback anywhere (under horovodrun, on two simulated nodes: each rank). The commands that destroyed work silently get their own tests
 below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
 into an old set, ``shard-service`` creating a catalog on a typo, training again into an earlier
 run's directory (its checkpoint replaced, its metrics appended to).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -120,6 +121,21 @@ CASES = [
      ["/v1/datasets/worn", "HTTP 409", "(worn) is damaged", "shard-service verify", "Prefer: handling=lenient"]),
     ("show-a-replaced-set", "shard-service show gone --catalog {catalog}", {}, 2,
      ["(gone) is replaced", "a build without a catalog was forced into", "--force"]),
+    # the service past one process: a PostgreSQL catalog, replicas behind nginx (docs/runbooks/service.md)
+    ("catalog-server-down", "shard-service list --catalog postgresql://kf:pw@127.0.0.1:{port}/catalog", {}, 75,
+     ["the catalog postgresql://kf:***@127.0.0.1:{port}/catalog cannot be reached", "Connection refused"]),
+    ("build-with-the-catalog-server-down", "ingest build --src {vids} --out {out} --catalog "
+     "postgresql://kf@127.0.0.1:{port}/catalog", {}, 75, ["postgresql://kf@127.0.0.1:{port}/catalog cannot be reached"]),
+    ("replica-without-a-data-root", "shard-service serve --catalog postgresql://kf@127.0.0.1:{port}/catalog "
+     "--source-root {vids}", {}, 2, ["--data-root", "PostgreSQL catalog", "every replica reaches"]),
+    ("x-accel-not-a-path", "shard-service serve --catalog {catalog} --x-accel-redirect _accel", {}, 2,
+     ["--x-accel-redirect _accel", "plain URI path such as /_accel"]),
+    # on two simulated nodes: every rank judges the same shares (``outcomes``)
+    ("node-affine-on-a-class-sorted-set", "horovodrun -np 2 -H localhost:1,127.0.0.1:1 --gloo {bin}/trainer train "
+     "--data {sorted} --shuffle node --output-dir {root}/run-sorted --epochs 1 --depth 10 --width 4 --crop-size 32 "
+     "--scale-size 36 --workers 0", {}, 2,
+     ["--shuffle node: node-affine epochs on 2 nodes would give them different classes", "train's stored order",
+      "share is 0.50 from the whole set's class mix", "--shuffle global", "ingest build (hashed order)"]),
 ]
 
 
@@ -129,6 +145,8 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("newcomer")
     make_shardset(str(root / "set"), {"train": 6, "val": 3}, per_shard=3)
     make_shardset(str(root / "old"), {"train": 12}, per_shard=2)  # an earlier set, 6 shards
+    make_shardset(str(root / "sorted"), {"train": 40, "val": 4}, per_shard=20, num_classes=2,
+                  class_sorted=True)  # a class a shard
     make_shardset(str(root / "rotten"), {"train": 6, "val": 3}, per_shard=3)  # two training samples damaged:
     corrupt_sample(root / "rotten", "train", 0, 1, nbytes=40, mask=0xFF)  # clip 1, train_v0000_c01
     corrupt_sample(root / "rotten", "train", 1, 0, nbytes=40, mask=0xFF)  # clip 3, train_v0001_c01
@@ -166,7 +184,8 @@ def world(tmp_path_factory):
                "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url,
                "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
                "damaged": str(root / "damaged"), "full": str(root / "full"),
-               "v0run": str(root / "v0run"), "changed": str(root / "changed"),
+               "v0run": str(root / "v0run"), "changed": str(root / "changed"), "sorted": str(root / "sorted"),
+               "bin": BIN,
                "set_manifest": (root / "set" / "manifest.json").read_bytes()}
         server.kill(15)
     finally:
@@ -195,14 +214,34 @@ def answers(world):
         return dict(pool.map(one, CASES))
 
 
+def outcomes(p: subprocess.CompletedProcess, status: int) -> list[tuple[str, str, int | None]]:
+    """(stdout, stderr, exit status) of what a case ran: the console script's; under horovodrun,
+    each rank's (its ``[R]<...>:`` lines; its status from horovodrun's ``Process R exit with status
+    code N.``), horovodrun's own report of the failure (a traceback) aside. horovodrun ends the
+    other ranks once one has failed, so the ranks judged are those that ended by themselves with
+    ``status``; the rank whose failure ended the job must be one of them."""
+    if os.path.basename(str(p.args[0])) != "horovodrun":
+        return [(p.stdout, p.stderr, p.returncode)]
+    assert p.returncode == 1 and f"Exit code: {status}\n" in p.stderr, p.stderr[-3000:]
+    ended = {int(r): int(n) for r, n in re.findall(r"^Process (\d+) exit with status code (-?\d+)\.$", p.stdout, re.M)}
+    lines = (p.stdout + p.stderr).splitlines()
+    ranks = [("", "\n".join(line.split(":", 1)[1] for line in lines if line.startswith(f"[{r}]<")), n)
+             for r, n in sorted(ended.items())]
+    assert not [err for _, err, _ in ranks if "Traceback" in err], p.stderr[-3000:]
+    return [rank for rank in ranks if rank[2] == status]
+
+
 @pytest.mark.parametrize("ident", [c[0] for c in CASES])
 def test_a_mistake_gets_one_line_naming_the_thing_and_the_reason(answers, ident):
     p, status, words = answers[ident]
-    assert "Traceback" not in p.stdout + p.stderr, p.stderr
-    errors = [line for line in p.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1, p.stderr
-    assert all(w in errors[0] for w in words), errors[0]
-    assert p.returncode == status, (p.returncode, p.stderr)
+    said = outcomes(p, status)
+    assert said, (p.stdout, p.stderr)
+    for stdout, stderr, code in said:
+        assert "Traceback" not in stdout + stderr, stderr
+        errors = [line for line in stderr.splitlines() if ": error: " in line]
+        assert len(errors) == 1, stderr
+        assert all(w in errors[0] for w in words), errors[0]
+        assert code == status, (code, stderr)
 
 
 def test_a_refusal_on_one_rank_ends_every_rank_with_one_line(world, tmp_path):
@@ -234,6 +273,7 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
         with open(os.path.join(world["earlier"], name)) as f:
             assert f.read() == f"the earlier run's {name}"
     assert not os.path.exists(os.path.join(root, "run"))
+    assert not os.path.exists(os.path.join(root, "run-sorted", "checkpoint.pt"))  # node-affine refused: nothing trained
     assert os.listdir(os.path.join(root, "full", "new")) == []  # no shard, whole or partial, nor a temporary
     with open(os.path.join(root, "damaged", "checkpoint.pt"), "rb") as f:
         assert len(f.read()) == 30000

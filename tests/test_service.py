@@ -1,18 +1,22 @@
 """The dataset service, started for real (``shard-service serve`` on a loopback port) over a real
-catalog file: ranges and conditional requests byte-exact against the file, path traversal, tokens,
-bad requests, builds asked for over HTTP (ten at once make one), a restart, and training
-batches read through it equal to those read from disk."""
+catalog file: ranges and conditional requests byte-exact against the file (from the service, and
+from a real nginx sending the bytes a replica of it hands over: ``--x-accel-redirect``), path
+traversal, tokens, bad requests, builds asked for over HTTP (ten at once make one), a restart that
+takes the killed server's build over, and training batches read through it equal to those read
+from disk."""
 from __future__ import annotations
 
 import json
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from email.utils import formatdate
 
 import pytest
 
 from shards.catalog import Catalog
 from shards.manifest import Manifest
+from fronts import ACCEL_PREFIX, Front
 from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
 import media
@@ -45,6 +49,26 @@ def env(tmp_path_factory, ray_local, videos):
     server.start()
     yield {"root": root, "server": server, "catalog": cat, "tiny": tiny, "building": building.record}
     server.kill(15)
+
+
+@pytest.fixture(scope="module", params=["service", "nginx sending the bytes"])
+def front(request, env, tmp_path_factory):
+    """Where the byte-exact tests read: the service itself, and nginx in front of a replica of it
+    on the same catalog started with --x-accel-redirect (``service.accel``): the answers must be
+    the same, byte for byte and header for header."""
+    if request.param == "service":
+        yield env["server"].url
+        return
+    replica = ServiceProcess("--catalog", str(env["root"] / "catalog.sqlite"), "--x-accel-redirect", ACCEL_PREFIX)
+    replica.start()
+    nginx = Front(tmp_path_factory.mktemp("front"), [replica.url.split("//")[1]])
+    try:
+        yield nginx.start().url
+        redirected = json.loads(http(replica.url, path="/v1/stats")[2])["total"]["accel_redirects"]
+        assert redirected > 0, "nginx sent no file for the replica"
+    finally:
+        nginx.stop()
+        replica.kill(15)
 
 
 def shard_of(env, index=0):
@@ -94,11 +118,11 @@ RANGES = [  # Range header -> expected status and [start, end) (None: the 4xx ca
 
 
 @pytest.mark.parametrize("header, status, span", RANGES)
-def test_range_table_byte_exact(env, header, status, span):
+def test_range_table_byte_exact(env, front, header, status, span):
     shard, data = shard_of(env)
     size = len(data)
     sub = lambda v: size - 100 if v == "size-100" else size if v == "size" else v  # noqa: E731
-    got, headers, body = http(env["server"].url, path=f"/v1/datasets/tiny/{shard.name}",
+    got, headers, body = http(front, path=f"/v1/datasets/tiny/{shard.name}",
                               headers={"Range": header.replace("size", str(size))})
     assert got == status
     assert headers["etag"] == f'"{shard.sha256}"' and headers["accept-ranges"] == "bytes"
@@ -115,18 +139,18 @@ def test_range_table_byte_exact(env, header, status, span):
         assert "content-range" not in headers
 
 
-def test_head_answers_like_get_without_a_body(env):
+def test_head_answers_like_get_without_a_body(env, front):
     shard, data = shard_of(env)
     path = f"/v1/datasets/tiny/{shard.name}"
     for extra in ({}, {"Range": "bytes=0-9"}):  # Range is for GET only (RFC 9110 14.2)
-        status, headers, body = http(env["server"].url, "HEAD", path, extra)
+        status, headers, body = http(front, "HEAD", path, extra)
         assert status == 200 and body == b"" and int(headers["content-length"]) == len(data)
         assert headers["etag"] == f'"{shard.sha256}"' and headers["content-type"] == "application/x-tar"
 
 
-def test_etag_if_none_match_if_range_and_if_match(env):
+def test_etag_if_none_match_if_range_and_if_match(env, front):
     shard, data = shard_of(env, 1)
-    url, path, etag = env["server"].url, f"/v1/datasets/tiny/{shard.name}", f'"{shard.sha256}"'
+    url, path, etag = front, f"/v1/datasets/tiny/{shard.name}", f'"{shard.sha256}"'
     status, headers, body = http(url, path=path, headers={"If-None-Match": etag})
     assert status == 304 and body == b"" and headers["etag"] == etag
     assert http(url, path=path, headers={"If-None-Match": f'W/{etag}, "other"'})[0] == 304  # weak comparison
@@ -137,6 +161,11 @@ def test_etag_if_none_match_if_range_and_if_match(env):
     assert status == 200 and body == data  # the validator failed: the whole current file
     status, _, body = http(url, path=path, headers={"Range": "bytes=5-9", "If-Range": f"W/{etag}"})
     assert status == 200 and body == data  # If-Range needs a strong match
+    mtime = formatdate((env["root"] / "tiny" / shard.name).stat().st_mtime, usegmt=True)  # the file's own date
+    status, headers, body = http(url, path=path, headers={"Range": "bytes=5-9", "If-Range": mtime})
+    assert status == 200 and body == data and "last-modified" not in headers  # dates are never validated
+    status, _, body = http(url, path=path, headers={"If-Modified-Since": mtime})
+    assert status == 200 and body == data
     assert http(url, path=path, headers={"If-Match": '"other"'})[0] == 412
     assert http(url, path=path, headers={"If-Match": etag})[0] == 200
     status, headers, body = http(url, path="/v1/datasets/tiny/manifest.json")
@@ -181,10 +210,12 @@ def test_traversal_gets_4xx_and_no_byte_of_any_other_file(env, raw):
     assert len(body) < 400
 
 
-def test_a_symlink_planted_inside_a_set_is_refused_with_headers_too(env):
-    status, _, body = http(env["server"].url, "HEAD", "/v1/datasets/linked/train/train-000001.tar")
+def test_a_symlink_planted_inside_a_set_is_refused_with_headers_too(env, front):
+    status, _, body = http(front, "HEAD", "/v1/datasets/linked/train/train-000001.tar")
     assert status == 403 and body == b""
-    status, _, body = http(env["server"].url, path="/v1/datasets/linked/train/train-000000.tar")
+    status, _, body = http(front, path="/v1/datasets/linked/train/train-000001.tar")
+    assert status == 403 and b"not a regular file inside the set" in body and SECRET not in body
+    status, _, body = http(front, path="/v1/datasets/linked/train/train-000000.tar")
     assert status == 200  # the rest of the set is served
 
 
@@ -337,7 +368,7 @@ def test_ten_identical_build_requests_make_one_build(env, videos):
     assert status == 200 and Manifest.from_json(manifest).splits["val"].num_samples == 2
 
 
-def test_restart_keeps_the_catalog_and_marks_a_killed_build_failed(env, videos):
+def test_restart_keeps_the_catalog_and_takes_the_killed_servers_build_over(env, videos):
     server, url = env["server"], env["server"].url
     body = json.dumps({"src": str(videos), "splits": ["train"], "short_side": 30, "shard_samples": 2,
                        "videos_per_task": 1, "workers": 1}).encode()
@@ -345,19 +376,23 @@ def test_restart_keeps_the_catalog_and_marks_a_killed_build_failed(env, videos):
     status, _, answer = http(url, "POST", "/v1/builds", auth, body)
     assert status == 202
     dataset = json.loads(answer)["id"]
-    builder = server.build_process()
+    builder = server.build_process(dataset=dataset)  # not the one of an earlier test's build, maybe still exiting
     os.killpg(builder.pid, signal.SIGSTOP)  # held: it cannot finish before the server is killed
     before = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
     server.kill()  # SIGKILL
     url = server.start()
-    failed = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
-    assert failed["state"] == "failed" and "abandoned" in failed["error"]
-    os.killpg(builder.pid, signal.SIGCONT)  # it finds its server gone (stdin closed) and stops
+    held = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
+    assert held["state"] == "building" and held["lease_alive"]  # its build process, alive, holds the lease
+    assert held["record"]["attempts"] == 1
+    os.killpg(builder.pid, signal.SIGCONT)  # it finds its server gone (stdin closed) and leaves, recording nothing
     builder.wait(timeout=60)
+    done = wait_for(url, dataset, ("ready", "failed"))  # asking for its state finds it orphaned: taken over
+    assert done["state"] == "ready" and done["attempts"] == 2, done
+    assert Manifest.load(done["location"]).splits["train"].num_samples == 4
+    assert any(f"build {dataset}: its builder (" in line and "is gone; taken over (attempt 2)" in line
+               for line in server.log), "".join(server.log)[-3000:]
     after = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
-    assert [(d["id"], d["tags"]) for d in after] == [(d["id"], d["tags"]) for d in before]
+    assert {(d["id"], tuple(d["tags"])) for d in before} <= {(d["id"], tuple(d["tags"])) for d in after}
     assert http(url, path="/v1/datasets/prod/manifest.json")[0] == 200
-    status, _, answer = http(url, "POST", "/v1/builds", auth, body)  # asked again: resumed
-    assert status == 202 and json.loads(answer)["id"] == dataset
-    done = wait_for(url, dataset, ("ready",))
-    assert done["attempts"] == 2 and Manifest.load(done["location"]).splits["train"].num_samples == 4
+    status, _, answer = http(url, "POST", "/v1/builds", auth, body)  # asked again: there it is
+    assert status == 200 and json.loads(answer)["id"] == dataset

@@ -73,8 +73,9 @@ class Data:
                                        "$SHARD_CACHE_BUDGET, e.g. 500GB)")
     shuffle: str = flag("auto", "global: one order of all shards for all ranks each epoch; node: node-affine epochs, "
                                 "each node reads only the shards (or pieces) it owns for the run, reordered every "
-                                "epoch, so a --cache-dir downloads each once per run; auto: node with --cache-dir "
-                                "unless --average-every is set, else global", choices=SHUFFLES)
+                                "epoch, so a --cache-dir downloads each once per run (refused on a set whose stored "
+                                "order would give nodes different classes); auto: node with --cache-dir unless "
+                                "--average-every is set or the class mix refuses it, else global", choices=SHUFFLES)
     lookahead: int = flag(2, "shards each loader worker fetches ahead through --cache-dir (or 32 MB ranges it reads "
                              "ahead from a remote set without one)")
     source_deadline: float | None = flag(

@@ -195,7 +195,7 @@ class Trainer:
                           world_size=self.backend.size, train=train, seed=self.cfg.system.seed, num_workers=a.workers,
                           crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
                           shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
-                          shuffle=shuffle_mode(self.cfg),
+                          shuffle=shuffle_mode(self.cfg), shuffle_fallback=self.cfg.data.shuffle == "auto",
                           local_size=self.backend.local_size, lookahead=a.lookahead,
                           decode_on_device=a.decode_on_device, modality=a.modality,
                           source_deadline=a.source_deadline,
@@ -356,9 +356,12 @@ def prepare_output(system: config.System, rank0: bool) -> None:
 
 
 def shuffle_mode(cfg: config.TrainConfig) -> str:
-    """``--shuffle``, with auto decided: node-affine epochs with a cache, except under K-step
-    averaging, whose ranks drift toward their node's fixed shards between averages (measured
-    lower accuracy, BENCHMARKS.md "Accuracy: node-affine against global epochs")."""
+    """``--shuffle``, with auto decided: node-affine epochs with a cache (synchronous training:
+    no cost measured in paired seeds, BENCHMARKS.md "Paired evidence: node-affine against global
+    epochs at several seeds"), except under K-step averaging, whose ranks drift toward their
+    node's fixed shards between averages (measured lower accuracy, BENCHMARKS.md "Accuracy:
+    node-affine against global epochs"). The loader still trains global epochs where the class
+    mix of the node shares refuses node-affine ones (``shuffle_fallback``)."""
     if cfg.data.shuffle != "auto":
         return cfg.data.shuffle
     return "node" if cfg.data.cache_dir and cfg.schedules.average_every is None else "global"

@@ -1,9 +1,11 @@
-"""The catalog's SQLite schema as an ordered list of migrations.
+"""The catalog's schema as an ordered list of migrations, which both back ends run.
 
-Migration k (counting from 1) takes a database whose ``PRAGMA user_version`` is k-1 to k.
-``shards.catalog.store`` applies the missing ones at open, all in one transaction, and refuses a
-file whose version is newer than ``len(MIGRATIONS)``. Never edit a migration that has
-shipped: append a new one.
+Migration k (counting from 1) takes a catalog whose schema version (SQLite's ``PRAGMA
+user_version``, PostgreSQL's ``catalog_schema`` row) is k-1 to k. ``shards.catalog.store`` applies
+the missing ones at open, all in one transaction, and refuses a catalog whose version is newer
+than ``len(MIGRATIONS)``. The statements are SQLite's; ``shards.catalog.backends`` gives each to
+PostgreSQL in its dialect (``REAL`` as ``DOUBLE PRECISION``), so write only SQL both accept.
+Never edit a migration that has shipped: append a new one.
 """
 from __future__ import annotations
 
@@ -51,6 +53,12 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE datasets ADD COLUMN replaced_by TEXT",
         "ALTER TABLE datasets ADD COLUMN replaced REAL",
+    ],
+    # 4: a build asked for over HTTP keeps its request (JSON: src and options, as POST /v1/builds
+    #    took it), so that when its builder dies any service replica can take it over and run it
+    #    again from the same request (service.builds); NULL for builds started by `ingest build`
+    [
+        "ALTER TABLE datasets ADD COLUMN request TEXT",
     ],
 ]
 

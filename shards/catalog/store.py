@@ -1,4 +1,4 @@
-"""The dataset catalog: one SQLite file recording every shard set built, all its SQL here.
+"""The dataset catalog: every shard set built, with leases and migrations, all its SQL here.
 
 A record is keyed by the dataset id (see ``shards.catalog.ids``) and
 moves through the states building -> ready | failed, and to deleted when forgotten. The
@@ -8,10 +8,13 @@ at once when the owner ran on this host and its pid is gone; a dead lease is mar
 and may be claimed again. ``claim`` decides, in one write transaction, whether a caller
 builds, reuses a ready set, or waits for a live builder: two claims of one id never both win.
 
-The file is opened in WAL mode (readers never block on the writer) with a busy timeout, and
-every write runs under ``BEGIN IMMEDIATE``. Missing schema migrations are applied at open in
-one transaction; a file from a newer version of this code is refused. Keep the file on a
-local filesystem: SQLite's WAL needs shared memory, which network filesystems do not give.
+The catalog is a SQLite file (the default) or a PostgreSQL database (``postgresql://`` URL):
+the same SQL on both, through ``shards.catalog.backends``. Write transactions run one at a time
+over the whole catalog on either (SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's advisory lock);
+readers never wait for them (SQLite's WAL, PostgreSQL's snapshots). Missing schema migrations are
+applied at open in one transaction; a catalog from a newer version of this code is refused. Keep
+a SQLite file on a local filesystem: its WAL needs shared memory, which network filesystems do
+not give; replicas on several hosts share a PostgreSQL catalog instead.
 """
 from __future__ import annotations
 
@@ -19,21 +22,20 @@ import json
 import os
 import re
 import socket
-import sqlite3
-import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import CommandError
+from .backends import CatalogUnavailable, open_backend, shown
 from .schema import MIGRATIONS
 
 ENV_VAR = "SHARD_SERVICE_CATALOG"
 STATES = ("building", "ready", "failed", "deleted")
 LEASE_SECONDS = 60.0  # a builder that has not heartbeaten for this long is presumed dead
 HEARTBEAT_SECONDS = 10.0
-_JSON_COLUMNS = ("options", "splits", "files", "progress", "owner", "verified_files")
+_JSON_COLUMNS = ("options", "splits", "files", "progress", "owner", "verified_files", "request")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # names and tags: plain URL path segments
 
 
@@ -97,6 +99,7 @@ class Record:
     verified_files: dict = field(default_factory=dict)  # {file: [size, mtime_ns, sha256]} as last hashed
     replaced_by: str | None = None  # the set forced into its location ('': one built without a catalog)
     replaced: float | None = None  # when
+    request: dict | None = None  # a build asked for over HTTP: its request, which a replica can run again
     tags: list[str] = field(default_factory=list)
 
     def lease_alive(self, now: float | None = None, lease: float = LEASE_SECONDS) -> bool:
@@ -131,60 +134,55 @@ class Claim:
 
 
 class Catalog:
-    """A catalog file; safe to share between threads (one connection each) and processes."""
+    """A catalog (a SQLite file, or a PostgreSQL database named by a ``postgresql://`` URL: see
+    ``shards.catalog.backends``); safe to share between threads (one connection each) and processes."""
 
     def __init__(self, path: str | None = None, busy_timeout: float = 30.0, migrations=MIGRATIONS):
-        self.path = path or default_path()
-        self.busy_timeout = busy_timeout
-        self._local = threading.local()
-        if os.path.dirname(self.path):
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.path = path or default_path()  # the file, or the URL
+        self.backend = open_backend(self.path, busy_timeout)
         self._migrate(migrations)
+
+    @property
+    def where(self) -> str:
+        """The catalog as messages name it (a URL without its password)."""
+        return shown(self.path)
 
     # --- connection and transactions ---------------------------------------------------------
     @property
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
-            db.row_factory = sqlite3.Row
-            db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = NORMAL")
-            db.execute("PRAGMA foreign_keys = ON")
-            self._local.db = db
-        return db
+    def _db(self):
+        return self.backend.connect()
 
     @contextmanager
     def _write(self):
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.backend.transaction(self._db) as db:
             yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
 
     def _migrate(self, migrations) -> None:
         with self._write() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
+            version = self.backend.version(db)
             if version > len(migrations):
-                raise CatalogError(f"{self.path}: catalog schema version {version} is newer than this "
+                raise CatalogError(f"{self.where}: catalog schema version {version} is newer than this "
                                    f"program's {len(migrations)}; upgrade kinetics-fast to use it")
-            for statements in migrations[version:]:
+            for number, statements in enumerate(migrations[version:], version + 1):
                 for sql in statements:
-                    db.execute(sql)
-            db.execute(f"PRAGMA user_version = {len(migrations)}")
+                    try:
+                        db.execute(self.backend.ddl(sql))
+                    except CatalogUnavailable:
+                        raise
+                    except Exception as e:  # noqa: BLE001 -- either driver's error: the whole migration is undone
+                        raise CatalogError(f"{self.where}: schema migration {number} failed ({' '.join(str(e).split())}"
+                                           f"); the catalog stays at version {version}") from None
+            self.backend.set_version(db, len(migrations))
 
     def schema_version(self) -> int:
-        return self._db.execute("PRAGMA user_version").fetchone()[0]
+        return self.backend.version(self._db)
+
+    def generation(self):
+        """A value that changes whenever anything commits to the catalog (``service.records``)."""
+        return self.backend.generation()
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self.backend.close()
 
     # --- reading -----------------------------------------------------------------------------
     def _records(self, where: str, params=()) -> list[Record]:
@@ -194,7 +192,7 @@ class Catalog:
         for row in rows:
             d = dict(row)
             for col in _JSON_COLUMNS:
-                d[col] = json.loads(d[col]) if d[col] else ({} if col != "owner" else None)
+                d[col] = json.loads(d[col]) if d[col] else ({} if col not in ("owner", "request") else None)
             tags = db.execute("SELECT tag FROM tags WHERE dataset_id = ? ORDER BY tag", (d["id"],)).fetchall()
             out.append(Record(**d, tags=[t[0] for t in tags]))
         return out
@@ -213,8 +211,8 @@ class Catalog:
                or db.execute("SELECT id FROM datasets WHERE name = ? AND state != 'deleted'", (ref,)).fetchone()
                or db.execute("SELECT dataset_id FROM tags WHERE tag = ?", (ref,)).fetchone())
         if row is None and len(ref) >= 6 and all(c in "0123456789abcdef" for c in ref):
-            rows = db.execute("SELECT id FROM datasets WHERE id >= ? AND id < ? AND state != 'deleted' LIMIT 2",
-                              (ref, ref + "g")).fetchall()
+            rows = db.execute("SELECT id FROM datasets WHERE substr(id, 1, ?) = ? AND state != 'deleted' LIMIT 2",
+                              (len(ref), ref)).fetchall()
             row = rows[0] if len(rows) == 1 else None
         return self.get(row[0]) if row else None
 
@@ -227,7 +225,8 @@ class Catalog:
 
     # --- building ----------------------------------------------------------------------------
     def claim(self, dataset_id: str, *, source: str, location: str, options: dict, name: str | None = None,
-              strict_name: bool = False, force: bool = False, owner: dict | None = None) -> Claim:
+              strict_name: bool = False, force: bool = False, owner: dict | None = None,
+              request: dict | None = None) -> Claim:
         """Decide, atomically, who builds ``dataset_id`` (see ``Claim``).
 
         A ready set is reused unless ``force``; a building one is waited for while its lease is
@@ -235,7 +234,8 @@ class Catalog:
         (its finished work is resumed) unless ``force``. ``name`` taken by another set: an
         error when ``strict_name``, else the id's first 8 characters are appended. Another set
         at ``location``: an error, unless ``force``, which marks it replaced by this one (never a
-        tagged set, nor one being built).
+        tagged set, nor one being built). ``request``: a build asked for over HTTP, kept for a
+        replica to take it over (``orphans``).
         """
         owner = owner or new_owner()
         now = time.time()
@@ -263,7 +263,8 @@ class Catalog:
                 name = f"{name}-{dataset_id[:8]}"
             values = {"name": name, "source": source, "location": location, "options": json.dumps(options),
                       "state": "building", "owner": json.dumps(owner), "heartbeat": now, "progress": "{}",
-                      "error": None, "finished": None, "replaced_by": None, "replaced": None}
+                      "error": None, "finished": None, "replaced_by": None, "replaced": None,
+                      "request": None if request is None else json.dumps(request, sort_keys=True)}
             if rec:
                 db.execute(f"UPDATE datasets SET {', '.join(f'{k} = ?' for k in values)}, attempts = attempts + 1 "
                            "WHERE id = ?", (*values.values(), dataset_id))
@@ -310,6 +311,16 @@ class Catalog:
                              (*params, dataset_id, json.dumps(owner)))
             return cur.rowcount == 1
 
+    def transfer(self, dataset_id: str, owner: dict, to: dict) -> bool:
+        """Hand a building record's lease from ``owner`` to ``to`` (a server to the build process it
+        started, whose death then ends the lease); False if ``owner`` no longer holds it."""
+        return self._owned_update(dataset_id, owner, "owner = ?, heartbeat = ?", (json.dumps(to), time.time()))
+
+    def orphans(self) -> list[Record]:
+        """Builds asked for over HTTP whose builder is gone (a dead lease): a replica may take them
+        over (``claim`` with their request decides which one does)."""
+        return [rec for rec in self._records("state = 'building' AND request IS NOT NULL") if not rec.lease_alive()]
+
     def heartbeat(self, dataset_id: str, owner: dict) -> bool:
         """Refresh the lease; False when another process has taken the record over."""
         return self._owned_update(dataset_id, owner, "heartbeat = ?", (time.time(),))
@@ -332,15 +343,27 @@ class Catalog:
         return self._owned_update(dataset_id, owner, "state = 'failed', error = ?, finished = ?, owner = NULL, "
                                   "heartbeat = NULL", (error, time.time()))
 
-    def _mark_dead(self, db, rec: Record, now: float) -> None:
+    def _mark_dead(self, db, rec: Record, now: float, reason: str | None = None) -> None:
         who = f"{rec.owner.get('host')} pid {rec.owner.get('pid')}" if rec.owner else "unknown"
         db.execute("UPDATE datasets SET state = 'failed', owner = NULL, heartbeat = NULL, finished = ?, "
                    "error = ? WHERE id = ? AND state = 'building'",
-                   (now, f"abandoned: the builder ({who}) died or stopped heartbeating", rec.id))
+                   (now, reason or f"abandoned: the builder ({who}) died or stopped heartbeating", rec.id))
+
+    def fail_orphan(self, dataset_id: str, reason: str) -> bool:
+        """Record failed, with ``reason``, a build whose builder is gone (still building, its lease dead)."""
+        with self._write() as db:
+            rec = self.get(dataset_id)
+            if rec is None or rec.state != "building" or rec.lease_alive():
+                return False
+            self._mark_dead(db, rec, time.time(), reason)
+        return True
 
     def reap(self, lease: float = LEASE_SECONDS) -> list[str]:
-        """Mark failed every building record whose lease is dead; return their ids."""
+        """Mark failed every building record whose lease is dead; return their ids. Writes (and so
+        makes every server's caches drop their answers) only when there is one."""
         now, dead = time.time(), []
+        if all(rec.lease_alive(now, lease) for rec in self._records("state = 'building'")):
+            return dead
         with self._write() as db:
             for rec in self._records("state = 'building'"):
                 if not rec.lease_alive(now, lease):

@@ -64,7 +64,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shards import partition
+from shards import classmix, partition
 from shards.cache import ShardCache
 from shards.digests import CorruptSample, TooManyBadSamples
 from shards.direct import load_manifest
@@ -200,7 +200,10 @@ class ClipLoader:
     copies in read order, ``lookahead`` ahead of its reading; the budget (``cache_budget``, one for
     every process using the directory) must hold ``local_size`` x workers x ``lookahead`` copies.
     The mode is this loader's, not the state's: a resumed epoch is split anew when it changes (its
-    segments record their node counts).
+    segments record their node counts). Node-affine epochs are refused (``UsageError``) where the
+    node shares would not hold the set's mix of classes (``shards.classmix``: a set stored in class
+    or source order), or with ``shuffle_fallback`` (``--shuffle auto``) replaced by global ones,
+    said in one log line.
 
     ``max_bad_samples``: 0 (the default) ends the iteration at the first bad sample; N goes on
     without up to N of them an epoch on this rank (counted from 0 again after ``load_state_dict``);
@@ -220,7 +223,8 @@ class ClipLoader:
                  crop_size: int = 224, scale_size: int = 256, flip: bool = True,
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
-                 piece_samples: int | None = None, shuffle: str = "global", local_size: int | None = None,
+                 piece_samples: int | None = None, shuffle: str = "global", shuffle_fallback: bool = False,
+                 local_size: int | None = None,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
                  modality: str = "rgb", max_bad_samples: int | None = 0, source_deadline: float | None = None):
         # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
@@ -241,6 +245,8 @@ class ClipLoader:
         if world_size % local_size:
             raise ValueError(f"world size {world_size} is not a whole number of nodes of {local_size} ranks")
         self.shuffle, self.local_size, self.lookahead = shuffle, local_size, lookahead
+        self.shuffle_fallback = shuffle_fallback
+        self._mix: dict[tuple[int, int], classmix.Mix | None] = {}  # verdicts by (nodes, seed)
         self.decode_on_device = decode_on_device
         # multigrid (training only): shapes.batch_size(epoch) clips per batch, cut into shapes.parts(epoch)
         self.shapes = shapes if train else None
@@ -271,6 +277,8 @@ class ClipLoader:
         self._cached_order = None  # (what the epoch's orders were made from, the orders)
         self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
         self._slots_in_use = False
+        if self.shuffle == "node" and train and world_size > local_size:  # judged at start: every rank alike
+            self._mixed(world_size // local_size)
 
     def describe(self) -> str:
         """One line: what the loader reads and how it shuffles (the trainer logs it on rank 0, so a
@@ -279,7 +287,10 @@ class ClipLoader:
         if not self.train:
             return f"{what}, in stored order"
         if self._nodes == 1:
-            alike = " (one node: the same as global)" if self.shuffle == "node" else ""
+            nodes = self.world_size // self.local_size
+            alike = "" if self.shuffle == "global" else (" (one node: the same as global)" if nodes == 1 else
+                                                         f" (on {nodes} nodes the shares would differ in classes: "
+                                                         "global epochs instead)")
             return f"{what}, shuffle {self.shuffle}{alike}: one order of every shard for the {self.world_size} rank(s)"
         shares = partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed)
         owned = sorted(len({r.shard for r in runs}) for runs in shares)
@@ -306,8 +317,29 @@ class ClipLoader:
 
     @property
     def _nodes(self) -> int:
-        """The orders the ranks split: one per node in the node-affine mode, else one."""
-        return self.world_size // self.local_size if self.shuffle == "node" and self.train else 1
+        """The orders the ranks split: one per node in the node-affine mode (where the node shares
+        hold the set's class mix, ``_mixed``), else one."""
+        nodes = self.world_size // self.local_size if self.shuffle == "node" and self.train else 1
+        return nodes if nodes == 1 or self._mixed(nodes) else 1
+
+    def _mixed(self, nodes: int) -> bool:
+        """Whether node-affine epochs on ``nodes`` nodes give every node the set's mix of classes
+        (``shards.classmix``; a set whose manifest lacks the labels is not judged). If not: refused
+        with one line, or, with ``shuffle_fallback``, global epochs, said once by rank 0."""
+        key = (nodes, self.seed)
+        if key not in self._mix:
+            shares = partition.assign([s.num_samples for s in self.shards], nodes, self.seed)
+            mix = self._mix[key] = classmix.class_mix([s.labels for s in self.shards], shares, self.seed)
+            if mix is not None and not mix.mixed:
+                why = (f"node-affine epochs on {nodes} nodes would give them different classes for the whole run "
+                       f"({self.split}'s stored order follows the classes or the videos): {mix.describe()}")
+                if not self.shuffle_fallback:
+                    raise UsageError(f"--shuffle node: {why}; train with --shuffle global, or rebuild the set with "
+                                     "ingest build (hashed order)")
+                if self.rank == 0:
+                    log.info("--shuffle auto: global epochs, not node-affine: %s", why)
+        mix = self._mix[key]
+        return mix is None or mix.mixed
 
     def _layout(self) -> partition.Segment:
         """How this loader splits an epoch now (a segment with no batches done)."""
