@@ -109,11 +109,13 @@ def test_own_loop_resumes_the_identical_sequence(shardset, tmp_path):
 
 @pytest.mark.long
 def test_torchrun_ranks_read_every_clip_once(shardset, tmp_path):
-    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
-    # the ranks share one stdout pipe: each print must reach it in one write, which PYTHONUNBUFFERED
-    # (set by some CI runners) splits into one per argument, interleaving the ranks' lines
-    lines = run_block("dist.init_process_group(\"gloo\")", shardset, tmp_path, command=torchrun,
-                      env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": ""})
+    # each rank's stdout to a file of its own: on one shared pipe the ranks' prints interleave (a
+    # print reaches it in a write per argument), merging lines of both ranks
+    logs = tmp_path / "logs"
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "--redirects", "1", "--log-dir", str(logs))
+    run_block("dist.init_process_group(\"gloo\")", shardset, tmp_path, command=torchrun, env={"OMP_NUM_THREADS": "1"})
+    lines = [line for path in sorted(logs.rglob("stdout.log")) for line in path.read_text().splitlines()]
     by_rank = {r: [(e, ks) for line in lines if line.startswith(f"rank {r} ")
                    for e, ks in keys([line.removeprefix(f"rank {r} epoch ")])] for r in (0, 1)}
     assert len(by_rank[0]) == len(by_rank[1]) == 2 * 2  # equal batches: 24 clips / (2 ranks x 8) -> 2 an epoch
