@@ -6,9 +6,12 @@
 # that differ only in the direction a textured disc moves, 64x64 videos, 4-frame clips, a ResNet-10 of
 # width 32 on 48 px crops, 12 epochs on 2 CPU cores (a few minutes per model). The set is built with
 # --motion mv (its JPEGs are those of a build without it) and once more with --motion flow; the models
-# (--models, default all four):
+# (--models, default the first four):
 #   tsm, tsn                RGB, with and without the temporal shift
 #   motion-mv, motion-flow  a TSN (no shift) of --modality motion on the codec's vectors / on DIS flow
+#   i3d-3x3x3, i3d-3x1x1    RGB, the 3D baselines (--arch): a ResNet-50 of width 16 (an I3D inflates
+#                           bottlenecks, which ResNet-10 has none of; about the parameters of TSM's
+#                           ResNet-10 of width 32), the same recipe otherwise
 # `trainer plot` draws the curves and prints validation top-1 by epoch and each run's final figures.
 # scripts/demo.sh is the quick version (32 px crops, width 16, TSM and TSN trained at once).
 #
@@ -42,8 +45,9 @@ for seed in $seeds; do
 done
 case $nodes in 1|2) ;; *) echo "motion.sh: --nodes $nodes: 1 or 2 simulated nodes" >&2; exit 2 ;; esac
 for model in $models; do
-    case $model in tsm|tsn|motion-mv|motion-flow) ;;
-        *) echo "motion.sh: --models: tsm, tsn, motion-mv or motion-flow, not $model" >&2; exit 2 ;; esac
+    case $model in tsm|tsn|motion-mv|motion-flow|i3d-3x3x3|i3d-3x1x1) ;;
+        *) echo "motion.sh: --models: tsm, tsn, motion-mv, motion-flow, i3d-3x3x3 or i3d-3x1x1, not $model" >&2
+           exit 2 ;; esac
 done
 if [ "$nodes" = 1 ] && [ "$shuffles" != global ]; then
     echo "motion.sh: --shuffles $shuffles needs --nodes 2 (node-affine epochs on one node are global ones)" >&2; exit 2
@@ -91,6 +95,7 @@ for model in $models; do
         tsn) data=mv extra=(--no-shift) label="TSN (no shift)" ;;
         motion-mv) data=mv extra=(--no-shift --modality motion) label="motion TSN (mv)" ;;
         motion-flow) data=flow extra=(--no-shift --modality motion) label="motion TSN (flow)" ;;
+        i3d-*) data=mv extra=(--arch "$model" --depth 50 --width 16) label="I3D ${model#i3d-} (R50 w16)" ;;
     esac
     for seed in "${seed_list[@]}"; do
         seeded=() suffix="" seedlabel=""

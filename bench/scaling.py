@@ -64,7 +64,8 @@ def step_ms(gpus: int, a, fp16: bool, overlap: bool) -> tuple[float, float]:
     return a.step_ms + max(0.0, t_ar - backward) + tail + straggle, t_ar
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The model's assumptions as flags (``parser().parse_args([])``: Summit's, for ``bench/models.py``)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--step-ms", type=float, default=46.0, help="measured single-GPU step time")
     p.add_argument("--bench-json", help="take step time and batch from bench/train.py --json (its TSM figure)")
@@ -81,7 +82,11 @@ def main() -> None:
     p.add_argument("--cycle-ms", type=float, default=5.0, help="Horovod cycle time")
     p.add_argument("--cv", type=float, default=0.02, help="step-time variation between GPUs")
     p.add_argument("--json", help="also write the table here")
-    a = p.parse_args()
+    return p
+
+
+def main() -> None:
+    a = parser().parse_args()
     source = "assumed (see --help)"
     if a.bench_json:
         with open(a.bench_json, encoding="utf-8") as f:

@@ -85,6 +85,29 @@ def engine(args, shift: bool, batch: int) -> Engine:
     return e
 
 
+def interleaved_steps(engines: dict[str, Engine], x: torch.Tensor, y: torch.Tensor, warmup: int,
+                      steps: int) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+    """Each engine's training step on the same batch, the engines taking turns step by step (a
+    neighbour's load hits all alike): ``warmup`` untimed rounds, then ``steps`` timed ones. Returns,
+    by name, the timed steps' seconds, the CPU seconds this process spent in them (all its threads:
+    on a shared CPU, what the step cost rather than how long it waited for a core), and the first
+    step's seconds (compilation included)."""
+    device = next(iter(engines.values())).device
+    times, cpu, first = {name: [] for name in engines}, {name: [] for name in engines}, {}
+    for i in range(warmup + steps):
+        for name, e in engines.items():
+            sync(device)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            e.train_step(x, y)
+            sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
+            elif i == 0:
+                first[name] = time.perf_counter() - start
+    return times, cpu, first
+
+
 def clips(args, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (batch, args.frames, 3, args.size, args.size), dtype=torch.uint8, generator=g)
@@ -142,20 +165,9 @@ def main() -> None:
     engines = {"TSM": engine(args, True, batch), "TSN": engine(args, False, batch)}
     device = engines["TSM"].device
     x, y = clips(args, batch, device)
-    times = {name: [] for name in engines}
-    first = {}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for i in range(args.warmup + args.steps):
-        for name, e in engines.items():
-            sync(device)
-            start = time.perf_counter()
-            e.train_step(x, y)
-            sync(device)
-            if i >= args.warmup:
-                times[name].append(time.perf_counter() - start)
-            elif i == 0:
-                first[name] = time.perf_counter() - start
+    times, _, first = interleaved_steps(engines, x, y, args.warmup, args.steps)
 
     e = engines["TSM"]
     flops_per_clip = 3 * model_flops(e.model, x[:1])

@@ -1,9 +1,9 @@
 """The build engine behind ``ingest build``: videos in, a finished shard set out, on Ray.
 
-``build`` lists the inputs (``sources.discover``), plans fixed batches of videos, has Ray tasks
-decode them into ``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into
-shards in their final order (``staging.pack_shard``), then writes the manifest, ``classes.txt``
-and the error ledger. A finished build with the same inputs and config is left as it is; a
+``build`` lists the inputs (``sources.discover``), plans batches of videos (``plan_batches``), has
+tasks (on Ray, or in local processes for a small build: ``ingest.runtime``) decode them into
+``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into shards in their final
+order (``staging.pack_shard``), then writes the manifest, ``classes.txt`` and the error ledger. A finished build with the same inputs and config is left as it is; a
 killed one resumes, reusing every staged video. Stopped by Ctrl-C or a full disk (``_stopped``),
 it cancels its tasks in flight, so that nothing is left half-written, and says in one line what is
 staged; a local ``OUT`` without room for the shards is refused before any is written. A finished
@@ -23,9 +23,9 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 
-import ray
 from fsspec.core import url_to_fs
 from tqdm import tqdm
 
@@ -34,11 +34,13 @@ from shards.errors import CommandError, Interrupted, NoSpace, UsageError
 from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
                              SplitInfo)
 
-from . import content_digests, ray_runtime, staging
+from . import content_digests, runtime, staging
 from .clips import ClipConfig
 from .sources import LABELED_SPLITS, SPLITS, Source, Video, discover
 
 log = logging.getLogger("ingest.build")
+TASKS_PER_WORKER = 4  # decode tasks per parallel task when they are sized from the videos (plan_batches)
+MAX_VIDEOS_PER_TASK = 8
 _SHARD = re.compile(rf"({'|'.join(SPLITS)})/\1-\d{{6}}\.tar")  # packing.shard_name
 # a manifest's config: what decides the bytes, beside "src" (where the inputs were) and
 # "fingerprint" (how they were identified), which do not
@@ -125,13 +127,15 @@ class Summary:
 
 def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | None = None,
           address: str | None = None, shard_size: int | None = 256 * 10**6, shard_samples: int | None = None,
-          splits=("train", "val", "test"), videos_per_task: int = 8, threads: int = 1,
+          splits=("train", "val", "test"), videos_per_task: int | None = None, threads: int = 1,
           timeout: float = 600, keep_staging: bool = False, force: bool = False, fingerprint: str = "stat",
           hash_cache: str | None = None, split_set: int = 1, source: Source | None = None,
-          progress=None, replacing: Callable[[Manifest], None] | None = None) -> Summary:
-    """``fingerprint``: what identifies the inputs, ``"stat"`` or ``"content"`` (their SHA-256,
-    cached in ``hash_cache``; see ``ingest.content_digests``); ``split_set``: UCF101's or HMDB51's
-    train/test split (``sources.discover``); ``source``: already discovered;
+          progress=None, replacing: Callable[[Manifest], None] | None = None, runner: str = "auto") -> Summary:
+    """``videos_per_task``: None sizes the tasks from the videos and the workers (``plan_batches``);
+    ``runner``: where the tasks run (``ingest.runtime.start``); ``fingerprint``: what identifies the
+    inputs, ``"stat"`` or ``"content"`` (their SHA-256, cached in ``hash_cache``; see
+    ``ingest.content_digests``); ``split_set``: UCF101's or HMDB51's train/test split
+    (``sources.discover``); ``source``: already discovered;
     ``progress``: called with a dict of counts as work is done; ``replacing``: called with the
     finished set at ``out`` before a build that differs from it replaces it (it may refuse by raising)."""
     t0 = time.time()
@@ -143,7 +147,8 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     config = {"src": src, **options}
     digests = None
     if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
-        digests = content_digests.digests(videos, hash_cache, ray_runtime.start(address, workers))
+        with closing(runtime.start(address, workers, len(videos), runner)) as tasks:
+            digests = content_digests.digests(videos, hash_cache, tasks)
         config["fingerprint"] = "content"
     inputs_id = source.fingerprint(digests)
     summary = Summary(videos=len(videos), missing=sum(source.missing.values()))
@@ -164,7 +169,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     log.info("%s: %s layout, %d videos (%s), %d classes; staging in %s", src, source.layout, len(videos),
              ", ".join(f"{s}: {n}" for s, n in sorted(Counter(v.split for v in videos).items())),
              len(source.classes), stage)
-    parallel = ray_runtime.start(address, workers)
+    tasks = runtime.start(address, workers, len(videos), runner)
     counts = {"videos_done": 0, "videos_total": len(videos), "shards_written": 0}
 
     def report(state: dict) -> None:
@@ -173,7 +178,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
             progress(state)
 
     try:
-        entries = _decode_all(stage, videos, source, cfg, digests, parallel, videos_per_task, threads, timeout,
+        entries = _decode_all(stage, videos, source, cfg, digests, tasks, videos_per_task, threads, timeout,
                               summary.tasks_per_node, report)
         errors = sorted([_unlabeled(v, source.layout) for v in unlabeled]
                         + [e["error"] for e in entries if e["error"]], key=lambda e: e["path"])
@@ -183,7 +188,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
                                      shard_samples) for split in config["splits"]}
         _check_room(out, plans)
         for split, planned in plans.items():
-            shards = _pack_split(out, stage, split, planned, summary.tasks_per_node,
+            shards = _pack_split(tasks, out, stage, split, planned, summary.tasks_per_node,
                                  lambda n: report({"videos_done": len(videos), "videos_total": len(videos),
                                                    "failed": len(errors), "shards_written": n + sum(
                                                        len(s.shards) for s in manifest.splits.values())}))
@@ -196,6 +201,8 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
         manifest.save(out)
     except (KeyboardInterrupt, NoSpace) as stop:
         raise _stopped(stop, stage, counts) from None
+    finally:
+        tasks.close()
     _tidy(out, manifest, keep_staging)
 
     summary.failed = len(errors)
@@ -270,10 +277,28 @@ def _summarise_existing(m: Manifest, summary: Summary) -> Summary:
     return summary
 
 
-def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parallel, videos_per_task, threads,
+def plan_batches(videos: list[Video], parallel: int, per_task: int | None = None) -> list[list[Video]]:
+    """``videos`` (in path order) cut into the batches of the decode tasks: ``per_task`` videos each,
+    or, when None, about ``TASKS_PER_WORKER`` batches per parallel task, cut by the videos' bytes
+    (what decoding a video costs grows with them) and at most ``MAX_VIDEOS_PER_TASK`` videos, so
+    that a small build keeps every worker busy to its end and a big one is not one task per video."""
+    if per_task:
+        return [videos[i:i + per_task] for i in range(0, len(videos), per_task)]
+    share = sum(max(v.size, 0) for v in videos) / (TASKS_PER_WORKER * parallel)
+    batches, batch, size = [], [], 0
+    for v in videos:
+        batch.append(v)
+        size += max(v.size, 0)
+        if size >= share or len(batch) == MAX_VIDEOS_PER_TASK:
+            batches.append(batch)
+            batch, size = [], 0
+    return batches + [batch] * bool(batch)
+
+
+def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, tasks, videos_per_task, threads,
                 timeout, nodes: Counter, report) -> list[dict]:
-    """Every video's staged entry: reused when staging already holds it, else decoded by Ray tasks
-    in fixed batches of the remaining videos (path order). ``digests``: the videos' content
+    """Every video's staged entry: reused when staging already holds it, else decoded by
+    ``tasks`` in batches of the remaining videos (path order, ``plan_batches``). ``digests``: the videos' content
     digests by URL, when they identify them; ``nodes`` counts tasks per Ray node; ``report`` gets
     the counts as work is done."""
     index = {c: i for i, c in enumerate(source.classes)}
@@ -285,22 +310,20 @@ def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, parall
     todo = sorted((v for v in videos if keys[v.relpath] not in done), key=lambda v: v.relpath)
     if entries:
         log.info("%d of %d videos already staged by an earlier run", len(entries), len(videos))
-    batches = [todo[i:i + videos_per_task] for i in range(0, len(todo), videos_per_task)]
-    task = ray_runtime.task(staging.decode_batch)
+    batches = plan_batches(todo, tasks.parallel, videos_per_task)
     pending = {}
     failed = sum(1 for e in entries if e["error"])
     with tqdm(total=len(videos), initial=len(entries), unit="video", desc="decode", smoothing=0.1,
               mininterval=1.0) as bar:
-        with ray_runtime.in_flight(pending):
+        with tasks.in_flight(pending):
             while batches or pending:
-                while batches and len(pending) < 2 * parallel:
+                while batches and len(pending) < 2 * tasks.parallel:
                     vs = batches.pop(0)
-                    ref = task(stage, vs, [keys[v.relpath] for v in vs], [labels[v.relpath] for v in vs],
-                               cfg, threads, timeout)
+                    ref = tasks.submit(staging.decode_batch, stage, vs, [keys[v.relpath] for v in vs],
+                                       [labels[v.relpath] for v in vs], cfg, threads, timeout)
                     pending[ref] = len(vs)
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    result, node = ray_runtime.result(ref)
+                for ref in tasks.wait(pending):
+                    result, node = tasks.result(ref)
                     bar.update(pending.pop(ref))
                     nodes[node] += 1
                     entries += [{**e, "batch": result["batch"]} for e in result["videos"]]
@@ -330,14 +353,13 @@ def _check_room(out: str, plans: dict) -> None:
                       "samples are deleted only once the shards are written)")
 
 
-def _pack_split(out, stage, split, planned, nodes: Counter, report) -> list[ShardInfo]:
-    task = ray_runtime.task(staging.pack_shard)
-    refs = [task(out, name, stage, pieces) for name, pieces in planned]
+def _pack_split(tasks, out, stage, split, planned, nodes: Counter, report) -> list[ShardInfo]:
+    refs = [tasks.submit(staging.pack_shard, out, name, stage, pieces) for name, pieces in planned]
     infos = []
     with tqdm(total=len(refs), unit="shard", desc=f"pack {split}", mininterval=1.0) as bar, \
-            ray_runtime.in_flight(refs):
+            tasks.in_flight(refs):
         for ref in refs:
-            info, node = ray_runtime.result(ref)
+            info, node = tasks.result(ref)
             nodes[node] += 1
             infos.append(ShardInfo(**info))
             bar.update()

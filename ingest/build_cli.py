@@ -1,4 +1,5 @@
-"""Decode Kinetics videos into pre-sampled T-frame JPEG clips in WebDataset shards, on Ray.
+"""Decode Kinetics videos into pre-sampled T-frame JPEG clips in WebDataset shards, on Ray (or, for a
+small build on this machine, in worker processes without it: ``ingest.runtime``).
 
 Reads SRC in the class-folder layout (SRC/{train,val,test}/<label>/<id>.<ext>), the CVDF
 layout (flat SRC/<split>/<youtube_id>_<start>_<end>.mp4 with SRC/annotations/<split>.csv), or
@@ -21,7 +22,7 @@ from shards.commands import byte_size, comma_list, int_in_range, number_in_range
 from shards.errors import CommandError, UsageError
 from shards.manifest import LEDGER_NAME
 
-from . import ray_runtime, registry
+from . import registry, runtime
 from .build import build
 from .clips import DECODERS, ClipConfig
 from .content_digests import FINGERPRINTS, default_cache
@@ -33,11 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", required=True, help="source tree (local path or fsspec URL)")
     p.add_argument("--out", required=True, help="output directory (local path or fsspec URL)")
     p.add_argument("--workers", type=positive_int, default=None,
-                   help="parallel decode tasks (default: all CPUs of the Ray cluster)")
+                   help="parallel decode tasks (default: all CPUs of the Ray cluster, or of this machine)")
     p.add_argument("--address", default=None,
                    help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' "
-                        "joined on this node) instead of starting a local Ray; an address nothing answers at is "
-                        "refused at once")
+                        "joined on this node) instead of running the tasks on this machine: in worker processes "
+                        "without Ray, or with more than 1000 videos on a local Ray started for the build; an address "
+                        "nothing answers at is refused at once")
     p.add_argument("--frames", type=positive_int, default=8, help="frames per clip (TSN/TSM segments T)")
     p.add_argument("--clips-per-video", type=positive_int, default=1,
                    help="independently sampled training clips stored per training video")
@@ -67,7 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated splits to build")
     p.add_argument("--split-set", type=int, choices=SPLIT_SETS, default=1,
                    help="UCF101 and HMDB51: which official train/test split (its test list becomes the val split)")
-    p.add_argument("--videos-per-task", type=positive_int, default=8, help="videos decoded per Ray task")
+    p.add_argument("--videos-per-task", type=positive_int, default=None,
+                   help="videos decoded per task (default: sized from the videos' bytes and the workers, about 4 "
+                        "tasks per worker and at most 8 videos each)")
     p.add_argument("--ffmpeg-threads", type=positive_int, default=1, help="decoder threads per video")
     p.add_argument("--timeout", type=number_in_range(float, 0, above=True), default=600,
                    help="seconds one video may take, download, probe and decode included, before it is "
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                   fingerprint=args.fingerprint, hash_cache=args.hash_cache, split_set=args.split_set)
     if args.address:  # before anything else: ray.init would retry a wrong address for minutes
         try:
-            ray_runtime.check_reachable(args.address)
+            runtime.check_reachable(args.address)
         except ConnectionError as e:
             raise CommandError(f"--address {args.address}: {e}; is `ray start --head` running there?") from None
     location = args.out

@@ -9,6 +9,7 @@ than ``"none"``, also each frame's motion field ``NN.mv.png`` or ``NN.flow.png``
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -130,6 +131,7 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
     train = video.split == "train"
     num_clips = cfg.clips_per_video if train else cfg.eval_clips
 
+    @functools.cache  # asked three times a video; a seeded generator costs as much as a JPEG
     def picks(num_frames: int) -> list[list[int]]:
         return [sampling.clip_indices(num_frames, cfg.frames, train=train, seed=cfg.seed,
                                       video_id=video.video_id, clip=k, num_clips=num_clips)

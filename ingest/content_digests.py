@@ -6,7 +6,7 @@ What identifies a build's inputs is their ``stat`` (path, size, modification sta
 ``stat`` (the default) costs one listing and trusts that a file of unchanged size and modification
 time is unchanged: a corrected video copied with its mtime kept (``cp -p``, ``rsync -t``, a tar
 extract) passes for the old one, and the same videos under another path count as other inputs.
-``content`` reads every byte, in Ray tasks where the data is (the driver only plans), and names
+``content`` reads every byte, in the build's tasks (on Ray where the data is; the driver only plans), and names
 each input by its relative path, digest and label: a corrected video is a new input, and the same
 videos under another source directory are the same inputs.
 
@@ -29,12 +29,10 @@ import os
 import sqlite3
 from contextlib import closing
 
-import ray
 from fsspec.core import url_to_fs
 
 from shards import storage
 
-from . import ray_runtime
 from .sources import Video, stamp_of
 
 log = logging.getLogger("ingest.content_digests")
@@ -93,7 +91,7 @@ def _hash_stream(read) -> str:
 
 
 def hash_file(video: Video) -> tuple[str, str | None] | None:
-    """(SHA-256 hex, cache key of what was read) of one input, run in a Ray task; the key is None
+    """(SHA-256 hex, cache key of what was read) of one input, run in a build task; the key is None
     when the file changed while it was read, or it has no stamp; None when it cannot be read (the
     decode will record why)."""
     path = storage.local_path(video.url)
@@ -123,22 +121,21 @@ def hash_files(videos: list[Video]) -> list[tuple[str, str | None] | None]:
     return [hash_file(v) for v in videos]
 
 
-def digests(videos: list[Video], cache_path: str | None, parallel: int) -> dict[str, str]:
+def digests(videos: list[Video], cache_path: str | None, tasks) -> dict[str, str]:
     """URL -> SHA-256 hex of every readable file among ``videos``: from the cache where its key is
-    unchanged, else hashed by Ray tasks (Ray must be started) and cached."""
+    unchanged, else hashed by ``tasks`` (``ingest.runtime``) and cached."""
     files = [v for v in videos if v.kind == "file"]
     with closing(DigestCache(cache_path or default_cache())) as cache:
         found = cache.get(files)
         todo = [v for v in files if v.url not in found]
         log.info("content fingerprint: %d of %d inputs' digests cached, hashing %d (%.1f GB)", len(found),
                  len(files), len(todo), sum(v.size for v in todo) / 1e9)
-        per_task = max(1, -(-len(todo) // (TASKS_PER_WORKER * parallel)))
-        task = ray_runtime.task(hash_files)
+        per_task = max(1, -(-len(todo) // (TASKS_PER_WORKER * tasks.parallel)))
         batches = [todo[i:i + per_task] for i in range(0, len(todo), per_task)]
-        refs = [task(batch) for batch in batches]
+        refs = [tasks.submit(hash_files, batch) for batch in batches]
         fresh = []
         for batch, ref in zip(batches, refs):
-            results, _node = ray.get(ref)
+            results, _node = tasks.result(ref)
             for video, result in zip(batch, results):
                 if result is not None:
                     found[video.url] = result[0]

@@ -1,18 +1,18 @@
 """Starting or joining Ray for a build: an embedded local Ray on loopback by default,
 an existing cluster with ``--address`` (``auto``: the one RAY_ADDRESS names or a ``ray start`` on
-this machine joined)."""
+this machine joined); ``RayTasks``: a build's tasks on it (``ingest.runtime``)."""
 from __future__ import annotations
 
 import logging
 import os
-import re
-import socket
 import sys
 from contextlib import contextmanager
 
 import ray
 
 from shards.errors import CommandError
+
+from .runtime import check_reachable
 
 log = logging.getLogger("ingest.ray")
 
@@ -38,18 +38,6 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
     parallel = min(workers, cpus) if workers else cpus
     log.info("Ray: %d CPUs in the cluster, %d tasks at a time", cpus, parallel)
     return max(1, parallel)
-
-
-def check_reachable(address: str) -> None:
-    """Raise ConnectionError at once when nothing listens at a HOST:PORT address: ray.init would
-    retry it for about ten minutes."""
-    found = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address)
-    if found is None:  # 'auto' and other forms: Ray resolves them
-        return
-    try:
-        socket.create_connection((found[1], int(found[2])), timeout=10).close()
-    except OSError as e:
-        raise ConnectionError(f"nothing answers at {address}: {e.strerror or e}") from None
 
 
 def task(fn):
@@ -98,3 +86,29 @@ def in_flight(refs):
             except ray.exceptions.RayError:
                 pass
         raise
+
+
+class RayTasks:
+    """A build's tasks as Ray tasks (``task``), on the cluster ``start`` connects to."""
+
+    def __init__(self, address: str | None, workers: int | None):
+        self.parallel = start(address, workers)
+        self._remote = {}
+
+    def submit(self, fn, *args):
+        if fn not in self._remote:
+            self._remote[fn] = task(fn)
+        return self._remote[fn](*args)
+
+    def wait(self, handles) -> list:
+        ready, _ = ray.wait(list(handles), num_returns=1)
+        return ready
+
+    def result(self, handle):
+        return result(handle)
+
+    def in_flight(self, handles):
+        return in_flight(handles)
+
+    def close(self) -> None:
+        """Ray stays up for the process: the next build in it reuses it."""

@@ -38,6 +38,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 
 from shards import storage
@@ -48,7 +49,7 @@ from shards.catalog.condition import condition
 from shards.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
 from shards.verify import set_file_stamps, stamps
 
-from . import content_digests, ray_runtime
+from . import content_digests, runtime
 from .build import Summary, byte_options, normalise, refuse_other_options
 from .build import build as ingest_build
 from .clips import ClipConfig
@@ -85,7 +86,8 @@ def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 2
     shard_size = None if shard_samples else shard_size
     options = {"clip": cfg.as_dict(), "shard_size": shard_size, "shard_samples": shard_samples, "splits": present}
     if fingerprint == "content":
-        digests = content_digests.digests(videos, hash_cache, ray_runtime.start(address, workers))
+        with closing(runtime.start(address, workers, len(videos))) as tasks:
+            digests = content_digests.digests(videos, hash_cache, tasks)
         inputs = [{"path": v.relpath, "sha256": digests.get(v.url), "label": v.label} for v in videos]
         options["fingerprint"] = "content"
     else:  # the ids of every set built before content fingerprints existed: left as they were

@@ -266,7 +266,7 @@ class Builds:
             log.info("build %s: build process %d started, holding the lease", plan.id, proc.pid)
             job = {"catalog": self.catalog.path, "claim": Claim(claim.action, claim.record, owner), "plan": plan,
                    "ray_address": self.ray_address, "workers": run.get("workers"),
-                   "videos_per_task": run.get("videos_per_task", 8), "ffmpeg_threads": run.get("ffmpeg_threads", 1),
+                   "videos_per_task": run.get("videos_per_task"), "ffmpeg_threads": run.get("ffmpeg_threads", 1),
                    "timeout": run.get("timeout", 600)}
             proc.stdin.write(pickle.dumps(job))  # stdin stays open: its end tells the process the server is gone
             await proc.stdin.drain()

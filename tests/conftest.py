@@ -72,11 +72,14 @@ def pytest_configure(config):
 def suite_processes() -> list[psutil.Process]:
     """Processes carrying this session's token or descending from this process; not this process
     nor its ancestors (the shell, a CI runner), nor this process's own multiprocessing resource
-    tracker (started by a test's spawn context, it ends with this process)."""
-    from multiprocessing import resource_tracker
+    tracker (started by a test's spawn context, it ends with this process) and fork server (started
+    by a build without Ray in a process that runs threads, ``ingest.local_runtime``; it ends with
+    this process too)."""
+    from multiprocessing import forkserver, resource_tracker
 
     me = psutil.Process()
-    exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid", None)}
+    exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid", None),
+              getattr(forkserver._forkserver, "_forkserver_pid", None)}
     found = {p.pid: p for p in me.children(recursive=True)}
     token = os.environ[SESSION_VAR]
     for p in psutil.process_iter():

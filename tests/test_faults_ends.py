@@ -149,13 +149,17 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     assert not (out / ".staging").exists() and not temporaries(out.parent)
 
 
-def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(ray_local, videos, tmp_path):
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(request, videos, tmp_path, runner):
     """SIGINT to the build's process group as it has the result of its 2nd task (one counted): the
-    driver cancels its tasks in flight and says what is staged. Before: 25 lines from inside Ray."""
+    driver cancels its tasks in flight and says what is staged. Before: 25 lines from inside Ray.
+    On Ray (the cluster of --address), and in the local worker processes of a build without one,
+    which ignore SIGINT and are stopped by the driver (ingest.local_runtime)."""
     out = tmp_path / "out"
     hold, held = os.pipe()
-    build = subprocess.Popen([sys.executable, HOLDPOINT, "ingest.ray_runtime:result@2", "-m", "ingest",
-                              *build_args(videos, out), "--address", ray_local.get_runtime_context().gcs_address],
+    on = (["ingest.ray_runtime:result@2", "--address", request.getfixturevalue("ray_local").get_runtime_context()
+           .gcs_address] if runner == "ray" else ["ingest.local_runtime:LocalTasks.result@2"])
+    build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out), *on[1:]],
                              env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     os.close(held)

@@ -159,7 +159,7 @@ def test_resume_of_another_models_or_data_sets_checkpoint_is_refused_saying_what
     # the run's set, another model: what differs
     message = refusal("--data", str(data), "--output-dir", str(out), "--no-shift", "--resume")
     assert message.startswith(f"--resume refused: {out / 'checkpoint.pt'} is another run's: ")
-    assert "model shift True in the checkpoint, False now" in message
+    assert "model arch tsm in the checkpoint, tsn now" in message
     assert "width" not in message and "segments" not in message
     assert (out / "checkpoint.pt").read_bytes() == before
 

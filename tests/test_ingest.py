@@ -235,6 +235,58 @@ def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree
     assert tree_bytes(tmp_path) == tree_bytes(reference)
 
 
+def test_a_build_without_ray_writes_the_same_bytes_with_the_same_code(class_tree, reference, tmp_path):
+    """The local worker processes of a small build (ingest.runtime) run the same tasks as Ray's:
+    the set is the Ray-built reference byte for byte, and every task ran in them."""
+    summary = build(str(class_tree), str(tmp_path), CFG, workers=2, shard_samples=3, runner="local")
+    assert set(summary.tasks_per_node) == {"local"}
+    assert tree_bytes(tmp_path) == tree_bytes(reference)
+
+
+def test_a_local_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path):
+    """SIGKILL to a worker process of a build without Ray: its tasks run again in a new pool, as
+    Ray retries a task whose worker died, and the set is the reference byte for byte."""
+    killed, stop = [], threading.Event()
+
+    def kill_one_worker():  # the workers: forked by the fork server this process started
+        while not killed and not stop.is_set():
+            for server in psutil.Process().children():
+                if "forkserver" in " ".join(server.cmdline()):
+                    for worker in server.children():
+                        os.kill(worker.pid, signal.SIGKILL)
+                        killed.append(worker.pid)
+                        break
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_one_worker)
+    killer.start()
+    try:
+        build(str(class_tree), str(tmp_path), CFG, workers=2, shard_samples=3, runner="local")
+    finally:
+        stop.set()
+        killer.join()
+    assert killed
+    assert tree_bytes(tmp_path) == tree_bytes(reference)
+
+
+@pytest.mark.parametrize("sizes, parallel, batches", [
+    ([100] * 16, 2, [2] * 8),  # 16 like videos on 2 workers: 4 tasks each
+    ([100] * 8, 2, [1] * 8),
+    ([100] * 120, 2, [8] * 15),  # never more than 8 videos a task
+    ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 2, 2]),  # a long video is a task of its own
+    ([-1, 100, 100], 1, [2, 1]),  # a directory (size -1) costs nothing to decode: it joins the next video
+])
+def test_tasks_are_sized_from_the_videos_bytes_and_the_workers(sizes, parallel, batches):
+    from ingest.build import plan_batches
+    from ingest.sources import Video
+
+    videos = [Video("train", f"train/a/{i}.mp4", f"/v/{i}.mp4", "a", str(i), size) for i, size in enumerate(sizes)]
+    planned = plan_batches(videos, parallel)
+    assert [len(b) for b in planned] == batches and [v for b in planned for v in b] == videos
+    assert [len(b) for b in plan_batches(videos, parallel, 3)] == [3] * (len(sizes) // 3) + [len(sizes) % 3] * bool(
+        len(sizes) % 3)
+
+
 def test_cvdf_layout_with_annotation_csvs(tmp_path):
     src = tmp_path / "k400"
     rows = {"train": [("abseiling", "aaa", 10, 20), ('tying bow tie, "fancy"', "b-b", 0, 10),

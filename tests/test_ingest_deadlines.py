@@ -52,13 +52,18 @@ def serve_trickling(directory):
         server.server_close()
 
 
-@pytest.mark.usefixtures("ray_local")
-def test_a_trickling_download_is_cut_at_the_timeout_and_the_build_goes_on(tmp_path):
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_a_trickling_download_is_cut_at_the_timeout_and_the_build_goes_on(tmp_path, request, runner):
+    """In a Ray task, and in a local worker process of a build without Ray (``ingest.runtime``),
+    where the deadline's SIGALRM must reach the task as in Ray's workers."""
+    if runner == "ray":
+        request.getfixturevalue("ray_local")
     src, out = tmp_path / "src", tmp_path / "out"
     media.make_video(src / "val" / "a" / "fast.mp4")
     media.make_video(src / "val" / "a" / "slow.mp4")
     with serve_trickling(src) as url:
-        summary = build(url, str(out), CFG, workers=2, shard_samples=10, videos_per_task=1, timeout=5)
+        summary = build(url, str(out), CFG, workers=2, shard_samples=10, videos_per_task=1, timeout=5, runner=runner)
+    assert set(summary.tasks_per_node) == {"local"} if runner == "local" else "local" not in summary.tasks_per_node
     ledger = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert ledger == [{"path": "val/a/slow.mp4", "split": "val", "reason": "timed out after 5 s (downloading)",
                        "ffmpeg": ""}]

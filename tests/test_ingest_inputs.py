@@ -16,7 +16,7 @@ from ingest.clips import ClipConfig
 from shards.manifest import Manifest
 
 import media
-from test_ingest import samples
+from test_ingest import samples, tree_bytes
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -145,17 +145,31 @@ def test_hard_inputs_are_described_in_metadata(built):
     assert {m["decoder"] for m in got.values()} == {"pyav"}
 
 
-def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, ray_local):
+def test_without_ray_every_bad_input_is_the_same_ledger_line_and_the_set_the_same_bytes(built, tmp_path):
+    """The same inputs built in local worker processes (``ingest.runtime``: a build this small
+    without a running Ray): every broken input is the ledger line it is on Ray, the good ones the
+    same clips; the whole set (shards, manifest, ledger) is the Ray build's byte for byte."""
+    src, out, summary = built
+    assert "local" not in summary.tasks_per_node  # the fixture's build ran on Ray
+    local = build(str(src), str(tmp_path), ClipConfig(short_side=32), workers=2, shard_samples=50, runner="local")
+    assert set(local.tasks_per_node) == {"local"} and local.failed == summary.failed
+    assert tree_bytes(tmp_path) == tree_bytes(out)
+
+
+@pytest.mark.parametrize("runner", ["ray", "local"])
+def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, request, runner):
+    """On the Ray of --address, and without one (a build this small runs in local worker processes)."""
     src, _, _ = built
-    address = ray_local.get_runtime_context().gcs_address
-    base = [sys.executable, "-m", "ingest", "build", "--src", str(src), "--short-side", "32",
-            "--address", address]
+    base = [sys.executable, "-m", "ingest", "build", "--src", str(src), "--short-side", "32"]
+    if runner == "ray":
+        base += ["--address", request.getfixturevalue("ray_local").get_runtime_context().gcs_address]
     strict = subprocess.run(base + ["--out", str(tmp_path / "a")], capture_output=True, text=True)
     assert strict.returncode == 1 and "--max-error-fraction" in strict.stderr  # the error line
     lenient = subprocess.run(base + ["--out", str(tmp_path / "b"), "--max-error-fraction", "0.5"],
                              capture_output=True, text=True)
     assert lenient.returncode == 0, lenient.stderr
     assert f"{len(BROKEN) + len(UNLABELED)} failed" in lenient.stdout
+    assert ("worker processes on this machine, without Ray" in lenient.stderr) == (runner == "local")
 
 
 def test_help_documents_the_error_threshold():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trainer.model.tsm import ModelConfig, TSM, build, load_pretrained
+from trainer.model.tsm import ModelConfig, VideoNet, build, load_pretrained
 from trainer.model.resnet import NoShift, ResNet
 from trainer.model.temporal_shift import TemporalShift, temporal_shift
 
@@ -64,7 +64,7 @@ def test_shift_rejects_a_batch_that_is_not_whole_clips():
         temporal_shift(torch.zeros(6, 8, 2, 2), 4)
 
 
-def tiny(shift: bool, **kw) -> TSM:
+def tiny(shift: bool, **kw) -> VideoNet:
     torch.manual_seed(0)
     return build(ModelConfig(num_classes=5, segments=4, depth=18, width=8, shift=shift), **kw).eval()
 
@@ -204,7 +204,7 @@ def test_torchvision_weights_land_in_the_right_layers(tmp_path, depth, wrap):
     report = load_pretrained(model, str(tmp_path / "weights.pth"))
     backbone = sorted(k for k in shapes if not k.startswith("fc."))
     assert report == {"loaded": backbone, "new": ["fc.weight", "fc.bias"], "ignored": ["fc.bias", "fc.weight"],
-                      "adapted": []}
+                      "adapted": [], "inflated": []}
     assert torch.equal(model.fc.weight, head[0]) and torch.equal(model.fc.bias, head[1])
     last, conv = len(model.backbone.layer4) - 1, "conv3" if depth == 50 else "conv2"
     assert torch.equal(getattr(model.backbone.layer4[last], conv).weight, state[f"layer4.{last}.{conv}.weight"])

@@ -9,7 +9,7 @@ from torch import nn
 
 from trainer.model.tsm import ModelConfig, build
 from trainer.model.resnet import BasicBlock, NoShift
-from trainer.model.subbatch_bn import SubBatchNorm2d, group_sizes, set_clips_per_group
+from trainer.model.subbatch_bn import SubBatchNorm2d, SubBatchNorm3d, group_sizes, set_clips_per_group
 from trainer.model.temporal_shift import TemporalShift
 
 
@@ -72,25 +72,31 @@ def test_groups_are_as_equal_as_possible(clips, per_group, expected):
     assert group_sizes(clips, per_group) == expected
 
 
-@pytest.mark.parametrize("clips,per_group,segments,channels_last", [(6, 2, 3, False), (7, 2, 2, True),
-                                                                    (8, 4, 1, False), (4, 8, 2, False)])
-def test_sub_batch_bn_equals_separate_bns_on_the_groups(clips, per_group, segments, channels_last):
+@pytest.mark.parametrize("clips,per_group,segments,channels_last,i3d", [
+    (6, 2, 3, False, False), (7, 2, 2, True, False), (8, 4, 1, False, False), (4, 8, 2, False, False),
+    (6, 2, 3, False, True), (7, 2, 2, True, True), (4, 8, 2, False, True)])
+def test_sub_batch_bn_equals_separate_bns_on_the_groups(clips, per_group, segments, channels_last, i3d):
+    """Frames (N*T, C, H, W) of a 2D network, or (``i3d``) an I3D's clips (N, C, T, H, W) against
+    ``nn.BatchNorm3d``."""
     torch.manual_seed(1)
-    plain = nn.BatchNorm2d(6)
+    plain = nn.BatchNorm3d(6) if i3d else nn.BatchNorm2d(6)
     with torch.no_grad():
         plain.weight.uniform_(0.5, 2)
         plain.bias.uniform_(-1, 1)
-    sub = SubBatchNorm2d(6)
+    sub = (SubBatchNorm3d if i3d else SubBatchNorm2d)(6)
     sub.load_state_dict(plain.state_dict())
     sub.clips_per_group = per_group
-    x = torch.randn(clips * segments, 6, 5, 4) * 3 + torch.arange(clips * segments).view(-1, 1, 1, 1) * 0.2
+    rows = 1 if i3d else segments  # of the first dimension per clip
+    shape = (clips, 6, segments, 5, 4) if i3d else (clips * segments, 6, 5, 4)
+    x = torch.randn(shape) * 3 + torch.arange(shape[0]).view(-1, *[1] * (len(shape) - 1)) * 0.2
+    memory_format = torch.channels_last_3d if i3d else torch.channels_last
     if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=memory_format)
     sizes = group_sizes(clips, per_group)
     # reference: one BN layer per group of whole clips, each a copy of the same layer
     x_ref, x_sub = x.clone().requires_grad_(), x.clone().requires_grad_()
     layers = [copy.deepcopy(plain).train() for _ in sizes]
-    out_ref = torch.cat([bn(part) for bn, part in zip(layers, x_ref.split([n * segments for n in sizes]))])
+    out_ref = torch.cat([bn(part) for bn, part in zip(layers, x_ref.split([n * rows for n in sizes]))])
     out = sub.train()(x_sub, segments)
     assert torch.allclose(out, out_ref, atol=1e-5)
     if len(sizes) > 1:  # the groups really are normalised apart: not what one BN over the batch gives
@@ -108,7 +114,7 @@ def test_sub_batch_bn_equals_separate_bns_on_the_groups(clips, per_group, segmen
     assert torch.allclose(sub.running_var, whole.running_var, rtol=1e-5)
     assert sub.num_batches_tracked.item() == 1
     if channels_last:
-        assert out.is_contiguous(memory_format=torch.channels_last)
+        assert out.is_contiguous(memory_format=memory_format)
 
 
 def test_sub_batch_bn_changes_no_parameter_buffer_or_checkpoint_key():

@@ -71,6 +71,10 @@ CASES = [
     ("segments-not-in-clips", "trainer train --data {set} --output-dir {root}/run --backend none --segments 16", {}, 2,
      ["--segments 16", "8 frames"]),
     ("depth-11", "trainer train --data {set} --depth 11", {}, 2, ["--depth", "11", "choose from 10, 18"]),
+    ("tsm-without-its-shift", "trainer train --data {set} --output-dir {root}/run --backend none --arch tsm --no-shift",
+     {}, 2, ["--no-shift", "not with --arch tsm", "--arch tsn"]),
+    ("i3d-without-bottlenecks", "trainer train --data {set} --output-dir {root}/run --backend none --arch i3d-3x1x1 "
+     "--depth 18", {}, 2, ["--arch i3d-3x1x1", "--depth 50, 101 or 152, not 18"]),
     ("batch-size-0", "trainer train --data {set} --batch-size 0", {}, 2, ["--batch-size", "0", "range"]),
     ("segments-0", "trainer train --data {set} --segments 0", {}, 2, ["--segments", "0", "range"]),
     ("plot-no-run", "trainer plot {root}/runs/nope", {}, 2, ["runs/nope", "no such run"]),

@@ -18,11 +18,14 @@ import torch
 from shards import storage
 from shards.errors import CommandError, NoSpace
 
-from .config import TrainConfig, of_checkpoint
+from .config import TrainConfig, architecture, of_checkpoint
 
 NAME = "checkpoint.pt"
-# what makes another network, even where the parameter names agree (TSM and TSN have the same)
-MODEL_FIELDS = ("shift", "segments", "shift_div", "depth", "width", "num_classes")
+# what makes another network, even where the parameter names agree (TSM and TSN have the same); the
+# architecture of checkpoints written before --arch is their shift's (trainer.config.architecture)
+MODEL_FIELDS = ("arch", "segments", "shift_div", "depth", "width", "num_classes")
+# the flags that name the architecture, compared as such by ``differences`` (--no-shift alone is --arch tsn)
+NETWORK = (("model", "arch"), ("model", "shift"))
 # flags a resumed run cannot take other than the checkpoint's: the optimizer state or the step
 # sequence it saved would not fit (docs/faults.md); (concern, field)
 REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
@@ -87,6 +90,7 @@ def differences(state: dict, model_config: dict, cfg: TrainConfig) -> list[str]:
     if "clips_seen" not in state:
         return ["written by a trainer whose schedule counted steps (no clips_seen)"]
     saved, loader, old = state["model_config"], state["loader"], of_checkpoint(state)
+    saved = {**saved, "arch": architecture(saved.get("arch"), saved.get("shift"))}
     pairs = [(f"model {k}", saved[k], model_config[k]) for k in MODEL_FIELDS]
     pairs += [(_flag(field), getattr(getattr(old, concern), field), getattr(getattr(cfg, concern), field))
               for concern, field in REFUSED]
@@ -98,7 +102,7 @@ def changes(state: dict, cfg: TrainConfig) -> list[str]:
     """The flags of ``cfg`` that differ from the checkpoint's and that the resumed run applies (all
     but the refused and the inert ones: the recipe's rate, momentum, weight decay, epochs, ...), as
     ``--flag old -> new``; the next checkpoint records the new values."""
-    old, skip = of_checkpoint(state), set(REFUSED) | set(INERT)
+    old, skip = of_checkpoint(state), set(REFUSED) | set(INERT) | set(NETWORK)
     out = []
     for concern in ("data", "model", "recipe", "system", "schedules"):
         then, now = getattr(old, concern), getattr(cfg, concern)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from shards.commands import HelpFormatter, count_or_share, int_in_range, number_in_range, positive_int
+from shards.errors import UsageError
 
 VERSION = 1  # of the config as a checkpoint stores it; 0: the flat ``args`` dict of older checkpoints
 
@@ -41,6 +42,11 @@ MULTIGRID = ("off", "long", "short", "both")
 SHUFFLES = ("auto", "global", "node")
 GROWTH = ("off", "points", "decay", "noise")  # trainer.schedules.batch_growth's modes, or none
 DEPTHS = (10, 18, 34, 50, 101, 152)
+# the networks (trainer.model): TSM, its 2D baseline TSN (the same without the shift: --no-shift), and
+# the 3D baselines of the paper's comparison, I3D ResNets inflating a bottleneck's 3x3 or first 1x1
+# convolution (trainer/model/i3d.py), which only the bottleneck depths have
+ARCHS = ("tsm", "tsn", "i3d-3x3x3", "i3d-3x1x1")
+BOTTLENECK_DEPTHS = (50, 101, 152)
 # what a clip's frames are to the network, and its input channels per frame: RGB pixels, or the
 # motion field stored beside each frame (``ingest build --motion``; u and v, trainer.data.motion)
 CHANNELS = {"rgb": 3, "motion": 2}
@@ -49,6 +55,20 @@ MODALITIES = tuple(CHANNELS)
 # expect: the model does it on the device (trainer.model.tsm); library users with trainer.data.normalise
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def architecture(arch: str | None, shift: bool | None = None) -> str:
+    """The network ``arch`` (``--arch``) and ``shift`` (False: ``--no-shift``) name together. ``--no-shift``
+    removes TSM's temporal shift: alone it makes TSN (as before ``--arch``, and in checkpoints written
+    then, which name their network by ``shift`` alone); with ``--arch tsn`` or an I3D, which have no
+    shift, it changes nothing; with ``--arch tsm`` it contradicts it (ValueError)."""
+    if arch is None:
+        return "tsn" if shift is False else "tsm"
+    if arch not in ARCHS:
+        raise ValueError(f"--arch {arch}: not one of {', '.join(ARCHS)}")
+    if shift is False and arch == "tsm":
+        raise ValueError("--no-shift removes TSM's temporal shift: not with --arch tsm (TSM without it is --arch tsn)")
+    return arch
 
 
 def flag(default=dataclasses.MISSING, help: str | None = None, *, spelling: str | None = None, **argparse_options):
@@ -106,9 +126,13 @@ class Model:
     GROUP: ClassVar[str] = "model"
     segments: int | None = flag(None, "frames per clip (T) (default: the shard set's, from its manifest)",
                                 type=positive_int)
+    arch: str | None = flag(None, "the network: tsm (default), tsn (the same without the shift: --no-shift), or the 3D "
+                                  "baselines i3d-3x3x3 and i3d-3x1x1 (trainer/model/i3d.py; --depth 50, 101 or 152)",
+                            choices=ARCHS)
     depth: int = flag(50, "ResNet depth", choices=DEPTHS)
     width: int = flag(64, "ResNet base width (64 standard)")
-    shift: bool = flag(True, "TSN: no temporal shift", spelling="--no-shift")
+    shift: bool = flag(True, "no temporal shift: TSN (--arch tsn); nothing to remove from TSN or an I3D; refused with "
+                             "--arch tsm", spelling="--no-shift")
     shift_div: int = flag(8, "shift 1/div of channels each way")
     dropout: float = flag(0.0, "before the head (0 for the large-batch recipe)")
     pretrained: str | None = flag(None, "torchvision-format ResNet state dict, or a checkpoint.pt of trainer train, "
@@ -116,6 +140,19 @@ class Model:
                                         "layer averaged over its channels, TSN's cross-modality initialisation)")
     bn: str = flag("train", "partial: freeze every BN layer but the first (TSM's partial BN, for fine-tuning on small "
                             "datasets); frozen: freeze all, normalising with running statistics", choices=BN_MODES)
+
+    @property
+    def network(self) -> str:
+        """The network ``--arch`` and ``--no-shift`` name (``architecture``), refused in one line when they
+        contradict each other (``--arch tsm --no-shift``) or an I3D is asked of a ResNet without bottlenecks."""
+        try:
+            arch = architecture(self.arch, self.shift)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if arch.startswith("i3d") and self.depth not in BOTTLENECK_DEPTHS:
+            raise UsageError(f"--arch {arch} inflates bottleneck convolutions: --depth 50, 101 or 152, "
+                             f"not {self.depth}")
+        return arch
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from .schedules.recipe import Schedule, build_optimizer, scaled_lr
 log = logging.getLogger(__name__)
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+NAMES = {"tsm": "TSM", "tsn": "TSN", "i3d-3x3x3": "I3D 3x3x3", "i3d-3x1x1": "I3D 3x1x1"}  # trainer.config.ARCHS
 
 
 def pick_device(backend: Backend) -> torch.device:
@@ -54,13 +55,13 @@ class Engine:
         self.device = pick_device(backend)
         self.amp = amp_dtype(system.amp, self.device)
         self.config = ModelConfig(num_classes=num_classes, segments=model.segments, depth=model.depth,
-                                  width=model.width, shift=model.shift, shift_div=model.shift_div,
+                                  width=model.width, arch=model.network, shift_div=model.shift_div,
                                   dropout=model.dropout, modality=modality)
         channels_last = self.device.type == "cuda" if system.channels_last is None else system.channels_last
         self.model = build(self.config, bn=model.bn, channels_last=channels_last, bn_group=bn_group)
         if model.pretrained and backend.rank == 0:
             load_pretrained(self.model, model.pretrained)
-        self.model.to(self.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
+        self.model.to(self.device, memory_format=self.model.memory_format)
         self.global_batch = batch_size * backend.size
         peak_lr = scaled_lr(recipe.lr_per_8, self.global_batch)
         self.epochs = epochs or recipe.epochs
@@ -150,8 +151,9 @@ class Engine:
         return "\n".join([
             f"backend {b.name}: {b.size} rank(s), device {self.device}, amp {self.amp}, "
             f"channels-last {self.model.channels_last}",
-            f"model: {'TSM' if c.shift else 'TSN'} ({c.modality}) ResNet-{c.depth} width {c.width}, {c.segments} frames, "
-            f"shift 1/{c.shift_div}, dropout {c.dropout}, BN {self.bn_mode}, {c.num_classes} classes, "
+            f"model: {NAMES[c.arch]} ({c.modality}) ResNet-{c.depth} width {c.width}, {c.segments} frames, "
+            f"{f'shift 1/{c.shift_div}, ' if c.shift else ''}dropout {c.dropout}, BN {self.bn_mode}, "
+            f"{c.num_classes} classes, "
             f"{params / 1e6:.2f} M parameters",
             f"recipe: global batch {self.global_batch} ({self.batch_size} x {b.size}), peak lr {self.peak_lr:g} "
             f"({r.lr_per_8:g} per 8 clips), {self.epochs} epochs, {self.schedule.total_clips} clips, "

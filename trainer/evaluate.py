@@ -30,7 +30,7 @@ from .distributed import backends as distributed
 from .distributed import cores
 from .errors import ConfigError
 from .engine import amp_dtype, autocast, pick_device
-from .model.tsm import build
+from .model.tsm import ModelConfig, build
 
 log = logging.getLogger("trainer.test")
 
@@ -110,13 +110,14 @@ def resolve_run(run: str) -> str:
 
 def load_network(url: str, backend) -> dict:
     """Rank 0 reads the checkpoint at ``url`` and every rank gets what testing needs of it: the weights,
-    the network's config, the classes and the training run's data config (its crop, scale and modality)."""
+    the network's config and architecture (``trainer.config.ARCHS``: the checkpoint decides which network
+    is tested), the classes and the training run's data config (its crop, scale and modality)."""
     state = checkpoint.load(url) if backend.rank == 0 else None
     if backend.rank == 0 and state is None:
         raise ConfigError(f"{url}: no checkpoint")
     return backend.broadcast_object(None if state is None else {
         "url": url, "model": state["model"], "model_config": state["model_config"], "classes": state["classes"],
-        "data": config.of_checkpoint(state).data})
+        "data": config.of_checkpoint(state).data, "arch": ModelConfig(**state["model_config"]).arch})
 
 
 def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, device) -> VideoScores:
@@ -187,13 +188,14 @@ def main(ev: config.Evaluation) -> int:
     if backend.rank == 0:
         classes = networks[0]["classes"]
         if ev.fuse is None:
-            summary = {"split": ev.split, "crops": ev.crops, **scores[0].summary()}
+            summary = {"split": ev.split, "crops": ev.crops, "arch": networks[0]["arch"], **scores[0].summary()}
             report = {"summary": summary, "videos": scores[0].predictions(classes)}
         else:
             together = fused(runs, scores, weights)
             summary = {"split": ev.split, "crops": ev.crops, "runs": list(runs), "weights": list(weights),
                        **{k: v for k, v in together.summary().items() if k != "views_per_video"},
-                       "streams": [{"run": run, **s.summary()} for run, s in zip(runs, scores)]}
+                       "streams": [{"run": run, "arch": network["arch"], **s.summary()}
+                                   for run, network, s in zip(runs, networks, scores)]}
             report = {"summary": summary, "videos": together.predictions(classes),
                       "streams": [{"run": run, "videos": s.predictions(classes)} for run, s in zip(runs, scores)]}
         print(json.dumps(summary))

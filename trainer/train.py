@@ -1,4 +1,4 @@
-"""Train TSM (or TSN with --no-shift) on a shard set, on one process or many (Horovod by default).
+"""Train TSM, TSN (--no-shift) or an I3D (--arch) on a shard set, on one process or many (Horovod by default).
 
 The defaults are the recipe of "Training Kinetics in 15 Minutes" (Lin, Gan and Han, 2019) for a
 TSM ResNet-50 on 8-frame clips: SGD momentum 0.9, 0.00125 learning rate per 8 clips of

@@ -19,6 +19,11 @@ training-mode forward differs, and only when a batch holds more than one group:
   plain BatchNorm2d would make, so evaluation is unchanged.
 
 Evaluation and frozen layers use the running statistics as always.
+
+``SubBatchNorm3d`` is the same layer for an I3D's clips (N, C, T, H, W), whose clips are its first
+dimension; per channel it normalises over N, T, H and W, as ``nn.BatchNorm3d`` does. It stays an
+``nn.BatchNorm2d`` by class, so everything that finds a network's BN layers by that class (partial
+BN, precise BN, model averaging, ``set_clips_per_group``) finds an I3D's too.
 """
 from __future__ import annotations
 
@@ -40,13 +45,18 @@ class SubBatchNorm2d(nn.BatchNorm2d):
 
     clips_per_group = 0
 
+    def rows_per_clip(self, segments: int) -> int:
+        """Entries of the first dimension one clip takes: its ``segments`` frames."""
+        return segments
+
     def forward(self, x: torch.Tensor, segments: int) -> torch.Tensor:
-        clips = x.shape[0] // segments
+        rows = self.rows_per_clip(segments)
+        clips = x.shape[0] // rows
         if not (self.training and self.clips_per_group and clips >= 2 * self.clips_per_group):
             return super().forward(x)
         sizes = group_sizes(clips, self.clips_per_group)
         parts, means, variances = [], [], []
-        for part in x.split([n * segments for n in sizes]):
+        for part in x.split([n * rows for n in sizes]):
             # momentum 1 turns the scratch buffers into the group's mean and unbiased variance
             mean, var = ((torch.zeros_like(self.running_mean), torch.ones_like(self.running_var))
                          if self.track_running_stats else (None, None))
@@ -54,7 +64,7 @@ class SubBatchNorm2d(nn.BatchNorm2d):
             means.append(mean)
             variances.append(var)
         if self.track_running_stats:
-            self._update_running_stats(means, variances, [n * segments * x[0, 0].numel() for n in sizes])
+            self._update_running_stats(means, variances, [n * rows * x[0, 0].numel() for n in sizes])
         return torch.cat(parts)
 
     @torch.no_grad()
@@ -69,6 +79,17 @@ class SubBatchNorm2d(nn.BatchNorm2d):
         momentum = 1.0 / self.num_batches_tracked.item() if self.momentum is None else self.momentum
         self.running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
         self.running_var.mul_(1 - momentum).add_(var, alpha=momentum)
+
+
+class SubBatchNorm3d(SubBatchNorm2d):
+    """``SubBatchNorm2d`` for clips (N, C, T, H, W): one clip per entry of the first dimension."""
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() != 5:
+            raise ValueError(f"expected 5D input (N, C, T, H, W), got {x.dim()}D")
+
+    def rows_per_clip(self, segments: int) -> int:
+        return 1
 
 
 def set_clips_per_group(model: nn.Module, clips: int) -> None:

@@ -1,8 +1,14 @@
-"""TSM and its 2D baseline TSN: a ResNet over the T frames of a clip, averaged, then a linear head.
+"""The video networks: TSM, its 2D baseline TSN, and the I3D baselines: a ResNet over the T frames of
+a clip, averaged over time, then a linear head.
 
 The model takes the loader's uint8 clips (B, T, C, H, W) as they are and normalises them
 itself, so the float conversion happens wherever the model lives (on the GPU when there is
-one). With ``shift=False`` no frame ever sees another before the average: that is TSN.
+one). ``arch`` (``trainer.config.ARCHS``) picks the backbone: ``tsm``, a 2D ResNet with the temporal
+shift in every residual branch; ``tsn``, the same without it (no frame ever sees another before the
+average); ``i3d-3x3x3`` and ``i3d-3x1x1``, the ResNet inflated to 3D (``trainer.model.i3d``), whose
+features of the time steps left after its temporal pooling are averaged the same way (the global
+average pool of the I3D papers). Checkpoints written before ``arch`` name the network by ``shift``
+(True: TSM, False: TSN), which ``ModelConfig`` still reads.
 
 ``modality`` "motion" is two-stream's motion network (``trainer.data.motion``): the same backbone
 on the motion fields rendered beside the frames, 2 channels per frame (q of u and of v, 128 = no
@@ -25,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import BN_MODES, CHANNELS, IMAGENET_MEAN, IMAGENET_STD
+from ..config import BN_MODES, CHANNELS, IMAGENET_MEAN, IMAGENET_STD, architecture
+from .i3d import INFLATIONS, inflate
 from .resnet import NoShift, ResNet
 from .subbatch_bn import set_clips_per_group
 from .temporal_shift import TemporalShift
@@ -46,18 +53,27 @@ class ModelConfig:
     segments: int
     depth: int = 50
     width: int = 64
-    shift: bool = True
+    shift: bool | None = None  # the temporal shift, i.e. arch tsm (None: as arch says)
     shift_div: int = 8
     dropout: float = 0.0
     modality: str = "rgb"  # what each frame is (trainer.config.CHANNELS); checkpoints before it: rgb
+    arch: str | None = None  # trainer.config.ARCHS (None: tsm, or tsn with shift False); checkpoints before it: None
+
+    def __post_init__(self):
+        self.arch = architecture(self.arch, self.shift)  # ValueError for arch tsm with shift False
+        self.shift = self.arch == "tsm"
 
 
-class TSM(nn.Module):
+class VideoNet(nn.Module):
+    """``config``'s network; ``bn``: ``trainer.config.BN_MODES``; ``channels_last``: NHWC activations
+    (NDHWC in an I3D); ``bn_group``: clips per BN statistics group in training (0: the batch)."""
+
     def __init__(self, config: ModelConfig, bn: str = "train", channels_last: bool = False, bn_group: int = 0):
         super().__init__()
         self.config = config
         hook = functools.partial(TemporalShift, config.shift_div) if config.shift else NoShift
-        self.backbone = ResNet(config.depth, config.width, hook, CHANNELS[config.modality])
+        self.backbone = ResNet(config.depth, config.width, hook, CHANNELS[config.modality],
+                               INFLATIONS.get(config.arch))
         set_clips_per_group(self.backbone, bn_group)
         self.dropout = nn.Dropout(config.dropout)
         self.fc = nn.Linear(self.backbone.feature_dim, config.num_classes)
@@ -65,9 +81,13 @@ class TSM(nn.Module):
         nn.init.normal_(self.fc.weight, 0, 0.001)
         nn.init.zeros_(self.fc.bias)
         mean, std, scale = NORMALISE[config.modality]  # the loader's clips are uint8
-        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1) * scale, persistent=False)
-        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1) * scale, persistent=False)
+        # (C, 1, 1), broadcast over frames (N*T, C, H, W); not 4D, which Module.to(memory_format=) would convert
+        self.register_buffer("mean", torch.tensor(mean).view(-1, 1, 1) * scale, persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(-1, 1, 1) * scale, persistent=False)
         self.channels_last = channels_last
+        # what Module.to(memory_format=) takes for this network's weights
+        self.memory_format = (torch.channels_last_3d if self.backbone.inflation else torch.channels_last) \
+            if channels_last else torch.preserve_format
         if bn not in BN_MODES:
             raise ValueError(f"bn mode {bn!r} not one of {BN_MODES}")
         self.bn = bn
@@ -80,7 +100,7 @@ class TSM(nn.Module):
         layers = [m for m in self.backbone.modules() if isinstance(m, nn.BatchNorm2d)]
         return {"train": [], "partial": layers[1:], "frozen": layers}[self.bn]
 
-    def train(self, mode: bool = True) -> "TSM":
+    def train(self, mode: bool = True) -> "VideoNet":
         super().train(mode)
         if mode:
             for layer in self.frozen_bns():
@@ -96,17 +116,18 @@ class TSM(nn.Module):
         x = (clips.flatten(0, 1).float() - self.mean) / self.std
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        features = self.backbone(x, t).view(b, t, -1).mean(dim=1)  # average consensus
+        # average consensus over the time steps the backbone leaves (T, or fewer in an I3D)
+        features = self.backbone(x, t).view(b, -1, self.backbone.feature_dim).mean(dim=1)
         return self.fc(self.dropout(features))
 
 
-def build(config: ModelConfig | dict, **kwargs) -> TSM:
+def build(config: ModelConfig | dict, **kwargs) -> VideoNet:
     if isinstance(config, dict):
         config = ModelConfig(**config)
-    return TSM(config, **kwargs)
+    return VideoNet(config, **kwargs)
 
 
-def load_pretrained(model: TSM, path: str) -> dict:
+def load_pretrained(model: VideoNet, path: str) -> dict:
     """Load a torchvision-format ResNet state dict (ImageNet weights), or the network of a
     ``checkpoint.pt`` of this project, into the backbone.
 
@@ -114,8 +135,11 @@ def load_pretrained(model: TSM, path: str) -> dict:
     ``module.`` or ``backbone.`` prefix. The classifier (``fc.*``) is never loaded: the head is new.
     A first convolution of other input channels than the model's (RGB weights for a motion
     network) gets TSN's cross-modality initialisation: the weights averaged over their input
-    channels, that mean in every input channel of the model.
-    Returns and logs which keys were loaded, which were adapted, which stayed new and which were ignored.
+    channels, that mean in every input channel of the model. An I3D gets 2D kernels inflated
+    (``trainer.model.i3d.inflate``): each repeated over its convolution's temporal size t and divided
+    by t, as Carreira and Zisserman initialise from ImageNet.
+    Returns and logs which keys were loaded, which were inflated or adapted, which stayed new and which
+    were ignored.
     """
     state = torch.load(path, map_location="cpu", weights_only=True)
     for wrapper in ("state_dict", "model"):
@@ -123,21 +147,29 @@ def load_pretrained(model: TSM, path: str) -> dict:
             state = state[wrapper]
     state = {k.removeprefix("module.").removeprefix("backbone."): v for k, v in state.items()}
     own = model.backbone.state_dict()
-    loaded, ignored, adapted = {}, [], []
+    loaded, ignored, adapted, inflated = {}, [], [], []
     for key, value in state.items():
-        if key == "conv1.weight" and key in own and value.dim() == 4 and value.shape[1] != own[key].shape[1] \
-                and value.shape[:1] + value.shape[2:] == own[key].shape[:1] + own[key].shape[2:]:
-            value = value.mean(dim=1, keepdim=True).expand_as(own[key]).clone()
+        target = own.get(key)
+        if target is not None and value.dim() == 4 and target.dim() == 5 and value.shape[2:] == target.shape[3:]:
+            value = inflate(value, target.shape[2])
+            inflated.append(key)
+        if key == "conv1.weight" and target is not None and value.shape[1] != target.shape[1] \
+                and value.shape[:1] + value.shape[2:] == target.shape[:1] + target.shape[2:]:
+            value = value.mean(dim=1, keepdim=True).expand_as(target).clone()
             adapted.append(key)
-        if key in own and own[key].shape == value.shape:
+        if target is not None and target.shape == value.shape:
             loaded[key] = value
         else:
             ignored.append(key)
     model.backbone.load_state_dict(loaded, strict=False)
     report = {"loaded": sorted(loaded), "new": sorted(k for k in own if k not in loaded) + ["fc.weight", "fc.bias"],
-              "ignored": sorted(ignored), "adapted": adapted}
+              "ignored": sorted(ignored), "adapted": adapted, "inflated": sorted(k for k in inflated if k in loaded)}
     log.info("pretrained %s: %d tensors loaded, %d new (%s), %d ignored (%s)", path, len(report["loaded"]),
              len(report["new"]), ", ".join(report["new"][:8]), len(ignored), ", ".join(ignored[:8]))
+    if report["inflated"]:
+        deep = [f"{k.removesuffix('.weight')} x{own[k].shape[2]}" for k in report["inflated"] if own[k].shape[2] > 1]
+        log.info("pretrained %s: %d 2D kernels loaded as 3D ones, %d inflated over time (each repeated over its t "
+                 "frames and divided by t): %s", path, len(report["inflated"]), len(deep), ", ".join(deep))
     if adapted:
         log.info("pretrained %s: cross-modality initialisation of conv1 (TSN): its weights over %d input "
                  "channels averaged, the mean in each of the model's %d", path, state["conv1.weight"].shape[1],

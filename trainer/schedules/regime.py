@@ -98,6 +98,9 @@ class Regime(Hook):
     def __init__(self, cfg: TrainConfig, world_size: int, samples: int, elastic: bool = False):
         self.cfg, self.world_size, self.samples = cfg, world_size, samples
         s, d, epochs = cfg.schedules, cfg.data, cfg.recipe.epochs
+        # --arch against --no-shift or --depth, refused as the command line's (UsageError); every schedule,
+        # K-step averaging, --modality and --compile take any of the networks
+        self.network = cfg.model.network
         if elastic and (s.multigrid != "off" or s.batch_growth != "off" or s.average_every is not None):
             refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's decisions "
                    "and K-step averaging's drifted ranks depend on: use trainer train for those")
