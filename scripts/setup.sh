@@ -82,12 +82,14 @@ pyok "$torch_check" || {
   pip install -q --upgrade pip wheel setuptools
   pip install -q "${torch_index[@]}" "${torch_want[@]}"; }
 
-# --- this project, editable, with its dependencies: only when the checkout or pyproject.toml changed
+# --- this project, editable, with every extra but bench (the base install is only what reading needs:
+# docs/library.md), at the tested versions of constraints.txt: only when the checkout, pyproject.toml
+# or constraints.txt changed
 stamp="$VENV/.kinetics-fast-installed"
-want_stamp="$ROOT $(sha256sum pyproject.toml | cut -d' ' -f1)"
+want_stamp="$ROOT $(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ] || ! pyok "import importlib.metadata as m; m.distribution('kinetics-fast')"; then
   did project "kinetics-fast (editable) and its dependencies"
-  pip install -q -e ".[dev]"
+  pip install -q -c constraints.txt -e ".[ingest,service,trainer,s3,dev]"
   echo "$want_stamp" > "$stamp"
 fi
 

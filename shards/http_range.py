@@ -76,9 +76,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import fsspec.asyn
-import fsspec.config
 
 from .errors import DataFault, SourceUnavailable, UsageError
+from .storage import http_headers
 
 log = logging.getLogger(__name__)
 
@@ -258,11 +258,10 @@ class Patience:
 
 
 def patiently(fetch, url: str, retry: Retry = DEFAULT_RETRY):
-    """``fetch()``'s result, waiting for its source through outages as a range is read (an fsspec
-    read of a whole small file, such as a manifest: its client's errors are classified by their
-    HTTP status, or as no answer when the connection failed). Other failures are raised as they came."""
-    import aiohttp  # fsspec's HTTP client; loaded only where an HTTP source is read this way
-
+    """``fetch()``'s result, waiting for its source through outages as a range is read (a read of a
+    whole small file, such as a manifest, with the standard library's client, ``storage.read_bytes``:
+    its errors are classified by their HTTP status, or as no answer when the connection failed, an
+    ``OSError``). Other failures are raised as they came."""
     patience = Patience(url, retry)
     while True:
         try:
@@ -271,7 +270,7 @@ def patiently(fetch, url: str, retry: Retry = DEFAULT_RETRY):
             raise
         except Exception as e:
             status = getattr(e, "status", None)
-            unanswered = isinstance(e, (OSError, aiohttp.ClientConnectionError))
+            unanswered = isinstance(e, OSError)
             if (classify(status) if isinstance(status, int) else OUTAGE if unanswered else FATAL) != OUTAGE:
                 raise
             patience.failed(OUTAGE, f"{type(e).__name__}: {e}")
@@ -347,11 +346,6 @@ class _Pool:
 _POOL = _Pool()
 
 
-def _config_headers(scheme: str) -> dict:
-    conf = fsspec.config.conf
-    return {**conf.get("http", {}).get("headers", {}), **conf.get(scheme, {}).get("headers", {})}
-
-
 class HTTPRange(io.RawIOBase):
     """Bytes [start, end) of an HTTP(S) URL as a raw stream (wrap it in ``io.BufferedReader``)."""
 
@@ -406,7 +400,7 @@ class HTTPRange(io.RawIOBase):
 
     def _request(self) -> None:
         """Send the GET for the missing bytes and receive the answer's headers."""
-        headers = {**_config_headers(self.key[0]), "Range": f"bytes={self.pos}-{self.end - 1}"}
+        headers = {**http_headers(self.key[0]), "Range": f"bytes={self.pos}-{self.end - 1}"}
         if self.key != self.origin:  # redirected to another server: credentials stay with ours
             headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "cookie")}
         while True:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import storage
 from .errors import CommandError, NotFound
-from .http_range import DEFAULT_RETRY, Retry, _config_headers, patiently
+from .http_range import DEFAULT_RETRY, Retry, patiently
 
 MANIFEST_NAME = "manifest.json"
 CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
@@ -179,7 +179,7 @@ def _http_refusal(url: str, error: Exception) -> CommandError:
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, headers=_config_headers(url.split(":", 1)[0]))
+    request = urllib.request.Request(url, headers=storage.http_headers(url.split(":", 1)[0]))
     try:
         with urllib.request.urlopen(request, timeout=30):
             return CommandError(f"{url}: {error}")  # answered this time: report the first failure

@@ -1,8 +1,10 @@
 """fsspec helpers: URL joining, local paths, whole-file reads and atomic writes (temp name, then rename).
 
 The bottom layer of ``shards``: it imports nothing of the project but its vocabulary of refusals
-(``shards.errors``), and no HTTP client (``shards.reading`` and ``shards.http_range`` build on
-it, not the other way round). A write that fails, a full disk included, leaves no temporary file
+(``shards.errors``), and no HTTP client of the project (``shards.reading`` and ``shards.http_range``
+build on it, not the other way round). A whole file over HTTP (a manifest, a set's record) is one GET
+with the standard library's client, so reading a set from the service needs neither aiohttp nor
+fsspec's HTTP filesystem (the reading-only install has neither). A write that fails, a full disk included, leaves no temporary file
 behind; a full disk is ``NoSpace``, one line naming the path and the bytes needed and free.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ import shutil
 import uuid
 from contextlib import contextmanager
 
+import fsspec.config
 from fsspec.core import url_to_fs
 
 from .errors import NoSpace
@@ -52,16 +55,35 @@ def exists(url: str) -> bool:
 
 
 def read_bytes(url: str) -> bytes:
-    """The whole file: a local one with one open and no stat, a remote one with one request
-    (fsspec's ``cat_file``: over HTTP a GET, and no HEAD)."""
+    """The whole file: a local one with one open and no stat, an HTTP(S) one with one GET (and no
+    HEAD; 404 is ``FileNotFoundError``), any other with fsspec's ``cat_file``."""
     if local_path(url) is not None:
         fd = open_fd(url)
         try:
             return b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
         finally:
             os.close(fd)
+    if url.startswith(("http://", "https://")):
+        import urllib.error  # only here: the path helpers load no HTTP client (tests/test_layering.py)
+        import urllib.request
+
+        request = urllib.request.Request(url, headers=http_headers(url.split(":", 1)[0]))
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.read()
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                raise FileNotFoundError(f"{url}: not found (404)") from None
+            raise
     fs, path = url_to_fs(url)
     return fs.cat_file(path)
+
+
+def http_headers(scheme: str) -> dict:
+    """The headers fsspec's configuration gives every HTTP request (``FSSPEC_HTTP_HEADERS``, or
+    ``~/.config/fsspec/http.json``): a service's read token, for example."""
+    conf = fsspec.config.conf
+    return {**conf.get("http", {}).get("headers", {}), **conf.get(scheme, {}).get("headers", {})}
 
 
 def _temporary(path: str) -> str:

@@ -55,6 +55,10 @@ BOTTLENECK_DEPTHS = (50, 101, 152)
 # motion field stored beside each frame (``ingest build --motion``; u and v, trainer.data.motion)
 CHANNELS = {"rgb": 3, "motion": 2}
 MODALITIES = tuple(CHANNELS)
+# RGB clips are normalised with ImageNet's statistics (of pixels scaled to [0, 1]), as TSM's weights
+# expect: the model does it on the device (trainer.model.tsm); library users with trainer.data.normalise
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def architecture(arch: str | None, shift: bool | None = None) -> str:

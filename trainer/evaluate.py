@@ -27,7 +27,8 @@ from shards.errors import UsageError
 
 from . import checkpoint, config, metrics
 from .data.device_decode import clip_source
-from .data.loader import ClipLoader, shared_manifest
+from .data import ClipLoader  # the public reading API (docs/library.md), as any training loop reads
+from .data.loader import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
 from .errors import ConfigError

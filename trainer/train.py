@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import time
+import warnings
 from dataclasses import asdict
 
 import torch
@@ -40,7 +41,8 @@ from shards.manifest import Manifest
 
 from . import bad_samples, checkpoint, config, metrics
 from .data.device_decode import clip_source
-from .data.loader import ClipLoader, shared_manifest
+from .data import ClipLoader, Upsampling  # the public reading API (docs/library.md), as any training loop reads
+from .data.loader import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
 from .errors import ConfigError
@@ -378,6 +380,7 @@ def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_ranks: int, r
         raise UsageError(f"--segments {m.segments}: the clips of {d.data} have {stored} frames (leave --segments "
                          f"out to take them; multigrid's shorter clips are taken from them)")
     short = clip.get("short_side")
+    warnings.filterwarnings("ignore", category=Upsampling)  # the loader's, for library users: this names the flags
     if rank0 and short and max(d.crop_size, d.scale_size) > short:
         log.warning("--crop-size %d / --scale-size %d: the frames of %s are %d pixels on their short side, so "
                     "they are upscaled (--scale-size %d --crop-size %d would crop them as stored)",

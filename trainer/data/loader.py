@@ -1,7 +1,10 @@
 """Streaming clip loader: WebDataset shards -> uint8 batches (B, T, C, H, W), equal on every rank.
 
-Who reads what, in which order, is decided by the pure functions of ``shards.partition``;
-this module only carries it out. The data path of one loader worker, top to bottom:
+Who reads what, in which order, is decided by the pure functions of ``shards.partition`` and
+``trainer.data.plan`` (each worker's ``WorkerPlan``, built once); where the loader stands in its
+epochs is ``trainer.data.position``; the pipeline's stages are the plain functions of
+``trainer.data.stages``. ``ClipLoader`` is the glue: it plans an iteration, runs the stages in its
+DataLoader workers and hands their batches out. The data path of one loader worker, top to bottom:
 
     byte ranges of shards (one open each; local descriptors opened once by the rank and
     shared with its forked workers), every sample checked against the manifest's digest
@@ -51,11 +54,10 @@ server at once); loader workers inherit it from the rank process.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-from dataclasses import asdict
+import warnings
 
 import numpy as np
 import torch
@@ -63,20 +65,22 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import classmix, partition
-from shards.direct import load_manifest
-from shards.cache import Piece, ShardCache
+from shards.cache import ShardCache
 from shards.digests import CorruptSample, TooManyBadSamples
+from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
 from shards.http_range import DEFAULT_RETRY, Retry
 from shards.manifest import Manifest, set_title
-from shards.reading import local_path, open_fd, open_range, open_samples, read_ahead
-from shards.tarformat import member_bytes
+from shards.reading import local_path, open_fd
 from shards.words import plural
 
 from .motion import MotionTransform
+from .plan import WorkerPlan, largest_copy, node_pieces, worker_plan
+from .position import Position, Shuffle
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
-from .transforms import EvalTransform, TrainTransform, jpeg_size
+from .stages import Decoding, decode_batch, ordered_samples, refusals_as_batches
+from .transforms import EvalTransform, TrainTransform
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +89,7 @@ log = logging.getLogger(__name__)
 SHARED_FDS_MAX = 256
 # Batches a DataLoader worker works ahead (its prefetch factor); the slot pool has two more per worker.
 PREFETCH = 2
-# Reading remote ranges without a cache, a worker reads ahead lookahead x this many bytes.
-READ_AHEAD_BYTES = 32 << 20
 SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
-BAD = "corrupt.json"  # the member a bad sample is read as when the loader goes on without it
 
 
 class OtherShardSet(UsageError, ValueError):
@@ -114,181 +115,69 @@ def _leave_stop_signals_to_the_trainer(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class Upsampling(UserWarning):
+    """Crops larger than the stored frames: the clips are upscaled (``upsampling``)."""
+
+
+def upsampling(manifest: Manifest, transform) -> str | None:
+    """Why ``transform``'s crops of this set's frames are upscaled, or None: a training crop
+    larger than the frames' short side as stored, or an evaluation scale or crop larger than it."""
+    short = manifest.config.get("clip", {}).get("short_side")  # as ingest writes it; other sets may lack it
+    need = transform.crop_size if isinstance(transform, TrainTransform) else max(transform.crop_size,
+                                                                                  transform.scale_size)
+    if not short or need <= short:
+        return None
+    return (f"crop_size={transform.crop_size}, scale_size={transform.scale_size}: the frames of "
+            f"{manifest.base or 'the shard set'} are {short} pixels on their short side, so the clips are "
+            f"upscaled (scale_size={short}, crop_size={short * transform.crop_size // transform.scale_size} "
+            "would crop them as stored)")
+
+
+def placement(rank: int | None = None, world_size: int | None = None,
+              local_size: int | None = None) -> tuple[int, int, int]:
+    """(rank, world size, ranks per node) as given, else from ``torch.distributed`` when it is
+    initialised, else from the environment torchrun, Lightning and Slurm launchers set (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``), else one process. Ranks per node come from
+    ``LOCAL_WORLD_SIZE`` only when the world size was not given either."""
+    if world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            found = dist.get_rank(), dist.get_world_size()
+        else:
+            found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        rank, world_size = found[0] if rank is None else rank, found[1]
+        if local_size is None:
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return (0 if rank is None else rank), world_size, (1 if local_size is None else local_size)
+
+
 def video_id(key: str) -> str:
     """``<video>_c<clip>`` -> ``<video>``: clips of one video share it."""
     return key.rsplit("_c", 1)[0]
 
 
-def _open_reads(reads, cache: ShardCache | None, lookahead: int, skip_bad: bool, retry: Retry):
-    """Stage: each planned read as an open stream of its byte range, closed once consumed. Through
-    the node cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads
-    without a cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread. Every sample
-    is checked against the manifest's digest, whichever way its bytes came (``open_samples``); with
-    ``skip_bad`` a bad one is read as a ``BAD`` member of its key (``_bad_marker``). A remote source
-    that is down is waited for as ``retry`` says."""
-    reads = list(reads)
-    if cache is not None:
-        copies = cache.stream([r["piece"] for r in reads], lookahead)
-        opened = (open_range(path, r["start"] - r["piece"].start, r["end"] - r["piece"].start,
-                             fd=cache.descriptor(r["piece"])) for r, path in zip(reads, copies))
-    elif reads and local_path(reads[0]["url"]) is None:
-        opened = read_ahead([(r["url"], r["start"], r["end"], r["size"], r["sha256"]) for r in reads],
-                            lookahead * READ_AHEAD_BYTES, retry)
-    else:
-        opened = (open_range(r["url"], r["start"], r["end"], fd=r["fd"], size=r["size"], sha256=r["sha256"],
-                             retry=retry) for r in reads)
-    try:
-        for r, raw in zip(reads, opened):
-            stream = open_samples(r["url"], r["shard_info"], r["start"], r["end"], fd=r["fd"], stream=raw,
-                                  replace=_bad_marker if skip_bad else None, retry=retry)
-            try:
-                yield {"url": r["url"], "stream": stream}
-            finally:
-                stream.close()
-    finally:
-        getattr(opened, "close", lambda: None)()
-        if cache is not None:
-            copies.close()
-
-
-def _tag(samples, expected):
-    """Stage: attach each sample's local plan index; drop samples read only to keep a range whole."""
-    for sample, (key, local) in zip(samples, expected, strict=True):
-        if sample["__key__"] != key:
-            raise ValueError(f"{sample['__url__']}: found sample {sample['__key__']}, manifest says {key}")
-        if local is not None:
-            sample["__local__"] = local
-            yield sample
-
-
-def _in_order(samples, order):
-    """Stage: release samples in the planned order, holding those that arrive early."""
-    held, it = {}, iter(order)
-    want = next(it, None)
-    for sample in samples:
-        held[sample["__local__"]] = sample
-        while want is not None and want in held:
-            yield held.pop(want)
-            want = next(it, None)
-    if want is not None:
-        raise RuntimeError(f"stream ended before planned sample {want}")
-
-
-def _bad_marker(error: CorruptSample) -> bytes:
-    """What a bad sample is read as when the loader goes on without it: one tar member of its key
-    holding what was found (``_stand_ins`` recognises it)."""
-    return member_bytes(f"{error.key}.{BAD}", json.dumps(error.facts()).encode())
-
-
-def _stand_ins(samples):
-    """Stage: each bad sample (a ``BAD`` member in place of its own) replaced by a repeat of the last
-    good sample before it, or, for those before the first good one, the first after; the repeat has
-    the bad sample's plan index and its ``__bad__`` facts (``_Streams._decode`` marks it padding)."""
-    last, waiting = None, []
-    for sample in samples:
-        if BAD in sample:
-            bad = {"__local__": sample["__local__"], "__bad__": json.loads(sample[BAD])}
-            if last is None:
-                waiting.append(bad)
-            else:
-                yield {**last, **bad}
-            continue
-        yield from ({**sample, **bad} for bad in waiting)
-        waiting, last = [], sample
-        yield sample
-    if waiting:  # nothing good in the worker's whole share
-        raise CorruptSample.of(**waiting[0]["__bad__"], why="read twice; no good clip in this loader worker's "
-                               "share to stand in for it")
-
-
-def _pack_jpegs(samples) -> dict:
-    """Undecoded frames and their geometry for ``trainer.data.device_decode``: all JPEG bytes of the
-    batch in one uint8 tensor with offsets (one shared-memory transfer instead of B x T)."""
-    jpegs = [j for s in samples for j in s["jpegs"]]
-    geometries = [s["geometry"] for s in samples]
-    return {"jpeg_data": torch.frombuffer(bytearray(b"".join(jpegs)), dtype=torch.uint8),
-            "jpeg_offsets": torch.tensor(np.cumsum([0] + [len(j) for j in jpegs]), dtype=torch.int64),
-            "frames": len(samples[0]["jpegs"]), "side": geometries[0].side,
-            "boxes": torch.tensor([g.boxes for g in geometries], dtype=torch.float64),
-            "flip": torch.tensor([g.flip for g in geometries], dtype=torch.bool)}
-
-
-def _refusals_as_batches(batches):
-    """Last stage: a refusal (``CommandError``, such as ``CacheFull``; a ``DataFault``, such as a
-    ``CorruptSample`` or ``SourceUnavailable``) takes the place of the next batch, so the rank raises
-    it with its own one-line message (PyTorch would re-raise one from a loader worker with the
-    worker's traceback as its message). webdataset's tar reader adds the stream and URL to the args
-    of an error raised while it reads a shard: the refusal goes on with its own message alone (the
-    stream could not even be sent from a worker)."""
-    try:
-        yield from batches
-    except CommandError as refusal:
-        refusal.args = refusal.args[:1]
-        yield refusal
-
-
 class _Streams(IterableDataset):
-    """The rank's streams; DataLoader worker i runs ``plans[i]`` (one stream per worker)."""
+    """The rank's streams; DataLoader worker i carries out ``plans[i]``: its ordered samples in batches,
+    decoded (``trainer.data.stages``)."""
 
-    def __init__(self, plans, transform, batch_size, seed, epoch, decode_on_device, pool, renderer=None,
-                 cache=None, lookahead=2, skip_bad=False, retry=DEFAULT_RETRY):
-        self.plans, self.transform, self.batch_size = plans, transform, batch_size
-        self.cache, self.lookahead, self.skip_bad, self.retry = cache, lookahead, skip_bad, retry
-        self.seed, self.epoch, self.decode_on_device, self.pool = seed, epoch, decode_on_device, pool
-        self.renderer = renderer  # multigrid: each batch as parts of their own shape (trainer.data.shapes)
-
-    def _decode(self, samples: list[dict]) -> dict:
-        """Stage: a batch of samples -> its pixels in a pool slot (only the slot number and the
-        metadata travel on), or, with ``decode_on_device``, its JPEG bytes and geometry."""
-        keys = [s["__key__"] for s in samples]
-        rngs = [partition.rng_for("augment", self.seed, self.epoch, k) for k in keys]
-        real = [s["__local__"] < self.plan["valid_locals"] for s in samples]  # not a padding repeat
-        out = {"keys": keys, "labels": [int(s["cls"]) if "cls" in s else -1 for s in samples],
-               "valid": [r and "__bad__" not in s for r, s in zip(real, samples)]}
-        if self.skip_bad:
-            out["bad"] = [s["__bad__"] | {"slot": i} for i, (r, s) in enumerate(zip(real, samples))
-                          if r and "__bad__" in s]
-        frames = [self.transform.members(s) for s in samples]
-        if self.decode_on_device:  # only the headers are parsed here
-            return out | _pack_jpegs([{"jpegs": f, "geometry": self.transform.geometry(*jpeg_size(f[0]), rng)}
-                                      for f, rng in zip(frames, rngs)])
-        if self.renderer is not None:  # the parts one after the other, flat
-            shape = (self.renderer.nbytes,)
-        else:
-            shape = (len(samples), *self.transform.shape(len(frames[0])))
-        slot = self.pool.acquire(self.worker) if self.pool and self.pool.fits(shape) else None
-        if slot is None:  # all this worker's slots are held: memory of its own, as DataLoader would
-            clips = torch.empty(shape, dtype=torch.uint8)
-            pixels = (clips.share_memory_() if get_worker_info() else clips).numpy()
-            out["clips"] = clips
-        else:
-            pixels = self.pool.array(slot, shape)
-            out["slot"], out["shape"] = slot, shape
-        if self.renderer is not None:
-            self.renderer.render(frames, rngs, pixels)
-            return out
-        for f, rng, dest in zip(frames, rngs, pixels):
-            self.transform.into(f, rng, dest)
-        return out
+    def __init__(self, plans: list[WorkerPlan], batch_size: int, how: Decoding, pool: SlotPool | None,
+                 fds: dict[int, int], cache: ShardCache | None, lookahead: int, retry: Retry):
+        self.plans, self.batch_size, self.how, self.pool = plans, batch_size, how, pool
+        self.fds, self.cache, self.lookahead, self.retry = fds, cache, lookahead, retry
 
     def __iter__(self):
         info = get_worker_info()
-        self.worker = info.id if info else 0
-        self.plan = self.plans[self.worker]
-        if not self.plan["order"]:
+        worker = info.id if info else 0
+        plan = self.plans[worker]
+        if not plan.order:
             return iter(())
-        pipeline = wds.DataPipeline(
-            lambda: iter(self.plan["reads"]),
-            lambda reads: _open_reads(reads, self.cache, self.lookahead, self.skip_bad, self.retry),
-            wds.tariterators.tar_file_expander,
-            wds.tariterators.group_by_keys,
-            lambda src: _tag(src, self.plan["expected"]),
-            lambda src: _in_order(src, self.plan["order"]),
-            *([_stand_ins] if self.skip_bad else []),
+        batches = wds.DataPipeline(
+            lambda: iter(ordered_samples(plan, self.fds, self.cache, self.lookahead, self.how.skip_bad,
+                                         self.retry)),
             wds.batched(self.batch_size, collation_fn=list, partial=False),
-            wds.map(self._decode),
+            wds.map(lambda samples: decode_batch(samples, plan, self.how, self.pool, worker)),
         )
-        return _refusals_as_batches(pipeline)
+        return refusals_as_batches(batches)
 
 
 class ClipLoader:
@@ -330,13 +219,13 @@ class ClipLoader:
     ``state_dict`` then resumes at the batch that failed.
     """
 
-    def __init__(self, manifest, split: str, *, batch_size: int, rank: int = 0, world_size: int = 1,
-                 train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
+    def __init__(self, manifest, split: str, *, batch_size: int, rank: int | None = None,
+                 world_size: int | None = None, train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
                  crop_size: int = 224, scale_size: int = 256, flip: bool = True,
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", shuffle_fallback: bool = False,
-                 local_size: int = 1,
+                 local_size: int | None = None,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
                  modality: str = "rgb", max_bad_samples: int | None = 0, source_deadline: float | None = None):
         # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
@@ -347,10 +236,10 @@ class ClipLoader:
         self.identity = self.manifest.identity  # what a saved position belongs to (``saved_on``)
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
+        rank, world_size, local_size = placement(rank, world_size, local_size)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.train, self.seed, self.num_workers = train, seed, num_workers
-        self.remainder, self.piece_samples = remainder, piece_samples
-        self.shuffle_buffer = shuffle_buffer if train else 0
+        self.train, self.num_workers = train, num_workers
+        self.shuffling = Shuffle(seed, remainder, shuffle_buffer if train else 0, piece_samples)
         self.cache = ShardCache(cache_dir, cache_budget, retry=self.retry) if cache_dir else None
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {SHUFFLES}, not {shuffle!r}")
@@ -367,6 +256,8 @@ class ClipLoader:
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
         self.modality = modality
+        if rank == 0 and (why := upsampling(self.manifest, self.transform)):
+            warnings.warn(why, Upsampling, stacklevel=2)
         if modality == "motion":  # the clips' stored motion fields, with the geometry of their frames
             where = self.manifest.base or "the shard set"
             if self.manifest.motion == "none":
@@ -381,10 +272,10 @@ class ClipLoader:
         if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
             raise ValueError(f"split {split!r} cannot fill one batch of {batch_size} on each of {world_size} "
                              "ranks; use remainder='pad'")
-        self.epoch, self._past, self._done = epoch, [], 0
+        self.position = Position(epoch)
         self.max_bad_samples, self._bad = max_bad_samples, 0  # the budget, and the bad samples met this epoch
         self._clip_starts = None  # shard name -> its first clip's position in the split (made when needed)
-        self._cached_order = None
+        self._cached_order = None  # (what the epoch's orders were made from, the orders)
         self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
         self._slots_in_use = False
         if self.shuffle == "node" and train and world_size > local_size:  # judged at start: every rank alike
@@ -409,7 +300,19 @@ class ClipLoader:
         return (f"{what}, shuffle node: {self._nodes} nodes of {self.local_size} rank(s), each reading only its "
                 f"own shards for the whole run ({owned[0]}-{owned[-1]} shards, {clips[0]}-{clips[-1]} clips a node)")
 
-    # --- position in the epoch -------------------------------------------------------------
+    # --- position in the epoch (trainer.data.position) -------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def seed(self) -> int:
+        return self.shuffling.seed
+
+    @property
+    def remainder(self) -> str:
+        return self.shuffling.remainder
+
     @property
     def _workers(self) -> int:
         return max(1, self.num_workers)
@@ -440,21 +343,20 @@ class ClipLoader:
         mix = self._mix[key]
         return mix is None or mix.mixed
 
-    def _segment(self) -> partition.Segment:
-        return partition.Segment(self.world_size, self._workers, self.batch_size, self._done, self._nodes)
+    def _layout(self) -> partition.Segment:
+        """How this loader splits an epoch now (a segment with no batches done)."""
+        return partition.Segment(self.world_size, self._workers, self.batch_size, 0, self._nodes)
 
     def _orders(self) -> list[partition.Order]:
         """The orders the current segment partitions, one per node (the whole epoch unless resumed
         elastically)."""
-        key = (self.epoch, self.seed, self.remainder, self.shuffle_buffer, self.piece_samples, tuple(self._past),
-               self._nodes)
-        if self._cached_order is None or self._cached_order[0] != key:
-            base = partition.epoch_orders([s.num_samples for s in self.shards],
-                                          self._past[0].nodes if self._past else self._nodes,
-                                          self.seed, self.epoch, self.train, self.piece_samples)
-            orders = partition.segment_orders(base, self._past, self.remainder, self.shuffle_buffer,
-                                              self.seed, self.epoch, self._nodes)
-            self._cached_order = (key, orders)
+        p, o = self.position, self.shuffling
+        made_of = (p.epoch, o, tuple(p.past), self._nodes)
+        if self._cached_order is None or self._cached_order[0] != made_of:
+            base = partition.epoch_orders([s.num_samples for s in self.shards], p.past[0].nodes if p.past else self._nodes,
+                                          o.seed, p.epoch, self.train, o.piece_samples)
+            orders = partition.segment_orders(base, p.past, o.remainder, o.shuffle_buffer, o.seed, p.epoch, self._nodes)
+            self._cached_order = (made_of, orders)
         return self._cached_order[1]
 
     def _lengths(self) -> tuple[int, ...]:
@@ -470,16 +372,17 @@ class ClipLoader:
             n = self.manifest.splits[self.split].num_samples
             batch = self.shapes.batch_size(self.epoch + 1) if self.shapes else self.batch_size
             return partition.batches_per_rank(n, self.world_size, batch, self.remainder)
-        return self._batches() - self._done
+        return self._batches() - self.position.done
 
     @property
     def epoch_finished(self) -> bool:
         """Every batch of the current epoch has been handed out."""
-        return self._done >= self._batches()
+        return self.position.done >= self._batches()
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self.epoch, self._past, self._done, self._bad = epoch, [], 0, 0
+            self.position.start(epoch)
+            self._bad = 0
             if self.shapes:
                 self.batch_size = self.shapes.batch_size(epoch)
 
@@ -493,14 +396,8 @@ class ClipLoader:
         self.load_state_dict(state)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "seed": self.seed, "world_size": self.world_size,
-                "num_workers": self._workers, "batch_size": self.batch_size,
-                "samples_consumed": self._done * self.batch_size,
-                "segments": [asdict(s) for s in self._past + [self._segment()]],
-                "remainder": self.remainder, "shuffle_buffer": self.shuffle_buffer,
-                "piece_samples": self.piece_samples, "split": self.split,
-                "identity": self.identity, "set": self.manifest.describe(),
-                "fingerprint": self.manifest.fingerprint}
+        return {**self.position.state_dict(self._layout(), self.shuffling), "split": self.split,
+                "identity": self.identity, "set": self.manifest.describe(), "fingerprint": self.manifest.fingerprint}
 
     def saved_on(self, state: dict) -> str | None:
         """The shard set a position (``state_dict``) was saved on, in words naming its identity,
@@ -524,44 +421,13 @@ class ClipLoader:
         if state["split"] != self.split:
             raise OtherShardSet(f"a loader position saved on split {state['split']!r} cannot continue on split "
                                 f"{self.split!r}")
-        self.epoch, self.seed = state["epoch"], state["seed"]
+        self.shuffling = Position.shuffle_of(state)
         if self.shapes:
-            self.batch_size = self.shapes.batch_size(self.epoch)
-        self.remainder, self.shuffle_buffer = state["remainder"], state["shuffle_buffer"]
-        self.piece_samples = state["piece_samples"]
-        segments = [partition.Segment(**s) for s in state["segments"]]
+            self.batch_size = self.shapes.batch_size(state["epoch"])
+        self.position = Position.resume(state, self._layout())
         self._bad = 0
-        last = segments[-1]
-        if (last.world_size, last.num_workers, last.batch_size, last.nodes) == (
-                self.world_size, self._workers, self.batch_size, self._nodes):
-            self._past, self._done = segments[:-1], last.batches_done
-        else:
-            self._past, self._done = segments, 0
 
     # --- reading ---------------------------------------------------------------------------
-    def _plan(self, order: partition.Order, stream: partition.Stream, segment: int) -> dict:
-        """What one worker reads (byte ranges, expected keys) and emits (local indices, in order)."""
-        emitted = partition.emission(stream, self.shuffle_buffer, self.seed, self.epoch, segment)
-        todo = emitted[partition.worker_batches(self._done, self._workers, stream.worker) * self.batch_size:]
-        wanted = np.zeros(stream.size, dtype=bool)
-        wanted[todo] = True
-        reads, expected, local = [], [], 0
-        for run in order.slice(stream.begin, stream.end):
-            hits = np.flatnonzero(wanted[local: local + run.size])
-            if len(hits):
-                shard = self.shards[run.shard]
-                a, b = run.start + int(hits[0]), run.start + int(hits[-1]) + 1
-                end = shard.offsets[b - 1] + shard.lengths[b - 1]
-                if reads and (reads[-1]["shard"], reads[-1]["end"]) == (run.shard, shard.offsets[a]):
-                    reads[-1]["end"] = end  # runs that meet in the file (the order wraps inside a shard): one read
-                else:
-                    reads.append({"shard": run.shard, "start": shard.offsets[a], "end": end})
-                expected += [(shard.keys[i], local + i - run.start if wanted[local + i - run.start] else None)
-                             for i in range(a, b)]
-            local += run.size
-        return {"reads": reads, "expected": expected, "order": todo,
-                "valid_locals": stream.valid_end - stream.begin}
-
     def _slot_pool(self) -> SlotPool | None:
         """The loader's pool of batch slots, or None where it cannot be used now: batches of JPEG
         bytes, or another iteration of this loader still running (slots belong to one at a time)."""
@@ -608,93 +474,63 @@ class ClipLoader:
             raise TooManyBadSamples(f"{self._bad} bad samples in epoch {self.epoch + 1} of {self.split} on rank "
                                     f"{self.rank}, more than max_bad_samples={self.max_bad_samples}; the last: {last}")
 
-    def _pieces(self) -> list[dict[int, tuple[int, int]]]:
-        """What each node's cache holds of each shard it owns (node-affine): the byte range of its
-        samples there, when that is not the whole shard; one dict per node."""
-        if self._nodes == 1:
-            return [{}]
-        out = []
-        for runs in partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed):
-            out.append({})
-            for run in runs:
-                shard = self.shards[run.shard]
-                if run.size < shard.num_samples:
-                    out[-1][run.shard] = (shard.offsets[run.start],
-                                          shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1])
-        return out
-
-    def _largest_copy(self, pieces: list[dict[int, tuple[int, int]]]) -> int:
-        """The largest copy any rank of the job may ask its cache for this epoch: the same number on
-        every rank, so that a budget too small for it is refused by every rank or by none (a rank
-        refusing alone would leave the others in a collective). Whole shards wherever a node owns
-        one whole, or reads one (global mode; after the node count changed), else pieces."""
-        if self._nodes == 1 or any(seg.nodes != self._nodes for seg in self._past):
-            return max(s.bytes for s in self.shards)
-        split = {i for node in pieces for i in node}
-        return max([end - start for node in pieces for start, end in node.values()]
-                   + [s.bytes for i, s in enumerate(self.shards) if i not in split])
-
-    def _piece(self, read: dict, pieces: dict[int, tuple[int, int]]) -> Piece:
-        """The cached copy a read comes from: the node's piece of the shard if it holds the read
-        (it may not, for the rest of an epoch after the node count changed), else the whole shard."""
-        shard = self.shards[read["shard"]]
-        start, end = pieces.get(read["shard"], (0, None))
-        if not (start <= read["start"] and (end is None or read["end"] <= end)):
-            start, end = 0, None
-        return Piece(self.manifest.shard_url(shard), shard.sha256, shard.bytes, start, end)
+    def _worker_plans(self, skips: dict[int, int] | None = None) -> list[WorkerPlan]:
+        """Every DataLoader worker's plan for the rest of the epoch (``trainer.data.plan``); ``skips``:
+        batches more to leave out, by worker (those a ``ClipDataset`` worker has made already). With a
+        node cache, refused first if the node's readers could not fit in its budget."""
+        lengths, segment = self._lengths(), len(self.position.past)
+        streams = partition.streams(lengths, self.world_size, self.rank, self._workers, self.batch_size,
+                                    self.remainder)
+        node, o = streams[0].node, self.shuffling
+        pieces = node_pieces(self.shards, self._nodes, o.seed) if self.cache else None
+        if pieces is not None:  # refuse before downloading anything if the node's readers cannot fit
+            whole = self._nodes == 1 or any(seg.nodes != self._nodes for seg in self.position.past)
+            largest, ahead = largest_copy(self.shards, pieces, whole), max(1, self.lookahead)
+            self.cache.reserve(self.local_size * self._workers * ahead * largest,
+                               f"the lookahead of this node's {self.local_size} ranks x {self._workers} loader "
+                               f"workers x {ahead} shards of up to {largest:,} bytes")
+        urls = [self.manifest.shard_url(s) for s in self.shards]
+        plans = []
+        for i in range(self._workers):  # DataLoader worker i makes batches done+i, done+i+W, ...: stream (done+i) % W
+            stream = streams[(self.position.done + i) % self._workers]
+            emitted = partition.emission(stream, o.shuffle_buffer, o.seed, self.epoch, segment)
+            skip = partition.worker_batches(self.position.done, self._workers, stream.worker) + (skips or {}).get(i, 0)
+            plans.append(worker_plan(self.shards, urls, self._orders()[node], stream, emitted, skip, self.batch_size,
+                                     None if pieces is None else pieces[node]))
+        return plans
 
     def __iter__(self):
         if self.epoch_finished:
             self.set_epoch(self.epoch + 1)
-        orders, lengths, segment = self._orders(), self._lengths(), len(self._past)
-        streams = partition.streams(lengths, self.world_size, self.rank, self._workers,
-                                    self.batch_size, self.remainder)
-        order = orders[streams[0].node]
-        # DataLoader worker i makes batches done+i, done+i+W, ...: those of stream (done+i) % W
-        plans = [self._plan(order, streams[(self._done + i) % self._workers], segment)
-                 for i in range(self._workers)]
+        plans = self._worker_plans()
         parts = self.shapes.parts(self.epoch) if self.shapes else None
-        steps = partition.step_samples(lengths, self._segment(), self.remainder, self.shuffle_buffer,
-                                       self.seed, self.epoch, segment, parts and tuple(p.clips for p in parts))
-        reads = [r for p in plans for r in p["reads"]]
-        for r in reads:
-            shard = self.shards[r["shard"]]
-            r["url"], r["size"], r["sha256"] = self.manifest.shard_url(shard), shard.bytes, shard.sha256
-        if self.cache:  # refuse before downloading anything if the node's readers cannot fit
-            pieces = self._pieces()
-            for r in reads:
-                r["piece"] = self._piece(r, pieces[streams[0].node])
-            largest, ahead = self._largest_copy(pieces), max(1, self.lookahead)
-            self.cache.reserve(self.local_size * self._workers * ahead * largest,
-                               f"the lookahead of this node's {self.local_size} ranks x {self._workers} loader "
-                               f"workers x {ahead} shards of up to {largest:,} bytes")
-        local = {r["shard"]: r["url"] for r in reads if local_path(r["url"]) is not None and not self.cache}
+        steps = partition.step_samples(self._lengths(), self.position.segment(self._layout()), self.remainder,
+                                       self.shuffling.shuffle_buffer, self.seed, self.epoch, len(self.position.past),
+                                       parts and tuple(p.clips for p in parts))
+        local = {} if self.cache else {r.shard: r.url for p in plans for r in p.reads if local_path(r.url) is not None}
         fds, pool, batches = {}, None, None
         try:
             if len(local) <= SHARED_FDS_MAX:
                 fds = {i: open_fd(u) for i, u in local.items()}
-            for r in reads:
-                r["fd"] = fds.get(r["shard"])
-                r["shard_info"] = self.shards[r["shard"]]  # sizes, digests: every sample checked as read
             pool = self._slot_pool()
             self._slots_in_use |= pool is not None
             renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
                                                self.transform.flip, self.manifest.motion if self.modality == "motion"
                                                else None)
-            dataset = _Streams(plans, self.transform, self.batch_size, self.seed, self.epoch,
-                               self.decode_on_device, pool, renderer, self.cache, self.lookahead,
-                               skip_bad=self.max_bad_samples != 0, retry=self.retry)
-            loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
+            how = Decoding(self.transform, self.seed, self.epoch, skip_bad=self.max_bad_samples != 0,
+                           on_device=self.decode_on_device, renderer=renderer)
+            loader = DataLoader(_Streams(plans, self.batch_size, how, pool, fds, self.cache, self.lookahead, self.retry),
+                                batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,
                                 pin_memory=torch.cuda.is_available() and pool is None,
                                 worker_init_fn=_leave_stop_signals_to_the_trainer)
             batches = iter(loader)
             for sent, global_valid in zip(batches, steps, strict=True):
-                if isinstance(sent, CommandError):  # a refusal of the pipeline (_refusals_as_batches)
+                if isinstance(sent, CommandError):  # a refusal of the pipeline (stages.refusals_as_batches)
                     raise sent
                 self._count_bad(sent.get("bad", []))
-                self._done += 1
+                self.position.done += 1
                 batch = self._batch(sent, pool, parts) | {"global_valid": global_valid}
                 yield unpack(batch, parts) if parts else batch
         finally:

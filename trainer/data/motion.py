@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import random
 
-import cv2
 import numpy as np
 
 from shards import motionfield
@@ -54,6 +53,8 @@ def render(planes: np.ndarray, box, side: int, flip: bool, out: np.ndarray) -> N
     """The field ``planes`` ((rows, columns, 2) uint8 q) over ``box`` (left, top, right, bottom in
     stored pixels) as a ``side`` x ``side`` field in output pixels, mirrored (u negated) when ``flip``,
     into ``out`` ((side, side, 2) uint8). See the module docstring."""
+    import cv2  # the trainer's install has OpenCV; reading RGB clips needs none (docs/library.md)
+
     x0, y0, x1, y1 = box
     sx, sy = (x1 - x0) / side, (y1 - y0) / side  # stored pixels per output pixel
     g = motionfield.GRID

@@ -36,11 +36,15 @@ import os
 import random
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 from PIL import Image
 
 from . import cropdecode
+
+try:  # the trainer's and ingest's installs have it; the reading-only install resizes with PIL
+    import cv2
+except ImportError:
+    cv2 = None
 
 SCALES = (1.0, 0.875, 0.75, 0.66)
 
@@ -51,7 +55,8 @@ if "PILLOW_BLOCKS_MAX" not in os.environ:
     Image.core.set_blocks_max(32)
 # One thread per loader worker (the workers are the parallelism); this also keeps OpenCV from
 # starting a thread pool before the loader forks its workers.
-cv2.setNumThreads(1)
+if cv2 is not None:
+    cv2.setNumThreads(1)
 
 
 def decode(jpeg: bytes, short_side: int) -> Image.Image:
@@ -114,14 +119,23 @@ def resize_into(src: np.ndarray, box, out: np.ndarray, flip: bool) -> None:
         if crop.shape[:2] == (side, side):
             np.copyto(out, crop[:, ::-1] if flip else crop)
             return
+    if _integral(box) and cv2 is not None:
         # bilinear samples 2 x 2 pixels: enough up to a 2x shrink (TSM's crops shrink at most 1.6x);
         # beyond that, area averaging (5x slower) keeps fine texture from aliasing
         shrink = max(crop.shape[:2]) >= 2 * side
         cv2.resize(crop, (side, side), dst=out, interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
-    else:  # fractional corners (evaluation views of rescaled frames): PIL resamples exactly
+    else:  # fractional corners (evaluation views of rescaled frames), or no OpenCV: PIL resamples
         out[...] = np.asarray(Image.fromarray(src).resize((side, side), Image.BILINEAR, box=box))
     if flip:
-        cv2.flip(out, 1, dst=out)
+        mirror(out)
+
+
+def mirror(frame: np.ndarray) -> None:
+    """``frame`` (H, W, C) flipped left to right in place."""
+    if cv2 is not None:
+        cv2.flip(frame, 1, dst=frame)
+    else:
+        frame[...] = frame[:, ::-1].copy()
 
 
 def multiscale_box(w: int, h: int, crop_size: int, rng: random.Random,
@@ -194,7 +208,7 @@ class _Transform:
             if direct:  # the box is the output: decode straight into it
                 read_box(jpeg, (x0, y0, x1, y1), d, views[0, t])
                 if g.flip:
-                    cv2.flip(views[0, t], 1, dst=views[0, t])
+                    mirror(views[0, t])
                 continue
             src = read_box(jpeg, (x0, y0, x1, y1), d, self._scratch((y1 - y0, x1 - x0, 3)))
             for box, view in zip(g.boxes, views):

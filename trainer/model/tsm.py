@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import BN_MODES, CHANNELS, architecture
+from ..config import BN_MODES, CHANNELS, IMAGENET_MEAN, IMAGENET_STD, architecture
 from .i3d import INFLATIONS, inflate
 from .resnet import NoShift, ResNet
 from .subbatch_bn import set_clips_per_group
@@ -39,8 +39,6 @@ from .temporal_shift import TemporalShift
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 MOTION_STD = 32.0  # quantisation steps of shards.motionfield, 0.157 px each
 # the loader's uint8 input of each modality: per-channel mean and spread, in units of the third value
 NORMALISE = {"rgb": (IMAGENET_MEAN, IMAGENET_STD, 255.0),

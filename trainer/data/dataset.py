@@ -1,0 +1,174 @@
+"""``ClipDataset``: a set's clips as a torch ``IterableDataset``, for a ``DataLoader`` the user builds.
+
+For runners that make their own ``DataLoader`` (Lightning, mmaction2, SlowFast, a loop of one's own).
+It reads what ``ClipLoader`` reads, planned by the same code (``ClipLoader``'s plan, held inside): the
+rank's share of the epoch's seeded order, split among the DataLoader's workers as whole batches, every
+sample checked against the manifest's digest. Pass the DataLoader the dataset's ``batch_size`` and
+every batch is one worker's, so each rank yields the same number of full batches and every clip
+comes once per epoch (with ``remainder="pad"``, repeats marked ``valid`` False fill the last ones).
+The ready loader (``ClipLoader``) does the same with shared-memory batch slots, which a user's
+``DataLoader`` cannot have: it is the faster of the two (``bench/peers.py``).
+
+A sample is one row of a ``ClipLoader`` batch, under the same names, so that ``default_collate``
+makes the same batch: ``clips`` uint8 (T, C, H, W) (a view of channels-last memory; (views, T, C, H, W)
+with ``eval_crops=3``), ``labels`` (int, -1 unlabeled), ``keys``, ``videos``, ``valid``. What
+``clips`` holds is chosen by ``frames``:
+
+- ``"crops"`` (default): the built-in transforms (``trainer.data.transforms``: TSM's multi-scale crop
+  and flip for training, the centre or three crops for evaluation), decoding only each crop's
+  rectangle of the JPEGs;
+- ``"decoded"``: whole frames, uint8 (T, C, H, W), passed through ``transform`` if given (a callable
+  taking and returning such a tensor, torchvision's v2 transforms for one), run under torch's RNG
+  seeded by the clip's key, seed and epoch, so its random draws are the same whatever the workers;
+- ``"jpeg"``: the frames' JPEG bytes, undecoded (a tuple of T ``bytes``; collate with
+  ``ClipDataset.collate``).
+
+``geometry=True`` adds the built-in crop's ``boxes`` (views, 4: left, top, right, bottom in pixels of
+the stored frame) and ``flip``, drawn as ``frames="crops"`` draws them, for users who crop themselves.
+
+Epochs: iterating a finished epoch starts the next (every worker of every rank moves on together; the
+epoch is kept in shared memory, so it reaches workers a ``DataLoader`` forks later); ``set_epoch(e)``
+chooses one. Position: under torchdata's ``StatefulDataLoader`` (``state_dict``/``load_state_dict``
+per worker, the protocol it calls) a resumed loader continues the identical sequence; the same number
+of DataLoader workers is needed for that (``ClipLoader``'s state also resumes on another world size or
+worker count).
+"""
+from __future__ import annotations
+
+import io
+import logging
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+
+from shards import partition
+
+from ..config import IMAGENET_MEAN, IMAGENET_STD
+from .loader import ClipLoader, video_id
+from .plan import WorkerPlan
+from .stages import ordered_samples
+
+log = logging.getLogger(__name__)
+
+FRAMES = ("crops", "decoded", "jpeg")
+
+
+class ClipDataset(IterableDataset):
+    """The clips of ``split`` of the set at ``data`` (a directory, ``manifest.json`` or service URL), this
+    rank's share, for ``DataLoader(dataset, batch_size=dataset.batch_size, num_workers=N)``.
+
+    The keyword arguments are ``ClipLoader``'s (rank and world size from ``torch.distributed`` or
+    ``RANK``/``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` when not given), less its worker count (the DataLoader's)
+    and the trainer's own, plus ``frames``, ``transform`` and ``geometry`` (module docstring).
+    ``skip_bad``: a sample whose bytes differ from the manifest's digest is replaced by a repeat of a good
+    one marked ``valid`` False (and logged) instead of ending the iteration with ``CorruptSample``."""
+
+    def __init__(self, data, split: str = "train", *, batch_size: int, frames: str = "crops", transform=None,
+                 geometry: bool = False, skip_bad: bool = False, **options):
+        if frames not in FRAMES:
+            raise ValueError(f"frames must be one of {FRAMES}, not {frames!r}")
+        if transform is not None and frames != "decoded":
+            raise ValueError("transform is applied to decoded frames: give frames='decoded' with it")
+        self.loader = ClipLoader(data, split, batch_size=batch_size, num_workers=1, max_bad_samples=None, **options)
+        self.batch_size, self.frames, self.user_transform, self.geometry = batch_size, frames, transform, geometry
+        self.skip_bad = skip_bad
+        self._epoch = torch.tensor([self.loader.epoch], dtype=torch.int64).share_memory_()
+        self._skip = 0  # batches of this worker's stream already made (a resumed StatefulDataLoader worker's)
+        self._made = 0  # batches this worker has made this epoch, as its state says
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` from its start at the next iteration."""
+        self._epoch[0] = epoch
+
+    def __len__(self) -> int:
+        """Clips this rank reads in an epoch (a whole number of batches)."""
+        manifest, loader = self.loader.manifest, self.loader
+        return self.batch_size * partition.batches_per_rank(manifest.splits[loader.split].num_samples,
+                                                            loader.world_size, self.batch_size, loader.remainder)
+
+    # --- the StatefulDataLoader protocol (called in each worker on its copy) -----------------------
+    def state_dict(self) -> dict:
+        return {"position": self.loader.state_dict(), "worker_batches": self._made}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._fit_workers()  # the position was saved by a worker of as many
+        self.loader.load_state_dict(state["position"])
+        self._epoch[0] = self.loader.epoch
+        self._skip = self._made = state["worker_batches"]
+
+    # --- reading --------------------------------------------------------------------------------
+    def _fit_workers(self) -> int:
+        """The loader's plan split among this DataLoader's workers; this worker's number."""
+        info = get_worker_info()
+        self.loader.num_workers = info.num_workers if info else 1
+        return info.id if info else 0
+
+    def __iter__(self):
+        worker, loader = self._fit_workers(), self.loader
+        if self.epoch != loader.epoch:
+            loader.set_epoch(self.epoch)
+            self._skip = self._made = 0
+        plan, epoch = loader._worker_plans({worker: self._skip})[worker], loader.epoch
+        if plan.order:
+            for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead, self.skip_bad,
+                                                           loader.retry)):
+                row = self._sample(sample, plan, epoch)
+                if (i + 1) % self.batch_size == 0:
+                    self._made += 1  # before the batch's last row leaves: a state taken after it counts it
+                yield row
+        self._epoch[0] = max(self.epoch, epoch + 1)  # this worker's share is read: the next iteration moves on
+        self._skip = self._made = 0
+
+    def _sample(self, sample: dict, plan: WorkerPlan, epoch: int) -> dict:
+        """One clip as a row of a batch (module docstring)."""
+        loader, key = self.loader, sample["__key__"]
+        bad = sample.get("__bad__")
+        if bad is not None:
+            log.warning("bad sample left out, a repeat of another clip in its place (valid False): %s",
+                        {k: bad[k] for k in ("url", "key", "expected", "found") if k in bad})
+        rng = partition.rng_for("augment", loader.seed, epoch, key)
+        jpegs = loader.transform.members(sample)
+        out = {"labels": int(sample["cls"]) if "cls" in sample else -1, "keys": key, "videos": video_id(key),
+               "valid": sample["__local__"] < plan.valid_locals and bad is None}
+        if self.geometry:
+            g, d, _ = loader.transform.draw(jpegs[0], partition.rng_for("augment", loader.seed, epoch, key))
+            out["boxes"] = torch.tensor(g.boxes, dtype=torch.float64) * d
+            out["flip"] = g.flip
+        if self.frames == "crops":
+            out["clips"] = torch.from_numpy(loader.transform(jpegs, rng)).movedim(-1, -3)
+        elif self.frames == "jpeg":
+            out["clips"] = tuple(jpegs)
+        else:
+            clip = torch.from_numpy(np.stack([np.asarray(Image.open(io.BytesIO(j)).convert("RGB"))
+                                              for j in jpegs])).movedim(-1, -3)
+            if self.user_transform is not None:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(rng.getrandbits(63))
+                    clip = self.user_transform(clip)
+            out["clips"] = clip
+        return out
+
+    @staticmethod
+    def collate(samples: list[dict]) -> dict:
+        """``default_collate``, except that JPEG bytes stay one tuple per clip (a list of B tuples of T)."""
+        jpegs = [s["clips"] for s in samples] if isinstance(samples[0]["clips"], tuple) else None
+        out = default_collate([{k: v for k, v in s.items() if k != "clips" or jpegs is None} for s in samples])
+        return out if jpegs is None else {**out, "clips": jpegs}
+
+
+def normalise(clips: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 RGB clips (..., C, H, W) -> ``dtype``, scaled to [0, 1] and normalised with ImageNet's
+    mean and standard deviation per channel (``MEAN``, ``STD``), as TSM's network does on the device."""
+    shape = (3,) + (1,) * 2
+    mean = torch.tensor(IMAGENET_MEAN, dtype=dtype, device=clips.device).view(shape)
+    std = torch.tensor(IMAGENET_STD, dtype=dtype, device=clips.device).view(shape)
+    return (clips.to(dtype) / 255 - mean) / std
+
+
+MEAN, STD = IMAGENET_MEAN, IMAGENET_STD
