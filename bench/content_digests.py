@@ -50,7 +50,7 @@ def throughput(root: Path, files: int, file_mb: int, workers: int, repeats: int)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(file_mb << 20))
     gb = files * (file_mb << 20) / 1e9
-    parallel = ray_runtime.start(None, workers)
+    parallel = ray_runtime.RayTasks(None, workers).parallel
     full = str(root / "full.sqlite")
     content_digests.digests(discover(str(src)).videos, full, parallel)  # fills it (and warms Ray's workers)
     modes = {

@@ -18,8 +18,8 @@ from .ray_address import check_reachable
 log = logging.getLogger("ingest.ray")
 
 
-def start(address: str | None, workers: int | None, object_store_mb: int = 512) -> int:
-    """Connect to Ray (reusing one already started in this process); return the task parallelism."""
+def start(address: str | None, workers: int | None, object_store_mb: int = 512) -> None:
+    """Connect to Ray (reusing one already started in this process); log its CPUs and the tasks at a time."""
     if not ray.is_initialized():
         if not sys.stderr.isatty():  # worker log lines forwarded without colour codes into log files
             os.environ.setdefault("RAY_COLOR_PREFIX", "0")
@@ -37,8 +37,7 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
                      object_store_memory=object_store_mb * 2**20, logging_level=logging.WARNING)
     cpus = int(ray.cluster_resources().get("CPU", 1))
     parallel = min(workers, cpus) if workers else cpus
-    log.info("Ray: %s in the cluster, %s at a time", plural(cpus, "CPU"), plural(parallel, "task"))
-    return max(1, parallel)
+    log.info("Ray: %s in the cluster, %s at a time", plural(cpus, "CPU"), plural(max(1, parallel), "task"))
 
 
 def task(fn):
@@ -93,8 +92,17 @@ class RayTasks:
     """A build's tasks as Ray tasks (``task``), on the cluster ``start`` connects to."""
 
     def __init__(self, address: str | None, workers: int | None):
-        self.parallel = start(address, workers)
+        start(address, workers)
+        self._workers = workers
         self._remote = {}
+
+    @property
+    def parallel(self) -> int:
+        """Tasks at a time: the cluster's CPUs as they are now, so that a node that joins during
+        the build (an autoscaler's, or one still registering when the build began) gets tasks; at
+        most ``workers``."""
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        return max(1, min(self._workers, cpus) if self._workers else cpus)
 
     def submit(self, fn, *args):
         if fn not in self._remote:

@@ -19,10 +19,12 @@ other call runs as it is.
 """
 from __future__ import annotations
 
+import faulthandler
 import functools
 import importlib
 import os
 import runpy
+import signal
 import sys
 import threading
 
@@ -81,6 +83,7 @@ def arm_in_task(target: str, node: str, marker: str) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that waited too long asks where it is
     target, flag, package, *argv = sys.argv[1:]
     assert flag == "-m", "usage: holdpoint.py MODULE:QUALNAME[@N] -m PACKAGE ARGS..."
     release = os.environ.get("RELEASE_FD")

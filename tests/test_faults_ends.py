@@ -167,7 +167,11 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
         with os.fdopen(hold) as f:
             assert f.readline() == "held\n"
         os.killpg(build.pid, signal.SIGINT)
-        _, stderr = build.communicate(timeout=120)
+        try:
+            _, stderr = build.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # where every thread of it is, for the failure's message
+            build.send_signal(signal.SIGUSR1)
+            pytest.fail("no end 120 s after SIGINT:\n" + build.communicate(timeout=30)[1][-8000:])
     finally:
         build.kill()
         build.wait()
