@@ -9,6 +9,7 @@ status, what it left on disk, and that the same command run again (with room) co
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,20 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     assert not (out / ".staging").exists() and not temporaries(out.parent)
 
 
+def left_in_session(sid: int) -> list[str]:
+    """The processes of session ``sid`` (a command started with ``start_new_session``) still running
+    10 s after its leader ended (time for its helpers to see it gone), named."""
+    import psutil
+
+    members = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(p.pid) == sid:
+                members.append(p)
+    _, alive = psutil.wait_procs(members, timeout=10)
+    return [f"{p.pid} {' '.join(p.info['cmdline'] or [])[:200]}" for p in alive]
+
+
 @pytest.mark.parametrize("runner", ["ray", "local"])
 def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(request, videos, tmp_path, runner):
     """SIGINT to the build's process group as it has the result of its 2nd task (one counted): the
@@ -159,23 +175,28 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
     hold, held = os.pipe()
     on = (["ingest.ray_runtime:result@2", "--address", request.getfixturevalue("ray_local").get_runtime_context()
            .gcs_address] if runner == "ray" else ["ingest.local_runtime:LocalTasks.result@2"])
-    build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out), *on[1:]],
-                             env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "stderr"  # a file, not a pipe: a process the build leaves need not close it for us to read it
+    with open(log, "w") as err:
+        build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out), *on[1:]],
+                                 env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,),
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     os.close(held)
     try:
         with os.fdopen(hold) as f:
             assert f.readline() == "held\n"
         os.killpg(build.pid, signal.SIGINT)
         try:
-            _, stderr = build.communicate(timeout=120)
+            build.wait(timeout=120)
         except subprocess.TimeoutExpired:  # where every thread of it is, for the failure's message
             build.send_signal(signal.SIGUSR1)
-            pytest.fail("no end 120 s after SIGINT:\n" + build.communicate(timeout=30)[1][-8000:])
+            time.sleep(2)
+            pytest.fail("no end 120 s after SIGINT:\n" + log.read_text()[-8000:])
     finally:
         build.kill()
         build.wait()
+    stderr = log.read_text()
     assert build.returncode == Interrupted.status == 130, stderr[-3000:]
+    assert not (left := left_in_session(build.pid)), left  # nothing of the build left running
     assert error_line(stderr) == (f"ingest build: error: interrupted; 2 of 12 videos are staged in {out}/.staging: "
                                   "the same command continues from them")
     assert staged_batches_are_whole(out) >= 1 and not temporaries(out)

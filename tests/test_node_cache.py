@@ -48,6 +48,16 @@ def rank_processes():
     multiprocessing.forkserver._forkserver._stop()
 
 
+
+def run_ranks(ranks: list, out) -> dict:
+    """Start the rank processes together; -> what each put on ``out`` (rank -> its answer), once all ended."""
+    for p in ranks:
+        p.start()
+    got = dict(out.get(timeout=300) for _ in ranks)
+    for p in ranks:
+        p.join()
+    return got
+
 def _rank(url, rank, cache, budget, epochs, out, world_size=2, num_workers=1, lookahead=2):
     """One rank of a job of two-rank nodes: its clips of each epoch, or what went wrong."""
     try:
@@ -67,11 +77,7 @@ def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares
     out = ctx.Queue()
     with serve(forty) as (url, _):
         ranks = [ctx.Process(target=_rank, args=(url, r, str(tmp_path / "cache"), budget, 2, out)) for r in (0, 1)]
-        for p in ranks:
-            p.start()
-        got = dict(out.get(timeout=300) for _ in ranks)
-        for p in ranks:
-            p.join()
+        got = run_ranks(ranks, out)
     assert all(isinstance(v, list) for v in got.values()), got
     for epoch in range(2):
         clips = Counter(k for r in (0, 1) for k in got[r][epoch])
@@ -164,11 +170,7 @@ def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path, rank_processes):
                                                  sum(b - a for _, a, b in owned[node]), 2, out),
                              kwargs=dict(world_size=4, num_workers=0, lookahead=1))
                  for node, url in ((0, url0), (1, url1)) for rank in (2 * node, 2 * node + 1)]
-        for p in ranks:
-            p.start()
-        got = dict(out.get(timeout=300) for _ in ranks)
-        for p in ranks:
-            p.join()
+        got = run_ranks(ranks, out)
     assert all(isinstance(v, list) for v in got.values()), got
     for epoch in range(2):
         clips = Counter(k for r in range(4) for k in got[r][epoch])
