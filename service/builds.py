@@ -109,6 +109,7 @@ class Builds:
         self._slots = asyncio.Semaphore(max_running)
         self._tasks: set[asyncio.Task] = set()
         self._taking: set[str] = set()  # ids this server is trying to take over
+        self._running: set[str] = set()  # ids whose build this server runs: their end is its to record
 
     async def request(self, body) -> tuple[int, dict]:
         """(HTTP status, JSON answer) for a build request; raises BadRequest (400) or SourceRefused (403)."""
@@ -148,7 +149,7 @@ class Builds:
             return []
         taken = []
         for rec in orphans if orphans is not None else await asyncio.to_thread(self.catalog.orphans):
-            if rec.id in self._taking:
+            if rec.id in self._taking or rec.id in self._running:
                 continue
             self._taking.add(rec.id)
             try:
@@ -206,6 +207,13 @@ class Builds:
 
     async def _run(self, claim: Claim, plan: registry.Plan, run: dict) -> None:
         dataset, holder = plan.id, [claim.owner]  # the lease's owner: this server, then its build process
+        self._running.add(dataset)
+        try:
+            await self._run_claimed(dataset, holder, claim, plan, run)
+        finally:
+            self._running.discard(dataset)
+
+    async def _run_claimed(self, dataset: str, holder: list, claim: Claim, plan: registry.Plan, run: dict) -> None:
         started = False
         try:
             await self._wait_for_a_slot(dataset, claim.owner)

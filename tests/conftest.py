@@ -28,9 +28,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import time
 import uuid
+import warnings
 from collections import defaultdict
 
 import psutil
@@ -47,6 +49,21 @@ SESSION_VAR = "KF_TEST_SESSION"
 LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_suite_rules.py's sessions: less
 GROUP = pytest.StashKey["SessionGroup | ProcessSnapshot"]()  # the session's cgroup, or the processes before it
 OUTCOMES: dict[str, set[str]] = defaultdict(set)  # test file -> its tests' outcomes in this session
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_left_as_found(request):
+    """A test (or what it ran in this process: Ray, a loader, a trainer) that leaves SIGINT or SIGTERM
+    ignored or handled its own way would hand that to every command the later tests of this
+    process start (an ignored signal survives exec: Ctrl-C would not reach them). Put back, with
+    a warning naming the test and the signal (in the run's warnings summary)."""
+    found = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    changed = {s.name: h for s, h in ((s, signal.getsignal(s)) for s in found) if h is not found[s]}
+    for s, h in found.items():
+        signal.signal(s, h)
+    if changed:
+        warnings.warn(f"{request.node.nodeid} left {changed} (found {found}); put back", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
