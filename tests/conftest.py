@@ -70,8 +70,10 @@ def stop_signals_left_as_found(request):
 def ray_local():
     import ray
 
+    term = signal.getsignal(signal.SIGTERM)
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 2**20,
              logging_level="WARNING")
+    signal.signal(signal.SIGTERM, term)  # ray.init's handler (sys.exit) is not the tests' to keep
     yield ray
     ray.shutdown()
 

@@ -151,6 +151,14 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     assert not (out / ".staging").exists() and not temporaries(out.parent)
 
 
+def as_from_a_shell() -> None:
+    """In the child before exec: no signal blocked and SIGINT's default action, as a terminal's
+    shell starts a command. This pytest process may have either changed by then (a library's
+    thread mask, an ignored SIGINT: both survive exec), and Ctrl-C would then never reach the build."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def left_in_session(sid: int) -> list[str]:
     """The processes of session ``sid`` (a command started with ``start_new_session``) still running
     10 s after its leader ended (time for its helpers to see it gone), named."""
@@ -179,7 +187,8 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
     with open(log, "w") as err:
         build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out), *on[1:]],
                                  env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,),
-                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                 preexec_fn=as_from_a_shell)
     os.close(held)
     try:
         with os.fdopen(hold) as f:
@@ -188,9 +197,11 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
         try:
             build.wait(timeout=120)
         except subprocess.TimeoutExpired:  # where every thread of it is, for the failure's message
+            masks = [line for line in Path(f"/proc/{build.pid}/status").read_text().splitlines()
+                     if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
             build.send_signal(signal.SIGUSR1)
             time.sleep(2)
-            pytest.fail("no end 120 s after SIGINT:\n" + log.read_text()[-8000:])
+            pytest.fail(f"no end 120 s after SIGINT ({masks}):\n" + log.read_text()[-8000:])
     finally:
         build.kill()
         build.wait()
