@@ -143,6 +143,7 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
                                      {**pg, "--port 0": f"--port {port}"})
             replicas.append(ServiceProcess(command=tuple(shlex.split(line)), env=shell_env()))
             replicas[-1].start()
+            ran(line)
         conf, front_port = root / "front" / "nginx.conf", free_port()
         conf.parent.mkdir(exist_ok=True)
         conf.write_text(front_config(str(conf.parent), front_port, [f"127.0.0.1:{p}" for p in ports]))
@@ -157,6 +158,7 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
             assert front.proc.poll() is None and time.monotonic() < deadline, "nginx never answered"
             time.sleep(0.05)
         assert got == (200, shard) and get(data)[0] == 401
+        ran(nginx_line)
         for _ in range(4):  # both replicas answered (nginx balances); nginx sent the bytes they handed it
             assert get(data, team["token"]) == (200, shard)
         replicas[0].kill(9)
