@@ -48,6 +48,7 @@ fi
 command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
+command -v make >/dev/null || need_apt+=(make)  # cmake's generator for Horovod; not in slim or minimal images
 command -v strace >/dev/null || need_apt+=(strace)  # tests/syscalls.py and bench/loader.py count metadata syscalls with it
 dpkg -s libjpeg-dev >/dev/null 2>&1 || need_apt+=(libjpeg-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need_apt+=(zlib1g-dev)
