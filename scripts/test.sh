@@ -10,13 +10,16 @@ bash scripts/setup.sh
 # service); a one-node Slurm for tests/test_cluster_slurm.py, which runs the Slurm runbook on
 # loopback (slurm-wlm and munge: apt-get update + install took 13 s on the development machine);
 # and Debian's PostgreSQL server for the catalog tests on PostgreSQL and the service's replicas
-# (tests/postgres.py starts its own with initdb/pg_ctl in a temporary directory, never the system's).
+# (tests/postgres.py starts its own with initdb/pg_ctl in a temporary directory, never the system's);
+# podman, runc and debootstrap for tests/test_container_images.py, which builds the CPU image on a
+# base made from Debian's packages (docs/runbooks/containers.md).
 need=()
 { command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || need+=(chromium chromium-driver)
 [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+for tool in podman runc debootstrap curl; do command -v $tool >/dev/null || need+=($tool); done
 if [ ${#need[@]} -gt 0 ]; then
   echo "test: apt-get install ${need[*]}"
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
@@ -24,22 +27,31 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 # Here the tests that need these tools fail instead of skipping when one cannot run (tests/required.py).
-export KF_REQUIRE_SLURM=1 KF_REQUIRE_BROWSER=1 KF_REQUIRE_NGINX=1
+export KF_REQUIRE_SLURM=1 KF_REQUIRE_BROWSER=1 KF_REQUIRE_NGINX=1 KF_REQUIRE_PODMAN=1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep every Ray on 127.0.0.1 (../shared/notes/loopback.md)
 # Two pytest processes (KF_TEST_WORKERS; 0: one), each test file whole in one of them: much of
 # the suite waits on launches, rendezvous and timeouts, which the other process fills.
 pytest=(.venv/bin/python -m pytest -q -n "${KF_TEST_WORKERS:-2}" --dist loadfile)
 if [ $# -gt 0 ]; then exec "${pytest[@]}" "$@"; fi  # the tests named, whatever their stage
-# Two stages: the suite (its goal: under 10 minutes on 2 cores), then the tests marked `long`
-# (what only a long run shows: chaos runs, images built; pyproject.toml lists the marker).
-# KF_TEST_STAGE=suite or long runs one of them.
+# Three stages: the suite (its goal: under 10 minutes on 2 cores), the tests marked `long` (what
+# only a long run shows: chaos runs, replicas, the demo), then those marked `containers` (the CPU
+# image built with podman and the pipeline run in it: minutes when its layers are cached, about
+# 35 min cold; one pytest process, the build uses both cores). pyproject.toml lists the markers.
+# KF_TEST_STAGE=suite, long or containers runs one of them.
 stage=${KF_TEST_STAGE:-all}
-if [ "$stage" != long ]; then
-  echo "test: the suite (not marked long)"
-  "${pytest[@]}" -m "not long"
+marked() {  # the stage's tests; 5 (none selected) is no failure
+  local rc=0; "$@" || rc=$?
+  [ $rc = 0 ] || [ $rc = 5 ] || exit $rc
+}
+if [ "$stage" = all ] || [ "$stage" = suite ]; then
+  echo "test: the suite (not marked long or containers)"
+  "${pytest[@]}" -m "not long and not containers"
 fi
-if [ "$stage" != suite ]; then
+if [ "$stage" = all ] || [ "$stage" = long ]; then
   echo "test: the long stage (marked long)"
-  rc=0; "${pytest[@]}" -m long || rc=$?
-  [ $rc = 0 ] || [ $rc = 5 ] || exit $rc  # 5: no test is marked long
+  marked "${pytest[@]}" -m "long and not containers"
+fi
+if [ "$stage" = all ] || [ "$stage" = containers ]; then
+  echo "test: the container stage (marked containers)"
+  marked .venv/bin/python -m pytest -q -m containers tests/test_container_images.py
 fi
