@@ -127,9 +127,9 @@ def names():
 
 
 def test_image_is_the_unprivileged_user_and_the_hosts_install(image):
-    """The image runs as 10001 and its .venv holds what setup.sh installs on the host, at the
-    host's versions (the light install's extras and constraints.txt, pillow-simd over Pillow,
-    Horovod with Gloo)."""
+    """The image runs as 10001 and its .venv holds what setup.sh installs on the host: the same
+    distributions at the same versions (the light install's extras and constraints.txt,
+    pillow-simd over Pillow, Horovod with Gloo)."""
     config = json.loads(podman("image", "inspect", IMAGE).stdout)[0]["Config"]
     assert config["User"] == "10001:10001" and config["Cmd"] == ["ingest", "--help"], config
     probe = ("import json, os, importlib.metadata as m; import horovod.torch as h, PIL; "
@@ -140,8 +140,9 @@ def test_image_is_the_unprivileged_user_and_the_hosts_install(image):
     assert inside["uid"] == 10001 and inside["gloo"] and inside["pil"] == "12.1.1.post0", inside
     import importlib.metadata as m
     host = {d.metadata["Name"].lower(): d.version for d in m.distributions()}
-    differ = {n: (v, host.get(n)) for n, v in inside["dists"].items() if host.get(n) != v}
-    assert not differ, f"in the image, not on the host at that version (image, host): {differ}"
+    differ = {n: (inside["dists"].get(n), host.get(n)) for n in {*inside["dists"], *host}
+              if inside["dists"].get(n) != host.get(n)}
+    assert not differ, f"the image's .venv and the host's differ (image, host): {differ}"
 
 
 def test_the_pipeline_and_a_trainer_streaming_from_the_served_set(image, names, tmp_path):

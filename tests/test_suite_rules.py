@@ -8,7 +8,7 @@
   processes before and after, by start time and parent chain), there in a PID namespace of its own
   under a shell, so that the escaped process is re-parented to the shell, out of the session's tree,
   and no other process of this machine is the inner session's to judge.
-* Every system tool a test requires (tests/required.py: the browser, nginx, Slurm) is required by
+* Every system tool a test requires (tests/required.py: the browser, nginx, Slurm, podman) is required by
   the test command, scripts/test.sh, so that CI cannot pass with those tests skipped."""
 from __future__ import annotations
 
@@ -74,4 +74,4 @@ def test_the_test_command_requires_every_tool_a_test_requires():
                 named.add(node.args[0].value)
     script = (HERE.parent / "scripts" / "test.sh").read_text()
     exported = set(re.findall(r"\bKF_REQUIRE_(\w+)=1", "\n".join(re.findall(r"^export .*$", script, re.M))))
-    assert named == {"browser", "nginx", "slurm"} and {n.upper() for n in named} <= exported, (named, exported)
+    assert named == {"browser", "nginx", "podman", "slurm"} and {n.upper() for n in named} <= exported, (named, exported)
