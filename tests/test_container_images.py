@@ -15,9 +15,11 @@ base and the image's layers cached, seconds). Where podman cannot run it skips s
 """
 from __future__ import annotations
 
+import importlib.metadata as m
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -44,7 +46,6 @@ def podman_flags() -> str:
 def ulimits() -> str:
     """Explicit limits at or below the host's hard ones (podman's defaults exceed them and the
     container fails to start); runc here refuses a process limit above 32768 whatever the host's."""
-    import resource
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     procs = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768)
     return f"--ulimit nofile={files}:{files} --ulimit nproc={procs}:{procs}"
@@ -122,7 +123,7 @@ def names():
     yield made
     podman("rm", "-f", "-t", "5", made["service"], check=False)
     podman("volume", "rm", "-f", made["volume"], check=False)
-    gone, alive = psutil.wait_procs(conmons(list(made.values())), timeout=30)
+    _, alive = psutil.wait_procs(conmons(list(made.values())), timeout=30)
     assert not alive, f"conmon left running: {alive}"
 
 
@@ -138,7 +139,6 @@ def test_image_is_the_unprivileged_user_and_the_hosts_install(image):
     inside = json.loads(podman("run", "--rm", *ulimits().split(), IMAGE, "python", "-c", probe,
                                timeout=300).stdout)
     assert inside["uid"] == 10001 and inside["gloo"] and inside["pil"] == "12.1.1.post0", inside
-    import importlib.metadata as m
     host = {d.metadata["Name"].lower(): d.version for d in m.distributions()}
     differ = {n: (inside["dists"].get(n), host.get(n)) for n in {*inside["dists"], *host}
               if inside["dists"].get(n) != host.get(n)}
