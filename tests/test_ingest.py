@@ -300,10 +300,10 @@ def test_a_local_worker_killed_mid_task_is_retried_with_the_same_output(class_tr
 
 
 @pytest.mark.parametrize("sizes, parallel, batches", [
-    ([100] * 16, 2, [2] * 8),  # 16 like videos on 2 workers: 4 tasks each
-    ([100] * 8, 2, [1] * 8),
-    ([100] * 120, 2, [8] * 15),  # never more than 8 videos a task
-    ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 2, 2]),  # a long video is a task of its own
+    ([100] * 16, 2, [4, 3, 3, 2, 1, 1, 1, 1]),  # each a quarter of what is left: shrinking to single videos
+    ([100] * 8, 2, [2, 2, 1, 1, 1, 1]),
+    ([100] * 120, 2, [8] * 12 + [6, 5, 4, 3, 2, 1, 1, 1, 1]),  # never more than 8 videos a task
+    ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 1, 1, 1, 1]),  # a long video is a task of its own
     ([-1, 100, 100], 1, [2, 1]),  # a directory (size -1) costs nothing to decode: it joins the next video
 ])
 def test_tasks_are_sized_from_the_videos_bytes_and_the_workers(sizes, parallel, batches):
