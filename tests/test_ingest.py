@@ -124,6 +124,22 @@ def test_same_output_bytes_for_any_worker_count(class_tree, reference, tmp_path)
     assert tree_bytes(tmp_path) == tree_bytes(reference)
 
 
+def test_builds_on_a_callers_pool_leave_it_running_and_write_the_same_bytes(class_tree, reference, tmp_path):
+    """``build(..., tasks=)``: what bench/ingest.py's timed section runs on (a pool already started)."""
+    from ingest.local_runtime import LocalTasks
+
+    pool = LocalTasks(2)
+    try:
+        for out in (tmp_path / "a", tmp_path / "b"):
+            build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, tasks=pool)
+            assert tree_bytes(out) == tree_bytes(reference)
+            workers = psutil.Process().children(recursive=True)
+            assert workers and all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+        assert pool.result(pool.submit(os.getpid))[0] in {w.pid for w in workers}  # the same workers, still up
+    finally:
+        pool.close()
+
+
 def test_readable_by_webdataset(reference):
     m = Manifest.load(str(reference))
     urls = [str(reference / s.name) for s in m.splits["train"].shards]
