@@ -24,7 +24,8 @@ On the same videos, in one run, with the same number of single-threaded workers:
               the timed section of the peer script on its pool, already started and warm;
   end to end  (``--modes`` only) a fresh process per run, from the command to its exit: ``cli``
               (``ingest build --workers W``), ``cli_ray`` (the same build on an embedded Ray started
-              for it, as every build before ``ingest.runtime``), ``e2e_<peer>`` (the peer script).
+              for it, as every build before ``ingest.runtime``), ``e2e_<peer>`` (the peer script);
+              ``cli_base`` (with ``--base CHECKOUT``): ``cli`` with another checkout's code.
 Each mode is repeated, modes interleaved so machine noise hits them alike; medians of wall and CPU
 seconds (``bench/processes.py``: of every process a mode ran, Ray's included) are reported with
 the load averages, and the ratios are the figures to quote: the best peer's time over the
@@ -93,7 +94,8 @@ def decode_all_pyav(path: str) -> int:
 PEERS = peer_ingest.DECODERS
 PEER_SCRIPT = peer_ingest.__file__
 INGEST = [os.path.join(os.path.dirname(sys.executable), "ingest"), "build"]
-MODES = ("ingest_local", "ingest_cli", "ingest_mv", "ingest_flow", "ingest_local_mv", "cli_limit", "pyav_limit", "folders")
+MODES = ("ingest_local", "ingest_cli", "ingest_mv", "ingest_flow", "ingest_local_mv", "cli_limit", "pyav_limit",
+         "folders")
 # ingest build's path before this bench's issue: an embedded Ray started for every build
 RAY_BUILD = ("import sys; from ingest.build import build; "
              "build(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]), runner='ray')")
@@ -207,7 +209,7 @@ def real_set(cache: Path, copies: int, reencode: bool) -> Path:
     return src
 
 
-E2E = ("cli", "cli_ray", *(f"e2e_{d}" for d in PEERS))  # a fresh process per run, start-up included
+E2E = ("cli", "cli_base", "cli_ray", *(f"e2e_{d}" for d in PEERS))  # a fresh process per run, start-up included
 SECTION = ("ingest", "ingest_warm", *PEERS)  # in this process, Ray and the pools already started and warm
 GOALS = {"e2e": {16: 1.5, 8: 1.5, 120: 2.0, 500: 2.0}, "section": 2.0, "mv": 1.15}
 
@@ -223,6 +225,8 @@ def main() -> int:
     p.add_argument("--modes", default="ingest,ingest_cli,cli_limit,pyav_limit",
                    help="any of: " + ", ".join([*MODES, *E2E, *SECTION]))
     p.add_argument("--startup", action="store_true", help="first measure the fixed start-up costs alone")
+    p.add_argument("--base", metavar="CHECKOUT", help="mode cli_base: the same `ingest build` with the project's "
+                                                      "code of another checkout (before a change)")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--fps", type=int, default=30)
     p.add_argument("--cache", default="/tmp/bench-ingest-videos", help="where generated videos are kept")
@@ -257,6 +261,8 @@ def main() -> int:
                 "folders": lambda wk: mode_folders(videos, wk, args.workers),
                 "cli": lambda wk: processes.run([*INGEST, "--src", str(src), "--out", str(wk / "shards"),
                                                  "--workers", str(args.workers)]),
+                "cli_base": lambda wk: processes.run(["env", f"PYTHONPATH={args.base}", *INGEST, "--src", str(src),
+                                                      "--out", str(wk / "shards"), "--workers", str(args.workers)]),
                 "cli_ray": lambda wk: processes.run([sys.executable, "-c", RAY_BUILD, str(src), str(wk / "shards"),
                                                      str(args.workers)]),
                 **{f"e2e_{d}": (lambda wk, d=d: processes.run(
@@ -324,12 +330,13 @@ def report(name: str, videos: list[Path], args, seconds: dict, cpu: dict, extra:
                 ratios[f"{m} time/{base} time"] = round(med[m] / med[base], 3)
                 ratios[f"{m} CPU/{base} CPU"] = round(med_cpu[m] / med_cpu[base], 3)
     for kind, ours, theirs in (("e2e", ("cli",), [f"e2e_{d}" for d in PEERS]),
+                               ("e2e before", ("cli_base",), [f"e2e_{d}" for d in PEERS]),
                                ("section", ("ingest", "ingest_warm"), PEERS),
                                ("whole build", ("ingest_local",), PEERS)):
         ours, theirs = [m for m in ours if m in med], [m for m in theirs if m in med]
         if ours and theirs:
             best, peer = min(ours, key=med.get), min(theirs, key=med.get)
-            goal = GOALS[kind].get(n) if kind == "e2e" else GOALS.get(kind)
+            goal = GOALS["e2e"].get(n) if kind.startswith("e2e") else GOALS.get(kind)
             ratios[f"{kind}: {peer} time / {best} time"] = round(med[peer] / med[best], 2)
             ratios[f"{kind}: {peer} CPU / {best} CPU"] = round(med_cpu[peer] / med_cpu[best], 2)
             ratios[f"{kind}: goal"] = goal
