@@ -150,7 +150,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     config = {"src": src, **options}
     digests = None
     if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
-        pool = tasks or runtime.start(address, workers, len(videos), runner)
+        pool = tasks if tasks is not None else runtime.start(address, workers, len(videos), runner)
         try:
             digests = content_digests.digests(videos, hash_cache, pool)
         finally:
@@ -175,7 +175,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     log.info("%s: %s layout, %d videos (%s), %d classes; staging in %s", src, source.layout, len(videos),
              ", ".join(f"{s}: {n}" for s, n in sorted(Counter(v.split for v in videos).items())),
              len(source.classes), stage)
-    pool = tasks or runtime.start(address, workers, len(videos), runner)
+    pool = tasks if tasks is not None else runtime.start(address, workers, len(videos), runner)
     counts = {"videos_done": 0, "videos_total": len(videos), "shards_written": 0}
 
     def report(state: dict) -> None:
