@@ -4,8 +4,11 @@ synthetic and real videos.
 On the same videos, in one run, with the same number of single-threaded workers:
   ingest      this project's ``ingest build`` in this process on an already started Ray (in-process
               PyAV decoding of only the packets the 8 kept frames need, scaling, JPEG encoding,
-              staging, shards); ``ingest_local``: the same in local worker processes, without Ray
-              (``ingest.runtime``), the pool started by the build;
+              staging, shards); ``ingest_warm``: the same build (``build(..., tasks=)``) on local
+              worker processes without Ray (``ingest.local_runtime``) already started and warm, as
+              the peers' pools are: the timed section measured as theirs is, from the list of
+              videos to the written shards; ``ingest_local``: a whole build in local worker
+              processes, the pool started by the build (its own row, not the section's);
   ingest_cli  ``ingest`` with ``--decoder ffmpeg`` (one ffmpeg process per video, every frame decoded);
   ingest_mv   (``--modes`` only) ``ingest`` with ``--motion mv``: motion fields from the codec's
               vectors of the same decode (``ingest_local_mv``: of ``ingest_local``); ``ingest_flow``:
@@ -21,13 +24,15 @@ On the same videos, in one run, with the same number of single-threaded workers:
               the timed section of the peer script on its pool, already started and warm;
   end to end  (``--modes`` only) a fresh process per run, from the command to its exit: ``cli``
               (``ingest build --workers W``), ``cli_ray`` (the same build on an embedded Ray started
-              for it, as every build before ``ingest.runtime``), ``e2e_<peer>`` (the peer script).
+              for it, as every build before ``ingest.runtime``), ``e2e_<peer>`` (the peer script);
+              ``cli_base`` (with ``--base CHECKOUT``): ``cli`` with another checkout's code.
 Each mode is repeated, modes interleaved so machine noise hits them alike; medians of wall and CPU
 seconds (``bench/processes.py``: of every process a mode ran, Ray's included) are reported with
 the load averages, and the ratios are the figures to quote: the best peer's time over the
 project's, end to end (``cli``) and in the timed section (the faster of ``ingest`` and
-``ingest_local``), against the goals of ``GOALS``. ``--startup`` first measures the fixed costs
-alone: imports, Ray's start, the local pool's.
+``ingest_warm``), against the goals of ``GOALS``, and for a whole build in this process
+(``ingest_local``, its pool started by it) against the peers' sections. ``--startup`` first
+measures the fixed costs alone: imports, Ray's start, the local pool's.
 
 Video sets: ``synthetic-WxH`` (``ingest synth``, x264 defaults, 10 s at 30 fps; ``-mpeg4``: the same
 re-encoded as Xvid-style MPEG-4 Part 2 AVIs with B-frames), ``real`` (the sample clips shipped in
@@ -40,7 +45,7 @@ decodes for its 8 picks.
     pip install -e '.[bench]'                       # the peers' decoders
     .venv/bin/python bench/ingest.py --videos 32 --repeats 3
     .venv/bin/python bench/ingest.py --videos 16 --sets synthetic-340x256 --startup \
-        --modes cli,cli_ray,e2e_decord,e2e_torchcodec_exact,ingest,ingest_local,decord,torchcodec_exact
+        --modes cli,cli_ray,e2e_decord,e2e_torchcodec_exact,ingest_warm,ingest_local,decord,torchcodec_exact
 """
 from __future__ import annotations
 
@@ -67,7 +72,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import peer_ingest  # noqa: E402
 import processes  # noqa: E402
-from ingest import bitstream, packets, pyav_decoder, ray_runtime, sampling  # noqa: E402
+from ingest import bitstream, local_runtime, packets, pyav_decoder, ray_runtime, sampling  # noqa: E402
 from ingest.build import build  # noqa: E402
 from ingest.clips import ClipConfig  # noqa: E402
 from ingest.deadline import Deadline  # noqa: E402
@@ -89,7 +94,8 @@ def decode_all_pyav(path: str) -> int:
 PEERS = peer_ingest.DECODERS
 PEER_SCRIPT = peer_ingest.__file__
 INGEST = [os.path.join(os.path.dirname(sys.executable), "ingest"), "build"]
-MODES = ("ingest_cli", "ingest_mv", "ingest_flow", "ingest_local_mv", "cli_limit", "pyav_limit", "folders")
+MODES = ("ingest_local", "ingest_cli", "ingest_mv", "ingest_flow", "ingest_local_mv", "cli_limit", "pyav_limit",
+         "folders")
 # ingest build's path before this bench's issue: an embedded Ray started for every build
 RAY_BUILD = ("import sys; from ingest.build import build; "
              "build(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]), runner='ray')")
@@ -100,9 +106,9 @@ LOCAL_START = ("import os; from ingest import local_runtime, staging; tasks = lo
 
 
 def mode_ingest(src: Path, work: Path, workers: int, decoder: str, motion: str = "none",
-                runner: str = "auto") -> dict:
+                runner: str = "auto", tasks: local_runtime.LocalTasks | None = None) -> dict:
     s = build(str(src), str(work / "shards"), ClipConfig(decoder=decoder, motion=motion), workers=workers,
-              shard_size=256 * 10**6, runner=runner)
+              shard_size=256 * 10**6, runner=runner, tasks=tasks)
     assert s.failed == 0, s.line()
     return {"pack_seconds": s.pack_seconds, "bytes": s.bytes}
 
@@ -203,8 +209,8 @@ def real_set(cache: Path, copies: int, reencode: bool) -> Path:
     return src
 
 
-E2E = ("cli", "cli_ray", *(f"e2e_{d}" for d in PEERS))  # a fresh process per run, start-up included
-SECTION = ("ingest", "ingest_local", *PEERS)  # in this process, Ray and the peers' pools already started
+E2E = ("cli", "cli_base", "cli_ray", *(f"e2e_{d}" for d in PEERS))  # a fresh process per run, start-up included
+SECTION = ("ingest", "ingest_warm", *PEERS)  # in this process, Ray and the pools already started and warm
 GOALS = {"e2e": {16: 1.5, 8: 1.5, 120: 2.0, 500: 2.0}, "section": 2.0, "mv": 1.15}
 
 
@@ -219,6 +225,8 @@ def main() -> int:
     p.add_argument("--modes", default="ingest,ingest_cli,cli_limit,pyav_limit",
                    help="any of: " + ", ".join([*MODES, *E2E, *SECTION]))
     p.add_argument("--startup", action="store_true", help="first measure the fixed start-up costs alone")
+    p.add_argument("--base", metavar="CHECKOUT", help="mode cli_base: the same `ingest build` with the project's "
+                                                      "code of another checkout (before a change)")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--fps", type=int, default=30)
     p.add_argument("--cache", default="/tmp/bench-ingest-videos", help="where generated videos are kept")
@@ -228,6 +236,9 @@ def main() -> int:
     chosen = args.modes.split(",")
     processes.adopt_orphans()
     rows = [{"startup": startup(args.workers)}] if args.startup else []
+    warm = local_runtime.LocalTasks(args.workers) if "ingest_warm" in chosen else None
+    if warm:  # forked first, as a build forks them from a process that runs no other thread
+        [warm.result(warm.submit(os.getpid)) for _ in range(2 * args.workers)]
     if {"ingest", "ingest_cli", "ingest_mv", "ingest_flow"} & set(chosen):
         ray_runtime.start(None, args.workers)  # warm: its start-up is measured by cli_ray and --startup
     peers = {d: peer_ingest.pool(args.workers, d) for d in PEERS if d in chosen}
@@ -240,6 +251,7 @@ def main() -> int:
             modes = {
                 "ingest": lambda wk: mode_ingest(src, wk, args.workers, "pyav"),
                 "ingest_local": lambda wk: mode_ingest(src, wk, args.workers, "pyav", runner="local"),
+                "ingest_warm": lambda wk: mode_ingest(src, wk, args.workers, "pyav", tasks=warm),
                 "ingest_cli": lambda wk: mode_ingest(src, wk, args.workers, "ffmpeg"),
                 "ingest_mv": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "mv"),
                 "ingest_flow": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "flow"),
@@ -249,6 +261,8 @@ def main() -> int:
                 "folders": lambda wk: mode_folders(videos, wk, args.workers),
                 "cli": lambda wk: processes.run([*INGEST, "--src", str(src), "--out", str(wk / "shards"),
                                                  "--workers", str(args.workers)]),
+                "cli_base": lambda wk: processes.run(["env", f"PYTHONPATH={args.base}", *INGEST, "--src", str(src),
+                                                      "--out", str(wk / "shards"), "--workers", str(args.workers)]),
                 "cli_ray": lambda wk: processes.run([sys.executable, "-c", RAY_BUILD, str(src), str(wk / "shards"),
                                                      str(args.workers)]),
                 **{f"e2e_{d}": (lambda wk, d=d: processes.run(
@@ -287,6 +301,8 @@ def main() -> int:
                 loads.append(os.getloadavg()[0])
             rows.append(report(name, videos, args, {m: t for m, t in seconds.items() if t},
                                {m: c for m, c in cpu.items() if c}, extra, loads, failed))
+    if warm:
+        warm.close()
     print(json.dumps(rows))
     return 0
 
@@ -314,11 +330,13 @@ def report(name: str, videos: list[Path], args, seconds: dict, cpu: dict, extra:
                 ratios[f"{m} time/{base} time"] = round(med[m] / med[base], 3)
                 ratios[f"{m} CPU/{base} CPU"] = round(med_cpu[m] / med_cpu[base], 3)
     for kind, ours, theirs in (("e2e", ("cli",), [f"e2e_{d}" for d in PEERS]),
-                               ("section", ("ingest", "ingest_local"), PEERS)):
+                               ("e2e before", ("cli_base",), [f"e2e_{d}" for d in PEERS]),
+                               ("section", ("ingest", "ingest_warm"), PEERS),
+                               ("whole build", ("ingest_local",), PEERS)):
         ours, theirs = [m for m in ours if m in med], [m for m in theirs if m in med]
         if ours and theirs:
             best, peer = min(ours, key=med.get), min(theirs, key=med.get)
-            goal = GOALS[kind] if kind == "section" else GOALS[kind].get(n)
+            goal = GOALS["e2e"].get(n) if kind.startswith("e2e") else GOALS.get(kind)
             ratios[f"{kind}: {peer} time / {best} time"] = round(med[peer] / med[best], 2)
             ratios[f"{kind}: {peer} CPU / {best} CPU"] = round(med_cpu[peer] / med_cpu[best], 2)
             ratios[f"{kind}: goal"] = goal

@@ -23,7 +23,6 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
@@ -40,7 +39,7 @@ from .clips import ClipConfig
 from .sources import LABELED_SPLITS, SPLITS, Source, Video, discover
 
 log = logging.getLogger("ingest.build")
-TASKS_PER_WORKER = 4  # decode tasks per parallel task when they are sized from the videos (plan_batches)
+SHARE_DIVISOR = 2  # a decode task sized from the videos takes 1/(this x parallel tasks) of the bytes left
 MAX_VIDEOS_PER_TASK = 8
 _SHARD = re.compile(rf"({'|'.join(SPLITS)})/\1-\d{{6}}\.tar")  # packing.shard_name
 # a manifest's config: what decides the bytes, beside "src" (where the inputs were) and
@@ -131,9 +130,12 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
           splits=("train", "val", "test"), videos_per_task: int | None = None, threads: int = 1,
           timeout: float = 600, keep_staging: bool = False, force: bool = False, fingerprint: str = "stat",
           hash_cache: str | None = None, split_set: int = 1, source: Source | None = None,
-          progress=None, replacing: Callable[[Manifest], None] | None = None, runner: str = "auto") -> Summary:
+          progress=None, replacing: Callable[[Manifest], None] | None = None, runner: str = "auto",
+          tasks: runtime.Tasks | None = None) -> Summary:
     """``videos_per_task``: None sizes the tasks from the videos and the workers (``plan_batches``);
-    ``runner``: where the tasks run (``ingest.runtime.start``); ``fingerprint``: what identifies the
+    ``runner``: where the tasks run (``ingest.runtime.start``), unless ``tasks`` is a pool already
+    started (``local_runtime.LocalTasks``, ``ray_runtime.RayTasks``: the build runs on it and leaves
+    it running for the caller's next build); ``fingerprint``: what identifies the
     inputs, ``"stat"`` or ``"content"`` (their SHA-256, cached in ``hash_cache``; see
     ``ingest.content_digests``); ``split_set``: UCF101's or HMDB51's train/test split
     (``sources.discover``); ``source``: already discovered;
@@ -148,8 +150,11 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     config = {"src": src, **options}
     digests = None
     if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
-        with closing(runtime.start(address, workers, len(videos), runner)) as tasks:
-            digests = content_digests.digests(videos, hash_cache, tasks)
+        pool = tasks if tasks is not None else runtime.start(address, workers, len(videos), runner)
+        try:
+            digests = content_digests.digests(videos, hash_cache, pool)
+        finally:
+            _close_own(pool, tasks)
         config["fingerprint"] = "content"
     inputs_id = source.fingerprint(digests)
     summary = Summary(videos=len(videos), missing=sum(source.missing.values()))
@@ -170,7 +175,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     log.info("%s: %s layout, %d videos (%s), %d classes; staging in %s", src, source.layout, len(videos),
              ", ".join(f"{s}: {n}" for s, n in sorted(Counter(v.split for v in videos).items())),
              len(source.classes), stage)
-    tasks = runtime.start(address, workers, len(videos), runner)
+    pool = tasks if tasks is not None else runtime.start(address, workers, len(videos), runner)
     counts = {"videos_done": 0, "videos_total": len(videos), "shards_written": 0}
 
     def report(state: dict) -> None:
@@ -179,7 +184,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
             progress(state)
 
     try:
-        entries = _decode_all(stage, videos, source, cfg, digests, tasks, videos_per_task, threads, timeout,
+        entries = _decode_all(stage, videos, source, cfg, digests, pool, videos_per_task, threads, timeout,
                               summary.tasks_per_node, report)
         errors = sorted([_unlabeled(v, source.layout) for v in unlabeled]
                         + [e["error"] for e in entries if e["error"]], key=lambda e: e["path"])
@@ -189,7 +194,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
                                      shard_samples) for split in config["splits"]}
         _check_room(out, plans)
         for split, planned in plans.items():
-            shards = _pack_split(tasks, out, stage, split, planned, summary.tasks_per_node,
+            shards = _pack_split(pool, out, stage, split, planned, summary.tasks_per_node,
                                  lambda n: report({"videos_done": len(videos), "videos_total": len(videos),
                                                    "failed": len(errors), "shards_written": n + sum(
                                                        len(s.shards) for s in manifest.splits.values())}))
@@ -203,7 +208,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     except (KeyboardInterrupt, NoSpace) as stop:
         raise _stopped(stop, stage, counts) from None
     finally:
-        tasks.close()
+        _close_own(pool, tasks)
     _tidy(out, manifest, keep_staging)
 
     summary.failed = len(errors)
@@ -215,6 +220,12 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     for e in errors:
         log.warning("failed: %s: %s%s", e["path"], e["reason"], f" ({e['ffmpeg']})" if e["ffmpeg"] else "")
     return summary
+
+
+def _close_own(pool: runtime.Tasks, given: runtime.Tasks | None) -> None:
+    """Close ``pool`` if the build started it (not the caller's ``given`` one)."""
+    if pool is not given:
+        pool.close()
 
 
 def _stopped(stop: BaseException, stage: str, counts: dict) -> CommandError:
@@ -280,18 +291,22 @@ def _summarise_existing(m: Manifest, summary: Summary) -> Summary:
 
 def plan_batches(videos: list[Video], parallel: int, per_task: int | None = None) -> list[list[Video]]:
     """``videos`` (in path order) cut into the batches of the decode tasks: ``per_task`` videos each,
-    or, when None, about ``TASKS_PER_WORKER`` batches per parallel task, cut by the videos' bytes
-    (what decoding a video costs grows with them) and at most ``MAX_VIDEOS_PER_TASK`` videos, so
-    that a small build keeps every worker busy to its end and a big one is not one task per video."""
+    or, when None, cut by the videos' bytes (what decoding a video costs grows with them), each
+    batch 1/(``SHARE_DIVISOR`` x ``parallel``) of the bytes still to cut and at most
+    ``MAX_VIDEOS_PER_TASK`` videos: a big build is not one task per video, and the batches shrink
+    towards its end (guided self-scheduling), so the last tasks are single videos and every worker
+    stays busy to the end. With batches of one size (8 videos at 120 videos and 2 workers: 15 of
+    them), one worker decoded the last batch alone."""
     if per_task:
         return [videos[i:i + per_task] for i in range(0, len(videos), per_task)]
-    share = sum(max(v.size, 0) for v in videos) / (TASKS_PER_WORKER * parallel)
+    left = sum(max(v.size, 0) for v in videos)
     batches, batch, size = [], [], 0
     for v in videos:
         batch.append(v)
         size += max(v.size, 0)
-        if size >= share or len(batch) == MAX_VIDEOS_PER_TASK:
+        if size >= left / (SHARE_DIVISOR * parallel) or len(batch) == MAX_VIDEOS_PER_TASK:
             batches.append(batch)
+            left -= size
             batch, size = [], 0
     return batches + [batch] * bool(batch)
 

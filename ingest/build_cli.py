@@ -70,8 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-set", type=int, choices=SPLIT_SETS, default=1,
                    help="UCF101 and HMDB51: which official train/test split (its test list becomes the val split)")
     p.add_argument("--videos-per-task", type=positive_int, default=None,
-                   help="videos decoded per task (default: sized from the videos' bytes and the workers, about 4 "
-                        "tasks per worker and at most 8 videos each)")
+                   help="videos decoded per task (default: sized from the videos' bytes and the workers, at most "
+                        "8 videos each, shrinking to single videos towards the end so that no worker idles)")
     p.add_argument("--ffmpeg-threads", type=positive_int, default=1, help="decoder threads per video")
     p.add_argument("--timeout", type=number_in_range(float, 0, above=True), default=600,
                    help="seconds one video may take, download, probe and decode included, before it is "

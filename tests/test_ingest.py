@@ -124,6 +124,22 @@ def test_same_output_bytes_for_any_worker_count(class_tree, reference, tmp_path)
     assert tree_bytes(tmp_path) == tree_bytes(reference)
 
 
+def test_builds_on_a_callers_pool_leave_it_running_and_write_the_same_bytes(class_tree, reference, tmp_path):
+    """``build(..., tasks=)``: what bench/ingest.py's timed section runs on (a pool already started)."""
+    from ingest.local_runtime import LocalTasks
+
+    pool = LocalTasks(2)
+    try:
+        for out in (tmp_path / "a", tmp_path / "b"):
+            build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, tasks=pool)
+            assert tree_bytes(out) == tree_bytes(reference)
+            workers = psutil.Process().children(recursive=True)
+            assert workers and all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+        assert pool.result(pool.submit(os.getpid))[0] in {w.pid for w in workers}  # the same workers, still up
+    finally:
+        pool.close()
+
+
 def test_readable_by_webdataset(reference):
     m = Manifest.load(str(reference))
     urls = [str(reference / s.name) for s in m.splits["train"].shards]
@@ -300,10 +316,10 @@ def test_a_local_worker_killed_mid_task_is_retried_with_the_same_output(class_tr
 
 
 @pytest.mark.parametrize("sizes, parallel, batches", [
-    ([100] * 16, 2, [2] * 8),  # 16 like videos on 2 workers: 4 tasks each
-    ([100] * 8, 2, [1] * 8),
-    ([100] * 120, 2, [8] * 15),  # never more than 8 videos a task
-    ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 2, 2]),  # a long video is a task of its own
+    ([100] * 16, 2, [4, 3, 3, 2, 1, 1, 1, 1]),  # each a quarter of what is left: shrinking to single videos
+    ([100] * 8, 2, [2, 2, 1, 1, 1, 1]),
+    ([100] * 120, 2, [8] * 12 + [6, 5, 4, 3, 2, 1, 1, 1, 1]),  # never more than 8 videos a task
+    ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 1, 1, 1, 1]),  # a long video is a task of its own
     ([-1, 100, 100], 1, [2, 1]),  # a directory (size -1) costs nothing to decode: it joins the next video
 ])
 def test_tasks_are_sized_from_the_videos_bytes_and_the_workers(sizes, parallel, batches):
