@@ -35,8 +35,9 @@ pytest=(.venv/bin/python -m pytest -q -n "${KF_TEST_WORKERS:-2}" --dist loadfile
 if [ $# -gt 0 ]; then exec "${pytest[@]}" "$@"; fi  # the tests named, whatever their stage
 # Three stages: the suite (its goal: under 10 minutes on 2 cores), the tests marked `long` (what
 # only a long run shows: chaos runs, replicas, the demo), then those marked `containers` (the CPU
-# image built with podman and the pipeline run in it: minutes when its layers are cached, about
-# 35 min cold; one pytest process, the build uses both cores). pyproject.toml lists the markers.
+# image built with podman and the pipeline run in it: the build about 2 min when pip's cache holds
+# the host's wheels, 6 min cold on the development machine; one pytest process, the build uses
+# both cores). pyproject.toml lists the markers.
 # KF_TEST_STAGE=suite, long or containers runs one of them.
 stage=${KF_TEST_STAGE:-all}
 marked() {  # the stage's tests; 5 (none selected) is no failure
