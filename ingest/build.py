@@ -231,7 +231,7 @@ def _close_own(pool: runtime.Tasks, given: runtime.Tasks | None) -> None:
 def _stopped(stop: BaseException, stage: str, counts: dict) -> CommandError:
     """The one line of a build stopped by Ctrl-C or a full disk: what is kept, and that the same
     command continues from it. Staged batches are whole (each written under a temporary name, then
-    renamed); the tasks in flight were cancelled, removing their temporary files."""
+    renamed); the tasks in flight were cancelled or ran to their end, removing their temporary files."""
     done, total, shards = counts["videos_done"], counts["videos_total"], counts["shards_written"]
     if shards or (total and done == total):
         kept, rerun = f"all {total} videos are staged in {stage}", "packs them into shards again, decoding nothing"

@@ -71,15 +71,21 @@ def result(ref):
 @contextmanager
 def in_flight(refs):
     """Around the driver's wait for the tasks of ``refs`` (a list, or a dict it keeps up to date):
-    should the driver stop (Ctrl-C, a task's refusal), the tasks still running are cancelled (a
-    KeyboardInterrupt in each, so a write under way removes its temporary file) and waited for, so
-    that nothing is left half-written behind it and Ray reports no error left unread."""
+    should the driver stop, the tasks still running are waited for, so that nothing is left
+    half-written behind it and Ray reports no error left unread. On Ctrl-C they are cancelled first
+    (a KeyboardInterrupt in each, so a write under way removes its temporary file); on any other
+    stop (a task's refusal, such as a full disk's) they are let finish: cancelling a task whose
+    result is arriving aborts the driver in Ray 2.60 ("Check failed: it != submissible_tasks_.end()",
+    ray-project/ray#54846; it took a pytest worker down in the full-disk test), and a task on a
+    full disk fails at its first write anyway. Only the tasks not yet finished are cancelled."""
     try:
         yield
-    except BaseException:
+    except BaseException as stop:
         left = list(refs)
-        for ref in left:
-            ray.cancel(ref)
+        if isinstance(stop, KeyboardInterrupt) and left:
+            _, running = ray.wait(left, num_returns=len(left), timeout=0)
+            for ref in running:
+                ray.cancel(ref)
         for ref in left:
             try:
                 ray.get(ref)

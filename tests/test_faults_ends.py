@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -149,6 +150,41 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     assert ingest(build_args(videos, out)) == 0
     same_set(reference, out)
     assert not (out / ".staging").exists() and not temporaries(out.parent)
+
+
+@pytest.mark.parametrize("stop, finished", [(ValueError, True), (KeyboardInterrupt, False)])
+def test_a_refusal_lets_the_ray_tasks_in_flight_finish_and_ctrl_c_cancels_them(ray_local, tmp_path, stop, finished):
+    """A driver stopped by a task's refusal (here any exception but Ctrl-C) waits for its tasks in
+    flight without cancelling them: cancelling a task as its result arrives aborts the driver in Ray
+    2.60 (a RAY_CHECK in its TaskManager), which once took this file's pytest worker down with the
+    full-disk test above. Ctrl-C still cancels them. The task here waits for a file released 1 s
+    after the stop, then marks itself done."""
+    from ingest.ray_runtime import in_flight
+
+    started, release, done = tmp_path / "started", tmp_path / "release", tmp_path / "done"
+
+    def hold():
+        started.touch()
+        deadline = time.monotonic() + 60
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        done.touch()
+
+    ref = ray_local.remote(hold).remote()
+    for _ in range(3000):
+        if started.exists():
+            break
+        time.sleep(0.02)
+    assert started.exists()
+    releaser = threading.Timer(1.0, release.touch)
+    releaser.start()
+    try:
+        with pytest.raises(stop), in_flight([ref]):
+            raise stop()
+    finally:
+        releaser.cancel()
+        releaser.join()
+    assert done.exists() == finished
 
 
 def as_from_a_shell() -> None:
