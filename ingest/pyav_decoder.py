@@ -34,7 +34,6 @@ codec one more reference packet is fed after the last pick (one packet per video
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
@@ -42,6 +41,7 @@ from typing import Callable
 import av
 import av.logging
 from PIL import Image
+from shards.pillow_memory import keep_freed_blocks
 
 from . import bitstream, motion, packets
 from .deadline import Deadline
@@ -50,12 +50,7 @@ from .video import Decoded, DecodeError, VideoInfo, display_size, output_size
 log = logging.getLogger("ingest.pyav")
 TRANSPOSE = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
 EXACT_COUNT_CONTAINERS = ("mov", "mp4")  # their sample tables list every packet: fewer means truncated
-# Pillow hands a freed image's memory back to the OS by default, so the copy of every frame into
-# its image paid for page faults on fresh memory: 0.25 ms a frame at 340x256, four times swscale's
-# conversion and more than its JPEG encoding; with freed blocks kept for reuse, 0.08 ms (as the
-# trainer's loader does). A user's PILLOW_BLOCKS_MAX still wins.
-if "PILLOW_BLOCKS_MAX" not in os.environ:
-    Image.core.set_blocks_max(16)
+keep_freed_blocks(16)
 
 
 @dataclass

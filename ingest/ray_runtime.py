@@ -35,9 +35,14 @@ def start(address: str | None, workers: int | None, object_store_mb: int = 512) 
             # `ray start` on this machine last recorded (or RAY_ADDRESS names).
             ray.init(address="local", num_cpus=workers or os.cpu_count(), include_dashboard=False,
                      object_store_memory=object_store_mb * 2**20, logging_level=logging.WARNING)
+    cpus, parallel = tasks_at_a_time(workers)
+    log.info("Ray: %s in the cluster, %s at a time", plural(cpus, "CPU"), plural(parallel, "task"))
+
+
+def tasks_at_a_time(workers: int | None) -> tuple[int, int]:
+    """(the cluster's CPUs as they are now, the tasks to run at a time: those CPUs, at most ``workers``)."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
-    parallel = min(workers, cpus) if workers else cpus
-    log.info("Ray: %s in the cluster, %s at a time", plural(cpus, "CPU"), plural(max(1, parallel), "task"))
+    return cpus, max(1, min(workers, cpus) if workers else cpus)
 
 
 def task(fn):
@@ -107,8 +112,7 @@ class RayTasks:
         """Tasks at a time: the cluster's CPUs as they are now, so that a node that joins during
         the build (an autoscaler's, or one still registering when the build began) gets tasks; at
         most ``workers``."""
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        return max(1, min(self._workers, cpus) if self._workers else cpus)
+        return tasks_at_a_time(self._workers)[1]
 
     def submit(self, fn, *args):
         if fn not in self._remote:

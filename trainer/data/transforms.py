@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import random
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+from shards.pillow_memory import keep_freed_blocks
 
 from . import cropdecode
 
@@ -48,11 +48,7 @@ except ImportError:
 
 SCALES = (1.0, 0.875, 0.75, 0.66)
 
-# Pillow hands each freed image's memory back to the OS by default, so every decoded frame
-# pays for page faults on fresh memory; keeping a few freed blocks for reuse makes decoding
-# and resizing about 1.3x faster (bench/loader). A user's PILLOW_BLOCKS_MAX still wins.
-if "PILLOW_BLOCKS_MAX" not in os.environ:
-    Image.core.set_blocks_max(32)
+keep_freed_blocks(32)
 # One thread per loader worker (the workers are the parallelism); this also keeps OpenCV from
 # starting a thread pool before the loader forks its workers.
 if cv2 is not None:
