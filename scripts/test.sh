@@ -20,6 +20,9 @@ need=()
 command -v munged >/dev/null || need+=(munge)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 for tool in podman runc debootstrap curl; do command -v $tool >/dev/null || need+=($tool); done
+# and what podman was run with on the development machine (installed there beside it; rootless
+# and overlay helpers that podman only recommends):
+{ command -v newuidmap >/dev/null && command -v fuse-overlayfs >/dev/null && command -v slirp4netns >/dev/null; } || need+=(uidmap fuse-overlayfs slirp4netns)
 if [ ${#need[@]} -gt 0 ]; then
   echo "test: apt-get install ${need[*]}"
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
