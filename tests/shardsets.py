@@ -257,10 +257,18 @@ def http(url: str, method: str = "GET", path: str = "/", headers: dict | None = 
 
 
 def wait_for(url, dataset, states, timeout=240):
-    deadline = time.time() + timeout
+    """Polls the build's state until it is one of ``states``, as a client polling through a gateway
+    does: a 502, 503 or 504 is asked again (nginx answers 502 while it holds every replica failed,
+    for up to their ``fail_timeout``), any other answer that is not the state fails the test."""
+    deadline, answer = time.time() + timeout, None
     while time.time() < deadline:
-        answer = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
-        if answer["state"] in states:
-            return answer
+        status, _, body = http(url, path=f"/v1/builds/{dataset}")
+        if status in (502, 503, 504):
+            answer = f"{status}: {body[:200]!r}"
+        else:
+            assert status == 200, f"build {dataset}: {status}: {body[:500]!r}"
+            answer = json.loads(body)
+            if answer["state"] in states:
+                return answer
         time.sleep(0.2)
-    raise AssertionError(f"build {dataset} still {answer['state']}: {answer}")
+    raise AssertionError(f"build {dataset} not {states} in {timeout} s; last answer: {answer}")
