@@ -78,7 +78,8 @@ def in_flight(refs):
     """Around the driver's wait for the tasks of ``refs`` (a list, or a dict it keeps up to date):
     should the driver stop, the tasks still running are waited for, so that nothing is left
     half-written behind it and Ray reports no error left unread. On Ctrl-C they are cancelled first
-    (a KeyboardInterrupt in each, so a write under way removes its temporary file); on any other
+    (a KeyboardInterrupt in each, so a write under way removes its temporary file; Ray's cancel is
+    best effort, ray-project/ray#32954: a task it does not interrupt ends on its own); on any other
     stop (a task's refusal, such as a full disk's) they are let finish: cancelling a task whose
     result is arriving aborts the driver in Ray 2.60 ("Check failed: it != submissible_tasks_.end()",
     ray-project/ray#54846; it took a pytest worker down in the full-disk test), and a task on a

@@ -146,6 +146,14 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
     log.info("stopping")
     server.close()
     await runner.cleanup()
+    # The stop is under way, and further signals say nothing new: they are ignored from here on (in
+    # every thread; the loop's handlers, and its wakeup fd, removed first). Otherwise one landing while
+    # asyncio.run closes the loop (the group's Ctrl-C and the parent's SIGTERM both reach a worker)
+    # finds the wakeup fd closed ("Exception ignored when trying to write to the signal wakeup fd:
+    # OSError: [Errno 9]"), and one after it meets the default handlers the loop puts back.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
     return signals[0]
 
 
