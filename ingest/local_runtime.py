@@ -102,7 +102,16 @@ class LocalTasks:
 
     def submit(self, fn, *args) -> Handle:
         handle = Handle(fn, args)
-        self._send(handle)
+        while True:
+            try:
+                self._send(handle)
+                break
+            except BrokenProcessPool:  # a worker died since the last task was sent: a new pool, as in result()
+                handle.tries += 1
+                if handle.tries > RETRIES:
+                    raise WorkerDied(f"{fn.__name__}: the worker processes died on each of {handle.tries} tries "
+                                     "to start it (killed, or crashed in a native library)") from None
+                self._restart(handle.pool)
         self._live.add(handle)
         return handle
 

@@ -289,6 +289,32 @@ def test_a_build_without_ray_writes_the_same_bytes_with_the_same_code(class_tree
     assert tree_bytes(tmp_path) == tree_bytes(reference)
 
 
+def test_a_task_submitted_after_a_local_worker_died_starts_a_new_pool():
+    """A worker dies between two submissions (its pool broken before the next task is sent): the
+    next submit starts a new pool, and the dead worker's task runs again there. Before: the build
+    ended in ``BrokenProcessPool`` (a fresh clone's suite, the test below killing a worker before
+    the build had sent all its tasks). The worker is killed, and the pool seen broken (its task's
+    future failed), before the second submit: no race."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from ingest.local_runtime import LocalTasks
+
+    tasks = LocalTasks(1)
+    try:
+        first = tasks.submit(time.sleep, 0.5)
+        workers = [p.pid for p in first.pool._processes.values()]  # the executor's own list (started by submit)
+        assert workers
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        assert isinstance(first.future.exception(timeout=60), BrokenProcessPool)  # the pool is marked broken first
+        second = tasks.submit(os.getpid)
+        pid, _ = tasks.result(second)
+        assert pid not in workers  # a worker of the new pool
+        assert tasks.result(first)[0] is None and first.tries == 1  # sent again, once, and run
+    finally:
+        tasks.close()
+
+
 def test_a_local_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path):
     """SIGKILL to a worker process of a build without Ray: its tasks run again in a new pool, as
     Ray retries a task whose worker died, and the set is the reference byte for byte."""
