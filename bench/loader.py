@@ -48,10 +48,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import syscalls  # noqa: E402  (the suite's strace runner and parser)
 from shards import layout, partition  # noqa: E402
-from shards.manifest import Manifest, SplitInfo, digest  # noqa: E402
-from shards.ordering import shuffled  # noqa: E402
-from shards.packing import shard_name, write_shard  # noqa: E402
-from shards.tarformat import sample_bytes, sanitize_key  # noqa: E402
+from shards.format.manifest import Manifest, SplitInfo, digest  # noqa: E402
+from shards.format.ordering import shuffled  # noqa: E402
+from shards.format.packing import shard_name, write_shard  # noqa: E402
+from shards.format.tar import sample_bytes, sanitize_key  # noqa: E402
 
 T, SHORT_SIDE, CLASSES = 8, 256, 10
 QUALITY, RESTART = 90, 1  # ingest's defaults

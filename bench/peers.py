@@ -97,9 +97,9 @@ def write_all(out: str, clips: int, shards: int) -> dict:
 
 def write(name: str, where: str, data, per: int) -> int:
     if name == "ours":
-        from shards.manifest import Manifest, SplitInfo, digest
-        from shards.packing import shard_name, write_shard
-        from shards.tarformat import sample_bytes
+        from shards.format.manifest import Manifest, SplitInfo, digest
+        from shards.format.packing import shard_name, write_shard
+        from shards.format.tar import sample_bytes
 
         os.makedirs(where)
         samples = [(key, label, sample_bytes(key, [(f"{t:02d}.jpg", f) for t, f in enumerate(fs)]

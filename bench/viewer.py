@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
-from shards.manifest import Manifest, ShardInfo, SplitInfo  # noqa: E402
-from shards.packing import shard_name  # noqa: E402
+from shards.format.manifest import Manifest, ShardInfo, SplitInfo  # noqa: E402
+from shards.format.packing import shard_name  # noqa: E402
 from bench.service import start  # noqa: E402  (the service started as bench/service.py starts it)
 
 SHARD_BYTES = 256 * 10**6

@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
 
-from shards import ordering, packing, storage
+from shards import storage
+from shards.format import ordering, packing
 from shards.errors import CommandError, Interrupted, NoSpace, UsageError
 from shards.progress import Progress
 from shards.words import plural
-from shards.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
+from shards.format.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
                              SplitInfo)
 
 from . import content_digests, runtime, staging

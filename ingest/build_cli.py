@@ -20,7 +20,7 @@ import sys
 from shards import storage
 from shards.commands import byte_size, comma_list, int_in_range, number_in_range, positive_int
 from shards.errors import CommandError, UsageError
-from shards.manifest import LEDGER_NAME
+from shards.format.manifest import LEDGER_NAME
 
 from . import ray_address, registry
 from .build import build
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "open goes to the ffmpeg command line); ffmpeg: the command line for every video")
     p.add_argument("--motion", choices=MOTIONS, default="none",
                    help="also store each frame's motion from the frame before it, NN.<motion>.png on a grid of "
-                        "8x8 pixels (shards.motionfield): mv: the codec's motion vectors from the same decode "
+                        "8x8 pixels (shards.format.motionfield): mv: the codec's motion vectors from the same decode "
                         "(needs --decoder pyav); flow: optical flow (OpenCV DIS; decodes the frame before each)")
     p.add_argument("--shard-size", type=byte_size, default="256MB",
                    help="cut shards at this many bytes (e.g. 64MB, 1GiB)")

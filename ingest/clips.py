@@ -3,14 +3,13 @@
 The video is decoded once for the union of the frames all its clips keep, in-process with PyAV
 (``pyav_decoder``: only the packets those frames need), or with the ffmpeg command line
 (``ffmpeg_cli``) for what PyAV cannot open or with ``decoder="ffmpeg"``. Each clip becomes one
-sample: T JPEG frames ``NN.jpg`` in temporal order, ``cls`` and ``json``; with a ``motion`` other
-than ``"none"``, also each frame's motion field ``NN.mv.png`` or ``NN.flow.png``
-(``shards.motionfield``, made by ``ingest.motion``).
+sample as ``shards.format.sample`` defines it (T JPEG frames in temporal order, the label, the
+metadata, and with a ``motion`` other than ``"none"`` each frame's motion field, made by
+``ingest.motion``).
 """
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import tempfile
@@ -21,8 +20,9 @@ import fsspec
 import numpy as np
 from fsspec.core import url_to_fs
 
-from shards import motionfield, storage
-from shards.tarformat import sample_bytes
+from shards import storage
+from shards.format import motionfield
+from shards.format import sample
 
 from . import ffmpeg_cli, jpeg, motion, pyav_decoder, sampling
 from .deadline import Deadline, TimedOut
@@ -163,13 +163,8 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
             "codec": info.codec, "frame_size": list(decoded.frames[indices[0]].size),
             "decoder": decoded.decoder, "packets_decoded": decoded.packets_decoded,
         }
-        members = [(f"{t:02d}.jpg", encoded[i]) for t, i in enumerate(indices)]
-        if fields:
-            members += [(motionfield.member(t, cfg.motion), fields[i]) for t, i in enumerate(indices)]
-        if label_index >= 0:
-            members.append(("cls", str(label_index).encode()))
-        members.append(("json", json.dumps(meta, sort_keys=True).encode()))
-        out.append((key, label_index, sample_bytes(key, members)))
+        out.append((key, label_index, sample.pack(key, [encoded[i] for i in indices], label_index, meta,
+                                                  [fields[i] for i in indices] if fields else [], cfg.motion)))
     return out
 
 

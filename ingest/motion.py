@@ -1,4 +1,4 @@
-"""Motion fields of the sampled frames (``ingest build --motion``), in ``shards.motionfield``'s terms.
+"""Motion fields of the sampled frames (``ingest build --motion``), in ``shards.format.motionfield``'s terms.
 
 ``mv``: the codec's motion vectors, which the decoder exports from the decode the frames already
 need (``flags2=+export_mvs``; FFmpeg's ``AVMotionVector`` as frame side data), so no frame is
@@ -32,7 +32,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from shards.motionfield import grid_size
+from shards.format.motionfield import grid_size
 
 from .packets import Packet
 

@@ -46,7 +46,7 @@ from shards.catalog import (HEARTBEAT_SECONDS, Catalog, CatalogError, CatalogUna
                             default_path)
 from shards.catalog.store import LEASE_SECONDS
 from shards.catalog.condition import condition
-from shards.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
+from shards.format.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
 from shards.verify import set_file_stamps, stamps
 
 from . import content_digests, runtime

@@ -31,7 +31,7 @@ from fsspec.core import url_to_fs
 
 from shards import storage
 from shards.errors import NotFound
-from shards.tarformat import sanitize_key
+from shards.format.tar import sanitize_key
 
 log = logging.getLogger("ingest.sources")
 

@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fsspec.core import url_to_fs
 
-from shards import packing, storage
-from shards.manifest import digest
+from shards import storage
+from shards.format import packing
+from shards.format.manifest import digest
 
 from .clips import ClipConfig, make_clips
 from .sources import Video

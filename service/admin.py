@@ -15,7 +15,7 @@ from shards.catalog import Catalog, Record, default_path
 from shards.catalog.backends import is_url
 from shards.catalog.condition import condition, shown
 from shards.errors import CommandError, NotFound
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shards.verify import set_file_stamps, verify
 
 from . import housekeeping, states

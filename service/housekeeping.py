@@ -12,7 +12,7 @@ from fsspec.core import url_to_fs
 
 from shards import storage
 from shards.catalog import Catalog, CatalogError, Record
-from shards.manifest import SET_FILES, STAGING_NAME
+from shards.format.manifest import SET_FILES, STAGING_NAME
 
 log = logging.getLogger("service.housekeeping")
 

@@ -58,7 +58,7 @@ from shards import motioncolour, storage
 from shards.catalog import Record
 from shards.catalog.condition import shown
 from shards.clipindex import ClipIndex, clip_meta, frame_spans, motion_fields, read_clip
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shards.stats import split_stats
 
 from . import states

@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from . import tarformat
-from .manifest import Manifest, ShardInfo, SplitInfo
+from .format import tar
+from .format.manifest import Manifest, ShardInfo, SplitInfo
 from .reading import open_range
 
 
@@ -114,17 +114,17 @@ def read_clip(manifest: Manifest, clip: Clip) -> bytes:
 
 def frame_spans(sample: bytes) -> list[tuple[int, int]]:
     """(offset in the sample, size) of each JPEG frame of a clip's tar bytes, in order."""
-    return [(offset, size) for name, offset, size in tarformat.member_spans(sample) if name.endswith(".jpg")]
+    return [(offset, size) for name, offset, size in tar.member_spans(sample) if name.endswith(".jpg")]
 
 
 def clip_meta(sample: bytes) -> dict:
     """The clip's ``.json`` member (source video, frame indices, ...), {} when it has none."""
-    for name, data in tarformat.read_members(sample):
+    for name, data in tar.read_members(sample):
         if name.endswith(".json"):
             return json.loads(data)
     return {}
 
 
 def motion_fields(sample: bytes, kind: str) -> list[bytes]:
-    """The clip's stored motion fields of ``kind`` (``shards.motionfield`` PNGs), in frame order."""
-    return [data for name, data in tarformat.read_members(sample) if name.endswith(f".{kind}.png")]
+    """The clip's stored motion fields of ``kind`` (``shards.format.motionfield`` PNGs), in frame order."""
+    return [data for name, data in tar.read_members(sample) if name.endswith(f".{kind}.png")]

@@ -136,7 +136,7 @@ positive_int = int_in_range(1)
 
 def byte_size(text: str) -> int:
     """'64MB', '1GiB', '200k', '4096' -> bytes, more than zero."""
-    from .packing import parse_size
+    from .format.packing import parse_size
 
     try:
         value = parse_size(text)

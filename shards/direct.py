@@ -18,7 +18,7 @@ import re
 
 from . import storage
 from .http_range import DEFAULT_RETRY, Retry
-from .manifest import MANIFEST_NAME, Manifest
+from .format.manifest import MANIFEST_NAME, Manifest
 from .storage import local_path
 
 log = logging.getLogger("shards.direct")

@@ -12,8 +12,8 @@ import json
 
 from .errors import UsageError
 from .layout import MB, Totals, format_plan, plan
-from .manifest import Manifest
-from .packing import parse_size
+from .format.manifest import Manifest
+from .format.packing import parse_size
 
 DEFAULT_WORLD_SIZES = [1, 8, 64, 256, 512, 1024, 1536, 2048, 4096, 6144]
 

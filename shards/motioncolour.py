@@ -8,7 +8,7 @@ Flow", IJCV 2011), which most optical-flow papers and tools draw with:
   motion to the right is red, down yellow-orange, left cyan, up blue-violet;
 * length is saturation: no motion is white, motion of ``scale`` pixels the wheel's full colour
   (longer is darkened to three quarters, as the convention marks out-of-range flow);
-* a cell whose motion is not known (``shards.motionfield``'s validity plane: intra-coded frames
+* a cell whose motion is not known (``shards.format.motionfield``'s validity plane: intra-coded frames
   and blocks) is black.
 
 ``render`` is what both callers use: a clip's stored fields (PNG bytes), one scale for the whole
@@ -23,7 +23,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from . import motionfield
+from .format import motionfield
 
 RAMPS = (15, 6, 4, 11, 13, 6)  # steps of red-yellow, yellow-green, green-cyan, cyan-blue, blue-magenta, magenta-red
 MIN_SCALE = motionfield.STEP  # a clip with no known motion longer than one quantisation step is drawn at this scale
@@ -73,7 +73,7 @@ def clip_scale(fields: list[tuple[np.ndarray, np.ndarray]]) -> float:
 
 
 def render(pngs: list[bytes], frame_size: tuple[int, int] | None = None) -> tuple[list[Image.Image], float]:
-    """The coloured pictures of a clip's stored fields (``shards.motionfield`` PNGs, in frame
+    """The coloured pictures of a clip's stored fields (``shards.format.motionfield`` PNGs, in frame
     order), each ``frame_size`` (width, height; default: ``GRID`` pixels a cell), and the scale
     they are drawn at (pixels per frame at full colour)."""
     fields = [motionfield.decode(data) for data in pngs]

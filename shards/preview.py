@@ -30,9 +30,9 @@ from PIL import Image, ImageDraw, ImageFont
 
 from . import motioncolour, storage
 from .clipindex import ClipIndex, frame_spans, motion_fields
-from .digests import ALGORITHM, CorruptSample
+from .format.digests import ALGORITHM, CorruptSample
 from .errors import CommandError
-from .manifest import Manifest
+from .format.manifest import Manifest
 from .reading import iter_samples
 from .words import plural
 

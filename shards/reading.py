@@ -7,7 +7,7 @@ forked loader workers. HTTP ranges are one streamed GET with a ``Range`` header,
 response checked and retried (``shards.http_range``). Other fsspec filesystems (s3, gcs,
 memory) are read with one ranged ``cat_file`` per chunk: object stores get no metadata
 request (a HEAD) per range, since the manifest already gave the size. ``open_samples`` checks
-each sample of a range against the manifest's digest on the way (``shards.digests``), whatever
+each sample of a range against the manifest's digest on the way (``shards.format.digests``), whatever
 stream the bytes came through. ``read_ahead`` reads a list of remote ranges a bounded number of
 bytes ahead of their reader, in a thread. The node-local shard cache is ``shards.cache``.
 """
@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator
 
 from fsspec.core import url_to_fs
 
-from .digests import CheckedSamples, CorruptSample
+from .format.digests import CheckedSamples, CorruptSample
 from .http_range import DEFAULT_RETRY, OUTAGE, WRONG, HTTPRange, Patience, RangeError, Retry
 from .storage import local_path, open_fd
 

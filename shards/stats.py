@@ -3,13 +3,13 @@
 Counts and bytes come from the manifest alone. Frames per clip and frame sizes come from
 reading clips: ``--probe N`` evenly spread clips per split (one byte-range read each), or
 every clip with ``--probe 0`` (one sequential read per shard). JPEG headers give the sizes;
-no frame is decoded. A set with motion fields (``shards.motionfield``) has the probed clips'
+no frame is decoded. A set with motion fields (``shards.format.motionfield``) has the probed clips'
 fields decoded for their magnitude statistics: the share of valid cells, and over those the
 mean, median and 95th percentile of the motion's length in pixels per frame and the share
 clipped at the quantisation bound.
 
 Every clip read is checked against the manifest's digest, as the trainer checks it
-(``shards.digests``): one that differs is left out of the figures and named, and the command
+(``shards.format.digests``): one that differs is left out of the figures and named, and the command
 ends with exit status 1 after printing them (as ``shards verify`` does on a problem).
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections import Counter
 import numpy as np
 from PIL import Image
 
-from . import motionfield, tarformat
-from .digests import ALGORITHM, CorruptSample
+from .format import motionfield, tar
+from .format.digests import ALGORITHM, CorruptSample
 from .errors import CommandError
-from .manifest import Manifest, SplitInfo
+from .format.manifest import Manifest, SplitInfo
 from .reading import iter_samples
 from .words import plural
 
@@ -57,7 +57,7 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
         if isinstance(data, CorruptSample):
             bad.append({k: getattr(data, k) for k in ("shard", "key", "expected", "found")})
             continue
-        members = tarformat.read_members(data)
+        members = tar.read_members(data)
         jpgs = [v for n, v in members if n.endswith(".jpg")]
         for n, v in members:
             if n.endswith(f".{manifest.motion}.png"):

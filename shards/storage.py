@@ -54,13 +54,22 @@ def exists(url: str) -> bool:
     return fs.exists(path)
 
 
-def read_bytes(url: str) -> bytes:
-    """The whole file: a local one with one open and no stat, an HTTP(S) one with one GET (and no
-    HEAD; 404 is ``FileNotFoundError``), any other with fsspec's ``cat_file``."""
+def read_bytes(url: str, limit: int | None = None) -> bytes:
+    """The whole file (at most ``limit`` bytes of it: a caller that bounds what it reads sees a
+    larger file as ``limit`` bytes and refuses it): a local one with one open and no stat, an
+    HTTP(S) one with one GET (and no HEAD; 404 is ``FileNotFoundError``), any other with fsspec's
+    ``cat_file``."""
     if local_path(url) is not None:
         fd = open_fd(url)
         try:
-            return b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+            chunks, got = [], 0
+            while limit is None or got < limit:
+                chunk = os.read(fd, min(1 << 20, limit - got) if limit is not None else 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)
         finally:
             os.close(fd)
     if url.startswith(("http://", "https://")):
@@ -70,13 +79,16 @@ def read_bytes(url: str) -> bytes:
         request = urllib.request.Request(url, headers=http_headers(url.split(":", 1)[0]))
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
-                return response.read()
+                return response.read(limit) if limit is not None else response.read()
         except urllib.error.HTTPError as e:
             if e.code == 404:
                 raise FileNotFoundError(f"{url}: not found (404)") from None
             raise
     fs, path = url_to_fs(url)
-    return fs.cat_file(path)
+    if limit is None:
+        return fs.cat_file(path)
+    with fs.open(path, "rb") as f:
+        return f.read(limit)
 
 
 def http_headers(scheme: str) -> dict:

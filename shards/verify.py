@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import fsspec
 from PIL import Image
 
-from . import motionfield, tarformat
-from .digests import ALGORITHM, sample_digest
-from .manifest import Manifest, ShardInfo
+from .format import motionfield, tar
+from .format.digests import ALGORITHM, sample_digest
+from .format.manifest import Manifest, ShardInfo
 from .reading import local_path
 from .words import plural
 
@@ -43,12 +43,12 @@ def check_members(key: str, label: int, data: bytes, frames: int | None, deep: b
     """What is wrong with one sample's tar bytes (empty list when nothing); ``motion``: the kind
     of field each frame should have beside it (``Manifest.motion``)."""
     try:
-        members = dict(tarformat.read_members(data))
+        members = dict(tar.read_members(data))
     except (tarfile.TarError, EOFError) as e:
         return [f"unreadable tar members at the manifest's offset ({e})"]
     problems, suffixes = [], {}
     for name, value in members.items():
-        k, suffix = tarformat.split_name(name)
+        k, suffix = tar.split_name(name)
         if k != key:
             problems.append(f"member {name} belongs to another sample")
         suffixes[suffix] = value

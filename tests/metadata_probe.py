@@ -22,7 +22,7 @@ from syscalls import mark
 
 def epoch(where: str, phase: str, world: int, workers: int, batch: int, service: str | None = None,
           **kw) -> None:
-    from shards.manifest import Manifest
+    from shards.format.manifest import Manifest
     from trainer.data.loader import ClipLoader
 
     def start(name: str) -> None:

@@ -15,10 +15,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # not `im
 import numpy as np
 from PIL import Image
 
-from shards import motionfield
-from shards.manifest import Manifest, SplitInfo, digest
-from shards.packing import shard_name, write_shard
-from shards.tarformat import sample_bytes
+from shards.format import motionfield
+from shards.format.manifest import Manifest, SplitInfo, digest
+from shards.format.packing import shard_name, write_shard
+from shards.format.tar import sample_bytes
 
 
 def frame_colour(sample: int, frame: int) -> tuple[int, int, int]:
@@ -33,7 +33,7 @@ def jpeg(colour, size=(64, 48)) -> bytes:
 
 
 def uniform_field(u: float, v: float, size=(64, 48)) -> bytes:
-    """A ``shards.motionfield`` PNG of a frame of ``size`` whose every cell moved by (u, v)."""
+    """A ``shards.format.motionfield`` PNG of a frame of ``size`` whose every cell moved by (u, v)."""
     cols, rows = motionfield.grid_size(*size)
     return motionfield.encode(np.dstack([np.full((rows, cols), u), np.full((rows, cols), v)]),
                               np.ones((rows, cols), dtype=bool))
@@ -47,7 +47,7 @@ def frame_motion(sample: int, frame: int) -> tuple[float, float]:
 def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool, motion: str | None,
                  class_sorted: bool = False):
     """(key, label, sample_bytes) for ``count`` clips, two clips per video; with ``motion`` (a kind
-    of ``shards.motionfield``) a uniform field of ``frame_motion`` beside each frame. Labels go
+    of ``shards.format.motionfield``) a uniform field of ``frame_motion`` beside each frame. Labels go
     round the classes (i % num_classes), or with ``class_sorted`` class by class."""
     for i in range(count):
         key = f"{split}_v{i // 2:04d}_c{i % 2:02d}"

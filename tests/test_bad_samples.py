@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from shards.catalog import Catalog
-from shards.digests import CorruptSample, TooManyBadSamples
+from shards.format.digests import CorruptSample, TooManyBadSamples
 from shards.errors import DataFault
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 from trainer import metrics
 from trainer.clip_log import read_file

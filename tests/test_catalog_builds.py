@@ -18,7 +18,7 @@ import pytest
 from ingest import registry
 from ingest.clips import ClipConfig
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 import media
 

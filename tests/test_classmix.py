@@ -14,7 +14,7 @@ import pytest
 
 from shards import classmix, partition
 from shards.errors import UsageError
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shardsets import make_shardset
 from trainer.data.loader import ClipLoader
 

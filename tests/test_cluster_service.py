@@ -26,7 +26,7 @@ from runbooks import block_commands, ran, run_block, run_commands, shell_env
 from shardsets import ServiceProcess, make_shardset, register
 
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 NAME = "k400-r256"
 

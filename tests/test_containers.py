@@ -26,7 +26,7 @@ import pytest
 from commandlines import parse, project_commands
 
 from shards.cache import ENV_BUDGET
-from shards.packing import parse_size
+from shards.format.packing import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile", "cuda": ROOT / "docker" / "Dockerfile.cuda"}

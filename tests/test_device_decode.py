@@ -19,9 +19,9 @@ import pytest
 import torch
 from PIL import Image
 
-from shards.manifest import Manifest, SplitInfo
-from shards.packing import shard_name, write_shard
-from shards.tarformat import sample_bytes
+from shards.format.manifest import Manifest, SplitInfo
+from shards.format.packing import shard_name, write_shard
+from shards.format.tar import sample_bytes
 from trainer.data.device_decode import DeviceClips, resized_crop
 from trainer.data.loader import ClipLoader
 

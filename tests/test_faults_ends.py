@@ -28,7 +28,7 @@ from shardsets import make_shardset
 import media
 from ingest.cli import main as ingest
 from shards.errors import Interrupted
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
 HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))

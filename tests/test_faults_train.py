@@ -25,7 +25,7 @@ import pytest
 import torch
 from shardsets import make_shardset
 
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from trainer import cli, metrics
 from trainer.schedules import recipe
 from trainer.clip_log import read_file

@@ -25,7 +25,7 @@ from ingest import staging
 from ingest.build import build
 from ingest.clips import ClipConfig
 from ingest.jpeg import restart_interval
-from shards.manifest import STAGING_NAME, Manifest
+from shards.format.manifest import STAGING_NAME, Manifest
 
 import media
 

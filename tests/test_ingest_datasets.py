@@ -17,8 +17,9 @@ from runbooks import block_commands, ran
 
 from ingest import cli
 from ingest.sources import discover
-from shards import tarformat, verify
-from shards.manifest import Manifest
+from shards import verify
+from shards.format import tar
+from shards.format.manifest import Manifest
 
 import media
 
@@ -134,6 +135,6 @@ def test_build_labels_clips_with_the_official_class_index(ray_local, request, tm
         shard = split.shards[0]
         data = (tmp_path / shard.name).read_bytes()
         for key, label, offset, length in zip(shard.keys, shard.labels, shard.offsets, shard.lengths):
-            members = dict(tarformat.read_members(data[offset:offset + length]))
+            members = dict(tar.read_members(data[offset:offset + length]))
             assert label == expected[key.rsplit("_c", 1)[0]]
             assert members[f"{key}.cls"] == str(label).encode()

@@ -13,7 +13,7 @@ from PIL import Image
 
 from ingest.build import build
 from ingest.clips import ClipConfig
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 import media
 from test_ingest import samples, tree_bytes

@@ -77,7 +77,7 @@ def shardset(tmp_path_factory):
 
 
 def train_keys(shardset) -> set[str]:
-    from shards.manifest import Manifest
+    from shards.format.manifest import Manifest
     return {k for s in Manifest.load(shardset).splits["train"].shards for k in s.keys}
 
 
@@ -200,7 +200,7 @@ def test_rank_and_world_size_from_the_environment(shardset, monkeypatch):
 
 
 def test_crops_larger_than_the_stored_frames_warn(tmp_path):
-    from shards.manifest import Manifest
+    from shards.format.manifest import Manifest
     from trainer.data import ClipLoader, Upsampling
 
     m = make_shardset(str(tmp_path), {"train": 8}, per_shard=4)
@@ -251,7 +251,7 @@ def test_a_position_continues_the_same_layout_and_splits_the_rest_of_the_epoch_f
 
 def test_a_worker_plan_reads_whole_ranges_once(shardset):
     from shards import partition
-    from shards.manifest import Manifest
+    from shards.format.manifest import Manifest
     from trainer.data.plan import worker_plan
 
     shards = Manifest.load(shardset).splits["train"].shards

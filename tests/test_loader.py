@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from shards import partition as P
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shards.cache import ShardCache
 from shards.http_range import ShardChanged
 from shards.reading import read_range

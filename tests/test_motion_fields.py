@@ -27,9 +27,10 @@ from ingest.build import build
 from ingest.clips import ClipConfig, make_clips
 from ingest.deadline import Deadline
 from ingest.sources import Video
-from shards import motioncolour, motionfield, preview, reshard, tarformat, verify
+from shards import motioncolour, preview, reshard, verify
+from shards.format import motionfield, tar
 from shards.clipindex import ClipIndex, motion_fields, read_clip
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shards.stats import collect
 
 W, H, FRAMES = 128, 96, 24
@@ -67,7 +68,7 @@ def _video(path: Path, split: str = "val") -> Video:
 def _fields(path: Path, kind: str, frames: int = 8) -> tuple[dict, list[int]]:
     """The stored fields of one eval clip: {frame index: (field, valid)}, and the indices."""
     (_, _, data), = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
-    members = dict(tarformat.read_members(data))
+    members = dict(tar.read_members(data))
     indices = json.loads(members[f"{path.stem}_c00.json"])["frame_indices"]
     return {i: motionfield.decode(members[f"{path.stem}_c00.{motionfield.member(t, kind)}"])
             for t, i in enumerate(indices)}, indices
@@ -255,7 +256,7 @@ def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixtur
     m = Manifest.load(str(out))
     assert m.motion == kind and m.config["clip"]["motion"] == kind
     shard = m.splits["train"].shards[0]
-    members = dict(tarformat.read_members((out / shard.name).read_bytes()[shard.offsets[0]:][:shard.lengths[0]]))
+    members = dict(tar.read_members((out / shard.name).read_bytes()[shard.offsets[0]:][:shard.lengths[0]]))
     key = shard.keys[0]
     fields = [n for n in members if n.endswith(f".{kind}.png")]
     assert fields == [f"{key}.{motionfield.member(t, kind)}" for t in range(4)]

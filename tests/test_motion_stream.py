@@ -2,7 +2,7 @@
 TSN's cross-modality initialisation.
 
 Geometry: a frame whose red and green levels encode each pixel's x and y in the stored frame, and a
-motion field whose u and v encode each cell's x and y (``shards.motionfield``'s PNG). Rendered with
+motion field whose u and v encode each cell's x and y (``shards.format.motionfield``'s PNG). Rendered with
 the same random draws, every output pixel of the frame and of the field must then name the same
 stored position, through crop, DCT scaling, resize, flip (u negated) and the rescaling of vectors to
 output pixels, for training draws and for the 3-crop test views.
@@ -19,7 +19,7 @@ from PIL import Image
 
 from shardsets import make_shardset
 
-from shards import motionfield
+from shards.format import motionfield
 from trainer.config import CHANNELS
 from trainer.data.loader import ClipLoader
 from trainer.data.motion import MotionTransform

@@ -16,7 +16,7 @@ import pytest
 
 from shards import partition
 from shards.cache import CacheFull
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shardsets import make_shardset, serve
 from trainer import clip_log
 from trainer.data.loader import ClipLoader

@@ -31,7 +31,7 @@ import torch
 from shardsets import make_shardset, register
 
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from trainer.clip_log import read_file
 
 pytestmark = pytest.mark.long

@@ -17,7 +17,7 @@ import torch
 from shardsets import make_shardset
 from torch import nn
 
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from trainer import metrics
 from trainer.data.loader import ClipLoader
 from trainer.model.tsm import ModelConfig, build

@@ -34,7 +34,7 @@ from postgres import PostgresServer
 from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from trainer.clip_log import read_file
 
 import media

@@ -16,7 +16,7 @@ import pytest
 from ingest import registry
 from ingest.clips import ClipConfig
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shards.reading import read_range
 from shards.verify import verify
 from shardsets import ServiceProcess

@@ -15,7 +15,7 @@ from email.utils import formatdate
 import pytest
 
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from fronts import ACCEL_PREFIX, Front
 from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 

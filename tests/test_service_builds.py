@@ -19,7 +19,7 @@ import pytest
 from shardsets import ServiceProcess, http, wait_for
 
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 import media
 

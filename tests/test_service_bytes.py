@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from shards.catalog import Catalog
-from shards.digests import CorruptSample
+from shards.format.digests import CorruptSample
 from shards.http_range import RangeError
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shards.reading import iter_samples, open_range
 from required import require
 from shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register

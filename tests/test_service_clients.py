@@ -17,7 +17,7 @@ import pytest
 from shardsets import ServiceProcess, http, make_shardset, register
 
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 TOKEN = "token-for-client-tests"
 

@@ -25,7 +25,7 @@ from ingest import registry
 from service.builds import MAX_ATTEMPTS, Builds, parse_body
 from service.roots import SourceRoots
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 TOKEN = "replica-writer-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

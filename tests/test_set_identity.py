@@ -27,7 +27,7 @@ import pytest
 from ingest.cli import main as ingest
 from service.cli import main as service
 from shards.catalog import Catalog
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shardsets import ServiceProcess, http
 
 import media

@@ -21,7 +21,7 @@ import pytest
 from shards.cache import ShardCache
 from shards.errors import SourceUnavailable
 from shards.http_range import RangeError, Retry
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 from shards.reading import open_range
 from shardsets import make_shardset
 

@@ -7,11 +7,11 @@ import pytest
 from PIL import Image
 
 from shards.cli import main
-from shards.manifest import Manifest, SplitInfo
-from shards.packing import write_shard
+from shards.format.manifest import Manifest, SplitInfo
+from shards.format.packing import write_shard
 from shards.reshard import BadShard, reshard
 from shards.stats import collect
-from shards.tarformat import RECORD, sample_bytes
+from shards.format.tar import RECORD, sample_bytes
 from shards.verify import verify
 from shards.preview import DAMAGED, GAP, LABEL_WIDTH
 from shardsets import corrupt_sample, frame_colour, jpeg, make_shardset, serve

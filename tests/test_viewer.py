@@ -25,8 +25,8 @@ from service.states import STATES
 from shards import motioncolour
 from shards.catalog import Catalog
 from shards.clipindex import ClipIndex
-from shards.manifest import Manifest
-from shards.tarformat import read_members
+from shards.format.manifest import Manifest
+from shards.format.tar import read_members
 from required import require
 from shardsets import (ServiceProcess, frame_colour, frame_motion, http, make_class_set, make_shardset, register,
                        serve)

@@ -31,7 +31,7 @@ import torch
 
 from shards import storage
 from shards.commands import share_of
-from shards.digests import CorruptSample, TooManyBadSamples
+from shards.format.digests import CorruptSample, TooManyBadSamples
 
 from .hooks import Hook
 

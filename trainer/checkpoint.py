@@ -30,7 +30,7 @@ NETWORK = (("model", "arch"), ("model", "shift"))
 # sequence it saved would not fit (docs/faults.md); (concern, field)
 REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
-# (the shard set itself is checked by its identity, ``shards.manifest``)
+# (the shard set itself is checked by its identity, ``shards.format.manifest``)
 INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("data", "lookahead"),
          ("data", "source_deadline"),
          ("system", "backend"),

@@ -37,7 +37,7 @@ from shards.direct import load_manifest
 from shards.errors import CommandError, DataFault, UsageError
 from shards.http_range import Retry
 from shards.progress import Progress as Bar
-from shards.manifest import Manifest
+from shards.format.manifest import Manifest
 
 from . import bad_samples, checkpoint, config, metrics
 from .data.device_decode import clip_source

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from .. import storage
-from ..manifest import MANIFEST_NAME, Manifest, describe
+from ..format.manifest import MANIFEST_NAME, Manifest, describe
 from .store import Record
 
 
@@ -43,7 +43,7 @@ class Condition:
 
 
 def recorded(rec: Record) -> str:
-    """What the record says its set holds (``shards.manifest.describe``)."""
+    """What the record says its set holds (``shards.format.manifest.describe``)."""
     return describe({name: s["clips"] for name, s in rec.splits.items()}, rec.options.get("clip", {}))
 
 

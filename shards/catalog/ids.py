@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ..manifest import FORMAT
+from ..format.manifest import FORMAT
 
 
 def canonical_json(obj) -> bytes:

@@ -35,7 +35,7 @@ With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batc
 ``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
 crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
 
-Bad samples (bytes that differ from the manifest's digest, read twice: ``shards.digests``): by
+Bad samples (bytes that differ from the manifest's digest, read twice: ``shards.format.digests``): by
 default the first ends the iteration with its ``CorruptSample``, a ``DataFault`` naming the shard,
 the sample, both digests and the URL. With ``max_bad_samples`` (N, or None: the caller keeps the
 budget, as ``trainer.bad_samples`` does over every rank) the loader goes on without them: a bad
@@ -66,11 +66,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import classmix, partition
 from shards.cache import ShardCache
-from shards.digests import CorruptSample, TooManyBadSamples
+from shards.format.digests import CorruptSample, TooManyBadSamples
 from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
 from shards.http_range import DEFAULT_RETRY, Retry
-from shards.manifest import Manifest, set_title
+from shards.format.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd
 from shards.words import plural
 

@@ -1,6 +1,6 @@
 """The motion stream's input: a clip's stored motion fields, rendered with the geometry its frames would get.
 
-``ingest build --motion mv|flow`` stores a field beside every frame (``shards.motionfield``: one cell
+``ingest build --motion mv|flow`` stores a field beside every frame (``shards.format.motionfield``: one cell
 per 8 x 8 pixels of the stored frame, u and v quantised as ``q = 128 + round(u * 127 / 20)``). With
 ``--modality motion`` the loader renders each clip's fields instead of decoding its JPEGs, and only
 that step differs: the clip's ``Geometry`` is drawn exactly as for its frames (from the first JPEG's
@@ -31,7 +31,7 @@ import random
 
 import numpy as np
 
-from shards import motionfield
+from shards.format import motionfield
 
 from ..config import CHANNELS
 from .transforms import Geometry

@@ -20,7 +20,7 @@ import numpy as np
 
 from shards import partition
 from shards.cache import Piece
-from shards.manifest import ShardInfo
+from shards.format.manifest import ShardInfo
 
 
 @dataclass(frozen=True)

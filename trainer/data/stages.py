@@ -5,7 +5,7 @@
     -> tar members -> samples (webdataset) -> tag each with its plan index -> release in the planned order
     -> [bad samples: a stand-in for each] -> (the loader) batches -> ``decode_batch``
 
-A bad sample (bytes that differ from the manifest's digest, read twice: ``shards.digests``), when the
+A bad sample (bytes that differ from the manifest's digest, read twice: ``shards.format.digests``), when the
 loader goes on without it, is read as one ``BAD`` member of its key holding what was found, and replaced
 by a repeat of a good sample of the same worker, marked as padding is (``stand_ins``).
 """
@@ -22,11 +22,11 @@ from torch.utils.data import get_worker_info
 
 from shards import partition
 from shards.cache import ShardCache
-from shards.digests import CorruptSample
+from shards.format.digests import CorruptSample
 from shards.errors import CommandError
 from shards.http_range import Retry
 from shards.reading import local_path, open_range, open_samples, read_ahead
-from shards.tarformat import member_bytes
+from shards.format.tar import member_bytes
 
 from .plan import Read, WorkerPlan
 from .slots import SlotPool

@@ -39,7 +39,7 @@ from .temporal_shift import TemporalShift
 
 log = logging.getLogger(__name__)
 
-MOTION_STD = 32.0  # quantisation steps of shards.motionfield, 0.157 px each
+MOTION_STD = 32.0  # quantisation steps of shards.format.motionfield, 0.157 px each
 # the loader's uint8 input of each modality: per-channel mean and spread, in units of the third value
 NORMALISE = {"rgb": (IMAGENET_MEAN, IMAGENET_STD, 255.0),
              "motion": ((128.0,) * CHANNELS["motion"], (MOTION_STD,) * CHANNELS["motion"], 1.0)}

@@ -15,18 +15,21 @@ of the file; a loaded manifest derives it from its shard list (so manifests writ
 existed have it too, and a stored value that no longer matches the shards cannot pass for them).
 
 Format versions: ``/2`` adds each sample's xxh3-64 digest (``ShardInfo.digests``, checked by
-every reader as the bytes arrive: ``shards.digests``); ``/1`` manifests, without them, are still
+every reader as the bytes arrive: ``shards.format.digests``); ``/1`` manifests, without them, are still
 read (their samples are checked only by the shard's SHA-256).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 
-from . import storage
-from .errors import CommandError, NotFound
-from .http_range import DEFAULT_RETRY, Retry, patiently
+from .. import storage
+from ..errors import CommandError, NotFound
+from . import checks
+from .checks import BadManifest
+from ..http_range import DEFAULT_RETRY, Retry, patiently
 
 MANIFEST_NAME = "manifest.json"
 CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order
@@ -35,6 +38,7 @@ STAGING_NAME = ".staging"  # a build's work in progress, gone once it finishes
 SET_FILES = (MANIFEST_NAME, CLASSES_NAME, LEDGER_NAME)  # besides the shards, what a set holds
 FORMAT = "kinetics-fast-shards/2"
 READABLE_FORMATS = ("kinetics-fast-shards/1", FORMAT)
+MAX_MANIFEST_BYTES = 1 << 30  # Kinetics-700's is about 70 MB
 
 
 @dataclass
@@ -75,7 +79,7 @@ class Manifest:
 
     @property
     def motion(self) -> str:
-        """The motion fields stored beside the frames (``shards.motionfield``): "mv", "flow" or "none"."""
+        """The motion fields stored beside the frames (``shards.format.motionfield``): "mv", "flow" or "none"."""
         return self.config.get("clip", {}).get("motion", "none")
 
     @property
@@ -108,9 +112,21 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, base: str = "") -> "Manifest":
-        d = json.loads(data)
-        if d.get("format") not in READABLE_FORMATS:
-            raise ValueError(f"{base or 'manifest'}: unknown manifest format {d.get('format')!r}")
+        """The manifest in ``data`` (the file at ``base``), checked before anything is made of it
+        (``shards.format.checks``): ``BadManifest``, one line naming the file, field and reason."""
+        where = storage.join(base, MANIFEST_NAME) if base else MANIFEST_NAME
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise BadManifest(f"{where}: {len(data):,} bytes, more than a manifest this build reads "
+                              f"({MAX_MANIFEST_BYTES:,})")
+        try:
+            d = json.loads(data)
+        except UnicodeDecodeError as e:
+            raise BadManifest(f"{where}: not UTF-8 JSON (byte {e.start}: {e.reason})") from None
+        except ValueError as e:
+            raise BadManifest(f"{where}: not JSON ({e})" if data.strip() else f"{where}: empty file") from None
+        except RecursionError:
+            raise BadManifest(f"{where}: not JSON a manifest can hold (nested too deeply)") from None
+        checks.check(d, where, READABLE_FORMATS, FORMAT)
         splits = {}
         for name, s in d["splits"].items():
             shards = [ShardInfo(**sh) for sh in s["shards"]]
@@ -134,14 +150,16 @@ class Manifest:
             base, url = url.rstrip("/"), storage.join(url, MANIFEST_NAME)
         try:
             if url.startswith(("http://", "https://")):
-                data = patiently(lambda: storage.read_bytes(url), url, retry)
+                data = patiently(lambda: storage.read_bytes(url, MAX_MANIFEST_BYTES + 1), url, retry)
             else:
-                data = storage.read_bytes(url)
+                data = storage.read_bytes(url, MAX_MANIFEST_BYTES + 1)
         except CommandError:  # (SourceUnavailable: the source stayed down past its deadline)
             raise
         except Exception as e:
             if url.startswith(("http://", "https://")):
                 raise _http_refusal(url, e) from None
+            if isinstance(e, (IsADirectoryError, PermissionError, NotADirectoryError)):
+                raise NotFound(f"{url}: {os.strerror(e.errno).lower()}") from None
             if not isinstance(e, FileNotFoundError):
                 raise
             if not storage.exists(base):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable
 
-from . import storage, tarformat
+from .. import storage
+from . import tar
 from .digests import sample_digest
 from .manifest import ShardInfo
 
@@ -24,7 +25,7 @@ def cut(sizes: list[int], max_bytes: int | None = None, max_samples: int | None 
     out, start, size = [], 0, 0
     for i, n in enumerate(sizes):
         full_count = max_samples and i - start >= max_samples
-        full_bytes = max_bytes and i > start and size + n + 2 * tarformat.BLOCK > max_bytes
+        full_bytes = max_bytes and i > start and size + n + 2 * tar.BLOCK > max_bytes
         if full_count or full_bytes:
             out.append(range(start, i))
             start, size = i, 0
@@ -37,7 +38,7 @@ def cut(sizes: list[int], max_bytes: int | None = None, max_samples: int | None 
 def shard_bytes(sample_sizes: Iterable[int]) -> int:
     """The size of a shard of samples of these sizes, its end-of-archive blocks included."""
     n = sum(sample_sizes)
-    return n + len(tarformat.end_of_archive(n))
+    return n + len(tar.end_of_archive(n))
 
 
 def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]], size: int | None = None) -> ShardInfo:
@@ -59,7 +60,7 @@ def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]], 
             info.labels.append(label)
             info.digests.append(sample_digest(data))
             pos += len(data)
-        tail = tarformat.end_of_archive(pos)
+        tail = tar.end_of_archive(pos)
         f.write(tail)
         h.update(tail)
     info.num_samples = len(info.keys)
