@@ -27,6 +27,7 @@ import signal
 import socket
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from shards.catalog import Catalog, default_path
 from shards.catalog.backends import is_url, shown
@@ -40,6 +41,20 @@ from .viewer import add_routes as add_viewer
 
 log = logging.getLogger("service.serve")
 MAX_CONNECTIONS = 8192
+
+
+class _Malformed(logging.Filter):
+    """aiohttp's report of a request it could not parse (a header line over its 8,190 bytes, a request
+    line or chunk size that is not HTTP): aiohttp answers it 400 and the access log, when on, has its
+    one line; the traceback aiohttp logs with it would let any client, with no token, grow the log by
+    kilobytes a request. Anything else it logs (a bug) keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], HttpProcessingError))
+
+
+HTTP_LOG = logging.getLogger("service.http")  # aiohttp's protocol handler's log (its own: aiohttp.server)
+HTTP_LOG.addFilter(_Malformed())
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -124,7 +139,7 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
                    counters=counters, redirect_seconds=args.redirect, x_accel_redirect=args.x_accel_redirect)
     add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
-                           handle_signals=False, keepalive_timeout=args.header_timeout)
+                           handle_signals=False, keepalive_timeout=args.header_timeout, logger=HTTP_LOG)
     await runner.setup()
     admission = Admission(max_connections, args.max_connections_per_client)
     server = await asyncio.get_running_loop().create_server(admission.protocol(runner.server), args.host, port,
