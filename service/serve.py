@@ -75,7 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "are answered here as without it")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
-    p.add_argument("--read-auth", action="store_true", help="reads need a token too (all but /v1/health)")
+    p.add_argument("--read-auth", action="store_true",
+                   help="reads need a token too (all but /v1, /v1/health, /v1/viewer and the viewer's pages "
+                        "and static files, which hold no set's data)")
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
                                        "default: a 'sets' directory beside a catalog file; needed with a "
                                        "PostgreSQL catalog: storage every replica reaches)")

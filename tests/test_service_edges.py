@@ -3,7 +3,10 @@ against a real ``shard-service serve`` on 127.0.0.1 whose log (its stderr) is a 
 
 * requests aiohttp cannot parse (a 100 kB header line, 10,000 ranges, a 1 MB URL, a bad request
   line...), sent over raw sockets with no token: each answered 4xx by aiohttp and logged as one
-  access-log line (with ``--access-log``; none without), never a traceback.
+  access-log line (with ``--access-log``; none without), never a traceback;
+* under ``--read-auth`` every route but the documented open ones (``OPEN``) refuses a request
+  without a token, the routes read from the application the server builds, so a route added
+  later is judged too.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from shardsets import make_shardset, register
+from shardsets import http, make_shardset, register
 
 from shards.catalog import Catalog
 
@@ -34,6 +37,8 @@ MALFORMED = {  # what aiohttp cannot parse -> the bytes of one connection (sent 
     "a chunk size not hex": b"POST /v1/builds HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
     "a bad method after a good request": b"GET /v1/health HTTP/1.1\r\n" + HEAD + b"\r\n" + b"\0" + b"G@T / HTTP/1.1\r\n\r\n",
 }
+# GET (and HEAD) routes that answer without a token under --read-auth: none holds a set's data
+OPEN = {"/v1", "/v1/health", "/v1/viewer", "/", "/sets/{ref}", "/sets/{ref}/clips", "/static/{name}"}
 
 
 class Server:
@@ -118,3 +123,23 @@ def test_malformed_requests_are_one_access_log_line_each_never_a_traceback(serve
     assert sum(" 400 " in line for line in access) == (len(MALFORMED) * 25 if access_log else 0)
     assert len(log.splitlines()) - len(access) == 2, log[:3000]  # the start's limits and "stopping"
     assert len(log) < 150 * (len(access) + 2), len(log)
+
+
+def test_under_read_auth_only_the_open_routes_answer_without_a_token(serve, tmp_path):
+    """Every route of the application ``serve`` builds (API and viewer), asked without a token: 401,
+    but the routes in ``OPEN``. Before: ``GET /v1/stats`` (the pid and traffic counters) answered."""
+    from service.app import make_app
+    from service.viewer import add_routes
+
+    server = serve("--read-auth")
+    app = make_app(Catalog(str(tmp_path / "catalog.sqlite")), data_root=str(tmp_path / "sets"))
+    add_routes(app)
+    fill = {"ref": "tiny", "path": "manifest.json", "tag": "t", "id": "tiny", "split": "train", "n": "0", "t": "0",
+            "name": "viewer.js"}
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes()}
+    assert ("GET", "/v1/stats") in routes and len(routes) > 20
+    for method, path in sorted(routes):
+        status, _, body = http(server.url, method, path.format(**fill))
+        assert (status != 401) == (method in ("GET", "HEAD") and path in OPEN), (method, path, status, body[:200])
+    status, _, _ = http(server.url, path="/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200
