@@ -6,7 +6,11 @@ against a real ``shard-service serve`` on 127.0.0.1 whose log (its stderr) is a 
   access-log line (with ``--access-log``; none without), never a traceback;
 * under ``--read-auth`` every route but the documented open ones (``OPEN``) refuses a request
   without a token, the routes read from the application the server builds, so a route added
-  later is judged too.
+  later is judged too;
+* a port that another server's ``--workers`` share is refused, not joined.
+
+The one-line refusals at start (a busy port, a catalog typo, ``--read-auth`` without tokens) are
+rows of tests/test_newcomer.py.
 """
 from __future__ import annotations
 
@@ -26,16 +30,20 @@ from shards.catalog import Catalog
 BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
 TOKEN = "edges-token"
 HEAD = b"Host: 127.0.0.1\r\n"
-MALFORMED = {  # what aiohttp cannot parse -> the bytes of one connection (sent after the answer to the bytes before)
+# what aiohttp cannot parse -> the bytes of one connection (after a NUL: sent once the rest is answered)
+MALFORMED = {
     "a 100 kB header line": b"GET /v1/health HTTP/1.1\r\n" + HEAD + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n",
     "10,000 ranges": b"GET /v1/datasets/tiny/manifest.json HTTP/1.1\r\n" + HEAD + b"Range: bytes="
                      + b",".join(b"%d-%d" % (i, i) for i in range(10_000)) + b"\r\n\r\n",
     "a 1 MB URL": b"GET /" + b"a" * 1_000_000 + b" HTTP/1.1\r\n" + HEAD + b"\r\n",
     "a bad request line": b"GET / HTTP/1.1 and more\r\n" + HEAD + b"\r\n",
-    "1,000 headers": b"GET / HTTP/1.1\r\n" + HEAD + b"".join(b"X-%d: y\r\n" % i for i in range(1000)) + b"\r\n",
+    "1,000 headers": b"GET / HTTP/1.1\r\n" + HEAD + b"".join(b"X-%d: y\r\n" % i for i in range(1000))
+                     + b"\r\n",
     "a Content-Length not a number": b"POST /v1/builds HTTP/1.1\r\n" + HEAD + b"Content-Length: ten\r\n\r\n",
-    "a chunk size not hex": b"POST /v1/builds HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
-    "a bad method after a good request": b"GET /v1/health HTTP/1.1\r\n" + HEAD + b"\r\n" + b"\0" + b"G@T / HTTP/1.1\r\n\r\n",
+    "a chunk size not hex": b"POST /v1/builds HTTP/1.1\r\n" + HEAD
+                            + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+    "a bad method after a good request": b"GET /v1/health HTTP/1.1\r\n" + HEAD
+                                         + b"\r\n\0G@T / HTTP/1.1\r\n\r\n",
 }
 # GET (and HEAD) routes that answer without a token under --read-auth: none holds a set's data
 OPEN = {"/v1", "/v1/health", "/v1/viewer", "/", "/sets/{ref}", "/sets/{ref}/clips", "/static/{name}"}
@@ -71,8 +79,9 @@ def serve(tmp_path):
     started = []
 
     def start(*args: str) -> Server:
-        started.append(Server(tmp_path / f"server-{len(started)}.log", "--catalog", str(tmp_path / "catalog.sqlite"),
-                              "--token-file", str(tmp_path / "tokens"), *args))
+        log = tmp_path / f"server-{len(started)}.log"
+        started.append(Server(log, "--catalog", str(tmp_path / "catalog.sqlite"), "--token-file",
+                              str(tmp_path / "tokens"), *args))
         return started[-1]
     yield start
     for server in started:
@@ -114,7 +123,8 @@ def test_malformed_requests_are_one_access_log_line_each_never_a_traceback(serve
     for _ in range(25):
         for what, raw in MALFORMED.items():
             statuses = answers(server.port, raw)
-            assert all(400 <= s < 500 for s in statuses[-1:]) and statuses[:-1] in ([], [200]), (what, statuses)
+            assert all(400 <= s < 500 for s in statuses[-1:]), (what, statuses)
+            assert statuses[:-1] in ([], [200]), (what, statuses)
             sent += 1 + raw.count(b"\0")
     log = server.stop()
     assert "Traceback" not in log and "aiohttp" not in log, log[:3000]
@@ -134,12 +144,33 @@ def test_under_read_auth_only_the_open_routes_answer_without_a_token(serve, tmp_
     server = serve("--read-auth")
     app = make_app(Catalog(str(tmp_path / "catalog.sqlite")), data_root=str(tmp_path / "sets"))
     add_routes(app)
-    fill = {"ref": "tiny", "path": "manifest.json", "tag": "t", "id": "tiny", "split": "train", "n": "0", "t": "0",
-            "name": "viewer.js"}
+    fill = {"ref": "tiny", "path": "manifest.json", "tag": "t", "id": "tiny", "split": "train", "n": "0",
+            "t": "0", "name": "viewer.js"}
     routes = {(r.method, r.resource.canonical) for r in app.router.routes()}
     assert ("GET", "/v1/stats") in routes and len(routes) > 20
     for method, path in sorted(routes):
         status, _, body = http(server.url, method, path.format(**fill))
-        assert (status != 401) == (method in ("GET", "HEAD") and path in OPEN), (method, path, status, body[:200])
+        opened = method in ("GET", "HEAD") and path in OPEN
+        assert (status != 401) == opened, (method, path, status, body[:200])
     status, _, _ = http(server.url, path="/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 200
+
+
+def test_a_port_another_servers_workers_share_is_refused_not_joined(serve, tmp_path):
+    """Before: the second server's workers bound the port beside the first's (SO_REUSEPORT lets
+    processes of one user do so), and the kernel spread connections over both servers."""
+    first = serve("--workers", "2")
+    second = subprocess.Popen([os.path.join(BIN, "shard-service"), "serve", "--catalog",
+                               str(tmp_path / "catalog.sqlite"), "--port", str(first.port), "--workers", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        _, stderr = second.communicate(timeout=120)
+    finally:
+        if second.poll() is None:  # it started: it and its workers stopped
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    assert second.returncode == 1 and "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1] == (f"shard-service serve: error: 127.0.0.1:{first.port}: address already "
+                                       "in use: another process listens there (stop it, or give another "
+                                       "--port; --port 0 takes a free one)")
