@@ -29,11 +29,17 @@ def _common(p: argparse.ArgumentParser, ref: bool = True) -> None:
         p.add_argument("ref", help="id, unique id prefix, name or tag")
 
 
-def _open(path: str) -> Catalog:
-    """The catalog named; a file refused when there is none (opening would create an empty one)."""
+def refuse_missing(path: str, remedy: str = "`ingest build --catalog FILE` creates one") -> None:
+    """A catalog file that does not exist, refused (opening it would create an empty one, and its
+    directory); ``remedy``: what makes one. A URL is its server's to answer."""
     if not is_url(path) and not os.path.exists(path):
-        raise NotFound(f"--catalog {path}: no such catalog (`ingest build --catalog FILE` creates one; "
-                       "$SHARD_SERVICE_CATALOG names the default)")
+        raise NotFound(f"--catalog {path}: no such catalog ({remedy}; $SHARD_SERVICE_CATALOG names the "
+                       "default)")
+
+
+def _open(path: str) -> Catalog:
+    """The catalog named; a file refused when there is none."""
+    refuse_missing(path)
     return Catalog(path)
 
 

@@ -15,6 +15,10 @@
     GET    /, /sets/{ref}[/clips], /static/{name}, /v1/viewer/...   the dataset viewer (service.viewer,
                                             added by service.serve)
 
+[token]: always needs a bearer token. With ``read_auth`` every other route needs one too, but
+``/v1``, ``/v1/health`` and the viewer's pages, static files and ``/v1/viewer`` (none holds a
+set's data).
+
 Errors are JSON ``{"error": ..., "status": ...}``. Request paths must be plain: percent-escapes,
 backslashes, dot segments and empty segments are refused (400) before routing, and a file is
 looked up by exact name in the set's file table (``service.files``), never joined onto a path.
@@ -190,6 +194,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
+    _reader(request)  # the server's pid and traffic: not for anyone who can reach the port
     return web.json_response(request.app[COUNTERS].to_json())
 
 

@@ -15,11 +15,19 @@ processes may; each notices the others' commits, ``service.records``). The paren
 port, starts the workers, forwards SIGTERM and SIGINT to them, and stops them all if one dies.
 Each worker runs the builds asked of it (up to ``--max-builds`` each) and applies the connection
 limits to its own connections; the catalog's claim still makes one build of one id.
+
+Before anything starts (no catalog opened, no build taken over) it refuses in one line: a catalog
+file that does not exist unless ``--create`` (a typo would serve an empty catalog), a token file it
+cannot read or that holds no token, ``--read-auth`` without one, and an address it cannot listen
+on (a busy port: exit 1, the command is sound and works once the port is free; a ``--host`` not of
+this machine: 2). A request aiohttp cannot parse is answered 400 by aiohttp and is one access-log
+line, never a traceback (``_Malformed``).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import re
@@ -27,11 +35,14 @@ import signal
 import socket
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from shards.catalog import Catalog, default_path
 from shards.catalog.backends import is_url, shown
-from shards.errors import Interrupted, UsageError
+from shards.commands import int_in_range, positive_int
+from shards.errors import CommandError, Interrupted, NotFound, UsageError
 
+from .admin import refuse_missing
 from .app import make_app
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
 from .roots import SourceRoots
@@ -42,13 +53,32 @@ log = logging.getLogger("service.serve")
 MAX_CONNECTIONS = 8192
 
 
+class _Malformed(logging.Filter):
+    """aiohttp's report of a request it could not parse (a header line over its 8,190 bytes, a request
+    line or chunk size that is not HTTP): aiohttp answers it 400 and the access log, when on, has its
+    one line; the traceback aiohttp logs with it would let any client, with no token, grow the log by
+    kilobytes a request. Anything else it logs (a bug) keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], HttpProcessingError))
+
+
+HTTP_LOG = logging.getLogger("service.http")  # aiohttp's protocol handler's log (its own: aiohttp.server)
+HTTP_LOG.addFilter(_Malformed())
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", default=default_path(),
-                   help="catalog: a SQLite file, or a PostgreSQL database (postgresql://USER@HOST:PORT/DB) that "
-                        "replicas of the service share ($SHARD_SERVICE_CATALOG)")
+                   help="catalog: a SQLite file, or a PostgreSQL database (postgresql://USER@HOST:PORT/DB) "
+                        "that replicas of the service share ($SHARD_SERVICE_CATALOG); a file that does not "
+                        "exist is refused unless --create")
+    p.add_argument("--create", action="store_true",
+                   help="start an empty catalog file (and its directory) if --catalog names none, e.g. for "
+                        "builds asked for over HTTP; without it a typo would serve an empty catalog")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
-    p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
+    p.add_argument("--port", type=int_in_range(0, 65535), default=8765, help="port (0: any free one)")
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="server processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--redirect", type=int, default=0, metavar="SECONDS",
                    help="answer GETs of shards of sets in an object store with 307 to a presigned URL valid "
                         "this long, so their bytes bypass the server (default 0: stream them through)")
@@ -60,7 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "are answered here as without it")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
-    p.add_argument("--read-auth", action="store_true", help="reads need a token too (all but /v1/health)")
+    p.add_argument("--read-auth", action="store_true",
+                   help="reads need a token too (all but /v1, /v1/health, /v1/viewer and the viewer's pages "
+                        "and static files, which hold no set's data); needs --token-file")
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
                                        "default: a 'sets' directory beside a catalog file; needed with a "
                                        "PostgreSQL catalog: storage every replica reaches)")
@@ -69,9 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="builds asked for over HTTP may read only sources under this local directory (symbolic "
                         "links resolved) or URL prefix (e.g. s3://bucket/videos); repeat for several. Without "
                         "any, POST /v1/builds is refused (403)")
-    p.add_argument("--max-build-workers", type=int, default=os.cpu_count(),
+    p.add_argument("--max-build-workers", type=positive_int, default=os.cpu_count(),
                    help="the most decode tasks a build request may ask for (its 'workers')")
-    p.add_argument("--max-builds", type=int, default=1,
+    p.add_argument("--max-builds", type=positive_int, default=1,
                    help="build processes run at once; further builds wait their turn (each build process starts "
                         "its own embedded Ray, or joins --ray-address)")
     p.add_argument("--header-timeout", type=float, default=20.0,
@@ -88,25 +120,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_tokens(path: str | None) -> list[str]:
+    """The tokens of ``--token-file`` (none without one); a file that cannot be read, or holds none,
+    refused."""
     if not path:
         return []
-    with open(path) as f:
-        tokens = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    try:
+        with open(path) as f:
+            tokens = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    except FileNotFoundError:
+        raise NotFound(f"--token-file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise UsageError(f"--token-file {path}: cannot be read as text: {reason}") from None
     if not tokens:
-        raise SystemExit(f"{path}: no tokens in it")
+        raise UsageError(f"--token-file {path}: no tokens in it (one a line; a line starting with # is a "
+                         "comment)")
     return tokens
 
 
-async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_fd: int | None = None) -> int:
-    """One server process, until SIGTERM or SIGINT (returned); ``ready_fd``: a pipe to write a byte
-    to once listening (a worker), else the ``serving`` line is printed."""
-    for flag in ("max_builds", "max_build_workers"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
-    try:
-        roots = SourceRoots(args.source_root)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socket,
+                ready_fd: int | None = None) -> int:
+    """One server process on ``sock`` (bound), until SIGTERM or SIGINT (returned); ``ready_fd``: a pipe to
+    write a byte to once listening (a worker), else the ``serving`` line is printed."""
+    roots = SourceRoots(args.source_root)  # checked by check_flags
     open_files = raise_open_files()
     max_connections = connections_allowed(open_files, MAX_CONNECTIONS) if args.max_connections is None \
         else args.max_connections
@@ -124,12 +160,11 @@ async def serve(args: argparse.Namespace, counters: Counters, port: int, ready_f
                    counters=counters, redirect_seconds=args.redirect, x_accel_redirect=args.x_accel_redirect)
     add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
-                           handle_signals=False, keepalive_timeout=args.header_timeout)
+                           handle_signals=False, keepalive_timeout=args.header_timeout, logger=HTTP_LOG)
     await runner.setup()
     admission = Admission(max_connections, args.max_connections_per_client)
-    server = await asyncio.get_running_loop().create_server(admission.protocol(runner.server), args.host, port,
-                                                            backlog=1024, reuse_address=True,
-                                                            reuse_port=ready_fd is not None or None)
+    server = await asyncio.get_running_loop().create_server(admission.protocol(runner.server), sock=sock,
+                                                            backlog=1024)
     host, port = server.sockets[0].getsockname()[:2]
     log.info("open files %d; connections at most %s, %s per client; request heads within %g s, bodies within %g s",
              open_files, max_connections or "unlimited", args.max_connections_per_client or "unlimited",
@@ -174,21 +209,46 @@ def _stopped(signum: int) -> int:
     return 0
 
 
-def _hold_port(host: str, port: int) -> socket.socket:
-    """A socket bound (not listening) to host:port with SO_REUSEPORT: the port the workers share."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+def _socket(host: str, port: int, shared: bool) -> socket.socket:
+    """A socket bound (not listening) to host:port, with SO_REUSEPORT when ``shared`` (by workers)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
+def _bind(host: str, port: int, shared: bool) -> socket.socket:
+    """``_socket``, or the one line saying why not (before anything else has started). A port shared by
+    workers is first bound without SO_REUSEPORT, so that one another server's workers share is found
+    busy rather than joined."""
+    try:
+        sock = _socket(host, port, shared=False)
+        if shared:
+            port = sock.getsockname()[1]
+            sock.close()
+            sock = _socket(host, port, shared=True)
+        return sock
+    except OSError as e:
+        where = f"{f'[{host}]' if ':' in host else host}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            raise CommandError(f"{where}: address already in use: another process listens there (stop it, or "
+                               "give another --port; --port 0 takes a free one)") from None
+        if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(f"--host {host}: not an address of this machine ({e.strerror})") from None
+        raise CommandError(f"{where}: cannot listen there: {e.strerror}") from None
+
+
 def _fork_workers(args: argparse.Namespace) -> int:
+    held = _bind(args.host, args.port, shared=True)  # the port the workers share, held by the parent
+    port = held.getsockname()[1]
     Catalog(args.catalog).close()  # its migrations run once, here, before any worker opens it
     counters = Counters(args.workers)
-    held = _hold_port(args.host, args.port)
-    port = held.getsockname()[1]
     ready_r, ready_w = os.pipe()
     pids = []
     for row in range(args.workers):
@@ -199,7 +259,7 @@ def _fork_workers(args: argparse.Namespace) -> int:
             counters.in_worker(row)
             code = 0
             try:
-                asyncio.run(serve(args, counters, port, ready_w))
+                asyncio.run(serve(args, counters, _socket(args.host, port, shared=True), ready_w))
             except BaseException:
                 log.exception("worker %d", row)
                 code = 1
@@ -234,8 +294,19 @@ def _fork_workers(args: argparse.Namespace) -> int:
     return code or (_stopped(stopping[0]) if stopping else 0)
 
 
-def check_replica_flags(args: argparse.Namespace) -> None:
-    """The flags of a replica behind nginx, refused before anything starts."""
+def check_flags(args: argparse.Namespace) -> None:
+    """What ``serve`` refuses before anything starts: a catalog file that does not exist (unless
+    ``--create``), tokens that cannot be read, ``--read-auth`` without them, bad source roots, and the
+    flags of a replica behind nginx."""
+    if not args.create:
+        refuse_missing(args.catalog, "`ingest build --catalog FILE` creates one, and --create an empty one")
+    if args.read_auth and not args.token_file:
+        raise UsageError("--read-auth needs --token-file: without tokens no one could read anything")
+    read_tokens(args.token_file)
+    try:
+        SourceRoots(args.source_root)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.x_accel_redirect and not re.fullmatch(r"(/[A-Za-z0-9_.~-]+)+", args.x_accel_redirect):
         raise UsageError(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel (nginx's "
                          "internal location for the files: docker/nginx-replicas.conf)")
@@ -245,9 +316,7 @@ def check_replica_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_replica_flags(args)
-    if args.workers < 1:
-        raise SystemExit(f"--workers {args.workers}: give 1 or more")
+    check_flags(args)
     if args.workers == 1:
-        return _stopped(asyncio.run(serve(args, Counters(), args.port)))
+        return _stopped(asyncio.run(serve(args, Counters(), _bind(args.host, args.port, shared=False))))
     return _fork_workers(args)

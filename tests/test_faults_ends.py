@@ -301,9 +301,9 @@ def test_ctrl_c_stops_the_service_with_one_line(tmp_path, workers):
     from shards.catalog import Catalog
 
     catalog = str(tmp_path / "catalog.sqlite")
-    serve = subprocess.Popen([os.path.join(BIN, "shard-service"), "serve", "--catalog", catalog, "--port", "0",
-                              "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    serve = subprocess.Popen([os.path.join(BIN, "shard-service"), "serve", "--catalog", catalog, "--create",
+                              "--port", "0", "--workers", str(workers)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert serve.stdout.readline().startswith("serving http://127.0.0.1:")
         os.killpg(serve.pid, signal.SIGINT)
@@ -328,7 +328,7 @@ def test_a_signal_while_the_server_closes_its_loop_is_no_traceback(tmp_path):
     hold, held = os.pipe()
     release, go = os.pipe()
     serve = subprocess.Popen([sys.executable, HOLDPOINT, "asyncio.selector_events:BaseSelectorEventLoop._close_self_pipe",
-                              "-m", "service", "serve", "--catalog", catalog, "--port", "0"],
+                              "-m", "service", "serve", "--catalog", catalog, "--create", "--port", "0"],
                              env={**os.environ, "HOLD_FD": str(held), "RELEASE_FD": str(release)},
                              pass_fds=(held, release), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True, preexec_fn=as_from_a_shell)

@@ -144,6 +144,22 @@ CASES = [
      "--source-root {vids}", {}, 2, ["--data-root", "PostgreSQL catalog", "every replica reaches"]),
     ("x-accel-not-a-path", "shard-service serve --catalog {catalog} --x-accel-redirect _accel", {}, 2,
      ["--x-accel-redirect _accel", "plain URI path such as /_accel"]),
+    # the server's start: refused before anything starts, the catalog not opened (docs/faults.md)
+    ("serve-on-a-busy-port", "shard-service serve --catalog {catalog} --port {served_port}", {}, 1,
+     ["127.0.0.1:{served_port}: address already in use", "another --port", "--port 0"]),
+    ("serve-workers-on-a-busy-port",
+     "shard-service serve --catalog {catalog} --port {served_port} --workers 2", {}, 1,
+     ["127.0.0.1:{served_port}: address already in use"]),
+    ("serve-host-not-here", "shard-service serve --catalog {catalog} --host 192.0.2.1 --port 0", {}, 2,
+     ["--host 192.0.2.1", "not an address of this machine"]),
+    ("serve-port-out-of-range", "shard-service serve --catalog {catalog} --port 99999", {}, 2,
+     ["--port", "99999", "0 to 65535"]),
+    ("serve-catalog-typo", "shard-service serve --catalog {root}/typo/catalog.sqlite --port 0", {}, 2,
+     ["typo/catalog.sqlite", "no such catalog", "--create"]),
+    ("read-auth-without-tokens", "shard-service serve --catalog {catalog} --read-auth --port 0", {}, 2,
+     ["--read-auth needs --token-file", "no one could read"]),
+    ("token-file-typo", "shard-service serve --catalog {catalog} --token-file {root}/tokns --port 0", {}, 2,
+     ["--token-file", "tokns", "no such file"]),
     # on two simulated nodes: every rank judges the same shares (``outcomes``)
     ("node-affine-on-a-class-sorted-set", "horovodrun -np 2 -H localhost:1,127.0.0.1:1 --gloo {bin}/trainer train "
      "--data {sorted} --shuffle node --output-dir {root}/run-sorted --epochs 1 --depth 10 --width 4 --crop-size 32 "
@@ -199,6 +215,7 @@ def world(tmp_path_factory):
         server.start()
         yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
                "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url,
+               "served_port": server.url.rsplit(":", 1)[1],
                "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
                "damaged": str(root / "damaged"), "full": str(root / "full"),
                "v0run": str(root / "v0run"), "changed": str(root / "changed"), "sorted": str(root / "sorted"),
@@ -289,6 +306,7 @@ def test_a_refusal_on_one_rank_ends_every_rank_with_one_line(world, tmp_path):
 def test_nothing_was_made_by_a_refused_command(answers, world):
     root = world["root"]
     assert not os.path.exists(os.path.join(root, "typo.sqlite"))  # the catalog a typo named
+    assert not os.path.exists(os.path.join(root, "typo"))  # serve's: not even its directory
     assert not os.path.exists(world["out"]) and not os.path.exists(os.path.join(root, "new"))
     assert sorted(os.listdir(os.path.join(world["old"], "train"))) == [f"train-{i:06d}.tar" for i in range(6)]
     for name in ("checkpoint.pt", "metrics.jsonl"):  # training into an earlier run's directory

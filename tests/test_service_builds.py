@@ -34,8 +34,8 @@ def videos(tmp_path_factory):
 
 def serve(root, *args: str) -> ServiceProcess:
     (root / "tokens").write_text(TOKEN + "\n")
-    server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--token-file", str(root / "tokens"),
-                            "--data-root", str(root / "sets"), *args)
+    server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--create", "--token-file",
+                            str(root / "tokens"), "--data-root", str(root / "sets"), *args)
     server.start()
     return server
 
