@@ -52,11 +52,12 @@ def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | N
         opened = (open_range(path, r.start - r.piece.start, r.end - r.piece.start, fd=cache.descriptor(r.piece))
                   for r, path in zip(reads, copies))
     elif reads and local_path(reads[0].url) is None:
-        opened = read_ahead([(r.url, r.start, r.end, r.info.bytes, r.info.sha256) for r in reads],
+        opened = read_ahead([(r.url, r.start, r.end, r.info.bytes, r.info.sha256, bool(r.info.digests))
+                             for r in reads],
                             lookahead * READ_AHEAD_BYTES, retry)
     else:
         opened = (open_range(r.url, r.start, r.end, fd=fds.get(r.shard), size=r.info.bytes, sha256=r.info.sha256,
-                             retry=retry) for r in reads)
+                             retry=retry, checked=bool(r.info.digests)) for r in reads)
     try:
         for r, raw in zip(reads, opened):
             stream = open_samples(r.url, r.info, r.start, r.end, fd=fds.get(r.shard), stream=raw,
