@@ -3,7 +3,9 @@ owns), each downloaded once per node, streamed through one byte budget that ever
 the directory shares.
 
 Files: ``DIR/ab/<sha256>.tar`` (a whole shard), ``DIR/ab/<sha256>.<start>-<end>.tar`` (bytes
-[start, end) of it, a piece), ``<name>.tmp-<random>`` (a download in progress),
+[start, end) of it, a piece), ``DIR/ab/<sha256>.damaged.tar`` (a whole shard whose bytes are not
+the manifest's, kept aside for readers that check each sample: below), ``<name>.tmp-<random>``
+(a download in progress),
 ``<name>.lock`` (exists while a download is under way) and ``<name>.unavailable`` (the last
 download gave up on its source). The files are the ledger: no process
 keeps an account another could not read from the directory.
@@ -37,6 +39,15 @@ keeps an account another could not read from the directory.
   smaller than an epoch's share streams through); only what this process pins itself could never
   make room, and that is ``CacheFull``. ``reserve`` refuses up front, before any download, a
   budget that cannot hold what the node's readers pin at once (their lookahead).
+* A damaged shard: a whole copy whose SHA-256 is not the manifest's is never kept under the
+  shard's name. For a piece whose reader checks every sample against the manifest's per-sample
+  digests (``Piece.checked``: ``shards.format.digests.CheckedSamples``, the trainer's loader) it is
+  kept aside as ``<sha256>.damaged.tar`` and handed out as the shard's copy: the reader uses its good
+  samples and reads each bad one again from the source (still bad: a bad sample for
+  ``--max-bad-samples``; repaired since: the source's good bytes), so one flipped sample costs that
+  sample, not the run. The node's other readers of the shard take the same copy (one download per
+  node, as for a sound one); readers that cannot check samples never see it (``ShardChanged``). It
+  is counted in the budget and evicted as any copy.
 * A disk that fills before the budget does (no budget, or one larger than the disk) is
   ``CacheDiskFull``: a ``DataFault`` whose one line names the copy, the bytes needed and free, and
   the remedy; the preallocated temporary file is removed.
@@ -99,6 +110,7 @@ class Piece:
     size: int
     start: int = 0
     end: int | None = None
+    checked: bool = False  # its reader checks every sample against the manifest's per-sample digests
 
     @property
     def stop(self) -> int:
@@ -115,6 +127,11 @@ class Piece:
     @property
     def name(self) -> str:
         return f"{self.sha256}.tar" if self.whole else f"{self.sha256}.{self.start}-{self.stop}.tar"
+
+    @property
+    def damaged_name(self) -> str | None:
+        """The name its copy is kept aside under when its bytes are not the manifest's (None: never kept)."""
+        return f"{self.sha256}.damaged.tar" if self.whole and self.checked else None
 
 
 class _Lease(threading.Thread):
@@ -175,7 +192,7 @@ class ShardCache:
         self.directory = directory
         self.budget = parse_size(budget if budget is not None else os.environ.get(ENV_BUDGET) or None)
         self.heartbeat, self.lease, self.poll, self.retry = heartbeat, lease, poll, retry
-        self._pins: dict[str, list[int]] = {}  # name -> [fd holding the shared lock, times pinned]
+        self._pins: dict[str, list[int]] = {}  # file name -> [fd holding the shared lock, times pinned]
         self._pins_lock = threading.Lock()
         os.makedirs(directory, exist_ok=True)
         _CACHES.add(self)
@@ -193,6 +210,13 @@ class ShardCache:
         if isinstance(piece, str):
             piece = Piece("", piece, 0)
         return os.path.join(self.directory, piece.sha256[:2], piece.name)
+
+    def places(self, piece: Piece) -> list[str]:
+        """Where a copy its reader may take can be: its own name, then, for a ``checked`` whole shard,
+        its damaged copy's (module docstring)."""
+        dest = self.path(piece)
+        aside = [os.path.join(os.path.dirname(dest), piece.damaged_name)] if piece.damaged_name else []
+        return [dest] + aside
 
     def reserve(self, nbytes: int, what: str) -> None:
         """Refuse (``CacheFull``) when ``nbytes`` could never fit in the budget."""
@@ -214,32 +238,41 @@ class ShardCache:
         return self.get(Piece(url, sha256, size, start, end))
 
     def get(self, piece: Piece) -> str:
-        dest = self.path(piece)
+        """``fetch`` of a ``Piece``: the path of its pinned copy (one of its ``places``)."""
+        places = self.places(piece)
+        dest = places[0]
         with self._pins_lock:
-            if piece.name in self._pins:
-                self._pins[piece.name][1] += 1
-                return dest
+            held = self._held(places)
+            if held is not None:
+                self._pins[os.path.basename(held)][1] += 1
+                return held
         asked = time.time()
-        while not self._pin(dest, piece.name):
-            lock = self._lock_download(dest, piece.url)
+        while True:
+            pinned = next((p for p in places if self._pin(p)), None)
+            if pinned is not None:
+                return pinned
+            lock = self._lock_download(places, piece.url)
             if lock is None:
                 continue  # someone else's copy appeared
             try:
                 with _Lease(lock, self.heartbeat) as lease:
-                    if not os.path.exists(dest):
+                    if not any(map(os.path.exists, places)):
                         with storage.room_for(dest, piece.nbytes, error=CacheDiskFull, advice=self._remedy()):
-                            self._download_or_give_up(piece, dest, asked, lease)
-                        return dest  # pinned by _download before it had its name
+                            # pinned by _download before it had its name
+                            return self._download_or_give_up(piece, places, asked, lease)
             finally:
                 os.unlink(dest + ".lock")  # still ours: we hold the lock on this very file
                 os.close(lock)
-        return dest
 
     def descriptor(self, piece: Piece) -> int:
         """The read-only descriptor that pins a copy this object holds (read it with ``pread``; it
         stays open until the last ``release``)."""
         with self._pins_lock:
-            return self._pins[piece.name][0]
+            return self._pins[os.path.basename(self._held(self.places(piece)))][0]
+
+    def _held(self, places: list[str]) -> str | None:
+        """Under ``_pins_lock``: the first of ``places`` this object pins."""
+        return next((p for p in places if os.path.basename(p) in self._pins), None)
 
     def release(self, piece: Piece | str | None = None) -> None:
         """Unpin a copy (a ``Piece``, or a whole shard's SHA-256) once, or all this object pinned."""
@@ -249,12 +282,13 @@ class ShardCache:
                     os.close(fd)
                 self._pins.clear()
                 return
-            name = piece.name if isinstance(piece, Piece) else f"{piece}.tar"
-            pin = self._pins.get(name)
-            if pin is not None:
-                pin[1] -= 1
-                if not pin[1]:
-                    os.close(self._pins.pop(name)[0])
+            held = self._held(self.places(piece) if isinstance(piece, Piece) else [self.path(piece)])
+            if held is None:
+                return
+            name = os.path.basename(held)
+            self._pins[name][1] -= 1
+            if not self._pins[name][1]:
+                os.close(self._pins.pop(name)[0])
 
     def stream(self, pieces: Iterable[Piece], lookahead: int = 2) -> Iterator[str]:
         """The local path of each piece, in order, downloaded by a background thread up to
@@ -287,7 +321,7 @@ class ShardCache:
                         self.release(piece)
 
     # --- pins and download locks --------------------------------------------------------------
-    def _pin(self, dest: str, name: str) -> bool:
+    def _pin(self, dest: str) -> bool:
         try:
             fd = os.open(dest, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -297,6 +331,7 @@ class ShardCache:
             os.close(fd)
             return False
         os.utime(fd)  # recency for LRU
+        name = os.path.basename(dest)
         with self._pins_lock:
             if name in self._pins:  # pinned meanwhile by another thread of this process
                 self._pins[name][1] += 1
@@ -305,12 +340,13 @@ class ShardCache:
                 self._pins[name] = [fd, 1]
         return True
 
-    def _lock_download(self, dest: str, url: str) -> int | None:
-        """Hold the copy's download lock (returns its fd), or None once the copy exists."""
+    def _lock_download(self, places: list[str], url: str) -> int | None:
+        """Hold the copy's download lock (returns its fd), or None once a copy is in one of its ``places``."""
+        dest = places[0]
         lock_path = dest + ".lock"
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         while True:
-            if os.path.exists(dest):
+            if any(map(os.path.exists, places)):
                 return None
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
@@ -334,10 +370,10 @@ class ShardCache:
                 return fd
             os.close(fd)  # we locked a lock file its finished owner had already removed: look again
 
-    def _download_or_give_up(self, piece: Piece, dest: str, asked: float, lease: _Lease) -> None:
+    def _download_or_give_up(self, piece: Piece, places: list[str], asked: float, lease: _Lease) -> str:
         """``_download``, holding the copy's lock, unless the download that held it before gave up on
         its source after this process asked (``asked``, a ``time.time()``): then its reason is ours."""
-        marker = dest + ".unavailable"
+        marker = places[0] + ".unavailable"
         try:
             if os.stat(marker).st_mtime >= asked:
                 with open(marker, encoding="utf-8") as f:
@@ -345,7 +381,7 @@ class ShardCache:
         except FileNotFoundError:
             pass
         try:
-            self._download(piece, dest, lease)
+            path = self._download(piece, places, lease)
         except SourceUnavailable as gave_up:
             with open(marker + ".tmp", "w", encoding="utf-8") as f:
                 f.write(str(gave_up))
@@ -353,8 +389,12 @@ class ShardCache:
             raise
         with contextlib.suppress(FileNotFoundError):
             os.remove(marker)
+        return path
 
-    def _download(self, piece: Piece, dest: str, lease: _Lease) -> None:
+    def _download(self, piece: Piece, places: list[str], lease: _Lease) -> str:
+        """Download, verify, pin and name a copy; its path (the damaged copy's for a ``checked`` whole
+        shard whose bytes are not the manifest's)."""
+        dest = places[0]
         for stale in glob.glob(glob.escape(dest) + ".tmp-*"):  # a dead downloader's; we hold the lock
             os.remove(stale)
         tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
@@ -364,7 +404,8 @@ class ShardCache:
         h, n, began = hashlib.sha256(), 0, time.monotonic()
         try:
             with open(tmp, "r+b") as out, open_range(piece.url, piece.start, piece.stop, size=piece.size,
-                                                     sha256=piece.sha256, retry=_Renewing(self.retry, lease)) as src:
+                                                     sha256=piece.sha256, retry=_Renewing(self.retry, lease),
+                                                     checked=piece.checked) as src:
                 while chunk := src.read(READ_BUFFER):
                     lease.moved()
                     h.update(chunk)
@@ -376,9 +417,13 @@ class ShardCache:
                 raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes; "
                               f"the manifest says {size}")
             if piece.whole and h.hexdigest() != piece.sha256:  # what another download would get too
-                raise ShardChanged(f"{piece.url}: the copy downloaded has SHA-256 {h.hexdigest()}, the manifest says "
-                                   f"{piece.sha256}: the file changed or is damaged (shards verify names the "
-                                   "samples); not kept")
+                damaged = (f"{piece.url}: the copy downloaded has SHA-256 {h.hexdigest()}, the manifest "
+                           f"says {piece.sha256}: the file changed or is damaged (shards verify names the "
+                           "samples)")
+                if not piece.checked:
+                    raise ShardChanged(f"{damaged}; not kept")
+                log.warning("%s; kept aside, its samples checked one by one against their digests", damaged)
+                dest = places[1]
             # pinned before it is visible under its name: another process making room could
             # otherwise evict the new copy between its rename and our pin, and it would be fetched again
             fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
@@ -388,14 +433,16 @@ class ShardCache:
             except BaseException:
                 os.close(fd)
                 raise
+            name = os.path.basename(dest)
             with self._pins_lock:
-                if piece.name in self._pins:
-                    self._pins[piece.name][1] += 1
+                if name in self._pins:
+                    self._pins[name][1] += 1
                     os.close(fd)
                 else:
-                    self._pins[piece.name] = [fd, 1]
+                    self._pins[name] = [fd, 1]
             log.info("%s: downloaded %s (%d bytes) in %.2f s", self.directory, piece.name, n, time.monotonic() - began,
                      extra={"piece": piece.name, "nbytes": n})
+            return dest
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)

@@ -22,7 +22,11 @@ place, ``classify``:
 * a deterministic failure (``FATAL``): 404 (``FileNotFoundError``) and every other 4xx
   (``RangeError``), and a SHA-256 strong ETag that is not the manifest's SHA-256
   (``integrity_problem``: the server's file is not the one the manifest describes, changed or
-  damaged; ``ShardChanged``): raised at once, asking again will not help.
+  damaged; ``ShardChanged``): raised at once, asking again will not help. Except for a reader
+  that checks every sample against the manifest's per-sample digests (``checked``) when the server
+  says it serves a damaged set as it is at the client's request (``Preference-Applied:
+  handling=lenient``, the dataset service's answer to ``Prefer: handling=lenient``): such a reader
+  goes on, and meets the damage sample by sample (``--max-bad-samples``).
 
 ``RangeError`` is a ``shards.errors.DataFault``: a trainer stops on it with its position saved.
 ``Patience`` carries the policy for every reader of a source (this client, object-store chunks in
@@ -284,11 +288,17 @@ class ShardChanged(RangeError):
     integrity failure, the same however often asked, so never retried."""
 
 
-def integrity_problem(status: int, headers: Mapping[str, str], sha256: str | None) -> str | None:
+LENIENT = "handling=lenient"  # RFC 7240: the dataset service serves a damaged set's files as they are
+
+
+def integrity_problem(status: int, headers: Mapping[str, str], sha256: str | None,
+                      checked: bool = False) -> str | None:
     """Why a successful answer is not of the file the manifest describes (its SHA-256 strong ETag is
-    another file's), or None. Deterministic: every retry would get the same."""
+    another file's), or None. Deterministic: every retry would get the same. ``checked``: the reader
+    checks every sample, so a damaged file served leniently (module docstring) is no problem here."""
     etag = _SHA256_ETAG.match(headers.get("ETag", "").strip())
-    if 200 <= status < 300 and sha256 and etag and etag[1] != sha256:
+    lenient = headers.get("Preference-Applied", "").strip().lower() == LENIENT
+    if 200 <= status < 300 and sha256 and etag and etag[1] != sha256 and not (checked and lenient):
         return (f"the server's ETag {etag[1]} differs from the manifest's SHA-256 {sha256}: the file changed or "
                 "is damaged (shards verify names the samples); not retried")
     return None
@@ -350,9 +360,9 @@ class HTTPRange(io.RawIOBase):
     """Bytes [start, end) of an HTTP(S) URL as a raw stream (wrap it in ``io.BufferedReader``)."""
 
     def __init__(self, url: str, start: int, end: int, size: int | None = None, sha256: str | None = None,
-                 retry: Retry = DEFAULT_RETRY):
+                 retry: Retry = DEFAULT_RETRY, checked: bool = False):
         self.url, self.start, self.pos, self.end = url, start, start, end
-        self.size, self.sha256, self.retry = size, sha256, retry
+        self.size, self.sha256, self.retry, self.checked = size, sha256, retry, checked
         self._go(url)
         self.origin, self.hops = self.key, 0
         self.pid = os.getpid()
@@ -436,7 +446,7 @@ class HTTPRange(io.RawIOBase):
             return self._go(urllib.parse.urljoin(self.where, r.headers["Location"]))
         if r.status == 404:
             raise FileNotFoundError(f"{self.url}: not found (404)")
-        changed = integrity_problem(r.status, r.headers, self.sha256)
+        changed = integrity_problem(r.status, r.headers, self.sha256, self.checked)
         if changed:
             self._drop()
             raise ShardChanged(f"{self.url}: {changed}")

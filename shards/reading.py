@@ -104,12 +104,13 @@ class _Chunked(io.RawIOBase):
 
 
 def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: int | None = None,
-               sha256: str | None = None, retry: Retry = DEFAULT_RETRY) -> BinaryIO:
+               sha256: str | None = None, retry: Retry = DEFAULT_RETRY, checked: bool = False) -> BinaryIO:
     """A readable stream of exactly bytes [start, end) of ``url``.
 
     ``fd``: an already open descriptor of the same local file, used instead of opening it.
     ``size``, ``sha256``: the file's size and digest from the manifest, which HTTP answers
-    must agree with.
+    must agree with (``checked``: the caller checks every sample of these bytes against its digest,
+    so a damaged set served as it is on request is read on: ``shards.http_range``).
     """
     path = local_path(url)
     if fd is not None or path is not None:
@@ -119,7 +120,7 @@ def open_range(url: str, start: int, end: int, fd: int | None = None, *, size: i
         os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_SEQUENTIAL)
         return io.BufferedReader(_PreadFile(fd, start, end, owns), READ_BUFFER)
     if url.startswith(("http://", "https://")):
-        return io.BufferedReader(HTTPRange(url, start, end, size, sha256, retry), READ_BUFFER)
+        return io.BufferedReader(HTTPRange(url, start, end, size, sha256, retry, checked), READ_BUFFER)
     return io.BufferedReader(_Chunked(url, start, end, retry), READ_BUFFER)
 
 
@@ -131,7 +132,8 @@ def open_samples(url: str, shard, start: int, end: int, fd: int | None = None, *
     opened elsewhere (a node-cache copy, a read-ahead); a sample that fails its check is still read
     again from ``url``, the source. ``replace``: what a sample that fails twice is read as, instead
     of raising (``CheckedSamples``)."""
-    opener = lambda a, b: open_range(url, a, b, fd, size=shard.bytes, sha256=shard.sha256, retry=retry)  # noqa: E731
+    opener = lambda a, b: open_range(url, a, b, fd, size=shard.bytes, sha256=shard.sha256,  # noqa: E731
+                                     retry=retry, checked=bool(shard.digests))
     if not shard.digests:
         return stream if stream is not None else opener(start, end)
     first = bisect.bisect_left(shard.offsets, start)
@@ -184,9 +186,9 @@ class _Ahead(io.RawIOBase):
 
 
 def read_ahead(reads: list[tuple], max_bytes: int, retry: Retry = DEFAULT_RETRY) -> Iterator[BinaryIO]:
-    """Each (url, start, end, size, sha256) range as a stream, in order, its bytes read by a
-    background thread up to ``max_bytes`` ahead of the reader, across range boundaries (the next
-    range is asked for while the last is still being consumed). A stream must be read to its end
+    """Each (url, start, end, size, sha256, checked) range (``open_range``'s) as a stream, in order,
+    its bytes read by a background thread up to ``max_bytes`` ahead of the reader, across range
+    boundaries (the next range is asked for while the last is still being consumed). A stream must be read to its end
     before the next is taken."""
     chunks: queue.Queue = queue.Queue(max(2, max_bytes // READ_BUFFER))
     stop = threading.Event()
@@ -202,8 +204,8 @@ def read_ahead(reads: list[tuple], max_bytes: int, retry: Retry = DEFAULT_RETRY)
 
     def reader():
         try:
-            for url, start, end, size, sha256 in reads:
-                with open_range(url, start, end, size=size, sha256=sha256, retry=retry) as f:
+            for url, start, end, size, sha256, checked in reads:
+                with open_range(url, start, end, size=size, sha256=sha256, retry=retry, checked=checked) as f:
                     while chunk := f.read(READ_BUFFER):
                         if not put(chunk):
                             return

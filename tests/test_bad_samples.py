@@ -5,7 +5,10 @@ loader's ``max_bad_samples``), is left out on every rank alike up to a budget pe
 The sets are written by ``shardsets.make_shardset`` and damaged as bit rot would damage them: 40
 bytes flipped inside a JPEG of one sample, the shard's size and modification time kept (so the
 dataset service cannot tell either). The two-rank runs are real ``horovodrun -np 2 --gloo`` jobs on
-127.0.0.1, their clips counted from the trainer's own ``--clip-log``.
+127.0.0.1, their clips counted from the trainer's own ``--clip-log``: from the set's directory, over
+``shard-service serve`` in byte ranges and through a node cache (``--cache-dir``, where the damaged
+shards' copies are kept aside), and from a copy of the set ``shard-service verify`` marked damaged,
+read with ``Prefer: handling=lenient``.
 """
 from __future__ import annotations
 
@@ -46,13 +49,15 @@ def damage(directory, split: str, shard: int, sample: int) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory):
-    """``one``: a training sample and a validation sample damaged; ``two``: two training samples."""
+    """``one``: a training sample and a validation sample damaged; ``two``: two training samples;
+    ``marked``: a copy of ``one`` (to be marked damaged by ``shard-service verify``)."""
     root = tmp_path_factory.mktemp("bad")
     out = {"root": root}
     for name in ("one", "two"):
         make_shardset(str(root / name), {"train": CLIPS, "val": VAL}, per_shard=5, frames=4, size=(48, 40))
     out["one"] = {"train": damage(root / "one", "train", 1, 2), "val": damage(root / "one", "val", 0, 1)}
     out["two"] = {"train": [damage(root / "two", "train", 0, 1), damage(root / "two", "train", 3, 4)]}
+    shutil.copytree(root / "one", root / "marked")
     return out
 
 
@@ -128,23 +133,37 @@ def exits(out: Path) -> dict[int, list[int]]:
 
 @pytest.fixture(scope="module")
 def served(sets):
-    """The damaged sets registered in a catalog and served by ``shard-service serve``."""
+    """The damaged sets registered in a catalog and served by ``shard-service serve``; ``marked``
+    verified first, so the service holds it damaged."""
     catalog = Catalog(str(sets["root"] / "catalog.sqlite"))
-    for name in ("one", "two"):
+    for name in ("one", "two", "marked"):
         register(catalog, str(sets["root"] / name), name)
+    verified = subprocess.run([sys.executable, "-m", "service", "verify", "--catalog", catalog.path,
+                               "marked"], capture_output=True, text=True, timeout=300)
+    assert verified.returncode == 1 and catalog.resolve("marked").verify_problems, verified.stderr
     server = ServiceProcess("--catalog", catalog.path)
     server.start()
     yield server.url
     server.kill(15)
 
 
+LENIENT = {"FSSPEC_HTTP_HEADERS": json.dumps({"Prefer": "handling=lenient"})}  # docs/service.md
+
+
 @pytest.mark.long
-@pytest.mark.parametrize("source", ["local", "http"])
-def test_two_ranks_go_on_without_a_bad_sample_every_good_clip_once_an_epoch(sets, served, source, tmp_path):
+@pytest.mark.parametrize("source, cached", [("local", False), ("http", False), ("http", True),
+                                            ("marked", False), ("marked", True)])
+def test_two_ranks_go_on_without_a_bad_sample_every_good_clip_once_an_epoch(sets, served, source, cached,
+                                                                             tmp_path):
+    """Through the node cache the damaged shards' copies are kept aside and read sample by sample
+    (before: the first stopped the run whatever the budget); from a set the service marked damaged,
+    asked for leniently, the run reads on through its damaged shards (before: stopped at the first)."""
     directory = sets["root"] / "one"
-    data = str(directory) if source == "local" else f"{served}/v1/datasets/one"
-    out = tmp_path / "run"
-    run = train(data, out, "--epochs", "2", "--max-bad-samples", "1")
+    data = str(directory) if source == "local" else f"{served}/v1/datasets/{'one' if source == 'http' else source}"
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    through = ["--cache-dir", str(cache)] if cached else []
+    run = train(data, out, "--epochs", "2", "--max-bad-samples", "1", *through,
+                env=LENIENT if source == "marked" else None)
     assert run.returncode == 0 and exits(out) == {0: [0], 1: [0]}, run.stderr[-3000:]
     assert "Traceback" not in run.stdout + run.stderr
     bad = {split: key for split, (key, _) in sets["one"].items()}
@@ -165,6 +184,12 @@ def test_two_ranks_go_on_without_a_bad_sample_every_good_clip_once_an_epoch(sets
     assert [(r["bad_samples"], r["val_bad_samples"], r["val_samples"]) for r in epochs] == [(1, 1, VAL - 1)] * 2
     warned = [line for r in (0, 1) for line in rank_lines(run, r) if "left out (--max-bad-samples 1)" in line]
     assert len(warned) == 2 and all("(read twice)" in line for line in warned)  # once a sample, by rank 0
+    if cached:  # each damaged shard downloaded once for the node, kept aside, never under its own name
+        manifest = Manifest.load(str(directory))
+        damaged = [s.sha256 for split in manifest.splits.values() for s in split.shards
+                   if s.name in {shard for _, shard in sets["one"].values()}]
+        assert sorted(p.name for p in cache.glob("*/*.damaged.tar")) == sorted(f"{d}.damaged.tar" for d in damaged)
+        assert not any((cache / d[:2] / f"{d}.tar").exists() for d in damaged)
 
 
 @pytest.mark.long
@@ -190,8 +215,8 @@ def test_two_ranks_stop_alike_at_the_first_bad_sample_or_past_the_budget(sets, t
     assert run.returncode == 1 and exits(out) == {0: [1], 1: [1]}, run.stderr[-3000:]
     for r in (0, 1):
         (line,) = [line for line in rank_lines(run, r) if "trainer train: error: " in line]
-        assert ("error: rank 0: 2 samples of train in epoch 1 differ from the manifest's digests, more than "
-                "--max-bad-samples 1 allows (1); the last: ") in line
+        assert ("error: rank 0: 2 samples of train in epoch 1 are bad (their digests differ from the manifest's, "
+                "or the format refuses them), more than --max-bad-samples 1 allows (1); the last: ") in line
         assert f"all are listed in {out}/bad-samples.jsonl; stopped in epoch 1 after batch " in line
         assert line.endswith(f"checkpoint saved to {out}/checkpoint.pt: the same command with --resume continues "
                              "from there once that is repaired")

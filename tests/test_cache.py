@@ -416,6 +416,31 @@ def test_a_damaged_download_is_never_visible(tmp_path):
     assert not os.path.exists(cache.path(SHA)) and leftovers(tmp_path) == []
 
 
+def test_a_damaged_download_whose_reader_checks_each_sample_is_kept_aside_once_a_node(tmp_path):
+    """For a reader that checks every sample against the manifest's digests (``Piece.checked``, the
+    trainer's loader: its good samples used, its bad ones counted under --max-bad-samples) the
+    damaged copy is kept aside under a name of its own, never the shard's, and every other process
+    of the node is handed the same copy; a reader that cannot check samples still gets ShardChanged
+    (before: ShardChanged for every reader, the run stopped whatever its budget)."""
+    first, other = ShardCache(str(tmp_path), retry=FAST), ShardCache(str(tmp_path), retry=FAST)  # two processes
+    with misbehaving("corrupt") as (srv, url):
+        piece = Piece(f"{url}/blob.tar", SHA, SIZE, checked=True)
+        path = first.get(piece)
+        assert path == os.path.join(str(tmp_path), SHA[:2], f"{SHA}.damaged.tar")
+        assert not os.path.exists(first.path(SHA))
+        assert other.get(piece) == path and other.get(piece) == path and srv.counts["/blob.tar"] == 1
+        with pytest.raises(ShardChanged, match=r"the file changed or is damaged \(shards verify names the samples\); "
+                                               r"not kept$"):
+            other.fetch(f"{url}/blob.tar", SHA, SIZE)
+        assert srv.counts["/blob.tar"] == 2
+    with open(path, "rb") as f:
+        assert f.read() == bytes([BLOB[0] ^ 1]) + BLOB[1:]  # the bytes as they came
+    first.release()
+    other.release(piece)
+    other.release(piece)
+    assert leftovers(tmp_path) == []
+
+
 def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_BUDGET, f"{(2 * SIZE + 10) / 1000}kB")  # as trainers set it
     cache = ShardCache(str(tmp_path), retry=FAST)

@@ -107,7 +107,7 @@ CASES = [
       ", the manifest says ", "(read twice)"]),
     ("bad-samples-over-the-budget", "trainer train --data {rotten} --output-dir {root}/run-budget --backend none "
      "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1 --max-bad-samples 1", {}, 1,
-     ["2 samples of train in epoch 1 differ from the manifest's digests", "more than --max-bad-samples 1",
+     ["2 samples of train in epoch 1 are bad (their digests differ from the manifest's", "more than --max-bad-samples 1",
       "(read twice)", "{root}/run-budget/bad-samples.jsonl"]),
     ("max-bad-samples-not-a-count", "trainer train --data {set} --max-bad-samples lots", {}, 2,
      ["--max-bad-samples", "'lots'", "a count (3) or a share in percent (0.5%)"]),

@@ -44,7 +44,9 @@ it, or for the first ones the one after), marked ``valid`` False as a padding re
 rank still yields the same batches of the same size and every good clip is read once; the batch's
 ``bad`` lists what was left out (``url``, ``shard``, ``key``, ``index`` in the shard, ``clip``: its
 position in the split, as the viewer numbers clips, ``split``, ``expected`` and ``found`` digests,
-``rank``, ``slot`` in the batch). A bad sample met again as a padding repeat is left out unlisted.
+``rank``, ``slot`` in the batch, ``fault``: the one line; ``trainer.data.stages.bad_record``). Any fault
+of one sample is one bad sample (a ``BadSample`` as a ``CorruptSample``). A bad sample met again as a
+padding repeat is left out unlisted.
 Past N in an epoch the iteration ends with ``TooManyBadSamples`` before the batch that went over.
 
 The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
@@ -66,7 +68,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import classmix, partition
 from shards.cache import ShardCache
-from shards.format.digests import CorruptSample, TooManyBadSamples
+from shards.format.digests import TooManyBadSamples
 from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
 from shards.http_range import DEFAULT_RETRY, Retry
@@ -470,7 +472,7 @@ class ClipLoader:
                        "rank": self.rank}
         self._bad += len(found)
         if self.max_bad_samples is not None and self._bad > self.max_bad_samples:
-            last = CorruptSample.of(**{k: found[-1][k] for k in CorruptSample.FACTS})
+            last = found[-1]["fault"]
             raise TooManyBadSamples(f"{self._bad} bad samples in epoch {self.epoch + 1} of {self.split} on rank "
                                     f"{self.rank}, more than max_bad_samples={self.max_bad_samples}; the last: {last}")
 

@@ -107,4 +107,4 @@ def piece_of(shard: ShardInfo, url: str, start: int, end: int, piece: tuple[int,
     first, last = piece or (0, None)
     if not (first <= start and (last is None or end <= last)):
         first, last = 0, None
-    return Piece(url, shard.sha256, shard.bytes, first, last)
+    return Piece(url, shard.sha256, shard.bytes, first, last, checked=bool(shard.digests))

@@ -5,9 +5,11 @@
     -> tar members -> samples (webdataset) -> tag each with its plan index -> release in the planned order
     -> [bad samples: a stand-in for each] -> (the loader) batches -> ``decode_batch``
 
-A bad sample (bytes that differ from the manifest's digest, read twice: ``shards.format.digests``), when the
-loader goes on without it, is read as one ``BAD`` member of its key holding what was found, and replaced
-by a repeat of a good sample of the same worker, marked as padding is (``stand_ins``).
+A bad sample (any fault one sample carries, a ``shards.errors.DataFault`` with its ``key``: bytes that
+differ from the manifest's digest, read twice, ``shards.format.digests.CorruptSample``; members the format
+refuses, ``shards.format.sample.BadSample``), when the loader goes on without it, is read as one ``BAD``
+member of its key holding its record (``bad_record``), and replaced by a repeat of a good sample of the
+same worker, marked as padding is (``stand_ins``).
 """
 from __future__ import annotations
 
@@ -22,8 +24,7 @@ from torch.utils.data import get_worker_info
 
 from shards import partition
 from shards.cache import ShardCache
-from shards.format.digests import CorruptSample
-from shards.errors import CommandError
+from shards.errors import CommandError, DataFault
 from shards.http_range import Retry
 from shards.reading import local_path, open_range, open_samples, read_ahead
 from shards.format.tar import member_bytes
@@ -52,11 +53,12 @@ def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | N
         opened = (open_range(path, r.start - r.piece.start, r.end - r.piece.start, fd=cache.descriptor(r.piece))
                   for r, path in zip(reads, copies))
     elif reads and local_path(reads[0].url) is None:
-        opened = read_ahead([(r.url, r.start, r.end, r.info.bytes, r.info.sha256) for r in reads],
+        opened = read_ahead([(r.url, r.start, r.end, r.info.bytes, r.info.sha256, bool(r.info.digests))
+                             for r in reads],
                             lookahead * READ_AHEAD_BYTES, retry)
     else:
         opened = (open_range(r.url, r.start, r.end, fd=fds.get(r.shard), size=r.info.bytes, sha256=r.info.sha256,
-                             retry=retry) for r in reads)
+                             retry=retry, checked=bool(r.info.digests)) for r in reads)
     try:
         for r, raw in zip(reads, opened):
             stream = open_samples(r.url, r.info, r.start, r.end, fd=fds.get(r.shard), stream=raw,
@@ -94,10 +96,17 @@ def in_order(samples, order):
         raise RuntimeError(f"stream ended before planned sample {want}")
 
 
-def bad_marker(error: CorruptSample) -> bytes:
+def bad_record(error: DataFault, **place) -> dict:
+    """The record of a sample left out for a fault of its own (module docstring): the fault's facts
+    (``url``, ``shard``, ``key``, ``index`` in the shard; a digest's ``expected`` and ``found``), ``place``
+    adding those it does not carry, and ``fault``, its one line. Every kind is counted alike."""
+    return {**place, **{k: v for k, v in vars(error).items() if k != "message"}, "fault": str(error)}
+
+
+def bad_marker(error: DataFault, **place) -> bytes:
     """What a bad sample is read as when the loader goes on without it: one tar member of its key
-    holding what was found (``stand_ins`` recognises it)."""
-    return member_bytes(f"{error.key}.{BAD}", json.dumps(error.facts()).encode())
+    holding its ``bad_record`` (``stand_ins`` recognises it)."""
+    return member_bytes(f"{error.key}.{BAD}", json.dumps(bad_record(error, **place)).encode())
 
 
 def stand_ins(samples):
@@ -117,8 +126,9 @@ def stand_ins(samples):
         waiting, last = [], sample
         yield sample
     if waiting:  # nothing good in the worker's whole share
-        raise CorruptSample.of(**waiting[0]["__bad__"], why="read twice; no good clip in this loader worker's "
-                               "share to stand in for it")
+        first = waiting[0]["__bad__"]
+        raise DataFault(f"{first['fault']}; no good clip in this loader worker's share to stand in for it",
+                        **first)
 
 
 def ordered_samples(plan: WorkerPlan, fds: dict[int, int], cache: ShardCache | None, lookahead: int,
