@@ -74,7 +74,10 @@ def test_truncated_shard_is_caught(shardset):
     _, shard, path = shard_path(shardset, k=2)
     os.truncate(path, shard.offsets[3] + 100)
     found = problems(shardset)
-    assert f"{shard.name}: sample {shard.keys[3]}: shard ends inside this sample; 1 later samples missing" in found
+    at = shard.offsets[3] + 100
+    assert (f"{shard.name}: sample {shard.keys[3]}: the shard ends at byte {at:,}, inside this sample: "
+            f"{shard.bytes - at:,} of the manifest's {shard.bytes:,} bytes missing (a partial copy?); 1 later samples "
+            "missing") in found
     assert f"{shard.name}: {shard.offsets[3] + 100} bytes, manifest says {shard.bytes} (truncated)" in found
 
 
@@ -94,10 +97,10 @@ def test_missing_member_and_undecodable_frame(tmp_path):
     d = str(tmp_path)
     info = write_shard(os.path.join(d, "train/train-000000.tar"), "train/train-000000.tar", samples)
     Manifest(classes=["a", "b"], splits={"train": SplitInfo([info])}, config={"clip": {"frames": 8}}).save(d)
-    assert problems(d) == ["train/train-000000.tar: sample v0_c00: member v0_c00.03.jpg missing"]
+    assert problems(d) == ["train/train-000000.tar: sample v0_c00: 7 frames where the set has 8: 03.jpg missing"]
     assert main(["verify", d]) == 1  # frames expected from the manifest's config.clip.frames
     deep = problems(d, deep=True)
-    assert len(deep) == 2 and deep[1].startswith("train/train-000000.tar: sample v1_c00: frame 05.jpg does not decode")
+    assert len(deep) == 2 and deep[1].startswith("train/train-000000.tar: sample v1_c00: frame 05 does not decode")
 
 
 def test_stats_counts_from_manifest_and_probed_clips(pristine, capsys):
@@ -221,7 +224,7 @@ def test_reshard_refuses_a_sample_under_another_key(shardset, tmp_path):
     shard = m.splits["test"].shards[0]
     shard.keys[1] = "intruder"  # the bytes are intact, the manifest's key for them is not
     m.save(shardset)
-    with pytest.raises(BadShard, match=f"^{shard.name}: sample intruder: member .* belongs to another sample"):
+    with pytest.raises(BadShard, match=f"^{shard.name}: sample intruder: member .* does not belong to it"):
         reshard(shardset, str(tmp_path / "new"), num_shards=1)
 
 
