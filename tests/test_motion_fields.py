@@ -28,8 +28,9 @@ from ingest.clips import ClipConfig, make_clips
 from ingest.deadline import Deadline
 from ingest.sources import Video
 from shards import motioncolour, preview, reshard, verify
-from shards.format import motionfield, tar
-from shards.clipindex import ClipIndex, motion_fields, read_clip
+from shards.format import motionfield
+from shards.format.sample import parse
+from shards.clipindex import ClipIndex, read_clip
 from shards.format.manifest import Manifest
 from shards.stats import collect
 
@@ -67,11 +68,10 @@ def _video(path: Path, split: str = "val") -> Video:
 
 def _fields(path: Path, kind: str, frames: int = 8) -> tuple[dict, list[int]]:
     """The stored fields of one eval clip: {frame index: (field, valid)}, and the indices."""
-    (_, _, data), = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
-    members = dict(tar.read_members(data))
-    indices = json.loads(members[f"{path.stem}_c00.json"])["frame_indices"]
-    return {i: motionfield.decode(members[f"{path.stem}_c00.{motionfield.member(t, kind)}"])
-            for t, i in enumerate(indices)}, indices
+    (key, label, data), = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
+    sample = parse(data, key, label=label, frames=frames, motion=kind)
+    indices = sample.meta()["frame_indices"]
+    return {i: motionfield.decode(field) for i, field in zip(indices, sample.fields)}, indices
 
 
 def _picture_types(path: Path) -> list[str]:
@@ -256,11 +256,10 @@ def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixtur
     m = Manifest.load(str(out))
     assert m.motion == kind and m.config["clip"]["motion"] == kind
     shard = m.splits["train"].shards[0]
-    members = dict(tar.read_members((out / shard.name).read_bytes()[shard.offsets[0]:][:shard.lengths[0]]))
-    key = shard.keys[0]
-    fields = [n for n in members if n.endswith(f".{kind}.png")]
-    assert fields == [f"{key}.{motionfield.member(t, kind)}" for t in range(4)]
-    field, valid = motionfield.decode(members[fields[-1]])
+    data = (out / shard.name).read_bytes()[shard.offsets[0]:][:shard.lengths[0]]
+    sample = parse(data, shard.keys[0], label=shard.labels[0], frames=4, motion=kind)  # a field per frame
+    assert len(sample.fields) == 4
+    field, valid = motionfield.decode(sample.fields[-1])
     assert field.shape == (4, 6, 2)  # 32 px high, 43 wide: 4 x 6 cells of 8 px
     assert verify.verify(m, deep=True) == []
 
@@ -274,7 +273,7 @@ def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixtur
 
     # a damaged field is found by --deep
     data = bytearray((out / shard.name).read_bytes())
-    start = data.index(members[fields[-1]])
+    start = data.index(bytes(sample.fields[-1]))
     data[start + 40:start + 60] = bytes(20)
     (out / shard.name).write_bytes(bytes(data))
     problems = [p.message for p in verify.verify(m, deep=True)]
@@ -295,7 +294,7 @@ def _preview_shows_the_fields(out: Path, m: Manifest, where: Path) -> None:
     index = ClipIndex(m)
     chosen = preview.pick(index, "train", None, 2)
     for row, clip in enumerate(chosen):
-        fields = motion_fields(read_clip(m, clip), m.motion)
+        fields = [bytes(f) for f in read_clip(m, clip).fields]
         assert len(fields) == 4
         pictures, scale = motioncolour.render(fields, (43, 32))
         top = preview.GAP + row * (2 * (32 + preview.GAP) + 2 * preview.GAP) + 32 + preview.GAP  # the fields' row

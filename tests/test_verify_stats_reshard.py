@@ -74,7 +74,10 @@ def test_truncated_shard_is_caught(shardset):
     _, shard, path = shard_path(shardset, k=2)
     os.truncate(path, shard.offsets[3] + 100)
     found = problems(shardset)
-    assert f"{shard.name}: sample {shard.keys[3]}: shard ends inside this sample; 1 later samples missing" in found
+    at = shard.offsets[3] + 100
+    assert (f"{shard.name}: sample {shard.keys[3]}: the shard ends at byte {at:,}, inside this sample: "
+            f"{shard.bytes - at:,} of the manifest's {shard.bytes:,} bytes missing (a partial copy?); 1 later samples "
+            "missing") in found
     assert f"{shard.name}: {shard.offsets[3] + 100} bytes, manifest says {shard.bytes} (truncated)" in found
 
 
@@ -94,10 +97,10 @@ def test_missing_member_and_undecodable_frame(tmp_path):
     d = str(tmp_path)
     info = write_shard(os.path.join(d, "train/train-000000.tar"), "train/train-000000.tar", samples)
     Manifest(classes=["a", "b"], splits={"train": SplitInfo([info])}, config={"clip": {"frames": 8}}).save(d)
-    assert problems(d) == ["train/train-000000.tar: sample v0_c00: member v0_c00.03.jpg missing"]
+    assert problems(d) == ["train/train-000000.tar: sample v0_c00: 7 frames where the set has 8: 03.jpg missing"]
     assert main(["verify", d]) == 1  # frames expected from the manifest's config.clip.frames
     deep = problems(d, deep=True)
-    assert len(deep) == 2 and deep[1].startswith("train/train-000000.tar: sample v1_c00: frame 05.jpg does not decode")
+    assert len(deep) == 2 and deep[1].startswith("train/train-000000.tar: sample v1_c00: frame 05 does not decode")
 
 
 def test_stats_counts_from_manifest_and_probed_clips(pristine, capsys):
@@ -125,10 +128,10 @@ def test_stats_checks_every_clip_it_reads_against_its_digest_and_names_the_bad_o
     key = shard.keys[2]
     assert main(["stats", shardset, "--probe", str(probe)]) == 1
     out, err = capsys.readouterr()
-    assert [line for line in err.splitlines()] == [
-        f"shards stats: error: 1 clip read differs from the manifest's digests ({shard.name} sample {key}); "
-        f"shards verify {shardset} checks every clip"]
-    assert "1 of the 23 clips read differ from the manifest's digests (left out of these figures):" in out
+    (line,) = err.splitlines()
+    assert line.startswith(f"shards stats: error: 1 clip read is damaged ({shard.name} sample {key}): xxh3-64 digest ")
+    assert line.endswith(f", the manifest says {shard.digests[2]}; shards verify {shardset} checks every clip")
+    assert "1 of the 23 clips read are damaged (left out of these figures):" in out
     assert f"    {shard.name}: sample {key}: xxh3-64 digest " in out and f"the manifest says {shard.digests[2]}" in out
     assert "from 23 clips read: 22 clips of 8 frames;" in out  # the damaged clip is in no figure
     assert main(["stats", shardset, "--probe", str(probe), "--json"]) == 1
@@ -143,8 +146,7 @@ def test_preview_marks_a_damaged_clip_and_exits_1_after_drawing_the_sheet(shards
     assert main(["preview", shardset, "--clips", str(TRAIN), "--height", "48", "--out", str(out),
                  "--html", str(page)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"shards preview: error: 1 of the 23 clips shown differ from the manifest's digests and are marked "
-                   f"damaged ({shard.name} sample {shard.keys[2]}); shards verify {shardset} checks every clip"]
+    assert err == [f"shards preview: error: 1 of the 23 clips shown are damaged and marked so ({shard.name} sample {shard.keys[2]}); shards verify {shardset} checks every clip"]
     sheet = Image.open(out).convert("RGB")
     for row in (6, 7, 8):  # the frames' centres: the clip's colours, and for the damaged clip none of them
         pixels = [sheet.getpixel((LABEL_WIDTH + t * (64 + GAP) + 32, GAP + row * (48 + GAP) + 24)) for t in range(8)]
@@ -222,7 +224,7 @@ def test_reshard_refuses_a_sample_under_another_key(shardset, tmp_path):
     shard = m.splits["test"].shards[0]
     shard.keys[1] = "intruder"  # the bytes are intact, the manifest's key for them is not
     m.save(shardset)
-    with pytest.raises(BadShard, match=f"^{shard.name}: sample intruder: member .* belongs to another sample"):
+    with pytest.raises(BadShard, match=f"^{shard.name}: sample intruder: member .* does not belong to it"):
         reshard(shardset, str(tmp_path / "new"), num_shards=1)
 
 

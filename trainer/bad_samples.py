@@ -1,10 +1,4 @@
-"""``--max-bad-samples``: a run goes on past bad samples, up to a budget.
-
-A bad sample is any fault one sample carries, on every read path (byte ranges, the node cache's
-copies, a set the dataset service marked damaged read with ``Prefer: handling=lenient``): bytes
-that differ from the manifest's per-sample digest (``shards.format.digests.CorruptSample``), members
-the format refuses (``shards.format.sample.BadSample``). Each is counted alike, by its record
-(``trainer.data.stages.bad_record``).
+"""``--max-bad-samples``: a run goes on past samples whose bytes differ from the manifest, up to a budget.
 
 Each rank's loaders leave such samples out (``trainer.data.loader`` with ``max_bad_samples=None``):
 a repeat of a good clip takes the bad one's place, marked ``valid`` False as a padding repeat is,
@@ -19,10 +13,9 @@ This hook keeps the budget over every rank, ``--max-bad-samples`` per epoch in e
 or a share of the split's clips. At every boundary, at an epoch's end and after each validation
 batch the ranks sum how many bad samples they met since the last time (a one-number allreduce,
 only under the flag); when any did, they gather the records, so every rank counts them alike, and
-rank 0 logs each sample once a run (the fault's one line: for a digest, the shard, the sample,
-both digests and the URL) and appends one JSON line per sample and epoch to
-``OUTPUT_DIR/bad-samples.jsonl``: ``{"epoch", "step", "split", "clip", "shard", "key", "index", "url",
-"rank", "fault"}`` (the line) and the fault's own facts (``expected`` and ``found`` for a digest),
+rank 0 logs each sample once a run (one line naming the shard, the sample, both digests and the
+URL) and appends one JSON line per sample and epoch to ``OUTPUT_DIR/bad-samples.jsonl``:
+``{"epoch", "step", "split", "clip", "shard", "key", "index", "expected", "found", "url", "rank"}``,
 where ``shards verify`` names the same shard and sample, and the viewer shows clip ``clip`` of
 ``split``. The epoch's metrics record counts them (``bad_samples``, ``val_bad_samples``). One past
 the budget stops every rank at the same point with ``TooManyBadSamples`` (a ``DataFault``: one
@@ -102,14 +95,14 @@ class BadSamples(Hook):
         for split, n in self.counts.items():
             if n > self.limits[split]:
                 raise TooManyBadSamples(
-                    f"{n} samples of {split} in epoch {self.epoch + 1} are bad (their digests differ from the "
-                    f"manifest's, or the format refuses them), more than --max-bad-samples {self.budget} allows "
-                    f"({self.limits[split]}); the last: {self.last[split]}; all are listed in {self.path}")
+                    f"{n} samples of {split} in epoch {self.epoch + 1} differ from the manifest's digests, more than "
+                    f"--max-bad-samples {self.budget} allows ({self.limits[split]}); the last: {self.last[split]}; "
+                    f"all are listed in {self.path}")
 
     def _take(self, record: dict) -> None:
         split = record["split"]
         self.counts[split] = self.counts.get(split, 0) + 1
-        self.last[split] = record["fault"]
+        self.last[split] = record["line"]
         if not self.rank0:
             return
         if (record["shard"], record["key"]) not in self.logged:
