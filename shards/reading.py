@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator
 
 from fsspec.core import url_to_fs
 
-from .format.digests import CheckedSamples, CorruptSample
+from .format.digests import CheckedSamples, CorruptSample, ShortShard
 from .http_range import DEFAULT_RETRY, OUTAGE, WRONG, HTTPRange, Patience, RangeError, Retry
 from .storage import local_path, open_fd
 
@@ -246,6 +246,7 @@ def iter_samples(url: str, shard, start: int, stop: int, bad: bool = False):
             f.read(shard.offsets[i] - pos)  # a gap between samples; empty in shards we write
             data = f.read(shard.lengths[i])
             if len(data) < shard.lengths[i]:
-                raise EOFError(f"{url}: ends inside sample {shard.keys[i]}")
+                raise ShortShard.of(url, shard.keys[i], shard.offsets[i] + len(data),
+                                    shard.lengths[i] - len(data))
             pos = shard.offsets[i] + shard.lengths[i]
             yield i, found.pop(i, data)

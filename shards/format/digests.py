@@ -43,6 +43,18 @@ class CorruptSample(DataFault, OSError):
         return {k: getattr(self, k) for k in self.FACTS}
 
 
+class ShortShard(DataFault, EOFError):
+    """A shard that ends before a sample the manifest places in it (a partial copy, a quota that
+    cut it short): names the shard, the byte it ends at and how many bytes are missing. Still an
+    EOFError for code that catches those."""
+
+    @classmethod
+    def of(cls, url: str, key: str, at: int, missing: int) -> "ShortShard":
+        return cls(f"{url}: ends at byte {at:,}, inside sample {key}: {missing:,} bytes missing "
+                   "(a partial copy?)",
+                   url=url, key=key, at=at, missing=missing)
+
+
 class TooManyBadSamples(DataFault):
     """More bad samples than a reader's budget allows (``--max-bad-samples``)."""
 
@@ -70,7 +82,8 @@ class CheckedSamples(io.RawIOBase):
         end = info.offsets[i + 1] if i < self.last else info.offsets[i] + info.lengths[i]
         data = self.src.read(end - info.offsets[i])
         if len(data) < info.lengths[i]:
-            raise EOFError(f"{self.url}: ends inside sample {info.keys[i]}")
+            raise ShortShard.of(self.url, info.keys[i], info.offsets[i] + len(data),
+                                info.lengths[i] - len(data))
         if sample_digest(memoryview(data)[:info.lengths[i]]) != info.digests[i]:
             with self.opener(info.offsets[i], info.offsets[i] + info.lengths[i]) as again:
                 retry = again.read()

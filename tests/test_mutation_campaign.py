@@ -1,0 +1,117 @@
+"""The shard-set mutation campaign (issue 37): hundreds of damaged copies of one small sound set,
+each made by a seeded mutator (tests/mutations.py: tar bytes flipped, cut, inserted, duplicated or
+zeroed, tar headers rewritten, members deleted, shards swapped, with or without the manifest made
+to match; manifest fields deleted, retyped, scaled, negated, repointed outside the set, ranges
+shifted, its JSON broken), given in-process to ``shards verify``, ``shards stats``, ``shards
+preview``, one epoch of ``ClipLoader`` and (every fourth copy) the viewer's routes, in a forked
+child under an address-space limit and a per-tool alarm.
+
+The properties: no traceback (only ``CommandError`` refusals, exit status 0, 1 or 2; no bare 500
+from the viewer), no hang, no child killed for memory, verify refuses every copy a reader refuses,
+nothing opened or connected to outside the copy. A finding is named by its signature (the tool,
+the exception's type, the file and function it was raised in). ``BUGS`` lists the findings still
+open, each with the seed that first showed it: the campaign passes with those and fails on any
+other, and each is a corpus case below that fails until its bug is fixed (``xfail(strict=True)``:
+a fix makes it pass, and the mark must then go). ``FIXED`` are corpus cases of bugs the campaign
+found and that were fixed. docs/benchmarks/mutation-campaign.md has the figures and the command."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import mutations
+from shardsets import make_shardset
+
+COPIES = 500
+LONG_COPIES = 5000
+
+# bug -> (what it is, the signatures it shows as, the first seed that showed it)
+BUGS = {
+    "the viewer answers a reader's one-line refusal with a bare 500": (
+        ("service/viewer.py: a CommandError from checked_manifest or a read (BadManifest, ShortShard) "
+         "reaches service/app.py json_errors' catch-all, not a 4xx with its line"),
+        ["viewer: refusal answered 500 in BadManifest", "viewer: refusal answered 500 in ShortShard",
+         "viewer: refusal answered 500 in CorruptSample", "viewer: refusal answered 500 in BadSample"], 0),
+    "a damaged tar header is a tarfile.ReadError traceback in the readers": (
+        "stats, preview, the loader and the viewer read members with tarfile, not shards.format.sample.parse",
+        ["stats: ReadError in tarfile.py:next", "preview: ReadError in tarfile.py:next",
+         "viewer: ReadError in tarfile.py:next", "loader: ReadError in tarfile.py:next",
+         "loader: ReadError in tarfile.py:read"], 29),
+    "a tar header's huge size is an OverflowError traceback, verify included": (
+        "tarfile's TarInfo.frombuf/next on a base-256 size; verify.check_members and every reader",
+        ["verify: OverflowError in tarfile.py:next", "stats: OverflowError in tarfile.py:next",
+         "preview: OverflowError in tarfile.py:next", "viewer: OverflowError in tarfile.py:next"], 156),
+    "a sample key in the tar other than the manifest's is a ValueError in the loader": (
+        "trainer/data/stages.py tag raises ValueError, not a DataFault",
+        ["loader: ValueError in trainer/data/stages.py:tag"], 43),
+    "a cls member that is not a number is a ValueError in the loader": (
+        "trainer/data/stages.py int(cls) unchecked",
+        ["loader: ValueError in trainer/data/stages.py:<listcomp>"], 193),
+    "a sample with fewer frames than the set's is an IndexError in the loader's transform": (
+        "trainer/data/transforms.py into: the frame count is not checked against the manifest's",
+        ["loader: IndexError in trainer/data/transforms.py:into"], 73),
+    "a truncated or undecodable JPEG is a PIL traceback in stats, preview and the loader": (
+        "frames decoded without turning PIL's OSError into a bad sample",
+        ["stats: OSError in ImageFile.py:_safe_read", "preview: OSError in ImageFile.py:_safe_read",
+         "loader: OSError in ImageFile.py:_safe_read", "stats: UnidentifiedImageError in Image.py:open",
+         "preview: UnidentifiedImageError in Image.py:open",
+         "loader: UnidentifiedImageError in Image.py:open"], 386),
+}
+KNOWN = {signature: bug for bug, (_, signatures, _) in BUGS.items() for signature in signatures}
+FIXED = {
+    "a shard cut short is an EOFError traceback in stats, preview, the loader and the viewer": 70,
+}
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("campaign"))
+    sound = os.path.join(root, "sound")
+    make_shardset(sound, {"train": 6, "val": 2}, per_shard=3, frames=2, size=(32, 24))
+    make_shardset(os.path.join(root, "other"), {"train": 3}, per_shard=3, frames=2, size=(32, 24))  # a bait
+    return mutations.Campaign(mutations.Sound.of(sound), root)
+
+
+def _unknown(outcomes) -> list[str]:
+    return [f"seed {o.seed} {o.changes}: {line}" for o in outcomes for sig, line in o.findings().items()
+            if sig not in KNOWN]
+
+
+def _run(campaign, seeds) -> None:
+    outcomes = campaign.run(list(seeds))
+    assert len(outcomes) == len(seeds)
+    refused = sum(bool(o.tools["verify"].get("refused")) for o in outcomes)
+    assert refused > len(seeds) // 2, f"verify refused only {refused} of {len(seeds)} copies: a blunt mutator"
+    unknown = _unknown(outcomes)
+    assert not unknown, f"{len(unknown)} findings not in BUGS:\n" + "\n".join(unknown[:40])
+
+
+def test_the_sound_set_passes_every_tool(campaign):
+    outcome = campaign.run([mutations.SOUND])[0]
+    assert outcome.changes == [] and not outcome.findings()
+    assert not any(o.get("refused") for o in outcome.tools.values()), outcome.tools
+
+
+def test_every_tool_answers_500_damaged_copies_in_a_line_and_verify_first(campaign):
+    _run(campaign, range(COPIES))
+
+
+@pytest.mark.long
+def test_every_tool_answers_5000_more_damaged_copies(campaign):
+    _run(campaign, range(COPIES, COPIES + LONG_COPIES))
+
+
+@pytest.mark.parametrize("bug", [
+    pytest.param(bug, marks=pytest.mark.xfail(strict=True, reason=f"{bug}: {what}"))
+    for bug, (what, _, _) in BUGS.items()])
+def test_corpus_open_bug(campaign, bug):
+    _, signatures, seed = BUGS[bug]
+    found = campaign.run([seed])[0].findings()
+    assert not set(found) & set(signatures), found
+
+
+@pytest.mark.parametrize("bug", FIXED)
+def test_corpus_fixed_bug(campaign, bug):
+    outcome = campaign.run([FIXED[bug]])[0]
+    assert not outcome.findings(), outcome.findings()
