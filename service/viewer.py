@@ -57,7 +57,7 @@ from PIL import Image
 from shards import motioncolour, storage
 from shards.catalog import Record
 from shards.catalog.condition import shown
-from shards.clipindex import ClipIndex, clip_meta, frame_spans, motion_fields, read_clip
+from shards.clipindex import ClipIndex, read_clip
 from shards.format.manifest import Manifest
 from shards.stats import split_stats
 
@@ -125,7 +125,7 @@ class Viewer:
         key = (rec.id, rec.manifest_sha256, clip.split, clip.n)
         if key not in self._frames:
             sample = await asyncio.to_thread(read_clip, manifest, clip)
-            self._frames[key] = [(clip.offset + offset, size) for offset, size in frame_spans(sample)]
+            self._frames[key] = [(clip.offset + offset, size) for offset, size in sample.spans]
             while len(self._frames) > CLIPS_KEPT:
                 self._frames.popitem(last=False)
         return self._frames[key]
@@ -155,9 +155,8 @@ async def _kept(kept: OrderedDict, key: tuple, limit: int, work, *args):
 
 def _coloured(manifest: Manifest, clip) -> tuple[list[bytes], float]:
     sample = read_clip(manifest, clip)
-    spans = frame_spans(sample)
-    size = Image.open(io.BytesIO(sample[spans[0][0]:spans[0][0] + spans[0][1]])).size if spans else None
-    pictures, scale = motioncolour.render(motion_fields(sample, manifest.motion), size)
+    size = Image.open(io.BytesIO(sample.frames[0])).size
+    pictures, scale = motioncolour.render(sample.fields, size)
     return [motioncolour.png(p) for p in pictures], scale
 
 
@@ -290,11 +289,11 @@ async def clip_detail(request: web.Request) -> web.Response:
     rec, data = await _ready(request)
     clip = _clip(_split(data, request.match_info["split"]), request.match_info["n"])
     sample = await asyncio.to_thread(read_clip, data["manifest"], clip)
-    spans = frame_spans(sample)
+    spans = sample.spans
     kind = _motion_kind(data["manifest"])
     scale = (await request.app[VIEWER].motion(rec, data["manifest"], clip))[1] if kind else None
     return _json({"id": rec.id, "split": clip.split, **_clip_json(data["index"], clip),
-                  "frames": len(spans), "frame_bytes": [size for _, size in spans], "meta": clip_meta(sample),
+                  "frames": len(spans), "frame_bytes": [size for _, size in spans], "meta": sample.meta(),
                   "motion": kind, "motion_scale": scale})
 
 

@@ -7,20 +7,19 @@ sample hold clip n", "the clips of these classes" and "clips per class" cost mic
 a few milliseconds on a Kinetics-sized set (240,000 clips) with no I/O: the service's viewer
 pages and filters with it, and ``shards preview`` picks its clips with it.
 
-A clip's frames are its members ending in ``.jpg``, in member order (``<key>.00.jpg`` ...);
-``frame_spans`` says where each lies in the shard, so a frame is read or served as a byte range.
+``read_clip`` reads a clip's sample as the loader does (``shards.format.sample``); its ``spans`` say
+where each frame lies in the shard, so a frame is read or served as a byte range.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from .format import tar
 from .format.manifest import Manifest, ShardInfo, SplitInfo
-from .reading import open_range
+from .format.sample import Sample
+from .reading import iter_samples
 
 
 @dataclass(frozen=True)
@@ -105,26 +104,10 @@ class ClipIndex:
         return frames if isinstance(frames, int) else None
 
 
-def read_clip(manifest: Manifest, clip: Clip) -> bytes:
-    """The clip's sample, its tar bytes, read as one byte range of its shard (any URL the loader reads)."""
-    with open_range(manifest.shard_url(clip.shard), clip.offset, clip.offset + clip.length, size=clip.shard.bytes,
-                    sha256=clip.shard.sha256) as f:
-        return f.read()
-
-
-def frame_spans(sample: bytes) -> list[tuple[int, int]]:
-    """(offset in the sample, size) of each JPEG frame of a clip's tar bytes, in order."""
-    return [(offset, size) for name, offset, size in tar.member_spans(sample) if name.endswith(".jpg")]
-
-
-def clip_meta(sample: bytes) -> dict:
-    """The clip's ``.json`` member (source video, frame indices, ...), {} when it has none."""
-    for name, data in tar.read_members(sample):
-        if name.endswith(".json"):
-            return json.loads(data)
-    return {}
-
-
-def motion_fields(sample: bytes, kind: str) -> list[bytes]:
-    """The clip's stored motion fields of ``kind`` (``shards.format.motionfield`` PNGs), in frame order."""
-    return [data for name, data in tar.read_members(sample) if name.endswith(f".{kind}.png")]
+def read_clip(manifest: Manifest, clip: Clip) -> Sample:
+    """The clip's sample, read as one byte range of its shard (any URL the loader reads), checked
+    against the manifest's digest and parsed by the format's schema as the loader reads it: a
+    ``CorruptSample`` or ``BadSample`` when it is damaged."""
+    ((_, sample),) = iter_samples(manifest.shard_url(clip.shard), clip.shard, clip.index, clip.index + 1,
+                                  frames=manifest.frames, motion=manifest.motion)
+    return sample

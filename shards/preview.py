@@ -29,11 +29,11 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from . import motioncolour, storage
-from .clipindex import ClipIndex, frame_spans, motion_fields
+from .clipindex import ClipIndex, read_clip
 from .format.digests import ALGORITHM, CorruptSample
-from .errors import CommandError
+from .errors import DataFault
 from .format.manifest import Manifest
-from .reading import iter_samples
+from .format.sample import BadSample
 from .words import plural
 
 LABEL_WIDTH = 240  # pixels left of the frames for the label and key
@@ -69,14 +69,18 @@ def read_row(manifest: Manifest, index: ClipIndex, clip) -> Row:
     """The clip's frames and, on a set with motion, its fields coloured; a clip whose bytes differ
     from the manifest's digest is a row saying why it is not shown."""
     row = Row(_label(index, clip), clip.key)
-    ((_, sample),) = iter_samples(manifest.shard_url(clip.shard), clip.shard, clip.index, clip.index + 1, bad=True)
-    if isinstance(sample, CorruptSample):
-        row.damaged = f"damaged: {ALGORITHM} digest {sample.found}, the manifest says {sample.expected}"
+    try:
+        sample = read_clip(manifest, clip)
+    except CorruptSample as e:
+        row.damaged = f"damaged: {ALGORITHM} digest {e.found}, the manifest says {e.expected}"
         return row
-    row.frames = [sample[offset:offset + size] for offset, size in frame_spans(sample)]
-    if manifest.motion != "none" and row.frames:
+    except BadSample as e:
+        row.damaged = f"damaged: {e.why}"
+        return row
+    row.frames = [bytes(f) for f in sample.frames]
+    if manifest.motion != "none":
         size = Image.open(io.BytesIO(row.frames[0])).size
-        row.motion, row.scale = motioncolour.render(motion_fields(sample, manifest.motion), size)
+        row.motion, row.scale = motioncolour.render(sample.fields, size)
     return row
 
 
@@ -206,7 +210,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{write_html(args.html, title, rows, args.height)}: {plural(len(rows), 'clip')} of {args.split}")
     damaged = [f"{c.shard.name} sample {c.key}" for c, row in zip(clips, rows) if row.damaged]
     if damaged:
-        raise CommandError(f"{len(damaged)} of the {len(rows)} clips shown differ from the manifest's digests and are "
-                           f"marked damaged ({', '.join(damaged[:3])}{', ...' if len(damaged) > 3 else ''}); "
-                           f"shards verify {args.shardset} checks every clip")
+        raise DataFault(f"{len(damaged)} of the {len(rows)} clips shown are damaged and marked so ({', '.join(damaged[:3])}{', ...' if len(damaged) > 3 else ''}); "
+                        f"shards verify {args.shardset} checks every clip")
     return 0

@@ -22,7 +22,9 @@ from typing import BinaryIO, Iterator
 
 from fsspec.core import url_to_fs
 
-from .format.digests import CheckedSamples, CorruptSample, ShortShard
+from .errors import DataFault
+from .format.digests import CheckedSamples, CorruptSample, ShortShard, read_upto
+from .format.sample import BadSample, Sample, parse
 from .http_range import DEFAULT_RETRY, OUTAGE, WRONG, HTTPRange, Patience, RangeError, Retry
 from .storage import local_path, open_fd
 
@@ -227,26 +229,46 @@ def read_range(url: str, start: int, end: int) -> bytes:
         return f.read()
 
 
-def iter_samples(url: str, shard, start: int, stop: int, bad: bool = False):
-    """Samples [start, stop) of a shard (a manifest ``ShardInfo``) as (index, tar bytes), read
-    sequentially through one open of their byte range, each checked against the manifest's digest:
-    one that differs raises its ``CorruptSample``, or with ``bad`` comes as (index, that
-    ``CorruptSample``) and the reading goes on."""
+def iter_samples(url: str, shard, start: int, stop: int, bad: bool = False, *, frames: int | None = None,
+                 motion: str = "none", fd: int | None = None, stream: BinaryIO | None = None,
+                 retry: Retry = DEFAULT_RETRY) -> Iterator[tuple[int, Sample | DataFault]]:
+    """Samples [start, stop) of a shard (a manifest ``ShardInfo``) as (index, ``Sample``), read
+    sequentially through one open of their byte range (``stream``: those bytes already opened; ``fd``:
+    the shard's descriptor), a chunk at a time, each checked against the manifest's digest and parsed
+    by the format's schema (``shards.format.sample.parse``: ``frames`` frames, ``motion`` fields).
+    A sample whose digest differs (``CorruptSample``) or whose members the schema refuses
+    (``BadSample``) raises, or with ``bad`` comes as (index, that fault) and the reading goes on. A
+    shard that ends early raises ``ShortShard``: only what is there is read into memory."""
     if start >= stop:
         return
-    pos, found = shard.offsets[start], {}
+    pos, found, where = shard.offsets[start], {}, f"{url}: shard {shard.name}"
 
     def note(error: CorruptSample) -> bytes:  # the bad sample's place kept, its bytes never handed on
         found[error.index] = error
         return bytes(shard.lengths[error.index])
 
-    with open_samples(url, shard, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1],
-                      replace=note if bad else None) as f:
+    with open_samples(url, shard, pos, shard.offsets[stop - 1] + shard.lengths[stop - 1], fd, retry=retry,
+                      stream=stream, replace=note if bad else None) as f:
         for i in range(start, stop):
-            f.read(shard.offsets[i] - pos)  # a gap between samples; empty in shards we write
-            data = f.read(shard.lengths[i])
-            if len(data) < shard.lengths[i]:
-                raise ShortShard.of(url, shard.keys[i], shard.offsets[i] + len(data),
-                                    shard.lengths[i] - len(data))
+            gap = read_upto(f, shard.offsets[i] - pos)  # between samples; empty in shards we write
+            data = read_upto(f, shard.lengths[i])
+            if len(gap) + len(data) < shard.offsets[i] + shard.lengths[i] - pos:
+                raise ShortShard.of(url, shard, shard.keys[i], pos + len(gap) + len(data))
             pos = shard.offsets[i] + shard.lengths[i]
-            yield i, found.pop(i, data)
+            if i in found:
+                yield i, found.pop(i)
+                continue
+            try:
+                yield i, parse(data, shard.keys[i], label=shard.labels[i], frames=frames, motion=motion,
+                               where=where)
+            except BadSample as e:
+                if not bad:
+                    raise
+                yield i, e
+
+
+def bad_facts(url: str, shard: str, key: str, index: int, fault: DataFault) -> dict:
+    """What a reader that goes on without a bad sample records of it: where it is (``shard``: its
+    name in the manifest), its one line (``line``) and, for a digest that differs, both digests."""
+    return {"url": url, "shard": shard, "key": key, "index": index, "line": str(fault),
+            **(fault.facts() if isinstance(fault, CorruptSample) else {})}

@@ -8,9 +8,10 @@ fields decoded for their magnitude statistics: the share of valid cells, and ove
 mean, median and 95th percentile of the motion's length in pixels per frame and the share
 clipped at the quantisation bound.
 
-Every clip read is checked against the manifest's digest, as the trainer checks it
-(``shards.format.digests``): one that differs is left out of the figures and named, and the command
-ends with exit status 1 after printing them (as ``shards verify`` does on a problem).
+Every clip read is checked against the manifest's digest and parsed by the format's schema, as the
+trainer reads it (``shards.format.digests``, ``shards.format.sample``): one that differs, that the
+schema refuses or whose frame headers or fields do not decode is left out of the figures and named,
+and the command ends with exit status 1 after printing them (as ``shards verify`` does on a problem).
 """
 from __future__ import annotations
 
@@ -23,27 +24,55 @@ from collections import Counter
 import numpy as np
 from PIL import Image
 
-from .format import motionfield, tar
+from .errors import DataFault
+from .format import motionfield
 from .format.digests import ALGORITHM, CorruptSample
-from .errors import CommandError
 from .format.manifest import Manifest, SplitInfo
+from .format.sample import BadSample, Sample
 from .reading import iter_samples
 from .words import plural
 
 
 def _probe_samples(manifest: Manifest, split: SplitInfo, probe: int):
-    """Tar bytes of the probed samples of a split, checked: a bad one comes as its ``CorruptSample``."""
+    """The probed samples of a split, checked and parsed (``Sample``): a bad one comes as its fault
+    (``CorruptSample``, ``BadSample``)."""
     if probe == 0:
         for shard in split.shards:
-            for _, data in iter_samples(manifest.shard_url(shard), shard, 0, shard.num_samples, bad=True):
+            for _, data in iter_samples(manifest.shard_url(shard), shard, 0, shard.num_samples, bad=True,
+                                        frames=manifest.frames, motion=manifest.motion):
                 yield data
         return
     starts = np.cumsum([0] + [s.num_samples for s in split.shards])
     for g in np.unique(np.linspace(0, split.num_samples - 1, min(probe, split.num_samples)).astype(int)):
         k = int(np.searchsorted(starts, g, side="right")) - 1
         shard, i = split.shards[k], int(g - starts[k])
-        for _, data in iter_samples(manifest.shard_url(shard), shard, i, i + 1, bad=True):
+        for _, data in iter_samples(manifest.shard_url(shard), shard, i, i + 1, bad=True, frames=manifest.frames,
+                                    motion=manifest.motion):
             yield data
+
+
+def _bad_entry(fault) -> dict:
+    """A bad sample as the figures list it: its shard, key and why, and a digest's two values."""
+    if isinstance(fault, CorruptSample):
+        return {"shard": fault.shard, "key": fault.key, "expected": fault.expected, "found": fault.found,
+                "why": f"{ALGORITHM} digest {fault.found}, the manifest says {fault.expected}"}
+    return {"shard": fault.where.rsplit(": shard ", 1)[-1], "key": fault.key, "why": fault.why}
+
+
+def _jpeg_size(sample: Sample, jpeg) -> tuple[int, int]:
+    """A frame's size from its header: a ``BadSample`` when the header does not parse."""
+    try:
+        return Image.open(io.BytesIO(jpeg)).size
+    except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on bytes that are no image
+        raise BadSample.of(sample.where, sample.key, f"a frame's JPEG header does not parse ({e})") from None
+
+
+def _field(sample: Sample, png):
+    """A motion field decoded (``motionfield.decode``): a ``BadSample`` when it does not decode."""
+    try:
+        return motionfield.decode(png)
+    except (OSError, ValueError, SyntaxError) as e:
+        raise BadSample.of(sample.where, sample.key, f"a motion field does not decode ({e})") from None
 
 
 def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
@@ -52,22 +81,22 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
     sizes = [s.bytes for s in split.shards] or [0]
     frames, frame_sizes, frame_bytes, probed = Counter(), Counter(), [], 0
     lengths, cells, clipped, bad = [], 0, 0, []
-    for data in _probe_samples(manifest, split, probe):
+    for sample in _probe_samples(manifest, split, probe):
         probed += 1
-        if isinstance(data, CorruptSample):
-            bad.append({k: getattr(data, k) for k in ("shard", "key", "expected", "found")})
+        try:
+            if not isinstance(sample, Sample):
+                raise sample
+            sizes_of = [_jpeg_size(sample, j) for j in sample.frames]
+            fields = [_field(sample, v) for v in sample.fields]
+        except (CorruptSample, BadSample) as e:
+            bad.append(_bad_entry(e))
             continue
-        members = tar.read_members(data)
-        jpgs = [v for n, v in members if n.endswith(".jpg")]
-        for n, v in members:
-            if n.endswith(f".{manifest.motion}.png"):
-                field, valid = motionfield.decode(v)
-                cells += valid.size
-                lengths.append(np.hypot(field[valid][:, 0], field[valid][:, 1]))
-                clipped += int((np.abs(field[valid]) >= motionfield.BOUND).any(axis=1).sum())
-        frames[len(jpgs)] += 1
-        for j in jpgs:
-            w, h = Image.open(io.BytesIO(j)).size
+        for field, valid in fields:
+            cells += valid.size
+            lengths.append(np.hypot(field[valid][:, 0], field[valid][:, 1]))
+            clipped += int((np.abs(field[valid]) >= motionfield.BOUND).any(axis=1).sum())
+        frames[len(sample.frames)] += 1
+        for (w, h), j in zip(sizes_of, sample.frames):
             frame_sizes[f"{w}x{h}"] += 1
             frame_bytes.append(len(j))
     return {
@@ -120,10 +149,9 @@ def format_text(stats: dict) -> str:
             lines.append(f"  from {plural(s['probed_clips'], 'clip')} read: {clips}; {sizes}; "
                          f"{s['bytes_per_frame'] / 1e3:,.1f} kB/frame")
         if s["bad_samples"]:
-            lines.append(f"  {len(s['bad_samples'])} of the {s['probed_clips']} clips read differ from the manifest's "
-                         "digests (left out of these figures):")
-            lines += [f"    {b['shard']}: sample {b['key']}: {ALGORITHM} digest {b['found']}, the manifest says "
-                      f"{b['expected']}" for b in s["bad_samples"]]
+            lines.append(f"  {len(s['bad_samples'])} of the {s['probed_clips']} clips read are damaged (left out of "
+                         "these figures):")
+            lines += [f"    {b['shard']}: sample {b['key']}: {b['why']}" for b in s["bad_samples"]]
         if "mean" in s.get("motion", {}):
             mo = s["motion"]
             lines.append(f"  motion ({mo['kind']}): {mo['valid_fraction']:.0%} of cells valid; length mean "
@@ -145,6 +173,6 @@ def run(args: argparse.Namespace) -> int:
     bad = [(name, b) for name, s in stats["splits"].items() for b in s["bad_samples"]]
     if bad:
         named = ", ".join(f"{b['shard']} sample {b['key']}" for _, b in bad[:3]) + (", ..." if len(bad) > 3 else "")
-        raise CommandError(f"{len(bad)} clip{'s' if len(bad) > 1 else ''} read differ{'' if len(bad) > 1 else 's'} "
-                           f"from the manifest's digests ({named}); shards verify {args.shardset} checks every clip")
+        raise DataFault(f"{len(bad)} clip{'s' if len(bad) > 1 else ''} read {'are' if len(bad) > 1 else 'is'} "
+                        f"damaged ({named}): {bad[0][1]['why']}; shards verify {args.shardset} checks every clip")
     return 0

@@ -10,18 +10,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import os
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import fsspec
 from PIL import Image
 
-from .format import motionfield, tar
-from .format.digests import ALGORITHM, sample_digest
+from .format import motionfield
+from .format.digests import ALGORITHM, read_upto, sample_digest
 from .format.manifest import Manifest, ShardInfo
+from .format.sample import BadSample, parse
 from .reading import local_path
 from .words import plural
 
@@ -38,61 +37,43 @@ class Problem:
         return f"{self.shard}: {'sample ' + self.sample + ': ' if self.sample else ''}{self.message}"
 
 
-def check_members(key: str, label: int, data: bytes, frames: int | None, deep: bool,
+def check_members(key: str, label: int, data, frames: int | None, deep: bool,
                   motion: str = "none") -> list[str]:
-    """What is wrong with one sample's tar bytes (empty list when nothing); ``motion``: the kind
-    of field each frame should have beside it (``Manifest.motion``)."""
+    """What is wrong with one sample's tar bytes (empty list when nothing): what the readers' parser
+    (``shards.format.sample.parse``) refuses, metadata that is not a JSON object, and with ``deep``
+    frames and motion fields (``motion``: ``Manifest.motion``) that do not decode."""
     try:
-        members = dict(tar.read_members(data))
-    except (tarfile.TarError, EOFError) as e:
-        return [f"unreadable tar members at the manifest's offset ({e})"]
-    problems, suffixes = [], {}
-    for name, value in members.items():
-        k, suffix = tar.split_name(name)
-        if k != key:
-            problems.append(f"member {name} belongs to another sample")
-        suffixes[suffix] = value
-    jpgs = sorted(s for s in suffixes if s.endswith(".jpg"))
-    count = frames or len(jpgs)
-    missing = [f"{t:02d}.jpg" for t in range(count) if f"{t:02d}.jpg" not in suffixes]
-    fields = [motionfield.member(t, motion) for t in range(count)] if motion != "none" else []
-    missing += [f for f in fields if f not in suffixes]
-    problems += [f"member {key}.{m} missing" for m in missing]
-    if frames and len(jpgs) > frames:
-        problems.append(f"{len(jpgs)} frames, expected {frames}")
-    if label >= 0 and suffixes.get("cls", b"").strip() != str(label).encode():
-        problems.append(f"member {key}.cls missing or not {label}")
-    if "json" not in suffixes:
-        problems.append(f"member {key}.json missing")
-    else:
+        sample = parse(data, key, label=label, frames=frames, motion=motion)
+        sample.meta()
+    except BadSample as e:
+        return [e.why]
+    if not deep:
+        return []
+    problems, sizes = [], []
+    for t, jpeg in enumerate(sample.frames):
         try:
-            json.loads(suffixes["json"])
-        except ValueError:
-            problems.append(f"member {key}.json is not JSON")
-    if deep:
-        for s in jpgs:
-            try:
-                Image.open(io.BytesIO(suffixes[s])).load()
-            except Exception as e:  # PIL raises several types for corrupt data
-                problems.append(f"frame {s} does not decode ({e})")
-        problems += _check_fields(suffixes, [f for f in fields if f in suffixes])
+            with Image.open(io.BytesIO(jpeg)) as im:
+                im.load()
+                sizes.append(im.size)
+        except Exception as e:  # noqa: BLE001 -- PIL raises several types for corrupt data
+            problems.append(f"frame {t:02d} does not decode ({e})")
+            sizes.append(None)
+    for t, (png, size) in enumerate(zip(sample.fields, sizes)):
+        problems += _check_field(motionfield.member(t, motion), png, size)
     return problems
 
 
-def _check_fields(suffixes: dict[str, bytes], fields: list[str]) -> list[str]:
-    """Each motion field decodes, with the grid its frame's size calls for."""
-    problems = []
-    for name in fields:
-        try:
-            field, _ = motionfield.decode(suffixes[name])
-            frame = Image.open(io.BytesIO(suffixes[name.split(".")[0] + ".jpg"])).size
-        except Exception as e:  # PIL raises several types for corrupt data
-            problems.append(f"motion field {name} does not decode ({e})")
-            continue
-        if field.shape[1::-1] != motionfield.grid_size(*frame):
-            problems.append(f"motion field {name} is {field.shape[1]}x{field.shape[0]}, its {frame[0]}x{frame[1]} "
-                            f"frame calls for {'x'.join(map(str, motionfield.grid_size(*frame)))}")
-    return problems
+def _check_field(name: str, png, frame: tuple[int, int] | None) -> list[str]:
+    """The motion field decodes, with the grid its frame's size (None: a frame that did not decode)
+    calls for."""
+    try:
+        field, _ = motionfield.decode(png)
+    except Exception as e:  # noqa: BLE001 -- PIL raises several types for corrupt data
+        return [f"motion field {name} does not decode ({e})"]
+    if frame is not None and field.shape[1::-1] != motionfield.grid_size(*frame):
+        return [(f"motion field {name} is {field.shape[1]}x{field.shape[0]}, its {frame[0]}x{frame[1]} "
+                 f"frame calls for {'x'.join(map(str, motionfield.grid_size(*frame)))}")]
+    return []
 
 
 def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool = False,
@@ -117,11 +98,12 @@ def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool
             if info.offsets[i] != pos:
                 bad(key, f"manifest offset {info.offsets[i]}, but the previous sample ends at {pos}")
                 break
-            data = f.read(info.lengths[i])
+            data = read_upto(f, info.lengths[i])
             h.update(data)
             pos += len(data)
             if len(data) < info.lengths[i]:
-                bad(key, f"shard ends inside this sample; {info.num_samples - i - 1} later samples missing")
+                bad(key, f"the shard ends at byte {pos:,}, inside this sample: {info.bytes - pos:,} of the manifest's "
+                    f"{info.bytes:,} bytes missing (a partial copy?); {info.num_samples - i - 1} later samples missing")
                 break
             if info.digests and sample_digest(data) != info.digests[i]:
                 bad(key, f"{ALGORITHM} digest differs from the manifest's")
@@ -206,7 +188,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     m = Manifest.load(args.shardset)
-    frames = args.frames or m.config.get("clip", {}).get("frames")  # as ingest writes it
+    frames = args.frames or m.frames
     problems = verify(m, args.split, args.deep, frames, args.workers)
     for p in problems:
         print(p)

@@ -112,10 +112,10 @@ CASES = [
     ("max-bad-samples-not-a-count", "trainer train --data {set} --max-bad-samples lots", {}, 2,
      ["--max-bad-samples", "'lots'", "a count (3) or a share in percent (0.5%)"]),
     ("stats-of-damaged-clips", "shards stats {rotten} --probe 0", {}, 1,
-     ["2 clips read differ from the manifest's digests", "train/train-000000.tar sample train_v0000_c01",
+     ["2 clips read are damaged", "train/train-000000.tar sample train_v0000_c01",
       "train/train-000001.tar sample train_v0001_c01", "shards verify {rotten}"]),
     ("preview-of-damaged-clips", "shards preview {rotten} --clips 6 --out {root}/rotten.png", {}, 1,
-     ["2 of the 6 clips shown differ", "marked damaged", "train/train-000000.tar sample train_v0000_c01"]),
+     ["2 of the 6 clips shown are damaged", "marked so", "train/train-000000.tar sample train_v0000_c01"]),
     ("resume-a-truncated-checkpoint", "trainer train --data {set} --output-dir {damaged} --resume --backend none "
      "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 1,
      ["--resume refused", "damaged/checkpoint.pt", "does not load: truncated or corrupt", "--overwrite"]),

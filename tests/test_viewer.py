@@ -26,7 +26,7 @@ from shards import motioncolour
 from shards.catalog import Catalog
 from shards.clipindex import ClipIndex
 from shards.format.manifest import Manifest
-from shards.format.tar import read_members
+from shards.format.sample import parse
 from required import require
 from shardsets import (ServiceProcess, frame_colour, frame_motion, http, make_class_set, make_shardset, register,
                        serve)
@@ -86,7 +86,7 @@ def frame_bytes(site, split: str, n: int) -> list[bytes]:
     """Clip n's JPEGs, read from the shard file on disk."""
     clip = ClipIndex(site["manifest"]).split(split).clip(n)
     data = (site["root"] / "tiny" / clip.shard.name).read_bytes()[clip.offset:clip.offset + clip.length]
-    return [v for name, v in read_members(data) if name.endswith(".jpg")]
+    return [bytes(f) for f in parse(data, clip.key, label=clip.label, motion=site["manifest"].motion).frames]
 
 
 # --- shards.clipindex ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import torch
 
 from shards import storage
 from shards.commands import share_of
-from shards.format.digests import CorruptSample, TooManyBadSamples
+from shards.format.digests import TooManyBadSamples
 
 from .hooks import Hook
 
@@ -102,7 +102,7 @@ class BadSamples(Hook):
     def _take(self, record: dict) -> None:
         split = record["split"]
         self.counts[split] = self.counts.get(split, 0) + 1
-        self.last[split] = str(CorruptSample.of(**{k: record[k] for k in CorruptSample.FACTS}))
+        self.last[split] = record["line"]
         if not self.rank0:
             return
         if (record["shard"], record["key"]) not in self.logged:

@@ -43,16 +43,32 @@ class CorruptSample(DataFault, OSError):
         return {k: getattr(self, k) for k in self.FACTS}
 
 
-class ShortShard(DataFault, EOFError):
-    """A shard that ends before a sample the manifest places in it (a partial copy, a quota that
-    cut it short): names the shard, the byte it ends at and how many bytes are missing. Still an
-    EOFError for code that catches those."""
+class ShortShard(DataFault):
+    """A shard that ends before the bytes the manifest gives it: ``url``, ``shard``, ``key`` (the
+    sample it ends in), ``at`` (the byte it ends at), ``missing`` (bytes short of the manifest's size)."""
 
     @classmethod
-    def of(cls, url: str, key: str, at: int, missing: int) -> "ShortShard":
-        return cls(f"{url}: ends at byte {at:,}, inside sample {key}: {missing:,} bytes missing "
-                   "(a partial copy?)",
-                   url=url, key=key, at=at, missing=missing)
+    def of(cls, url: str, info, key: str, at: int) -> "ShortShard":
+        missing = info.bytes - at
+        return cls(f"{url}: shard {info.name} ends at byte {at:,}, inside sample {key}: {missing:,} of the "
+                   f"manifest's {info.bytes:,} bytes missing (a partial copy?)", url=url, shard=info.name,
+                   key=key, at=at, missing=missing)
+
+
+CHUNK = 1 << 20  # what a read of a sample asks for at a time
+
+
+def read_upto(src, n: int) -> bytes:
+    """Up to ``n`` bytes of ``src``, a chunk at a time: a stream that ends early gives what it had,
+    and no more than that and a chunk is allocated, whatever size the manifest claims."""
+    parts, got = [], 0
+    while got < n:
+        part = src.read(min(CHUNK, n - got))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 class TooManyBadSamples(DataFault):
@@ -80,13 +96,12 @@ class CheckedSamples(io.RawIOBase):
         """The next sample's bytes (and any gap before the one after it), checked."""
         i, info = self.next, self.info
         end = info.offsets[i + 1] if i < self.last else info.offsets[i] + info.lengths[i]
-        data = self.src.read(end - info.offsets[i])
+        data = read_upto(self.src, end - info.offsets[i])
         if len(data) < info.lengths[i]:
-            raise ShortShard.of(self.url, info.keys[i], info.offsets[i] + len(data),
-                                info.lengths[i] - len(data))
+            raise ShortShard.of(self.url, info, info.keys[i], info.offsets[i] + len(data))
         if sample_digest(memoryview(data)[:info.lengths[i]]) != info.digests[i]:
             with self.opener(info.offsets[i], info.offsets[i] + info.lengths[i]) as again:
-                retry = again.read()
+                retry = read_upto(again, info.lengths[i])
             got = sample_digest(retry)
             if got != info.digests[i]:
                 error = CorruptSample.of(self.url, info.name, info.keys[i], i, info.digests[i], got)

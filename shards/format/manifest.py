@@ -83,6 +83,11 @@ class Manifest:
         return self.config.get("clip", {}).get("motion", "none")
 
     @property
+    def frames(self) -> int | None:
+        """Frames per clip, as the build recorded it (None for a set whose manifest does not say)."""
+        return self.config.get("clip", {}).get("frames")
+
+    @property
     def identity(self) -> str:
         """The set itself (module docstring): SHA-256 hex over the classes and every shard's name,
         sample count, size and SHA-256."""

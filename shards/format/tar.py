@@ -7,7 +7,6 @@ sample's members are contiguous, so its byte range in a shard is itself a valid 
 """
 from __future__ import annotations
 
-import io
 import re
 import tarfile
 
@@ -45,22 +44,3 @@ def end_of_archive(archive_size: int) -> bytes:
     """Two zero blocks, then zero padding to a whole record, as GNU tar writes them."""
     size = archive_size + 2 * BLOCK
     return b"\0" * (2 * BLOCK + (-size) % RECORD)
-
-
-def read_members(data: bytes) -> list[tuple[str, bytes]]:
-    """Parse tar bytes (a shard or one sample's byte range) into (name, data) pairs."""
-    return [(name, data[offset:offset + size]) for name, offset, size in member_spans(data)]
-
-
-def member_spans(data: bytes) -> list[tuple[str, int, int]]:
-    """(name, offset of its data in ``data``, size) of each file member of tar bytes (a sample's
-    byte range): where a frame lies inside its shard, so it can be served without a copy."""
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
-        return [(info.name, info.offset_data, info.size) for info in tf if info.isfile()]
-
-
-def split_name(name: str) -> tuple[str, str]:
-    """``dir/key.00.jpg`` -> (``dir/key``, ``00.jpg``), WebDataset's grouping rule."""
-    slash = name.rfind("/")
-    dot = name.find(".", slash + 1)
-    return (name, "") if dot < 0 else (name[:dot], name[dot + 1:])

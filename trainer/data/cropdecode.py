@@ -58,10 +58,17 @@ def available() -> bool:
     return load() is not None
 
 
+def _bytes(jpeg) -> np.ndarray:
+    """A view of ``jpeg`` (bytes or a memoryview of a sample: ``shards.format.sample``) that the
+    library can be handed without a copy."""
+    return np.frombuffer(jpeg, dtype=np.uint8)
+
+
 def scaled_size(jpeg: bytes, denom: int) -> tuple[int, int]:
     """(width, height) of the frame decoded at 1/denom scale."""
-    w, h, msg = ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(200)
-    if load().kf_scaled_size(jpeg, len(jpeg), denom, ctypes.byref(w), ctypes.byref(h), msg, len(msg)):
+    w, h, msg, data = ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(200), _bytes(jpeg)
+    if load().kf_scaled_size(data.ctypes.data, data.size, denom, ctypes.byref(w), ctypes.byref(h), msg,
+                             len(msg)):
         raise ValueError(f"JPEG header: {msg.value.decode(errors='replace')}")
     return w.value, h.value
 
@@ -75,8 +82,8 @@ def decode_crop(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1,
         out = np.empty((y1 - y0, x1 - x0, 3), dtype=np.uint8)
     if out.shape != (y1 - y0, x1 - x0, 3) or out.dtype != np.uint8 or out.strides[1:] != (3, 1):
         raise ValueError(f"output array {out.shape} {out.dtype} {out.strides} does not fit box {box}")
-    msg = ctypes.create_string_buffer(200)
-    if load().kf_decode_crop(jpeg, len(jpeg), denom, x0, y0, x1 - x0, y1 - y0, out.ctypes.data,
+    msg, data = ctypes.create_string_buffer(200), _bytes(jpeg)
+    if load().kf_decode_crop(data.ctypes.data, data.size, denom, x0, y0, x1 - x0, y1 - y0, out.ctypes.data,
                              out.strides[0], msg, len(msg)):
         raise ValueError(f"JPEG decode: {msg.value.decode(errors='replace')}")
     return out
@@ -89,8 +96,9 @@ def cut(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1) -> tuple[by
     markers, or none that tile its MCU rows, or a box that needs every interval)."""
     x0, y0, x1, y1 = box
     buf, cx, cy, msg = ctypes.create_string_buffer(len(jpeg) + 1), ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(200)
-    n = load().kf_cut(jpeg, len(jpeg), denom, x0, y0, x1 - x0, y1 - y0, buf, ctypes.byref(cx), ctypes.byref(cy),
-                      msg, len(msg))
+    data = _bytes(jpeg)
+    n = load().kf_cut(data.ctypes.data, data.size, denom, x0, y0, x1 - x0, y1 - y0, buf, ctypes.byref(cx),
+                      ctypes.byref(cy), msg, len(msg))
     if n < 0:
         raise ValueError(f"JPEG cut: {msg.value.decode(errors='replace')}")
     return (buf.raw[:n], (cx.value, cy.value)) if n else None

@@ -117,7 +117,8 @@ class ClipDataset(IterableDataset):
         plan, epoch = loader._worker_plans({worker: self._skip})[worker], loader.epoch
         if plan.order:
             for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead, self.skip_bad,
-                                                           loader.retry)):
+                                                           loader.retry, loader.manifest.frames,
+                                                           loader.manifest.motion)):
                 row = self._sample(sample, plan, epoch)
                 if (i + 1) % self.batch_size == 0:
                     self._made += 1  # before the batch's last row leaves: a state taken after it counts it
@@ -134,7 +135,7 @@ class ClipDataset(IterableDataset):
                         {k: bad[k] for k in ("url", "key", "expected", "found") if k in bad})
         rng = partition.rng_for("augment", loader.seed, epoch, key)
         jpegs = loader.transform.members(sample)
-        out = {"labels": int(sample["cls"]) if "cls" in sample else -1, "keys": key, "videos": video_id(key),
+        out = {"labels": sample["label"], "keys": key, "videos": video_id(key),
                "valid": sample["__local__"] < plan.valid_locals and bad is None}
         if self.geometry:
             g, d, _ = loader.transform.draw(jpegs[0], partition.rng_for("augment", loader.seed, epoch, key))

@@ -8,8 +8,8 @@ DataLoader workers and hands their batches out. The data path of one loader work
 
     byte ranges of shards (one open each; local descriptors opened once by the rank and
     shared with its forked workers), every sample checked against the manifest's digest
-    -> tar members (webdataset) -> samples (webdataset)
-    -> tag each with its position in the plan -> release in the planned shuffled order
+    -> each sample at its manifest offset, parsed by the format's schema (``shards.format.sample``),
+    tagged with its position in the plan -> release in the planned shuffled order
     -> [bad samples: a stand-in for each] -> batches of undecoded samples (webdataset)
     -> decode + TSM transform into a batch slot
 
@@ -66,7 +66,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import classmix, partition
 from shards.cache import ShardCache
-from shards.format.digests import CorruptSample, TooManyBadSamples
+from shards.format.digests import TooManyBadSamples
 from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
 from shards.http_range import DEFAULT_RETRY, Retry
@@ -158,12 +158,15 @@ def video_id(key: str) -> str:
 
 class _Streams(IterableDataset):
     """The rank's streams; DataLoader worker i carries out ``plans[i]``: its ordered samples in batches,
-    decoded (``trainer.data.stages``)."""
+    decoded (``trainer.data.stages``), each sample parsed as one of ``frames`` frames and ``motion``
+    fields (``Manifest.frames``, ``Manifest.motion``)."""
 
     def __init__(self, plans: list[WorkerPlan], batch_size: int, how: Decoding, pool: SlotPool | None,
-                 fds: dict[int, int], cache: ShardCache | None, lookahead: int, retry: Retry):
+                 fds: dict[int, int], cache: ShardCache | None, lookahead: int, retry: Retry,
+                 frames: int | None, motion: str):
         self.plans, self.batch_size, self.how, self.pool = plans, batch_size, how, pool
         self.fds, self.cache, self.lookahead, self.retry = fds, cache, lookahead, retry
+        self.frames, self.motion = frames, motion
 
     def __iter__(self):
         info = get_worker_info()
@@ -173,7 +176,7 @@ class _Streams(IterableDataset):
             return iter(())
         batches = wds.DataPipeline(
             lambda: iter(ordered_samples(plan, self.fds, self.cache, self.lookahead, self.how.skip_bad,
-                                         self.retry)),
+                                         self.retry, self.frames, self.motion)),
             wds.batched(self.batch_size, collation_fn=list, partial=False),
             wds.map(lambda samples: decode_batch(samples, plan, self.how, self.pool, worker)),
         )
@@ -470,9 +473,9 @@ class ClipLoader:
                        "rank": self.rank}
         self._bad += len(found)
         if self.max_bad_samples is not None and self._bad > self.max_bad_samples:
-            last = CorruptSample.of(**{k: found[-1][k] for k in CorruptSample.FACTS})
             raise TooManyBadSamples(f"{self._bad} bad samples in epoch {self.epoch + 1} of {self.split} on rank "
-                                    f"{self.rank}, more than max_bad_samples={self.max_bad_samples}; the last: {last}")
+                                    f"{self.rank}, more than max_bad_samples={self.max_bad_samples}; the last: "
+                                    f"{found[-1]['line']}")
 
     def _worker_plans(self, skips: dict[int, int] | None = None) -> list[WorkerPlan]:
         """Every DataLoader worker's plan for the rest of the epoch (``trainer.data.plan``); ``skips``:
@@ -519,7 +522,9 @@ class ClipLoader:
                                                else None)
             how = Decoding(self.transform, self.seed, self.epoch, skip_bad=self.max_bad_samples != 0,
                            on_device=self.decode_on_device, renderer=renderer)
-            loader = DataLoader(_Streams(plans, self.batch_size, how, pool, fds, self.cache, self.lookahead, self.retry),
+            streams = _Streams(plans, self.batch_size, how, pool, fds, self.cache, self.lookahead, self.retry,
+                               self.manifest.frames, self.manifest.motion)
+            loader = DataLoader(streams,
                                 batch_size=None, num_workers=self.num_workers,
                                 multiprocessing_context="fork" if self.num_workers else None,
                                 prefetch_factor=PREFETCH if self.num_workers else None,

@@ -37,12 +37,6 @@ from ..config import CHANNELS
 from .transforms import Geometry
 
 
-def clip_members(sample: dict, kind: str) -> list[tuple[bytes, bytes]]:
-    """A sample's frames in order, each as (its JPEG, its ``kind`` field)."""
-    frames = sorted(k for k in sample if k.endswith(".jpg"))
-    return [(sample[k], sample[motionfield.member(int(k.split(".")[0]), kind)]) for k in frames]
-
-
 def vector_table(factor: float) -> np.ndarray:
     """q -> the q of its vector multiplied by ``factor``, for all 256 byte values."""
     q = np.arange(256, dtype=np.float64)
@@ -89,7 +83,8 @@ class MotionTransform:
         return self.frames.geometry(w, h, rng)
 
     def members(self, sample: dict) -> list[tuple[bytes, bytes]]:
-        return clip_members(sample, self.kind)
+        """A sample's frames in order (``trainer.data.stages``), each as (its JPEG, its motion field)."""
+        return list(zip(sample["frames"], sample["fields"], strict=True))
 
     def into(self, clip: list[tuple[bytes, bytes]], rng: random.Random | None, out: np.ndarray) -> Geometry:
         """Render ``clip`` ((JPEG, field PNG) per frame) into ``out``; the geometry drawn, in pixels of

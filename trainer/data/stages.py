@@ -1,17 +1,21 @@
 """The stages of a loader worker's pipeline: plain generator functions over samples, each given its plan
 (webdataset's style), composed top to bottom in ``ordered_samples`` and ``trainer.data.loader``:
 
-    the plan's reads -> open byte ranges (every sample checked against the manifest's digest)
-    -> tar members -> samples (webdataset) -> tag each with its plan index -> release in the planned order
-    -> [bad samples: a stand-in for each] -> (the loader) batches -> ``decode_batch``
+    the plan's reads -> each read's samples at the manifest's offsets, checked against its digests and
+    parsed by the format's schema (``shards.reading.iter_samples``), tagged with their plan index
+    -> release in the planned order -> [bad samples: a stand-in for each] -> (the loader) batches
+    -> ``decode_batch``
 
-A bad sample (bytes that differ from the manifest's digest, read twice: ``shards.format.digests``), when the
-loader goes on without it, is read as one ``BAD`` member of its key holding what was found, and replaced
-by a repeat of a good sample of the same worker, marked as padding is (``stand_ins``).
+A sample is a dict: ``__key__``, ``__url__``, ``__local__`` (its plan index), ``frames`` and ``fields``
+(memoryviews of its JPEGs and motion PNGs, in frame order), ``label``. A bad sample (bytes that differ
+from the manifest's digest, read twice: ``shards.format.digests``; members the schema refuses:
+``shards.format.sample.BadSample``; a frame that does not decode), when the loader goes on without it,
+is replaced by a repeat of a good sample of the same worker, marked as padding is (``stand_ins``,
+``decode_batch``), its ``__bad__`` facts listed for the budget (``shards.reading.bad_facts``).
 """
 from __future__ import annotations
 
-import json
+import bisect
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -22,30 +26,26 @@ from torch.utils.data import get_worker_info
 
 from shards import partition
 from shards.cache import ShardCache
-from shards.format.digests import CorruptSample
-from shards.errors import CommandError
+from shards.errors import CommandError, DataFault
+from shards.format.sample import BadSample, Sample
 from shards.http_range import Retry
-from shards.reading import local_path, open_range, open_samples, read_ahead
-from shards.format.tar import member_bytes
+from shards.reading import bad_facts, iter_samples, local_path, open_range, read_ahead
 
 from .plan import Read, WorkerPlan
 from .slots import SlotPool
-from .transforms import jpeg_size
+from .transforms import DECODE_ERRORS, jpeg_size
 
 # Reading remote ranges without a cache, a worker reads ahead lookahead x this many bytes.
 READ_AHEAD_BYTES = 32 << 20
-BAD = "corrupt.json"  # the member a bad sample is read as when the loader goes on without it
 
 
 def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | None, lookahead: int,
                skip_bad: bool, retry: Retry):
-    """Stage: each planned read as an open stream of its byte range, closed once consumed. Through
-    the node cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads
-    without a cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread; local ones through
-    the rank's shared descriptor of the shard (``fds``) when it has one. Every sample is checked against
-    the manifest's digest, whichever way its bytes came (``open_samples``); with ``skip_bad`` a bad one is
-    read as a ``BAD`` member of its key (``bad_marker``). A remote source that is down is waited for as
-    ``retry`` says (``shards.http_range``)."""
+    """Stage: each planned read as (the read, an open stream of its byte range). Through the node
+    cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads without a
+    cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread; local ones through the
+    rank's shared descriptor of the shard (``fds``) when it has one. A remote source that is down is
+    waited for as ``retry`` says (``shards.http_range``)."""
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r.piece for r in reads], lookahead)
@@ -59,26 +59,36 @@ def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | N
                              retry=retry) for r in reads)
     try:
         for r, raw in zip(reads, opened):
-            stream = open_samples(r.url, r.info, r.start, r.end, fd=fds.get(r.shard), stream=raw,
-                                  replace=bad_marker if skip_bad else None, retry=retry)
             try:
-                yield {"url": r.url, "stream": stream}
+                yield r, raw
             finally:
-                stream.close()
+                raw.close()
     finally:
         getattr(opened, "close", lambda: None)()
         if cache is not None:
             copies.close()
 
 
-def tag(samples, expected):
-    """Stage: attach each sample's plan index; drop samples read only to keep a range whole."""
-    for sample, (key, local) in zip(samples, expected, strict=True):
-        if sample["__key__"] != key:
-            raise ValueError(f"{sample['__url__']}: found sample {sample['__key__']}, manifest says {key}")
-        if local is not None:
-            sample["__local__"] = local
-            yield sample
+def planned_samples(opened, plan: WorkerPlan, fds: dict[int, int], skip_bad: bool, frames: int | None,
+                    motion: str, retry: Retry):
+    """Stage: the samples of each opened read, at the manifest's offsets and lengths, every one checked
+    against the manifest's digest and parsed by the schema (``iter_samples``), as the dicts the later
+    stages take (module docstring); those read only to keep a range whole are dropped. With ``skip_bad``
+    a bad sample comes as its ``__bad__`` facts, else its fault is raised."""
+    expected = iter(plan.expected)
+    for r, raw in opened:
+        first, stop = bisect.bisect_left(r.info.offsets, r.start), bisect.bisect_left(r.info.offsets, r.end)
+        for i, sample in iter_samples(r.url, r.info, first, stop, skip_bad, frames=frames, motion=motion,
+                                      fd=fds.get(r.shard), stream=raw, retry=retry):
+            key, local = next(expected)
+            if local is None:
+                continue
+            out = {"__key__": key, "__url__": r.url, "__local__": local, "__shard__": r.info.name,
+                   "__index__": i}
+            if isinstance(sample, Sample):
+                yield out | {"frames": sample.frames, "fields": sample.fields, "label": sample.label}
+            else:
+                yield out | {"__bad__": bad_facts(r.url, r.info.name, key, i, sample)}
 
 
 def in_order(samples, order):
@@ -94,20 +104,14 @@ def in_order(samples, order):
         raise RuntimeError(f"stream ended before planned sample {want}")
 
 
-def bad_marker(error: CorruptSample) -> bytes:
-    """What a bad sample is read as when the loader goes on without it: one tar member of its key
-    holding what was found (``stand_ins`` recognises it)."""
-    return member_bytes(f"{error.key}.{BAD}", json.dumps(error.facts()).encode())
-
-
 def stand_ins(samples):
-    """Stage: each bad sample (a ``BAD`` member in place of its own) replaced by a repeat of the last
+    """Stage: each bad sample (its ``__bad__`` facts in place of its members) replaced by a repeat of the last
     good sample before it, or, for those before the first good one, the first after; the repeat has
     the bad sample's plan index and its ``__bad__`` facts (``decode_batch`` marks it padding)."""
     last, waiting = None, []
     for sample in samples:
-        if BAD in sample:
-            bad = {"__local__": sample["__local__"], "__bad__": json.loads(sample[BAD])}
+        if "__bad__" in sample:
+            bad = {"__local__": sample["__local__"], "__bad__": sample["__bad__"]}
             if last is None:
                 waiting.append(bad)
             else:
@@ -117,20 +121,20 @@ def stand_ins(samples):
         waiting, last = [], sample
         yield sample
     if waiting:  # nothing good in the worker's whole share
-        raise CorruptSample.of(**waiting[0]["__bad__"], why="read twice; no good clip in this loader worker's "
-                               "share to stand in for it")
+        raise DataFault(f"{waiting[0]['__bad__']['line']}; no good clip in this loader worker's share to "
+                        "stand in for it")
 
 
 def ordered_samples(plan: WorkerPlan, fds: dict[int, int], cache: ShardCache | None, lookahead: int,
-                    skip_bad: bool, retry: Retry) -> wds.DataPipeline:
-    """A worker's samples in its plan's order (stand-ins in place of bad ones with ``skip_bad``; a source
-    that is down waited for as ``retry`` says)."""
+                    skip_bad: bool, retry: Retry, frames: int | None = None,
+                    motion: str = "none") -> wds.DataPipeline:
+    """A worker's samples in its plan's order, parsed as a set of ``frames`` frames and ``motion`` fields
+    (``Manifest.frames``, ``Manifest.motion``) holds them (stand-ins in place of bad ones with ``skip_bad``;
+    a source that is down waited for as ``retry`` says)."""
     return wds.DataPipeline(
         lambda: iter(plan.reads),
         lambda reads: open_reads(reads, fds, cache, lookahead, skip_bad, retry),
-        wds.tariterators.tar_file_expander,
-        wds.tariterators.group_by_keys,
-        lambda src: tag(src, plan.expected),
+        lambda opened: planned_samples(opened, plan, fds, skip_bad, frames, motion, retry),
         lambda src: in_order(src, plan.order),
         *([stand_ins] if skip_bad else []),
     )
@@ -168,15 +172,15 @@ def decode_batch(samples: list[dict], plan: WorkerPlan, how: Decoding, pool: Slo
     keys = [s["__key__"] for s in samples]
     rngs = [partition.rng_for("augment", how.seed, how.epoch, k) for k in keys]
     real = [s["__local__"] < plan.valid_locals for s in samples]  # not a padding repeat
-    out = {"keys": keys, "labels": [int(s["cls"]) if "cls" in s else -1 for s in samples],
+    out = {"keys": keys, "labels": [s["label"] for s in samples],
            "valid": [r and "__bad__" not in s for r, s in zip(real, samples)]}
     if how.skip_bad:
         out["bad"] = [s["__bad__"] | {"slot": i} for i, (r, s) in enumerate(zip(real, samples)) if r and "__bad__" in s]
     transform = how.transform
     frames = [transform.members(s) for s in samples]
     if how.on_device:  # only the headers are parsed here
-        return out | pack_jpegs([{"jpegs": f, "geometry": transform.geometry(*jpeg_size(f[0]), rng)}
-                                 for f, rng in zip(frames, rngs)])
+        return out | pack_jpegs([{"jpegs": f, "geometry": transform.geometry(*decoded(jpeg_size, s, f[0]), rng)}
+                                 for f, rng, s in zip(frames, rngs, samples)])
     if how.renderer is not None:  # the parts one after the other, flat
         shape = (how.renderer.nbytes,)
     else:
@@ -192,9 +196,47 @@ def decode_batch(samples: list[dict], plan: WorkerPlan, how: Decoding, pool: Slo
     if how.renderer is not None:
         how.renderer.render(frames, rngs, pixels)
         return out
-    for f, rng, dest in zip(frames, rngs, pixels):
-        transform.into(f, rng, dest)
+    undecodable = []
+    for i, (f, rng, dest, s) in enumerate(zip(frames, rngs, pixels, samples)):
+        try:
+            decoded(transform.into, s, f, rng, dest)
+        except BadSample as e:
+            if not how.skip_bad:
+                raise
+            undecodable.append((i, e))
+    _stand_in_rows(undecodable, samples, real, pixels, out)
     return out
+
+
+def _stand_in_rows(undecodable: list[tuple[int, BadSample]], samples: list[dict], real: list[bool],
+                   pixels, out: dict) -> None:
+    """Rows whose frames did not decode: each the pixels of the batch's first good row, marked as
+    padding is, and listed with the batch's bad samples; a batch with no good row raises its first."""
+    if not undecodable:
+        return
+    failed = {i for i, _ in undecodable}
+    good = next((i for i in range(len(samples)) if i not in failed and out["valid"][i]), None)
+    if good is None:
+        raise undecodable[0][1]
+    for i, error in undecodable:
+        pixels[i] = pixels[good]
+        out["valid"][i] = False
+        s = samples[i]
+        if real[i]:
+            out["bad"].append(bad_facts(s["__url__"], s["__shard__"], s["__key__"], s["__index__"], error)
+                              | {"slot": i})
+
+
+def decoded(render, sample: dict, *args):
+    """``render(*args)`` (a transform's ``into``, ``jpeg_size``) for the frames of ``sample``: a frame
+    that does not decode is a ``BadSample`` of it, counted as a digest that differs is."""
+    where = f"{sample['__url__']}: shard {sample['__shard__']}"
+    try:
+        return render(*args)
+    except BadSample as e:
+        raise BadSample.of(where, sample["__key__"], e.why) from None
+    except DECODE_ERRORS as e:
+        raise BadSample.of(where, sample["__key__"], f"a frame does not decode ({type(e).__name__}: {e})") from None
 
 
 def pack_jpegs(samples) -> dict:

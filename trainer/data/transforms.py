@@ -33,10 +33,12 @@ from __future__ import annotations
 import io
 import math
 import random
+import struct
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+from shards.format.sample import BadSample
 from shards.pillow_memory import keep_freed_blocks
 
 from . import cropdecode
@@ -65,9 +67,19 @@ def decode(jpeg: bytes, short_side: int) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
+# What PIL and cropdecode raise on bytes that are not a JPEG they can decode.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, IndexError, struct.error, EOFError,
+                 Image.DecompressionBombError)
+
+
 def jpeg_size(jpeg: bytes) -> tuple[int, int]:
-    """(width, height) from the JPEG header, without decoding."""
-    return Image.open(io.BytesIO(jpeg)).size
+    """(width, height) from the JPEG header, without decoding; a header that does not parse is a
+    ``BadSample`` (without its place: ``trainer.data.stages.decoded`` adds it)."""
+    try:
+        return Image.open(io.BytesIO(jpeg)).size
+    except DECODE_ERRORS as e:
+        why = f"a frame's JPEG header does not parse ({type(e).__name__}: {e})"
+        raise BadSample(why, why=why) from None
 
 
 def dct_denom(w: int, h: int, short_side: int) -> int:
@@ -179,8 +191,8 @@ class _Transform:
         return ((self.views,) if self.views > 1 else ()) + (frames, self.side, self.side, self.channels)
 
     def members(self, sample: dict) -> list[bytes]:
-        """A sample's JPEG frames in order: what ``into`` renders."""
-        return [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
+        """A sample's JPEG frames in order (``trainer.data.stages``): what ``into`` renders."""
+        return sample["frames"]
 
     def __call__(self, jpegs: list[bytes], rng: random.Random | None = None) -> np.ndarray:
         out = np.empty(self.shape(len(jpegs)), dtype=np.uint8)
