@@ -37,6 +37,10 @@ BUGS = {
     "a truncated JPEG frame is a PIL OSError traceback in preview": (
         "shards/preview.py decodes the frames of a sample that parses without turning PIL's OSError into its "
         "damaged mark or a BadSample", ["preview: OSError in ImageFile.py:_safe_read"], 386),
+    "verify (not --deep) passes a frame whose JPEG header does not parse; stats and the loader refuse it": (
+        "shards/verify.py checks frames' JPEG headers only with --deep; the readers refuse them always",
+        ["verify passed what stats refused", "verify passed what loader refused",
+         "verify passed what preview refused"], 570),
 }
 KNOWN = {signature: bug for bug, (_, signatures, _) in BUGS.items() for signature in signatures}
 # the same for bugs the campaign found and that are fixed (in the readers branch unless said)
