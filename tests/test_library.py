@@ -342,3 +342,93 @@ def test_a_users_transform_draws_the_same_whatever_the_workers(shardset):
     assert all(torch.equal(one[k], two[k]) for k in one)
     later = by_key(1, 1)
     assert sum(not torch.equal(one[k], later[k]) for k in one) > len(one) // 2
+
+
+# --- the arguments: each wrong one refused when the loader is made, in one line naming it ----------------
+REFUSED = [  # (the arguments, the error, words its message must hold)
+    (dict(split="validation"), ValueError, ["split='validation'", "'train', 'val'"]),
+    (dict(batch_size=0), ValueError, ["batch_size: 0 is out of range: give 1 or more"]),
+    (dict(batch_size=-2), ValueError, ["batch_size: -2 is out of range"]),
+    (dict(batch_size=4.0), TypeError, ["batch_size", "an int", "float"]),
+    (dict(batch_size="4"), TypeError, ["batch_size", "an int", "str"]),
+    (dict(crop_size=0), ValueError, ["crop_size: 0 is out of range: give 1 or more"]),
+    (dict(train=False, crop_size=128, scale_size=64), ValueError,
+     ["scale_size=64", "crop_size=128", "scale_size 128 or more"]),
+    (dict(split="val", crop_size=128, scale_size=64), ValueError, ["scale_size=64", "crop_size=128"]),
+    (dict(scale_size=-1), ValueError, ["scale_size: -1 is out of range"]),
+    (dict(world_size=0), ValueError, ["world_size: 0 is out of range: give 1 or more"]),
+    (dict(rank=2, world_size=2), ValueError, ["rank: 2 is out of range: give 0 to 1"]),
+    (dict(rank=-1, world_size=2), ValueError, ["rank: -1 is out of range"]),
+    (dict(local_size=0), ValueError, ["local_size: 0 is out of range"]),
+    (dict(epoch=-1), ValueError, ["epoch: -1 is out of range: give 0 or more"]),
+    (dict(seed=1.5), TypeError, ["seed", "an int"]),
+    (dict(shuffle_buffer=-1), ValueError, ["shuffle_buffer: -1 is out of range: give 0 or more"]),
+    (dict(lookahead=-1), ValueError, ["lookahead: -1 is out of range"]),
+    (dict(piece_samples=0), ValueError, ["piece_samples: 0 is out of range: give 1 or more"]),
+    (dict(source_deadline=-1.0), ValueError, ["source_deadline: -1.0 is out of range"]),
+    (dict(eval_crops=2), ValueError, ["eval_crops=2", "1, 3"]),
+    (dict(remainder="keep"), ValueError, ["remainder='keep'", "'pad', 'drop'"]),
+    (dict(shuffle="nodes"), ValueError, ["shuffle='nodes'", "'global', 'node'"]),
+    (dict(modality="flow"), ValueError, ["modality='flow'", "'rgb', 'motion'"]),
+    (dict(direct_reads="sometimes"), ValueError, ["direct_reads='sometimes'", "'auto', 'never', 'always'"]),
+    (dict(flip="no"), TypeError, ["flip", "True or False", "str"]),
+    (dict(train="val"), TypeError, ["train", "True, False or None"]),
+]
+ONLY_LOADER = [(dict(num_workers=-1), ValueError, ["num_workers: -1 is out of range: give 0 or more"]),
+               (dict(max_bad_samples=-1), ValueError, ["max_bad_samples: -1 is out of range"]),
+               (dict(cache_dir="cache", cache_budget="64XB"), ValueError, ["cache_budget='64XB'", "a size"])]
+ONLY_DATASET = [(dict(frames="png"), ValueError, ["frames='png'", "'crops', 'decoded', 'jpeg'"]),
+                (dict(transform=5), TypeError, ["transform", "a callable or None", "int"]),
+                (dict(frames="decoded", geometry="yes"), TypeError, ["geometry", "True or False"]),
+                (dict(skip_bad=1), TypeError, ["skip_bad", "True or False", "int"])]
+LOADER_CASES = [("ClipLoader", *case) for case in REFUSED + ONLY_LOADER]
+DATASET_CASES = [("ClipDataset", *case) for case in REFUSED + ONLY_DATASET]
+
+
+@pytest.mark.parametrize("api, arguments, error, words", LOADER_CASES + DATASET_CASES,
+                         ids=[f"{c[0]}-{','.join(f'{k}={v}' for k, v in c[1].items())}"
+                              for c in LOADER_CASES + DATASET_CASES])
+def test_a_wrong_argument_is_refused_when_the_loader_is_made_naming_it(shardset, api, arguments, error,
+                                                                        words):
+    import trainer.data
+
+    arguments = {"split": "train", "batch_size": 4, "crop_size": 32, "scale_size": 40} | arguments
+    with pytest.raises(error) as refused:
+        getattr(trainer.data, api)(shardset, arguments.pop("split"), **arguments)
+    message = str(refused.value)
+    assert type(refused.value) is error and "\n" not in message  # no ZeroDivisionError, no bare KeyError
+    assert all(w in message for w in words), message
+
+
+def test_every_numeric_argument_of_the_loader_is_bounded(shardset):
+    """Every int or float parameter of ``ClipLoader`` (but the seed, any int) refuses -1 naming itself and
+    its range (or its few choices)."""
+    import inspect
+
+    from trainer.data import ClipLoader
+
+    numeric = [name for name, p in inspect.signature(ClipLoader).parameters.items()
+               if name != "seed" and {"int", "float"} & set(re.findall(r"\w+", str(p.annotation)))]
+    assert len(numeric) >= 12, numeric
+    for name in numeric:
+        arguments = {"batch_size": 4, "crop_size": 32, "scale_size": 40, name: -1}
+        with pytest.raises(ValueError, match=rf"^{name}(: -1 is out of range: give|=-1: give one of)"):
+            ClipLoader(shardset, "train", **arguments)
+
+
+def test_a_split_other_than_train_reads_with_the_evaluation_transform_unless_asked(shardset):
+    """``train`` left out: True for the split named "train" (random crops, flips, a shuffled order), False
+    for the others (the centre crop, in stored order); ``train=True`` still augments any split."""
+    from shards.manifest import Manifest
+    from trainer.data import ClipDataset, ClipLoader, EvalTransform, TrainTransform
+
+    stored = [k for s in Manifest.load(shardset).splits["val"].shards for k in s.keys]
+    options = dict(batch_size=2, crop_size=32, scale_size=40, num_workers=0)
+    val = ClipLoader(shardset, "val", **options)
+    assert not val.train and type(val.transform) is EvalTransform
+    for epoch in (0, 1):
+        val.set_epoch(epoch)
+        assert [k for b in val for k in b["keys"]] == stored
+    assert [s["keys"] for s in ClipDataset(shardset, "val", batch_size=2, crop_size=32, scale_size=40)] == stored
+    assert type(ClipLoader(shardset, "val", train=True, **options).transform) is TrainTransform
+    assert type(ClipLoader(shardset, "train", **options).transform) is TrainTransform

@@ -46,6 +46,7 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from shards import partition
 
 from ..config import IMAGENET_MEAN, IMAGENET_STD
+from .arguments import Flag, Function, OneOf, check
 from .loader import ClipLoader, video_id
 from .plan import WorkerPlan
 from .stages import ordered_samples
@@ -53,6 +54,8 @@ from .stages import ordered_samples
 log = logging.getLogger(__name__)
 
 FRAMES = ("crops", "decoded", "jpeg")
+# ClipDataset's own arguments and their rules (trainer.data.arguments); ClipLoader checks the rest
+ARGUMENTS = {"frames": OneOf(FRAMES), "transform": Function(), "geometry": Flag(), "skip_bad": Flag()}
 
 
 class ClipDataset(IterableDataset):
@@ -61,14 +64,15 @@ class ClipDataset(IterableDataset):
 
     The keyword arguments are ``ClipLoader``'s (rank and world size from ``torch.distributed`` or
     ``RANK``/``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` when not given), less its worker count (the DataLoader's)
-    and the trainer's own, plus ``frames``, ``transform`` and ``geometry`` (module docstring).
+    and the trainer's own, plus ``frames``, ``transform`` and ``geometry`` (module docstring), all checked as
+    the dataset is made (``ValueError`` or ``TypeError`` naming the argument). ``train`` left out: True for
+    the split named ``"train"``, False (the evaluation transform, stored order) for the others.
     ``skip_bad``: a sample whose bytes differ from the manifest's digest is replaced by a repeat of a good
     one marked ``valid`` False (and logged) instead of ending the iteration with ``CorruptSample``."""
 
     def __init__(self, data, split: str = "train", *, batch_size: int, frames: str = "crops", transform=None,
                  geometry: bool = False, skip_bad: bool = False, **options):
-        if frames not in FRAMES:
-            raise ValueError(f"frames must be one of {FRAMES}, not {frames!r}")
+        check(ARGUMENTS, locals())
         if transform is not None and frames != "decoded":
             raise ValueError("transform is applied to decoded frames: give frames='decoded' with it")
         self.loader = ClipLoader(data, split, batch_size=batch_size, num_workers=1, max_bad_samples=None, **options)
