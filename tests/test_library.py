@@ -432,3 +432,48 @@ def test_a_split_other_than_train_reads_with_the_evaluation_transform_unless_ask
     assert [s["keys"] for s in ClipDataset(shardset, "val", batch_size=2, crop_size=32, scale_size=40)] == stored
     assert type(ClipLoader(shardset, "val", train=True, **options).transform) is TrainTransform
     assert type(ClipLoader(shardset, "train", **options).transform) is TrainTransform
+
+
+# --- warnings: once, at the caller's line ------------------------------------------------------------------
+def test_the_upsampling_warning_points_at_the_callers_line(tmp_path):
+    from trainer.data import ClipDataset, ClipLoader, Upsampling
+
+    m = make_shardset(str(tmp_path), {"train": 8}, per_shard=4)
+    m.config["clip"]["short_side"] = 48
+    m.save(str(tmp_path))
+    for api in (ClipLoader, ClipDataset):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            api(str(tmp_path), "train", batch_size=4, crop_size=224, scale_size=256)
+        (w,) = [w for w in caught if w.category is Upsampling]
+        assert w.filename == __file__, (api.__name__, w.filename)
+
+
+def test_a_dataloader_batching_other_than_the_dataset_warns_once_at_the_callers_line(shardset):
+    from torch.utils.data import DataLoader
+
+    from trainer.data import BatchSizeMismatch, ClipDataset
+
+    dataset = ClipDataset(shardset, "train", batch_size=4, crop_size=32, scale_size=40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sizes = [len(b["keys"]) for _ in range(2) for b in DataLoader(dataset, batch_size=8)]
+        list(DataLoader(dataset, batch_size=4))  # the planned batches, and unbatched samples: no warning
+        list(DataLoader(dataset, batch_size=None))
+    assert sizes == [8, 8, 8] * 2  # 24 clips: here the batches happen to be whole
+    (w,) = [w for w in caught if w.category is BatchSizeMismatch]
+    assert w.filename == __file__ and "DataLoader(batch_size=8) over ClipDataset(batch_size=4)" in str(w.message)
+
+
+def test_a_dataloader_batching_otherwise_warns_once_from_its_workers(shardset, tmp_path):
+    """With workers, the first one warns on its stderr, once over two epochs; the batches are ragged."""
+    script = tmp_path / "ragged.py"
+    script.write_text("from torch.utils.data import DataLoader\nfrom trainer.data import ClipDataset\n"
+                      f"dataset = ClipDataset({shardset!r}, 'train', batch_size=4, crop_size=32, scale_size=40)\n"
+                      "for epoch in range(2):\n"
+                      "    print(*(len(b['keys']) for b in DataLoader(dataset, batch_size=8, num_workers=2)))\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == ["8 8 4 4"] * 2  # each worker's 12 clips: 8, then the 4 left (the issue's)
+    assert run.stderr.count("BatchSizeMismatch: DataLoader(batch_size=8) over ClipDataset(batch_size=4)") == 1

@@ -3,7 +3,8 @@
 For a training loop of one's own (docs/library.md): ``ClipLoader`` (the ready loader: batches from a set's
 path or URL, its own worker processes and shared-memory batch slots, ``state_dict`` for exact and elastic
 resume), ``ClipDataset`` (a torch ``IterableDataset`` of the same clips for a ``DataLoader`` one builds,
-as Lightning, mmaction2 or SlowFast do), ``normalise`` with ``MEAN`` and ``STD``, and the built-in crops
+as Lightning, mmaction2 or SlowFast do; ``BatchSizeMismatch``, its warning for a DataLoader batching
+them otherwise), ``normalise`` with ``MEAN`` and ``STD``, and the built-in crops
 (``TrainTransform``, ``EvalTransform``, their ``Geometry``). Importing this package loads none of them
 until asked for, and none of them needs the trainer, Ray, aiohttp, OpenCV or Horovod.
 
@@ -19,8 +20,8 @@ room but its base (``trainer.config``).
 import importlib
 
 PUBLIC = {"ClipLoader": "loader", "placement": "loader", "Upsampling": "loader", "ClipDataset": "dataset",
-          "normalise": "dataset", "MEAN": "dataset", "STD": "dataset", "TrainTransform": "transforms",
-          "EvalTransform": "transforms", "Geometry": "transforms"}
+          "BatchSizeMismatch": "dataset", "normalise": "dataset", "MEAN": "dataset", "STD": "dataset",
+          "TrainTransform": "transforms", "EvalTransform": "transforms", "Geometry": "transforms"}
 __all__ = sorted(PUBLIC)
 
 
