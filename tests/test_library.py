@@ -4,7 +4,9 @@ clip once per epoch, on every rank, and a resumed run continuing the identical s
 
 Also the reading API's own contracts that the page states: ``ClipDataset`` yields what ``ClipLoader``
 yields (same clips, same pixels, same order), rank and world size from the environment, the upsampling
-warning, ``normalise``'s constants, the import staying free of the heavy packages.
+warning, ``normalise``'s constants, the import staying free of the heavy packages; and the arguments: each
+wrong one refused as the loader is made, in one line naming it, splits other than ``train`` read for
+evaluation, a DataLoader batching otherwise warned about once, warnings at the caller's line.
 """
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ over frozen records), ``position`` (where a loader stands in its epochs, and how
 continues), ``stages`` (the pipeline's stages: plain functions over their plans), ``dataset``
 (``ClipDataset``), ``transforms`` (TSM's crops, JPEG
 decoding), ``cropdecode`` (the C crop decoder, ``trainer/libcropjpeg.so``), ``device_decode`` (nvJPEG on
-the GPU), ``slots`` (the shared-memory batch pool) and ``shapes`` (a multigrid epoch's batches cut into
-parts; ``EpochShapes``, what the loader needs of a schedule). Imports nothing of the trainer outside this
+the GPU), ``slots`` (the shared-memory batch pool), ``shapes`` (a multigrid epoch's batches cut into
+parts; ``EpochShapes``, what the loader needs of a schedule) and ``arguments`` (the reading API's argument
+checks and its warnings at the caller's line). Imports nothing of the trainer outside this
 room but its base (``trainer.config``).
 """
 import importlib
