@@ -104,6 +104,14 @@ def rng_for(*parts) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "little"))
 
 
+def at_least(what: str, value: int, low: int = 1) -> int:
+    """``value``, refused (``ValueError`` naming ``what``) below ``low``: a count the plan divides by or
+    splits into (a batch, a rank, a worker, a node, a piece) is 1 or more."""
+    if value < low:
+        raise ValueError(f"{what} {value}: give {low} or more")
+    return value
+
+
 def pieces(shard_sizes: list[int], piece_samples: int | None = None) -> list[Run]:
     """Each shard as one run, or cut into near-equal runs of at most ``piece_samples``."""
     return cut([Run(shard, 0, size) for shard, size in enumerate(shard_sizes)], piece_samples)
@@ -113,7 +121,7 @@ def cut(runs: Iterable[Run], piece_samples: int | None = None) -> list[Run]:
     """Each run as it is, or cut into near-equal runs of at most ``piece_samples``."""
     out = []
     for run in runs:
-        k = max(1, -(-run.size // piece_samples)) if piece_samples else 1
+        k = 1 if piece_samples is None else max(1, -(-run.size // at_least("piece_samples", piece_samples)))
         bounds = [run.start + run.size * j // k for j in range(k + 1)]
         out.extend(Run(run.shard, a, b) for a, b in zip(bounds, bounds[1:]))
     return out
@@ -182,7 +190,7 @@ def sizes_of(n: Sizes) -> tuple[int, ...]:
 
 
 def ranks_per_node(world_size: int, nodes: int) -> int:
-    if world_size % nodes:
+    if world_size % at_least("nodes", nodes) or not at_least("world size", world_size):
         raise ValueError(f"world size {world_size} is not a whole number of ranks on each of {nodes} nodes")
     return world_size // nodes
 
@@ -201,7 +209,7 @@ def batches_per_rank(n: Sizes, world_size: int, batch_size: int, remainder: str 
     if remainder not in REMAINDERS:
         raise ValueError(f"remainder must be one of {REMAINDERS}, not {remainder!r}")
     sizes = sizes_of(n)
-    step = ranks_per_node(world_size, len(sizes)) * batch_size
+    step = ranks_per_node(world_size, len(sizes)) * at_least("batch_size", batch_size)
     counts = [k // step + (remainder == "pad" and k % step > 0) for k in sizes]
     batches = max(counts) if remainder == "pad" else min(counts)
     if batches and not all(sizes):
@@ -211,6 +219,7 @@ def batches_per_rank(n: Sizes, world_size: int, batch_size: int, remainder: str 
 
 def worker_batches(num_batches: int, num_workers: int, worker: int, done: int = 0) -> int:
     """How many of batches [done, num_batches) fall to ``worker`` (batch b -> worker b % W)."""
+    at_least("num_workers", num_workers)
     def upto(k):  # batches b < k with b % W == worker
         return max(0, (k - worker + num_workers - 1) // num_workers)
     return upto(num_batches) - upto(done)
@@ -241,7 +250,7 @@ def streams(n: Sizes, world_size: int, rank: int, num_workers: int, batch_size: 
     node, local = divmod(rank, ranks_per_node(world_size, len(sizes)))
     share = per_rank(sizes, world_size, batch_size, remainder)
     begin, out = local * share, []
-    for w in range(num_workers):
+    for w in range(at_least("num_workers", num_workers)):
         size = worker_batches(share // batch_size, num_workers, w) * batch_size
         out.append(Stream(rank, w, begin, begin + size, sizes[node], node))
         begin += size

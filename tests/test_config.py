@@ -41,3 +41,15 @@ def test_the_fields_a_checkpoint_stores_are_checked_too():
         config.TrainConfig.from_dict({"version": 1, "data": {"data": "set"}, "model": {"width": 0}, "recipe": {},
                                       "system": {}, "schedules": {}})
     assert len(CHECKED) >= 20  # the ranges this file holds the configs to
+
+
+def test_a_validation_scale_below_the_crop_is_refused_naming_both_flags():
+    """Validation scales the short side to --scale-size, then cuts a --crop-size crop: the loader refuses a
+    scale below the crop (``ValueError``), the trainer's flags first, in their words."""
+    with pytest.raises(OutOfRange) as refused:
+        config.Data(data="set", crop_size=128, scale_size=64)
+    assert str(refused.value).startswith("--scale-size 64: smaller than --crop-size 128")
+    assert "--val-split ''" in str(refused.value)
+    config.Data(data="set", crop_size=128, scale_size=64, val_split="")  # no validation: only crops are cut
+    with pytest.raises(OutOfRange, match="--lookahead: -1 is out of range: give 0 or more"):
+        config.Data(data="set", lookahead=-1)

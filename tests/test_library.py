@@ -4,7 +4,9 @@ clip once per epoch, on every rank, and a resumed run continuing the identical s
 
 Also the reading API's own contracts that the page states: ``ClipDataset`` yields what ``ClipLoader``
 yields (same clips, same pixels, same order), rank and world size from the environment, the upsampling
-warning, ``normalise``'s constants, the import staying free of the heavy packages.
+warning, ``normalise``'s constants, the import staying free of the heavy packages; and the arguments: each
+wrong one refused as the loader is made, in one line naming it, splits other than ``train`` read for
+evaluation, a DataLoader batching otherwise warned about once, warnings at the caller's line.
 """
 from __future__ import annotations
 
@@ -342,3 +344,138 @@ def test_a_users_transform_draws_the_same_whatever_the_workers(shardset):
     assert all(torch.equal(one[k], two[k]) for k in one)
     later = by_key(1, 1)
     assert sum(not torch.equal(one[k], later[k]) for k in one) > len(one) // 2
+
+
+# --- the arguments: each wrong one refused when the loader is made, in one line naming it ----------------
+REFUSED = [  # (the arguments, the error, words its message must hold)
+    ({"split": "validation"}, ValueError, ["split='validation'", "'train', 'val'"]),
+    ({"batch_size": 0}, ValueError, ["batch_size: 0 is out of range: give 1 or more"]),
+    ({"batch_size": -2}, ValueError, ["batch_size: -2 is out of range"]),
+    ({"batch_size": 4.0}, TypeError, ["batch_size", "an int", "float"]),
+    ({"batch_size": "4"}, TypeError, ["batch_size", "an int", "str"]),
+    ({"crop_size": 0}, ValueError, ["crop_size: 0 is out of range: give 1 or more"]),
+    ({"train": False, "crop_size": 128, "scale_size": 64}, ValueError,
+     ["scale_size=64", "crop_size=128", "scale_size 128 or more"]),
+    ({"split": "val", "crop_size": 128, "scale_size": 64}, ValueError, ["scale_size=64", "crop_size=128"]),
+    ({"scale_size": -1}, ValueError, ["scale_size: -1 is out of range"]),
+    ({"world_size": 0}, ValueError, ["world_size: 0 is out of range: give 1 or more"]),
+    ({"rank": 2, "world_size": 2}, ValueError, ["rank: 2 is out of range: give 0 to 1"]),
+    ({"rank": -1, "world_size": 2}, ValueError, ["rank: -1 is out of range"]),
+    ({"local_size": 0}, ValueError, ["local_size: 0 is out of range"]),
+    ({"epoch": -1}, ValueError, ["epoch: -1 is out of range: give 0 or more"]),
+    ({"seed": 1.5}, TypeError, ["seed", "an int"]),
+    ({"shuffle_buffer": -1}, ValueError, ["shuffle_buffer: -1 is out of range: give 0 or more"]),
+    ({"lookahead": -1}, ValueError, ["lookahead: -1 is out of range"]),
+    ({"piece_samples": 0}, ValueError, ["piece_samples: 0 is out of range: give 1 or more"]),
+    ({"source_deadline": -1.0}, ValueError, ["source_deadline: -1.0 is out of range"]),
+    ({"eval_crops": 2}, ValueError, ["eval_crops=2", "1, 3"]),
+    ({"remainder": "keep"}, ValueError, ["remainder='keep'", "'pad', 'drop'"]),
+    ({"shuffle": "nodes"}, ValueError, ["shuffle='nodes'", "'global', 'node'"]),
+    ({"modality": "flow"}, ValueError, ["modality='flow'", "'rgb', 'motion'"]),
+    ({"direct_reads": "sometimes"}, ValueError, ["direct_reads='sometimes'", "'auto', 'never', 'always'"]),
+    ({"flip": "no"}, TypeError, ["flip", "True or False", "str"]),
+    ({"train": "val"}, TypeError, ["train", "True, False or None"]),
+]
+ONLY_LOADER = [({"num_workers": -1}, ValueError, ["num_workers: -1 is out of range: give 0 or more"]),
+               ({"max_bad_samples": -1}, ValueError, ["max_bad_samples: -1 is out of range"]),
+               ({"cache_dir": "cache", "cache_budget": "64XB"}, ValueError, ["cache_budget='64XB'", "a size"])]
+ONLY_DATASET = [({"frames": "png"}, ValueError, ["frames='png'", "'crops', 'decoded', 'jpeg'"]),
+                ({"transform": 5}, TypeError, ["transform", "a callable or None", "int"]),
+                ({"frames": "decoded", "geometry": "yes"}, TypeError, ["geometry", "True or False"]),
+                ({"skip_bad": 1}, TypeError, ["skip_bad", "True or False", "int"])]
+LOADER_CASES = [("ClipLoader", *case) for case in REFUSED + ONLY_LOADER]
+DATASET_CASES = [("ClipDataset", *case) for case in REFUSED + ONLY_DATASET]
+
+
+@pytest.mark.parametrize("api, arguments, error, words", LOADER_CASES + DATASET_CASES,
+                         ids=[f"{c[0]}-{','.join(f'{k}={v}' for k, v in c[1].items())}"
+                              for c in LOADER_CASES + DATASET_CASES])
+def test_a_wrong_argument_is_refused_when_the_loader_is_made_naming_it(shardset, api, arguments, error,
+                                                                        words):
+    import trainer.data
+
+    arguments = {"split": "train", "batch_size": 4, "crop_size": 32, "scale_size": 40} | arguments
+    with pytest.raises(error) as refused:
+        getattr(trainer.data, api)(shardset, arguments.pop("split"), **arguments)
+    message = str(refused.value)
+    assert type(refused.value) is error and "\n" not in message  # no ZeroDivisionError, no bare KeyError
+    assert all(w in message for w in words), message
+
+
+def test_every_numeric_argument_of_the_loader_is_bounded(shardset):
+    """Every int or float parameter of ``ClipLoader`` (but the seed, any int) refuses -1 naming itself and
+    its range (or its few choices)."""
+    import inspect
+
+    from trainer.data import ClipLoader
+
+    numeric = [name for name, p in inspect.signature(ClipLoader).parameters.items()
+               if name != "seed" and {"int", "float"} & set(re.findall(r"\w+", str(p.annotation)))]
+    assert len(numeric) >= 12, numeric
+    for name in numeric:
+        arguments = {"batch_size": 4, "crop_size": 32, "scale_size": 40, name: -1}
+        with pytest.raises(ValueError, match=rf"^{name}(: -1 is out of range: give|=-1: give one of)"):
+            ClipLoader(shardset, "train", **arguments)
+
+
+def test_a_split_other_than_train_reads_with_the_evaluation_transform_unless_asked(shardset):
+    """``train`` left out: True for the split named "train" (random crops, flips, a shuffled order), False
+    for the others (the centre crop, in stored order); ``train=True`` still augments any split."""
+    from shards.manifest import Manifest
+    from trainer.data import ClipDataset, ClipLoader, EvalTransform, TrainTransform
+
+    stored = [k for s in Manifest.load(shardset).splits["val"].shards for k in s.keys]
+    options = {"batch_size": 2, "crop_size": 32, "scale_size": 40, "num_workers": 0}
+    val = ClipLoader(shardset, "val", **options)
+    assert not val.train and type(val.transform) is EvalTransform
+    for epoch in (0, 1):
+        val.set_epoch(epoch)
+        assert [k for b in val for k in b["keys"]] == stored
+    assert [s["keys"] for s in ClipDataset(shardset, "val", batch_size=2, crop_size=32, scale_size=40)] == stored
+    assert type(ClipLoader(shardset, "val", train=True, **options).transform) is TrainTransform
+    assert type(ClipLoader(shardset, "train", **options).transform) is TrainTransform
+
+
+# --- warnings: once, at the caller's line ------------------------------------------------------------------
+def test_the_upsampling_warning_points_at_the_callers_line(tmp_path):
+    from trainer.data import ClipDataset, ClipLoader, Upsampling
+
+    m = make_shardset(str(tmp_path), {"train": 8}, per_shard=4)
+    m.config["clip"]["short_side"] = 48
+    m.save(str(tmp_path))
+    for api in (ClipLoader, ClipDataset):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            api(str(tmp_path), "train", batch_size=4, crop_size=224, scale_size=256)
+        (w,) = [w for w in caught if w.category is Upsampling]
+        assert w.filename == __file__, (api.__name__, w.filename)
+
+
+def test_a_dataloader_batching_other_than_the_dataset_warns_once_at_the_callers_line(shardset):
+    from torch.utils.data import DataLoader
+
+    from trainer.data import BatchSizeMismatch, ClipDataset
+
+    dataset = ClipDataset(shardset, "train", batch_size=4, crop_size=32, scale_size=40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sizes = [len(b["keys"]) for _ in range(2) for b in DataLoader(dataset, batch_size=8)]
+        list(DataLoader(dataset, batch_size=4))  # the planned batches, and unbatched samples: no warning
+        list(DataLoader(dataset, batch_size=None))
+    assert sizes == [8, 8, 8] * 2  # 24 clips: here the batches happen to be whole
+    (w,) = [w for w in caught if w.category is BatchSizeMismatch]
+    assert w.filename == __file__ and "DataLoader(batch_size=8) over ClipDataset(batch_size=4)" in str(w.message)
+
+
+def test_a_dataloader_batching_otherwise_warns_once_from_its_workers(shardset, tmp_path):
+    """With workers, the first one warns on its stderr, once over two epochs; the batches are ragged."""
+    script = tmp_path / "ragged.py"
+    script.write_text("from torch.utils.data import DataLoader\nfrom trainer.data import ClipDataset\n"
+                      f"dataset = ClipDataset({shardset!r}, 'train', batch_size=4, crop_size=32, scale_size=40)\n"
+                      "for epoch in range(2):\n"
+                      "    print(*(len(b['keys']) for b in DataLoader(dataset, batch_size=8, num_workers=2)))\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         check=False, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == ["8 8 4 4"] * 2  # each worker's 12 clips: 8, then the 4 left (the issue's)
+    assert run.stderr.count("BatchSizeMismatch: DataLoader(batch_size=8) over ClipDataset(batch_size=4)") == 1

@@ -22,11 +22,10 @@ from test_library import PAGE, ROOT, TRAIN, every_clip_once, keys, run_block
 HEAVY = ("ray", "aiohttp", "cv2", "horovod", "av", "ffmpeg", "matplotlib", "tensorboard")
 
 
-def install_command() -> str:
-    """The page's install command (its only bash block)."""
+def install_commands() -> list[str]:
+    """The page's install commands (its only bash block): torch first, then the project."""
     (code,) = re.findall(r"^```bash\n(.*?)^```$", PAGE.read_text(), flags=re.S | re.M)
-    (line,) = [x.split("#")[0].strip() for x in code.splitlines() if x.strip()]
-    return line
+    return [x.split("#")[0].strip() for x in code.splitlines() if x.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +34,12 @@ def venv(tmp_path_factory):
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", str(where)], check=True, timeout=300)
     pip = [str(where / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check"]
-    # torch first, the one build this machine has locally (the page: any torch >= 2.4 already there stays)
+    # torch first, as the page says, but the one build this machine has locally (the CPU index is not
+    # reachable from here); the page: any torch >= 2.4 already there stays
+    torch_first, project = install_commands()
+    assert torch_first == "pip install torch --index-url https://download.pytorch.org/whl/cpu", torch_first
+    assert project == "pip install ./kinetics-fast", project
     subprocess.run([*pip, "install", "torch==2.13.0"], check=True, timeout=900)
-    command = install_command()
-    assert command == "pip install ./kinetics-fast", command
     subprocess.run([*pip, "install", str(ROOT)], check=True, timeout=900, cwd=where.parent)
     return where
 

@@ -78,9 +78,14 @@ CASES = [
      "--depth 18", {}, 2, ["--arch i3d-3x1x1", "--depth 50, 101 or 152, not 18"]),
     ("batch-size-0", "trainer train --data {set} --batch-size 0", {}, 2, ["--batch-size", "0", "range"]),
     ("segments-0", "trainer train --data {set} --segments 0", {}, 2, ["--segments", "0", "range"]),
+    ("scale-below-crop", "trainer train --data {set} --crop-size 128 --scale-size 64", {}, 2,
+     ["--scale-size 64", "smaller than --crop-size 128", "--val-split ''"]),
     ("plot-no-run", "trainer plot {root}/runs/nope", {}, 2, ["runs/nope", "no such run"]),
     ("test-split-missing", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --split test "
      "--backend none", {}, 2, ["no split 'test'", "train, val"]),
+    ("test-scale-below-the-runs-crop", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt "
+     f"--data {FIXTURE}/data --scale-size 16 --backend none", {}, 2,
+     ["--scale-size 16", "smaller than --crop-size 24 (the run's)"]),
     ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir {root}/run-cache "
      "--backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
      {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),

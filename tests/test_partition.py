@@ -300,3 +300,18 @@ def test_node_affine_step_samples_count_the_real_clips(nodes, ranks, workers, ba
             for b in range(len(counts))]
     assert counts == real
     assert sum(P.step_samples(lengths, P.Segment(nodes * ranks, workers, batch, 0, nodes), "pad", 8, 0, 0)) == N
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: P.batches_per_rank(10, 2, 0), "batch_size 0"),
+    (lambda: P.per_rank(10, 2, -2), "batch_size -2"),
+    (lambda: P.batches_per_rank(10, 0, 4), "world size 0"),
+    (lambda: P.worker_batches(5, 0, 0), "num_workers 0"),
+    (lambda: P.streams(10, 1, 0, 0, 2), "num_workers 0"),
+    (lambda: P.ranks_per_node(4, 0), "nodes 0"),
+    (lambda: P.assign(SIZES, 0, 0), "0 nodes"),
+    (lambda: P.pieces(SIZES, -3), "piece_samples -3"),
+])
+def test_sizes_the_partition_cannot_split_are_refused_naming_them(call, words):
+    with pytest.raises(ValueError, match=words):  # not a ZeroDivisionError, nor an empty or negative share
+        call()

@@ -121,7 +121,7 @@ class Data(Flags):
                                 "order would give nodes different classes); auto: node with --cache-dir unless "
                                 "--average-every is set or the class mix refuses it, else global", choices=SHUFFLES)
     lookahead: int = flag(2, "shards each loader worker fetches ahead through --cache-dir (or 32 MB ranges it reads "
-                             "ahead from a remote set without one)")
+                             "ahead from a remote set without one)", type=int_in_range(0))
     source_deadline: float | None = flag(
         None, "seconds a remote shard source (HTTP, the dataset service, an object store) may stay unreachable "
               "(refusing connections, timing out, answering 502/503/504) while the ranks wait for it, pausing; past "
@@ -143,6 +143,14 @@ class Data(Flags):
                                       "nothing takes its place), logged once, counted in metrics.jsonl and listed in "
                                       "OUTPUT_DIR/bad-samples.jsonl; one more, or the first with 0, stops the run",
                                 type=count_or_share, metavar="N|P%")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.val_split and self.scale_size < self.crop_size:  # the loader's ValueError, as the flags
+            raise OutOfRange(f"--scale-size {self.scale_size}: smaller than --crop-size {self.crop_size} "
+                             "(validation scales the short side to --scale-size, then cuts the centre "
+                             f"crop): give --scale-size {self.crop_size} or more, or --val-split '' to train "
+                             "without validation")
 
 
 @dataclass(frozen=True)

@@ -141,11 +141,17 @@ def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, d
         raise ConfigError(f"{data}: classes differ from the checkpoint's ({network['url']})")
     if ev.split not in manifest.splits:  # every rank has the manifest: all refuse alike
         raise UsageError(f"{data}: no split {ev.split!r} (--split); the set has {', '.join(manifest.splits)}")
+    crop, scale = ev.crop_size or trained.crop_size, ev.scale_size or trained.scale_size
+    if ev.crops == 1 and scale < crop:  # the loader's ValueError, as the flags
+        whose = "" if ev.crop_size else " (the run's)"
+        raise UsageError(f"--scale-size {scale}: smaller than --crop-size {crop}{whose}: the short side "
+                         f"is scaled to --scale-size, then the centre crop cut: give --scale-size {crop} "
+                         "or more")
     workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_ranks)
     loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
-                        world_size=backend.size, train=False, num_workers=workers,
-                        crop_size=ev.crop_size or trained.crop_size, scale_size=ev.scale_size or trained.scale_size,
-                        eval_crops=ev.crops, decode_on_device=ev.decode_on_device, modality=model.config.modality)
+                        world_size=backend.size, train=False, num_workers=workers, crop_size=crop,
+                        scale_size=scale, eval_crops=ev.crops, decode_on_device=ev.decode_on_device,
+                        modality=model.config.modality)
     local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
     return VideoScores.merged(backend.all_gather_object(local))
 

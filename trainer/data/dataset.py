@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from shards import partition
 
 from ..config import IMAGENET_MEAN, IMAGENET_STD
+from .arguments import Flag, Function, OneOf, check, warn
 from .loader import ClipLoader, video_id
 from .plan import WorkerPlan
 from .stages import ordered_samples
@@ -53,6 +55,25 @@ from .stages import ordered_samples
 log = logging.getLogger(__name__)
 
 FRAMES = ("crops", "decoded", "jpeg")
+# ClipDataset's own arguments and their rules (trainer.data.arguments); ClipLoader checks the rest
+ARGUMENTS = {"frames": OneOf(FRAMES), "transform": Function(), "geometry": Flag(), "skip_bad": Flag()}
+
+
+class BatchSizeMismatch(UserWarning):
+    """A ``DataLoader`` collating a ``ClipDataset``'s clips in batches of another size than the dataset's
+    ``batch_size``: its batches are cut across the planned ones (the last of each worker's share short,
+    ranks yielding different counts of them)."""
+
+
+def collated_batch_size(caller) -> int | None:
+    """The batch size a torch ``DataLoader`` collates a dataset's samples in, read from ``caller``, the
+    frame that asked for the first sample: in a ``DataLoader`` (torchdata's ``StatefulDataLoader`` too),
+    its fetcher's ``fetch``, whose index list is one batch. None without batching (``batch_size=None``)
+    or for another caller (a loop over the dataset itself)."""
+    fetcher, index = caller.f_locals.get("self"), caller.f_locals.get("possibly_batched_index")
+    if caller.f_code.co_name != "fetch" or not getattr(fetcher, "auto_collation", False) or index is None:
+        return None
+    return len(index)
 
 
 class ClipDataset(IterableDataset):
@@ -61,20 +82,25 @@ class ClipDataset(IterableDataset):
 
     The keyword arguments are ``ClipLoader``'s (rank and world size from ``torch.distributed`` or
     ``RANK``/``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` when not given), less its worker count (the DataLoader's)
-    and the trainer's own, plus ``frames``, ``transform`` and ``geometry`` (module docstring).
+    and the trainer's own, plus ``frames``, ``transform`` and ``geometry`` (module docstring), all checked as
+    the dataset is made (``ValueError`` or ``TypeError`` naming the argument). ``train`` left out: True for
+    the split named ``"train"``, False (the evaluation transform, stored order) for the others.
     ``skip_bad``: a sample whose bytes differ from the manifest's digest is replaced by a repeat of a good
-    one marked ``valid`` False (and logged) instead of ending the iteration with ``CorruptSample``."""
+    one marked ``valid`` False (and logged) instead of ending the iteration with ``CorruptSample``.
+
+    A ``DataLoader`` whose ``batch_size`` is not the dataset's gets one ``BatchSizeMismatch`` warning, from
+    the only process or the first worker (in a worker, on its stderr), once for the dataset's life."""
 
     def __init__(self, data, split: str = "train", *, batch_size: int, frames: str = "crops", transform=None,
                  geometry: bool = False, skip_bad: bool = False, **options):
-        if frames not in FRAMES:
-            raise ValueError(f"frames must be one of {FRAMES}, not {frames!r}")
+        check(ARGUMENTS, locals())
         if transform is not None and frames != "decoded":
             raise ValueError("transform is applied to decoded frames: give frames='decoded' with it")
         self.loader = ClipLoader(data, split, batch_size=batch_size, num_workers=1, max_bad_samples=None, **options)
         self.batch_size, self.frames, self.user_transform, self.geometry = batch_size, frames, transform, geometry
         self.skip_bad = skip_bad
         self._epoch = torch.tensor([self.loader.epoch], dtype=torch.int64).share_memory_()
+        self._warned = torch.zeros(1, dtype=torch.bool).share_memory_()  # BatchSizeMismatch, by any worker
         self._skip = 0  # batches of this worker's stream already made (a resumed StatefulDataLoader worker's)
         self._made = 0  # batches this worker has made this epoch, as its state says
 
@@ -109,7 +135,20 @@ class ClipDataset(IterableDataset):
         self.loader.num_workers = info.num_workers if info else 1
         return info.id if info else 0
 
+    def _check_batches(self, caller) -> None:
+        """``BatchSizeMismatch`` when the DataLoader asking (``caller``: ``collated_batch_size``) collates
+        batches of another size, warned once, by its first worker."""
+        size, info = collated_batch_size(caller), get_worker_info()
+        if size is None or size == self.batch_size or bool(self._warned[0]) or (info is not None and info.id):
+            return
+        self._warned[0] = True
+        warn(f"DataLoader(batch_size={size}) over ClipDataset(batch_size={self.batch_size}): each worker's "
+             f"share is whole batches of {self.batch_size} clips, so batches of {size} are cut across them (the "
+             "last of a worker's short, ranks yielding different counts); give the DataLoader "
+             "batch_size=dataset.batch_size", BatchSizeMismatch)
+
     def __iter__(self):
+        self._check_batches(sys._getframe(1))  # (the body runs at the first next(): the caller is who asks)
         worker, loader = self._fit_workers(), self.loader
         if self.epoch != loader.epoch:
             loader.set_epoch(self.epoch)

@@ -57,14 +57,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import warnings
 
 import numpy as np
 import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shards import classmix, partition
+from shards import classmix, direct, partition
 from shards.cache import ShardCache
 from shards.format.digests import TooManyBadSamples
 from shards.direct import load_manifest
@@ -74,6 +73,8 @@ from shards.format.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd
 from shards.words import plural
 
+from ..config import MODALITIES
+from .arguments import Flag, Number, OneOf, Size, check, warn
 from .motion import MotionTransform
 from .plan import WorkerPlan, largest_copy, node_pieces, worker_plan
 from .position import Position, Shuffle
@@ -90,6 +91,16 @@ SHARED_FDS_MAX = 256
 # Batches a DataLoader worker works ahead (its prefetch factor); the slot pool has two more per worker.
 PREFETCH = 2
 SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
+# ClipLoader's arguments and their rules (trainer.data.arguments), checked before anything is read; the
+# seed is any int; the split is one of the manifest's, the rank below the world size, checked once known
+ARGUMENTS = {"batch_size": Number(1), "rank": Number(0, none=True), "world_size": Number(1, none=True),
+             "train": Flag(none=True), "seed": Number(None), "epoch": Number(0), "num_workers": Number(0),
+             "crop_size": Number(1), "scale_size": Number(1), "flip": Flag(), "shuffle_buffer": Number(0),
+             "remainder": OneOf(partition.REMAINDERS), "eval_crops": OneOf((1, 3)), "cache_budget": Size(),
+             "piece_samples": Number(1, none=True), "shuffle": OneOf(SHUFFLES), "shuffle_fallback": Flag(),
+             "local_size": Number(1, none=True), "lookahead": Number(0), "decode_on_device": Flag(),
+             "direct_reads": OneOf(direct.MODES), "modality": OneOf(MODALITIES),
+             "max_bad_samples": Number(0, none=True), "source_deadline": Number(0, kind=float, none=True)}
 
 
 class OtherShardSet(UsageError, ValueError):
@@ -193,6 +204,16 @@ class ClipLoader:
     new process continue the identical sequence; with another world size, worker count or
     batch size, the rest of the epoch is split anew, every remaining clip exactly once.
 
+    ``train``: the training transform (TSM's random multi-scale crops and flips) and a shuffled order;
+    None (the default) means True for the split named ``"train"`` and False for every other: the evaluation
+    transform (``scale_size`` then a centre ``crop_size`` crop, or ``eval_crops=3``) in stored order.
+    ``train=True`` augments any split.
+
+    Arguments are checked as the loader is made, before any shard is read (``ARGUMENTS``,
+    ``trainer.data.arguments``): a wrong value is a ``ValueError`` naming the argument and what it may be
+    (the split's: the manifest's splits; an evaluation ``scale_size`` below ``crop_size``), a value of the
+    wrong type a ``TypeError``.
+
     Epochs: ``set_epoch(e)`` starts epoch e, or keeps the position in it when e is the current
     one (a resumed run stands mid-epoch, or at its end: see ``epoch_finished``); iterating
     after a finished epoch moves on to the next one.
@@ -223,29 +244,35 @@ class ClipLoader:
     """
 
     def __init__(self, manifest, split: str, *, batch_size: int, rank: int | None = None,
-                 world_size: int | None = None, train: bool = True, seed: int = 0, epoch: int = 0, num_workers: int = 2,
-                 crop_size: int = 224, scale_size: int = 256, flip: bool = True,
+                 world_size: int | None = None, train: bool | None = None, seed: int = 0, epoch: int = 0,
+                 num_workers: int = 2, crop_size: int = 224, scale_size: int = 256, flip: bool = True,
                  shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
                  cache_dir: str | None = None, cache_budget: int | str | None = None,
                  piece_samples: int | None = None, shuffle: str = "global", shuffle_fallback: bool = False,
                  local_size: int | None = None,
                  lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
                  modality: str = "rgb", max_bad_samples: int | None = 0, source_deadline: float | None = None):
+        check(ARGUMENTS, locals())
         # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
         self.retry = Retry(deadline=source_deadline)
         self.manifest = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, direct_reads,
                                                                                       self.retry)
+        OneOf(tuple(self.manifest.splits))("split", split)
         self.split = split
         self.identity = self.manifest.identity  # what a saved position belongs to (``saved_on``)
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
         rank, world_size, local_size = placement(rank, world_size, local_size)
+        Number(0, world_size - 1)("rank", rank)
+        train = split == "train" if train is None else train
+        if not train and eval_crops == 1 and scale_size < crop_size:
+            raise ValueError(f"scale_size={scale_size} is smaller than crop_size={crop_size}: evaluation "
+                             "scales the short side to scale_size, then cuts the centre crop: give "
+                             f"scale_size {crop_size} or more")
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.train, self.num_workers = train, num_workers
         self.shuffling = Shuffle(seed, remainder, shuffle_buffer if train else 0, piece_samples)
         self.cache = ShardCache(cache_dir, cache_budget, retry=self.retry) if cache_dir else None
-        if shuffle not in SHUFFLES:
-            raise ValueError(f"shuffle must be one of {SHUFFLES}, not {shuffle!r}")
         if world_size % local_size:
             raise ValueError(f"world size {world_size} is not a whole number of nodes of {local_size} ranks")
         self.shuffle, self.local_size, self.lookahead = shuffle, local_size, lookahead
@@ -260,7 +287,7 @@ class ClipLoader:
                           else EvalTransform(crop_size, scale_size, eval_crops))
         self.modality = modality
         if rank == 0 and (why := upsampling(self.manifest, self.transform)):
-            warnings.warn(why, Upsampling, stacklevel=2)
+            warn(why, Upsampling)
         if modality == "motion":  # the clips' stored motion fields, with the geometry of their frames
             where = self.manifest.base or "the shard set"
             if self.manifest.motion == "none":
@@ -270,8 +297,6 @@ class ClipLoader:
                 raise UsageError("--decode-on-device: the motion fields of --modality motion are PNGs decoded on "
                                  "the CPU")
             self.transform = MotionTransform(self.transform, self.manifest.motion)
-        elif modality != "rgb":
-            raise ValueError(f"modality {modality!r} not rgb or motion")
         if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
             raise ValueError(f"split {split!r} cannot fill one batch of {batch_size} on each of {world_size} "
                              "ranks; use remainder='pad'")
