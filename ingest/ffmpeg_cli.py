@@ -80,7 +80,7 @@ def probe(path: str, deadline: Deadline) -> VideoInfo:
     if path.lower().endswith((".mp4", ".m4v", ".mov")):
         head = mp4header.read(path)
         if head:
-            w, h = display_size(head.width, head.height, Fraction(head.sar).limit_denominator(1000), head.rotation)
+            w, h = display_size(head.width, head.height, head.sar, head.rotation)
             return VideoInfo(w, h, head.width, head.height, head.rotation, head.fps, head.num_frames,
                              "edit list" if head.edited else "container", head.codec, head.duration)
     meta = ffprobe(path, deadline, "-show_format", "-show_streams")

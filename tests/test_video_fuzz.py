@@ -1,0 +1,311 @@
+"""A seeded mutation campaign over the parsers of untrusted video bytes written in Python
+(``ingest.mp4header``, ``ingest.bitstream``, ``ingest.packets``), on real small videos.
+
+In-process, each mutant runs in a forked child under an address-space limit and a time limit
+per case (``videofuzz.contained``). The properties: ``mp4header.read`` returns sound header facts
+or None (ffprobe is asked instead); a ``bitstream`` parser classifies any packet; ``packets``
+orders what timestamps can order and plans exactly the packets a full decode needs; none raises,
+none runs past the limit, none allocates more than a small multiple of its input. Then mutants of
+every container go through the real ``ingest build``: each ends as one ledger line or as a good
+clip, with no traceback. The mutants that found bugs are regression tests below, remade from
+what was done to which box. ``docs/benchmarks/fuzz-video.md`` has the campaign's numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import random
+from pathlib import Path
+
+import av
+import pytest
+
+from ingest import bitstream, mp4header, packets
+
+import media
+import videofuzz
+from videofuzz import Mutant, find, put
+
+MP4S = {
+    "h264.mp4": lambda p: media.make_video(p, frames=24),  # x264's defaults: B-frames, so a ctts
+    "edit_list.mp4": media.make_edit_list,
+    "hevc.mp4": media.make_hevc_mp4,
+    "rotated.mp4": media.make_rotated,
+    "anamorphic.mp4": media.make_anamorphic,
+    "no_edit_list.mp4": lambda p: media.make_video(p, frames=24, extra_output_args={"use_editlist": 0}),
+}
+OTHERS = {
+    "h264.mkv": media.make_mkv,
+    "vp9.webm": media.make_vp9_webm,
+    "mpeg4.avi": media.make_mpeg4_avi,
+    "annexb.ts": lambda p: media.make_video(p, frames=24, extra_output_args={"format": "mpegts"}),
+}
+STBL = "moov/trak/mdia/minf/stbl"
+MUTANTS_PER_MP4 = 100  # 500 in all, and each file cut at every box boundary
+CASES_PER_PARSER = 600
+LONG_FACTOR = 40
+
+
+def memory_bound(input_size: int) -> int:
+    """The most Python allocations one case may make: a small multiple of its input."""
+    return 8 * input_size + (256 << 10)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, bytes]:
+    root = tmp_path_factory.mktemp("fuzz-sources")
+    return {name: make(root / name).read_bytes() for name, make in {**MP4S, **OTHERS}.items()}
+
+
+@pytest.fixture(scope="module")
+def streams(sources, tmp_path_factory) -> dict[str, tuple[str, bytes | None, list]]:
+    """name -> (codec, extradata, [(packet bytes, pts, discard)]) of each source's video stream."""
+    root = tmp_path_factory.mktemp("fuzz-streams")
+    found = {}
+    for name, data in sources.items():
+        (root / name).write_bytes(data)
+        with av.open(str(root / name)) as c:
+            s = c.streams.video[0]
+            found[name] = (s.codec_context.name, s.codec_context.extradata,
+                           [(bytes(p), p.pts, p.is_discard) for p in c.demux(s) if p.size])
+    return found
+
+
+# --- mp4header ------------------------------------------------------------------------------------
+
+def header_problem(path: Path, mutant: Mutant) -> str | None:
+    """None when ``mp4header.read`` of the mutant is None or sound facts; else what is wrong."""
+    path.write_bytes(mutant.data)
+    head = mp4header.read(str(path))
+    if head is None:
+        return None
+    if head.num_frames < 1 or head.width < 1 or head.height < 1 or head.num_frames > len(mutant.data):
+        return f"unsound header facts {head}"
+    if not all(math.isfinite(x) and x >= 0 for x in (head.fps, head.duration, head.sar)):
+        return f"unsound header facts {head}"
+    if head.codec not in mp4header.CODECS.values() or not 0 <= head.rotation < 360:
+        return f"unsound header facts {head}"
+    return None
+
+
+def check_headers(tmp_path: Path, cases: list[Mutant]) -> None:
+    outcomes = videofuzz.contained(functools.partial(header_problem, tmp_path / "case.mp4"), cases)
+    failed = [f"{m.how}: {o.problem}" for m, o in zip(cases, outcomes) if o.problem]
+    greedy = [f"{m.how}: {o.peak} bytes for {len(m.data)}" for m, o in zip(cases, outcomes)
+              if not o.problem and o.peak > memory_bound(len(m.data))]
+    assert not failed, f"{len(failed)} of {len(cases)} mutants:\n" + "\n".join(failed[:20])
+    assert not greedy, "\n".join(greedy[:20])
+
+
+def header_mutants(sources, per_file: int) -> list[Mutant]:
+    cases = []
+    for name in MP4S:
+        data = sources[name]
+        cases += [Mutant(f"{name} seed {seed}: " + m.how, m.data)
+                  for seed in range(per_file)
+                  for m in [videofuzz.mutate(data, random.Random(f"{name}:{seed}"))]]
+        cases += [Mutant(f"{name}: {m.how}", m.data) for m in videofuzz.truncations(data)]
+    return cases
+
+
+def test_the_real_files_are_read_and_each_box_is_found(sources, tmp_path):
+    for name in MP4S:
+        assert header_problem(tmp_path / name, Mutant("none", sources[name])) is None
+        assert mp4header.read(str(tmp_path / name)) is not None
+    for name in MP4S:
+        tree = {b.path for b in videofuzz.boxes(sources[name])}
+        assert {"moov", f"{STBL}/stts", f"{STBL}/stsz", "moov/trak/tkhd"} <= tree, name
+    assert f"{STBL}/ctts" in {b.path for b in videofuzz.boxes(sources["h264.mp4"])}
+    assert "moov/trak/edts/elst" in {b.path for b in videofuzz.boxes(sources["edit_list.mp4"])}
+
+
+def test_mutated_mp4_headers_are_read_soundly_or_left_to_ffprobe(sources, tmp_path):
+    cases = header_mutants(sources, MUTANTS_PER_MP4)
+    assert len(cases) >= 500 + len(MP4S) * 60
+    check_headers(tmp_path, cases)
+
+
+@pytest.mark.long
+def test_mutated_mp4_headers_long(sources, tmp_path):
+    check_headers(tmp_path, header_mutants(sources, MUTANTS_PER_MP4 * LONG_FACTOR))
+
+
+def stts_count(data: bytes, value: int, table: str = "stts") -> Mutant:
+    """The first entry's sample count of ``table`` set to ``value``."""
+    box = find(data, f"{STBL}/{table}")
+    return Mutant(f"{table} entry 0 sample count {value:#x}", put(data, box.body + 8, "I", value))
+
+
+def sample_count(data: bytes, value: int) -> Mutant:
+    """The sample count of ``stsz`` set to ``value``."""
+    return Mutant(f"stsz sample count {value:#x}", put(data, find(data, f"{STBL}/stsz").body + 8, "I", value))
+
+
+def hidden_by_the_edit(data: bytes) -> Mutant:
+    """The edit list's one edit starting (media time) after every sample: it shows none."""
+    box = find(data, "moov/trak/edts/elst")
+    return Mutant("elst media time 0x7fffffff", put(data, box.body + 8 + 4, "i", 0x7FFFFFFF))
+
+
+@pytest.mark.parametrize("build", [
+    # found by the campaign: the stts and ctts runs were expanded into a list of every sample
+    # (2^32 of them: a MemoryError, or past the time limit)
+    lambda s: stts_count(s["edit_list.mp4"], 0xFFFFFFFF),
+    lambda s: stts_count(s["edit_list.mp4"], 0x80000000),
+    lambda s: stts_count(s["edit_list.mp4"], 0xFFFFFFFF, "ctts"),
+    # the boxes were walked by recursion: a RecursionError
+    lambda s: videofuzz.nested(s["h264.mp4"], 2000),
+    # an edit list showing no sample was a header of 0 frames (sampling raised ValueError)
+    lambda s: hidden_by_the_edit(s["edit_list.mp4"]),
+    # a sample count that no file of this size holds was trusted (4294967295 frames)
+    lambda s: sample_count(s["no_edit_list.mp4"], 0xFFFFFFFF),
+], ids=["stts-count-2^32-1", "stts-count-2^31", "ctts-count-2^32-1", "trak-nested-2000-deep",
+        "edit-shows-nothing", "stsz-count-2^32-1"])
+def test_mp4_mutants_that_found_bugs_are_left_to_ffprobe(sources, tmp_path, build):
+    mutant = build(sources)
+    path = tmp_path / "case.mp4"
+
+    def check(m):
+        path.write_bytes(m.data)
+        head = mp4header.read(str(path))
+        return None if head is None else f"read as {head}"
+
+    outcome, = videofuzz.contained(check, [mutant])
+    assert outcome.problem is None, f"{mutant.how}: {outcome.problem}"
+
+
+def test_the_deepest_real_nesting_is_still_read(sources, tmp_path):
+    """Boxes nested as deep as the tracks of a real file are read; the refusal is for depth no
+    file has (the nested trak above is empty: the real track after it is the one read)."""
+    path = tmp_path / "nested.mp4"
+    path.write_bytes(videofuzz.nested(sources["h264.mp4"], 3).data)
+    assert mp4header.read(str(path)).num_frames == 24
+
+
+# --- bitstream ------------------------------------------------------------------------------------
+
+def packet_cases(streams, count: int, seed: int = 0) -> list[tuple[str, str, bytes, bytes | None]]:
+    """(how, codec, packet, extradata): mutants of the real packets of every source's stream."""
+    rng, cases = random.Random(seed), []
+    names = sorted(streams)
+    while len(cases) < count:
+        name = rng.choice(names)
+        codec, extradata, coded = streams[name]
+        packet = rng.choice(coded)[0]
+        how, packet, extra = videofuzz.packet_mutants(packet, extradata, rng)
+        cases.append((f"{name}: {how}", codec, packet, extra))
+    return cases
+
+
+def coded_problem(case) -> str | None:
+    _, codec, packet, extradata = case
+    size = bitstream.length_size(codec, extradata)
+    if size not in (None, 1, 2, 3, 4):
+        return f"length size {size}"
+    coded = bitstream.parser(codec, extradata)(packet)
+    if not isinstance(coded, bitstream.Coded) or not isinstance(coded.reference, bool):
+        return f"not a classification: {coded!r}"
+    if not isinstance(coded.barrier, bool) or not -1 <= coded.layer <= 6:
+        return f"not a classification: {coded!r}"
+    return None
+
+
+def check_packets_parse(cases) -> None:
+    outcomes = videofuzz.contained(coded_problem, cases)
+    failed = [f"{c[0]}: {o.problem}" for c, o in zip(cases, outcomes) if o.problem]
+    greedy = [f"{c[0]}: {o.peak} bytes for {len(c[2])}" for c, o in zip(cases, outcomes)
+              if not o.problem and o.peak > memory_bound(len(c[2]) + len(c[3] or b""))]
+    assert not failed, f"{len(failed)} of {len(cases)} packets:\n" + "\n".join(failed[:20])
+    assert not greedy, "\n".join(greedy[:20])
+
+
+def test_mutated_packets_of_every_codec_are_classified(streams):
+    assert {c for c, _, _ in streams.values()} == {"h264", "hevc", "mpeg4", "vp9"}
+    check_packets_parse(packet_cases(streams, CASES_PER_PARSER))
+
+
+@pytest.mark.long
+def test_mutated_packets_long(streams):
+    check_packets_parse(packet_cases(streams, CASES_PER_PARSER * LONG_FACTOR, seed=1))
+
+
+# --- packets --------------------------------------------------------------------------------------
+
+def _changed(index: list[packets.Packet], at: int, **change) -> list[packets.Packet]:
+    return [dataclasses.replace(p, **change) if k == at else p for k, p in enumerate(index)]
+
+
+INDEX_MUTATIONS = {
+    "pts none": lambda index, at, rng: _changed(index, at, pts=None),
+    "pts repeated": lambda index, at, rng: _changed(index, at, pts=rng.choice(index).pts),
+    "pts huge": lambda index, at, rng: _changed(index, at, pts=2**63 - 1),
+    "pts negative": lambda index, at, rng: _changed(index, at, pts=-2**63),
+    "discard flipped": lambda index, at, rng: _changed(index, at, discard=not index[at].discard),
+    "barrier flipped": lambda index, at, rng: _changed(index, at, barrier=not index[at].barrier),
+    "reference flipped": lambda index, at, rng: _changed(index, at, reference=not index[at].reference),
+    "cut after": lambda index, at, rng: index[:at + 1],
+    "reversed": lambda index, at, rng: index[::-1],
+    "all barriers": lambda index, at, rng: [dataclasses.replace(p, barrier=True) for p in index],
+    "all discarded": lambda index, at, rng: [dataclasses.replace(p, discard=True) for p in index],
+}
+
+
+def index_cases(streams, count: int, seed: int = 0) -> list[tuple[str, list[packets.Packet], set[int]]]:
+    """(how, index, picks): each source's packet index (as ``pyav_decoder`` makes it), mutated:
+    timestamps missing, repeated, reversed, huge or negative; flags set or cleared; truncated."""
+    rng, cases = random.Random(seed), []
+    names = sorted(streams)
+    while len(cases) < count:
+        name = rng.choice(names)
+        codec, extradata, coded = streams[name]
+        parse = bitstream.parser(codec, extradata)
+        index = [packets.Packet(pts, discard, parse(data).reference, parse(data).barrier)
+                 for data, pts, discard in coded]
+        hows = []
+        for _ in range(rng.randint(1, 3)):
+            what, i = rng.choice(sorted(INDEX_MUTATIONS)), rng.randrange(len(index))
+            index = INDEX_MUTATIONS[what](index, i, rng)
+            hows.append(f"{what} at {i}")
+        shown = packets.displayed(index)
+        pool = shown if shown else list(range(len(index)))
+        picks = set(rng.sample(pool, min(len(pool), rng.choice((1, 8, 16)))))
+        cases.append((f"{name}: {', '.join(hows)}", index, picks))
+    return cases
+
+
+def index_problem(case) -> str | None:
+    """None when ``displayed`` orders the shown packets by pts (or refuses what pts cannot order)
+    and ``plan`` feeds exactly the references each pick needs since the barrier before it."""
+    _, index, picks = case
+    order = packets.displayed(index)
+    shown = [i for i, p in enumerate(index) if not p.discard]
+    pts = [index[i].pts for i in shown]
+    if order is None:
+        if None not in pts and len(set(pts)) == len(pts):
+            return "refused timestamps that order the frames"
+    elif sorted(order) != shown or [index[i].pts for i in order] != sorted(pts):
+        return f"display order {order} is not the pts order"
+    feed = packets.plan(index, picks)
+    needed = set()
+    for p in picks:
+        since = max((i for i in range(1, p + 1) if index[i].barrier), default=0)
+        needed |= {i for i in range(since, p + 1) if index[i].reference or i in picks}
+    if feed != sorted(needed):
+        return f"plan {feed} is not the packets the picks need, {sorted(needed)}"
+    return None
+
+
+def check_indexes(cases) -> None:
+    outcomes = videofuzz.contained(index_problem, cases)
+    failed = [f"{c[0]}: {o.problem}" for c, o in zip(cases, outcomes) if o.problem]
+    assert not failed, f"{len(failed)} of {len(cases)} indexes:\n" + "\n".join(failed[:20])
+
+
+def test_mutated_packet_indexes_are_ordered_and_planned_exactly(streams):
+    check_indexes(index_cases(streams, CASES_PER_PARSER))
+
+
+@pytest.mark.long
+def test_mutated_packet_indexes_long(streams):
+    check_indexes(index_cases(streams, CASES_PER_PARSER * LONG_FACTOR, seed=1))
