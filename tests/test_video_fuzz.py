@@ -22,6 +22,9 @@ import av
 import pytest
 
 from ingest import bitstream, mp4header, packets
+from ingest.clips import ClipConfig, make_clips
+from ingest.sources import Video
+from ingest.video import DecodeError
 
 import media
 import videofuzz
@@ -309,3 +312,34 @@ def test_mutated_packet_indexes_are_ordered_and_planned_exactly(streams):
 @pytest.mark.long
 def test_mutated_packet_indexes_long(streams):
     check_indexes(index_cases(streams, CASES_PER_PARSER * LONG_FACTOR, seed=1))
+
+
+# --- the decoders, on what the parsers give them -------------------------------------------------
+
+def make(tmp_path: Path, name: str, data: bytes, decoder: str) -> list:
+    """``make_clips`` of a video of these bytes (DecodeError: its one ledger reason)."""
+    path = tmp_path / "val" / "a" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    video = Video("val", f"val/a/{name}", str(path), "a", path.stem, len(data))
+    return make_clips(video, 0, ClipConfig(short_side=32, decoder=decoder), timeout=60)
+
+
+def pasp(data: bytes, h: int, v: int) -> bytes:
+    box = find(data, "moov/trak/mdia/minf/stbl/stsd/avc1/pasp")
+    return put(data, box.body, "II", h, v)
+
+
+@pytest.mark.parametrize("decoder", ["pyav", "ffmpeg"])
+@pytest.mark.parametrize("spacing", [(0x7FFFFFFF, 1), (1, 0x7FFFFFFF), (1000, 1)],
+                         ids=["wide", "narrow", "x1000"])
+def test_a_damaged_sample_aspect_ratio_is_one_ledger_reason(sources, tmp_path, decoder, spacing):
+    """Found by the campaign: a pasp box's spacing flipped to 2^31-1 made a frame of display width
+    0 (ZeroDivisionError in the in-process decoder; the command line's path took it for square)
+    or 2^31 times the coded width (OverflowError scaling to it); 1000 times, a frame 341,333
+    pixels wide at the default short side, which swscale refuses (an FFmpeg error escaping the
+    in-process decoder; "ffmpeg failed to decode" from the command line). Now one reason, before
+    anything is scaled."""
+    reason = r"^implausible display size: \d+x48 from 64x48 coded at sample aspect ratio"
+    with pytest.raises(DecodeError, match=reason):
+        make(tmp_path, "v.mp4", pasp(sources["anamorphic.mp4"], *spacing), decoder)
