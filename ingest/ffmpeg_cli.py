@@ -163,6 +163,8 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
                               f"frames ({info.num_frames} declared)", err)
         # The container overstated its frame count: count by decoding, then sample again.
         info.num_frames, info.frame_count_source = count_decoded_frames(path, deadline), "decoded"
+        if not info.num_frames:  # a header listing frames none of which decodes (an edit showing none)
+            raise DecodeError("no frame decodes", err)
         indices = sorted(set(wanted(info.num_frames)))
         arrays, err = decode_selected(path, indices, size, threads=threads, deadline=deadline)
         if len(arrays) < len(indices):

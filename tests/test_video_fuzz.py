@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
+import json
 import math
 import random
+import resource
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import av
 import pytest
+from PIL import Image
 
 from ingest import bitstream, mp4header, packets
 from ingest.clips import ClipConfig, make_clips
@@ -48,6 +55,7 @@ STBL = "moov/trak/mdia/minf/stbl"
 MUTANTS_PER_MP4 = 100  # 500 in all, and each file cut at every box boundary
 CASES_PER_PARSER = 600
 LONG_FACTOR = 40
+DECODER_MUTANTS_LONG = 600
 
 
 def memory_bound(input_size: int) -> int:
@@ -325,9 +333,44 @@ def make(tmp_path: Path, name: str, data: bytes, decoder: str) -> list:
     return make_clips(video, 0, ClipConfig(short_side=32, decoder=decoder), timeout=60)
 
 
+def members(sample: bytes) -> list[tuple[str, bytes]]:
+    """(member, bytes) of one sample's tar bytes."""
+    with tarfile.open(fileobj=io.BytesIO(sample)) as tf:
+        return [(info.name.split(".", 1)[1], tf.extractfile(info).read()) for info in tf]
+
+
+def decoded_size(jpeg: bytes) -> tuple[int, int]:
+    image = Image.open(io.BytesIO(jpeg))
+    image.load()
+    return image.size
+
+
+def good_clip(sample: dict[str, bytes]) -> str | None:
+    """None when a sample holds 8 JPEG frames that decode, of one size, and its meta; else why not."""
+    frames = [sample.get(f"{t:02d}.jpg") for t in range(8)]
+    if None in frames or "json" not in sample:
+        return f"members {sorted(sample)}"
+    sizes = {decoded_size(f) for f in frames}
+    meta = json.loads(sample["json"])
+    if len(sizes) != 1 or meta["num_frames"] < 1 or list(sizes)[0] != tuple(meta["frame_size"]):
+        return f"frames of sizes {sizes}, meta {meta}"
+    return None
+
+
 def pasp(data: bytes, h: int, v: int) -> bytes:
     box = find(data, "moov/trak/mdia/minf/stbl/stsd/avc1/pasp")
     return put(data, box.body, "II", h, v)
+
+
+def cut_inside(data: bytes, path: str) -> bytes:
+    """``data`` cut between the size and the type of the box at ``path``."""
+    return data[:find(data, path).start + 4]
+
+
+def not_utf8(data: bytes) -> bytes:
+    """A Matroska file whose encoder tag (``Lavc...``) starts with a byte UTF-8 cannot begin."""
+    at = data.index(b"Lavc")
+    return data[:at] + b"\xea" + data[at + 1:]
 
 
 @pytest.mark.parametrize("decoder", ["pyav", "ffmpeg"])
@@ -343,3 +386,123 @@ def test_a_damaged_sample_aspect_ratio_is_one_ledger_reason(sources, tmp_path, d
     reason = r"^implausible display size: \d+x48 from 64x48 coded at sample aspect ratio"
     with pytest.raises(DecodeError, match=reason):
         make(tmp_path, "v.mp4", pasp(sources["anamorphic.mp4"], *spacing), decoder)
+
+
+DECODER_FINDS = {
+    # a file cut inside minf before its sample tables: PyAV lists a video stream with no codec
+    # context (AttributeError)
+    "sample-tables-cut": (lambda s: cut_inside(s["edit_list.mp4"], "moov/trak/mdia/minf/dinf"),
+                          "^(not a readable video|video stream has no frame size)"),
+    # a stream tag that is not UTF-8: PyAV decodes tags strictly as it opens (UnicodeDecodeError)
+    "tag-not-utf8": (lambda s: not_utf8(s["h264.mkv"]), None),
+    # an edit list showing none of the frames: the command line's recount found 0 frames and
+    # sampled from them (ValueError)
+    "edit-shows-nothing": (lambda s: hidden_by_the_edit(s["h264.mp4"]).data,
+                           "^(no frame decodes|video stream has no frames)$"),
+}
+
+
+@pytest.mark.parametrize("decoder", ["pyav", "ffmpeg"])
+@pytest.mark.parametrize("find_", sorted(DECODER_FINDS))
+def test_decoder_mutants_that_found_bugs_end_in_one_reason_or_good_clips(sources, tmp_path, decoder, find_):
+    """Found by the campaign through the decoders, each an ``unexpected ...`` ledger line before;
+    now one reason (the pattern), or good clips (None)."""
+    build, reason = DECODER_FINDS[find_]
+    if reason is None:
+        clips = make(tmp_path, f"{find_}.mkv", build(sources), decoder)
+        assert len(clips) == 1 and good_clip(dict(members(clips[0][2]))) is None
+    else:
+        with pytest.raises(DecodeError, match=reason):
+            make(tmp_path, f"{find_}.mp4", build(sources), decoder)
+
+
+def decoder_end(root: Path, name: str, mutant: Mutant, decoder: str) -> str | None:
+    """None when ``make_clips`` of the mutant makes good clips or raises DecodeError; else what it did."""
+    try:
+        clips = make(root, name, mutant.data, decoder)
+    except DecodeError:
+        return None
+    except Exception as e:  # noqa: B902 - what escapes is the finding
+        return f"{type(e).__name__}: {e}"
+    return next((why for *_, data in clips if (why := good_clip(dict(members(data))))), None)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("decoder", ["pyav", "ffmpeg"])
+def test_mutated_videos_through_the_decoders_long(sources, tmp_path, decoder):
+    """Mutants of every container through ``make_clips`` in-process (what found the bugs above)."""
+    rng, names = random.Random(12), sorted(sources)
+    failed = []
+    for k in range(DECODER_MUTANTS_LONG):
+        name = names[k % len(names)]
+        mutant = videofuzz.mutate(sources[name], rng)
+        if why := decoder_end(tmp_path, f"m{k:03d}_{name}", mutant, decoder):
+            failed.append(f"m{k:03d}_{name}: {mutant.how}: {why}")
+    assert not failed, "\n".join(failed[:20])
+
+
+# --- through ingest build -------------------------------------------------------------------------
+
+BUILD_MUTANTS = 28
+BUILD_TIMEOUT_S = 20
+BUILD_MEMORY = 8 << 30  # address space of the build and of each process it starts: a blow-up fails a video
+
+
+def build_mutants(sources) -> dict[str, Mutant]:
+    """relpath -> mutant: byte and structural mutants of every container, and the regressions."""
+    found, names, rng = {}, sorted(sources), random.Random(7)
+    for k in range(BUILD_MUTANTS):
+        name = names[k % len(names)]
+        found[f"val/{Path(name).suffix[1:]}/m{k:02d}_{name}"] = videofuzz.mutate(sources[name], rng)
+    found["val/mp4/stts_huge.mp4"] = stts_count(sources["edit_list.mp4"], 0xFFFFFFFF)
+    found["val/mp4/nested.mp4"] = videofuzz.nested(sources["h264.mp4"], 2000)
+    found["val/mp4/hidden.mp4"] = hidden_by_the_edit(sources["edit_list.mp4"])
+    found["val/mp4/pasp_wide.mp4"] = Mutant("pasp 2^31-1:1", pasp(sources["anamorphic.mp4"], 0x7FFFFFFF, 1))
+    return found
+
+
+def limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (BUILD_MEMORY, BUILD_MEMORY))
+
+
+@pytest.mark.parametrize("decoder", ["pyav", "ffmpeg"])
+def test_mutated_videos_through_ingest_build_end_in_a_ledger_line_or_a_good_clip(sources, tmp_path, decoder):
+    """28 seeded mutants of the ten real files and the four regressions above, in one real build
+    (``--timeout 20``, an address-space limit on every process): each ends as one ledger line of
+    a reason of the decoders' own (not ``unexpected ...``) or as a clip of 8 frames that decode,
+    never both; the command exits 0 or 1 without a traceback."""
+    mutants = build_mutants(sources)
+    src, out = tmp_path / "src", tmp_path / "out"
+    for rel, m in mutants.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(m.data)
+    p = subprocess.run([sys.executable, "-m", "ingest", "build", "--src", str(src), "--out", str(out),
+                        "--short-side", "32", "--workers", "2", "--decoder", decoder, "--splits", "val",
+                        "--timeout", str(BUILD_TIMEOUT_S), "--max-error-fraction", "1"],
+                       capture_output=True, text=True, timeout=BUILD_TIMEOUT_S * len(mutants),
+                       preexec_fn=limit_memory)
+    assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr[-3000:]
+    ledger = {e["path"]: e for e in map(json.loads, (out / "errors.jsonl").read_text().splitlines())}
+    clips = {}
+    for shard in sorted((out / "val").glob("*.tar")):
+        with tarfile.open(shard) as tf:
+            for info in tf:
+                key, member = info.name.split(".", 1)
+                clips.setdefault(key, {})[member] = tf.extractfile(info).read()
+    ended = {}
+    for rel, m in mutants.items():
+        key = f"{Path(rel).stem}_c00"
+        if rel in ledger:
+            reason = ledger[rel]["reason"]
+            ended[rel] = reason if reason.startswith("unexpected") else "ledger"
+            if key in clips:
+                ended[rel] = f"a ledger line ({reason}) and a clip"
+        elif key in clips:
+            ended[rel] = good_clip(clips[key]) or "clip"
+        else:
+            ended[rel] = "neither a ledger line nor a clip"
+    wrong = {rel: f"{mutants[rel].how}: {end}" for rel, end in ended.items() if end not in ("ledger", "clip")}
+    assert not wrong, json.dumps(wrong, indent=1)
+    assert {"ledger", "clip"} <= set(ended.values())
+    assert ended["val/mp4/pasp_wide.mp4"] == "ledger"
+    assert ledger["val/mp4/pasp_wide.mp4"]["reason"].startswith("implausible display size")
