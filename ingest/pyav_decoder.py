@@ -86,7 +86,7 @@ def _open(f):
         kinds = sorted({s.type for s in container.streams}) or ["none"]
         container.close()
         raise DecodeError(f"no video stream (streams: {', '.join(kinds)})")
-    if videos[0].codec_context is None:  # a header too damaged to name the codec (a cut stsd)
+    if videos[0].codec_context is None:  # a header too damaged to name the codec (cut before its stsd)
         container.close()
         raise DecodeError("not a readable video", "the video stream's codec is unknown")
     return container, videos[0]
