@@ -52,7 +52,7 @@ OTHERS = {
     "annexb.ts": lambda p: media.make_video(p, frames=24, extra_output_args={"format": "mpegts"}),
 }
 STBL = "moov/trak/mdia/minf/stbl"
-MUTANTS_PER_MP4 = 100  # 500 in all, and each file cut at every box boundary
+MUTANTS_PER_MP4 = 100  # 600 in all, and each file cut at every box boundary
 CASES_PER_PARSER = 600
 LONG_FACTOR = 40
 DECODER_MUTANTS_LONG = 600
@@ -110,6 +110,7 @@ def check_headers(tmp_path: Path, cases: list[Mutant]) -> None:
 
 
 def header_mutants(sources, per_file: int) -> list[Mutant]:
+    """``per_file`` seeded mutants of each MP4, and each cut at every box boundary."""
     cases = []
     for name in MP4S:
         data = sources[name]
@@ -124,7 +125,6 @@ def test_the_real_files_are_read_and_each_box_is_found(sources, tmp_path):
     for name in MP4S:
         assert header_problem(tmp_path / name, Mutant("none", sources[name])) is None
         assert mp4header.read(str(tmp_path / name)) is not None
-    for name in MP4S:
         tree = {b.path for b in videofuzz.boxes(sources[name])}
         assert {"moov", f"{STBL}/stts", f"{STBL}/stsz", "moov/trak/tkhd"} <= tree, name
     assert f"{STBL}/ctts" in {b.path for b in videofuzz.boxes(sources["h264.mp4"])}
