@@ -80,7 +80,7 @@ def probe(path: str, deadline: Deadline) -> VideoInfo:
     if path.lower().endswith((".mp4", ".m4v", ".mov")):
         head = mp4header.read(path)
         if head:
-            w, h = display_size(head.width, head.height, Fraction(head.sar).limit_denominator(1000), head.rotation)
+            w, h = display_size(head.width, head.height, head.sar, head.rotation)
             return VideoInfo(w, h, head.width, head.height, head.rotation, head.fps, head.num_frames,
                              "edit list" if head.edited else "container", head.codec, head.duration)
     meta = ffprobe(path, deadline, "-show_format", "-show_streams")
@@ -163,6 +163,8 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
                               f"frames ({info.num_frames} declared)", err)
         # The container overstated its frame count: count by decoding, then sample again.
         info.num_frames, info.frame_count_source = count_decoded_frames(path, deadline), "decoded"
+        if not info.num_frames:  # a header listing frames none of which decodes (an edit showing none)
+            raise DecodeError("no frame decodes", err)
         indices = sorted(set(wanted(info.num_frames)))
         arrays, err = decode_selected(path, indices, size, threads=threads, deadline=deadline)
         if len(arrays) < len(indices):

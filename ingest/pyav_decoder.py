@@ -76,7 +76,8 @@ def _stream_facts(stream) -> dict:
 
 def _open(f):
     try:
-        container = av.open(f, "r")
+        # tags are not used here, and a damaged one is not valid UTF-8 (PyAV's strict default raises)
+        container = av.open(f, "r", metadata_errors="replace")
     except av.error.FFmpegError as e:
         raise DecodeError("not a readable video", str(e)) from None
     videos = [s for s in container.streams if s.type == "video"
@@ -85,6 +86,9 @@ def _open(f):
         kinds = sorted({s.type for s in container.streams}) or ["none"]
         container.close()
         raise DecodeError(f"no video stream (streams: {', '.join(kinds)})")
+    if videos[0].codec_context is None:  # a header too damaged to name the codec (cut before its stsd)
+        container.close()
+        raise DecodeError("not a readable video", "the video stream's codec is unknown")
     return container, videos[0]
 
 

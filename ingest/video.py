@@ -1,11 +1,18 @@
 """What both decoders (in-process ``pyav_decoder``, command-line ``ffmpeg_cli``) report about a
-video, their shared error, and the output frame size."""
+video, their shared error, and the output frame size.
+
+The display size comes from the file's header (coded size, sample aspect ratio, rotation), which
+damage can make anything: a display shape longer than ``MAX_ASPECT`` times its width either way
+(a pasp box's spacing flipped to 2^31-1 makes a frame 2^31 times wider than coded, or 0 pixels
+wide) is refused, before anything is scaled to it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from PIL import Image
+
+MAX_ASPECT = 16  # display width to height, or height to width: no video is shaped beyond this
 
 
 class DecodeError(Exception):
@@ -43,6 +50,9 @@ class Decoded:
 
 def display_size(w: int, h: int, sar: Fraction, rotation: int) -> tuple[int, int]:
     display_w = w * sar if sar > 0 else Fraction(w)
+    if not Fraction(h, MAX_ASPECT) <= display_w <= h * MAX_ASPECT:
+        raise DecodeError(f"implausible display size: {round(display_w)}x{h} from {w}x{h} coded at sample "
+                          f"aspect ratio {sar} (a damaged header?)")
     dw, dh = (h, display_w) if rotation in (90, 270) else (display_w, h)
     return int(round(dw)), int(round(dh))
 
