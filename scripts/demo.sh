@@ -46,7 +46,9 @@ status() {  # "epoch E, val top-1 A%" from a run's metrics.jsonl
   local last
   last=$(grep '"event": "epoch"' "$out/$1/metrics.jsonl" 2>/dev/null | tail -1)
   [ -n "$last" ] || { echo "starting"; return; }
-  sed -E 's/.*"epoch": ([0-9]+).*"val_top1": ([0-9.]+).*/epoch \1, val top-1 \2%/; s/\.([0-9])[0-9]*%/.\1%/' <<< "$last"
+  # rounded as trainer plot's table rounds it (trainer.metrics.figure: the value's %.1f)
+  sed -E 's/.*"epoch": ([0-9]+).*"val_top1": ([0-9.eE+-]+).*/\1 \2/' <<< "$last" |
+    awk '{ printf "epoch %d, val top-1 %.1f%%\n", $1, $2 }'
 }
 shown=""
 while kill -0 $tsm 2>/dev/null || kill -0 $tsn 2>/dev/null; do
