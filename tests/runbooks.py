@@ -1,4 +1,5 @@
-"""Test helper: the command blocks of the runbooks (docs/runbooks/*.md and docs/service.md), run as written.
+"""Test helper: the command blocks of the runbooks (docs/runbooks/*.md and docs/service.md), run as written,
+and by the same rule those of README.md and the rest of docs/ (``PAGES``).
 
 Every ```bash block is a list of commands (a logical line each: continuations joined, comments
 dropped). A command that cannot run on one machine carries ``# needs: WHAT`` (more nodes, GPUs,
@@ -33,6 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = [p for p in sorted((ROOT / "docs" / "runbooks").glob("*.md")) + [ROOT / "docs" / "service.md"]
             if p.exists()]  # (none where this module is copied out of the checkout: tests/test_suite_rules.py)
+# The same rule for every other page: README.md and the rest of docs/ (tests/test_docs.py runs their blocks)
+PAGES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+         if p.exists() and p not in RUNBOOKS and "runbooks" not in p.parts]
+RUNBOOKS += PAGES
 NEEDS = re.compile(r"#\s*needs:\s*(.+)$")
 RUN_BY = re.compile(r"^\*Run by (.+)\.\*$")
 LEDGER_VAR = "KF_RUNBOOK_LEDGER"
@@ -66,7 +71,7 @@ def parse(path: Path) -> list[Block]:
     for i, line in enumerate(lines):
         if line.strip() != "```bash":
             continue
-        end = lines.index("```", i + 1)
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")  # (a list item's: indented)
         previous = next((x.strip() for x in reversed(lines[:i]) if x.strip()), "")
         run_by = RUN_BY.match(previous)
         block_needs, commands = None, []
