@@ -30,7 +30,7 @@ SKIP_DIRS = {".git", ".venv", "demo", "node_modules", "shared", ".mirror"}
 FUTURE = {ROOT / "docs" / "benchmarks" / "fuzz-video.md", ROOT / "docs" / "benchmarks" / "mutation-campaign.md"}
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|<img [^>]*src=\"([^\"]+)\"")
-TINY = ("--segments 4 --depth 10 --width 4 --crop-size 32 --scale-size 32 --batch-size 4 --epochs 1 "
+TINY = ("--depth 10 --width 4 --crop-size 32 --scale-size 32 --batch-size 4 --epochs 1 "
         "--warmup-epochs 0 --workers 0 --no-tensorboard")
 
 
