@@ -10,6 +10,14 @@ docs/, and every markdown file's links.
 * No markdown file of the repository holds a merge-conflict marker or a relative link (or image)
   to a file or an anchor that does not exist.
 Each check is shown red on a planted page (``test_the_checks_go_red_...``).
+
+The blocks share one small ``src/`` (module fixture ``small``) and one build of ``shards/k400``,
+and run in groups at once (threads, each waiting on its subprocesses; ``started``), with the
+tiny training flags of the demo (``TINY``). README's blocks and those of docs/ingest.md and
+docs/shards.md are the suite's (about 20 CPU-seconds); the demo's list and docs/trainer.md's
+blocks (five trainings, two of them two-rank ``horovodrun``) are marked ``long``, and each
+page's "*Run by*" line names its test, so that tests/conftest.py's check holds each stage to
+the blocks of the tests it ran (tests/runbooks.py).
 """
 from __future__ import annotations
 
@@ -20,17 +28,20 @@ import re
 import signal
 import subprocess
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from runbooks import PAGES, ROOT, block_commands, parse as parse_blocks, ran, run_block, run_commands, shell_env
+from runbooks import (PAGES, ROOT, block_commands, parse as parse_blocks, ran, run_block, run_commands,
+                      runner, shell_env)
 
 SKIP_DIRS = {".git", ".venv", "demo", "node_modules", "shared", ".mirror"}
 # pages other branches add (the lead merges them): links to them count as alive
-FUTURE = {ROOT / "docs" / "benchmarks" / "fuzz-video.md", ROOT / "docs" / "benchmarks" / "mutation-campaign.md"}
+FUTURE = {ROOT / "docs" / "benchmarks" / "fuzz-video.md",
+          ROOT / "docs" / "benchmarks" / "mutation-campaign.md"}
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|<img [^>]*src=\"([^\"]+)\"")
-TINY = ("--depth 10 --width 4 --crop-size 32 --scale-size 32 --batch-size 4 --epochs 1 "
+TINY = ("--depth 10 --width 16 --crop-size 32 --scale-size 32 --batch-size 4 --epochs 1 "
         "--warmup-epochs 0 --workers 0 --no-tensorboard")
 
 
@@ -68,7 +79,8 @@ def anchors(path: Path) -> set[str]:
 
 
 def conflict_markers(path: Path) -> list[str]:
-    return [f"{path.relative_to(ROOT)}:{n}: {line[:20]}" for n, line in enumerate(path.read_text().splitlines(), 1)
+    lines = enumerate(path.read_text().splitlines(), 1)
+    return [f"{path.relative_to(ROOT)}:{n}: {line[:20]}" for n, line in lines
             if re.match(r"^(<<<<<<<( |$)|=======$|>>>>>>>( |$)|\|\|\|\|\|\|\| )", line)]
 
 
@@ -100,8 +112,8 @@ def unrunnable_blocks(paths: list[Path]) -> list[str]:
                 problems.append(f"{path.relative_to(ROOT)}:{n}: a {line.strip()} block: write ```bash")
         for block in parse_blocks(path):
             here = [c for c in block.commands if c.needs is None]
-            tests = [ROOT / f for f in block.run_by]
-            called = set().union(*(runs(t) for t in tests if t.is_file() and t.suffix == ".py"))
+            tests = [runner(f) for f in block.run_by]
+            called = set().union(*(runs(t) for t in tests if t is not None))
             if here and not any(page == block.runbook and block.starts_with(first) for page, first in called):
                 problems.append(f"{path.relative_to(ROOT)}:{block.line}: {here[0].text[:70]!r}: not marked "
                                 f"'# needs:', and not run by {block.run_by or 'any test'}")
@@ -113,7 +125,8 @@ def runs(test: Path) -> set[tuple[str, str]]:
     found = set()
     for node in ast.walk(ast.parse(test.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("run_block", "block_commands"):
-            args = [a.value for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            args = [a.value for a in node.args[:2]
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             if len(args) == 2:
                 found.add(tuple(args))
     return found
@@ -156,13 +169,13 @@ def test_the_checks_go_red_on_a_conflict_a_dead_link_and_an_unrunnable_block(tmp
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
     """A directory laid out as the demo's ``--out``: ``src/`` made by ``ingest synth`` and ``shards/``
-    built from it with the demo's flags (fewer videos)."""
+    built from it with the demo's flags (fewer videos); every block below reads this ``src/``."""
     out = tmp_path_factory.mktemp("docs")
     env = {**shell_env(), "OMP_NUM_THREADS": "1"}
-    for argv in (["ingest", "synth", "--out", "src", "--classes", "4", "--train-per-class", "4", "--val-per-class",
-                  "2", "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2"],
-                 ["ingest", "build", "--src", "src", "--out", "shards", "--frames", "4", "--clips-per-video", "4",
-                  "--short-side", "32", "--shard-samples", "64"]):
+    for argv in (["ingest", "synth", "--out", "src", "--classes", "4", "--train-per-class", "4",
+                  "--val-per-class", "2", "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2"],
+                 ["ingest", "build", "--src", "src", "--out", "shards", "--frames", "4",
+                  "--clips-per-video", "4", "--short-side", "32", "--shard-samples", "64"]):
         subprocess.run(argv, cwd=out, env=env, check=True, capture_output=True, timeout=300)
     return out
 
@@ -200,7 +213,16 @@ def serve_and_fetch(command: str, cwd: Path, env: dict) -> str:
         proc.stdout.close()
 
 
-def test_the_demos_next_steps_run_as_printed(small):
+def beside(small: Path, name: str) -> Path:
+    """A working directory of its own for a group of blocks, with the shared ``src/`` in it."""
+    here = small / name
+    here.mkdir()
+    (here / "src").symlink_to(small / "src")
+    return here
+
+
+def demo_steps(small: Path) -> None:
+    """The demo's list, in ``small`` (its ``$out``)."""
     steps = demo_next_steps()
     assert [s.split()[0] for s in steps] == ["trainer", "horovodrun", "ingest", "shard-service"], steps
     assert not any("..." in s for s in steps)
@@ -213,35 +235,108 @@ def test_the_demos_next_steps_run_as_printed(small):
     assert "<html" in serve_and_fetch(printed[3].replace("--port 8765", "--port 0"), ROOT, env).lower()
 
 
-def test_readme_blocks(small):
+def readme_service(here: Path) -> None:
+    """README's catalog block: a build registered in a catalog, listed, served (its own directory:
+    the demo's list uses a catalog of the same name)."""
     env = {**shell_env(), "OMP_NUM_THREADS": "1"}
-    subs = {"kinetics400/": "src/", "--workers 32": "--workers 2"}
-    run_block("../../README.md", "ingest build --src kinetics400/ --out shards/k400", subs, cwd=small, env=env)
-    assert (small / "shards" / "k400" / "manifest.json").is_file()
-    out = run_block("../../README.md", "shards verify shards/k400", cwd=small, env=env)
-    assert "Recommended:" in out and (small / "sheet.png").read_bytes()[:4] == b"\x89PNG"
-    run_block("../../README.md", "trainer train --data shards/k400",
-              {"--output-dir runs/tsm50": f"--output-dir runs/tsm50 {TINY}", "--crops 3": "--crops 1 --workers 0"},
-              cwd=small, env=env)
-    service = block_commands("../../README.md", "ingest build --src kinetics400/ --out sets/k400-r256", subs)
-    assert "k400-r256" in run_commands(service[:2], cwd=small, env=env)
-    assert "<html" in serve_and_fetch(service[2].replace("--port 8765", "--port 0"), small, env).lower()
+    service = block_commands("../../README.md", "ingest build --src kinetics400/ --out sets/k400-r256",
+                             {"kinetics400/": "src/"})
+    assert "k400-r256" in run_commands(service[:2], cwd=here, env=env)
+    assert "<html" in serve_and_fetch(service[2].replace("--port 8765", "--port 0"), here, env).lower()
     ran(service[2])
 
 
-def test_docs_pages_blocks(small):
+def pages_builds(here: Path) -> None:
+    """README's build of ``shards/k400`` and its ``shards`` block, then docs/ingest.md's build (the
+    same command: the finished set is found) and docs/shards.md's block, one after another (both
+    write ``sheet.png``)."""
     env = {**shell_env(), "OMP_NUM_THREADS": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     subs = {"kinetics400/": "src/", "--workers 32": "--workers 2", "--num-shards 1024": "--num-shards 2"}
-    run_block("../ingest.md", "ingest build --src kinetics400/", subs, cwd=small, env=env)
-    out = run_block("../shards.md", "shards plan --clips 240000", subs, cwd=small, env=env)
-    assert "Recommended:" in out and (small / "sheet" / "index.html").is_file()
-    train = {"runs/tsm50": "runs/d50", "runs/tsn50": "runs/hvd", "--output-dir runs/d50": f"--output-dir runs/d50 {TINY}",
-             "--output-dir runs/hvd": f"--output-dir runs/hvd {TINY}", "--crops 3": "--crops 1 --workers 0"}
-    run_block("../trainer.md", "trainer train --data shards/k400 --output-dir runs/tsm50", train, cwd=small, env=env,
-              timeout=600)
-    assert (small / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    run_block("../../README.md", "ingest build --src kinetics400/ --out shards/k400", subs, cwd=here, env=env)
+    assert (here / "shards" / "k400" / "manifest.json").is_file()
+    out = run_block("../../README.md", "shards verify shards/k400", cwd=here, env=env)
+    assert "Recommended:" in out and (here / "sheet.png").read_bytes()[:4] == b"\x89PNG"
+    run_block("../ingest.md", "ingest build --src kinetics400/", subs, cwd=here, env=env)
+    out = run_block("../shards.md", "shards plan --clips 240000", subs, cwd=here, env=env)
+    assert "Recommended:" in out and (here / "sheet" / "index.html").is_file()
+
+
+def readme_training(here: Path) -> None:
+    env = {**shell_env(), "OMP_NUM_THREADS": "1"}
+    run_block("../../README.md", "trainer train --data shards/k400",
+              {"--output-dir runs/tsm50": f"--output-dir runs/tsm50 {TINY}",
+               "--crops 3": "--crops 1 --workers 0"},
+              cwd=here, env=env)
+
+
+def trainer_page(here: Path) -> None:
+    env = {**shell_env(), "OMP_NUM_THREADS": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    train = {"runs/tsm50": "runs/d50", "runs/tsn50": "runs/hvd", "--crops 3": "--crops 1 --workers 0",
+             "--output-dir runs/d50": f"--output-dir runs/d50 {TINY}",
+             "--output-dir runs/hvd": f"--output-dir runs/hvd {TINY}"}
+    run_block("../trainer.md", "trainer train --data shards/k400 --output-dir runs/tsm50", train, cwd=here,
+              env=env, timeout=600)
+    assert (here / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def motion_page(here: Path) -> None:
+    env = {**shell_env(), "OMP_NUM_THREADS": "1"}
     motion = {"videos/": "src/", "--motion mv": "--motion mv --frames 4 --short-side 32 --clips-per-video 1",
               "--output-dir runs/rgb": f"--output-dir runs/rgb {TINY}",
-              "--output-dir runs/motion": f"--output-dir runs/motion {TINY}", "--crops 3": "--crops 1 --workers 0"}
-    run_block("../trainer.md", "ingest build --src videos/ --out shards/k400-mv", motion, cwd=small, env=env,
+              "--output-dir runs/motion": f"--output-dir runs/motion {TINY}",
+              "--crops 3": "--crops 1 --workers 0"}
+    run_block("../trainer.md", "ingest build --src videos/ --out shards/k400-mv", motion, cwd=here, env=env,
               timeout=600)
+
+
+# The groups of blocks, each test's: a group runs in order; the groups run at once (threads
+# waiting on subprocesses), those after a build once it is done; each test waits for its own.
+GROUPS = {"test_the_demos_next_steps_run_as_printed": [demo_steps],
+          "test_readme_blocks": [pages_builds, readme_training, readme_service],
+          "test_docs_pages_blocks": [pages_builds],
+          "test_trainer_page_blocks": [pages_builds, trainer_page, motion_page]}
+
+
+@pytest.fixture(scope="module")
+def started(request, small):
+    """The groups of the tests selected in this session, started together: ``{group: future}``."""
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    wanted = {g for name, groups in GROUPS.items() if name in selected for g in groups}
+    pages, service = beside(small, "pages"), beside(small, "service")
+    where = {demo_steps: small, readme_service: service}
+    with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+        futures = {}
+        if pages_builds in wanted:
+            futures[pages_builds] = pool.submit(pages_builds, pages)
+        for group in wanted - {pages_builds}:
+            needs_set = group in (readme_training, trainer_page)
+            futures[group] = pool.submit(after, futures.get(pages_builds) if needs_set else None, group,
+                                         where.get(group, pages))
+        yield futures  # (leaving the pool waits for every group: nothing runs past the module)
+
+
+def after(first: Future | None, group, here: Path) -> None:
+    if first is not None:
+        first.result()
+    group(here)
+
+
+@pytest.mark.long  # a two-rank training (horovodrun), a build, a server
+def test_the_demos_next_steps_run_as_printed(started):
+    started[demo_steps].result()
+
+
+def test_readme_blocks(started):
+    for group in GROUPS["test_readme_blocks"]:
+        started[group].result()
+
+
+def test_docs_pages_blocks(started):
+    for group in GROUPS["test_docs_pages_blocks"]:
+        started[group].result()
+
+
+@pytest.mark.long  # four trainings (one of two ranks), three evaluations, a plot, a motion build
+def test_trainer_page_blocks(started):
+    for group in GROUPS["test_trainer_page_blocks"]:
+        started[group].result()
