@@ -46,7 +46,9 @@ status() {  # "epoch E, val top-1 A%" from a run's metrics.jsonl
   local last
   last=$(grep '"event": "epoch"' "$out/$1/metrics.jsonl" 2>/dev/null | tail -1)
   [ -n "$last" ] || { echo "starting"; return; }
-  sed -E 's/.*"epoch": ([0-9]+).*"val_top1": ([0-9.]+).*/epoch \1, val top-1 \2%/; s/\.([0-9])[0-9]*%/.\1%/' <<< "$last"
+  # rounded as trainer plot's table rounds it (trainer.metrics.figure: the value's %.1f)
+  sed -E 's/.*"epoch": ([0-9]+).*"val_top1": ([0-9.eE+-]+).*/\1 \2/' <<< "$last" |
+    awk '{ printf "epoch %d, val top-1 %.1f%%\n", $1, $2 }'
 }
 shown=""
 while kill -0 $tsm 2>/dev/null || kill -0 $tsn 2>/dev/null; do
@@ -64,6 +66,8 @@ echo "== 3/4 testing TSM (three crops per clip)"
 
 echo "== 4/4 TSM against TSN"
 "$bin/trainer" plot "$out"/tsm "$out"/tsn --labels TSM TSN --out "$out"/tsm-vs-tsn.png
+# A backslash-newline in the text below joins two lines: each command prints as one line, as pasted.
+# tests/test_docs.py runs every line of the list.
 cat <<EOF
 
 Where things are:
@@ -72,9 +76,16 @@ Where things are:
   $out/preview.png          8 validation clips, a row each (shards preview; --html DIR for a page)
   $out/tsm/, $out/tsn/      checkpoint.pt, metrics.jsonl, tensorboard/; $out/tsm/test-val.json
   $out/tsm-vs-tsn.png       loss, accuracy, learning rate and throughput of both runs
-What to run next:
-  bash scripts/test.sh                               the test suite
-  source .venv/bin/activate && trainer train --help  every flag of the trainer (ingest, shards too)
-  horovodrun -np 2 -H localhost:2 --gloo trainer train --data $out/shards --output-dir $out/hvd ...
-  docs/runbooks/                                     Ray clusters, Lustre/GPFS, Slurm, 1,536 GPUs
+What to run next (after 'source .venv/bin/activate'; each about a minute on a laptop CPU):
+  trainer train --help
+  horovodrun -np 2 -H localhost:2 --gloo trainer train --data $out/shards --output-dir $out/hvd --overwrite \
+--segments 4 --depth 10 --width 16 --crop-size 32 --scale-size 32 --no-flip --batch-size 16 --epochs 2 \
+--warmup-epochs 1 --lr-per-8 0.1 --workers 0
+  ingest build --src $out/src --out $out/mine --catalog $out/catalog.sqlite --frames 4 --clips-per-video 1 \
+--short-side 32 --shard-samples 64
+  shard-service serve --catalog $out/catalog.sqlite --port 8765
+(the horovodrun line: two ranks on this machine, Gloo on 127.0.0.1; ingest build: your own videos in
+place of $out/src, as class folders SRC/{train,val}/<class>/*.mp4, CVDF, UCF101 or HMDB51: README.md;
+shard-service serve: the viewer at http://127.0.0.1:8765/, Ctrl-C stops it. Clusters, Lustre/GPFS,
+Slurm, 1,536 GPUs: docs/runbooks/)
 EOF

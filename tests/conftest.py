@@ -23,7 +23,10 @@
 * Every runbook command runs (tests/runbooks.py): the tests record the commands they ran in a
   ledger of the session's (``KF_RUNBOOK_LEDGER``); once a session that selected whole test files
   is over, every command not marked ``# needs:`` of a block whose test file ran (and passed, none
-  of its tests skipped) must be in it, else the run fails naming the commands.
+  of its tests skipped) must be in it, else the run fails naming the commands. A block whose
+  "*Run by*" line names one test (``FILE::TEST``) counts when that test ran and passed: a stage
+  that deselects a file's long test (``-m "not long"``) is not held to that test's blocks, nor
+  the long stage to the blocks of the tests it deselects.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 SESSION_VAR = "KF_TEST_SESSION"
 LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_suite_rules.py's sessions: less
 GROUP = pytest.StashKey["SessionGroup | ProcessSnapshot"]()  # the session's cgroup, or the processes before it
-OUTCOMES: dict[str, set[str]] = defaultdict(set)  # test file -> its tests' outcomes in this session
+OUTCOMES: dict[str, set[str]] = defaultdict(set)  # test file, and FILE::TEST -> outcomes in this session
 
 
 @pytest.fixture(autouse=True)
@@ -115,9 +118,11 @@ def pytest_configure(config):
 
 
 def pytest_runtest_logreport(report):
-    """Each test's outcome, by file (in the session's process: xdist's workers report there too)."""
+    """Each test's outcome, by file and by test (its parameters dropped), in the session's process
+    (xdist's workers report there too)."""
     if report.when == "call" or report.outcome != "passed":
         OUTCOMES[report.nodeid.split("::")[0]].add(report.outcome)
+        OUTCOMES[report.nodeid.split("[")[0]].add(report.outcome)
 
 
 class SessionGroup:
@@ -259,7 +264,8 @@ def pytest_sessionfinish(session):
 
 
 def check_runbooks(session) -> None:
-    """Every runbook command of the blocks whose test files ran whole and passed was executed."""
+    """Every runbook command of the blocks whose runners ran and passed was executed: a test file
+    (all its tests that ran passed), or a single test ``FILE::TEST`` that a block names."""
     config = session.config
     if config.option.keyword or any("::" in arg for arg in config.args):
         return  # some tests of a file alone: its blocks may belong to others

@@ -1,10 +1,11 @@
-"""Test helper: the command blocks of the runbooks (docs/runbooks/*.md and docs/service.md), run as written.
+"""Test helper: the command blocks of the runbooks (docs/runbooks/*.md and docs/service.md), run as written,
+and by the same rule those of README.md and the rest of docs/ (``PAGES``).
 
 Every ```bash block is a list of commands (a logical line each: continuations joined, comments
 dropped). A command that cannot run on one machine carries ``# needs: WHAT`` (more nodes, GPUs,
 a Lustre filesystem, a container engine), as a trailing comment or, for the whole block, as the
 block's first line. Every other command runs in the suite: the block is preceded by
-"*Run by `TEST`.*", and that test calls ``run_block(RUNBOOK, FIRST, ...)`` or
+"*Run by `TEST`.*" (a test file, or ``FILE::NAME``: one test of it), and that test calls ``run_block(RUNBOOK, FIRST, ...)`` or
 ``block_commands(RUNBOOK, FIRST, ...)`` with the runbook's file name and the start of the block's
 first command. Both read the block from the runbook when the test runs, so what runs is the text
 a reader pastes; the only changes are the caller's substitution table (a cluster's data paths,
@@ -17,7 +18,11 @@ session's ledger (``$KF_RUNBOOK_LEDGER``, made by tests/conftest.py) once the co
 0, and fails unless every command of its script did; a test that runs a command itself (a server
 started from the block's line) records it with ``ran``. tests/test_cluster_runbooks.py checks
 that every command is run so or marked; at the end of a session that ran the suite,
-tests/conftest.py checks the ledger (``unexecuted``): every command not marked was executed.
+tests/conftest.py checks the ledger (``unexecuted``): every command not marked was executed, of
+the blocks whose runner ran and passed: the file a "*Run by*" line names (every test of it that
+ran passed), or the one test it names. A file whose tests run in different stages (one marked
+``long``: deselected by the suite's ``-m``, while the long stage deselects the rest) names each
+block's test, so that each stage is held to the blocks of the tests it ran.
 """
 from __future__ import annotations
 
@@ -33,6 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = [p for p in sorted((ROOT / "docs" / "runbooks").glob("*.md")) + [ROOT / "docs" / "service.md"]
             if p.exists()]  # (none where this module is copied out of the checkout: tests/test_suite_rules.py)
+# The same rule for every other page: README.md and the rest of docs/ (tests/test_docs.py runs their blocks)
+PAGES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+         if p.exists() and p not in RUNBOOKS and "runbooks" not in p.parts]
+RUNBOOKS += PAGES
 NEEDS = re.compile(r"#\s*needs:\s*(.+)$")
 RUN_BY = re.compile(r"^\*Run by (.+)\.\*$")
 LEDGER_VAR = "KF_RUNBOOK_LEDGER"
@@ -48,7 +57,7 @@ class Command:
 class Block:
     runbook: str  # its path from docs/runbooks: "training.md", "../service.md"
     line: int  # the opening fence's line number
-    run_by: list[str]  # the test files the "*Run by*" line names
+    run_by: list[str]  # the test files (or FILE::TEST, one test) the "*Run by*" line names
     commands: list[Command]
 
     def starts_with(self, first: str) -> bool:
@@ -66,7 +75,7 @@ def parse(path: Path) -> list[Block]:
     for i, line in enumerate(lines):
         if line.strip() != "```bash":
             continue
-        end = lines.index("```", i + 1)
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")  # (a list item's: indented)
         previous = next((x.strip() for x in reversed(lines[:i]) if x.strip()), "")
         run_by = RUN_BY.match(previous)
         block_needs, commands = None, []
@@ -139,9 +148,22 @@ def ran(command: RunbookCommand) -> None:
     record([command.key])
 
 
+def runner(run_by: str) -> Path | None:
+    """The test file a "*Run by*" entry (``FILE`` or ``FILE::TEST``) names, where it exists (and
+    holds that test); else None."""
+    file, _, test = run_by.partition("::")
+    path = ROOT / file
+    if not (path.is_file() and path.suffix == ".py"):
+        return None
+    if test and not re.search(rf"^def {re.escape(test)}\(", path.read_text(), re.M):
+        return None
+    return path
+
+
 def unexecuted(ledger: str, run_by: set[str]) -> list[str]:
-    """The commands not marked ``# needs:`` of the blocks run by the test files ``run_by`` that the
-    ledger does not record as run: one line each, naming the runbook, the block and the command."""
+    """The commands not marked ``# needs:`` of the blocks run by ``run_by`` (test files, and
+    ``FILE::TEST`` names of single tests) that the ledger does not record as run: one line each,
+    naming the runbook, the block and the command."""
     done = set()
     if os.path.exists(ledger):
         with open(ledger) as f:

@@ -23,9 +23,12 @@ HEAVY = ("ray", "aiohttp", "cv2", "horovod", "av", "ffmpeg", "matplotlib", "tens
 
 
 def install_commands() -> list[str]:
-    """The page's install commands (its only bash block): torch first, then the project."""
-    (code,) = re.findall(r"^```bash\n(.*?)^```$", PAGE.read_text(), flags=re.S | re.M)
-    return [x.split("#")[0].strip() for x in code.splitlines() if x.strip()]
+    """The page's install commands (the bash blocks of its Install section): torch first (the CPU
+    build's line; the CUDA one beside it differs only in its index), then the project."""
+    section = PAGE.read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    code = "".join(re.findall(r"^```bash\n(.*?)^```$", section, flags=re.S | re.M))
+    lines = [x.split("#")[0].strip() for x in code.splitlines() if x.strip()]
+    return [x for x in lines if "cu1" not in x]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def venv(tmp_path_factory):
     # torch first, as the page says, but the one build this machine has locally (the CPU index is not
     # reachable from here); the page: any torch >= 2.4 already there stays
     torch_first, project = install_commands()
-    assert torch_first == "pip install torch --index-url https://download.pytorch.org/whl/cpu", torch_first
+    assert torch_first == "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu", torch_first
     assert project == "pip install ./kinetics-fast", project
     subprocess.run([*pip, "install", "torch==2.13.0"], check=True, timeout=900)
     subprocess.run([*pip, "install", str(ROOT)], check=True, timeout=900, cwd=where.parent)

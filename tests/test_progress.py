@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import json
 import logging
 import os
 import pty
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import termios
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +193,32 @@ def test_counts_of_one_are_singular(tmp_path):
     stats = command("shards", "stats", str(tmp_path / "set"), "--probe", "0")  # its one clip damaged: no figures
     assert stats.returncode == 1 and "Traceback" not in stats.stderr, stats.stderr
     assert "train: 1 clip in 1 shard," in stats.stdout, stats.stdout
+
+
+def test_the_demos_live_line_the_epoch_line_and_trainer_plots_table_round_alike(tmp_path):
+    """The same record shows the same digits everywhere: the demo's live line (its ``status`` shell
+    function, taken from scripts/demo.sh and run by bash), the trainer's epoch log line
+    (``metrics.figure``) and ``trainer plot``'s tables. 11/16 = 68.75% read 68.7% live and 68.8 in
+    the table before (the live line cut digits off, the table rounded)."""
+    from trainer import metrics, plot
+
+    values = [100 * 11 / 16, 100 * 2 / 3, 100 * 7 / 64, 100 * 1 / 3, 100.0, 25.0]
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as f:
+        for epoch, v in enumerate(values, 1):
+            f.write(json.dumps({"event": "epoch", "step": epoch, "epoch": epoch, "val_top1": v,
+                                "train_loss": 1.0, "data_time": 0.01, "compute_time": 0.02,
+                                "clips_per_s": 10.0}) + "\n")
+    demo = (Path(__file__).resolve().parents[1] / "scripts" / "demo.sh").read_text()
+    status = re.search(r"^status\(\) \{.*?^\}$", demo, re.M | re.S).group(0)
+    table = plot.tables([str(run)], ["run"], max_rows=len(values)).splitlines()
+    by_epoch = {int(line.split("|")[0]): line.split("|")[1].strip() for line in table[2:2 + len(values)]}
+    lines = (metrics.figure("val_top1", v) for v in values)
+    for epoch, (v, logged) in enumerate(zip(values, lines), 1):
+        with open(run / "metrics.jsonl", "w") as f:  # the live line reads the file's last epoch record
+            f.write(json.dumps({"event": "epoch", "epoch": epoch, "val_top1": v}) + "\n")
+        live = subprocess.run(["bash", "-c", f'{status}\nout={tmp_path}; status run'], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        assert live == f"epoch {epoch}, val top-1 {by_epoch[epoch]}%" and logged == by_epoch[epoch], (live, v)
+    assert by_epoch[1] == "68.8" and by_epoch[2] == "66.7"

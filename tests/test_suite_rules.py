@@ -8,6 +8,9 @@
   processes before and after, by start time and parent chain), there in a PID namespace of its own
   under a shell, so that the escaped process is re-parented to the shell, out of the session's tree,
   and no other process of this machine is the inner session's to judge.
+* The runbook check (tests/conftest.py, tests/runbooks.py) holds a stage to the blocks of the tests
+  it ran: a block whose "*Run by*" line names a test marked ``long`` is not required of the suite's
+  stage (``-m "not long"``), nor the others of the long stage; one naming only the file is.
 * Every system tool a test requires (tests/required.py: the browser, nginx, Slurm, podman) is required by
   the test command, scripts/test.sh, so that CI cannot pass with those tests skipped."""
 from __future__ import annotations
@@ -75,3 +78,71 @@ def test_the_test_command_requires_every_tool_a_test_requires():
     script = (HERE.parent / "scripts" / "test.sh").read_text()
     exported = set(re.findall(r"\bKF_REQUIRE_(\w+)=1", "\n".join(re.findall(r"^export .*$", script, re.M))))
     assert named == {"browser", "nginx", "podman", "slurm"} and {n.upper() for n in named} <= exported, (named, exported)
+
+
+PAGE = """# Page
+
+*Run by `tests/test_pages.py{quick}`.*
+
+```bash
+echo quick-{marker}
+```
+
+*Run by `tests/test_pages.py{slow}`.*
+
+```bash
+echo slow-{marker}
+```
+{never}"""
+NEVER = """
+*Run by `tests/test_pages.py::test_slow`.*
+
+```bash
+echo never
+```
+"""
+PAGE_TESTS = """import pytest
+from runbooks import run_block
+
+
+def test_quick(tmp_path):
+    run_block("page.md", "echo quick", cwd=tmp_path)
+
+
+@pytest.mark.long
+def test_slow(tmp_path):
+    run_block("page.md", "echo slow", cwd=tmp_path)
+"""
+
+
+@pytest.mark.parametrize("named, never, stage, unrun", [
+    (True, False, "not long", None),  # the suite's stage: the long test's block is not held against it
+    (True, False, "long", None),  # the long stage: nor the quick test's
+    (True, True, "long", "echo never"),  # a block of a test that ran is held, every command of it
+    (False, False, "not long", "echo slow"),  # blocks naming only the file: the deselected test's fails
+])
+def test_the_runbook_check_holds_a_stage_to_the_blocks_of_the_tests_it_ran(tmp_path, named, never, stage,
+                                                                            unrun):
+    """tests/conftest.py's ledger check in a session of its own (the suite's conftest and runbooks
+    copied beside a page of two blocks, one run by a test marked long), selected by stage (``-m``)."""
+    marker = f"{os.getpid()}"
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "docs" / "runbooks").mkdir(parents=True)
+    for helper in ("conftest.py", "runbooks.py"):
+        shutil.copy(HERE / helper, tmp_path / "tests" / helper)
+    (tmp_path / "tests" / "test_pages.py").write_text(PAGE_TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    long: slow\n")
+    (tmp_path / "docs" / "runbooks" / "page.md").write_text(PAGE.format(
+        quick="::test_quick" if named else "", slow="::test_slow" if named else "", marker=marker,
+        never=NEVER if never else ""))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", stage, "tests"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "KF_LEFTOVER_GRACE_S": "1", "PYTHONPATH": str(tmp_path / "tests")})
+    assert "1 passed, 1 deselected" in p.stdout, p.stdout[-3000:]
+    if unrun is None:
+        assert p.returncode == 0 and "runbook commands were not run" not in p.stdout, p.stdout[-3000:]
+    else:
+        assert p.returncode == 1, p.stdout[-3000:]
+        assert "1 runbook commands were not run by the tests that run their blocks" in p.stdout, \
+            p.stdout[-3000:]
+        assert unrun in p.stdout, p.stdout[-3000:]

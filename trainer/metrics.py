@@ -50,6 +50,19 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def is_percent(name: str) -> bool:
+    """Whether a metric is a percentage (top-1, top-5 of any weights: ``val_top1``, ``ema_val_top5``)."""
+    return name.endswith(("top1", "top5"))
+
+
+def figure(name: str, value: float) -> str:
+    """A metric as every line and table shows it: percentages to one decimal (``68.8``), the rest to
+    four significant digits. One rounding everywhere: the epoch's log line, ``trainer plot``'s
+    tables and the demo's live line (``scripts/demo.sh``, awk's ``%.1f``, the same correctly rounded
+    binary value) show the same digits for the same record."""
+    return f"{value:.1f}" if is_percent(name) else f"{value:.4g}"
+
+
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...], mask: torch.Tensor) -> list:
     """For each k, how many rows (where ``mask``) have their label among the top-k scores."""
     k_max = min(max(ks), logits.shape[1])

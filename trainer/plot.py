@@ -64,14 +64,15 @@ def tables(runs: list[str], labels: list[str], max_rows: int = 8) -> str:
     lines = ["validation top-1 (%) by epoch", "epoch | " + " | ".join(f"{label:>{width}}" for label in labels)]
     longest = max(epochs, key=len)
     for i in shown:
-        cells = [f"{e[i]['val_top1']:>{width}.1f}" if i < len(e) and "val_top1" in e[i] else " " * width
-                 for e in epochs]
+        cells = [f"{metrics.figure('val_top1', e[i]['val_top1']):>{width}}"
+                 if i < len(e) and "val_top1" in e[i] else " " * width for e in epochs]
         lines.append(f"{longest[i]['epoch']:>5} | " + " | ".join(cells))
     lines += ["", f"{'run':<{width}} | final top-1 | best top-1 | train loss | data ms/step | compute ms/step | clips/s"]
     for label, e in zip(labels, epochs):
         last = e[-1]
         best = max(r.get("val_top1", 0.0) for r in e)
-        lines.append(f"{label:<{width}} | {last.get('val_top1', float('nan')):>11.1f} | {best:>10.1f} | "
+        final, best = (metrics.figure("val_top1", v) for v in (last.get("val_top1", float("nan")), best))
+        lines.append(f"{label:<{width}} | {final:>11} | {best:>10} | "
                      f"{last['train_loss']:>10.3f} | {1e3 * last['data_time']:>12.1f} | "
                      f"{1e3 * last['compute_time']:>15.1f} | {last['clips_per_s']:>7.1f}")
     return "\n".join(lines)

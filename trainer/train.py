@@ -611,7 +611,7 @@ def train(t: Trainer, stop: StopFlag) -> int:
         summary.update(val)
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
         if t.rank0:
-            log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
+            log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {metrics.figure(k, v)}" for k, v in summary.items()))
         signum = at_boundary(t, stop)
         if signum:
             return signum
