@@ -67,7 +67,7 @@ def _video(path: Path, split: str = "val") -> Video:
 
 def _fields(path: Path, kind: str, frames: int = 8) -> tuple[dict, list[int]]:
     """The stored fields of one eval clip: {frame index: (field, valid)}, and the indices."""
-    (_, _, data), = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
+    ((_, _, data),), _ = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
     members = dict(tar.read_members(data))
     indices = json.loads(members[f"{path.stem}_c00.json"])["frame_indices"]
     return {i: motionfield.decode(members[f"{path.stem}_c00.{motionfield.member(t, kind)}"])
