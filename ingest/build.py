@@ -37,7 +37,7 @@ from shards.format.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, ST
 
 from . import content_digests, runtime, staging
 from .clips import ClipConfig
-from .sources import LABELED_SPLITS, SPLITS, Source, Video, discover
+from .sources import LABELED_SPLITS, SPLITS, Missing, Source, Video, discover
 
 log = logging.getLogger("ingest.build")
 SHARE_DIVISOR = 2  # a decode task sized from the videos takes 1/(this x parallel tasks) of the bytes left
@@ -50,6 +50,10 @@ BYTE_OPTIONS = ("layout", "clip", "shard_size", "shard_samples", "splits")
 
 class ReplaceRefused(UsageError):
     """``--out`` holds a finished set that this build would replace, and ``--force`` was not given."""
+
+
+class ForeignFiles(UsageError):
+    """``--out`` holds files that no build of this project wrote, and ``--force`` was not given."""
 
 
 def normalise(url: str) -> str:
@@ -75,6 +79,32 @@ def refuse_other_options(out: str, options: dict, force: bool) -> Manifest | Non
         raise ReplaceRefused(f"--out {out} holds a shard set built with other options ({_changes(old, options)}); "
                              "--force replaces it, or choose another --out")
     return existing
+
+
+def prepare_out(out: str, force: bool) -> None:
+    """Make a local ``out`` (refused in one line when it cannot be: a file, a path under one,
+    ``/proc``), then refuse (``ForeignFiles``) one that holds files no build of this project
+    wrote, naming one, unless ``force``: a build writes its shards, manifest and ledger under
+    their usual names (another tool's ``val/val-000000.tar`` among them) and deletes shards its
+    manifest does not list. What a build of ours leaves is taken: a finished set (its manifest),
+    or a killed build's ``.staging``, which the rerun resumes."""
+    local = storage.local_path(out)
+    if local is not None:
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise UsageError(f"--out {out}: not a directory (a file is there)")
+        try:
+            os.makedirs(local, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--out {out}: the directory cannot be created: {e.strerror}") from None
+    if force or _existing(out) is not None or storage.exists(storage.join(out, STAGING_NAME)):
+        return
+    fs, root = url_to_fs(out)
+    root = root.rstrip("/")
+    files = sorted(fs.find(root)) if fs.isdir(root) else []
+    if files:
+        raise ForeignFiles(f"--out {out} holds {plural(len(files), 'file')} no build of this project wrote "
+                           f"(such as {files[0][len(root) + 1:]}): choose an empty or new directory, or "
+                           "--force to build into it anyway (files named as a set's are then replaced)")
 
 
 def _changes(old: dict, new: dict) -> str:
@@ -107,7 +137,9 @@ class Summary:
     seconds: float = 0.0
     pack_seconds: float = 0.0  # of ``seconds``: cutting staged samples into shards
     reasons: Counter = field(default_factory=Counter)
+    warnings: Counter = field(default_factory=Counter)  # videos used with a caveat, by its code
     missing: int = 0  # annotated in the CSVs but not downloaded
+    ledger: str = ""  # where the failures, warnings and missing videos are listed
     reused: bool = False
     tasks_per_node: Counter = field(default_factory=Counter)  # Ray node id -> decode and pack tasks run
 
@@ -117,9 +149,13 @@ class Summary:
                 f"{self.bytes / 1e6:.1f} MB in {plural(self.shards, 'shard')}, {self.seconds:.1f} s "
                 f"({rate:.1f} videos/s)")
         if self.missing:
-            text += f"; {self.missing} annotated videos not found"
+            text += f"; {plural(self.missing, 'annotated video')} not found"
         if self.reasons:
             text += "; failures: " + ", ".join(f"{n} x {r}" for r, n in self.reasons.most_common(5))
+        if self.warnings:
+            text += "; warnings: " + ", ".join(f"{n} x {r}" for r, n in self.warnings.most_common())
+        if self.ledger and (self.missing or self.reasons or self.warnings):
+            text += f" (each listed in {self.ledger})"
         if len(self.tasks_per_node) > 1:
             text += f"; tasks on {len(self.tasks_per_node)} nodes: " + ", ".join(
                 f"{node[:12]} {n}" for node, n in sorted(self.tasks_per_node.items()))
@@ -148,6 +184,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     videos = [v for v in source.videos if v.split in splits]
     options = byte_options(source.layout, cfg, shard_size, shard_samples, sorted({v.split for v in videos}))
     existing = refuse_other_options(out, options, force)  # before any work, Ray included
+    prepare_out(out, force)
     config = {"src": src, **options}
     digests = None
     if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
@@ -158,7 +195,8 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
             _close_own(pool, tasks)
         config["fingerprint"] = "content"
     inputs_id = source.fingerprint(digests)
-    summary = Summary(videos=len(videos), missing=sum(source.missing.values()))
+    summary = Summary(videos=len(videos), missing=sum(m.split in splits for m in source.missing),
+                      ledger=storage.join(out, LEDGER_NAME))
     same = existing is not None and _sans_src(existing.config) == _sans_src(config) and existing.fingerprint == inputs_id
     if same and not force:
         log.info("%s is already built from these inputs with this config", out)
@@ -189,6 +227,8 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
                               summary.tasks_per_node, report)
         errors = sorted([_unlabeled(v, source.layout) for v in unlabeled]
                         + [e["error"] for e in entries if e["error"]], key=lambda e: e["path"])
+        warnings = [w for e in entries if not e["error"] for w in e.get("warnings", ())] + [
+            _not_found(m) for m in source.missing if m.split in splits]
         manifest = Manifest(classes=source.classes, splits={}, config=config, fingerprint=inputs_id)
         packing_started = time.time()
         plans = {split: _plan_shards(split, [e for e in entries if e["split"] == split], cfg.seed, shard_size,
@@ -199,11 +239,13 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
                                  lambda n: report({"videos_done": len(videos), "videos_total": len(videos),
                                                    "failed": len(errors), "shards_written": n + sum(
                                                        len(s.shards) for s in manifest.splits.values())}))
-            manifest.splits[split] = SplitInfo(shards=shards,
-                                               num_failed=sum(e["split"] == split for e in errors))
+            warned = dict(sorted(Counter(w["warning"] for w in warnings if w["split"] == split).items()))
+            manifest.splits[split] = SplitInfo(shards=shards, num_failed=sum(e["split"] == split for e in errors),
+                                               warnings=warned)
         summary.pack_seconds = time.time() - packing_started
+        ledger = sorted(errors + warnings, key=_ledger_order)
         storage.atomic_write(storage.join(out, LEDGER_NAME),
-                             b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in errors))
+                             b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in ledger))
         storage.atomic_write(storage.join(out, CLASSES_NAME), "".join(c + "\n" for c in source.classes).encode())
         manifest.save(out)
     except (KeyboardInterrupt, NoSpace) as stop:
@@ -214,12 +256,16 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
 
     summary.failed = len(errors)
     summary.reasons = Counter(e["reason"].split(":")[0] for e in errors)
+    summary.warnings = Counter(w["warning"] for w in warnings if w["warning"] != NOT_FOUND)
     summary.clips = sum(s.num_samples for s in manifest.splits.values())
     summary.bytes = sum(s.num_bytes for s in manifest.splits.values())
     summary.shards = sum(len(s.shards) for s in manifest.splits.values())
     summary.seconds = time.time() - t0
     for e in errors:
         log.warning("failed: %s: %s%s", e["path"], e["reason"], f" ({e['ffmpeg']})" if e["ffmpeg"] else "")
+    for w in warnings:
+        if w["warning"] != NOT_FOUND:  # those are many (5-10% of Kinetics): the summary counts them
+            log.warning("warning: %s: %s: %s", w["path"], w["warning"], w["reason"])
     return summary
 
 
@@ -248,7 +294,20 @@ def _unlabeled(video: Video, layout: str) -> dict:
     where it would stop training at the first batch that holds it."""
     where = (f"no label in annotations/{video.split}.csv" if layout == "cvdf"
              else f"not inside a class folder ({video.split}/<label>/...)")
-    return {"path": video.relpath, "split": video.split, "reason": f"unlabeled: {where}", "ffmpeg": ""}
+    return staging.ledger_line(video, f"unlabeled: {where}")
+
+
+NOT_FOUND = "not found"  # the warning of a video the source's lists name that is not there
+
+
+def _not_found(missing: Missing) -> dict:
+    return {"path": missing.path, "split": missing.split, "ffmpeg": "", "warning": NOT_FOUND,
+            "reason": f"{missing.listed} names it, no file is there"}
+
+
+def _ledger_order(line: dict) -> tuple:
+    """The ledger's order: by path, a video's failure before its warnings."""
+    return line["path"], "warning" in line, line.get("warning", "")
 
 
 def _tidy(out: str, manifest: Manifest, keep_staging: bool) -> None:
@@ -284,6 +343,8 @@ def _existing(out: str) -> Manifest | None:
 def _summarise_existing(m: Manifest, summary: Summary) -> Summary:
     summary.reused = True
     summary.failed = sum(s.num_failed for s in m.splits.values())
+    summary.warnings = sum((Counter(s.warnings) for s in m.splits.values()), Counter())
+    del summary.warnings[NOT_FOUND]
     summary.clips = sum(s.num_samples for s in m.splits.values())
     summary.bytes = sum(s.num_bytes for s in m.splits.values())
     summary.shards = sum(len(s.shards) for s in m.splits.values())

@@ -24,7 +24,7 @@ from shards import storage
 from shards.format import motionfield
 from shards.format import sample
 
-from . import ffmpeg_cli, jpeg, motion, pyav_decoder, sampling
+from . import bounds, ffmpeg_cli, jpeg, motion, pyav_decoder, sampling
 from .deadline import Deadline, TimedOut
 from .sources import Video
 from .video import Decoded, DecodeError
@@ -46,22 +46,26 @@ class ClipConfig:
     seed: int = 0
     decoder: str = "pyav"  # "ffmpeg": the command line for every video (the reference, and slower)
     motion: str = "none"  # "mv": the codec's motion vectors; "flow": optical flow (ingest.motion)
+    refuse_short: bool = False  # a video of fewer frames than ``frames`` (a still) fails instead of a warning
 
     def __post_init__(self):
+        for option in ("frames", "clips_per_video", "eval_clips", "short_side", "quality", "restart_interval",
+                       "seed"):
+            bounds.check(option, getattr(self, option))
         if self.motion not in motion.MOTIONS:
             raise ValueError(f"motion must be one of {motion.MOTIONS}, not {self.motion!r}")
         if self.motion == "mv" and self.decoder != "pyav":
             raise ValueError("motion 'mv' needs decoder 'pyav' (the command line does not export motion vectors)")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, not {self.decoder!r}")
-        if self.restart_interval < 0:
-            raise ValueError(f"restart_interval must be 0 (no markers) or more MCUs, not {self.restart_interval}")
 
     def as_dict(self) -> dict:
-        """The config as recorded; without motion, as before motion existed (same ids and keys)."""
+        """The config as recorded; options at their defaults since they were added left out, as
+        before they existed (the same ids and keys)."""
         d = asdict(self)
-        if d["motion"] == "none":
-            del d["motion"]
+        for key, since in (("motion", "none"), ("refuse_short", False)):
+            if d[key] == since:
+                del d[key]
         return d
 
 
@@ -88,8 +92,10 @@ def _check_file(video: Video, path: str, deadline: Deadline) -> None:
     deadline.check("opening")
     if video.kind == "directory":
         raise DecodeError("is a directory, not a video file")
+    if video.kind == "dangling":
+        raise DecodeError("not a regular file: a symbolic link to nothing")
     if video.kind != "file":
-        raise DecodeError("not a regular file (dangling link or special file)")
+        raise DecodeError("not a regular file: a named pipe, socket or device")
     try:
         with open(path, "rb") as f:
             first = f.read(1)
@@ -100,9 +106,10 @@ def _check_file(video: Video, path: str, deadline: Deadline) -> None:
 
 
 def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1,
-               timeout: float = 600) -> list[tuple[str, int, bytes]]:
-    """Return ``(key, label_index, sample_bytes)`` for each clip of ``video``; everything it
-    does (download, probe, decode, encode) must end within ``timeout`` seconds."""
+               timeout: float = 600) -> tuple[list[tuple[str, int, bytes]], list[tuple[str, str]]]:
+    """``(key, label_index, sample_bytes)`` for each clip of ``video``, and the video's warnings
+    (``warnings``: what its clips are not, as ``(code, reason)``); everything it does (download,
+    probe, decode, encode) must end within ``timeout`` seconds."""
     if storage.local_path(video.url) is None:
         url_to_fs(video.url)  # sets up (and caches) the remote filesystem: our start-up, not the input's time
     deadline = Deadline(timeout)
@@ -127,7 +134,7 @@ def decode(path: str, wanted, cfg: ClipConfig, threads: int, deadline: Deadline)
 
 
 def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
-                deadline: Deadline) -> list[tuple[str, int, bytes]]:
+                deadline: Deadline) -> tuple[list[tuple[str, int, bytes]], list[tuple[str, str]]]:
     train = video.split == "train"
     num_clips = cfg.clips_per_video if train else cfg.eval_clips
 
@@ -145,6 +152,9 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
         _check_file(video, path, deadline)
         decoded = decode(path, wanted, cfg, threads, deadline)
     info = decoded.info
+    found = warnings(decoded, cfg)
+    if cfg.refuse_short and found and found[0][0] in SHORT:
+        raise DecodeError(f"too short: {found[0][1]} (--refuse-short-videos)")
     deadline.check("encoding")
     kept = {i for p in picks(info.num_frames) for i in p}
     encoded = {i: jpeg.encode(decoded.frames[i], cfg.quality, cfg.restart_interval) for i in sorted(kept)}
@@ -165,7 +175,33 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
         }
         out.append((key, label_index, sample.pack(key, [encoded[i] for i in indices], label_index, meta,
                                                   [fields[i] for i in indices] if fields else [], cfg.motion)))
-    return out
+    return out, found
+
+
+SHORT = ("still image", "few frames")  # the warnings --refuse-short-videos makes failures
+
+
+def warnings(decoded: Decoded, cfg: ClipConfig) -> list[tuple[str, str]]:
+    """What a decoded video's clips will not be, as ``(code, reason)``: the build's ledger records
+    each as a warning, and counts them (short ones first, for ``refuse_short``). A still image (a
+    PNG renamed .mp4, a 1-frame video) or fewer frames than a clip's: frames repeated in every
+    clip. A video smaller than ``short_side``: kept at its own size (``video.output_size``).
+    ``motion="mv"`` from a decoder that exports no vectors: fields all unknown."""
+    info, found = decoded.info, []
+    if info.num_frames == 1:
+        found.append(("still image", f"1 frame ({info.codec}): every clip repeats it {cfg.frames} times"))
+    elif info.num_frames < cfg.frames:
+        found.append(("few frames", f"{info.num_frames} frames, fewer than --frames {cfg.frames}: each clip "
+                                    "repeats some"))
+    if min(info.width, info.height) < cfg.short_side:
+        found.append(("small", f"{info.width}x{info.height}, smaller than --short-side {cfg.short_side}: "
+                               "stored at its own size, not upscaled"))
+    if cfg.motion == "mv" and (decoded.decoder != "pyav" or info.codec not in motion.VECTOR_CODECS):
+        why = (f"the {info.codec} decoder exports none" if decoded.decoder == "pyav"
+               else "decoded by the ffmpeg command line, which exports none")
+        found.append(("no motion vectors", f"{why}: its motion fields are all unknown; --motion flow "
+                                           "computes them from the frames"))
+    return found
 
 
 def _field(decoded: Decoded, i: int, kind: str):

@@ -22,6 +22,11 @@ field; see ``ingest.pyav_decoder``):
    than the nearest P-frame's field, which would need a frame the picks do not decode and
    would claim motion where the codec measured none.
 
+Only some decoders export vectors (found with PyAV 18 on FFmpeg 7: ``VECTOR_CODECS``): H.264,
+MPEG-4 Part 2, MPEG-1 and MPEG-2, and the H.263 family. VP8, VP9, HEVC, AV1 and MJPEG export
+none, so their fields would be all unknown: each such video is a ledger warning
+(``no motion vectors``), and ``--motion flow`` computes the motion from the frames instead.
+
 ``flow``: dense optical flow (OpenCV's DIS, preset medium; see BENCHMARKS.md for DIS against
 Farneback) from the frame before the sampled one to it, on the stored frames' gray levels,
 area-averaged onto the same grid. It needs the frame before each pick: one more frame per
@@ -38,6 +43,10 @@ from .packets import Packet
 
 CELL = 4  # coded pixels per side of the grid the vectors are first laid on
 MOTIONS = ("none", "mv", "flow")
+# FFmpeg's decoders that export motion vectors (flags2=+export_mvs), by codec name: the H.264 and the
+# MPEG video decoders (tests/test_motion.py decodes each codec of the test media to see)
+VECTOR_CODECS = frozenset({"h264", "mpeg4", "mpeg1video", "mpeg2video", "h263", "h263p", "flv", "msmpeg4v2",
+                           "msmpeg4v3", "wmv1", "wmv2"})
 
 
 def reference_distances(index: list[Packet], order: list[int],

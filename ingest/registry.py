@@ -147,7 +147,7 @@ def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConf
         log.info("dataset %s (%s) is already built at %s; nothing decoded (--force rebuilds)",
                  rec.id, rec.name, rec.location)
         summary = Summary(videos=sum(v.split in p.splits for v in p.source.videos), reused=True,
-                          missing=sum(p.source.missing.values()))
+                          missing=sum(m.split in p.splits for m in p.source.missing))
         for s in rec.splits.values():
             summary.clips, summary.bytes = summary.clips + s["clips"], summary.bytes + s["bytes"]
             summary.shards, summary.failed = summary.shards + s["shards"], summary.failed + s["failed"]

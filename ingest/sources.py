@@ -16,7 +16,10 @@ with three train/test split sets (``split_set``): their train lists become the `
 and their test lists the ``val`` split (labeled, what the trainer evaluates on); videos a split
 set does not list are left out.
 Videos of a labeled split (train, val) without a label are listed with ``label=None``; the
-build records them in its ledger instead of decoding them.
+build records them in its ledger instead of decoding them. Videos a list names that are not there
+are ``Source.missing`` (the build lists each in its ledger). An annotation CSV is read as UTF-8,
+with or without a BOM, and refused in one line naming the file and line (``BadAnnotations``) where
+it cannot be read as written. A symbolic link is followed wherever it points.
 """
 from __future__ import annotations
 
@@ -24,14 +27,16 @@ import csv
 import hashlib
 import io
 import logging
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, replace
 
 from fsspec.core import url_to_fs
 
 from shards import storage
-from shards.errors import NotFound
+from shards.errors import NotFound, UsageError
 from shards.format.tar import sanitize_key
+from shards.words import plural, printable
 
 log = logging.getLogger("ingest.sources")
 
@@ -50,10 +55,19 @@ class Video:
     label: str | None
     video_id: str  # sample keys are built from it
     size: int  # bytes; -1 when it is not a regular file
-    kind: str = "file"  # "file", "directory" or "other": anything but a file is a failure later
+    kind: str = "file"  # "file", "directory", "dangling" (a link to nothing) or "other" (a pipe, a
+    # socket, a device): anything but a file is a failure later
     stamp: float | str | None = None  # modification time, or the store's ETag or update time
     ctime: float | None = None  # local files: the inode's last change (what a preserved mtime hides)
     inode: int = 0  # local files
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A video the source's lists name that is not there (normal for Kinetics: 5-10% of ids)."""
+    split: str
+    path: str  # where it would be, relative to SRC (its extension unknown: the video id)
+    listed: str  # where it is named: ``annotations/train.csv line 12``, ``split set 1``
 
 
 @dataclass
@@ -61,7 +75,7 @@ class Source:
     layout: str
     videos: list[Video]
     classes: list[str]
-    missing: dict[str, int]  # annotated videos with no file, per split (normal for Kinetics)
+    missing: list[Missing]  # videos listed with no file (normal for Kinetics)
 
     def fingerprint(self, digests: dict[str, str] | None = None) -> str:
         """Hash of the input set: relative paths, labels and sizes (not mtimes), or, given
@@ -83,6 +97,10 @@ def stamp_of(info: dict) -> float | str | None:
     return stamp if isinstance(stamp, (int, float)) or stamp is None else str(stamp)
 
 
+def _kind(info: dict) -> str:
+    return {"file": "file", "directory": "directory"}.get(info.get("type"), "other")
+
+
 def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str, dict]], set[str]]:
     """Video-named entries under folder ``split`` of src (a split, or any folder), dirs included,
     as (relpath under src, size, kind, what ``Video`` records of its stat), and the names of its
@@ -95,16 +113,17 @@ def _walk(src: str, split: str) -> tuple[list[tuple[str, int, str, dict]], set[s
     videos, folders = [], set()
     for path, info in sorted(fs.find(root, withdirs=True, detail=True).items()):
         rel = path.rstrip("/")[len(root) + 1:]
-        kind = {"file": "file", "directory": "directory"}.get(info.get("type"), "other")
+        kind = _kind(info)
         if _ext(rel) not in VIDEO_EXTS:
             if kind == "directory" and rel and "/" not in rel:
                 folders.add(rel)
             continue
-        if kind == "file" and info.get("islink"):
+        if info.get("islink"):  # followed wherever it points: a tree of links into a download cache is common
             try:
-                info = fs.info(path)  # the target's times and inode, not the link's
+                info = fs.info(path)  # the target's type, size, times and inode, not the link's
+                kind = _kind(info)
             except FileNotFoundError:
-                kind = "other"  # dangling link
+                kind = "dangling"
         stat = {"stamp": stamp_of(info), "ctime": info.get("created") if "ino" in info else None,
                 "inode": info.get("ino") or 0} if kind == "file" else {}
         size = (info.get("size") or 0) if kind == "file" else -1
@@ -117,16 +136,60 @@ def _stem(relpath: str) -> str:
     return name[: name.rfind(".")] if "." in name else name
 
 
-def _read_annotations(src: str, split: str) -> dict[str, str | None] | None:
+class BadAnnotations(UsageError):
+    """An annotation CSV that cannot be read as written: the message names the file, the line and
+    what is wrong with it."""
+
+
+ANNOTATION_COLUMNS = ("youtube_id", "time_start", "time_end")  # and "label" but in an unlabeled split
+
+
+def _read_annotations(src: str, split: str) -> dict[str, tuple[str | None, int]] | None:
+    """``SRC/annotations/<split>.csv`` as {video id: (label, line)}; None when there is none.
+    UTF-8 with or without a BOM (what a spreadsheet saves), one row per video: a row of too few or
+    too many fields, a time that is not a number, a label holding a line break (which would split
+    ``classes.txt``), or an id given two labels is refused (``BadAnnotations``), naming the line."""
     url = storage.join(src, "annotations", f"{split}.csv")
     if not storage.exists(url):
         return None
-    text = storage.read_bytes(url).decode("utf-8-sig")
-    out = {}
-    for row in csv.DictReader(io.StringIO(text)):
-        vid = f"{row['youtube_id']}_{int(float(row['time_start'])):06d}_{int(float(row['time_end'])):06d}"
-        label = (row.get("label") or "").strip() or None
-        out[vid] = label
+    data = storage.read_bytes(url)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise BadAnnotations(f"{url}: not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start:,} "
+                             f"(line {line}); save it as UTF-8 (with or without a BOM)") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = [h.strip() for h in next(reader, [])]
+    lacking = [c for c in ANNOTATION_COLUMNS if c not in header]
+    if lacking:
+        raise BadAnnotations(f"{url}: line 1: no {', '.join(lacking)} column (the header is "
+                             f"'{printable(','.join(header))}')")
+    out, start = {}, reader.line_num + 1
+    for row in reader:
+        line, start = start, reader.line_num + 1  # a quoted field may span lines: the row's first
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise BadAnnotations(f"{url}: line {line}: {plural(len(row), 'field')}, the header has "
+                                 f"{len(header)} ({printable(','.join(header))})")
+        fields = dict(zip(header, row))
+        times = []
+        for column in ("time_start", "time_end"):
+            try:
+                times.append(int(float(fields[column])))
+            except (ValueError, OverflowError):
+                raise BadAnnotations(f"{url}: line {line}: {column} '{printable(fields[column])}' is not a "
+                                     "number of seconds") from None
+        vid = f"{fields['youtube_id']}_{times[0]:06d}_{times[1]:06d}"
+        label = (fields.get("label") or "").strip() or None
+        if label is not None and any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in label):
+            raise BadAnnotations(f"{url}: line {line}: the label '{printable(label)}' holds a line break or "
+                                 "another control character")
+        if vid in out and out[vid][0] != label:
+            raise BadAnnotations(f"{url}: lines {out[vid][1]} and {line} give {printable(vid)} two labels, "
+                                 f"'{printable(out[vid][0])}' and '{printable(label)}'")
+        out.setdefault(vid, (label, line))
     return out
 
 
@@ -140,12 +203,12 @@ def discover(src: str, split_set: int = 1) -> Source:
         return _split_files(src, "hmdb51", split_set, _hmdb51_lists(src, split_set))
     annotations = {s: _read_annotations(src, s) for s in SPLITS}
     cvdf = any(a is not None for a in annotations.values())
-    videos, classes, missing = [], set(), {}
+    videos, classes, missing = [], set(), []
     for split in SPLITS:
         entries, folders = _walk(src, split)
         if cvdf:
             ann = annotations[split] or {}
-            classes.update(l for l in ann.values() if l)
+            classes.update(label for label, _ in ann.values() if label)
             present = set()
             for rel, size, kind, stat in entries:
                 vid = _stem(rel)
@@ -153,8 +216,10 @@ def discover(src: str, split_set: int = 1) -> Source:
                 if ann and vid not in ann:
                     log.warning("%s: not in annotations/%s.csv; skipped", rel, split)
                     continue
-                videos.append(Video(split, rel, storage.join(src, rel), ann.get(vid), vid, size, kind, **stat))
-            missing[split] = sum(1 for vid in ann if vid not in present)
+                label = ann.get(vid, (None,))[0]
+                videos.append(Video(split, rel, storage.join(src, rel), label, vid, size, kind, **stat))
+            missing += [Missing(split, f"{split}/{vid}", f"annotations/{split}.csv line {line}")
+                        for vid, (_, line) in ann.items() if vid not in present]
         else:
             classes.update(folders)
             for rel, size, kind, stat in entries:
@@ -219,16 +284,16 @@ def _split_files(src: str, dataset: str, split_set: int, lists) -> Source:
     folder = "UCF-101" if dataset == "ucf101" and storage.exists(storage.join(src, "UCF-101")) else ""
     entries, _ = _walk(src, folder)
     found = {rel[len(folder) + 1:] if folder else rel: (rel, size, kind, stat) for rel, size, kind, stat in entries}
-    videos, missing = [], Counter()
+    videos, missing = [], []
     for path, (split, label) in sorted(listed.items()):
         if path not in found:
-            missing[split] += 1
+            missing.append(Missing(split, f"{folder}/{path}" if folder else path, f"split set {split_set}"))
             continue
         rel, size, kind, stat = found[path]
         videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind, **stat))
     if not videos:
         raise FileNotFoundError(f"{src}: none of the {len(listed)} videos split set {split_set} lists is there")
-    return Source(f"{dataset}-split{split_set}", _unique_ids(videos), classes, dict(missing))
+    return Source(f"{dataset}-split{split_set}", _unique_ids(videos), classes, missing)
 
 
 def _why_no_videos(src: str) -> str:

@@ -66,21 +66,29 @@ def staged(stage: str, workers: int = 16) -> dict[str, dict]:
     return found
 
 
+def ledger_line(video: Video, reason: str, detail: str = "", *, warning: str | None = None) -> dict:
+    """One line of the build's ledger (``OUT/errors.jsonl``) about ``video``: a failure (the video is
+    left out), or with ``warning`` (its code) a video used with a caveat the reason gives."""
+    return {"path": video.relpath, "split": video.split, "reason": reason, "ffmpeg": detail,
+            **({"warning": warning} if warning else {})}
+
+
 def _entry(video: Video, key: str, label: int, cfg: ClipConfig, threads: int, timeout: float):
     """(index entry, sample bytes) of one video; a failure is an entry with an ``error``."""
     entry = {"key": key, "path": video.relpath, "split": video.split, "samples": [], "error": None}
     try:
-        clips = make_clips(video, label, cfg, threads=threads, timeout=timeout)
+        clips, warnings = make_clips(video, label, cfg, threads=threads, timeout=timeout)
     except DecodeError as e:
-        entry["error"] = {"path": video.relpath, "split": video.split, "reason": e.reason, "ffmpeg": e.detail}
+        entry["error"] = ledger_line(video, e.reason, e.detail)
         entry[RETRY] = e.reason.startswith("timed out")
         return entry, []
     except Exception as e:  # a bug or a resource error must not stop the other videos
-        entry["error"] = {"path": video.relpath, "split": video.split,
-                          "reason": f"unexpected {type(e).__name__}: {e}", "ffmpeg": traceback.format_exc(limit=3)}
+        entry["error"] = ledger_line(video, f"unexpected {type(e).__name__}: {e}",
+                                     traceback.format_exc(limit=3))
         entry[RETRY] = True
         return entry, []
     entry["samples"] = [{"key": k, "label": lab} for k, lab, _ in clips]
+    entry["warnings"] = [ledger_line(video, reason, warning=code) for code, reason in warnings]
     return entry, [data for _, _, data in clips]
 
 

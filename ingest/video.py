@@ -58,8 +58,13 @@ def display_size(w: int, h: int, sar: Fraction, rotation: int) -> tuple[int, int
 
 
 def output_size(info: VideoInfo, short_side: int) -> tuple[int, int]:
-    """Scale so the short side is ``short_side``, keeping the display aspect ratio."""
+    """Scale so the short side is ``short_side``, keeping the display aspect ratio; a video whose
+    short side is smaller already is kept at its own size, never upscaled (as ``Image.thumbnail``
+    and ImageMagick's ``256x256>`` do): upscaling adds bytes and no detail, and hides from the
+    loader that its crops will be upsampled."""
     w, h = info.width, info.height
+    if min(w, h) <= short_side:
+        return w, h
     if w <= h:
         return short_side, max(1, round(h * short_side / w))
     return max(1, round(w * short_side / h)), short_side

@@ -29,7 +29,8 @@ import re
 import signal
 import sys
 
-from ingest import registry
+from ingest import bounds, registry
+from ingest.bounds import BOUNDS
 from ingest.clips import DECODERS, ClipConfig
 from ingest.sources import SPLITS
 from shards import storage
@@ -45,10 +46,8 @@ CLIP_KEYS = {"frames": int, "clips_per_video": int, "eval_clips": int, "short_si
              "restart_interval": int, "seed": int, "decoder": str}
 RUN_KEYS = {"workers": int, "videos_per_task": int, "ffmpeg_threads": int, "timeout": (int, float)}
 OTHER_KEYS = {"src": str, "name": str, "shard_size": (int, str), "shard_samples": int, "splits": (list, str)}
-# the range of every number a request may give (anything outside is refused); workers: 1 to --max-build-workers
-BOUNDS = {"frames": (1, 64), "clips_per_video": (1, 64), "eval_clips": (1, 64), "short_side": (16, 2048),
-          "quality": (1, 100), "restart_interval": (0, 1024), "seed": (0, 2**63 - 1), "videos_per_task": (1, 1024),
-          "ffmpeg_threads": (1, 16), "timeout": (1, 3600), "shard_samples": (1, 10**6), "shard_size": (10**6, 2**36)}
+# the range of every number a request may give is ingest's (ingest.bounds: the command line's too; anything
+# outside is refused); workers: 1 to --max-build-workers
 
 
 MAX_ATTEMPTS = 5  # a build whose builders died this many times is not taken over again
@@ -56,11 +55,6 @@ MAX_ATTEMPTS = 5  # a build whose builders died this many times is not taken ove
 
 class BadRequest(ValueError):
     pass
-
-
-def _bounded(key: str, value, low, high, rule: str = "") -> None:
-    if not low <= value <= high:  # NaN is in no range
-        raise BadRequest(f"{key}: {value!r} is outside {low}..{high}{rule}")
 
 
 def parse_body(body, max_workers: int) -> dict:
@@ -85,14 +79,15 @@ def parse_body(body, max_workers: int) -> dict:
         raise BadRequest(f"splits: {splits!r}: give some of {', '.join(SPLITS)}, each once")
     try:
         shard_size = parse_size(body.get("shard_size", "256MB"))
+        for key in BOUNDS:
+            if key in body:
+                bounds.check(key, shard_size if key == "shard_size" else body[key])
         cfg = ClipConfig(**{k: body[k] for k in CLIP_KEYS if k in body})
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    for key, (low, high) in BOUNDS.items():
-        if key in body:
-            _bounded(key, shard_size if key == "shard_size" else body[key], low, high)
-    if "workers" in body:
-        _bounded("workers", body["workers"], 1, max_workers, " (the server's --max-build-workers)")
+    if "workers" in body and not 1 <= body["workers"] <= max_workers:
+        raise BadRequest(f"workers: {body['workers']!r} is outside 1..{max_workers} "
+                         "(the server's --max-build-workers)")
     return {"src": body["src"], "name": body.get("name"), "cfg": cfg, "shard_size": shard_size,
             "shard_samples": body.get("shard_samples"), "splits": splits,
             "run": {k: body[k] for k in RUN_KEYS if k in body}}

@@ -176,13 +176,22 @@ def _index(rec: Record) -> dict:
 
 
 def _ledger(rec: Record) -> dict:
-    """The first rows of the set's errors.jsonl (path, split, reason, decoder message) and their total."""
+    """The first rows of the set's errors.jsonl (path, split, reason, decoder message), their total and
+    how many of them are warnings (``ingest build``'s, beside its failures)."""
     if "errors.jsonl" not in rec.files:
         return {"total": 0, "rows": []}
-    lines = storage.read_bytes(storage.join(rec.location, "errors.jsonl")).decode().splitlines()
-    rows = [json.loads(line) for line in lines[:MAX_LEDGER_ROWS] if line.strip()]
-    return {"total": sum(1 for line in lines if line.strip()),
-            "rows": [{k: str(r.get(k, "")) for k in ("path", "split", "reason", "ffmpeg")} for r in rows]}
+    lines = [json.loads(line) for line in storage.read_bytes(storage.join(rec.location, "errors.jsonl"))
+             .decode().splitlines() if line.strip()]
+    warnings = sum("warning" in r for r in lines)  # videos used with a caveat, or listed and not found
+    return {"total": len(lines), "warnings": warnings,
+            "rows": [{**{k: str(r.get(k, "")) for k in ("path", "split", "ffmpeg")}, "reason": _reason(r)}
+                     for r in lines[:MAX_LEDGER_ROWS]]}
+
+
+def _reason(line: dict) -> str:
+    """A ledger line's reason, a warning's marked as one (with its code)."""
+    reason = str(line.get("reason", ""))
+    return f"warning ({line['warning']}): {reason}" if "warning" in line else reason
 
 
 def _json(data: dict) -> web.Response:

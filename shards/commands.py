@@ -7,7 +7,9 @@ path (``"shards.verify"``, ``"service.admin:List"``) and imported only when the 
 Exit status, the same for every command: 0 done; 1 the work failed (the message says why);
 2 the command line asks for something that cannot be done (argparse's usage errors, and the
 ``shards.errors.UsageError`` a command raises: a value out of range, a path that does not
-exist). A refusal (``shards.errors.CommandError``) is one line on stderr, never a traceback.
+exist). A refusal (``shards.errors.CommandError``) is one line on stderr, never a traceback, and
+stays one line whatever names it holds (``shards.words.printable``: a file name's line break or
+escape code is shown escaped, as every console log record's arguments are).
 Ctrl-C is one line too, status 130 (``Interrupted``, whose message a command may make say what
 is kept). Output into a closed pipe (``shards stats | head``) ends quietly with status 141, as
 ``cat`` ends.
@@ -22,8 +24,9 @@ import re
 import signal
 import sys
 
-from .errors import CommandError, Interrupted
+from .errors import CommandError, Interrupted, UsageError
 from .progress import console_handler
+from .words import printable
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -53,10 +56,36 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._expand_help(action).replace("``", "")
 
 
+PACKAGES = ("shards", "ingest", "trainer", "service")  # this project's; the last three name their extras
+
+
 def _load(target: str):
     module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
+    try:
+        obj = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        package = module.split(".")[0]
+        if package == "shards" or (e.name or "").split(".")[0] in PACKAGES:
+            raise  # the base install holds everything these need: a bug
+        return NotInstalled(e.name, package)
     return getattr(obj, attr) if attr else obj
+
+
+class NotInstalled:
+    """A command whose module needs a package of an extra that is not installed (the reading-only
+    ``pip install kinetics-fast`` has none): listed, and answering whatever it is given, ``--help``
+    included, with one line naming the extra."""
+
+    def __init__(self, module: str, extra: str):
+        self.__doc__ = f"(not installed: pip install 'kinetics-fast[{extra}]')"
+        self.message = (f"needs the {extra} extra (the Python module {module!r} is not installed): "
+                        f"pip install 'kinetics-fast[{extra}]'")
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("given", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def run(self, args: argparse.Namespace) -> int:
+        raise UsageError(self.message)
 
 
 def build_parser(prog: str, description: str, commands: dict[str, str],
@@ -69,14 +98,17 @@ def build_parser(prog: str, description: str, commands: dict[str, str],
     for name, target in commands.items():
         command = loaded[name] = _load(target)
         p = sub.add_parser(name, help=command.__doc__.strip().splitlines()[0], description=command.__doc__,
-                           formatter_class=HelpFormatter, **options)
+                           formatter_class=HelpFormatter, add_help=not isinstance(command, NotInstalled),
+                           **options)
         command.add_arguments(p)
     return parser, loaded
 
 
 def main(prog: str, description: str, commands: dict[str, str], argv: list[str] | None = None) -> int:
     parser, loaded = build_parser(prog, description, commands)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not isinstance(loaded[args.command], NotInstalled):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         handlers=[console_handler()])  # never on a progress bar's line
     try:
@@ -87,7 +119,7 @@ def main(prog: str, description: str, commands: dict[str, str], argv: list[str] 
         return _reader_gone()
     except (CommandError, KeyboardInterrupt) as e:  # a command that says what Ctrl-C leaves raises Interrupted
         refusal = Interrupted("interrupted") if isinstance(e, KeyboardInterrupt) else e
-        print(f"{prog} {args.command}: error: {refusal}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {printable(refusal)}", file=sys.stderr)  # one line, always
         return refusal.status
 
 

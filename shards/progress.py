@@ -24,6 +24,8 @@ import sys
 import time
 import weakref
 
+from .words import printable
+
 EVERY = 30.0  # seconds between progress lines when not on a terminal
 ENV_EVERY = "KF_PROGRESS_SECONDS"
 CLEAR_LINE = "\r\x1b[K"  # carriage return, erase to the end of the line (ECMA-48 EL)
@@ -114,7 +116,15 @@ class Progress:
 
 class _Console(logging.StreamHandler):
     """A log record on a line of its own: on a terminal the line is cleared first (a bar may be
-    drawn there), and this process's live bars are drawn again after it."""
+    drawn there), and this process's live bars are drawn again after it. The record's string
+    arguments (the names in ``log.warning("failed: %s", path)``) are printed escaped
+    (``shards.words.printable``): a file name cannot clear the screen or forge a log line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if isinstance(record.args, tuple) and record.args:
+            record = logging.makeLogRecord({**record.__dict__, "args": tuple(
+                printable(a) if isinstance(a, str) else a for a in record.args)})
+        return super().format(record)
 
     def emit(self, record: logging.LogRecord) -> None:
         if not on_terminal(self.stream):

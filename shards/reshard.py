@@ -110,7 +110,8 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                 if next(samples, None) is not None:  # also checks trailing shards without samples
                     raise AssertionError("cuts do not cover every sample")
                 lost = sum(dropped.get(s.name, 0) for s in split.shards)
-                splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost)
+                splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost,
+                                         warnings=split.warnings)
                 log.info("%s: %s in %s -> %s", name, plural(len(sizes), "sample"), plural(len(sources), "shard"),
                          plural(len(parts), "shard"))
     except (BadShard, NoSpace) as refused:  # a refused reshard leaves nothing behind (the destination was empty)

@@ -1,6 +1,8 @@
 """Counts per split and class, bytes, frames per clip and frame sizes; --json for machines.
 
-Counts and bytes come from the manifest alone. Frames per clip and frame sizes come from
+Counts and bytes come from the manifest alone, with the videos that failed at ingest and those
+used with a caveat (its ledger's warnings: few frames, a still image, no motion vectors, smaller
+than the short side, annotated but not found). Frames per clip and frame sizes come from
 reading clips: ``--probe N`` evenly spread clips per split (one byte-range read each), or
 every clip with ``--probe 0`` (one sequential read per shard). JPEG headers give the sizes;
 no frame is decoded. A set with motion fields (``shards.format.motionfield``) has the probed clips'
@@ -102,6 +104,7 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
     return {
         "clips": split.num_samples, "shards": len(split.shards), "bytes": split.num_bytes,
         "failed_at_ingest": split.num_failed,
+        "warnings_at_ingest": split.warnings,
         "bytes_per_clip": split.num_bytes / max(1, split.num_samples),
         "shard_bytes": {"min": min(sizes), "median": statistics.median(sizes), "max": max(sizes)},
         "classes": {manifest.classes[c] if c >= 0 else "(unlabeled)": n for c, n in sorted(labels.items())},
@@ -137,7 +140,9 @@ def format_text(stats: dict) -> str:
     for name, s in stats["splits"].items():
         sb = s["shard_bytes"]
         lines.append(f"{name}: {plural(s['clips'], 'clip')} in {plural(s['shards'], 'shard')}, {_mb(s['bytes'])} "
-                     f"({s['bytes_per_clip'] / 1e3:,.1f} kB/clip), {s['failed_at_ingest']} failed at ingest")
+                     f"({s['bytes_per_clip'] / 1e3:,.1f} kB/clip), {s['failed_at_ingest']} failed at ingest"
+                     + (", warnings: " + ", ".join(f"{n} x {code}" for code, n in Counter(
+                         s["warnings_at_ingest"]).most_common()) if s["warnings_at_ingest"] else ""))
         lines.append(f"  shard size min/median/max: {_mb(sb['min'])} / {_mb(sb['median'])} / {_mb(sb['max'])}")
         counts = sorted(s["classes"].items(), key=lambda kv: -kv[1])
         shown = counts if len(counts) <= 12 else counts[:5] + [("...", "")] + counts[-5:]

@@ -22,7 +22,7 @@ import webdataset as wds
 from PIL import Image
 
 from ingest import staging
-from ingest.build import build
+from ingest.build import ForeignFiles, build
 from ingest.clips import ClipConfig
 from ingest.jpeg import restart_interval
 from shards.format.manifest import STAGING_NAME, Manifest
@@ -371,14 +371,19 @@ def test_cvdf_layout_with_annotation_csvs(tmp_path):
             q = '"' + label.replace('"', '""') + '"' if ("," in label or " " in label) else label
             lines.append(f"{q},{yt},{a},{b},{split},0")
             if yt != "missing":
-                media.make_video(src / split / f"{yt}_{a:06d}_{b:06d}.mp4", frames=16, width=40, height=30)
-        (src / "annotations" / f"{split}.csv").write_text("\n".join(lines) + "\n")
+                media.make_video(src / split / f"{yt}_{a:06d}_{b:06d}.mp4", frames=16, width=48, height=32)
+        (src / "annotations" / f"{split}.csv").write_text("\n".join(lines) + "\n",
+                                                         encoding="utf-8-sig" if split == "val" else "utf-8")
     (src / "annotations" / "test.csv").write_text("youtube_id,time_start,time_end,split\nddd,1,11,test\n")
-    media.make_video(src / "test" / "ddd_000001_000011.mp4", frames=16, width=40, height=30)
+    media.make_video(src / "test" / "ddd_000001_000011.mp4", frames=16, width=48, height=32)
     out = tmp_path / "out"
     summary = build(str(src), str(out), CFG, workers=2, shard_samples=10)
     assert summary.missing == 1 and summary.failed == 1
+    assert summary.line().endswith(f"1 annotated video not found; failures: 1 x unlabeled (each listed in "
+                                   f"{out / 'errors.jsonl'})")
     assert [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()] == [
+        {"path": "train/missing_000005_000015", "split": "train", "ffmpeg": "", "warning": "not found",
+         "reason": "annotations/train.csv line 4 names it, no file is there"},  # before: only counted
         {"path": "train/nolabel_000000_000010.mp4", "split": "train", "ffmpeg": "",
          "reason": "unlabeled: no label in annotations/train.csv"}]
     m = Manifest.load(str(out))
@@ -388,6 +393,23 @@ def test_cvdf_layout_with_annotation_csvs(tmp_path):
                    "b-b_000000_000010_c00": ('tying bow tie, "fancy"', 2)}
     assert int(samples(out, "val")["ccc_000030_000040_c00"]["cls"]) == 1
     assert "cls" not in samples(out, "test")["ddd_000001_000011_c00"]
+
+
+def test_an_out_holding_another_tools_files_is_taken_only_with_force(tmp_path):
+    """Before: a shard named as webdataset names them (val/val-000000.tar) in an --out without a
+    manifest was replaced silently. Refused, it is left as it was; --force builds into the directory."""
+    src = tmp_path / "src"
+    media.make_video(src / "val" / "a" / "v.mp4", frames=8, width=40, height=30)
+    out = tmp_path / "out"
+    (out / "val").mkdir(parents=True)
+    (out / "val" / "val-000000.tar").write_bytes(b"another tool's")
+    with pytest.raises(ForeignFiles, match=r"holds 1 file no build of this project wrote \(such as val/"):
+        build(str(src), str(out), CFG, workers=1)
+    assert sorted(p.name for p in out.rglob("*")) == ["val", "val-000000.tar"]
+    assert (out / "val" / "val-000000.tar").read_bytes() == b"another tool's"
+    build(str(src), str(out), CFG, workers=1, force=True)
+    assert sorted(samples(out, "val")) == ["v_c00"]
+    build(str(src), str(out), CFG, workers=1)  # a set of ours now: up to date
 
 
 def test_several_training_clips_per_video_differ(tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,9 @@ def built(tmp_path_factory):
 def test_every_broken_input_is_one_ledger_line(built):
     src, out, summary = built
     ledger = [json.loads(l) for l in (out / "errors.jsonl").read_text().splitlines()]
+    warned = [(e["path"], e["warning"]) for e in ledger if "warning" in e]
+    assert warned == [("val/good/big.mp4", "few frames"), ("val/good/few.mp4", "few frames")]
+    ledger = [e for e in ledger if "warning" not in e]
     assert sorted(e["path"] for e in ledger) == sorted([f"val/broken/{n}" for n in BROKEN] + list(UNLABELED))
     for e in ledger:
         expected = UNLABELED.get(e["path"]) or BROKEN[e["path"].rsplit("/", 1)[1]][1]
@@ -165,6 +169,12 @@ def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, request, ru
         base += ["--address", request.getfixturevalue("ray_local").get_runtime_context().gcs_address]
     strict = subprocess.run(base + ["--out", str(tmp_path / "a")], capture_output=True, text=True)
     assert strict.returncode == 1 and "--max-error-fraction" in strict.stderr  # the error line
+    # before: the line did not say that the set was written whole and usable, nor how to accept it
+    assert (f"; the set at {tmp_path / 'a'} holds every other video's clips and is usable: the same command "
+            "with --max-error-fraction 0.38 accepts it, decoding nothing again") in strict.stderr
+    accepted = subprocess.run(base + ["--out", str(tmp_path / "a"), "--max-error-fraction", "0.38"],
+                              capture_output=True, text=True)
+    assert accepted.returncode == 0 and accepted.stdout.startswith("up to date: "), accepted.stderr
     lenient = subprocess.run(base + ["--out", str(tmp_path / "b"), "--max-error-fraction", "0.5"],
                              capture_output=True, text=True)
     assert lenient.returncode == 0, lenient.stderr
@@ -175,3 +185,89 @@ def test_cli_exit_status_follows_max_error_fraction(built, tmp_path, request, ru
 def test_help_documents_the_error_threshold():
     out = subprocess.run([sys.executable, "-m", "ingest", "build", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--max-error-fraction" in out.stdout and "0.05" in out.stdout
+
+
+HOSTILE = "bad\x1b[2J\n22:00:00 ingest.build: done: all good.mp4"  # clears a terminal, forges a log line
+CAVEATS = {  # file name -> (factory, the ledger warnings of its video under --motion mv --short-side 32)
+    "plain.mp4": (lambda p: media.make_video(p, frames=12), []),
+    "few.mp4": (media.make_few_frames, ["few frames"]),
+    "one_frame.mp4": (lambda p: media.make_video(p, frames=1), ["still image"]),
+    "picture.mp4": (lambda p: Image.new("RGB", (64, 48), "red").save(p, format="PNG"),  # a PNG renamed
+                    ["no motion vectors", "still image"]),
+    "small.mp4": (lambda p: media.make_video(p, frames=12, width=40, height=24), ["small"]),
+    "vp9.webm": (media.make_vp9_webm, ["no motion vectors"]),
+    "hevc.mp4": (media.make_hevc_mp4, ["no motion vectors"]),
+}
+
+
+def _ingest(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ingest"), "build", *argv],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def caveats(tmp_path_factory):
+    """Videos that are not what they claim, a failing file named to attack the terminal, and a link
+    to a file outside the tree, built by the command a user types."""
+    src = tmp_path_factory.mktemp("caveats")
+    (src / "val" / "a").mkdir(parents=True)
+    for name, (make, _) in CAVEATS.items():
+        make(src / "val" / "a" / name)
+    media.make_not_a_video(src / "val" / "a" / HOSTILE)
+    os.symlink("/etc/passwd", src / "val" / "a" / "passwd.mp4")
+    out = tmp_path_factory.mktemp("out") / "set"
+    return src, out, _ingest("--src", str(src), "--out", str(out), "--short-side", "32", "--motion", "mv",
+                             "--max-error-fraction", "0.5")
+
+
+def test_videos_that_are_not_what_they_claim_are_warnings_counted_in_the_summary_manifest_and_stats(caveats):
+    """Before: a PNG renamed .mp4 and a 1-frame video became clips of 8 copies of a frame, VP9 and HEVC
+    stored all-unknown motion fields, a 40x24 video was upscaled: all silently."""
+    src, out, p = caveats
+    assert p.returncode == 0, p.stderr
+    ledger = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    warned = {}
+    for line in ledger:
+        if "warning" in line:
+            warned.setdefault(line["path"].rsplit("/", 1)[1], []).append(line["warning"])
+    assert warned == {name: codes for name, (_, codes) in CAVEATS.items() if codes}
+    reasons = {(line["path"], line.get("warning")): line["reason"] for line in ledger}
+    assert reasons[("val/a/vp9.webm", "no motion vectors")].startswith("the vp9 decoder exports none")
+    assert "--motion flow" in reasons[("val/a/vp9.webm", "no motion vectors")]
+    assert reasons[("val/a/small.mp4", "small")] == ("40x24, smaller than --short-side 32: stored at its own "
+                                                     "size, not upscaled")
+    assert reasons[("val/a/passwd.mp4", None)] == "not a readable video"  # the link followed: a true reason
+    assert ("warnings: 3 x no motion vectors, 2 x still image, 1 x few frames, 1 x small "
+            f"(each listed in {out / 'errors.jsonl'})") in p.stdout
+    small = {k: json.loads(v["json"]) for k, v in samples(out, "val").items()}["small_c00"]
+    assert small["frame_size"] == [40, 24]  # its own size
+    expected = {"few frames": 1, "no motion vectors": 3, "small": 1, "still image": 2}
+    assert json.loads((out / "manifest.json").read_text())["splits"]["val"]["warnings"] == expected
+    stats = subprocess.run([os.path.join(os.path.dirname(sys.executable), "shards"), "stats", str(out)],
+                           capture_output=True, text=True, check=True).stdout
+    assert ("2 failed at ingest, warnings: 3 x no motion vectors, 2 x still image, 1 x few frames, "
+            "1 x small") in stats
+
+
+def test_untrusted_names_are_printed_escaped(caveats):
+    """Before: the name cleared the terminal (ESC [2J) and its line break forged a log line."""
+    _, out, p = caveats
+    assert "\x1b" not in p.stdout + p.stderr
+    lines = (p.stdout + p.stderr).splitlines()
+    assert not [line for line in lines if line.startswith("22:00:00 ingest.build: done")]
+    assert "failed: val/a/bad\\x1b[2J\\n22:00:00 ingest.build: done: all good.mp4: not a readable" in p.stderr
+    assert any(json.loads(line)["path"] == f"val/a/{HOSTILE}" for line in (out / "errors.jsonl").open())
+
+
+def test_refuse_short_videos_makes_them_failures(caveats, tmp_path):
+    src, _, _ = caveats
+    p = _ingest("--src", str(src), "--out", str(tmp_path / "set"), "--short-side", "32",
+                "--refuse-short-videos", "--max-error-fraction", "0.9")
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in (tmp_path / "set" / "errors.jsonl").open()]
+    ledger = {line["path"]: line for line in lines if "warning" not in line}
+    for name, why in (("few.mp4", "3 frames, fewer than --frames 8"), ("one_frame.mp4", "1 frame (h264)"),
+                      ("picture.mp4", "1 frame (png)")):
+        assert ledger[f"val/a/{name}"]["reason"].startswith(f"too short: {why}"), ledger[f"val/a/{name}"]
+    assert "failures: 3 x too short, 2 x not a readable video" in p.stdout
+    assert sorted(samples(tmp_path / "set", "val")) == ["hevc_c00", "plain_c00", "small_c00", "vp9_c00"]

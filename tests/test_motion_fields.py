@@ -68,7 +68,7 @@ def _video(path: Path, split: str = "val") -> Video:
 
 def _fields(path: Path, kind: str, frames: int = 8) -> tuple[dict, list[int]]:
     """The stored fields of one eval clip: {frame index: (field, valid)}, and the indices."""
-    (key, label, data), = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
+    ((key, label, data),), _ = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
     sample = parse(data, key, label=label, frames=frames, motion=kind)
     indices = sample.meta()["frame_indices"]
     return {i: motionfield.decode(field) for i, field in zip(indices, sample.fields)}, indices

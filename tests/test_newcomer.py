@@ -126,6 +126,32 @@ CASES = [
      ["--resume refused", "damaged/checkpoint.pt", "does not load: truncated or corrupt", "--overwrite"]),
     ("reshard-onto-a-full-disk", "shards reshard {set} {full}/new --num-shards 2", {}, 1,
      ["full/new/", "no space left on device", "the write needs", "are free", "nothing is left"]),
+    # what reaches ingest from outside (docs/faults.md, "inputs")
+    ("out-cannot-be-created", "ingest build --src {vids} --out /proc/kf-out", {}, 2,
+     ["--out /proc/kf-out", "cannot be created", "No such file or directory"]),
+    ("out-is-a-file", "ingest build --src {vids} --out {root}/tokens", {}, 2,
+     ["--out {root}/tokens", "not a directory"]),
+    ("short-side-huge", "ingest build --src {vids} --out {out} --short-side 99999999999", {}, 2,
+     ["--short-side", "99999999999", "16 to 2048"]),
+    ("out-holds-another-tools-files", "ingest build --src {vids} --out {foreign}", {}, 2,
+     ["--out {foreign} holds 1 file no build of this project wrote", "val/val-000000.tar", "--force"]),
+    ("cvdf-short-row", "ingest build --src {root}/cvdf-short-row --out {out}", {}, 2,
+     ["cvdf-short-row/annotations/train.csv: line 3: 3 fields, the header has 6"]),
+    ("cvdf-bad-number", "ingest build --src {root}/cvdf-bad-number --out {out}", {}, 2,
+     ["cvdf-bad-number/annotations/train.csv: line 2: time_start 'ten' is not a number"]),
+    ("cvdf-not-utf8", "ingest build --src {root}/cvdf-not-utf8 --out {out}", {}, 2,
+     ["cvdf-not-utf8/annotations/train.csv: not UTF-8: byte 0xe9 at offset 52 (line 2)", "save it as UTF-8"]),
+    ("cvdf-two-labels", "ingest build --src {root}/cvdf-two-labels --out {out}", {}, 2,
+     ["cvdf-two-labels/annotations/train.csv: lines 2 and 4 give aaa_000010_000020 two labels",
+      "'abseiling' and 'archery'"]),
+    ("cvdf-label-line-break", "ingest build --src {root}/cvdf-label-line-break --out {out}", {}, 2,
+     ["cvdf-label-line-break/annotations/train.csv: line 2: the label 'tying\\nbow tie' holds a line break"]),
+    ("serve-without-its-extra", "shard-service serve --help",
+     {"PYTHONPATH": "{noextras}:{pythonpath}", "KF_MISSING_MODULES": "aiohttp"}, 2,
+     ["needs the service extra", "'aiohttp' is not installed", "pip install 'kinetics-fast[service]'"]),
+    ("synth-without-its-extra", "ingest synth --out {root}/synth",
+     {"PYTHONPATH": "{noextras}:{pythonpath}", "KF_MISSING_MODULES": "av,ray,ffmpeg,cv2,tqdm"}, 2,
+     ["needs the ingest extra", "is not installed", "pip install 'kinetics-fast[ingest]'"]),
     # a set is one thing, with one identity (docs/faults.md)
     ("build-over-other-options", "ingest build --src {vids} --out {set} --frames 4", {}, 2,
      ["--out {set} holds a shard set built with other options", "--frames 8, now 4", "--force replaces it"]),
@@ -194,6 +220,27 @@ def world(tmp_path_factory):
     for package in ("horovod", "torchvision"):  # a Python where they are missing, whatever this one has
         (root / "missing" / package).mkdir(parents=True)
         (root / "missing" / package / "__init__.py").write_text(f"raise ImportError('No module named {package}')\n")
+    (root / "foreign" / "val").mkdir(parents=True)  # another tool's set: webdataset's naming, no manifest
+    (root / "foreign" / "val" / "val-000000.tar").write_bytes(b"another tool's shard")
+    header = "label,youtube_id,time_start,time_end,split,is_cc\n"
+    for name, rows in {"short-row": "abseiling,aaa,10,20,train,0\narchery,bbb,5\n",
+                       "bad-number": "abseiling,aaa,ten,20,train,0\n",
+                       "two-labels": "abseiling,aaa,10,20,train,0\narchery,bbb,0,10,train,0\n"
+                                     "archery,aaa,10,20,train,0\n",
+                       "label-line-break": '"tying\nbow tie",aaa,10,20,train,0\n'}.items():
+        (root / f"cvdf-{name}" / "annotations").mkdir(parents=True)
+        (root / f"cvdf-{name}" / "annotations" / "train.csv").write_text(header + rows)
+    (root / "cvdf-not-utf8" / "annotations").mkdir(parents=True)  # a spreadsheet's Latin-1 (é at byte 52)
+    latin1 = (header + "caf\xe9,aaa,10,20,train,0\n").encode("latin-1")
+    (root / "cvdf-not-utf8" / "annotations" / "train.csv").write_bytes(latin1)
+    (root / "noextras").mkdir()  # a Python without the modules $KF_MISSING_MODULES names, as pip leaves it
+    (root / "noextras" / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "class Missing:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in os.environ['KF_MISSING_MODULES'].split(','):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Missing())\n")
     (root / "earlier").mkdir()  # an earlier run's output directory
     for name in ("checkpoint.pt", "metrics.jsonl"):
         (root / "earlier" / name).write_text(f"the earlier run's {name}")
@@ -226,7 +273,8 @@ def world(tmp_path_factory):
                "v0run": str(root / "v0run"), "changed": str(root / "changed"), "sorted": str(root / "sorted"),
                "bin": BIN,
                "set_manifest": (root / "set" / "manifest.json").read_bytes(),
-               "missing": str(root / "missing"), "pythonpath": os.environ.get("PYTHONPATH", "")}
+               "missing": str(root / "missing"), "pythonpath": os.environ.get("PYTHONPATH", ""),
+               "foreign": str(root / "foreign"), "noextras": str(root / "noextras")}
         server.kill(15)
     finally:
         subprocess.run(["umount", "-l", str(root / "full")], check=True)
@@ -312,6 +360,9 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
     root = world["root"]
     assert not os.path.exists(os.path.join(root, "typo.sqlite"))  # the catalog a typo named
     assert not os.path.exists(os.path.join(root, "typo"))  # serve's: not even its directory
+    assert not os.path.exists(os.path.join(root, "synth"))  # ingest synth without its extra
+    with open(os.path.join(world["foreign"], "val", "val-000000.tar"), "rb") as f:  # another tool's set
+        assert f.read() == b"another tool's shard" and os.listdir(world["foreign"]) == ["val"]
     assert not os.path.exists(world["out"]) and not os.path.exists(os.path.join(root, "new"))
     assert sorted(os.listdir(os.path.join(world["old"], "train"))) == [f"train-{i:06d}.tar" for i in range(6)]
     for name in ("checkpoint.pt", "metrics.jsonl"):  # training into an earlier run's directory

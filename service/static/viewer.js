@@ -234,8 +234,11 @@ async function setPage() {
   select.onchange = draw;
   draw();
   const errors = data.errors || {total: 0, rows: []};
-  fill($("errors-count"), errors.total === errors.rows.length ? `${plural(errors.total, "video")} could not be used`
-    : `${plural(errors.total, "video")} could not be used; the first ${count(errors.rows.length)} are shown`);
+  const warned = errors.warnings || 0;
+  const said = `${plural(errors.total - warned, "video")} could not be used` +
+    (warned ? `, ${plural(warned, "warning")} (videos used with a caveat, or not found)` : "");
+  fill($("errors-count"), errors.total === errors.rows.length ? said
+    : `${said}; the first ${count(errors.rows.length)} are shown`);
   fill($("errors").tBodies[0], ...errors.rows.map((e) => el("tr", {}, el("td", {class: "mono"}, e.path),
     el("td", {}, e.split), el("td", {}, e.reason), el("td", {class: "mono"}, e.ffmpeg))));
   if (!READABLE.includes(rec.state)) return;

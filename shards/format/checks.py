@@ -44,7 +44,7 @@ SHARD_FIELDS = {"name": str, "num_samples": int, "bytes": int, "sha256": str, "k
                 "lengths": list, "labels": list, "digests": list}
 TOP_FIELDS = {"classes": list, "splits": dict, "config": dict, "fingerprint": str, "format": str,
               "identity": str}
-SPLIT_FIELDS = {"shards": list, "num_failed": int, "num_samples": int}
+SPLIT_FIELDS = {"shards": list, "num_failed": int, "num_samples": int, "warnings": dict}  # warnings: code -> count
 CLIP_OPTIONS = {"frames": (1, MAX_FRAMES), "short_side": (0, 1 << 16), "clips_per_video": (1, 1 << 16),
                 "eval_clips": (1, 1 << 16)}
 
@@ -109,6 +109,9 @@ class _Checker:
             self.fields(body, SPLIT_FIELDS, path, ("shards",))
             if body.get("num_failed", 0) < 0:
                 self.fail(f"{path}.num_failed", f"{body['num_failed']} is negative")
+            for code, count in body.get("warnings", {}).items():
+                if not _is(count, int) or count < 0:
+                    self.fail(f"{path}.warnings", f"{shown(code, 40)}: {shown(count, 20)} is not a count of videos")
             total = 0
             for i, shard in enumerate(body["shards"]):
                 total += self.shard(shard, f"{path}.shards[{i}]", len(classes), d["format"], names)

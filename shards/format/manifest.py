@@ -58,6 +58,9 @@ class ShardInfo:
 class SplitInfo:
     shards: list[ShardInfo] = field(default_factory=list)
     num_failed: int = 0
+    # the videos used with a caveat (few frames, no motion vectors, ...) or listed but not found, by the
+    # code of the ledger's warning; written only when there are some (manifests before it lack it)
+    warnings: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
@@ -113,6 +116,8 @@ class Manifest:
         d["identity"] = self.identity
         for split in d["splits"].values():
             split["num_samples"] = sum(s["num_samples"] for s in split["shards"])
+            if not split["warnings"]:
+                del split["warnings"]
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode() + b"\n"
 
     @classmethod
@@ -135,7 +140,8 @@ class Manifest:
         splits = {}
         for name, s in d["splits"].items():
             shards = [ShardInfo(**sh) for sh in s["shards"]]
-            splits[name] = SplitInfo(shards=shards, num_failed=s.get("num_failed", 0))
+            splits[name] = SplitInfo(shards=shards, num_failed=s.get("num_failed", 0),
+                                     warnings=s.get("warnings", {}))
         return cls(classes=d["classes"], splits=splits, config=d.get("config", {}),
                    fingerprint=d.get("fingerprint", ""), format=d["format"], base=base)
 
