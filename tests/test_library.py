@@ -421,7 +421,7 @@ def test_every_numeric_argument_of_the_loader_is_bounded(shardset):
 def test_a_split_other_than_train_reads_with_the_evaluation_transform_unless_asked(shardset):
     """``train`` left out: True for the split named "train" (random crops, flips, a shuffled order), False
     for the others (the centre crop, in stored order); ``train=True`` still augments any split."""
-    from shards.manifest import Manifest
+    from shards.format.manifest import Manifest
     from trainer.data import ClipDataset, ClipLoader, EvalTransform, TrainTransform
 
     stored = [k for s in Manifest.load(shardset).splits["val"].shards for k in s.keys]

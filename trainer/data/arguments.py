@@ -23,7 +23,7 @@ from importlib.util import find_spec
 import torch
 
 from shards.commands import number_in_range
-from shards.packing import parse_size
+from shards.format.packing import parse_size
 
 KINDS = {int: (numbers.Integral, "an int"), float: (numbers.Real, "a number")}
 
