@@ -26,6 +26,7 @@ from shards.catalog import Catalog
 from shards.format.digests import CorruptSample
 from shards.http_range import RangeError
 from shards.format.manifest import Manifest
+from shards.format.sample import parse
 from shards.reading import iter_samples, open_range
 from required import require
 from shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register
@@ -129,12 +130,13 @@ def test_a_sample_damaged_once_on_the_way_is_read_again_and_passes(tmp_path):
     threading.Thread(target=origin.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{origin.server_address[1]}/{shard.name}"
-        got = [data for _, data in iter_samples(url, shard, 0, 4)]
+        got = [[bytes(f) for f in sample.frames] for _, sample in iter_samples(url, shard, 0, 4)]
     finally:
         origin.shutdown()
         origin.server_close()
     raw = (tmp_path / "set" / shard.name).read_bytes()
-    assert got == [raw[o:o + n] for o, n in zip(shard.offsets, shard.lengths)]
+    assert got == [[bytes(f) for f in parse(raw[o:o + n], k, label=label).frames]
+                   for o, n, k, label in zip(shard.offsets, shard.lengths, shard.keys, shard.labels)]
     assert origin.flipped and len(origin.requests) == 2  # the range, then the one damaged sample again
 
 
@@ -262,7 +264,8 @@ def test_direct_reads_fall_back_or_fail_when_the_files_are_not_the_served_ones(e
     url, cat = env["server"].url, env["catalog"]
     make_shardset(str(tmp_path / "moved"), {"train": 8}, per_shard=4)
     rec = register(cat, str(tmp_path / "moved"), "moved")
-    (tmp_path / "moved" / "manifest.json").write_bytes(b"{}")  # not the manifest the catalog recorded
+    manifest = tmp_path / "moved" / "manifest.json"  # not the manifest the catalog recorded, still one
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=2))
     assert resolve(f"{url}/v1/datasets/moved", "auto") == f"{url}/v1/datasets/moved"
     with pytest.raises(NoDirectRead, match="SHA-256 differs"):
         resolve(f"{url}/v1/datasets/moved", "always")

@@ -409,7 +409,7 @@ def test_decoder_mutants_that_found_bugs_end_in_one_reason_or_good_clips(sources
     now one reason (the pattern), or good clips (None)."""
     build, reason = DECODER_FINDS[find_]
     if reason is None:
-        clips = make(tmp_path, f"{find_}.mkv", build(sources), decoder)
+        clips, _ = make(tmp_path, f"{find_}.mkv", build(sources), decoder)
         assert len(clips) == 1 and good_clip(dict(members(clips[0][2]))) is None
     else:
         with pytest.raises(DecodeError, match=reason):
@@ -419,7 +419,7 @@ def test_decoder_mutants_that_found_bugs_end_in_one_reason_or_good_clips(sources
 def decoder_end(root: Path, name: str, mutant: Mutant, decoder: str) -> str | None:
     """None when ``make_clips`` of the mutant makes good clips or raises DecodeError; else what it did."""
     try:
-        clips = make(root, name, mutant.data, decoder)
+        clips, _ = make(root, name, mutant.data, decoder)
     except DecodeError:
         return None
     except Exception as e:  # noqa: B902 - what escapes is the finding
