@@ -262,7 +262,8 @@ def test_direct_reads_fall_back_or_fail_when_the_files_are_not_the_served_ones(e
     url, cat = env["server"].url, env["catalog"]
     make_shardset(str(tmp_path / "moved"), {"train": 8}, per_shard=4)
     rec = register(cat, str(tmp_path / "moved"), "moved")
-    (tmp_path / "moved" / "manifest.json").write_bytes(b"{}")  # not the manifest the catalog recorded
+    manifest = tmp_path / "moved" / "manifest.json"  # not the manifest the catalog recorded, still one
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=2))
     assert resolve(f"{url}/v1/datasets/moved", "auto") == f"{url}/v1/datasets/moved"
     with pytest.raises(NoDirectRead, match="SHA-256 differs"):
         resolve(f"{url}/v1/datasets/moved", "always")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import sys
 
 from shards.commands import main as run_commands
@@ -38,7 +39,14 @@ COMMANDS = {"train": "trainer.cli:TRAIN", "elastic": "trainer.cli:ELASTIC", "tes
             "plot": "trainer.cli:PLOT"}
 
 
+# torch 2.13's oneDNN AVX2 convolution kernels corrupt the heap on AMD EPYC here for narrow networks
+# (--width 4: "corrupted double-linked list" in backward, every run; AVX-capped: none in 8 runs), so CPU
+# convolutions are capped at AVX unless DNNL_MAX_CPU_ISA says otherwise (GPU training does not use them).
+ONEDNN_ISA = "AVX"
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("DNNL_MAX_CPU_ISA", ONEDNN_ISA)  # read when oneDNN first runs, after torch loads
     return run_commands("trainer", __doc__.split("\n", 1)[0], COMMANDS, argv)
 
 
