@@ -183,7 +183,7 @@ class ClipDataset(IterableDataset):
         if self.frames == "crops":
             out["clips"] = torch.from_numpy(loader.transform(jpegs, rng)).movedim(-1, -3)
         elif self.frames == "jpeg":
-            out["clips"] = tuple(jpegs)
+            out["clips"] = tuple(bytes(j) for j in jpegs)  # a memoryview does not pickle into a worker queue
         else:
             clip = torch.from_numpy(np.stack([np.asarray(Image.open(io.BytesIO(j)).convert("RGB"))
                                               for j in jpegs])).movedim(-1, -3)
