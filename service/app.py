@@ -58,6 +58,8 @@ from aiohttp import web
 
 from shards.catalog import Catalog, CatalogError, CatalogUnavailable, Record
 from shards.catalog.condition import condition, shown
+from shards.errors import DataFault
+from shards.format.checks import BadManifest
 from shards.http_range import Retry
 from shards.reading import local_path, open_range
 
@@ -115,6 +117,9 @@ async def json_errors(request: web.Request, handler):
         return error(503, "the catalog cannot be reached; try again shortly", **{"Retry-After": "1"})
     except Refused as e:
         return error(e.status, str(e))
+    except (BadManifest, DataFault) as e:  # the set's bytes refuse a reader: its state, not the request, is wrong
+        log.warning("%s %s: %s", request.method, request.path, e)
+        return error(409, f"{e} (shard-service verify marks the set; shards verify names every damaged sample)")
     except web.HTTPException as e:
         if e.status < 400:
             raise

@@ -49,6 +49,7 @@ class Row:
     label: str
     key: str
     frames: list[bytes] = field(default_factory=list)
+    pictures: list[Image.Image] = field(default_factory=list)  # the frames decoded
     motion: list[Image.Image] = field(default_factory=list)
     scale: float = 0.0  # pixels per frame at full colour
     damaged: str | None = None
@@ -67,10 +68,12 @@ def pick(index: ClipIndex, split: str, classes: list[str] | None, clips: int) ->
 
 def read_row(manifest: Manifest, index: ClipIndex, clip) -> Row:
     """The clip's frames and, on a set with motion, its fields coloured; a clip whose bytes differ
-    from the manifest's digest is a row saying why it is not shown."""
+    from the manifest's digest, or that the format refuses or whose frames do not decode, is a row
+    saying why it is not shown."""
     row = Row(_label(index, clip), clip.key)
     try:
         sample = read_clip(manifest, clip)
+        row.pictures = sample.pictures()
     except CorruptSample as e:
         row.damaged = f"damaged: {ALGORITHM} digest {e.found}, the manifest says {e.expected}"
         return row
@@ -79,7 +82,7 @@ def read_row(manifest: Manifest, index: ClipIndex, clip) -> Row:
         return row
     row.frames = [bytes(f) for f in sample.frames]
     if manifest.motion != "none":
-        size = Image.open(io.BytesIO(row.frames[0])).size
+        size = row.pictures[0].size
         row.motion, row.scale = motioncolour.render(sample.fields, size)
     return row
 
@@ -108,7 +111,7 @@ def sheet(rows: list[Row], height: int) -> Image.Image:
     """One row per clip: the text, then the frames scaled to ``height`` pixels, and under them,
     on a set with motion, the fields with the colour wheel and their scale; a damaged clip's row
     is a red frame around why instead."""
-    scaled = [[_fit(Image.open(io.BytesIO(f)).convert("RGB"), height) for f in r.frames] for r in rows]
+    scaled = [[_fit(im, height) for im in r.pictures] for r in rows]
     fields = [[_fit(im, height) for im in r.motion] for r in rows]
     width = LABEL_WIDTH + max([sum(im.width + GAP for im in ims) for ims in scaled] + [LABEL_WIDTH + GAP])
     tall = [height + GAP + (height + 3 * GAP if f else 0) for f in fields]  # a clip's rows apart from the next's

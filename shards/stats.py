@@ -18,13 +18,11 @@ and the command ends with exit status 1 after printing them (as ``shards verify`
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 from collections import Counter
 
 import numpy as np
-from PIL import Image
 
 from .errors import DataFault
 from .format import motionfield
@@ -61,14 +59,6 @@ def _bad_entry(fault) -> dict:
     return {"shard": fault.where.rsplit(": shard ", 1)[-1], "key": fault.key, "why": fault.why}
 
 
-def _jpeg_size(sample: Sample, jpeg) -> tuple[int, int]:
-    """A frame's size from its header: a ``BadSample`` when the header does not parse."""
-    try:
-        return Image.open(io.BytesIO(jpeg)).size
-    except (OSError, ValueError, SyntaxError) as e:  # what PIL raises on bytes that are no image
-        raise BadSample.of(sample.where, sample.key, f"a frame's JPEG header does not parse ({e})") from None
-
-
 def _field(sample: Sample, png):
     """A motion field decoded (``motionfield.decode``): a ``BadSample`` when it does not decode."""
     try:
@@ -88,7 +78,7 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
         try:
             if not isinstance(sample, Sample):
                 raise sample
-            sizes_of = [_jpeg_size(sample, j) for j in sample.frames]
+            sizes_of = sample.frame_sizes()
             fields = [_field(sample, v) for v in sample.fields]
         except (CorruptSample, BadSample) as e:
             bad.append(_bad_entry(e))

@@ -40,11 +40,12 @@ class Problem:
 def check_members(key: str, label: int, data, frames: int | None, deep: bool,
                   motion: str = "none") -> list[str]:
     """What is wrong with one sample's tar bytes (empty list when nothing): what the readers' parser
-    (``shards.format.sample.parse``) refuses, metadata that is not a JSON object, and with ``deep``
-    frames and motion fields (``motion``: ``Manifest.motion``) that do not decode."""
+    (``shards.format.sample.parse``) refuses, metadata that is not a JSON object, frame headers that do not parse
+    (``Sample.frame_sizes``), and with ``deep`` frames and motion fields (``motion``: ``Manifest.motion``) that do not decode."""
     try:
         sample = parse(data, key, label=label, frames=frames, motion=motion)
         sample.meta()
+        sample.frame_sizes()
     except BadSample as e:
         return [e.why]
     if not deep:

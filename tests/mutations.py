@@ -227,7 +227,8 @@ def _tar_apply(data: bytearray, change: dict, sound: Sound, key: str) -> bytearr
     kind, size = change["kind"], len(data)
     if kind == "flip":
         for at in change["at"]:
-            data[at] ^= change["mask"]
+            if at < len(data):  # an earlier change may have cut the file short
+                data[at] ^= change["mask"]
     elif kind == "cut":
         del data[max(0, change["at"]):]
     elif kind == "insert":
@@ -237,7 +238,7 @@ def _tar_apply(data: bytearray, change: dict, sound: Sound, key: str) -> bytearr
     elif kind == "duplicate":
         data[change["at"]:change["at"]] = data[change["start"]:change["start"] + change["length"]]
     elif kind == "zero":
-        data[change["at"]:change["at"] + change["length"]] = bytes(min(change["length"], size - change["at"]))
+        data[change["at"]:change["at"] + change["length"]] = bytes(max(0, min(change["length"], size - change["at"])))
     elif kind == "header":
         block = bytearray(data[change["header"]:change["header"] + BLOCK])
         value = change.get("value")
@@ -254,11 +255,18 @@ def _tar_apply(data: bytearray, change: dict, sound: Sound, key: str) -> bytearr
 def _rehash(m: dict, name: str, data: bytes) -> None:
     """The manifest's entry of shard ``name`` made to agree with ``data`` (size, SHA-256, each
     sample's digest of the bytes its range now holds)."""
-    for shard in (s for split in m["splits"].values() for s in split["shards"]):
-        if shard.get("name") == name:
+    splits = m.get("splits")
+    for split in (splits.values() if isinstance(splits, dict) else ()):
+        shards = split.get("shards") if isinstance(split, dict) else None
+        for shard in shards if isinstance(shards, list) else ():
+            if not isinstance(shard, dict) or shard.get("name") != name:
+                continue  # the manifest mutations may have made any of these something else
             shard["bytes"], shard["sha256"] = len(data), hashlib.sha256(data).hexdigest()
-            shard["digests"] = [sample_digest(data[o:o + n])
-                                for o, n in zip(shard["offsets"], shard["lengths"])]
+            offsets, lengths = shard.get("offsets"), shard.get("lengths")
+            if not (isinstance(offsets, list) and isinstance(lengths, list)
+                    and all(isinstance(v, int) and v >= 0 for v in offsets + lengths)):
+                continue  # ranges a manifest mutation broke stay as they are (the manifest is refused at load)
+            shard["digests"] = [sample_digest(data[o:o + n]) for o, n in zip(offsets, lengths)]
 
 
 def _at(tree, path):
@@ -329,7 +337,7 @@ def apply(changes: list[dict], sound: Sound, directory: str) -> None:
         elif isinstance(m, dict):
             try:
                 result = _manifest_apply(m, change, sound)
-            except (KeyError, IndexError, TypeError):  # an earlier change took away what this one edits
+            except (KeyError, IndexError, TypeError, AttributeError):  # an earlier change took away what this one edits
                 continue
             if isinstance(result, bytes):
                 text, m = result, None
@@ -481,8 +489,9 @@ class _ViewerSite:
                 if isinstance(e, CommandError):  # a one-line refusal answered as an internal error
                     return {**_bug(e), "type": "refusal answered 500", "where": type(e).__name__}
                 return {**_bug(e), "route": route or "/"}
+            # a 404 answers the route (a split or clip the manifest does not have), not the set's bytes
             refusals = [f"{route or '/'}: {status} {body[:120]}" for route, status, body in answers
-                        if status >= 400]
+                        if status >= 400 and status != 404]
             return {"refused": bool(refusals), "line": "; ".join(refusals) or "every route 200"}
         return _guarded(work)
 

@@ -28,10 +28,14 @@ field of ``Sample``.
 """
 from __future__ import annotations
 
+import io
 import json
 import re
+import struct
 import tarfile
 from dataclasses import dataclass, field
+
+from PIL import Image
 
 from ..errors import DataFault
 from ..words import shown
@@ -76,6 +80,51 @@ class Sample:
     def meta(self) -> dict:
         """The metadata as a dict; a ``BadSample`` when it is not a small JSON object."""
         return parse_meta(self.meta_bytes, self.where, self.key)
+
+    def frame_sizes(self) -> list[tuple[int, int]]:
+        """Each frame's (width, height) from its JPEG header, read without decoding the picture: a
+        ``BadSample`` when a header does not parse or is not a JPEG's. Every reader takes the sizes
+        from here or ``jpeg_size`` (verify included, with or without ``--deep``), so a header a reader
+        refuses, verify refuses first."""
+        try:
+            return [jpeg_size(jpeg) for jpeg in self.frames]
+        except BadSample as e:
+            raise BadSample.of(self.where, self.key, e.why) from None
+
+    def pictures(self) -> list:
+        """Each frame decoded whole, as an RGB ``PIL.Image``: a ``BadSample`` when one does not decode."""
+        out = []
+        for t, jpeg in enumerate(self.frames):
+            try:
+                with Image.open(io.BytesIO(jpeg)) as im:
+                    out.append(im.convert("RGB"))
+            except DECODE_ERRORS as e:
+                raise BadSample.of(self.where, self.key,
+                                   f"frame {t:02d} does not decode ({type(e).__name__}: {e})") from None
+        return out
+
+
+# What PIL (and the trainer's cropdecode) raise on bytes that are not a JPEG they can decode.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, IndexError, struct.error, EOFError,
+                 Image.DecompressionBombError)
+
+
+def jpeg_size(jpeg) -> tuple[int, int]:
+    """(width, height) from a frame's JPEG header, without decoding; a header that does not parse, or
+    a picture of another format, is a ``BadSample`` without its place (``BadSample.of`` adds it)."""
+    try:
+        with Image.open(io.BytesIO(jpeg)) as im:
+            kind, size = im.format, im.size
+    except Image.UnidentifiedImageError:  # its message names the BytesIO object
+        why = "a frame's bytes are no picture: its JPEG header does not parse"
+        raise BadSample(why, why=why) from None
+    except DECODE_ERRORS as e:
+        why = f"a frame's JPEG header does not parse ({type(e).__name__}: {e})"
+        raise BadSample(why, why=why) from None
+    if kind != "JPEG":
+        why = f"a frame is a {kind} picture, not a JPEG"
+        raise BadSample(why, why=why)
+    return size
 
 
 def pack(key: str, frames: list[bytes], label: int, meta: dict, fields: list[bytes] = (),

@@ -27,13 +27,12 @@ from torch.utils.data import get_worker_info
 from shards import partition
 from shards.cache import ShardCache
 from shards.errors import CommandError, DataFault
-from shards.format.sample import BadSample, Sample
+from shards.format.sample import DECODE_ERRORS, BadSample, Sample, jpeg_size
 from shards.http_range import Retry
 from shards.reading import bad_facts, iter_samples, local_path, open_range, read_ahead
 
 from .plan import Read, WorkerPlan
 from .slots import SlotPool
-from .transforms import DECODE_ERRORS, jpeg_size
 
 # Reading remote ranges without a cache, a worker reads ahead lookahead x this many bytes.
 READ_AHEAD_BYTES = 32 << 20

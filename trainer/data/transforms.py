@@ -33,12 +33,11 @@ from __future__ import annotations
 import io
 import math
 import random
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
-from shards.format.sample import BadSample
+from shards.format.sample import jpeg_size
 from shards.pillow_memory import keep_freed_blocks
 
 from . import cropdecode
@@ -65,21 +64,6 @@ def decode(jpeg: bytes, short_side: int) -> Image.Image:
     if d > 1:
         img.draft("RGB", (w // d, h // d))  # PIL picks exactly 1/d for this request
     return img if img.mode == "RGB" else img.convert("RGB")
-
-
-# What PIL and cropdecode raise on bytes that are not a JPEG they can decode.
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, IndexError, struct.error, EOFError,
-                 Image.DecompressionBombError)
-
-
-def jpeg_size(jpeg: bytes) -> tuple[int, int]:
-    """(width, height) from the JPEG header, without decoding; a header that does not parse is a
-    ``BadSample`` (without its place: ``trainer.data.stages.decoded`` adds it)."""
-    try:
-        return Image.open(io.BytesIO(jpeg)).size
-    except DECODE_ERRORS as e:
-        why = f"a frame's JPEG header does not parse ({type(e).__name__}: {e})"
-        raise BadSample(why, why=why) from None
 
 
 def dct_denom(w: int, h: int, short_side: int) -> int:
