@@ -95,7 +95,8 @@ class BadSamples(Hook):
         for split, n in self.counts.items():
             if n > self.limits[split]:
                 raise TooManyBadSamples(
-                    f"{n} samples of {split} in epoch {self.epoch + 1} differ from the manifest's digests, more than "
+                    f"{n} samples of {split} in epoch {self.epoch + 1} are bad (their digests differ from the manifest's, "
+                    f"or the format refuses them), more than "
                     f"--max-bad-samples {self.budget} allows ({self.limits[split]}); the last: {self.last[split]}; "
                     f"all are listed in {self.path}")
 

@@ -137,7 +137,8 @@ class Data(Flags):
     modality: str = flag("rgb", "what the network sees of each frame: its RGB pixels, or (two-stream's motion "
                                 "stream) the motion field stored beside it by ingest build --motion mv|flow, "
                                 "cropped, flipped and resized as the frame would be", choices=MODALITIES)
-    max_bad_samples: str = flag("0", "samples whose bytes differ from the manifest's digests an epoch may go on "
+    max_bad_samples: str = flag("0", "bad samples (bytes that differ from the manifest's digests, members the format refuses, "
+                                      "frames that do not decode) an epoch may go on "
                                       "without, in each split it reads: a count (3) or a share of the split's clips "
                                       "(0.1%%); each is left out on its rank (a repeat of a good clip that weighs "
                                       "nothing takes its place), logged once, counted in metrics.jsonl and listed in "
