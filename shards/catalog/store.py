@@ -300,10 +300,6 @@ class Catalog:
                 self._replace(db, rec, "", force, now)
         return found
 
-    def at_location(self, location: str) -> list[Record]:
-        """The live sets recorded at ``location``."""
-        return self._records("location = ? AND state != 'deleted'", (location,))
-
     def _owned_update(self, dataset_id: str, owner: dict, sets: str, params=()) -> bool:
         """Update a building record only while ``owner`` still holds its lease."""
         with self._write() as db:
