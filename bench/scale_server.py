@@ -33,7 +33,6 @@ import threading
 import time
 import urllib.request
 
-import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

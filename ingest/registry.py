@@ -187,7 +187,8 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, max_error_
         verified = {**stamps(Manifest.load(c.record.location)), **set_file_stamps(c.record.location, files)}
     except BaseException as e:
         stop.set()
-        until_reachable(lambda: cat.fail(dataset, owner, f"{type(e).__name__}: {e}"))
+        why = f"{type(e).__name__}: {e}"
+        until_reachable(lambda: cat.fail(dataset, owner, why))
         raise
     stop.set()
     if max_error_fraction is not None and summary.failed > max_error_fraction * max(1, summary.videos):

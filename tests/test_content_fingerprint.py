@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import struct
 from pathlib import Path
 

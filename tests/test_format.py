@@ -116,7 +116,7 @@ SHARD = "splits.train.shards.0"
 MANIFESTS = [  # (id, how the sound manifest is edited, words of the refusal)
     ("format-unknown", ("format", "evil/9"), ["format: 'evil/9'", "kinetics-fast-shards/2"]),
     ("format-missing", ("format", DELETE), ["format: missing"]),
-    ("field-missing", (f"{SHARD}.sha256", DELETE), [f"splits.train.shards[0]: field 'sha256' missing"]),
+    ("field-missing", (f"{SHARD}.sha256", DELETE), ["splits.train.shards[0]: field 'sha256' missing"]),
     ("field-extra", (f"{SHARD}.owner", "eve"), ["unknown field 'owner'"]),
     ("offsets-null", (f"{SHARD}.offsets", None), ["splits.train.shards[0].offsets: is null, not a list"]),
     ("num-samples-text", (f"{SHARD}.num_samples", "3"), ["num_samples: is a string, not a number"]),

@@ -376,7 +376,7 @@ def test_32_first_requests_parse_the_manifest_once(env, tmp_path):
 
 
 def test_two_workers_serve_from_one_catalog(env):
-    cat, alpha, beta = env["catalog"], env["sets"]["alpha"], env["sets"]["beta"]
+    cat, beta = env["catalog"], env["sets"]["beta"]
     server = ServiceProcess("--catalog", cat.path, "--workers", "2")
     url = server.start()
     try:
