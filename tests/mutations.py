@@ -34,6 +34,8 @@ import tarfile
 import traceback
 from dataclasses import dataclass, field
 
+import torch
+
 from shards import cli
 from shards.errors import CommandError
 from shards.format.digests import sample_digest
@@ -541,6 +543,10 @@ class _Outside:
 
 
 def _child(sound: Sound, seeds: list[int], root: str, results: str, viewer_every: int) -> None:
+    # GNU OpenMP's thread pool does not survive a fork: a parent that has run a parallel op (any
+    # earlier test in this pytest process) leaves the child to hang or crash in its first one, as
+    # torch's DataLoader workers avoid by the same call
+    torch.set_num_threads(1)
     signal.signal(signal.SIGALRM, _on_alarm)
     resource.setrlimit(resource.RLIMIT_AS, (_address_space() + MEMORY_HEADROOM,) * 2)
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -99,3 +99,12 @@ def test_corpus_fixed_bug(campaign, bug):
     signatures, seed = FIXED[bug]
     found = campaign.run([seed])[0].findings()
     assert not set(found) & set(signatures), found
+
+
+def test_the_campaign_survives_a_parent_that_ran_parallel_torch_ops(campaign):
+    """The forked child must not enter the parent's OpenMP pool (seen under -n 2: earlier tests in the
+    pytest process had run parallel ops, and the child segfaulted in SlotPool's first copy)."""
+    import torch
+    torch.ones(10_000_000).add_(1).sum()  # start this process's OpenMP pool, as those tests did
+    outcome = campaign.run([1119])[0]  # no config.clip.frames: the loader's slots large enough for a parallel copy
+    assert outcome.changes and not outcome.findings(), outcome.findings()
