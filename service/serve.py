@@ -43,11 +43,12 @@ from shards.commands import int_in_range, positive_int
 from shards.errors import CommandError, Interrupted, NotFound, UsageError
 
 from .admin import refuse_missing
-from .app import make_app
+from .api.app import make_app
+from .api.routes import ROUTES
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
 from .roots import SourceRoots
 from .stats import Counters
-from .viewer import add_routes as add_viewer
+from .viewer import ROUTES as VIEWER_ROUTES, add_routes as add_viewer
 
 log = logging.getLogger("service.serve")
 MAX_CONNECTIONS = 8192
@@ -91,8 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true",
-                   help="reads need a token too (all but /v1, /v1/health, /v1/viewer and the viewer's pages "
-                        "and static files, which hold no set's data); needs --token-file")
+                   help="reads need a token too (all but the open routes, which hold no set's data: "
+                        + ", ".join(r.pattern for r in (*ROUTES, *VIEWER_ROUTES) if r.access == "open")
+                        + "); needs --token-file")
     p.add_argument("--data-root", help="where builds asked for over HTTP are written (path or fsspec URL; "
                                        "default: a 'sets' directory beside a catalog file; needed with a "
                                        "PostgreSQL catalog: storage every replica reaches)")

@@ -1,18 +1,7 @@
 """The dataset viewer: three pages on the API's port, their static files, and the JSON and frame
-routes they read.
-
-    GET /                                       the catalog: every set, builds with live progress
-    GET /sets/{ref}                             a set: counts, class histogram, frames, options, error ledger
-    GET /sets/{ref}/clips[?split=&class=&page=] a paged grid of clips, filterable by split and class
-    GET /static/{name}                          the pages' CSS, script and icon (package data, service/static/)
-    GET /v1/viewer                              {"read_auth": bool, "states": ...}: whether the pages must ask
-                                                for a token, and how each set state is drawn (service.states)
-    GET /v1/viewer/{ref}                        what the set page shows (JSON; catalog and manifest only)
-    GET /v1/viewer/{ref}/probe                  frames per clip and frame sizes, from a few clips read (JSON)
-    GET /v1/viewer/{ref}/clips?split=S[&class=C][&page=P][&per_page=N]   one page of clips (JSON)
-    GET /v1/viewer/{ref}/clips/{split}/{n}      one clip: key, label, source video, offset, size, its JSON
-    GET /v1/viewer/{ref}/frames/{split}/{n}/{t} frame t of clip n: its JPEG bytes, straight from the shard
-    GET /v1/viewer/{ref}/motion/{split}/{n}/{t} frame t's motion field, coloured (PNG; sets with motion fields)
+routes they read: the pages ``/``, ``/sets/{ref}`` and ``/sets/{ref}/clips``, ``/static/{name}``
+(package data, ``service/static/``) and ``/v1/viewer/...``, each a row of ``ROUTES`` below with its
+access level (``service.api.routes``); what each answers is docs/service.md's.
 
 The pages are static shells holding no data. Their one script fetches the JSON routes with the
 bearer token the user typed (kept in the tab's sessionStorage, sent as an Authorization header,
@@ -24,9 +13,9 @@ frame routes need the token; the shells do not, and show nothing but the login f
 
 Paging and filtering happen here, on a ``shards.clipindex.ClipIndex`` built once per set (the
 manifest parsed in a thread): the browser never downloads the manifest. A frame is served like
-any file of a set (``service.app.send_span``: conditionals, ranges, sendfile for local sets) as
-the byte range of its tar member; the frame's place in the shard is read once per clip (one
-read of the clip's bytes) and kept. Its strong ETag is the shard's SHA-256 and the frame's
+any file of a set (``service.api.responses.send_span``: conditionals, ranges, sendfile for local
+sets) as the byte range of its tar member; the frame's place in the shard is read once per clip
+(one read of the clip's bytes) and kept. Its strong ETag is the shard's SHA-256 and the frame's
 offset. Asked for by dataset id, which names content, it is cached for a year as immutable;
 by a name or tag, which can move, it is revalidated each time.
 
@@ -62,7 +51,10 @@ from shards.format.manifest import Manifest
 from shards.stats import split_stats
 
 from . import states
-from .app import READ_AUTH, TABLES, _reader, _record, cache_control, open_file, send_span
+from .api.keys import READ_AUTH, TABLES
+from .api.responses import cache_control, send_span
+from .api.routes import Route, add
+from .api.sets import open_file, record
 from .files import checked_manifest
 from .ranges import evaluate
 
@@ -210,8 +202,7 @@ def _int(request: web.Request, name: str, default: int | None, low: int, high: i
 
 async def _ready(request: web.Request) -> tuple[Record, dict]:
     """The request's ready set and its index; a damaged one too: the viewer shows its state."""
-    _reader(request)
-    rec = _record(request, ready=True, damaged=True)
+    rec = record(request, ready=True, damaged=True)
     return rec, await request.app[VIEWER].indexed(rec)
 
 
@@ -256,8 +247,7 @@ async def settings(request: web.Request) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
-    _reader(request)
-    rec = _record(request)
+    rec = record(request)
     found = await asyncio.to_thread(request.app[TABLES].condition, rec)
     if found.state not in ("ready", "damaged"):  # nothing of it is the registered set to show
         return _json({"record": shown(rec, found), "classes": [], "splits": {}, "errors": None})
@@ -346,15 +336,22 @@ def _motion_kind(manifest: Manifest) -> str | None:
     return None if manifest.motion == "none" else manifest.motion
 
 
-ROUTES = {"/": page, "/sets/{ref}": page, "/sets/{ref}/clips": page, "/static/{name}": static,
-          "/v1/viewer": settings, "/v1/viewer/{ref}": overview, "/v1/viewer/{ref}/probe": probe,
-          "/v1/viewer/{ref}/clips": clips, "/v1/viewer/{ref}/clips/{split}/{n}": clip_detail,
-          "/v1/viewer/{ref}/frames/{split}/{n}/{t}": frame,
-          "/v1/viewer/{ref}/motion/{split}/{n}/{t}": motion}  # GET, and HEAD with it
+ROUTES = (
+    Route("GET", "/", page, "open"),  # the pages: shells holding no data
+    Route("GET", "/sets/{ref}", page, "open"),
+    Route("GET", "/sets/{ref}/clips", page, "open"),
+    Route("GET", "/static/{name}", static, "open"),
+    Route("GET", "/v1/viewer", settings, "open"),
+    Route("GET", "/v1/viewer/{ref}", overview, "read"),
+    Route("GET", "/v1/viewer/{ref}/probe", probe, "read"),
+    Route("GET", "/v1/viewer/{ref}/clips", clips, "read"),
+    Route("GET", "/v1/viewer/{ref}/clips/{split}/{n}", clip_detail, "read"),
+    Route("GET", "/v1/viewer/{ref}/frames/{split}/{n}/{t}", frame, "read"),
+    Route("GET", "/v1/viewer/{ref}/motion/{split}/{n}/{t}", motion, "read"),
+)
 
 
 def add_routes(app: web.Application) -> None:
     """The viewer's pages and routes on the API's application (``service.serve`` calls it)."""
     app[VIEWER] = Viewer()
-    for path, handler in ROUTES.items():
-        app.router.add_get(path, handler)
+    add(app, ROUTES)

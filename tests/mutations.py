@@ -439,7 +439,7 @@ class _ViewerSite:
     def __init__(self, work: str):
         from aiohttp.test_utils import TestClient, TestServer
 
-        from service.app import make_app
+        from service.api.app import make_app
         from service.viewer import add_routes
         from shards.catalog import Catalog
 
@@ -592,7 +592,7 @@ class Campaign:
 
     def __init__(self, sound: Sound, root: str, viewer_every: int = 4):
         self.sound, self.root, self.viewer_every = sound, root, viewer_every
-        import service.app  # noqa: F401  (imported once, before the children fork)
+        import service.api.app  # noqa: F401  (imported once, before the children fork)
         import service.viewer  # noqa: F401
         import trainer.data.loader  # noqa: F401
 

@@ -62,7 +62,7 @@ class Service:
         self.held_r = None
         if hold:
             self.held_r, held_w = os.pipe()
-            command[1:1] = [str(TESTS / "holdpoint.py"), f"service.app:get_file@{hold}"]
+            command[1:1] = [str(TESTS / "holdpoint.py"), f"service.api.views:open_file@{hold}"]
             env |= {"HOLD_FD": str(held_w)}
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      pass_fds=[held_w] if hold else [])

@@ -4,9 +4,10 @@ against a real ``shard-service serve`` on 127.0.0.1 whose log (its stderr) is a 
 * requests aiohttp cannot parse (a 100 kB header line, 10,000 ranges, a 1 MB URL, a bad request
   line...), sent over raw sockets with no token: each answered 4xx by aiohttp and logged as one
   access-log line (with ``--access-log``; none without), never a traceback;
-* under ``--read-auth`` every route but the documented open ones (``OPEN``) refuses a request
-  without a token, the routes read from the application the server builds, so a route added
-  later is judged too;
+* every route the server registers is a row of a route table (``service.api.routes``), and
+  under ``--read-auth`` every route but the open ones (``OPEN``) refuses a request without a
+  token, the rows read from the application the server builds, so a route added later is judged
+  too; without it, only the write rows refuse; docs/service.md's route rows are those rows;
 * a port that another server's ``--workers`` share is refused, not joined.
 
 The one-line refusals at start (a busy port, a catalog typo, ``--read-auth`` without tokens) are
@@ -14,6 +15,7 @@ rows of tests/test_newcomer.py.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -135,25 +137,51 @@ def test_malformed_requests_are_one_access_log_line_each_never_a_traceback(serve
     assert len(log) < 150 * (len(access) + 2), len(log)
 
 
-def test_under_read_auth_only_the_open_routes_answer_without_a_token(serve, tmp_path):
-    """Every route of the application ``serve`` builds (API and viewer), asked without a token: 401,
-    but the routes in ``OPEN``. Before: ``GET /v1/stats`` (the pid and traffic counters) answered."""
-    from service.app import make_app
+def served_table(tmp_path) -> tuple[list, set]:
+    """The rows of the route tables on the application ``serve`` builds (API and viewer), and the
+    (method, path) of every route aiohttp registered on it."""
+    from service.api.app import make_app
+    from service.api.keys import SERVED
     from service.viewer import add_routes
 
-    server = serve("--read-auth")
     app = make_app(Catalog(str(tmp_path / "catalog.sqlite")), data_root=str(tmp_path / "sets"))
     add_routes(app)
+    registered = {(r.method, r.resource.canonical) for r in app.router.routes()}
+    return list(dict.fromkeys(app[SERVED].values())), registered
+
+
+def test_every_route_is_a_row_and_under_read_auth_only_the_open_ones_answer_without_a_token(serve, tmp_path):
+    """Every route of the application ``serve`` builds is a row of a route table (GET with its HEAD),
+    the open rows are ``OPEN``, and each route asked without a token answers 401 unless its row is
+    open; without ``--read-auth`` only the write rows do. Before: ``GET /v1/stats`` (the pid and
+    traffic counters) answered, its handler having forgotten its check."""
+    table, registered = served_table(tmp_path)
+    methods = {(m, row.pattern): row for row in table
+               for m in (("GET", "HEAD") if row.method == "GET" else (row.method,))}
+    assert set(methods) == registered and len(registered) > 20
+    assert {row.pattern for row in table if row.access == "open"} == OPEN
+    assert {row.access for row in table if row.pattern not in OPEN} == {"read", "write"}
     fill = {"ref": "tiny", "path": "manifest.json", "tag": "t", "id": "tiny", "split": "train", "n": "0",
             "t": "0", "name": "viewer.js"}
-    routes = {(r.method, r.resource.canonical) for r in app.router.routes()}
-    assert ("GET", "/v1/stats") in routes and len(routes) > 20
-    for method, path in sorted(routes):
-        status, _, body = http(server.url, method, path.format(**fill))
-        opened = method in ("GET", "HEAD") and path in OPEN
-        assert (status != 401) == opened, (method, path, status, body[:200])
-    status, _, _ = http(server.url, path="/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
+    read_auth, plain = serve("--read-auth"), serve()
+    for (method, path), row in sorted(methods.items()):
+        for server, refusing in ((read_auth, ("read", "write")), (plain, ("write",))):
+            status, _, body = http(server.url, method, path.format(**fill))
+            assert (status == 401) == (row.access in refusing), (server.url, method, path, status, body[:200])
+    status, _, _ = http(read_auth.url, path="/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 200
+
+
+def test_the_route_tables_of_docs_service_md_are_the_route_tables(serve, tmp_path):
+    """docs/service.md's route rows (`METHOD PATH` | access | answer) are the rows of the tables the
+    server registers, and ``GET /v1`` lists those rows."""
+    table, _ = served_table(tmp_path)
+    rows = {(row.method, row.pattern, row.access) for row in table}
+    page = (Path(__file__).parent.parent / "docs" / "service.md").read_text()
+    documented = re.findall(r"^\| `(GET|HEAD|PUT|POST|DELETE) (/\S*)` \| (\w+) \|", page, re.M)
+    assert len(documented) == len(set(documented)) and set(documented) == rows, set(documented) ^ rows
+    listed = json.loads(http(serve().url, path="/v1")[2])["routes"]
+    assert {(r["method"], r["path"], r["access"]) for r in listed} == rows and len(listed) == len(rows)
 
 
 def test_a_port_another_servers_workers_share_is_refused_not_joined(serve, tmp_path):
