@@ -4,7 +4,9 @@ changed local file hashed again once however many requests find it changed.
 
 A table is keyed by the set's id, its manifest's SHA-256 and the time of its last verification,
 so a set rebuilt, re-registered or verified again gets a new table at its next request (the
-record cache drops records at every commit to the catalog).
+record cache looks a record up again after every commit to the catalog). A commit drops no table:
+through a catalog outage a known set's table serves on with its last known record
+(``service.records``).
 
 A file found changed is first a question about the whole set: is its manifest still the one
 registered (``shards.catalog.condition``)? If not, the set was rebuilt or edited in place and the

@@ -256,13 +256,14 @@ def http(url: str, method: str = "GET", path: str = "/", headers: dict | None = 
     return int(status_line.split()[1]), got, payload
 
 
-def wait_for(url, dataset, states, timeout=240):
+def wait_for(url, dataset, states, timeout=240, headers: dict | None = None):
     """Polls the build's state until it is one of ``states``, as a client polling through a gateway
     does: a 502, 503 or 504 is asked again (nginx answers 502 while it holds every replica failed,
-    for up to their ``fail_timeout``), any other answer that is not the state fails the test."""
+    for up to their ``fail_timeout``), any other answer that is not the state fails the test.
+    ``headers``: sent with each request (a token, under ``--read-auth``)."""
     deadline, answer = time.time() + timeout, None
     while time.time() < deadline:
-        status, _, body = http(url, path=f"/v1/builds/{dataset}")
+        status, _, body = http(url, path=f"/v1/builds/{dataset}", headers=headers)
         if status in (502, 503, 504):
             answer = f"{status}: {body[:200]!r}"
         else:

@@ -9,6 +9,14 @@ PostgreSQL catalog behind nginx, which sends the bytes they hand it, all real an
   run ends well, every clip trained exactly once per epoch, the weights at every step and at the
   end bitwise equal to an undisturbed run's. Red without the retries (nginx's next upstream and
   the range client's, both off: the killed replica's requests end the run).
+* A catalog commit, then PostgreSQL stopped before any replica looked a set up again: every
+  replica, and nginx, answers the sets it knows 200 throughout the outage, a set the commit
+  marked damaged included (``service.records``: a commit invalidates by generation, the last
+  known record serves on within the staleness bound); each replica says so once, and once that
+  the catalog is back; from then on the damaged set is refused. Red on caches that drop their
+  answers at every commit (503 for every shard).
+* The staleness bound itself, on a ``RecordCache`` of a 1 s bound: past it, and for a reference
+  never looked up, an outage is ``CatalogUnavailable`` (503).
 * An HTTP build survives the death of the replica running it: its build process is frozen, the
   replica killed; let go, the build process finds its server gone and leaves; the other replica
   takes the build over from its dead lease and finishes it, once (attempt 2), where the first left
@@ -33,7 +41,8 @@ from fronts import ACCEL_PREFIX, Front, free_port
 from postgres import PostgresServer
 from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
-from shards.catalog import Catalog
+from service.records import RecordCache
+from shards.catalog import Catalog, CatalogUnavailable
 from shards.format.manifest import Manifest
 from trainer.clip_log import read_file
 
@@ -143,7 +152,8 @@ def steps_by_epoch(out: Path) -> dict[int, list[dict]]:
 def test_training_reads_through_a_killed_replica_and_a_catalog_restart_bitwise(cluster, tmp_path):
     front, replicas, db = cluster["front"], cluster["replicas"], cluster["db"]
     data = f"{front.url}/v1/datasets/clips"
-    keys = [k for s in Manifest.load(str(cluster["root"] / "clips")).splits["train"].shards for k in s.keys]
+    shards = Manifest.load(str(cluster["root"] / "clips")).splits["train"].shards
+    keys, shard = [k for s in shards for k in s.keys], shards[0].name
 
     calm = train(data, tmp_path / "calm")
     calm_log, _ = calm.communicate(timeout=600)
@@ -168,9 +178,12 @@ def test_training_reads_through_a_killed_replica_and_a_catalog_restart_bitwise(c
                 assert all(r.stats()["accel_redirects"] > s for r, s in zip(replicas, served))  # both served it
                 replicas[0].kill(signal.SIGKILL)  # epoch 1, step 3: the job reads on with one replica
             elif step == 7:
-                replicas[0].start()  # on its port: nginx uses it again past fail_timeout
+                replicas[0].start()  # on its port: nginx uses it again past fail_timeout; a catalog write
+                time.sleep(1)  # its notification reaches the other replica (milliseconds)
                 postmaster = db.pid()
                 db.stop()  # epoch 2, step 1: the job reads on with the catalog down
+                status, _, body = http(replicas[1].url, path=f"/v1/datasets/clips/{shard}")
+                assert status == 200, body  # a set it knows, after the write, with the catalog down
             else:
                 db.start()  # epoch 2, step 4
             signal_job(run, signal.SIGCONT)
@@ -227,3 +240,78 @@ def test_an_http_build_survives_the_death_of_the_replica_running_it(cluster):
         assert status == 200
     finally:
         running.start()  # for any test after this one
+
+
+def test_known_sets_are_read_through_a_catalog_outage_after_a_write_and_refused_once_it_says_so(cluster, tmp_path):
+    front, replicas, db = cluster["front"], cluster["replicas"], cluster["db"]
+    catalog = Catalog(cluster["url"])
+    make_shardset(str(tmp_path / "doomed"), {"train": 4}, per_shard=2, frames=4, size=(48, 40))
+    doomed = register(catalog, str(tmp_path / "doomed"), "doomed")
+    shard = {ref: Manifest.load(where).splits["train"].shards[0].name
+             for ref, where in (("clips", str(cluster["root"] / "clips")), (doomed.id, doomed.location))}
+    reads = [(url, f"/v1/datasets/{ref}/{name}") for url in (*(r.url for r in replicas), front.url)
+             for ref, name in shard.items()]
+
+    def statuses() -> dict[tuple[str, str], int]:
+        return {read: http(read[0], path=read[1])[0] for read in reads}
+
+    assert set(statuses().values()) == {200}  # each replica has looked both sets up
+    marks = [len(r.log) for r in replicas]
+    catalog.record_verify(doomed.id, 1, f"{shard[doomed.id]}: bytes differ")  # the write: every replica notified
+    time.sleep(1)  # a notification takes milliseconds
+    db.stop()
+    try:
+        rounds, deadline = 0, time.monotonic() + 3
+        while time.monotonic() < deadline:
+            answered = statuses()
+            assert set(answered.values()) == {200}, answered
+            rounds += 1
+    finally:
+        db.start()
+    assert rounds >= 2
+    deadline = time.monotonic() + 30  # the catalog is asked again once a replica's listener is back
+    while {s for (_, path), s in statuses().items() if doomed.id in path} != {409}:
+        assert time.monotonic() < deadline, statuses()
+        time.sleep(0.1)
+    assert {path: s for (_, path), s in statuses().items()} == {f"/v1/datasets/clips/{shard['clips']}": 200,
+                                                              f"/v1/datasets/{doomed.id}/{shard[doomed.id]}": 409}
+    for replica, mark in zip(replicas, marks):
+        lines = replica.log[mark:]
+        assert sum("serving the sets this replica has looked up from their last known records" in line
+                   for line in lines) == 1, lines
+        assert sum("answers again after" in line for line in lines) == 1, lines
+
+
+def test_a_record_unconfirmed_past_the_staleness_bound_is_not_served(cluster):
+    db, writer = cluster["db"], Catalog(cluster["url"])
+    cache = RecordCache(Catalog(cluster["url"]), stale_seconds=1.0)
+    try:
+        known = cache.resolve("clips")
+        seen = cache.catalog.generation()
+        writer.tag(known.id, "bounded")
+        deadline = time.monotonic() + 30
+        while cache.catalog.generation() == seen:
+            assert time.monotonic() < deadline, "the tag's notification never arrived"
+            time.sleep(0.01)
+        db.stop()
+        try:
+            assert cache.resolve("clips") == known  # unconfirmed, within the bound: its last known record
+            with pytest.raises(CatalogUnavailable, match="cannot be reached"):
+                cache.resolve("never-looked-up")
+            time.sleep(1.2)
+            with pytest.raises(CatalogUnavailable, match="unconfirmed for over 1 s, the staleness bound"):
+                cache.resolve("clips")
+        finally:
+            db.start()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert "bounded" in cache.resolve("clips").tags  # the catalog's answer, once it is back
+                break
+            except CatalogUnavailable:
+                assert time.monotonic() < deadline, "the catalog never answered again"
+                time.sleep(0.1)
+    finally:
+        cache.close()
+        writer.untag("bounded")
+        writer.close()
