@@ -152,7 +152,7 @@ def test_with_the_fallback_each_rank_reads_both_classes_in_global_epochs(sets, c
     """``shuffle_fallback`` (--shuffle auto): global epochs instead, rank 0 says so in one line; each
     rank then reads clips of both classes in an epoch, where node-affine epochs would have given
     it one class for the run; the mixed set stays node-affine (each node its own shard)."""
-    with caplog.at_level("INFO", logger="trainer.data.loader"):
+    with caplog.at_level("INFO", logger="trainer.data.epochs"):
         ranks = [ClipLoader(sets["sorted"], "train", rank=r, world_size=2, local_size=1, shuffle="node",
                             shuffle_fallback=True, **SMALL) for r in (0, 1)]
     said = [r.getMessage() for r in caplog.records if "global epochs, not node-affine" in r.getMessage()]

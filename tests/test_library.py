@@ -403,14 +403,18 @@ def test_a_wrong_argument_is_refused_when_the_loader_is_made_naming_it(shardset,
 
 
 def test_every_numeric_argument_of_the_loader_is_bounded(shardset):
-    """Every int or float parameter of ``ClipLoader`` (but the seed, any int) refuses -1 naming itself and
-    its range (or its few choices)."""
+    """Every int or float option of ``ClipLoader`` (its own and the planner's, ``EpochOptions``; but the
+    seed, any int) refuses -1 naming itself and its range (or its few choices)."""
+    import dataclasses
     import inspect
 
     from trainer.data import ClipLoader
+    from trainer.data.epochs import EpochOptions
 
-    numeric = [name for name, p in inspect.signature(ClipLoader).parameters.items()
-               if name != "seed" and {"int", "float"} & set(re.findall(r"\w+", str(p.annotation)))]
+    options = [(p.name, p.annotation) for p in inspect.signature(ClipLoader).parameters.values()]
+    options += [(f.name, f.type) for f in dataclasses.fields(EpochOptions)]
+    numeric = [name for name, annotation in options
+               if name != "seed" and {"int", "float"} & set(re.findall(r"\w+", str(annotation)))]
     assert len(numeric) >= 12, numeric
     for name in numeric:
         arguments = {"batch_size": 4, "crop_size": 32, "scale_size": 40, name: -1}

@@ -93,7 +93,7 @@ class ElasticState(State, Hook):
         """Every rank at rank 0's state (a joining rank gets it here), which becomes the commit."""
         t = self.t
         t.backend.agree_on_nodes()  # the ring's node layout, before the loader's position is loaded for it
-        t.train_loader.local_size = t.backend.local_size
+        t.train_loader.epochs.local_size = t.backend.local_size
         small, generation = t.backend.broadcast_object((self._small(), self.generation))
         self.generation = generation + 1
         self._load_small(small)

@@ -17,6 +17,7 @@ stream's and the fused video accuracy; the runs must score the same videos with 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 
@@ -28,6 +29,7 @@ from shards.errors import UsageError
 from . import checkpoint, config, metrics
 from .data.device_decode import clip_source
 from .data import ClipLoader  # the public reading API (docs/library.md), as any training loop reads
+from .data.arguments import loader_kwargs, worded_as_flags
 from .data.loader import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
@@ -148,10 +150,10 @@ def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, d
                          f"is scaled to --scale-size, then the centre crop cut: give --scale-size {crop} "
                          "or more")
     workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_ranks)
-    loader = ClipLoader(manifest, ev.split, batch_size=ev.batch_size, rank=backend.rank,
-                        world_size=backend.size, train=False, num_workers=workers, crop_size=crop,
-                        scale_size=scale, eval_crops=ev.crops, decode_on_device=ev.decode_on_device,
-                        modality=model.config.modality)
+    ev = dataclasses.replace(ev, workers=workers, crop_size=crop, scale_size=scale)
+    with worded_as_flags(ev):
+        loader = ClipLoader(manifest, ev.split, **loader_kwargs(ev), rank=backend.rank,
+                            world_size=backend.size, train=False, modality=model.config.modality)
     local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
     return VideoScores.merged(backend.all_gather_object(local))
 

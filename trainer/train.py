@@ -42,6 +42,7 @@ from shards.format.manifest import Manifest
 from . import bad_samples, checkpoint, config, metrics
 from .data.device_decode import clip_source
 from .data import ClipLoader, Upsampling  # the public reading API (docs/library.md), as any training loop reads
+from .data.arguments import loader_kwargs, worded_as_flags
 from .data.loader import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
@@ -191,16 +192,12 @@ class Trainer:
         batches have the regime's shapes unless ``full_shape``. Under ``--max-bad-samples`` it leaves
         bad samples out, and the ``BadSamples`` hook keeps the budget over every rank."""
         a = self.cfg.data
-        return ClipLoader(manifest, split, batch_size=a.batch_size, rank=self.backend.rank,
-                          world_size=self.backend.size, train=train, seed=self.cfg.system.seed, num_workers=a.workers,
-                          crop_size=a.crop_size, scale_size=a.scale_size, flip=train and a.flip,
-                          shuffle_buffer=a.shuffle_buffer, remainder="pad", cache_dir=a.cache_dir,
-                          shuffle=shuffle_mode(self.cfg), shuffle_fallback=self.cfg.data.shuffle == "auto",
-                          local_size=self.backend.local_size, lookahead=a.lookahead,
-                          decode_on_device=a.decode_on_device, modality=a.modality,
-                          source_deadline=a.source_deadline,
-                          shapes=None if full_shape else self.regime.shapes,
-                          max_bad_samples=None if self.bad_sample_limit(manifest, split) else 0)
+        with worded_as_flags(a):
+            return ClipLoader(manifest, split, **loader_kwargs(a), rank=self.backend.rank,
+                              world_size=self.backend.size, local_size=self.backend.local_size, train=train, seed=self.cfg.system.seed,
+                              shuffle=shuffle_mode(self.cfg), shuffle_fallback=a.shuffle == "auto",
+                              shapes=None if full_shape else self.regime.shapes,
+                              max_bad_samples=None if self.bad_sample_limit(manifest, split) else 0)
 
     def start(self) -> None:
         """Every rank at rank 0's place (the checkpoint's with --resume, else rank 0's initial

@@ -2,25 +2,29 @@
 
 For a training loop of one's own (docs/library.md): ``ClipLoader`` (the ready loader: batches from a set's
 path or URL, its own worker processes and shared-memory batch slots, ``state_dict`` for exact and elastic
-resume), ``ClipDataset`` (a torch ``IterableDataset`` of the same clips for a ``DataLoader`` one builds,
-as Lightning, mmaction2 or SlowFast do; ``BatchSizeMismatch``, its warning for a DataLoader batching
-them otherwise), ``normalise`` with ``MEAN`` and ``STD``, and the built-in crops
-(``TrainTransform``, ``EvalTransform``, their ``Geometry``). Importing this package loads none of them
-until asked for, and none of them needs the trainer, Ray, aiohttp, OpenCV or Horovod.
+resume; ``EpochOptions``, the planner's options as one object), ``ClipDataset`` (a torch
+``IterableDataset`` of the same clips for a ``DataLoader`` one builds, as Lightning, mmaction2 or SlowFast
+do; ``BatchSizeMismatch``, its warning for a DataLoader batching them otherwise), ``normalise`` with
+``MEAN`` and ``STD``, and the built-in crops (``TrainTransform``, ``EvalTransform``, their ``Geometry``).
+Importing this package loads none of them until asked for, and none of them needs the trainer, Ray,
+aiohttp, OpenCV or Horovod.
 
-``loader`` (the streaming ``ClipLoader``, glue), ``plan`` (each worker's reads and order, pure functions
-over frozen records), ``position`` (where a loader stands in its epochs, and how a saved position
-continues), ``stages`` (the pipeline's stages: plain functions over their plans), ``dataset``
-(``ClipDataset``), ``transforms`` (TSM's crops, JPEG
+``epochs`` (the one epoch planner under both loaders: the node-mix verdict, position, orders, lengths,
+state and each worker's plan; pure), ``loader`` (the streaming ``ClipLoader``: the I/O glue), ``plan``
+(each worker's reads and order, pure functions over frozen records), ``position`` (where a loader stands
+in its epochs, and how a saved position continues), ``stages`` (the pipeline's stages: plain functions
+over their plans), ``dataset`` (``ClipDataset``), ``transforms`` (TSM's crops, JPEG
 decoding), ``cropdecode`` (the C crop decoder, ``trainer/libcropjpeg.so``), ``device_decode`` (nvJPEG on
 the GPU), ``slots`` (the shared-memory batch pool), ``shapes`` (a multigrid epoch's batches cut into
 parts; ``EpochShapes``, what the loader needs of a schedule) and ``arguments`` (the reading API's argument
-checks and its warnings at the caller's line). Imports nothing of the trainer outside this
-room but its base (``trainer.config``).
+checks, its warnings at the caller's line, and for the trainer its configs' loader options and its
+refusals in the flags' words). Imports nothing of the trainer outside this room but its base
+(``trainer.config``).
 """
 import importlib
 
-PUBLIC = {"ClipLoader": "loader", "placement": "loader", "Upsampling": "loader", "ClipDataset": "dataset",
+PUBLIC = {"ClipLoader": "loader", "EpochOptions": "epochs", "placement": "loader", "Upsampling": "loader",
+          "ClipDataset": "dataset",
           "BatchSizeMismatch": "dataset", "normalise": "dataset", "MEAN": "dataset", "STD": "dataset",
           "TrainTransform": "transforms", "EvalTransform": "transforms", "Geometry": "transforms"}
 __all__ = sorted(PUBLIC)

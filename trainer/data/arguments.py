@@ -10,19 +10,28 @@ the wrong type a ``TypeError`` (``batch_size must be an int, not float 4.0``), n
 ``warn``: a warning at the line of the code that called the library, the first frame outside this
 package and torch's (whose ``DataLoader`` runs a dataset's ``__iter__``): what Python 3.12's
 ``skip_file_prefixes`` does, for 3.11.
+
+For the trainer: ``loader_kwargs(cfg)``, the loader options a config (``trainer.config.Data``,
+``Evaluation``) holds, by the loader's names (``FROM_CONFIG``: one line per option, the only copy), and
+``worded_as_flags(cfg)``, the library's ``ValueError`` and ``TypeError`` refused as a ``UsageError`` in
+the words of that config's flags (``batch_size: ...`` -> ``--batch-size: ...``).
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
+import re
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.util import find_spec
 
 import torch
 
 from shards.commands import number_in_range
+from shards.errors import CommandError, UsageError
 from shards.format.packing import parse_size
 
 KINDS = {int: (numbers.Integral, "an int"), float: (numbers.Real, "a number")}
@@ -121,3 +130,38 @@ def warn(message: str, category: type[Warning]) -> None:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(INSIDE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+# a trainer config's fields that are loader options (``ClipLoader``'s or the planner's), by the option's name
+FROM_CONFIG = {"batch_size": "batch_size", "workers": "num_workers", "crop_size": "crop_size",
+               "scale_size": "scale_size", "flip": "flip", "shuffle_buffer": "shuffle_buffer",
+               "cache_dir": "cache_dir", "lookahead": "lookahead", "decode_on_device": "decode_on_device", "modality": "modality",
+               "source_deadline": "source_deadline", "crops": "eval_crops"}
+
+
+def loader_kwargs(cfg) -> dict:
+    """The loader options the config dataclass ``cfg`` holds (``FROM_CONFIG``), by the loader's names."""
+    return {option: getattr(cfg, field) for field, option in FROM_CONFIG.items() if hasattr(cfg, field)}
+
+
+def flag_words(message: str, cfg) -> str:
+    """``message`` with the loader options it names (``crop_size``; an option without an underscore only
+    as ``flip=`` or ``flip:``) spelled as ``cfg``'s flags (``--crop-size``)."""
+    for f in dataclasses.fields(cfg):
+        option = FROM_CONFIG.get(f.name)
+        if option:
+            flag = f.metadata.get("spelling") or "--" + f.name.replace("_", "-")
+            message = re.sub(rf"\b{option}\b" + ("" if "_" in option else "(?=[=:])"), flag, message)
+    return message
+
+
+@contextmanager
+def worded_as_flags(cfg):
+    """The library's ``ValueError`` or ``TypeError`` raised inside, as a ``UsageError`` in the words of
+    ``cfg``'s flags (``flag_words``); the project's own refusals (``CommandError``) as they are."""
+    try:
+        yield
+    except CommandError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise UsageError(flag_words(str(error), cfg)) from error

@@ -1,7 +1,7 @@
 """``ClipDataset``: a set's clips as a torch ``IterableDataset``, for a ``DataLoader`` the user builds.
 
 For runners that make their own ``DataLoader`` (Lightning, mmaction2, SlowFast, a loop of one's own).
-It reads what ``ClipLoader`` reads, planned by the same code (``ClipLoader``'s plan, held inside): the
+It reads what ``ClipLoader`` reads, planned by the same planner (``trainer.data.epochs``): the
 rank's share of the epoch's seeded order, split among the DataLoader's workers as whole batches, every
 sample checked against the manifest's digest. Pass the DataLoader the dataset's ``batch_size`` and
 every batch is one worker's, so each rank yields the same number of full batches and every clip
@@ -26,12 +26,15 @@ with ``eval_crops=3``), ``labels`` (int, -1 unlabeled), ``keys``, ``videos``, ``
 ``geometry=True`` adds the built-in crop's ``boxes`` (views, 4: left, top, right, bottom in pixels of
 the stored frame) and ``flip``, drawn as ``frames="crops"`` draws them, for users who crop themselves.
 
-Epochs: iterating a finished epoch starts the next (every worker of every rank moves on together; the
-epoch is kept in shared memory, so it reaches workers a ``DataLoader`` forks later); ``set_epoch(e)``
-chooses one. Position: under torchdata's ``StatefulDataLoader`` (``state_dict``/``load_state_dict``
-per worker, the protocol it calls) a resumed loader continues the identical sequence; the same number
-of DataLoader workers is needed for that (``ClipLoader``'s state also resumes on another world size or
-worker count).
+Epochs: iterating a finished epoch starts the next: each DataLoader worker, once its share is read,
+moves its own epoch on in the dataset's shared memory (one entry per worker, so no worker learns of
+another's end before its own), where the workers a ``DataLoader`` forks later read it; ``set_epoch(e)``
+chooses one for all. Position: under torchdata's ``StatefulDataLoader`` (``state_dict``/``load_state_dict``
+in each worker, the protocol it calls) every worker's state is its epoch and the batches it has made
+there, so a resumed loader continues the identical sequence wherever it was stopped, with as many
+DataLoader workers as before (torchdata refuses another count; a state saved with another world size or
+batch size is refused in one line: ``ClipLoader``'s state resumes on those, splitting the rest of the
+epoch anew).
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ from .stages import ordered_samples
 log = logging.getLogger(__name__)
 
 FRAMES = ("crops", "decoded", "jpeg")
+MAX_WORKERS = 256  # DataLoader workers a dataset keeps an epoch for, each its own (module docstring)
 # ClipDataset's own arguments and their rules (trainer.data.arguments); ClipLoader checks the rest
 ARGUMENTS = {"frames": OneOf(FRAMES), "transform": Function(), "geometry": Flag(), "skip_bad": Flag()}
 
@@ -96,44 +100,61 @@ class ClipDataset(IterableDataset):
         check(ARGUMENTS, locals())
         if transform is not None and frames != "decoded":
             raise ValueError("transform is applied to decoded frames: give frames='decoded' with it")
+        # the reading (the node cache, the transform, the source's retries) and the planner, ``epochs``
         self.loader = ClipLoader(data, split, batch_size=batch_size, num_workers=1, max_bad_samples=None, **options)
+        self.epochs = self.loader.epochs
         self.batch_size, self.frames, self.user_transform, self.geometry = batch_size, frames, transform, geometry
         self.skip_bad = skip_bad
-        self._epoch = torch.tensor([self.loader.epoch], dtype=torch.int64).share_memory_()
+        # the epoch each DataLoader worker reads next, by worker (module docstring)
+        self._epochs = torch.full((MAX_WORKERS,), self.epochs.epoch, dtype=torch.int64).share_memory_()
         self._warned = torch.zeros(1, dtype=torch.bool).share_memory_()  # BatchSizeMismatch, by any worker
         self._skip = 0  # batches of this worker's stream already made (a resumed StatefulDataLoader worker's)
         self._made = 0  # batches this worker has made this epoch, as its state says
 
     @property
     def epoch(self) -> int:
-        return int(self._epoch[0])
+        """The epoch the next iteration reads (its first worker's)."""
+        return int(self._epochs[0])
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` from its start at the next iteration."""
-        self._epoch[0] = epoch
+        self._epochs[:] = epoch
 
     def __len__(self) -> int:
         """Clips this rank reads in an epoch (a whole number of batches)."""
-        manifest, loader = self.loader.manifest, self.loader
-        return self.batch_size * partition.batches_per_rank(manifest.splits[loader.split].num_samples,
-                                                            loader.world_size, self.batch_size, loader.remainder)
+        return self.batch_size * self.epochs.epoch_batches(self.epoch)
 
     # --- the StatefulDataLoader protocol (called in each worker on its copy) -----------------------
     def state_dict(self) -> dict:
+        self._here()
         return {"position": self.loader.state_dict(), "worker_batches": self._made}
 
     def load_state_dict(self, state: dict) -> None:
-        self._fit_workers()  # the position was saved by a worker of as many
+        worker = self._here()
+        saved = state["position"]["segments"][-1]
+        if not self.epochs.same_layout(state["position"]):
+            raise ValueError(f"a ClipDataset position saved with {saved['num_workers']} DataLoader "
+                             f"worker(s), {saved['world_size']} rank(s) and batches of {saved['batch_size']} "
+                             f"cannot continue with {self.epochs.workers}, {self.epochs.world_size} and "
+                             f"{self.batch_size}: give the DataLoader as many workers, or resume with "
+                             "ClipLoader, which splits the rest of the epoch anew")
         self.loader.load_state_dict(state["position"])
-        self._epoch[0] = self.loader.epoch
+        self._epochs[worker] = self.epochs.epoch
         self._skip = self._made = state["worker_batches"]
 
     # --- reading --------------------------------------------------------------------------------
-    def _fit_workers(self) -> int:
-        """The loader's plan split among this DataLoader's workers; this worker's number."""
+    def _here(self) -> int:
+        """The planner at this worker's epoch, split among this DataLoader's workers; this worker's number."""
         info = get_worker_info()
-        self.loader.num_workers = info.num_workers if info else 1
-        return info.id if info else 0
+        worker, self.epochs.workers = (info.id, info.num_workers) if info else (0, 1)
+        if worker >= MAX_WORKERS:
+            raise ValueError(f"a DataLoader of {info.num_workers} workers over a ClipDataset: "
+                             f"at most {MAX_WORKERS}")
+        epoch = int(self._epochs[worker])
+        if epoch != self.epochs.epoch:
+            self.loader.set_epoch(epoch)
+            self._skip = self._made = 0
+        return worker
 
     def _check_batches(self, caller) -> None:
         """``BatchSizeMismatch`` when the DataLoader asking (``caller``: ``collated_batch_size``) collates
@@ -149,11 +170,8 @@ class ClipDataset(IterableDataset):
 
     def __iter__(self):
         self._check_batches(sys._getframe(1))  # (the body runs at the first next(): the caller is who asks)
-        worker, loader = self._fit_workers(), self.loader
-        if self.epoch != loader.epoch:
-            loader.set_epoch(self.epoch)
-            self._skip = self._made = 0
-        plan, epoch = loader._worker_plans({worker: self._skip})[worker], loader.epoch
+        worker, loader = self._here(), self.loader
+        plan, epoch = loader.worker_plans({worker: self._skip})[worker], loader.epoch
         if plan.order:
             for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead, self.skip_bad,
                                                            loader.retry, loader.manifest.frames,
@@ -162,8 +180,8 @@ class ClipDataset(IterableDataset):
                 if (i + 1) % self.batch_size == 0:
                     self._made += 1  # before the batch's last row leaves: a state taken after it counts it
                 yield row
-        self._epoch[0] = max(self.epoch, epoch + 1)  # this worker's share is read: the next iteration moves on
-        self._skip = self._made = 0
+        self._epochs[worker] = epoch + 1  # this worker's share is read: its next iteration moves on
+        self._here()  # (and its state says so)
 
     def _sample(self, sample: dict, plan: WorkerPlan, epoch: int) -> dict:
         """One clip as a row of a batch (module docstring)."""

@@ -1,10 +1,11 @@
 """Streaming clip loader: WebDataset shards -> uint8 batches (B, T, C, H, W), equal on every rank.
 
-Who reads what, in which order, is decided by the pure functions of ``shards.partition`` and
-``trainer.data.plan`` (each worker's ``WorkerPlan``, built once); where the loader stands in its
-epochs is ``trainer.data.position``; the pipeline's stages are the plain functions of
-``trainer.data.stages``. ``ClipLoader`` is the glue: it plans an iteration, runs the stages in its
-DataLoader workers and hands their batches out. The data path of one loader worker, top to bottom:
+Who reads what, in which order, and where the loader stands in its epochs is decided by the epoch
+planner, ``trainer.data.epochs`` (pure: ``shards.partition`` and each worker's ``WorkerPlan`` of
+``trainer.data.plan``, the position of ``trainer.data.position``), which ``ClipDataset`` holds too; the
+pipeline's stages are the plain functions of ``trainer.data.stages``. ``ClipLoader`` is the I/O glue: it
+holds the planner (``epochs``), asks it for an iteration's plans, runs the stages in its DataLoader
+workers and hands their batches out. The data path of one loader worker, top to bottom:
 
     byte ranges of shards (one open each; local descriptors opened once by the rank and
     shared with its forked workers), every sample checked against the manifest's digest
@@ -57,13 +58,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from dataclasses import replace
 
 import numpy as np
 import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shards import classmix, direct, partition
+from shards import direct
 from shards.cache import ShardCache
 from shards.format.digests import TooManyBadSamples
 from shards.direct import load_manifest
@@ -71,13 +73,12 @@ from shards.errors import CommandError, UsageError
 from shards.http_range import DEFAULT_RETRY, Retry
 from shards.format.manifest import Manifest, set_title
 from shards.reading import local_path, open_fd
-from shards.words import plural
 
 from ..config import MODALITIES
 from .arguments import Flag, Number, OneOf, Size, check, warn
+from .epochs import EpochOptions, Epochs, OtherShardSet
 from .motion import MotionTransform
-from .plan import WorkerPlan, largest_copy, node_pieces, worker_plan
-from .position import Position, Shuffle
+from .plan import WorkerPlan, largest_copy, node_pieces
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
 from .stages import Decoding, decode_batch, ordered_samples, refusals_as_batches
@@ -90,22 +91,12 @@ log = logging.getLogger(__name__)
 SHARED_FDS_MAX = 256
 # Batches a DataLoader worker works ahead (its prefetch factor); the slot pool has two more per worker.
 PREFETCH = 2
-SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
-# ClipLoader's arguments and their rules (trainer.data.arguments), checked before anything is read; the
-# seed is any int; the split is one of the manifest's, the rank below the world size, checked once known
-ARGUMENTS = {"batch_size": Number(1), "rank": Number(0, none=True), "world_size": Number(1, none=True),
-             "train": Flag(none=True), "seed": Number(None), "epoch": Number(0), "num_workers": Number(0),
-             "crop_size": Number(1), "scale_size": Number(1), "flip": Flag(), "shuffle_buffer": Number(0),
-             "remainder": OneOf(partition.REMAINDERS), "eval_crops": OneOf((1, 3)), "cache_budget": Size(),
-             "piece_samples": Number(1, none=True), "shuffle": OneOf(SHUFFLES), "shuffle_fallback": Flag(),
-             "local_size": Number(1, none=True), "lookahead": Number(0), "decode_on_device": Flag(),
-             "direct_reads": OneOf(direct.MODES), "modality": OneOf(MODALITIES),
+# ClipLoader's own arguments (the planner's are trainer.data.epochs.ARGUMENTS) and their rules
+# (trainer.data.arguments), checked before anything is read; the split is one of the manifest's
+ARGUMENTS = {"num_workers": Number(0), "crop_size": Number(1), "scale_size": Number(1), "flip": Flag(),
+             "eval_crops": OneOf((1, 3)), "cache_budget": Size(), "lookahead": Number(0),
+             "decode_on_device": Flag(), "direct_reads": OneOf(direct.MODES), "modality": OneOf(MODALITIES),
              "max_bad_samples": Number(0, none=True), "source_deadline": Number(0, kind=float, none=True)}
-
-
-class OtherShardSet(UsageError, ValueError):
-    """A position (``ClipLoader.state_dict``) saved on another shard set or split than the loader
-    reads: continuing it would read other clips in another order. The message names both sets."""
 
 
 def shared_manifest(url: str, rank: int, broadcast, direct: str = "never", retry: Retry = DEFAULT_RETRY) -> Manifest:
@@ -194,6 +185,11 @@ class _Streams(IterableDataset):
         return refusals_as_batches(batches)
 
 
+def planned(name: str) -> property:
+    """The loader's view of its planner's ``name`` (``Epochs``), read-only."""
+    return property(lambda self: getattr(self.epochs, name), doc=f"The planner's ``{name}``.")
+
+
 class ClipLoader:
     """Batches of one split for one rank; see the module docstring and ``shards.partition``.
 
@@ -209,9 +205,11 @@ class ClipLoader:
     transform (``scale_size`` then a centre ``crop_size`` crop, or ``eval_crops=3``) in stored order.
     ``train=True`` augments any split.
 
-    Arguments are checked as the loader is made, before any shard is read (``ARGUMENTS``,
-    ``trainer.data.arguments``): a wrong value is a ``ValueError`` naming the argument and what it may be
-    (the split's: the manifest's splits; an evaluation ``scale_size`` below ``crop_size``), a value of the
+    The options that decide the epochs are the planner's (``trainer.data.epochs.EpochOptions``), given as
+    one object (``epochs``) or as keywords; the rest are the loader's own, how clips are read and decoded.
+    Arguments are checked as the loader is made, before any shard is read (``ARGUMENTS`` here and in
+    ``trainer.data.epochs``, ``trainer.data.arguments``): a wrong value is a ``ValueError`` naming the
+    argument and what it may be (the split's: the manifest's splits; an evaluation ``scale_size`` below ``crop_size``), a value of the
     wrong type a ``TypeError``.
 
     Epochs: ``set_epoch(e)`` starts epoch e, or keeps the position in it when e is the current
@@ -243,15 +241,17 @@ class ClipLoader:
     ``state_dict`` then resumes at the batch that failed.
     """
 
-    def __init__(self, manifest, split: str, *, batch_size: int, rank: int | None = None,
-                 world_size: int | None = None, train: bool | None = None, seed: int = 0, epoch: int = 0,
-                 num_workers: int = 2, crop_size: int = 224, scale_size: int = 256, flip: bool = True,
-                 shuffle_buffer: int = 256, remainder: str = "pad", eval_crops: int = 1,
-                 cache_dir: str | None = None, cache_budget: int | str | None = None,
-                 piece_samples: int | None = None, shuffle: str = "global", shuffle_fallback: bool = False,
-                 local_size: int | None = None,
-                 lookahead: int = 2, decode_on_device: bool = False, shapes=None, direct_reads: str = "never",
-                 modality: str = "rgb", max_bad_samples: int | None = 0, source_deadline: float | None = None):
+    def __init__(self, manifest, split: str, epochs: EpochOptions | None = None, *, num_workers: int = 2,
+                 crop_size: int = 224, scale_size: int = 256, flip: bool = True, eval_crops: int = 1,
+                 cache_dir: str | None = None, cache_budget: int | str | None = None, lookahead: int = 2,
+                 decode_on_device: bool = False, direct_reads: str = "never", modality: str = "rgb",
+                 max_bad_samples: int | None = 0, source_deadline: float | None = None, **planning):
+        """``epochs``: the planner's options (``trainer.data.epochs.EpochOptions``), or as keywords
+        (``planning``: ``batch_size=8, seed=3, ...``); the rest, how the clips are read and decoded."""
+        if epochs is not None and planning:
+            raise TypeError(f"the planner's options in epochs or as keywords, not both: "
+                            f"{', '.join(planning)}")
+        options = EpochOptions(**planning) if epochs is None else epochs
         check(ARGUMENTS, locals())
         # a source that is down (refusing, timing out, 502/503/504) is waited for, up to this many seconds
         self.retry = Retry(deadline=source_deadline)
@@ -262,27 +262,17 @@ class ClipLoader:
         self.identity = self.manifest.identity  # what a saved position belongs to (``saved_on``)
         self.shards = self.manifest.splits[split].shards
         self.classes = self.manifest.classes
-        rank, world_size, local_size = placement(rank, world_size, local_size)
-        Number(0, world_size - 1)("rank", rank)
-        train = split == "train" if train is None else train
+        rank, world_size, local_size = placement(options.rank, options.world_size, options.local_size)
+        train = split == "train" if options.train is None else options.train
         if not train and eval_crops == 1 and scale_size < crop_size:
             raise ValueError(f"scale_size={scale_size} is smaller than crop_size={crop_size}: evaluation "
                              "scales the short side to scale_size, then cuts the centre crop: give "
                              f"scale_size {crop_size} or more")
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.train, self.num_workers = train, num_workers
-        self.shuffling = Shuffle(seed, remainder, shuffle_buffer if train else 0, piece_samples)
+        self.num_workers = num_workers
+        placed = replace(options, rank=rank, world_size=world_size, local_size=local_size, train=train)
+        self.epochs = Epochs(self.shards, split, placed, max(1, num_workers))
         self.cache = ShardCache(cache_dir, cache_budget, retry=self.retry) if cache_dir else None
-        if world_size % local_size:
-            raise ValueError(f"world size {world_size} is not a whole number of nodes of {local_size} ranks")
-        self.shuffle, self.local_size, self.lookahead = shuffle, local_size, lookahead
-        self.shuffle_fallback = shuffle_fallback
-        self._mix: dict[tuple[int, int], classmix.Mix | None] = {}  # verdicts by (nodes, seed)
-        self.decode_on_device = decode_on_device
-        # multigrid (training only): shapes.batch_size(epoch) clips per batch, cut into shapes.parts(epoch)
-        self.shapes = shapes if train else None
-        if self.shapes:
-            batch_size = self.batch_size = self.shapes.batch_size(epoch)
+        self.lookahead, self.decode_on_device = lookahead, decode_on_device
         self.transform = (TrainTransform(crop_size, scale_size, flip) if train
                           else EvalTransform(crop_size, scale_size, eval_crops))
         self.modality = modality
@@ -297,135 +287,47 @@ class ClipLoader:
                 raise UsageError("--decode-on-device: the motion fields of --modality motion are PNGs decoded on "
                                  "the CPU")
             self.transform = MotionTransform(self.transform, self.manifest.motion)
-        if not partition.per_rank(self.manifest.splits[split].num_samples, world_size, batch_size, remainder):
-            raise ValueError(f"split {split!r} cannot fill one batch of {batch_size} on each of {world_size} "
-                             "ranks; use remainder='pad'")
-        self.position = Position(epoch)
         self.max_bad_samples, self._bad = max_bad_samples, 0  # the budget, and the bad samples met this epoch
         self._clip_starts = None  # shard name -> its first clip's position in the split (made when needed)
-        self._cached_order = None  # (what the epoch's orders were made from, the orders)
         self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
         self._slots_in_use = False
-        if self.shuffle == "node" and train and world_size > local_size:  # judged at start: every rank alike
-            self._mixed(world_size // local_size)
 
     def describe(self) -> str:
         """One line: what the loader reads and how it shuffles (the trainer logs it on rank 0, so a
         run's log says whether it really ran node-affine, and on how many nodes)."""
-        clips = self.manifest.splits[self.split].num_samples
-        what = f"{self.split}: {plural(clips, 'clip')} in {plural(len(self.shards), 'shard')}"
-        if not self.train:
-            return f"{what}, in stored order"
-        if self._nodes == 1:
-            nodes = self.world_size // self.local_size
-            alike = "" if self.shuffle == "global" else (" (one node: the same as global)" if nodes == 1 else
-                                                         f" (on {nodes} nodes the shares would differ in classes: "
-                                                         "global epochs instead)")
-            return f"{what}, shuffle {self.shuffle}{alike}: one order of every shard for the {self.world_size} rank(s)"
-        shares = partition.assign([s.num_samples for s in self.shards], self._nodes, self.seed)
-        owned = sorted(len({r.shard for r in runs}) for runs in shares)
-        clips = sorted(sum(r.size for r in runs) for runs in shares)
-        return (f"{what}, shuffle node: {self._nodes} nodes of {self.local_size} rank(s), each reading only its "
-                f"own shards for the whole run ({owned[0]}-{owned[-1]} shards, {clips[0]}-{clips[-1]} clips a node)")
+        return self.epochs.describe()
 
-    # --- position in the epoch (trainer.data.position) -------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self.position.epoch
-
-    @property
-    def seed(self) -> int:
-        return self.shuffling.seed
-
-    @property
-    def remainder(self) -> str:
-        return self.shuffling.remainder
-
-    @property
-    def _workers(self) -> int:
-        return max(1, self.num_workers)
-
-    @property
-    def _nodes(self) -> int:
-        """The orders the ranks split: one per node in the node-affine mode (where the node shares
-        hold the set's class mix, ``_mixed``), else one."""
-        nodes = self.world_size // self.local_size if self.shuffle == "node" and self.train else 1
-        return nodes if nodes == 1 or self._mixed(nodes) else 1
-
-    def _mixed(self, nodes: int) -> bool:
-        """Whether node-affine epochs on ``nodes`` nodes give every node the set's mix of classes
-        (``shards.classmix``; a set whose manifest lacks the labels is not judged). If not: refused
-        with one line, or, with ``shuffle_fallback``, global epochs, said once by rank 0."""
-        key = (nodes, self.seed)
-        if key not in self._mix:
-            shares = partition.assign([s.num_samples for s in self.shards], nodes, self.seed)
-            mix = self._mix[key] = classmix.class_mix([s.labels for s in self.shards], shares, self.seed)
-            if mix is not None and not mix.mixed:
-                why = (f"node-affine epochs on {nodes} nodes would give them different classes for the whole run "
-                       f"({self.split}'s stored order follows the classes or the videos): {mix.describe()}")
-                if not self.shuffle_fallback:
-                    raise UsageError(f"--shuffle node: {why}; train with --shuffle global, or rebuild the set with "
-                                     "ingest build (hashed order)")
-                if self.rank == 0:
-                    log.info("--shuffle auto: global epochs, not node-affine: %s", why)
-        mix = self._mix[key]
-        return mix is None or mix.mixed
-
-    def _layout(self) -> partition.Segment:
-        """How this loader splits an epoch now (a segment with no batches done)."""
-        return partition.Segment(self.world_size, self._workers, self.batch_size, 0, self._nodes)
-
-    def _orders(self) -> list[partition.Order]:
-        """The orders the current segment partitions, one per node (the whole epoch unless resumed
-        elastically)."""
-        p, o = self.position, self.shuffling
-        made_of = (p.epoch, o, tuple(p.past), self._nodes)
-        if self._cached_order is None or self._cached_order[0] != made_of:
-            base = partition.epoch_orders([s.num_samples for s in self.shards], p.past[0].nodes if p.past else self._nodes,
-                                          o.seed, p.epoch, self.train, o.piece_samples)
-            orders = partition.segment_orders(base, p.past, o.remainder, o.shuffle_buffer, o.seed, p.epoch, self._nodes)
-            self._cached_order = (made_of, orders)
-        return self._cached_order[1]
-
-    def _lengths(self) -> tuple[int, ...]:
-        return tuple(len(o) for o in self._orders())
-
-    def _batches(self) -> int:
-        return partition.batches_per_rank(self._lengths(), self.world_size, self.batch_size, self.remainder)
+    # --- the epochs (trainer.data.epochs) ----------------------------------------------------------
+    epoch, seed, remainder, batch_size = (planned(n) for n in ("epoch", "seed", "remainder", "batch_size"))
+    rank, world_size, local_size = (planned(n) for n in ("rank", "world_size", "local_size"))
+    train, shapes = planned("train"), planned("shapes")
 
     def __len__(self) -> int:
         """Batches the next iteration yields on this rank: the rest of the epoch after a resume,
         the whole next epoch once this one is finished."""
-        if self.epoch_finished:
-            n = self.manifest.splits[self.split].num_samples
-            batch = self.shapes.batch_size(self.epoch + 1) if self.shapes else self.batch_size
-            return partition.batches_per_rank(n, self.world_size, batch, self.remainder)
-        return self._batches() - self.position.done
+        return len(self.epochs)
 
     @property
     def epoch_finished(self) -> bool:
         """Every batch of the current epoch has been handed out."""
-        return self.position.done >= self._batches()
+        return self.epochs.epoch_finished
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self.position.start(epoch)
             self._bad = 0
-            if self.shapes:
-                self.batch_size = self.shapes.batch_size(epoch)
+        self.epochs.set_epoch(epoch)
 
     def resize(self, batch_size: int) -> None:
         """Go on with ``batch_size`` clips per batch from here: the rest of the epoch is split anew
         (a new segment), every remaining clip exactly once (batch growth). Between iterations only."""
-        state = self.state_dict()
-        self.batch_size = batch_size
+        self.epochs.resize(batch_size)
+        self._bad = 0
         if self.slots is not None and not self.slots.fits((batch_size, *self._clip_shape())):
             self.slots = None  # a new pool of larger slots at the next iteration
-        self.load_state_dict(state)
 
     def state_dict(self) -> dict:
-        return {**self.position.state_dict(self._layout(), self.shuffling), "split": self.split,
-                "identity": self.identity, "set": self.manifest.describe(), "fingerprint": self.manifest.fingerprint}
+        return {**self.epochs.state_dict(), "identity": self.identity, "set": self.manifest.describe(),
+                "fingerprint": self.manifest.fingerprint}
 
     def saved_on(self, state: dict) -> str | None:
         """The shard set a position (``state_dict``) was saved on, in words naming its identity,
@@ -446,13 +348,7 @@ class ClipLoader:
         other = self.saved_on(state)
         if other:
             raise OtherShardSet(f"a loader position saved on {other} cannot continue on {self.title()}")
-        if state["split"] != self.split:
-            raise OtherShardSet(f"a loader position saved on split {state['split']!r} cannot continue on split "
-                                f"{self.split!r}")
-        self.shuffling = Position.shuffle_of(state)
-        if self.shapes:
-            self.batch_size = self.shapes.batch_size(state["epoch"])
-        self.position = Position.resume(state, self._layout())
+        self.epochs.load_state_dict(state)
         self._bad = 0
 
     # --- reading ---------------------------------------------------------------------------
@@ -463,7 +359,7 @@ class ClipLoader:
             return None
         if self.slots is None:
             size = self.shapes.max_nbytes if self.shapes else self.batch_size * int(np.prod(self._clip_shape()))
-            self.slots = SlotPool(self._workers, PREFETCH + 2, size)
+            self.slots = SlotPool(self.epochs.workers, PREFETCH + 2, size)
         return self.slots
 
     def _clip_shape(self) -> tuple[int, ...]:
@@ -502,39 +398,25 @@ class ClipLoader:
                                     f"{self.rank}, more than max_bad_samples={self.max_bad_samples}; the last: "
                                     f"{found[-1]['line']}")
 
-    def _worker_plans(self, skips: dict[int, int] | None = None) -> list[WorkerPlan]:
-        """Every DataLoader worker's plan for the rest of the epoch (``trainer.data.plan``); ``skips``:
-        batches more to leave out, by worker (those a ``ClipDataset`` worker has made already). With a
-        node cache, refused first if the node's readers could not fit in its budget."""
-        lengths, segment = self._lengths(), len(self.position.past)
-        streams = partition.streams(lengths, self.world_size, self.rank, self._workers, self.batch_size,
-                                    self.remainder)
-        node, o = streams[0].node, self.shuffling
-        pieces = node_pieces(self.shards, self._nodes, o.seed) if self.cache else None
+    def worker_plans(self, skips: dict[int, int] | None = None) -> list[WorkerPlan]:
+        """The planner's plans of every DataLoader worker for the rest of the epoch (``Epochs.worker_plans``:
+        ``skips``, batches more to leave out by worker), read from this set's URLs; with a node cache,
+        refused first if the node's readers could not fit in its budget."""
+        e = self.epochs
+        pieces = node_pieces(self.shards, e.nodes, e.seed) if self.cache else None
         if pieces is not None:  # refuse before downloading anything if the node's readers cannot fit
-            whole = self._nodes == 1 or any(seg.nodes != self._nodes for seg in self.position.past)
-            largest, ahead = largest_copy(self.shards, pieces, whole), max(1, self.lookahead)
-            self.cache.reserve(self.local_size * self._workers * ahead * largest,
-                               f"the lookahead of this node's {self.local_size} ranks x {self._workers} loader "
+            largest, ahead = largest_copy(self.shards, pieces, e.whole_shards), max(1, self.lookahead)
+            self.cache.reserve(e.local_size * e.workers * ahead * largest,
+                               f"the lookahead of this node's {e.local_size} ranks x {e.workers} loader "
                                f"workers x {ahead} shards of up to {largest:,} bytes")
-        urls = [self.manifest.shard_url(s) for s in self.shards]
-        plans = []
-        for i in range(self._workers):  # DataLoader worker i makes batches done+i, done+i+W, ...: stream (done+i) % W
-            stream = streams[(self.position.done + i) % self._workers]
-            emitted = partition.emission(stream, o.shuffle_buffer, o.seed, self.epoch, segment)
-            skip = partition.worker_batches(self.position.done, self._workers, stream.worker) + (skips or {}).get(i, 0)
-            plans.append(worker_plan(self.shards, urls, self._orders()[node], stream, emitted, skip, self.batch_size,
-                                     None if pieces is None else pieces[node]))
-        return plans
+        return e.worker_plans([self.manifest.shard_url(s) for s in self.shards], pieces, skips)
 
     def __iter__(self):
         if self.epoch_finished:
             self.set_epoch(self.epoch + 1)
-        plans = self._worker_plans()
+        plans = self.worker_plans()
         parts = self.shapes.parts(self.epoch) if self.shapes else None
-        steps = partition.step_samples(self._lengths(), self.position.segment(self._layout()), self.remainder,
-                                       self.shuffling.shuffle_buffer, self.seed, self.epoch, len(self.position.past),
-                                       parts and tuple(p.clips for p in parts))
+        steps = self.epochs.steps(parts and tuple(p.clips for p in parts))
         local = {} if self.cache else {r.shard: r.url for p in plans for r in p.reads if local_path(r.url) is not None}
         fds, pool, batches = {}, None, None
         try:
@@ -560,7 +442,7 @@ class ClipLoader:
                 if isinstance(sent, CommandError):  # a refusal of the pipeline (stages.refusals_as_batches)
                     raise sent
                 self._count_bad(sent.get("bad", []))
-                self.position.done += 1
+                self.epochs.position.done += 1
                 batch = self._batch(sent, pool, parts) | {"global_valid": global_valid}
                 yield unpack(batch, parts) if parts else batch
         finally:
