@@ -71,4 +71,3 @@ def nginx_agrees(headers) -> bool:
     ranges = headers.getall("Range", []) if hasattr(headers, "getall") else [headers.get("Range")]
     ranges = [r for r in ranges if r is not None]
     return not ranges or (len(ranges) == 1 and _PLAIN_RANGE.fullmatch(ranges[0]) is not None)
-
