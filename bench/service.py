@@ -56,6 +56,7 @@ import psutil
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
@@ -63,6 +64,7 @@ from shards.format.manifest import Manifest, SplitInfo  # noqa: E402
 from shards.format.packing import shard_name, write_shard  # noqa: E402
 from shards.reading import open_range  # noqa: E402
 from shards.format.tar import sample_bytes  # noqa: E402
+from fronts import ACCEL_SECRET, accel_flags, free_port, front_config, write_secret  # noqa: E402
 
 
 def make_set(directory: str, shards: int, clips: int, frames: int = 8) -> Manifest:
@@ -359,15 +361,13 @@ ACCEL_ROW = "service + nginx sending the bytes (X-Accel)"
 def accel_front(workdir: str, workers: int, upstream: str) -> tuple[subprocess.Popen, str]:
     """nginx in front of the service at ``upstream`` (host:port), sending files the service hands it
     (``service.accel``): docker/nginx-replicas.conf with one replica and ``workers`` worker processes."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from fronts import free_port, front_config
-
     prefix, port = os.path.join(workdir, "front"), free_port()
     os.makedirs(prefix, exist_ok=True)
     conf = os.path.join(prefix, "nginx.conf")
     with open(conf, "w") as f:
         f.write(front_config(prefix, port, [upstream]).replace("worker_processes auto;",
                                                                f"worker_processes {workers};"))
+    write_secret(prefix)
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
     wait_listening(proc, port, prefix)
     return proc, f"http://127.0.0.1:{port}"
@@ -405,7 +405,6 @@ def catalog_cost(n: int) -> dict:
     the notifications' generation (``Catalog.generation``) against a query of a generation number
     (one round trip), each ``n`` times, on a server of the tests' own on loopback; CPU of this
     process and of the server's processes, and wall time, in microseconds per check."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
     from postgres import PostgresServer
 
     server = PostgresServer()
@@ -455,7 +454,8 @@ def request_cost(servers: dict[str, list[str]], path: str, token: str, n: int, r
     """Server CPU (all its processes) per request, in microseconds, for ``n`` GETs of ``path`` one
     after another on one keep-alive connection, with the headers nginx sends (the token,
     ``X-Sendfile-Type``, a range); each of ``servers`` (label: command) in turn, ``rounds`` times."""
-    headers = {"Authorization": f"Bearer {token}", "X-Sendfile-Type": "X-Accel-Redirect", "Range": "bytes=0-999"}
+    headers = {"Authorization": f"Bearer {token}", "X-Sendfile-Type": "X-Accel-Redirect",
+               "X-Accel-Secret": ACCEL_SECRET, "Range": "bytes=0-999"}
     got: dict[str, list[float]] = {label: [] for label in servers}
     for r in range(rounds):
         for label, cmd in servers.items():
@@ -551,7 +551,7 @@ def main() -> int:
         f.write("bench-read-token\n")
     if args.request_cost:
         servers = {"the service deciding, nginx to send (--x-accel-redirect, read auth)": [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
-                               "--read-auth", "--token-file", token, "--x-accel-redirect", "/_accel"],
+                               "--read-auth", "--token-file", token, *accel_flags(args.out)],
                    "a bare aiohttp route": [sys.executable, os.path.abspath(__file__), "--bare-aiohttp"]}
         res = request_cost(servers, f"/v1/datasets/bench/{m.splits['train'].shards[0].name}", "bench-read-token",
                            args.request_cost, args.rounds)
@@ -564,7 +564,7 @@ def main() -> int:
     sources = {LOCAL: None, SERVICE: serve}
     if not args.no_nginx:
         sources[NGINX_ROW] = None
-        sources[ACCEL_ROW] = [*serve, "--x-accel-redirect", "/_accel"]
+        sources[ACCEL_ROW] = [*serve, *accel_flags(args.out)]
     if args.compare:
         sources["starlette FileResponse on uvicorn"] = [sys.executable, os.path.abspath(__file__), "--role", root]
     rounds = []

@@ -5,8 +5,12 @@ and refusals, the file's checks, ETag and Cache-Control, conditionals and the ra
 answer is 200 or 206 the service sends no byte: it answers nginx with those headers and
 ``X-Accel-Redirect: PREFIX/<the file's path>``, and nginx sends the file from its internal
 location with ``sendfile``. The request must say nginx is there to do it (``X-Sendfile-Type:
-X-Accel-Redirect``, which nginx's ``proxy_set_header`` adds, as Rack's sendfile middleware asks);
-anyone else gets the bytes from the service, as without the flag.
+X-Accel-Redirect``, which nginx's ``proxy_set_header`` adds, as Rack's sendfile middleware asks)
+and prove it came from the front: ``X-Accel-Secret`` holding one of the secrets of
+``--x-accel-secret-file``, which the front's ``proxy_set_header`` sends (docker/nginx-replicas.conf
+includes it from ``accel-secret.conf`` beside it), compared in constant time. Anyone else, a client
+that reaches a replica directly with ``X-Sendfile-Type`` included, gets the bytes from the service,
+as without the flag, and never a server path (``X-Accel-Redirect``, ``X-Accel-Root``).
 
 nginx applies the client's own Range to the file (its range filter) and never its own
 validators (its location has ``etag off`` and ``if_modified_since off``, and carries the service's
@@ -29,16 +33,35 @@ or served with the checked ETag, which the client's per-sample digests then judg
 """
 from __future__ import annotations
 
+import hmac
 import re
+from dataclasses import dataclass
 from urllib.parse import quote
 
 SENDFILE_TYPE = "X-Accel-Redirect"
+SECRET_HEADER = "X-Accel-Secret"
+SECRET = re.compile(r"[A-Za-z0-9_-]{16,}")  # what nginx's config holds between quotes as it is
 _PLAIN_RANGE = re.compile(r"bytes=(\d{1,18}-\d{0,18}|-\d{1,18})", re.IGNORECASE)
 
 
-def asked(headers) -> bool:
-    """Whether the request came through an nginx that sends files for the service."""
-    return headers.get("X-Sendfile-Type", "").strip().lower() == SENDFILE_TYPE.lower()
+@dataclass(frozen=True)
+class Front:
+    """The nginx in front: its internal location ``prefix`` and the secrets its requests carry
+    (several while one is replaced by another)."""
+    prefix: str
+    secrets: tuple[str, ...]
+
+    def sends(self, headers) -> bool:
+        """Whether the request came through this front and asks it to send the file."""
+        given = headers.get(SECRET_HEADER, "").encode()
+        trusted = [hmac.compare_digest(given, s.encode()) for s in self.secrets]  # every secret compared
+        return any(trusted) and headers.get("X-Sendfile-Type", "").strip().lower() == SENDFILE_TYPE.lower()
+
+    def redirect(self, root: str, name: str) -> dict:
+        """The headers that hand ``root/name`` to nginx: its internal URI, and the directory below
+        which it must follow no symbolic link."""
+        return {"X-Accel-Redirect": self.prefix.rstrip("/") + quote(f"{root.rstrip('/')}/{name}"),
+                "X-Accel-Root": root.rstrip("/") or "/"}
 
 
 def nginx_agrees(headers) -> bool:
@@ -48,10 +71,3 @@ def nginx_agrees(headers) -> bool:
     ranges = headers.getall("Range", []) if hasattr(headers, "getall") else [headers.get("Range")]
     ranges = [r for r in ranges if r is not None]
     return not ranges or (len(ranges) == 1 and _PLAIN_RANGE.fullmatch(ranges[0]) is not None)
-
-
-def redirect(prefix: str, root: str, name: str) -> dict:
-    """The headers that hand ``root/name`` to nginx: its internal URI, and the directory below which
-    it must follow no symbolic link."""
-    return {"X-Accel-Redirect": prefix.rstrip("/") + quote(f"{root.rstrip('/')}/{name}"),
-            "X-Accel-Root": root.rstrip("/") or "/"}

@@ -42,8 +42,11 @@ from shards.catalog.backends import is_url, shown
 from shards.commands import int_in_range, positive_int
 from shards.errors import CommandError, Interrupted, NotFound, UsageError
 
+from .accel import SECRET, SECRET_HEADER, Front
 from .admin import refuse_missing
 from .api.app import make_app
+from .api.keys import METRICS
+from .api.metrics import traffic
 from .api.routes import ROUTES
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
 from .roots import SourceRoots
@@ -88,7 +91,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "X-Sendfile-Type: X-Accel-Redirect) with every header decided here and X-Accel-Redirect: "
                         "PREFIX/<the file's path>, for nginx to send the bytes from its internal location PREFIX/ "
                         "(docs/runbooks/service.md); refusals, 304s and anything nginx would answer differently "
-                        "are answered here as without it")
+                        "are answered here as without it; needs --x-accel-secret-file")
+    p.add_argument("--x-accel-secret-file", metavar="FILE",
+                   help=f"with --x-accel-redirect: the secrets (one a line, any accepted) nginx sends as {SECRET_HEADER} "
+                        "(docker/nginx-replicas.conf); a request without one gets the bytes from the server, never a "
+                        "server path")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true",
@@ -121,23 +128,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--access-log", action="store_true", help="log every request")
 
 
-def read_tokens(path: str | None) -> list[str]:
-    """The tokens of ``--token-file`` (none without one); a file that cannot be read, or holds none,
-    refused."""
+def read_tokens(path: str | None, flag: str = "--token-file") -> list[str]:
+    """The tokens of ``--token-file`` (or another ``flag``'s file of secrets; none without one); a
+    file that cannot be read, or holds none, refused."""
     if not path:
         return []
     try:
         with open(path) as f:
             tokens = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     except FileNotFoundError:
-        raise NotFound(f"--token-file {path}: no such file") from None
+        raise NotFound(f"{flag} {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         reason = getattr(e, "strerror", None) or e
-        raise UsageError(f"--token-file {path}: cannot be read as text: {reason}") from None
+        raise UsageError(f"{flag} {path}: cannot be read as text: {reason}") from None
     if not tokens:
-        raise UsageError(f"--token-file {path}: no tokens in it (one a line; a line starting with # is a "
+        raise UsageError(f"{flag} {path}: no tokens in it (one a line; a line starting with # is a "
                          "comment)")
     return tokens
+
+
+def front(args: argparse.Namespace) -> Front | None:
+    """The nginx of ``--x-accel-redirect``, trusted by ``--x-accel-secret-file``'s secrets (None without it)."""
+    if not args.x_accel_redirect:
+        return None
+    return Front(args.x_accel_redirect, tuple(read_tokens(args.x_accel_secret_file, "--x-accel-secret-file")))
 
 
 async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socket,
@@ -153,18 +167,19 @@ async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socke
                     args.max_connections, open_files)
     out_of_files = OutOfFiles()
     out_of_files.install(asyncio.get_running_loop())
+    admission = Admission(max_connections, args.max_connections_per_client)
     catalog = Catalog(args.catalog)  # the app's reaper, at startup, takes over or fails builds that died with a server
     data_root = args.data_root or ("" if is_url(args.catalog) else
                                    os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets"))
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
                    max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files,
-                   counters=counters, redirect_seconds=args.redirect, x_accel_redirect=args.x_accel_redirect)
+                   counters=counters, redirect_seconds=args.redirect, front=front(args), admission=admission)
     add_viewer(app)  # the pages and their routes, on the same port
-    runner = web.AppRunner(app, access_log=logging.getLogger("service.access") if args.access_log else None,
+    runner = web.AppRunner(app, access_log=logging.getLogger("service.access"),
+                           access_log_class=traffic(app[METRICS], args.access_log),
                            handle_signals=False, keepalive_timeout=args.header_timeout, logger=HTTP_LOG)
     await runner.setup()
-    admission = Admission(max_connections, args.max_connections_per_client)
     server = await asyncio.get_running_loop().create_server(admission.protocol(runner.server), sock=sock,
                                                             backlog=1024)
     host, port = server.sockets[0].getsockname()[:2]
@@ -312,6 +327,13 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.x_accel_redirect and not re.fullmatch(r"(/[A-Za-z0-9_.~-]+)+", args.x_accel_redirect):
         raise UsageError(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel (nginx's "
                          "internal location for the files: docker/nginx-replicas.conf)")
+    if bool(args.x_accel_redirect) != bool(args.x_accel_secret_file):
+        raise UsageError("--x-accel-redirect and --x-accel-secret-file go together: nginx is trusted with server paths "
+                         "only by the secret it sends (docker/nginx-replicas.conf)")
+    for secret in read_tokens(args.x_accel_secret_file, "--x-accel-secret-file"):
+        if not SECRET.fullmatch(secret):
+            raise UsageError("--x-accel-secret-file: each secret 16 or more letters, digits, - or _ (e.g. "
+                             "`openssl rand -hex 32`), as nginx's config holds it")
     if is_url(args.catalog) and args.source_root and not args.data_root:
         raise UsageError("--data-root: needed with a PostgreSQL catalog and --source-root (where builds asked for "
                          "over HTTP are written: storage every replica reaches)")

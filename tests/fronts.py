@@ -20,6 +20,23 @@ from pathlib import Path
 NGINX = "/usr/sbin/nginx"
 SHIPPED = Path(__file__).resolve().parents[1] / "docker" / "nginx-replicas.conf"
 ACCEL_PREFIX = "/_accel"
+ACCEL_SECRET = "front-secret-for-the-tests-0123456789"
+
+
+def accel_flags(directory: str) -> list[str]:
+    """A replica's flags behind a ``Front``: the internal location, and the secret the front sends
+    (its file written in ``directory``)."""
+    path = os.path.join(directory, "accel-secret")
+    with open(path, "w") as f:
+        f.write(ACCEL_SECRET + "\n")
+    return ["--x-accel-redirect", ACCEL_PREFIX, "--x-accel-secret-file", path]
+
+
+def write_secret(prefix: str) -> None:
+    """The front's half of the secret: accel-secret.conf beside its nginx.conf, which the shipped
+    configuration includes."""
+    with open(os.path.join(prefix, "accel-secret.conf"), "w") as f:
+        f.write(f'proxy_set_header X-Accel-Secret "{ACCEL_SECRET}";\n')
 
 
 def free_port() -> int:
@@ -53,6 +70,7 @@ class Front:
         self.conf = os.path.join(self.prefix, "nginx.conf")
         with open(self.conf, "w") as f:
             f.write(front_config(self.prefix, self.port, replicas))
+        write_secret(self.prefix)
         self.proc, self.url = None, f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Front:

@@ -191,6 +191,17 @@ def register(catalog, directory: str, name: str, dataset_id: str | None = None):
     return catalog.get(dataset_id)
 
 
+def served_tiny(root, token: str):
+    """``root/tiny`` (10 clips in shards of 5) registered as ``tiny`` in ``root/catalog.sqlite``, and
+    ``root/tokens`` holding ``token``: what a service test serves; ``root`` returned."""
+    from shards.catalog import Catalog
+
+    make_shardset(str(root / "tiny"), {"train": 10}, per_shard=5)
+    register(Catalog(str(root / "catalog.sqlite")), str(root / "tiny"), "tiny")
+    (root / "tokens").write_text(token + "\n")
+    return root
+
+
 class ServiceProcess:
     """``shard-service serve`` in a subprocess on 127.0.0.1, on a free port; ``command``: how it is
     started, without ``args``."""

@@ -125,7 +125,7 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
     tests' PostgreSQL, two replicas started with its ``serve`` line (ports of their own), nginx with
     the shipped configuration listing them, the set read through nginx with the token (its bytes
     sent by nginx), still read with one replica killed, and listed from the catalog's URL."""
-    from fronts import free_port, front_config
+    from fronts import ACCEL_SECRET, free_port, front_config, write_secret
 
     root, role, db = team["root"], f"kf{os.getpid()}", f"kinetics_fast_{os.getpid()}"
     url = f"postgresql://{role}@127.0.0.1:{postgres.port}/{db}"
@@ -137,6 +137,7 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
     run_block("service.md", "createuser --host db.internal", pg, cwd=root)
     register(Catalog(url), str(root / "sets" / NAME), NAME)
     ports, replicas, front = [free_port(), free_port()], [], None
+    (root / "srv" / "accel-secret").write_text(ACCEL_SECRET + "\n")  # the runbook's secret, on each replica host
     try:
         for port in ports:
             (line,) = block_commands("service.md", "shard-service serve --catalog postgresql://",
@@ -147,6 +148,7 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
         conf, front_port = root / "front" / "nginx.conf", free_port()
         conf.parent.mkdir(exist_ok=True)
         conf.write_text(front_config(str(conf.parent), front_port, [f"127.0.0.1:{p}" for p in ports]))
+        write_secret(str(conf.parent))  # ... and beside nginx's configuration
         nginx_line, list_line = block_commands("service.md", "nginx -c /opt/kinetics-fast/docker/nginx-replicas.conf",
                                                {"/opt/kinetics-fast/docker/nginx-replicas.conf": str(conf), **pg})
         front = ServiceProcess(command=tuple(shlex.split(nginx_line)))  # in the foreground: stopped by its pid

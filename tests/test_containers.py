@@ -143,7 +143,8 @@ def test_the_replicated_service_compose_file_is_valid_and_its_parts_agree():
     binary = Path(compose.__file__).parent / "docker-compose"
     proc = subprocess.run([str(binary), "-f", str(ROOT / "docker" / "compose-replicas.yaml"), "config", "--format",
                            "json"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "HOME": "/tmp", "KF_DB_PASSWORD": "db-password", "KF_TOKEN": "the-token-value"})
+                          env={**os.environ, "HOME": "/tmp", "KF_DB_PASSWORD": "db-password", "KF_TOKEN": "the-token-value",
+                               "KF_ACCEL_SECRET": "the-accel-secret-value"})
     assert proc.returncode == 0, proc.stderr
     services = json.loads(proc.stdout)["services"]
     assert set(services) == {"postgres", "replica1", "replica2", "nginx"}
@@ -171,3 +172,5 @@ def test_the_replicated_service_compose_file_is_valid_and_its_parts_agree():
     assert int(re.search(r"listen (\d+);", conf)[1]) == nginx["ports"][0]["target"]
     commands = " ".join(w for s in services.values() for w in s.get("command") or [])
     assert "db-password" not in commands and "the-token-value" not in commands  # secrets in no argv
+    assert "the-accel-secret-value" not in commands and one.x_accel_secret_file == two.x_accel_secret_file
+    assert "include accel-secret.conf;" in conf and "/etc/nginx/accel-secret.conf" in " ".join(nginx["command"])

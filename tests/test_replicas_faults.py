@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from fronts import ACCEL_PREFIX, Front, free_port
+from fronts import Front, accel_flags, free_port
 from postgres import PostgresServer
 from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
@@ -63,8 +63,7 @@ class Replica(ServiceProcess):
 
     def __init__(self, *args: str):
         self.port = free_port()
-        super().__init__(*args, "--port", str(self.port), "--x-accel-redirect", ACCEL_PREFIX,
-                         "--max-connections-per-client", "0")
+        super().__init__(*args, "--port", str(self.port), "--max-connections-per-client", "0")
 
     @property
     def address(self) -> str:
@@ -88,7 +87,7 @@ def cluster(tmp_path_factory, ray_local):
         url = db.start().database()
         register(Catalog(url), str(root / "clips"), "clips")
         args = ("--catalog", url, "--token-file", str(root / "tokens"), "--source-root", str(videos), "--data-root",
-                str(root / "sets"), "--ray-address", ray_local.get_runtime_context().gcs_address)
+                str(root / "sets"), "--ray-address", ray_local.get_runtime_context().gcs_address, *accel_flags(str(root)))
         replicas = [Replica(*args) for _ in range(2)]
         for r in replicas:
             r.start()

@@ -16,7 +16,7 @@ import pytest
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
-from fronts import ACCEL_PREFIX, Front
+from fronts import Front, accel_flags
 from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
 import media
@@ -59,9 +59,10 @@ def front(request, env, tmp_path_factory):
     if request.param == "service":
         yield env["server"].url
         return
-    replica = ServiceProcess("--catalog", str(env["root"] / "catalog.sqlite"), "--x-accel-redirect", ACCEL_PREFIX)
+    prefix = tmp_path_factory.mktemp("front")
+    replica = ServiceProcess("--catalog", str(env["root"] / "catalog.sqlite"), *accel_flags(str(prefix)))
     replica.start()
-    nginx = Front(tmp_path_factory.mktemp("front"), [replica.url.split("//")[1]])
+    nginx = Front(prefix, [replica.url.split("//")[1]])
     try:
         yield nginx.start().url
         redirected = json.loads(http(replica.url, path="/v1/stats")[2])["total"]["accel_redirects"]

@@ -14,9 +14,8 @@ import threading
 import time
 
 import pytest
-from shardsets import ServiceProcess, http, make_shardset, register
+from shardsets import ServiceProcess, http, served_tiny
 
-from shards.catalog import Catalog
 from shards.format.manifest import Manifest
 
 TOKEN = "token-for-client-tests"
@@ -24,11 +23,7 @@ TOKEN = "token-for-client-tests"
 
 @pytest.fixture(scope="module")
 def shardset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("clients")
-    make_shardset(str(root / "tiny"), {"train": 10}, per_shard=5)
-    register(Catalog(str(root / "catalog.sqlite")), str(root / "tiny"), "tiny")
-    (root / "tokens").write_text(TOKEN + "\n")
-    return root
+    return served_tiny(tmp_path_factory.mktemp("clients"), TOKEN)
 
 
 def serve(root, *args: str, command: tuple[str, ...] | None = None) -> ServiceProcess:

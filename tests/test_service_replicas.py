@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import time
 
 import media
 import pytest
-from fronts import ACCEL_PREFIX, Front, free_port
+from fronts import Front, accel_flags, free_port
 from shardsets import ServiceProcess, http, make_shardset, register
 
 from ingest import registry
@@ -36,7 +37,7 @@ class Replica(ServiceProcess):
 
     def __init__(self, catalog: str, tokens: str):
         self.port = free_port()
-        super().__init__("--catalog", catalog, "--token-file", tokens, "--x-accel-redirect", ACCEL_PREFIX,
+        super().__init__("--catalog", catalog, "--token-file", tokens, *accel_flags(os.path.dirname(tokens)),
                          "--port", str(self.port), "--max-connections-per-client", "0")
 
     @property

@@ -6,6 +6,7 @@
     middleware.py  plain paths, access enforced from the route table, JSON errors
     sets.py        the request's set and its files (409 and 410 for sets not served)
     responses.py   the bytes out (sendfile, streamed, ranges) and cache control
+    metrics.py     what each response carried: GET /metrics (Prometheus) and the access log
     views.py       the views
 
 The viewer (``service.viewer``) adds its own table of the same rows; what each route answers is

@@ -12,15 +12,17 @@ from aiohttp import web
 
 from shards.catalog import Catalog, CatalogUnavailable
 
+from ..accel import Front
 from ..builds import Builds
-from ..limits import OutOfFiles
+from ..limits import Admission, OutOfFiles
 from ..records import RecordCache
 from ..roots import SourceRoots
 from ..stats import Counters
 from ..tables import FileTables
 from . import routes
-from .keys import ACCEL, BODY_TIMEOUT, BUILDS, CATALOG, COUNTERS, FILES_LOG, READ_AUTH, RECORDS, REDIRECT, TABLES, \
-    TOKENS
+from .keys import ACCEL, BODY_TIMEOUT, BUILDS, CATALOG, COUNTERS, FILES_LOG, METRICS, READ_AUTH, RECORDS, REDIRECT, \
+    TABLES, TOKENS
+from .metrics import Metrics
 from .middleware import json_errors
 
 log = logging.getLogger("service.api")
@@ -37,6 +39,7 @@ async def _reap_periodically(app: web.Application):
             for dataset in await asyncio.to_thread(app[CATALOG].reap):
                 log.warning("build %s: its builder died; marked failed", dataset)
         except CatalogUnavailable as e:
+            app[METRICS].catalog_errors.inc()
             log.warning("builds not checked: %s", e)
 
     async def loop():
@@ -61,10 +64,12 @@ def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = Fals
              ray_address: str | None = None, source_roots: SourceRoots = SourceRoots([]),
              max_build_workers: int = 1, max_builds: int = 1, body_timeout: float = 60.0,
              out_of_files: OutOfFiles | None = None, counters: Counters | None = None,
-             redirect_seconds: int = 0, x_accel_redirect: str = "") -> web.Application:
+             redirect_seconds: int = 0, front: Front | None = None,
+             admission: Admission | None = None) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH] = catalog, list(tokens), read_auth
-    app[COUNTERS], app[REDIRECT], app[ACCEL] = counters or Counters(), redirect_seconds, x_accel_redirect
+    app[COUNTERS], app[REDIRECT], app[ACCEL] = counters or Counters(), redirect_seconds, front
+    app[METRICS] = Metrics(catalog, app[COUNTERS], admission)
     app[TABLES] = FileTables(catalog, app[COUNTERS])
     app[RECORDS] = RecordCache(catalog)
     app[BODY_TIMEOUT], app[FILES_LOG] = body_timeout, out_of_files or OutOfFiles()

@@ -6,11 +6,13 @@ from aiohttp import web
 
 from shards.catalog import Catalog
 
+from ..accel import Front
 from ..builds import Builds
 from ..limits import OutOfFiles
 from ..records import RecordCache
 from ..stats import Counters
 from ..tables import FileTables
+from .metrics import Metrics
 
 CATALOG = web.AppKey("catalog", Catalog)
 BUILDS = web.AppKey("builds", Builds)
@@ -20,7 +22,8 @@ TABLES = web.AppKey("tables", FileTables)
 RECORDS = web.AppKey("records", RecordCache)
 COUNTERS = web.AppKey("counters", Counters)
 REDIRECT = web.AppKey("redirect_seconds", int)
-ACCEL = web.AppKey("x_accel_redirect", str)
+ACCEL = web.AppKey("front", Front)  # None: no nginx sends files for the server
+METRICS = web.AppKey("metrics", Metrics)
 FILES_LOG = web.AppKey("out_of_files", OutOfFiles)
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
 SERVED = web.AppKey("served", dict)  # aiohttp's route -> its row of a route table (service.api.routes)

@@ -21,7 +21,8 @@ from shards.format.checks import BadManifest
 
 from ..files import Refused
 from ..limits import OUT_OF_FILES
-from .keys import COUNTERS, FILES_LOG, READ_AUTH, SERVED, TOKENS
+from .keys import COUNTERS, FILES_LOG, METRICS, READ_AUTH, SERVED, TOKENS
+from .metrics import ROW
 from .responses import error
 
 log = logging.getLogger("service.api")
@@ -44,12 +45,14 @@ def _authorised(request: web.Request) -> None:
 
 
 def _admit(request: web.Request) -> None:
-    """Enforce the matched route's access level (none for aiohttp's own 404 and 405)."""
+    """Enforce the matched route's access level (none for aiohttp's own 404 and 405); its row is
+    kept on the request (``ROW``: the route the metrics count it under)."""
     if request.match_info.http_exception is not None:
         return
     route = request.app[SERVED].get(request.match_info.route)
     if route is None:
         raise LookupError(f"{request.method} {request.match_info.route.resource.canonical} is in no route table")
+    request[ROW] = route
     if route.access == "write" or (route.access == "read" and request.app[READ_AUTH]):
         _authorised(request)
 
@@ -68,6 +71,7 @@ async def json_errors(request: web.Request, handler):
         response.headers.setdefault("Cache-Control", "no-store")
         return response
     except CatalogUnavailable as e:
+        request.app[METRICS].catalog_errors.inc()
         log.warning("%s %s: %s", request.method, request.path, e)
         return error(503, "the catalog cannot be reached; try again shortly", **{"Retry-After": "1"})
     except Refused as e:

@@ -3,8 +3,9 @@
 Local files go out with ``sendfile`` (zero copy, ranges included); remote sets stream through, or,
 with ``redirect_seconds``, a shard of a set in an object store is answered with ``307`` to a
 presigned URL of the object, valid that long, and the bytes never pass through the server (the
-file view, ``service.api.views``). Behind nginx, with ``x_accel_redirect``, nginx sends a local
-file's bytes and the server every header and refusal (``service.accel``).
+file view, ``service.api.views``). Behind nginx, with ``front``, nginx sends a local file's bytes
+and the server every header and refusal (``service.accel``). Each counts the body bytes it sent
+(``service.api.metrics.Span``), for the access log and the metrics.
 
 Every response says how it may be cached (RFC 9111), for HTTP caches in front of the server
 (nginx's ``proxy_cache``, a site proxy, a CDN): a file named by its set's full id never changes
@@ -29,6 +30,7 @@ from .. import accel
 from ..files import Entry
 from ..ranges import evaluate
 from .keys import ACCEL, COUNTERS, READ_AUTH
+from .metrics import Span
 
 STREAM_CHUNK = 1 << 20
 # A remote location that is down is not waited out while a client's request is held open: the
@@ -83,12 +85,12 @@ def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset
     if request.method == "GET" and name.endswith(".tar"):
         request.app[COUNTERS].add("shard_requests")
         request.app[COUNTERS].add("shard_bytes", answer.length)
-    prefix = request.app[ACCEL]
-    if prefix and fd is not None and offset == 0 and size == entry.size and request.method == "GET" \
-            and accel.asked(request.headers) and accel.nginx_agrees(request.headers):
+    front = request.app[ACCEL]
+    if front is not None and fd is not None and offset == 0 and size == entry.size and request.method == "GET" \
+            and front.sends(request.headers) and accel.nginx_agrees(request.headers):
         os.close(fd)  # checked; nginx opens it again and sends it (service.accel)
         request.app[COUNTERS].add("accel_redirects")
-        return web.Response(headers={**headers, **accel.redirect(prefix, local_path(rec.location), name)})
+        return web.Response(headers={**headers, **front.redirect(local_path(rec.location), name)})
     if fd is not None:
         response = _Sendfile(fd, offset + answer.start, answer.length, status=answer.status, headers=headers)
     else:
@@ -98,7 +100,7 @@ def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset
     return response
 
 
-class _Sendfile(web.StreamResponse):
+class _Sendfile(Span):
     """Bytes [offset, offset + count) of a descriptor, sent by the kernel (``sendfile``)."""
 
     def __init__(self, fd: int, offset: int, count: int, **kw):
@@ -111,14 +113,18 @@ class _Sendfile(web.StreamResponse):
             writer = await super().prepare(request)
             if request.method != "HEAD" and count:
                 with open(fd, "rb", closefd=False) as f:
-                    await asyncio.get_running_loop().sendfile(request.transport, f, offset, count)
+                    f.seek(offset)
+                    try:
+                        await asyncio.get_running_loop().sendfile(request.transport, f, offset, count)
+                    finally:  # the file's position is past what was sent, even when the client went away
+                        self.sent = f.tell() - offset
             await super().write_eof()
             return writer
         finally:
             os.close(fd)
 
 
-class _Streamed(web.StreamResponse):
+class _Streamed(Span):
     """Bytes [start, end) of a remote file, read in a thread and written as they come."""
 
     def __init__(self, url: str, entry: Entry, start: int, end: int, **kw):
@@ -134,6 +140,7 @@ class _Streamed(web.StreamResponse):
             try:
                 while chunk := await asyncio.to_thread(src.read, STREAM_CHUNK):
                     await self.write(chunk)
+                    self.sent += len(chunk)
             finally:
                 src.close()
         await self.write_eof()

@@ -49,6 +49,7 @@ ROUTES = (
     Route("GET", "/v1", views.index, "open"),
     Route("GET", "/v1/health", views.health, "open"),
     Route("GET", "/v1/stats", views.stats, "read"),  # the server's pid and traffic
+    Route("GET", "/metrics", views.metrics, "read"),  # the same, for Prometheus (where its scrapers look)
     Route("GET", "/v1/datasets", views.list_datasets, "read"),
     Route("GET", "/v1/datasets/{ref}", views.show_dataset, "read"),
     Route("DELETE", "/v1/datasets/{ref}", views.delete_dataset, "write"),

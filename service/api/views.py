@@ -14,7 +14,7 @@ from .. import housekeeping
 from ..builds import BadRequest
 from ..files import content_type, presign
 from ..roots import SourceRefused
-from .keys import BODY_TIMEOUT, BUILDS, CATALOG, COUNTERS, REDIRECT, SERVED, TABLES
+from .keys import BODY_TIMEOUT, BUILDS, CATALOG, COUNTERS, METRICS, REDIRECT, SERVED, TABLES
 from .responses import cache_control, send_span
 from .sets import open_file, record
 
@@ -37,6 +37,11 @@ async def health(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[COUNTERS].to_json())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """This server process's figures in Prometheus' text format (``service.api.metrics``)."""
+    return await request.app[METRICS].exposition()
 
 
 async def list_datasets(request: web.Request) -> web.Response:
