@@ -36,7 +36,8 @@ def replica_script(catalog: str, root: Path) -> list[str]:
     assert command[:2] == ["bash", "-ec"], command
     script = command[2].replace("$$", "$")  # compose's escape of a literal $
     for theirs, ours in (("postgresql://kf@postgres:5432/kinetics_fast", catalog), ("--host 0.0.0.0", "--host 127.0.0.1"),
-                         ("--port 8765", "--port 0"), ("/tmp/tokens", str(root / "tokens")), (" /data/", f" {root}/data/")):
+                         ("--port 8765", "--port 0"), ("/tmp/tokens", str(root / "tokens")),
+                         ("/tmp/accel-secret", str(root / "accel-secret")), (" /data/", f" {root}/data/")):
         assert theirs in script, f"{COMPOSE}: the replica command no longer has {theirs!r}"
         script = script.replace(theirs, ours)
     return [*command[:2], script]
@@ -57,12 +58,13 @@ def unreadable_by_others(top: Path) -> list[str]:
 def test_the_compose_replica_builds_sets_nginx_can_read_and_takes_many_connections_from_one_client(postgres,
                                                                                                     tmp_path):
     media.make_class_folders(tmp_path / "data" / "videos")
-    env = {**os.environ, "KF_TOKEN": TOKEN, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "KF_TOKEN": TOKEN, "KF_ACCEL_SECRET": "s" * 32, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     replica = ServiceProcess(env=env, command=tuple(replica_script(postgres.database(), tmp_path)))
     held = []
     try:
         url = replica.start()
-        assert stat.S_IMODE((tmp_path / "tokens").stat().st_mode) == 0o600  # the secret stays the replica's
+        for secret in ("tokens", "accel-secret"):  # the secrets stay the replica's
+            assert stat.S_IMODE((tmp_path / secret).stat().st_mode) == 0o600, secret
         body = json.dumps({"src": str(tmp_path / "data" / "videos"), "splits": ["train"], "short_side": 26,
                            "shard_samples": 2, "videos_per_task": 1, "workers": 1}).encode()
         auth = {"Authorization": f"Bearer {TOKEN}"}
