@@ -4,7 +4,7 @@
 # venv), the CA certificates and the bookworm, bookworm-updates and bookworm-security sources,
 # upgraded to the mirror's latest, then imported into podman. The Dockerfiles take it as their base:
 #   bash docker/debian-base.sh                                   # localhost/kinetics-fast-base:bookworm
-#   podman build --build-arg BASE_IMAGE=localhost/kinetics-fast-base:bookworm -f docker/Dockerfile ...
+#   podman build --format docker --build-arg BASE_IMAGE=localhost/kinetics-fast-base:bookworm -f docker/Dockerfile ...
 # Knobs: the image's name as the first argument; DEBIAN_MIRROR and DEBIAN_SECURITY_MIRROR (default
 # deb.debian.org's). An image of that name already there is kept (delete it to make it again:
 # `podman rmi NAME`). Needs root, debootstrap and podman.

@@ -9,7 +9,8 @@
 #
 # Other knobs: VENV (default .venv), PYTHON (the interpreter the venv is made from),
 # TORCH_INDEX_URL (a wheel index for torch/torchvision, e.g. PyTorch's CPU-only index on machines
-# whose default index serves the CUDA build).
+# whose default index serves the CUDA build), KF_EXTRAS (the project's extras; default
+# ingest,service,trainer,s3,dev: the images' build stage leaves out dev, the test and lint tools).
 #
 # Idempotent: every step first checks its result and is skipped when it is there, so a second run
 # takes seconds and rebuilds nothing (tests/test_setup.py runs it twice). Two things made earlier
@@ -25,6 +26,7 @@ ROOT=$PWD
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 KF_DEVICE=${KF_DEVICE:-cpu}
+KF_EXTRAS=${KF_EXTRAS:-ingest,service,trainer,s3,dev}
 case "$KF_DEVICE" in cpu) KF_MPI=${KF_MPI:-0};; cuda) KF_MPI=${KF_MPI:-1};;
   *) echo "setup: KF_DEVICE must be cpu or cuda, not '$KF_DEVICE'" >&2; exit 2;; esac
 
@@ -83,14 +85,14 @@ pyok "$torch_check" || {
   pip install -q --upgrade pip wheel setuptools
   pip install -q "${torch_index[@]}" "${torch_want[@]}"; }
 
-# --- this project, editable, with every extra but bench (the base install is only what reading needs:
-# docs/library.md), at the tested versions of constraints.txt: only when the checkout, pyproject.toml
-# or constraints.txt changed
+# --- this project, editable, with $KF_EXTRAS (by default every extra but bench; the base install is
+# only what reading needs: docs/library.md), at the tested versions of constraints.txt: only when the
+# checkout, the extras, pyproject.toml or constraints.txt changed
 stamp="$VENV/.kinetics-fast-installed"
-want_stamp="$ROOT $(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+want_stamp="$ROOT [$KF_EXTRAS] $(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ] || ! pyok "import importlib.metadata as m; m.distribution('kinetics-fast')"; then
   did project "kinetics-fast (editable) and its dependencies"
-  pip install -q -c constraints.txt -e ".[ingest,service,trainer,s3,dev]"
+  pip install -q -c constraints.txt -e ".[$KF_EXTRAS]"
   echo "$want_stamp" > "$stamp"
 fi
 

@@ -23,17 +23,21 @@ import resource
 import shutil
 import subprocess
 import sys
+import tomllib
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from fronts import free_port
 from required import require
 from runbooks import run_block
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "kinetics-fast:cpu"
+BUILD_STAGE_LABEL = "org.kinetics-fast.stage=build"  # docker/Dockerfile's first stage
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(3600)]
 
 
@@ -102,7 +106,8 @@ def conmons(names: list[str]) -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def image() -> str:
     """The base (kept once made) and the CPU image, built by the runbook's commands; the build's
-    output. The image this replaces is removed."""
+    output. The image this replaces is removed, and so are the build stages but the newest (its
+    cache: the one a build of the same sources reuses)."""
     require("podman", podman_missing())
     subs = {"podman build ": f"podman build --network host {ulimits()} {pip_mounts()} ",
             "/root/.cache/pip:": f"{pip_cache()}:",
@@ -110,7 +115,11 @@ def image() -> str:
     before = podman("image", "inspect", "--format", "{{.Id}}", IMAGE, check=False).stdout.strip()
     out = run_block("containers.md", "bash docker/debian-base.sh", subs, cwd=ROOT, timeout=3300)
     if before and before != podman("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip():
-        podman("rmi", before, check=False)  # the last run's image, untagged now: 3.7 GB each run otherwise
+        podman("rmi", before, check=False)  # the last run's image, untagged now: 2.7 GB each run otherwise
+    stages = podman("images", "--quiet", "--no-trunc", "--sort", "created", "--filter", "dangling=true",
+                    "--filter", f"label={BUILD_STAGE_LABEL}").stdout.split()  # newest first
+    for stage in stages[1:]:
+        podman("rmi", stage, check=False)  # 3.4 GB each otherwise
     return out
 
 
@@ -127,22 +136,47 @@ def names():
     assert not alive, f"conmon left running: {alive}"
 
 
-def test_image_is_the_unprivileged_user_and_the_hosts_install(image):
-    """The image runs as 10001 and its .venv holds what setup.sh installs on the host: the same
-    distributions at the same versions (the light install's extras and constraints.txt,
-    pillow-simd over Pillow, Horovod with Gloo)."""
-    config = json.loads(podman("image", "inspect", IMAGE).stdout)[0]["Config"]
+def requirement_names(extras: list[str]) -> set[str]:
+    """The distributions pyproject.toml names in ``extras`` (\"base\": its dependencies)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lists = {"base": project["dependencies"], **project["optional-dependencies"]}
+    return {canonicalize_name(Requirement(r).name) for extra in extras for r in lists[extra]}
+
+
+def test_image_is_the_unprivileged_user_and_the_hosts_install_without_its_tools(image):
+    """The image runs as 10001 and its .venv holds what setup.sh installs on the host but the dev
+    extra: every distribution at the host's version (constraints.txt, pillow-simd over Pillow,
+    Horovod with Gloo), none that only the tests and linters need; no compiler and no apt cache in
+    the image; its HEALTHCHECK is set and passes."""
+    inspected = json.loads(podman("image", "inspect", IMAGE).stdout)[0]
+    config = inspected["Config"]
     assert config["User"] == "10001:10001" and config["Cmd"] == ["ingest", "--help"], config
+    # podman keeps a HEALTHCHECK only in the docker format (the runbook's --format docker)
+    check = (inspected.get("Healthcheck") or {}).get("Test", [])
+    assert check[:1] == ["CMD"], inspected.get("Healthcheck")
+    podman("run", "--rm", *ulimits().split(), IMAGE, *check[1:], timeout=300)
+    tools = podman("run", "--rm", *ulimits().split(), IMAGE, "sh", "-c",
+                   "for t in gcc cc g++ c++ cmake make; do command -v $t; done; ls /var/cache/apt/archives/*.deb",
+                   check=False)
+    assert not tools.stdout.strip(), tools.stdout  # what of them is there
     probe = ("import json, os, importlib.metadata as m; import horovod.torch as h, PIL; "
              "print(json.dumps({'uid': os.getuid(), 'gloo': h.gloo_built(), 'pil': PIL.__version__, "
-             "'dists': {d.metadata['Name'].lower(): d.version for d in m.distributions()}}))")
+             "'dists': {d.metadata['Name']: d.version for d in m.distributions()}}))")
     inside = json.loads(podman("run", "--rm", *ulimits().split(), IMAGE, "python", "-c", probe,
                                timeout=300).stdout)
     assert inside["uid"] == 10001 and inside["gloo"] and inside["pil"] == "12.1.1.post0", inside
-    host = {d.metadata["Name"].lower(): d.version for d in m.distributions()}
-    differ = {n: (inside["dists"].get(n), host.get(n)) for n in {*inside["dists"], *host}
-              if inside["dists"].get(n) != host.get(n)}
+    image_dists = {canonicalize_name(n): v for n, v in inside["dists"].items()}
+    host = {canonicalize_name(d.metadata["Name"]): d.version for d in m.distributions()}
+    differ = {n: (v, host.get(n)) for n, v in image_dists.items() if v != host.get(n)}
     assert not differ, f"the image's .venv and the host's differ (image, host): {differ}"
+    runtime = requirement_names(["base", "ingest", "service", "trainer", "s3"])
+    left_out = set(host) - set(image_dists)
+    assert not left_out & runtime, left_out & runtime
+    # what the dev extra alone brings (pytest, the linters, moto, selenium), unless a distribution in
+    # the image needs it too (Horovod: psutil), is not there
+    needed = {canonicalize_name(r.name) for n in image_dists for r in map(Requirement, m.distribution(n).requires or [])
+              if not r.marker or r.marker.evaluate({"extra": ""})}
+    assert requirement_names(["dev"]) - runtime - needed <= left_out, left_out
 
 
 def test_the_pipeline_and_a_trainer_streaming_from_the_served_set(image, names, tmp_path):

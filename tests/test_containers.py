@@ -51,17 +51,28 @@ def test_dockerfiles_pass_hadolint():
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_image_is_made_by_setup_sh_pinned_unprivileged_and_without_secrets(kind):
     cmds = instructions(DOCKERFILES[kind])
-    # the base is the build argument BASE_IMAGE (docker/debian-base.sh makes one where no registry is
-    # reachable), whose default is the public image, at a version tag
-    (base,) = [c.value[0] for c in cmds if c.cmd == "FROM"]
+    # two stages: `build`, on the build argument BASE_IMAGE (docker/debian-base.sh makes one where no
+    # registry is reachable), and the image, `runtime`, on BASE_IMAGE or RUNTIME_IMAGE; each
+    # defaults to the public image, at a version tag
+    stages = [c.value for c in cmds if c.cmd == "FROM"]
     args = dict(c.value[0].split("=", 1) for c in cmds if c.cmd == "ARG" and "=" in c.value[0])
-    assert base == "${BASE_IMAGE}" and re.fullmatch(r"[\w./-]+:\d+\.\d+[\w.-]*", args["BASE_IMAGE"]), (base, args)
+    assert [s[1:] for s in stages] == [("AS", "build"), ("AS", "runtime")], stages
+    assert stages[0][0] == "${BASE_IMAGE}" and stages[1][0] in ("${BASE_IMAGE}", "${RUNTIME_IMAGE}"), stages
+    for base in {s[0][2:-1] for s in stages}:
+        assert re.fullmatch(r"[\w./-]+:\d+\.\d+[\w.-]*", args[base]), (base, args)
     for c in cmds:
-        if c.cmd in ("COPY", "ADD"):
+        if c.cmd in ("COPY", "ADD") and "--from=build" not in c.flags:
             sources = [v for v in c.value[:-1]]
             assert all((ROOT / s).exists() for s in sources), (c.original, sources)
+    runtime = cmds[max(i for i, c in enumerate(cmds) if c.cmd == "FROM"):]
+    assert [c.value for c in runtime if c.cmd == "COPY"] == [("/opt/kinetics-fast", ".")]  # the install, from build
     runs = [" ".join(c.value) for c in cmds if c.cmd == "RUN"]
-    assert sum("bash scripts/setup.sh" in r for r in runs) == 1, runs
+    # setup.sh in build, without the dev extra; the runtime stage cleans apt's cache in the same step
+    (setup,) = [r for r in runs if "bash scripts/setup.sh" in r]
+    assert "KF_EXTRAS=ingest,service,trainer,s3 " in setup, setup
+    assert all("apt-get clean" in r and "rm -rf /var/lib/apt/lists/*" in r
+               for c in runtime if c.cmd == "RUN" for r in c.value if "apt-get" in r)
+    assert [c for c in runtime if c.cmd == "HEALTHCHECK"]
     env = {k: v for c in cmds if c.cmd == "ENV" for k, v in zip(c.value[::2], c.value[1::2])}
     assert env.get("KF_DEVICE", "cpu") == kind
     assert env["PATH"].startswith("/opt/kinetics-fast/.venv/bin:")
