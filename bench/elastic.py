@@ -81,9 +81,9 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
 def commit_cost(flags: list[str], repeats: int) -> dict:
     import torch
 
+    from trainer import config
     from trainer.distributed.backends import Backend
     from trainer.engine import Engine
-    from trainer import config
 
     cfg = config.train_config(config.parser().parse_args(["--data", "-", *flags]))  # the benchmark's trainer flags
     d = cfg.data

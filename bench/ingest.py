@@ -72,6 +72,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import peer_ingest  # noqa: E402
 import processes  # noqa: E402
+
 from ingest import bitstream, local_runtime, pyav_decoder, ray_runtime, sampling  # noqa: E402
 from ingest.build import build  # noqa: E402
 from ingest.clips import ClipConfig  # noqa: E402

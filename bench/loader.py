@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 import syscalls  # noqa: E402  (the suite's strace runner and parser)
+
 from shards import layout, partition  # noqa: E402
 from shards.format.manifest import Manifest, SplitInfo, digest  # noqa: E402
 from shards.format.ordering import shuffled  # noqa: E402

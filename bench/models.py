@@ -32,11 +32,11 @@ import json
 import os
 import statistics
 
+import scaling
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-
-import scaling
 from train import interleaved_steps
+
 from trainer.config import ARCHS, Model, Recipe, System
 from trainer.distributed.backends import Backend
 from trainer.engine import NAMES, Engine

@@ -34,8 +34,8 @@ import logging
 import multiprocessing
 import os
 import shutil
-import sys
 import statistics
+import sys
 import time
 import urllib.request
 from collections import Counter

@@ -33,7 +33,6 @@ import threading
 import time
 import urllib.request
 
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.service import Server, make_set, start, start_nginx  # noqa: E402

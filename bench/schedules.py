@@ -56,6 +56,7 @@ from pathlib import Path
 
 import paired
 from synthsets import finished, start_training, synth_shards, training_command
+
 from trainer import metrics
 
 # the model and data: a ResNet-10 of width 16, 8-frame clips, 32 px crops, 2 clips per rank; the

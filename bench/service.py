@@ -58,13 +58,14 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
+from fronts import ACCEL_SECRET, accel_flags, free_port, front_config, write_secret  # noqa: E402
+
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
 from shards.format.manifest import Manifest, SplitInfo  # noqa: E402
 from shards.format.packing import shard_name, write_shard  # noqa: E402
-from shards.reading import open_range  # noqa: E402
 from shards.format.tar import sample_bytes  # noqa: E402
-from fronts import ACCEL_SECRET, accel_flags, free_port, front_config, write_secret  # noqa: E402
+from shards.reading import open_range  # noqa: E402
 
 
 def make_set(directory: str, shards: int, clips: int, frames: int = 8) -> Manifest:

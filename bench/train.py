@@ -25,9 +25,9 @@ import time
 import torch
 from torch import nn
 
+from trainer.config import Model, Recipe, System
 from trainer.distributed.backends import Backend
 from trainer.engine import Engine
-from trainer.config import Model, Recipe, System
 
 
 def model_flops(model: nn.Module, clip: torch.Tensor) -> int:

@@ -30,11 +30,11 @@ import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.service import start  # noqa: E402  (the service started as bench/service.py starts it)
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
 from shards.format.manifest import Manifest, ShardInfo, SplitInfo  # noqa: E402
 from shards.format.packing import shard_name  # noqa: E402
-from bench.service import start  # noqa: E402  (the service started as bench/service.py starts it)
 
 SHARD_BYTES = 256 * 10**6
 

@@ -28,12 +28,19 @@ from dataclasses import dataclass, field
 from fsspec.core import url_to_fs
 
 from shards import storage
-from shards.format import ordering, packing
 from shards.errors import CommandError, Interrupted, NoSpace, UsageError
+from shards.format import ordering, packing
+from shards.format.manifest import (
+    CLASSES_NAME,
+    LEDGER_NAME,
+    MANIFEST_NAME,
+    STAGING_NAME,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+)
 from shards.progress import Progress
 from shards.words import plural
-from shards.format.manifest import (CLASSES_NAME, LEDGER_NAME, MANIFEST_NAME, STAGING_NAME, Manifest, ShardInfo,
-                             SplitInfo)
 
 from . import content_digests, runtime, staging
 from .clips import ClipConfig

@@ -21,8 +21,7 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from shards import storage
-from shards.format import motionfield
-from shards.format import sample
+from shards.format import motionfield, sample
 
 from . import bounds, ffmpeg_cli, jpeg, motion, pyav_decoder, sampling
 from .deadline import Deadline, TimedOut

@@ -41,6 +41,7 @@ from typing import Callable
 import av
 import av.logging
 from PIL import Image
+
 from shards.pillow_memory import keep_freed_blocks
 
 from . import bitstream, motion, packets

@@ -42,10 +42,18 @@ from contextlib import closing
 from dataclasses import dataclass
 
 from shards import storage
-from shards.catalog import (HEARTBEAT_SECONDS, Catalog, CatalogError, CatalogUnavailable, Claim, Record, dataset_id,
-                            default_path)
-from shards.catalog.store import LEASE_SECONDS
+from shards.catalog import (
+    HEARTBEAT_SECONDS,
+    Catalog,
+    CatalogError,
+    CatalogUnavailable,
+    Claim,
+    Record,
+    dataset_id,
+    default_path,
+)
 from shards.catalog.condition import condition
+from shards.catalog.store import LEASE_SECONDS
 from shards.format.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
 from shards.verify import set_file_stamps, stamps
 

@@ -83,8 +83,9 @@ def main() -> int:
         f.seek(3000)
         f.write(bytes([byte[0] ^ 0x10]))
     subprocess.run([f"{BIN}/shard-service", "verify", "motion4-f4", "--catalog", catalog])  # exit 1: problems
-    from shards.catalog import Catalog
     from shardsets import make_class_set, register
+
+    from shards.catalog import Catalog
 
     many = [f"{verb} {thing}" for verb in ("riding", "playing", "making", "cleaning", "throwing", "climbing", "washing",
                                             "juggling", "carving", "folding")

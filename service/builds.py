@@ -34,7 +34,15 @@ from ingest.bounds import BOUNDS
 from ingest.clips import DECODERS, ClipConfig
 from ingest.sources import SPLITS
 from shards import storage
-from shards.catalog import HEARTBEAT_SECONDS, Catalog, CatalogUnavailable, Claim, Record, canonical_json, new_owner
+from shards.catalog import (
+    HEARTBEAT_SECONDS,
+    Catalog,
+    CatalogUnavailable,
+    Claim,
+    Record,
+    canonical_json,
+    new_owner,
+)
 from shards.format.packing import parse_size
 
 from .roots import SourceRefused, SourceRoots

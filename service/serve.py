@@ -51,7 +51,8 @@ from .api.routes import ROUTES
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
 from .roots import SourceRoots
 from .stats import Counters
-from .viewer import ROUTES as VIEWER_ROUTES, add_routes as add_viewer
+from .viewer import ROUTES as VIEWER_ROUTES
+from .viewer import add_routes as add_viewer
 
 log = logging.getLogger("service.serve")
 MAX_CONNECTIONS = 8192

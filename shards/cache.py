@@ -77,8 +77,8 @@ from typing import Iterable, Iterator
 
 from . import storage
 from .errors import CommandError, DataFault, NoSpace, SourceUnavailable
-from .http_range import DEFAULT_RETRY, Retry, ShardChanged
 from .format.packing import parse_size
+from .http_range import DEFAULT_RETRY, Retry, ShardChanged
 from .reading import READ_BUFFER, open_range
 
 ENV_BUDGET = "SHARD_CACHE_BUDGET"

@@ -17,8 +17,8 @@ import logging
 import re
 
 from . import storage
-from .http_range import DEFAULT_RETRY, Retry
 from .format.manifest import MANIFEST_NAME, Manifest
+from .http_range import DEFAULT_RETRY, Retry
 from .storage import local_path
 
 log = logging.getLogger("shards.direct")

@@ -11,9 +11,9 @@ import argparse
 import json
 
 from .errors import UsageError
-from .layout import MB, Totals, format_plan, plan
 from .format.manifest import Manifest
 from .format.packing import parse_size
+from .layout import MB, Totals, format_plan, plan
 
 DEFAULT_WORLD_SIZES = [1, 8, 64, 256, 512, 1024, 1536, 2048, 4096, 6144]
 

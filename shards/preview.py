@@ -30,8 +30,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from . import motioncolour, storage
 from .clipindex import ClipIndex, read_clip
-from .format.digests import ALGORITHM, CorruptSample
 from .errors import DataFault
+from .format.digests import ALGORITHM, CorruptSample
 from .format.manifest import Manifest
 from .format.sample import BadSample
 from .words import plural

@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from fsspec.core import url_to_fs
 
 from . import storage
-from .format import packing
 from .commands import byte_size, positive_int
 from .errors import NoSpace, UsageError
+from .format import packing
 from .format.manifest import CLASSES_NAME, LEDGER_NAME, Manifest, ShardInfo, SplitInfo, digest
 from .verify import check_shard
 from .words import plural

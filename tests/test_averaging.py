@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.schedules import recipe
-from trainer.schedules.batch_growth import LocalGradNorm, grad_sq_norm
+from trainer.config import Data, Model, Recipe, Schedules, TrainConfig
 from trainer.engine import Engine
 from trainer.model.tsm import ModelConfig, build
+from trainer.schedules import recipe
+from trainer.schedules.batch_growth import LocalGradNorm, grad_sq_norm
 from trainer.schedules.model_averaging import KStepAveraging, is_sync_step
 from trainer.schedules.regime import Regime
-from trainer.config import Data, Model, Recipe, Schedules, TrainConfig
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

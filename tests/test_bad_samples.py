@@ -23,12 +23,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
 from shards.catalog import Catalog
-from shards.format.digests import CorruptSample, TooManyBadSamples
 from shards.errors import DataFault
+from shards.format.digests import CorruptSample, TooManyBadSamples
 from shards.format.manifest import Manifest
-from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 from trainer import metrics
 from trainer.clip_log import read_file
 from trainer.data.loader import ClipLoader

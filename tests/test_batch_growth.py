@@ -11,8 +11,16 @@ import torch
 from shardsets import make_shardset
 
 from trainer import metrics
-from trainer.schedules.batch_growth import (LocalGradNorm, NoiseScale, batch_at_points, batch_for_decay, batch_for_noise,
-                                  grad_sq_norm, lr_multiplier, noise_terms)
+from trainer.schedules.batch_growth import (
+    LocalGradNorm,
+    NoiseScale,
+    batch_at_points,
+    batch_for_decay,
+    batch_for_noise,
+    grad_sq_norm,
+    lr_multiplier,
+    noise_terms,
+)
 from trainer.schedules.recipe import warmup_cosine
 
 

@@ -232,6 +232,7 @@ def test_a_restarted_postgresql_is_reconnected_to_and_a_write_it_cut_is_one_line
     idle is replaced at the next statement; a transaction cut midway is CatalogUnavailable, undone,
     and the catalog answers again once the server is back; the generation moves on reconnection."""
     from postgres import PostgresServer
+
     from shards.catalog import CatalogUnavailable
 
     server = PostgresServer()

@@ -13,14 +13,13 @@ import sys
 import threading
 from pathlib import Path
 
+import media
 import pytest
 
 from ingest import registry
 from ingest.clips import ClipConfig
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
-
-import media
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 CFG = ClipConfig(frames=8, short_side=32)

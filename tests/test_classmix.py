@@ -11,11 +11,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from shardsets import make_shardset
 
 from shards import classmix, partition
 from shards.errors import UsageError
 from shards.format.manifest import Manifest
-from shardsets import make_shardset
 from trainer.data.loader import ClipLoader
 
 SMALL = dict(crop_size=32, scale_size=36, shuffle_buffer=1, batch_size=2, num_workers=0)

@@ -28,8 +28,17 @@ from pathlib import Path
 import pytest
 from commandlines import parse, project_commands
 from media import make_video
-from runbooks import (LEDGER_VAR, RUNBOOKS, RunbookCommand, block_commands, parse as parse_blocks, run_block,
-                      run_commands, runner, unexecuted)
+from runbooks import (
+    LEDGER_VAR,
+    RUNBOOKS,
+    RunbookCommand,
+    block_commands,
+    run_block,
+    run_commands,
+    runner,
+    unexecuted,
+)
+from runbooks import parse as parse_blocks
 from shardsets import make_shardset
 
 from shards.partition import per_rank

@@ -26,7 +26,6 @@ from required import require
 from runbooks import run_block
 from shardsets import make_shardset
 
-
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = ROOT / "docs" / "runbooks" / "slurm"
 

@@ -6,12 +6,12 @@ import torch
 import torch._dynamo
 from torch._dynamo.eval_frame import OptimizedModule
 
-from trainer.model import compiling
+from trainer.config import Model, Recipe, System
 from trainer.distributed.backends import Backend
 from trainer.engine import Engine
-from trainer.model.tsm import ModelConfig, build
+from trainer.model import compiling
 from trainer.model.temporal_shift import TemporalShift
-from trainer.config import Model, Recipe, System
+from trainer.model.tsm import ModelConfig, build
 
 SEGMENTS, SIZE, BATCH = 4, 16, 2
 

@@ -23,15 +23,15 @@ import resource
 import shutil
 import subprocess
 import sys
-import tomllib
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
+import tomllib
+from fronts import free_port
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from fronts import free_port
 from required import require
 from runbooks import run_block
 

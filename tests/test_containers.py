@@ -16,14 +16,14 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import compose
-from packaging.requirements import Requirement
 import dockerfile
 import pytest
+import tomllib
 from commandlines import parse, project_commands
+from packaging.requirements import Requirement
 
 from shards.cache import ENV_BUDGET
 from shards.format.packing import parse_size

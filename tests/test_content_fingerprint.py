@@ -8,13 +8,12 @@ import os
 import struct
 from pathlib import Path
 
+import media
 import pytest
 
 from ingest import registry
 from ingest.build import build
 from ingest.clips import ClipConfig
-
-import media
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 CFG = ClipConfig(frames=4, short_side=32)

@@ -32,8 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from runbooks import (PAGES, ROOT, block_commands, parse as parse_blocks, ran, run_block, run_commands,
-                      runner, shell_env)
+from runbooks import PAGES, ROOT, block_commands, ran, run_block, run_commands, runner, shell_env
+from runbooks import parse as parse_blocks
 
 SKIP_DIRS = {".git", ".venv", "demo", "node_modules", "shared", ".mirror"}
 # pages other branches add (the lead merges them): links to them count as alive

@@ -21,11 +21,11 @@ import threading
 import time
 from pathlib import Path
 
+import media
 import pytest
 import torch
 from shardsets import make_shardset
 
-import media
 from ingest.cli import main as ingest
 from shards.errors import Interrupted
 from shards.format.manifest import Manifest

@@ -27,8 +27,8 @@ from shardsets import make_shardset
 
 from shards.format.manifest import Manifest
 from trainer import cli, metrics
-from trainer.schedules import recipe
 from trainer.clip_log import read_file
+from trainer.schedules import recipe
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 FAULTRUN = str(Path(__file__).with_name("faultrun.py"))

@@ -7,13 +7,13 @@ import json
 import tarfile
 
 import pytest
+from shardsets import jpeg, make_shardset, uniform_field
 
 from shards.format import sample
 from shards.format.checks import MAX_SAMPLE_BYTES, BadManifest
 from shards.format.manifest import Manifest
 from shards.format.sample import BadSample
 from shards.format.tar import BLOCK, member_bytes
-from shardsets import jpeg, make_shardset, uniform_field
 
 FRAMES = [jpeg((10 * t, 0, 0)) for t in range(4)]
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from shardsets import make_shardset
 
+from trainer.config import Model, Recipe, System
 from trainer.distributed import backends as distributed
 from trainer.engine import Engine
-from trainer.config import Model, Recipe, System
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 GLOBAL_BATCH, STEPS, SEGMENTS, SIZE, CLASSES = 8, 4, 4, 32, 3

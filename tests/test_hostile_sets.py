@@ -20,9 +20,9 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from shardsets import make_shardset
 
 from shards.format.digests import sample_digest
-from shardsets import make_shardset
 
 BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
 ANSWER_S = 300

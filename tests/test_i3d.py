@@ -15,8 +15,8 @@ import sys
 
 import pytest
 import torch
-
 from shardsets import make_shardset
+
 from trainer import cli
 from trainer.model.i3d import INFLATIONS
 from trainer.model.tsm import ModelConfig, build, load_pretrained

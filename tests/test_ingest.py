@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import media
 import numpy as np
 import psutil
 import pytest
@@ -26,8 +27,6 @@ from ingest.build import ForeignFiles, build
 from ingest.clips import ClipConfig
 from ingest.jpeg import restart_interval
 from shards.format.manifest import STAGING_NAME, Manifest
-
-import media
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 CFG = ClipConfig(frames=8, short_side=32)

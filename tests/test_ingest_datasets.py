@@ -12,16 +12,15 @@ import shlex
 import shutil
 from pathlib import Path
 
+import media
 import pytest
 from runbooks import block_commands, ran
 
 from ingest import cli
 from ingest.sources import discover
 from shards import verify
-from shards.format.sample import parse
 from shards.format.manifest import Manifest
-
-import media
+from shards.format.sample import parse
 
 # classInd's numbering on purpose not alphabetical, so the test tells its order from a sort
 UCF_CLASSES = ["Archery", "ApplyEyeMakeup", "HandstandPushups"]

@@ -10,17 +10,16 @@ import threading
 import time
 from functools import partial
 
+import media
 import psutil
 import pytest
+from shardsets import RangeHandler
+from test_ingest import samples
 
 from ingest.build import build
 from ingest.clips import ClipConfig, make_clips
-from ingest.video import DecodeError
 from ingest.sources import Video
-
-import media
-from shardsets import RangeHandler
-from test_ingest import samples
+from ingest.video import DecodeError
 
 CFG = ClipConfig(short_side=32)
 

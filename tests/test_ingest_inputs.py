@@ -8,16 +8,15 @@ import shutil
 import subprocess
 import sys
 
+import media
 import numpy as np
 import pytest
 from PIL import Image
+from test_ingest import samples, tree_bytes
 
 from ingest.build import build
 from ingest.clips import ClipConfig
 from shards.format.manifest import Manifest
-
-import media
-from test_ingest import samples, tree_bytes
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from shardsets import frame_colour, make_shardset, serve
 
 from shards import partition as P
-from shards.format.manifest import Manifest
 from shards.cache import ShardCache
+from shards.format.manifest import Manifest
 from shards.http_range import ShardChanged
 from shards.reading import read_range
-from shardsets import frame_colour, make_shardset, serve
 from trainer.data.loader import ClipLoader, shared_manifest
 from trainer.data.transforms import EvalTransform, TrainTransform, decode, multiscale_box
 

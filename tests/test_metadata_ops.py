@@ -17,11 +17,11 @@ import time
 from collections import Counter
 
 import pytest
-
 import syscalls
+from shardsets import ServiceProcess, jpeg, make_shardset, register
+
 from shards import layout
 from shards.catalog import Catalog
-from shardsets import ServiceProcess, jpeg, make_shardset, register
 
 WORLD, WORKERS, BATCH = 3, 2, 2
 CLIPS, PER_SHARD = 25, 5

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from trainer.model.tsm import ModelConfig, VideoNet, build, load_pretrained
 from trainer.model.resnet import NoShift, ResNet
 from trainer.model.temporal_shift import TemporalShift, temporal_shift
+from trainer.model.tsm import ModelConfig, VideoNet, build, load_pretrained
 
 
 def reference_shift(x: torch.Tensor, segments: int, div: int) -> torch.Tensor:

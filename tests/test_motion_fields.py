@@ -28,10 +28,10 @@ from ingest.clips import ClipConfig, make_clips
 from ingest.deadline import Deadline
 from ingest.sources import Video
 from shards import motioncolour, preview, reshard, verify
-from shards.format import motionfield
-from shards.format.sample import parse
 from shards.clipindex import ClipIndex, read_clip
+from shards.format import motionfield
 from shards.format.manifest import Manifest
+from shards.format.sample import parse
 from shards.stats import collect
 
 W, H, FRAMES = 128, 96, 24

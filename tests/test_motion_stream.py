@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from shardsets import make_shardset
 
 from shards.format import motionfield

@@ -2,12 +2,11 @@
 from fractions import Fraction
 
 import ffmpeg
+import media
 import pytest
 
 from ingest import ffmpeg_cli, mp4header
 from ingest.deadline import Deadline
-
-import media
 
 KINDS = {
     "plain": lambda p: media.make_video(p, frames=24),

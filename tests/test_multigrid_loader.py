@@ -10,9 +10,8 @@ from shardsets import frame_colour, jpeg, make_shardset
 
 from shards import partition as P
 from trainer.data.loader import ClipLoader
+from trainer.data.shapes import EpochShapes, Part, PartsRenderer, epoch_parts, parts_nbytes, unpack
 from trainer.schedules.multigrid import Schedule, plan
-from trainer.data.shapes import EpochShapes
-from trainer.data.shapes import Part, PartsRenderer, epoch_parts, parts_nbytes, unpack
 
 STORED = 8
 PARTS = (Part(3, 2, 16), Part(2, 4, 24), Part(1, 8, 32))

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.model.tsm import ModelConfig, build
 from trainer.model.resnet import BasicBlock, NoShift
 from trainer.model.subbatch_bn import SubBatchNorm2d, SubBatchNorm3d, group_sizes, set_clips_per_group
 from trainer.model.temporal_shift import TemporalShift
+from trainer.model.tsm import ModelConfig, build
 
 
 def shift_by_definition(x: torch.Tensor, segments: int, div: int = 8) -> torch.Tensor:

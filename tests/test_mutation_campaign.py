@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 import mutations
+import pytest
 from shardsets import make_shardset
 
 COPIES = 500

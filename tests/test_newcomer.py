@@ -21,14 +21,13 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import media
 import pytest
+from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
 from ingest import registry
 from ingest.clips import ClipConfig
 from shards.catalog import Catalog
-from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
-
-import media
 
 TOKEN = "newcomer-token"
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "checkpoint-v0")  # a checkpoint and its set

@@ -13,11 +13,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from shardsets import make_shardset, serve
 
 from shards import partition
 from shards.cache import CacheFull
 from shards.format.manifest import Manifest
-from shardsets import make_shardset, serve
 from trainer import clip_log
 from trainer.data.loader import ClipLoader
 

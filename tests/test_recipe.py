@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from trainer.schedules import recipe
 from trainer.model.tsm import ModelConfig, build
+from trainer.schedules import recipe
 
 
 def test_linear_scaling_rule():

@@ -18,11 +18,10 @@ import stat
 import sys
 from pathlib import Path
 
+import media
 import pytest
 import yaml
 from shardsets import ServiceProcess, http, wait_for
-
-import media
 
 pytestmark = pytest.mark.long
 COMPOSE = Path(__file__).resolve().parents[1] / "docker" / "compose-replicas.yaml"

@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import media
 import psutil
 import pytest
 import torch
@@ -45,8 +46,6 @@ from service.records import RecordCache
 from shards.catalog import Catalog, CatalogUnavailable
 from shards.format.manifest import Manifest
 from trainer.clip_log import read_file
-
-import media
 
 pytestmark = pytest.mark.long
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")

@@ -11,7 +11,9 @@ import socket
 import subprocess
 import sys
 
+import media
 import pytest
+from shardsets import ServiceProcess
 
 from ingest import registry
 from ingest.clips import ClipConfig
@@ -19,9 +21,6 @@ from shards.catalog import Catalog
 from shards.format.manifest import Manifest
 from shards.reading import read_range
 from shards.verify import verify
-from shardsets import ServiceProcess
-
-import media
 
 
 def _free_port() -> int:
@@ -53,8 +52,8 @@ class Requests(logging.Handler):
 
 @pytest.fixture(scope="module")
 def s3(ray_local):
-    from moto.server import ThreadedMotoServer
     import s3fs
+    from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=PORT, verbose=False)
     server.start()

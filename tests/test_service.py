@@ -12,14 +12,13 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import formatdate
 
+import media
 import pytest
-
-from shards.catalog import Catalog
-from shards.format.manifest import Manifest
 from fronts import Front, accel_flags
 from shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
-import media
+from shards.catalog import Catalog
+from shards.format.manifest import Manifest
 
 TOKEN = "s3cret-token-for-tests"
 SECRET = b"SECRET-BYTES-OUTSIDE-EVERY-SET"

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from shardsets import make_shardset, register
 
 from service.cli import main
 from shards.catalog import Catalog
-from shardsets import make_shardset, register
 
 
 @pytest.fixture

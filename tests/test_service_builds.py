@@ -14,14 +14,13 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import media
 import psutil
 import pytest
 from shardsets import ServiceProcess, http, wait_for
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
-
-import media
 
 TOKEN = "token-for-build-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

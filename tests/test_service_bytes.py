@@ -21,15 +21,15 @@ from http.server import ThreadingHTTPServer
 
 import psutil
 import pytest
+from required import require
+from shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register
 
 from shards.catalog import Catalog
 from shards.format.digests import CorruptSample
-from shards.http_range import RangeError
 from shards.format.manifest import Manifest
 from shards.format.sample import parse
+from shards.http_range import RangeError
 from shards.reading import iter_samples, open_range
-from required import require
-from shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register
 
 NGINX = "/usr/sbin/nginx"
 
@@ -414,6 +414,7 @@ def moto(tmp_path_factory):
 
 def test_a_redirect_to_a_presigned_url_is_followed_and_no_byte_goes_through_the_server(env, moto, tmp_path):
     import s3fs
+
     from ingest.registry import describe_set
 
     endpoint, s3env = moto

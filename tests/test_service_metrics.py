@@ -12,12 +12,12 @@ import re
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
-from shards.format.manifest import Manifest
 from fronts import ACCEL_SECRET, NGINX, Front, accel_flags
+from prometheus_client.parser import text_string_to_metric_families
 from required import require
 from shardsets import ServiceProcess, http, served_tiny
+
+from shards.format.manifest import Manifest
 
 TOKEN = "metrics-reader-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

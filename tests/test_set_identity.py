@@ -22,15 +22,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import media
 import pytest
+from shardsets import ServiceProcess, http
 
 from ingest.cli import main as ingest
 from service.cli import main as service
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
-from shardsets import ServiceProcess, http
-
-import media
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 BIN = os.path.dirname(sys.executable)

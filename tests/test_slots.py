@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from shardsets import frame_colour, make_shardset
+
 from trainer.data.loader import ClipLoader
 
 CLIPS = 24

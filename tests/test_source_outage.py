@@ -17,13 +17,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from shardsets import make_shardset
 
 from shards.cache import ShardCache
 from shards.errors import SourceUnavailable
-from shards.http_range import RangeError, Retry
 from shards.format.manifest import Manifest
+from shards.http_range import RangeError, Retry
 from shards.reading import open_range
-from shardsets import make_shardset
 
 SIZE = 200_000
 BLOB = bytes(range(256)) * (SIZE // 256) + bytes(SIZE % 256)

@@ -5,16 +5,16 @@ import shutil
 
 import pytest
 from PIL import Image
+from shardsets import corrupt_sample, frame_colour, jpeg, make_shardset, serve
 
 from shards.cli import main
 from shards.format.manifest import Manifest, SplitInfo
 from shards.format.packing import write_shard
+from shards.format.tar import RECORD, sample_bytes
+from shards.preview import DAMAGED, GAP, LABEL_WIDTH
 from shards.reshard import BadShard, reshard
 from shards.stats import collect
-from shards.format.tar import RECORD, sample_bytes
 from shards.verify import verify
-from shards.preview import DAMAGED, GAP, LABEL_WIDTH
-from shardsets import corrupt_sample, frame_colour, jpeg, make_shardset, serve
 
 TRAIN, TEST = 23, 7
 

@@ -25,17 +25,16 @@ import tarfile
 from pathlib import Path
 
 import av
+import media
 import pytest
+import videofuzz
 from PIL import Image
+from videofuzz import Mutant, find, put
 
 from ingest import bitstream, mp4header, packets
 from ingest.clips import ClipConfig, make_clips
 from ingest.sources import Video
 from ingest.video import DecodeError
-
-import media
-import videofuzz
-from videofuzz import Mutant, find, put
 
 MP4S = {
     "h264.mp4": lambda p: media.make_video(p, frames=24),  # x264's defaults: B-frames, so a ctts

@@ -20,6 +20,18 @@ from collections import Counter
 import numpy as np
 import pytest
 from PIL import Image
+from required import require
+from shardsets import (
+    ServiceProcess,
+    frame_colour,
+    frame_motion,
+    http,
+    make_class_set,
+    make_shardset,
+    register,
+    serve,
+)
+from test_service import TRAVERSALS
 
 from service.states import STATES
 from shards import motioncolour
@@ -27,10 +39,6 @@ from shards.catalog import Catalog
 from shards.clipindex import ClipIndex
 from shards.format.manifest import Manifest
 from shards.format.sample import parse
-from required import require
-from shardsets import (ServiceProcess, frame_colour, frame_motion, http, make_class_set, make_shardset, register,
-                       serve)
-from test_service import TRAVERSALS
 
 TOKEN = "viewer-token-for-tests"
 HOSTILE = '<img src=x onerror="window.pwned=1">'  # a class folder name

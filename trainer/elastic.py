@@ -18,8 +18,8 @@ import argparse
 import logging
 
 from . import config, train
-from .errors import ConfigError
 from .clip_log import ClipLog, weights_digest
+from .errors import ConfigError
 
 log = logging.getLogger("trainer.elastic")
 

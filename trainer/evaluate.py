@@ -27,14 +27,14 @@ from shards import storage
 from shards.errors import UsageError
 
 from . import checkpoint, config, metrics
-from .data.device_decode import clip_source
 from .data import ClipLoader  # the public reading API (docs/library.md), as any training loop reads
 from .data.arguments import loader_kwargs, worded_as_flags
+from .data.device_decode import clip_source
 from .data.loader import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
-from .errors import ConfigError
 from .engine import amp_dtype, autocast, pick_device
+from .errors import ConfigError
 from .model.tsm import ModelConfig, build
 
 log = logging.getLogger("trainer.test")

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from . import metrics
-from .hooks import Hook
 from .data.device_decode import clip_source
 from .engine import autocast
+from .hooks import Hook
 
 
 def _layers(model: nn.Module) -> list[nn.BatchNorm2d]:

@@ -35,24 +35,27 @@ import torch.nn.functional as F
 
 from shards.direct import load_manifest
 from shards.errors import CommandError, DataFault, UsageError
+from shards.format.manifest import Manifest
 from shards.http_range import Retry
 from shards.progress import Progress as Bar
-from shards.format.manifest import Manifest
 
 from . import bad_samples, checkpoint, config, metrics
-from .data.device_decode import clip_source
-from .data import ClipLoader, Upsampling  # the public reading API (docs/library.md), as any training loop reads
+from .clip_log import ClipLog
+from .data import (  # the public reading API (docs/library.md), as any training loop reads
+    ClipLoader,
+    Upsampling,
+)
 from .data.arguments import loader_kwargs, worded_as_flags
+from .data.device_decode import clip_source
 from .data.loader import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
-from .errors import ConfigError
-from .schedules import regime
-from .clip_log import ClipLog
 from .ema import WeightEMA
 from .engine import Engine
+from .errors import ConfigError
 from .hooks import Hook, PeriodicCheckpoint, StepTrace
 from .precise_bn import PreciseBN
+from .schedules import regime
 
 log = logging.getLogger("trainer.train")
 

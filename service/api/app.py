@@ -20,8 +20,20 @@ from ..roots import SourceRoots
 from ..stats import Counters
 from ..tables import FileTables
 from . import routes
-from .keys import ACCEL, BODY_TIMEOUT, BUILDS, CATALOG, COUNTERS, FILES_LOG, METRICS, READ_AUTH, RECORDS, REDIRECT, \
-    TABLES, TOKENS
+from .keys import (
+    ACCEL,
+    BODY_TIMEOUT,
+    BUILDS,
+    CATALOG,
+    COUNTERS,
+    FILES_LOG,
+    METRICS,
+    READ_AUTH,
+    RECORDS,
+    REDIRECT,
+    TABLES,
+    TOKENS,
+)
 from .metrics import Metrics
 from .middleware import json_errors
 

@@ -29,8 +29,14 @@ from datetime import datetime, timedelta, timezone
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, ProcessCollector, \
-    generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 
 from shards.catalog import Catalog, CatalogUnavailable

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 
 from .. import storage
 from ..errors import CommandError, NotFound
+from ..http_range import DEFAULT_RETRY, Retry, patiently
 from . import checks
 from .checks import BadManifest
-from ..http_range import DEFAULT_RETRY, Retry, patiently
 
 MANIFEST_NAME = "manifest.json"
 CLASSES_NAME = "classes.txt"  # the class names, one a line, in label order

@@ -67,11 +67,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards import direct
 from shards.cache import ShardCache
-from shards.format.digests import TooManyBadSamples
 from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
-from shards.http_range import DEFAULT_RETRY, Retry
+from shards.format.digests import TooManyBadSamples
 from shards.format.manifest import Manifest, set_title
+from shards.http_range import DEFAULT_RETRY, Retry
 from shards.reading import local_path, open_fd
 
 from ..config import MODALITIES

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+
 from shards.format.sample import jpeg_size
 from shards.pillow_memory import keep_freed_blocks
 

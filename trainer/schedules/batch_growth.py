@@ -32,6 +32,7 @@ import math
 
 import torch
 
+
 def batch_at_points(epoch: float, base: int, points: tuple[float, ...], max_batch: int) -> int:
     """``base`` doubled once per point at or before ``epoch``, capped at ``max_batch``."""
     batch = base
