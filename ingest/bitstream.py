@@ -65,7 +65,8 @@ def hevc(data, length_size: int | None) -> Coded:
     for nal in _nal_headers(data, length_size):
         if len(nal) >= 2 and (nal[0] >> 1 & 0x3F) <= HEVC_VCL_MAX:
             kind, layer = nal[0] >> 1 & 0x3F, (nal[1] & 7) - 1
-            return Coded(reference=kind not in HEVC_SUBLAYER_NON_REFERENCE, barrier=kind in HEVC_IDR, layer=layer)
+            return Coded(reference=kind not in HEVC_SUBLAYER_NON_REFERENCE, barrier=kind in HEVC_IDR,
+                         layer=layer)
     return ALWAYS
 
 

@@ -3,16 +3,17 @@
 ``build`` lists the inputs (``sources.discover``), plans batches of videos (``plan_batches``), has
 tasks (on Ray, or in local processes for a small build: ``ingest.runtime``) decode them into
 ``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into shards in their final
-order (``staging.pack_shard``), then writes the manifest, ``classes.txt`` and the error ledger. A finished build with the same inputs and config is left as it is; a
-killed one resumes, reusing every staged video. Stopped by Ctrl-C or a full disk (``_stopped``),
-it cancels its tasks in flight, so that nothing is left half-written, and says in one line what is
-staged; a local ``OUT`` without room for the shards is refused before any is written. A finished
-set built with other options (those that decide the bytes: ``byte_options``) is not replaced
-unless ``force``: it is another set, which someone may be using (``refuse_other_options``); one
-from other inputs with the same options is rebuilt, the caller's ``replacing`` hook asked first
-(the catalog's guard). The manifest records the source as an absolute path (or a URL), and how
-``--src`` was spelled does not make a finished build another one. The command line is
-``ingest.build_cli``; the catalog's wrapper around ``build`` is ``ingest.registry``.
+order (``staging.pack_shard``), then writes the manifest, ``classes.txt`` and the error ledger. A
+finished build with the same inputs and config is left as it is; a killed one resumes, reusing every
+staged video. Stopped by Ctrl-C or a full disk (``_stopped``), it cancels its tasks in flight, so
+that nothing is left half-written, and says in one line what is staged; a local ``OUT`` without room
+for the shards is refused before any is written. A finished set built with other options (those that
+decide the bytes: ``byte_options``) is not replaced unless ``force``: it is another set, which
+someone may be using (``refuse_other_options``); one from other inputs with the same options is
+rebuilt, the caller's ``replacing`` hook asked first (the catalog's guard). The manifest records the
+source as an absolute path (or a URL), and how ``--src`` was spelled does not make a finished build
+another one. The command line is ``ingest.build_cli``; the catalog's wrapper around ``build`` is
+``ingest.registry``.
 """
 from __future__ import annotations
 
@@ -83,8 +84,8 @@ def refuse_other_options(out: str, options: dict, force: bool) -> Manifest | Non
         return existing
     old = {k: existing.config.get(k) for k in BYTE_OPTIONS}
     if old != options:
-        raise ReplaceRefused(f"--out {out} holds a shard set built with other options ({_changes(old, options)}); "
-                             "--force replaces it, or choose another --out")
+        raise ReplaceRefused(f"--out {out} holds a shard set built with other options "
+                             f"({_changes(old, options)}); --force replaces it, or choose another --out")
     return existing
 
 
@@ -117,8 +118,8 @@ def prepare_out(out: str, force: bool) -> None:
 def _changes(old: dict, new: dict) -> str:
     """``--frames 4, now 8; ...``: the options that differ, named as flags."""
     a, b = _flat(old), _flat(new)
-    return "; ".join(f"{_flag(k)} {_shown(a.get(k))}, now {_shown(b.get(k))}" for k in sorted(a.keys() | b.keys())
-                     if a.get(k) != b.get(k))
+    return "; ".join(f"{_flag(k)} {_shown(a.get(k))}, now {_shown(b.get(k))}"
+                     for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k))
 
 
 def _flat(options: dict) -> dict:
@@ -152,9 +153,9 @@ class Summary:
 
     def line(self) -> str:
         rate = self.videos / self.seconds if self.seconds else 0.0
-        text = (f"{plural(self.videos, 'video')} in, {plural(self.clips, 'clip')} out, {self.failed:,} failed, "
-                f"{self.bytes / 1e6:.1f} MB in {plural(self.shards, 'shard')}, {self.seconds:.1f} s "
-                f"({rate:.1f} videos/s)")
+        text = (f"{plural(self.videos, 'video')} in, {plural(self.clips, 'clip')} out, "
+                f"{self.failed:,} failed, {self.bytes / 1e6:.1f} MB in {plural(self.shards, 'shard')}, "
+                f"{self.seconds:.1f} s ({rate:.1f} videos/s)")
         if self.missing:
             text += f"; {plural(self.missing, 'annotated video')} not found"
         if self.reasons:
@@ -204,7 +205,8 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     inputs_id = source.fingerprint(digests)
     summary = Summary(videos=len(videos), missing=sum(m.split in splits for m in source.missing),
                       ledger=storage.join(out, LEDGER_NAME))
-    same = existing is not None and _sans_src(existing.config) == _sans_src(config) and existing.fingerprint == inputs_id
+    same = (existing is not None and _sans_src(existing.config) == _sans_src(config)
+            and existing.fingerprint == inputs_id)
     if same and not force:
         log.info("%s is already built from these inputs with this config", out)
         _tidy(out, existing, keep_staging)
@@ -247,13 +249,15 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
                                                    "failed": len(errors), "shards_written": n + sum(
                                                        len(s.shards) for s in manifest.splits.values())}))
             warned = dict(sorted(Counter(w["warning"] for w in warnings if w["split"] == split).items()))
-            manifest.splits[split] = SplitInfo(shards=shards, num_failed=sum(e["split"] == split for e in errors),
+            manifest.splits[split] = SplitInfo(shards=shards,
+                                               num_failed=sum(e["split"] == split for e in errors),
                                                warnings=warned)
         summary.pack_seconds = time.time() - packing_started
         ledger = sorted(errors + warnings, key=_ledger_order)
         storage.atomic_write(storage.join(out, LEDGER_NAME),
                              b"".join(json.dumps(e, sort_keys=True).encode() + b"\n" for e in ledger))
-        storage.atomic_write(storage.join(out, CLASSES_NAME), "".join(c + "\n" for c in source.classes).encode())
+        storage.atomic_write(storage.join(out, CLASSES_NAME),
+                             "".join(c + "\n" for c in source.classes).encode())
         manifest.save(out)
     except (KeyboardInterrupt, NoSpace) as stop:
         raise _stopped(stop, stage, counts) from None
@@ -288,7 +292,8 @@ def _stopped(stop: BaseException, stage: str, counts: dict) -> CommandError:
     renamed); the tasks in flight were cancelled or ran to their end, removing their temporary files."""
     done, total, shards = counts["videos_done"], counts["videos_total"], counts["shards_written"]
     if shards or (total and done == total):
-        kept, rerun = f"all {total} videos are staged in {stage}", "packs them into shards again, decoding nothing"
+        kept, rerun = (f"all {total} videos are staged in {stage}",
+                       "packs them into shards again, decoding nothing")
     else:
         kept, rerun = f"{done} of {total} videos are staged in {stage}", "continues from them"
     if isinstance(stop, NoSpace):
@@ -383,9 +388,9 @@ def plan_batches(videos: list[Video], parallel: int, per_task: int | None = None
 def _decode_all(stage, videos, source: Source, cfg, digests: dict | None, tasks, videos_per_task, threads,
                 timeout, nodes: Counter, report) -> list[dict]:
     """Every video's staged entry: reused when staging already holds it, else decoded by
-    ``tasks`` in batches of the remaining videos (path order, ``plan_batches``). ``digests``: the videos' content
-    digests by URL, when they identify them; ``nodes`` counts tasks per Ray node; ``report`` gets
-    the counts as work is done."""
+    ``tasks`` in batches of the remaining videos (path order, ``plan_batches``). ``digests``: the
+    videos' content digests by URL, when they identify them; ``nodes`` counts tasks per Ray node;
+    ``report`` gets the counts as work is done."""
     index = {c: i for i, c in enumerate(source.classes)}
     labels = {v.relpath: index[v.label] if v.label is not None else -1 for v in videos}
     keys = {v.relpath: staging.video_key(v, labels[v.relpath], cfg, digests and digests.get(v.url))
@@ -430,10 +435,11 @@ def _check_room(out: str, plans: dict) -> None:
     """Refuse before any shard is written when a local ``out`` has no room for them all (the staged
     copy of the samples is deleted only once they are written)."""
     free = storage.free_bytes(out)
-    needed = sum(packing.shard_bytes(p[4] for p in pieces) for planned in plans.values() for _, pieces in planned)
+    needed = sum(packing.shard_bytes(p[4] for p in pieces)
+                 for planned in plans.values() for _, pieces in planned)
     if free is not None and needed > free:
-        raise NoSpace(f"{out}: no room for the shards: they need {needed:,} bytes, {free:,} are free (the staged "
-                      "samples are deleted only once the shards are written)")
+        raise NoSpace(f"{out}: no room for the shards: they need {needed:,} bytes, {free:,} are free "
+                      "(the staged samples are deleted only once the shards are written)")
 
 
 def _pack_split(tasks, out, stage, split, planned, nodes: Counter, report) -> list[ShardInfo]:

@@ -41,10 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=positive_int, default=None,
                    help="parallel decode tasks (default: all CPUs of the Ray cluster, or of this machine)")
     p.add_argument("--address", default=None,
-                   help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or 'ray start' "
-                        "joined on this node) instead of running the tasks on this machine: in worker processes "
-                        "without Ray, or with more than 1000 videos on a local Ray started for the build; an address "
-                        "nothing answers at is refused at once")
+                   help="join this Ray cluster (e.g. 10.0.0.1:6379; 'auto': the one RAY_ADDRESS names or "
+                        "'ray start' joined on this node) instead of running the tasks on this machine: in "
+                        "worker processes without Ray, or with more than 1000 videos on a local Ray started "
+                        "for the build; an address nothing answers at is refused at once")
     p.add_argument("--frames", type=flag("frames"), default=8,
                    help="frames per clip (TSN/TSM segments T), 1 to 64")
     p.add_argument("--refuse-short-videos", action="store_true",
@@ -60,19 +60,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "stored at its own size (never upscaled), with a ledger warning")
     p.add_argument("--quality", type=flag("quality"), default=90, help="JPEG quality, 1 to 100")
     p.add_argument("--restart-interval", type=flag("restart_interval"), default=1, metavar="MCUS",
-                   help="JPEG restart marker every MCUS macroblocks of 16x16 pixels (rounded down to tile the "
-                        "rows), so the loader decodes only the intervals under its crop; 0: none (smaller files)")
+                   help="JPEG restart marker every MCUS macroblocks of 16x16 pixels (rounded down to tile "
+                        "the rows), so the loader decodes only the intervals under its crop; 0: none "
+                        "(smaller files)")
     p.add_argument("--seed", type=flag("seed"), default=0,
                    help="seeds frame sampling and sample order (0 to 2**63-1)")
     p.add_argument("--decoder", choices=DECODERS, default="pyav",
                    help="pyav: decode in-process, only the packets the kept frames need (what PyAV cannot "
                         "open goes to the ffmpeg command line); ffmpeg: the command line for every video")
     p.add_argument("--motion", choices=MOTIONS, default="none",
-                   help="also store each frame's motion from the frame before it, NN.<motion>.png on a grid of "
-                        "8x8 pixels (shards.format.motionfield): mv: the codec's motion vectors from the same decode "
-                        "(needs --decoder pyav; H.264, MPEG-4 Part 2, MPEG-1/2 and H.263 export them, VP8, "
-                        "VP9, HEVC and AV1 do not: each such video is a ledger warning); flow: optical flow "
-                        "(OpenCV DIS; decodes the frame before each)")
+                   help="also store each frame's motion from the frame before it, NN.<motion>.png on a grid "
+                        "of 8x8 pixels (shards.format.motionfield): mv: the codec's motion vectors from the "
+                        "same decode (needs --decoder pyav; H.264, MPEG-4 Part 2, MPEG-1/2 and H.263 export "
+                        "them, VP8, VP9, HEVC and AV1 do not: each such video is a ledger warning); flow: "
+                        "optical flow (OpenCV DIS; decodes the frame before each)")
     p.add_argument("--shard-size", type=size_flag("shard_size"), default="256MB",
                    help="cut shards at this many bytes (e.g. 64MB, 1GiB; 1MB to 64GiB)")
     p.add_argument("--shard-samples", type=flag("shard_samples"), default=None,
@@ -83,39 +84,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--splits", type=comma_list(SPLITS), default="train,val,test",
                    help="comma-separated splits to build")
     p.add_argument("--split-set", type=int, choices=SPLIT_SETS, default=1,
-                   help="UCF101 and HMDB51: which official train/test split (its test list becomes the val split)")
+                   help="UCF101 and HMDB51: which official train/test split (its test list becomes the val "
+                        "split)")
     p.add_argument("--videos-per-task", type=flag("videos_per_task"), default=None,
-                   help="videos decoded per task (default: sized from the videos' bytes and the workers, at most "
-                        "8 videos each, shrinking to single videos towards the end so that no worker idles)")
+                   help="videos decoded per task (default: sized from the videos' bytes and the workers, at "
+                        "most 8 videos each, shrinking to single videos towards the end so that no worker "
+                        "idles)")
     p.add_argument("--ffmpeg-threads", type=flag("ffmpeg_threads"), default=1,
                    help="decoder threads per video, 1 to 16")
     p.add_argument("--timeout", type=flag("timeout", float), default=600,
                    help="seconds one video may take, download, probe and decode included, before it is "
                         "abandoned and recorded in the ledger (1 to 3600)")
     p.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging after a successful build")
-    p.add_argument("--catalog", help="register the build in this dataset catalog (a SQLite file, or a postgresql:// URL); a set with the same "
-                                     "inputs and output options already built anywhere is reused, nothing decoded")
+    p.add_argument("--catalog",
+                   help="register the build in this dataset catalog (a SQLite file, or a postgresql:// URL); "
+                        "a set with the same inputs and output options already built anywhere is reused, "
+                        "nothing decoded")
     p.add_argument("--name", help="catalog name of the set (default: the last part of --out)")
     p.add_argument("--fingerprint", choices=FINGERPRINTS, default="stat",
-                   help="what identifies the inputs, for the catalog, a finished --out and staged videos: stat: "
-                        "each one's path and size, and for the catalog its modification time (a video rewritten "
-                        "with the same size, its mtime kept, passes for the old one); content: the SHA-256 of "
-                        "its bytes, read by the Ray workers (a corrected video is new, the same videos under "
-                        "another source directory are the same)")
+                   help="what identifies the inputs, for the catalog, a finished --out and staged videos: "
+                        "stat: each one's path and size, and for the catalog its modification time (a video "
+                        "rewritten with the same size, its mtime kept, passes for the old one); content: the "
+                        "SHA-256 of its bytes, read by the Ray workers (a corrected video is new, the same "
+                        "videos under another source directory are the same)")
     p.add_argument("--hash-cache", metavar="FILE", default=default_cache(),
-                   help="SQLite file of content digests by path, size, mtime, ctime and inode, so a rebuild does "
-                        "not reread unchanged inputs (keep it on a local disk)")
+                   help="SQLite file of content digests by path, size, mtime, ctime and inode, so a rebuild "
+                        "does not reread unchanged inputs (keep it on a local disk)")
     p.add_argument("--force", action="store_true",
-                   help="rebuild even if the same build is already finished; replace a set at --out built with "
-                        "other options, or one a catalog records there (that record is marked replaced), or one "
-                        "whose files changed since the catalog registered it")
+                   help="rebuild even if the same build is already finished; replace a set at --out built "
+                        "with other options, or one a catalog records there (that record is marked "
+                        "replaced), or one whose files changed since the catalog registered it")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
-                         short_side=args.short_side, quality=args.quality, restart_interval=args.restart_interval,
-                         seed=args.seed, decoder=args.decoder, motion=args.motion,
+                         short_side=args.short_side, quality=args.quality,
+                         restart_interval=args.restart_interval, seed=args.seed, decoder=args.decoder,
+                         motion=args.motion,
                          refuse_short=args.refuse_short_videos)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -128,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             ray_address.check_reachable(args.address)
         except ConnectionError as e:
-            raise CommandError(f"--address {args.address}: {e}; is `ray start --head` running there?") from None
+            raise CommandError(f"--address {args.address}: {e}; "
+                               "is `ray start --head` running there?") from None
     location = args.out
     if args.catalog:
         summary, record = registry.build(args.catalog, args.src, args.out, cfg, name=args.name,

@@ -54,7 +54,8 @@ class ClipConfig:
         if self.motion not in motion.MOTIONS:
             raise ValueError(f"motion must be one of {motion.MOTIONS}, not {self.motion!r}")
         if self.motion == "mv" and self.decoder != "pyav":
-            raise ValueError("motion 'mv' needs decoder 'pyav' (the command line does not export motion vectors)")
+            raise ValueError("motion 'mv' needs decoder 'pyav' "
+                             "(the command line does not export motion vectors)")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, not {self.decoder!r}")
 
@@ -172,8 +173,9 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
             "codec": info.codec, "frame_size": list(decoded.frames[indices[0]].size),
             "decoder": decoded.decoder, "packets_decoded": decoded.packets_decoded,
         }
-        out.append((key, label_index, sample.pack(key, [encoded[i] for i in indices], label_index, meta,
-                                                  [fields[i] for i in indices] if fields else [], cfg.motion)))
+        out.append((key, label_index,
+                    sample.pack(key, [encoded[i] for i in indices], label_index, meta,
+                                [fields[i] for i in indices] if fields else [], cfg.motion)))
     return out, found
 
 

@@ -6,9 +6,9 @@ What identifies a build's inputs is their ``stat`` (path, size, modification sta
 ``stat`` (the default) costs one listing and trusts that a file of unchanged size and modification
 time is unchanged: a corrected video copied with its mtime kept (``cp -p``, ``rsync -t``, a tar
 extract) passes for the old one, and the same videos under another path count as other inputs.
-``content`` reads every byte, in the build's tasks (on Ray where the data is; the driver only plans), and names
-each input by its relative path, digest and label: a corrected video is a new input, and the same
-videos under another source directory are the same inputs.
+``content`` reads every byte, in the build's tasks (on Ray where the data is; the driver only
+plans), and names each input by its relative path, digest and label: a corrected video is a new
+input, and the same videos under another source directory are the same inputs.
 
 Digests are cached in one SQLite file on the machine that runs the build, keyed by the URL and
 what a listing says of the file: size, mtime, ctime and inode for a local file, size and the
@@ -67,8 +67,8 @@ class DigestCache:
         urls, found = list(wanted), {}
         for i in range(0, len(urls), 500):
             chunk = urls[i:i + 500]
-            rows = self.db.execute(f"SELECT url, key, sha256 FROM digests WHERE url IN ({','.join('?' * len(chunk))})",
-                                   chunk)
+            rows = self.db.execute("SELECT url, key, sha256 FROM digests "
+                                   f"WHERE url IN ({','.join('?' * len(chunk))})", chunk)
             found.update({url: sha for url, key, sha in rows if wanted[url] == key})
         return found
 
@@ -107,7 +107,8 @@ def hash_file(video: Video) -> tuple[str, str | None] | None:
                 os.close(fd)
             unchanged = (before.st_size, before.st_mtime_ns, before.st_ctime_ns) == \
                 (after.st_size, after.st_mtime_ns, after.st_ctime_ns)
-            return digest, _key(after.st_size, after.st_mtime, after.st_ctime, after.st_ino) if unchanged else None
+            return digest, (_key(after.st_size, after.st_mtime, after.st_ctime, after.st_ino)
+                            if unchanged else None)
         fs, fpath = url_to_fs(video.url)
         info = fs.info(fpath)
         with fs.open(fpath, "rb", block_size=CHUNK) as f:

@@ -52,7 +52,8 @@ def ffprobe(path: str, deadline: Deadline, *args: str, step: str = "probing") ->
     """ffprobe's JSON for ``path`` (``args``: more ffprobe options); DecodeError if it fails."""
     p = _run(["ffprobe", "-v", "error", "-of", "json", *args, path], deadline, step)
     if p.returncode != 0:
-        raise DecodeError("not a readable video" if step == "probing" else "cannot count frames", _tail(p.stderr))
+        raise DecodeError("not a readable video" if step == "probing" else "cannot count frames",
+                          _tail(p.stderr))
     return json.loads(p.stdout or b"{}")
 
 

@@ -83,7 +83,8 @@ class Handle:
 class LocalTasks:
     def __init__(self, workers: int | None):
         self.parallel = max(1, workers or os.cpu_count() or 1)
-        log.info("%s on this machine, without Ray", plural(self.parallel, "worker process", "worker processes"))
+        log.info("%s on this machine, without Ray",
+                 plural(self.parallel, "worker process", "worker processes"))
         self._pool: ProcessPoolExecutor | None = None
         self._live: set[Handle] = set()
 
@@ -106,11 +107,12 @@ class LocalTasks:
             try:
                 self._send(handle)
                 break
-            except BrokenProcessPool:  # a worker died since the last task was sent: a new pool, as in result()
+            except BrokenProcessPool:
+                # a worker died since the last task was sent: a new pool, as in result()
                 handle.tries += 1
                 if handle.tries > RETRIES:
-                    raise WorkerDied(f"{fn.__name__}: the worker processes died on each of {handle.tries} tries "
-                                     "to start it (killed, or crashed in a native library)") from None
+                    raise WorkerDied(f"{fn.__name__}: the worker processes died on each of {handle.tries} "
+                                     "tries to start it (killed, or crashed in a native library)") from None
                 self._restart(handle.pool)
         self._live.add(handle)
         return handle

@@ -172,8 +172,8 @@ def read(path: str) -> Mp4Video | None:
             a, b = track["matrix"][0], track["matrix"][1]
             rotation = round(-math.degrees(math.atan2(b, a))) % 360
             seconds = track["duration"] / track["timescale"]
-            return Mp4Video(width=track["size"][0], height=track["size"][1], sar=_sar(f, track["entry_boxes"]),
-                            rotation=rotation, num_frames=frames,
+            return Mp4Video(width=track["size"][0], height=track["size"][1],
+                            sar=_sar(f, track["entry_boxes"]), rotation=rotation, num_frames=frames,
                             fps=track["frames"] / seconds if seconds else 0.0, duration=seconds,
                             codec=CODECS[track["fourcc"]], edited=frames != track["frames"])
     except (OSError, struct.error, IndexError, ValueError) as e:  # Unreadable among them

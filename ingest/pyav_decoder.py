@@ -72,7 +72,8 @@ class Frames:
 def _stream_facts(stream) -> dict:
     return {"codec": stream.codec_context.name, "sar": Fraction(stream.sample_aspect_ratio or 0),
             "fps": float(stream.average_rate or stream.guessed_rate or 0),
-            "duration": float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0}
+            "duration": (float(stream.duration * stream.time_base) if stream.duration and stream.time_base
+                         else 0.0)}
 
 
 def _open(f):
@@ -111,7 +112,8 @@ def _index(container, stream, deadline: Deadline) -> tuple[list, list[packets.Pa
              for p, c in zip(demuxed, coded)]
     declared = stream.frames
     if declared and len(demuxed) < declared and container.format.name.startswith(EXACT_COUNT_CONTAINERS):
-        raise DecodeError(f"truncated or corrupt: {len(demuxed)} of the {declared} frames the container lists")
+        raise DecodeError(f"truncated or corrupt: {len(demuxed)} of the {declared} frames the "
+                          "container lists")
     return demuxed, index
 
 
@@ -208,8 +210,8 @@ def _decoded_distances(path, index: list[packets.Packet], order: list, picks: li
     """``motion.reference_distances`` from the display order a full decode showed (``order``: the
     decode index stamped on each displayed frame); {} with a warning where the stamps cannot say."""
     if None in order or len(set(order)) != len(order) or max(order) >= len(index):
-        log.warning("%s: the decoder's display order does not map to its packets (a packet made several frames, "
-                    "or none): the motion fields of --motion mv are left invalid", path)
+        log.warning("%s: the decoder's display order does not map to its packets (a packet made several "
+                    "frames, or none): the motion fields of --motion mv are left invalid", path)
         return {}
     return motion.reference_distances(index, order, picks)
 
@@ -262,12 +264,13 @@ def decode(path: str, wanted: Callable[[int], list[int]], short_side: int, *, th
         if motion_vectors:
             vectors = _vectors(found.vectors_of[i]) if i in found.vectors_of else _vectors(frame)
             fields[i] = _mv_field(frame, vectors, found.distances.get(i, (None, None)), scaled, rotation)
-        rgb = frame.reformat(width=scaled[0], height=scaled[1], format="rgb24", interpolation="AREA", threads=threads)
+        rgb = frame.reformat(width=scaled[0], height=scaled[1], format="rgb24", interpolation="AREA",
+                             threads=threads)
         plane = rgb.planes[0]
         image = Image.frombuffer("RGB", scaled, plane, "raw", "RGB", plane.line_size, 1)
         images[i] = image.transpose(TRANSPOSE[rotation]) if rotation in TRANSPOSE else image
-    return Decoded(info, images, "pyav", packets_decoded=found.packets_decoded, detail=" | ".join(found.errors[-4:]),
-                   motion=fields)
+    return Decoded(info, images, "pyav", packets_decoded=found.packets_decoded,
+                   detail=" | ".join(found.errors[-4:]), motion=fields)
 
 
 def _vectors(frame):

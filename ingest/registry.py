@@ -92,7 +92,8 @@ def plan(src: str, cfg: ClipConfig = ClipConfig(), *, shard_size: int | None = 2
     videos = [v for v in source.videos if v.split in splits]
     present = sorted({v.split for v in videos})
     shard_size = None if shard_samples else shard_size
-    options = {"clip": cfg.as_dict(), "shard_size": shard_size, "shard_samples": shard_samples, "splits": present}
+    options = {"clip": cfg.as_dict(), "shard_size": shard_size, "shard_samples": shard_samples,
+               "splits": present}
     if fingerprint == "content":
         with closing(runtime.start(address, workers, len(videos))) as tasks:
             digests = content_digests.digests(videos, hash_cache, tasks)
@@ -110,7 +111,8 @@ def claim(catalog: Catalog, p: Plan, out: str, name: str | None = None, force: b
     """Claim ``p.id`` for a build into ``out``; unnamed sets are named after ``out``'s last part.
     ``request``: the HTTP request of a build the service runs (kept for a replica to take it over)."""
     return catalog.claim(p.id, source=p.src, location=normalise(out), options=p.options,
-                         name=name or default_name(out), strict_name=name is not None, force=force, request=request)
+                         name=name or default_name(out), strict_name=name is not None, force=force,
+                         request=request)
 
 
 def default_name(out: str) -> str | None:
@@ -118,31 +120,35 @@ def default_name(out: str) -> str | None:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", normalise(out).rsplit("/", 1)[-1]).strip(".-_") or None
 
 
-def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConfig(), *, name: str | None = None,
-          force: bool = False, poll: float = 1.0, shard_size: int | None = 256 * 10**6,
-          shard_samples: int | None = None, splits=("train", "val", "test"), fingerprint: str = "stat",
+def build(catalog: str | Catalog, src: str, out: str, cfg: ClipConfig = ClipConfig(), *,
+          name: str | None = None, force: bool = False, poll: float = 1.0,
+          shard_size: int | None = 256 * 10**6, shard_samples: int | None = None,
+          splits=("train", "val", "test"), fingerprint: str = "stat",
           hash_cache: str | None = None, max_error_fraction: float | None = None, **build_kwargs):
     """``ingest.build.build`` through the catalog; returns (summary, record). A build in which more
     than ``max_error_fraction`` of the videos failed is recorded failed (see ``run_claimed``)."""
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits, fingerprint=fingerprint,
-             hash_cache=hash_cache, address=build_kwargs.get("address"), workers=build_kwargs.get("workers"),
-             split_set=build_kwargs.get("split_set", 1))
+    p = plan(src, cfg, shard_size=shard_size, shard_samples=shard_samples, splits=splits,
+             fingerprint=fingerprint, hash_cache=hash_cache, address=build_kwargs.get("address"),
+             workers=build_kwargs.get("workers"), split_set=build_kwargs.get("split_set", 1))
     known = cat.get(p.id)
-    if not (known and known.state == "ready") or force:  # a build, not a reuse: never over another set unasked
-        refuse_other_options(normalise(out), byte_options(p.source.layout, p.cfg, p.shard_size, p.shard_samples,
-                                                          p.splits), force)
+    if not (known and known.state == "ready") or force:
+        # a build, not a reuse: never over another set unasked
+        refuse_other_options(normalise(out), byte_options(p.source.layout, p.cfg, p.shard_size,
+                                                          p.shard_samples, p.splits), force)
     waited = False
     while True:
         c = claim(cat, p, out, name, force)
         if c.action == "reuse" and not storage.exists(storage.join(c.record.location, MANIFEST_NAME)):
-            log.warning("dataset %s is recorded at %s, but its manifest is gone: rebuilding", p.id, c.record.location)
+            log.warning("dataset %s is recorded at %s, but its manifest is gone: rebuilding", p.id,
+                        c.record.location)
             force = True
             continue
         found = condition(c.record) if c.action == "reuse" else None
         if found and found.state == "changed":  # never "up to date" over files that are not the set
-            raise CatalogError(f"dataset {c.record.id} ({c.record.name}) is changed: {found.problem}; --force "
-                               f"rebuilds it there, or shard-service remove {c.record.id[:12]} forgets it")
+            raise CatalogError(f"dataset {c.record.id} ({c.record.name}) is changed: {found.problem}; "
+                               f"--force rebuilds it there, or shard-service remove {c.record.id[:12]} "
+                               "forgets it")
         if c.action != "wait":
             break
         if not waited:
@@ -201,22 +207,25 @@ def run_claimed(cat: Catalog, c: Claim, p: Plan, force: bool = False, max_error_
     stop.set()
     if max_error_fraction is not None and summary.failed > max_error_fraction * max(1, summary.videos):
         until_reachable(lambda: cat.fail(
-            dataset, owner, f"{summary.failed} of {summary.videos} videos failed (more than {max_error_fraction:.1%}); "
-            f"see {storage.join(c.record.location, LEDGER_NAME)}"))
+            dataset, owner, f"{summary.failed} of {summary.videos} videos failed "
+            f"(more than {max_error_fraction:.1%}); see {storage.join(c.record.location, LEDGER_NAME)}"))
         log.warning("dataset %s: too many videos failed; recorded failed", dataset)
         return summary
     if not until_reachable(lambda: cat.finish(
-            dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha, verified_files=verified,
-            builder_version=_version(), progress={"videos_done": summary.videos, "videos_total": summary.videos,
-                                                  "failed": summary.failed, "shards_written": summary.shards})):
+            dataset, owner, splits=splits, files=files, manifest_sha256=manifest_sha,
+            verified_files=verified, builder_version=_version(),
+            progress={"videos_done": summary.videos, "videos_total": summary.videos,
+                      "failed": summary.failed, "shards_written": summary.shards})):
         rec = cat.get(dataset)
-        if not (rec and rec.state == "ready" and rec.manifest_sha256 == manifest_sha):  # else: a commit whose answer was lost
+        # else: a commit whose answer was lost
+        if not (rec and rec.state == "ready" and rec.manifest_sha256 == manifest_sha):
             log.warning("dataset %s: built, but another process had taken the record over", dataset)
     log.info("dataset %s registered at %s", dataset, c.record.location)
     return summary
 
 
-def keep_alive(cat: Catalog, dataset: str, owner: dict, lost: Callable[[], None] | None = None) -> threading.Event:
+def keep_alive(cat: Catalog, dataset: str, owner: dict,
+               lost: Callable[[], None] | None = None) -> threading.Event:
     """Heartbeat ``owner``'s lease on ``dataset`` from a thread until the event returned is set;
     ``lost()`` once another process has taken the record over (default: a warning). A heartbeat the
     catalog cannot take (it is unreachable) is tried again at the next beat."""
@@ -262,7 +271,8 @@ def describe_set(location: str) -> tuple[dict, dict, str]:
         data = storage.read_bytes(storage.join(location, name))
         files[name] = [len(data), hashlib.sha256(data).hexdigest()]
     m = Manifest.load(location)
-    splits = {name: {"clips": s.num_samples, "bytes": s.num_bytes, "shards": len(s.shards), "failed": s.num_failed}
+    splits = {name: {"clips": s.num_samples, "bytes": s.num_bytes, "shards": len(s.shards),
+                     "failed": s.num_failed}
               for name, s in m.splits.items()}
     return splits, files, files[MANIFEST_NAME][1]
 

@@ -82,7 +82,8 @@ class Source:
         ``digests`` (URL -> SHA-256 of the content), those digests in place of the sizes."""
         h = hashlib.sha256()
         for v in sorted(self.videos, key=lambda v: v.relpath):
-            h.update(f"{v.relpath}\0{v.size if digests is None else digests.get(v.url)}\0{v.label}\n".encode())
+            h.update(f"{v.relpath}\0{v.size if digests is None else digests.get(v.url)}\0"
+                     f"{v.label}\n".encode())
         return h.hexdigest()[:16]
 
 
@@ -226,7 +227,8 @@ def discover(src: str, split_set: int = 1) -> Source:
                 parts = rel.split("/")
                 label = parts[1] if len(parts) >= 3 else None
                 classes.update([label] if label else [])
-                videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind, **stat))
+                videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind,
+                                    **stat))
     if not videos:
         raise NotFound(_why_no_videos(src))
     return Source("cvdf" if cvdf else "class-folders", _unique_ids(videos), sorted(classes), missing)
@@ -283,7 +285,8 @@ def _split_files(src: str, dataset: str, split_set: int, lists) -> Source:
     classes, listed = lists
     folder = "UCF-101" if dataset == "ucf101" and storage.exists(storage.join(src, "UCF-101")) else ""
     entries, _ = _walk(src, folder)
-    found = {rel[len(folder) + 1:] if folder else rel: (rel, size, kind, stat) for rel, size, kind, stat in entries}
+    found = {rel[len(folder) + 1:] if folder else rel: (rel, size, kind, stat)
+             for rel, size, kind, stat in entries}
     videos, missing = [], []
     for path, (split, label) in sorted(listed.items()):
         if path not in found:
@@ -292,7 +295,8 @@ def _split_files(src: str, dataset: str, split_set: int, lists) -> Source:
         rel, size, kind, stat = found[path]
         videos.append(Video(split, rel, storage.join(src, rel), label, _stem(rel), size, kind, **stat))
     if not videos:
-        raise FileNotFoundError(f"{src}: none of the {len(listed)} videos split set {split_set} lists is there")
+        raise FileNotFoundError(f"{src}: none of the {len(listed)} videos split set {split_set} lists "
+                                "is there")
     return Source(f"{dataset}-split{split_set}", _unique_ids(videos), classes, missing)
 
 
@@ -308,7 +312,8 @@ def _why_no_videos(src: str) -> str:
     layout = (f"{src}/train/<label>/<id>.mp4 (class folders) or {src}/train/<id>.mp4 with "
               f"{src}/annotations/train.csv (CVDF), and the same for val and test")
     if flat:
-        return f"{src}: no videos found under {'/'.join(SPLITS)}, but {len(flat)} directly in it: expected {layout}"
+        return (f"{src}: no videos found under {'/'.join(SPLITS)}, but {len(flat)} directly in it: "
+                f"expected {layout}")
     return (f"{src}: no videos found under {'/'.join(SPLITS)} (extensions: {', '.join(sorted(VIDEO_EXTS))}): "
             f"expected {layout}")
 

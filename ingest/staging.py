@@ -5,8 +5,9 @@ written under ``OUT/.staging``. Staging is keyed by what it holds: each video's 
 under ``video_key`` (its URL, size, class index, every clip option and, for a build identified
 by content, its digest), and a batch file is named after the keys it holds, so a rerun with
 other batching, worker count or timeout finds exactly the videos already done, whichever batch
-they went in (``staged``). The index is written last and marks the batch done. ``pack_shard``: sample byte ranges cut from staged
-files -> one final shard. Only small indexes travel back to the driver.
+they went in (``staged``). The index is written last and marks the batch done. ``pack_shard``:
+sample byte ranges cut from staged files -> one final shard. Only small indexes travel back to the
+driver.
 """
 from __future__ import annotations
 

@@ -90,7 +90,8 @@ def _smooth_noise(rng: np.random.Generator, h: int, w: int, sigma: float) -> np.
 
 def _texture(rng: np.random.Generator, h: int, w: int, sigma: float, contrast: float,
              colour: tuple[float, float, float] | None = None) -> np.ndarray:
-    mean = rng.uniform(80, 176, size=3)  # drawn even when ``colour`` replaces it: the draws after stay the same
+    # drawn even when ``colour`` replaces it: the draws after stay the same
+    mean = rng.uniform(80, 176, size=3)
     if colour is not None:
         mean = np.array(colour)
     return np.clip(mean + contrast * _smooth_noise(rng, h, w, sigma), 0, 255).astype(np.float32)
@@ -112,7 +113,8 @@ def _bilinear(tex: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return top + (bottom - top) * fv
 
 
-def _paint_disc(frame: np.ndarray, tex: np.ndarray, cx: float, cy: float, angle: float, radius: float) -> None:
+def _paint_disc(frame: np.ndarray, tex: np.ndarray, cx: float, cy: float, angle: float,
+                radius: float) -> None:
     """Paint ``tex`` (float, square, centred on the disc) rotated by ``angle`` as an anti-aliased
     disc at (cx, cy) into the uint8 ``frame``, wrapping around the frame edges."""
     h, w = frame.shape[:2]
@@ -196,8 +198,8 @@ def plan(out: str, classes: int, train_per_class: int, val_per_class: int, width
         for class_index, (label, colour, motion) in enumerate(class_kinds(classes, colours)):
             for i in range(count):
                 path = os.path.join(out, split, label, f"{label}_{split}_{i:04d}.mp4")
-                jobs.append(VideoJob(path, (seed, split_index, class_index, i), motion, width, height, fps, frames,
-                                    speed_scale, colour))
+                jobs.append(VideoJob(path, (seed, split_index, class_index, i), motion, width, height, fps,
+                                     frames, speed_scale, colour))
     return jobs
 
 
@@ -242,11 +244,14 @@ def synthesize(out: str, classes: int = 4, train_per_class: int = 12, val_per_cl
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--classes", type=int, default=4, help=f"number of classes, first N of {', '.join(CLASSES)}")
+    parser.add_argument("--classes", type=int, default=4,
+                        help=f"number of classes, first N of {', '.join(CLASSES)}")
     parser.add_argument("--train-per-class", type=int, default=12, help="train videos per class")
     parser.add_argument("--val-per-class", type=int, default=4, help="val videos per class")
-    presets = "; ".join(f"{k} {v['width']}x{v['height']} {v['fps']} fps {v['seconds']:g} s" for k, v in PRESETS.items())
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help=f"size, rate and length: {presets}")
+    presets = "; ".join(f"{k} {v['width']}x{v['height']} {v['fps']} fps {v['seconds']:g} s"
+                        for k, v in PRESETS.items())
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                        help=f"size, rate and length: {presets}")
     parser.add_argument("--width", type=int, help="frame width (default: the --preset's)")
     parser.add_argument("--height", type=int, help="frame height (default: the --preset's)")
     parser.add_argument("--fps", type=int, help="frame rate (default: the --preset's)")
@@ -257,14 +262,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{SPIN_DEG[0]:g}-{SPIN_DEG[1]:g} degrees per second); slower motion survives "
                              "clips whose frames lie far apart (multigrid's 2-frame clips)")
     parser.add_argument("--colours", type=int_in_range(0, len(COLOURS)), default=0,
-                        help=f"0: classes differ only in motion; N (1-{len(COLOURS)}): classes are disc colour x "
-                             f"motion (<colour>_<motion>, the first N of {', '.join(COLOURS)}), a task that needs "
-                             "appearance and motion")
+                        help=f"0: classes differ only in motion; N (1-{len(COLOURS)}): classes are disc "
+                             f"colour x motion (<colour>_<motion>, the first N of {', '.join(COLOURS)}), a "
+                             "task that needs appearance and motion")
     parser.add_argument("--workers", type=int, help="encoder processes (default: one per CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
-    shape = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PRESETS[args.preset].items()}
+    shape = {k: getattr(args, k) if getattr(args, k) is not None else v
+             for k, v in PRESETS[args.preset].items()}
     summary = synthesize(args.out, classes=args.classes, train_per_class=args.train_per_class,
                          val_per_class=args.val_per_class, seed=args.seed, workers=args.workers,
                          speed_scale=args.speed_scale, colours=args.colours, **shape)

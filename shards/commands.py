@@ -117,7 +117,8 @@ def main(prog: str, description: str, commands: dict[str, str], argv: list[str] 
         return status
     except BrokenPipeError:
         return _reader_gone()
-    except (CommandError, KeyboardInterrupt) as e:  # a command that says what Ctrl-C leaves raises Interrupted
+    except (CommandError, KeyboardInterrupt) as e:
+        # a command that says what Ctrl-C leaves raises Interrupted
         refusal = Interrupted("interrupted") if isinstance(e, KeyboardInterrupt) else e
         print(f"{prog} {args.command}: error: {printable(refusal)}", file=sys.stderr)  # one line, always
         return refusal.status
@@ -153,7 +154,8 @@ def number_in_range(kind, lo: float, hi: float | None = None, *, above: bool = F
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         try:
             return in_range(value)
         except ValueError as e:
@@ -184,9 +186,11 @@ def count_or_share(text: str) -> str:
     try:
         value = float(text[:-1]) if text.endswith("%") else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count (3) or a share in percent (0.5%)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count (3) or a share in percent (0.5%)") from None
     if not 0 <= value <= (100 if text.endswith("%") else value):
-        raise argparse.ArgumentTypeError(f"{text!r} is out of range: give a count of 0 or more, or 0% to 100%")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range: give a count of 0 or more, or 0% to 100%")
     return text
 
 

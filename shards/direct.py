@@ -57,8 +57,8 @@ def resolve(url: str, mode: str = "auto") -> str:
             why = f"{manifest} is not the manifest the service serves (its SHA-256 differs)"
         else:
             shards = sum(s["shards"] for s in record["splits"].values())
-            log.info("%s: its %d shards are read directly from %s (the same manifest); none through the service",
-                     url, shards, location)
+            log.info("%s: its %d shards are read directly from %s (the same manifest); "
+                     "none through the service", url, shards, location)
             return location
     if mode == "always":
         raise NoDirectRead(f"{url}: cannot be read directly: {why}")

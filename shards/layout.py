@@ -81,7 +81,8 @@ def shard_opens(shard_sizes: list[int], world_size: int, workers: int, batch_siz
 
 
 def plan(totals: Totals, max_world: int, workers: int, batch_size: int, world_sizes: list[int],
-         target_bytes: float = 256 * MB, num_shards: int | None = None, shard_sizes: list[int] | None = None) -> dict:
+         target_bytes: float = 256 * MB, num_shards: int | None = None,
+         shard_sizes: list[int] | None = None) -> dict:
     """A layout and, per world size (the rows: ``world_sizes``, in order), per-rank and total
     metadata operations per epoch. The layout: ``shard_sizes`` (clips per shard: a built set's own),
     else ``num_shards`` even shards, else the recommendation for ``target_bytes``."""
@@ -123,7 +124,8 @@ def _mb(n: float) -> str:
 def recommendation(p: dict) -> str:
     """The recommended (or, with ``--num-shards``, the asked for) layout in one line."""
     head = "Planned (--num-shards)" if p.get("layout") == "num_shards" else "Recommended"
-    return f"{head}: {plural(p['num_shards'], 'shard')} of ~{p['clips_per_shard']:,} clips (~{_mb(p['shard_mb'])})."
+    return (f"{head}: {plural(p['num_shards'], 'shard')} of ~{p['clips_per_shard']:,} clips "
+            f"(~{_mb(p['shard_mb'])}).")
 
 
 def own_layout(p: dict) -> str:
@@ -138,27 +140,29 @@ def explain(p: dict) -> str:
     top = p["rows"][-1]
     return "\n".join([
         "How ranks read: every epoch the shard order is shuffled and rotated (seeded by seed and epoch);",
-        f"rank r reads one contiguous range of it: at {top['world_size']:,} ranks {top['clips_per_rank']:,} clips "
-        f"({top['mb_per_rank']:,.1f} MB),",
+        f"rank r reads one contiguous range of it: at {top['world_size']:,} ranks "
+        f"{top['clips_per_rank']:,} clips ({top['mb_per_rank']:,.1f} MB),",
         "a byte range of one shard, sometimes two, found by the manifest's per-sample offsets. Its loader",
         "workers split the range by batches and share the rank's descriptors, so a rank opens each shard",
         "it touches once; nothing is listed or stat-ed. Where descriptors cannot be shared (remote",
-        f"storage) each worker opens its own: at most {top['shards']['opens_per_rank_per_worker_max']} per rank "
-        f"at {top['world_size']:,} ranks.",
+        "storage) each worker opens its own: at most "
+        f"{top['shards']['opens_per_rank_per_worker_max']} per rank at {top['world_size']:,} ranks.",
         "Trade-off: opens per epoch are about world size + shard count, so larger shards cost fewer",
         "metadata operations and give long sequential reads, but they are coarser units for the",
         "per-epoch shuffle of the shard order, for ingest's parallel writers, and for verify, staging",
         "to a node-local cache and retrying a failed transfer. Below a few MB a shard stops being an",
         "efficient sequential read. Readers outnumbering shards cost nothing extra here: at",
-        f"{top['world_size']:,} ranks x {p['workers_per_rank']} workers about {top['readers_per_shard']:,.0f} "
-        "readers share each shard, each with its own byte range.",
+        f"{top['world_size']:,} ranks x {p['workers_per_rank']} workers about "
+        f"{top['readers_per_shard']:,.0f} readers share each shard, each with its own byte range.",
     ])
 
 
 def format_table(p: dict) -> str:
-    """A layout's metadata operations per epoch, a row per world size, against frame folders and video files."""
+    """A layout's metadata operations per epoch, a row per world size, against frame folders and
+    video files."""
     head = (f"{'ranks':>6} {'clips/rank':>10} {'MB/rank':>8} | {'shards: opens/rank':>18} {'total':>8} | "
-            f"{'frame folders: ops/rank':>23} {'total':>10} | {'video files: ops/rank':>21} {'total':>9} | {'ratio':>6}")
+            f"{'frame folders: ops/rank':>23} {'total':>10} | {'video files: ops/rank':>21} {'total':>9} | "
+            f"{'ratio':>6}")
     lines = [head, "-" * len(head)]
     for r in p["rows"]:
         s, f, v = r["shards"], r["frame_folders"], r["video_files"]
@@ -178,7 +182,8 @@ def format_plan(p: dict, own: dict | None = None) -> str:
     if own:
         lines += [own_layout(own), format_table(own), ""]
     lines += [recommendation(p), format_table(p), "",
-              "ops = opens + stats + listings per epoch; shards total includes the manifest (1 open per job);",
+              "ops = opens + stats + listings per epoch; shards total includes the manifest "
+              "(1 open per job);",
               "ratio = frame-folder total / shard total.", "", explain(p)]
     return "\n".join(lines)
 
@@ -225,19 +230,21 @@ def traffic(shard_sizes: list[int], clip_bytes: float, nodes: int, ranks_per_nod
         ranges["bytes"].append(sum(run.size for rs in runs for run in rs) * clip_bytes)
         ranges["requests"].append(sum(len(rs) for rs in runs))
         for node in range(nodes):
-            node_touches[node].append({run.shard for rs in runs[node * ranks_per_node:(node + 1) * ranks_per_node]
-                                       for run in rs})
+            node_touches[node].append(
+                {run.shard for rs in runs[node * ranks_per_node:(node + 1) * ranks_per_node] for run in rs})
         orders = partition.epoch_orders(shard_sizes, nodes, seed, epoch)
         lengths = tuple(len(o) for o in orders)
         share = partition.per_rank(lengths, world, batch_size)
-        runs = [orders[r // ranks_per_node].slice((r % ranks_per_node) * share, (r % ranks_per_node + 1) * share)
+        runs = [orders[r // ranks_per_node].slice((r % ranks_per_node) * share,
+                                                  (r % ranks_per_node + 1) * share)
                 for r in range(world)]
         node_ranges["bytes"].append(sum(run.size for rs in runs for run in rs) * clip_bytes)
         node_ranges["requests"].append(sum(len(rs) for rs in runs))
     never, one_epoch = [0.0] * epochs, [0.0] * epochs
     for touches in node_touches:
         capacity = sum(whole[s] for s in touches[0])
-        for e, (a, b) in enumerate(zip(_lru_misses(touches, whole, math.inf), _lru_misses(touches, whole, capacity))):
+        for e, (a, b) in enumerate(zip(_lru_misses(touches, whole, math.inf),
+                                       _lru_misses(touches, whole, capacity))):
             never[e] += a
             one_epoch[e] += b
     first = lambda total: [total] + [0.0] * (epochs - 1)  # noqa: E731  a cache that holds the node's share

@@ -40,7 +40,8 @@ def world_sizes(text: str) -> list[int]:
     try:
         sizes = [int(w) for w in text.split(",") if w.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers of ranks separated by commas") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give whole numbers of ranks separated by commas") from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give world sizes of 1 rank or more")
     return sizes
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if args.manifest:
         m = Manifest.load(args.manifest)
         if args.split not in m.splits:
-            raise UsageError(f"{args.manifest}: no split {args.split!r} (it has {', '.join(m.splits) or 'none'})")
+            raise UsageError(f"{args.manifest}: no split {args.split!r} "
+                             f"(it has {', '.join(m.splits) or 'none'})")
         split = m.splits[args.split]
         totals = Totals(split.num_samples, split.num_bytes / max(1, split.num_samples),
                         m.config.get("clip", {}).get("frames", args.frames))  # as ingest writes it
@@ -60,9 +62,12 @@ def run(args: argparse.Namespace) -> int:
         totals = Totals(args.clips, parse_size(args.clip_size), args.frames)
     else:
         raise SystemExit("shards plan: give a manifest or --clips")
-    worlds = args.world_sizes or [w for w in DEFAULT_WORLD_SIZES if w < args.max_world_size] + [args.max_world_size]
-    layout = dict(max_world=args.max_world_size, workers=args.workers, batch_size=args.batch_size, world_sizes=worlds)
-    p = plan(totals, target_bytes=parse_size(args.target_size) or 256 * MB, num_shards=args.num_shards, **layout)
+    worlds = args.world_sizes or ([w for w in DEFAULT_WORLD_SIZES if w < args.max_world_size]
+                                  + [args.max_world_size])
+    layout = dict(max_world=args.max_world_size, workers=args.workers, batch_size=args.batch_size,
+                  world_sizes=worlds)
+    p = plan(totals, target_bytes=parse_size(args.target_size) or 256 * MB, num_shards=args.num_shards,
+             **layout)
     own = plan(totals, shard_sizes=shard_sizes, **layout) if shard_sizes else None
     print(json.dumps({**p, "set": own}, sort_keys=True) if args.json else format_plan(p, own))
     return 0

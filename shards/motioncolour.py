@@ -1,4 +1,5 @@
-"""Motion fields as pictures: the colour coding of optical-flow figures, for the viewer and ``shards preview``.
+"""Motion fields as pictures: the colour coding of optical-flow figures, for the viewer and
+``shards preview``.
 
 The Middlebury convention (Baker et al., "A Database and Evaluation Methodology for Optical
 Flow", IJCV 2011), which most optical-flow papers and tools draw with:
@@ -25,8 +26,10 @@ from PIL import Image
 
 from .format import motionfield
 
-RAMPS = (15, 6, 4, 11, 13, 6)  # steps of red-yellow, yellow-green, green-cyan, cyan-blue, blue-magenta, magenta-red
-MIN_SCALE = motionfield.STEP  # a clip with no known motion longer than one quantisation step is drawn at this scale
+# steps of red-yellow, yellow-green, green-cyan, cyan-blue, blue-magenta, magenta-red
+RAMPS = (15, 6, 4, 11, 13, 6)
+# a clip with no known motion longer than one quantisation step is drawn at this scale
+MIN_SCALE = motionfield.STEP
 SCALE_PERCENTILE = 99  # of a clip's known motion lengths: drawn at full colour
 
 

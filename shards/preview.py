@@ -98,7 +98,8 @@ def _drawable(text: str, limit: int = 36) -> str:
 
 
 def _fit(im: Image.Image, height: int) -> Image.Image:
-    """``im`` at ``height`` pixels: enlarged pixel by pixel (what was stored, only bigger), reduced smoothly."""
+    """``im`` at ``height`` pixels: enlarged pixel by pixel (what was stored, only bigger), reduced
+    smoothly."""
     size = (max(1, round(im.width * height / im.height)), height)
     return im.resize(size, Image.Resampling.NEAREST if height >= im.height else Image.Resampling.BILINEAR)
 
@@ -114,7 +115,8 @@ def sheet(rows: list[Row], height: int) -> Image.Image:
     scaled = [[_fit(im, height) for im in r.pictures] for r in rows]
     fields = [[_fit(im, height) for im in r.motion] for r in rows]
     width = LABEL_WIDTH + max([sum(im.width + GAP for im in ims) for ims in scaled] + [LABEL_WIDTH + GAP])
-    tall = [height + GAP + (height + 3 * GAP if f else 0) for f in fields]  # a clip's rows apart from the next's
+    # a clip's rows apart from the next's
+    tall = [height + GAP + (height + 3 * GAP if f else 0) for f in fields]
     out = Image.new("RGB", (width, max(1, sum(tall) or height + GAP) + GAP), "white")
     draw, font = ImageDraw.Draw(out), ImageFont.load_default()
     wheel = _fit(motioncolour.legend(), height) if any(fields) else None
@@ -124,10 +126,10 @@ def sheet(rows: list[Row], height: int) -> Image.Image:
         draw.text((GAP, y + 2), _drawable(row.label), fill=colour, font=font)
         draw.text((GAP, y + 18), _drawable(row.key), fill=DAMAGED if row.damaged else (90, 90, 90), font=font)
         if row.damaged:  # the text cut to the box (about 6 pixels a character)
-            draw.rectangle((LABEL_WIDTH, y, width - GAP - 1, y + height - 1), fill=(255, 225, 225), outline=DAMAGED,
-                           width=3)
-            draw.text((LABEL_WIDTH + 8, y + 8), _drawable(row.damaged, (width - LABEL_WIDTH - 16) // 6), fill=DAMAGED,
-                      font=font)
+            draw.rectangle((LABEL_WIDTH, y, width - GAP - 1, y + height - 1), fill=(255, 225, 225),
+                           outline=DAMAGED, width=3)
+            draw.text((LABEL_WIDTH + 8, y + 8), _drawable(row.damaged, (width - LABEL_WIDTH - 16) // 6),
+                      fill=DAMAGED, font=font)
         for line, pictures in ((y, ims), (y + height + GAP, motion)):
             x = LABEL_WIDTH
             for im in pictures:
@@ -158,28 +160,34 @@ def write_html(directory: str, title: str, rows: list[Row], height: int) -> str:
             storage.atomic_write(storage.join(directory, f"frames/{r:04d}_{t:02d}.jpg"), data)
             cells.append(f'<img src="frames/{r:04d}_{t:02d}.jpg" height="{height}" alt="frame {t}">')
         for t, picture in enumerate(row.motion):
-            storage.atomic_write(storage.join(directory, f"motion/{r:04d}_{t:02d}.png"), motioncolour.png(picture))
-            fields.append(f'<img src="motion/{r:04d}_{t:02d}.png" height="{height}" alt="motion of frame {t}">')
-        motion = (f'<div class="motion">{"".join(fields)} <small>{html.escape(_scale_text(row.scale))}</small></div>'
-                  if fields else "")
+            storage.atomic_write(storage.join(directory, f"motion/{r:04d}_{t:02d}.png"),
+                                 motioncolour.png(picture))
+            fields.append(f'<img src="motion/{r:04d}_{t:02d}.png" height="{height}" '
+                          f'alt="motion of frame {t}">')
+        motion = (f'<div class="motion">{"".join(fields)} '
+                  f'<small>{html.escape(_scale_text(row.scale))}</small></div>' if fields else "")
         body.append(f'<tr>{head}<td><div>{"".join(cells)}</div>{motion}</td></tr>')
     if any(row.motion for row in rows):
-        storage.atomic_write(storage.join(directory, "motion/legend.png"), motioncolour.png(motioncolour.legend()))
-        wheel = (f'<p class="legend"><img src="motion/legend.png" height="{height}" alt="colour wheel"> Under each '
-                 f'clip, the motion of each frame: {html.escape(LEGEND)}.</p>\n')
-    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        storage.atomic_write(storage.join(directory, "motion/legend.png"),
+                             motioncolour.png(motioncolour.legend()))
+        wheel = (f'<p class="legend"><img src="motion/legend.png" height="{height}" alt="colour wheel"> '
+                 f'Under each clip, the motion of each frame: {html.escape(LEGEND)}.</p>\n')
+    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<title>{html.escape(title)}</title>'
             '<style>body{font-family:sans-serif}th{text-align:left;font-weight:normal;padding-right:1em}'
             'td img{margin-right:4px}td .motion{margin-top:4px}td .motion img{outline:1px solid #bbb}'
             '.legend img{vertical-align:middle}'
             'tr.damaged{color:#c80000}tr.damaged td{border:3px solid #c80000}</style></head>\n'
-            f'<body><h1>{html.escape(title)}</h1>\n{wheel}<table>\n' + "\n".join(body) + "\n</table></body></html>\n")
+            f'<body><h1>{html.escape(title)}</h1>\n{wheel}<table>\n' + "\n".join(body)
+            + "\n</table></body></html>\n")
     url = storage.join(directory, "index.html")
     storage.atomic_write(url, page.encode())
     return url
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("shardset", help="shard-set directory URL or manifest.json URL (a path, file://, http(s)://, s3://)")
+    p.add_argument("shardset", help="shard-set directory URL or manifest.json URL "
+                   "(a path, file://, http(s)://, s3://)")
     p.add_argument("--split", default="train", help="the split to show")
     p.add_argument("--classes", nargs="+", metavar="CLASS", help="only clips of these classes (names)")
     p.add_argument("--clips", type=int, default=8, help="rows: clips spread evenly over the split")
@@ -210,9 +218,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.out}: {plural(len(rows), 'clip')} of {args.split}")
     if args.html:
         title = f"{os.path.basename(manifest.base.rstrip('/')) or manifest.base}: {args.split}"
-        print(f"{write_html(args.html, title, rows, args.height)}: {plural(len(rows), 'clip')} of {args.split}")
+        print(f"{write_html(args.html, title, rows, args.height)}: {plural(len(rows), 'clip')} "
+              f"of {args.split}")
     damaged = [f"{c.shard.name} sample {c.key}" for c, row in zip(clips, rows) if row.damaged]
     if damaged:
-        raise DataFault(f"{len(damaged)} of the {len(rows)} clips shown are damaged and marked so ({', '.join(damaged[:3])}{', ...' if len(damaged) > 3 else ''}); "
+        raise DataFault(f"{len(damaged)} of the {len(rows)} clips shown are damaged and marked so "
+                        f"({', '.join(damaged[:3])}{', ...' if len(damaged) > 3 else ''}); "
                         f"shards verify {args.shardset} checks every clip")
     return 0

@@ -48,8 +48,8 @@ class Progress:
     ``close()`` (or the ``with`` block's end) at the loop's end. ``enabled=False``: nothing shown
     (ranks other than 0). ``leave``: a terminal bar stays after the end (else it is cleared)."""
 
-    def __init__(self, total: int, *, desc: str, unit: str, initial: int = 0, stream=None, enabled: bool = True,
-                 leave: bool = True, every: float | None = None, clock=time.monotonic):
+    def __init__(self, total: int, *, desc: str, unit: str, initial: int = 0, stream=None,
+                 enabled: bool = True, leave: bool = True, every: float | None = None, clock=time.monotonic):
         self.total, self.desc, self.unit, self.n, self.initial = total, desc, unit, initial, initial
         self.stream = stream or sys.stderr
         self.figures: dict = {}

@@ -91,7 +91,8 @@ class _Chunked(io.RawIOBase):
             if len(data) == want:
                 self.buf, self.at = data, 0
                 return
-            patience.failed(WRONG, f"{len(data)} bytes, expected {want}", f"bytes {self.pos}-{self.pos + want - 1}")
+            patience.failed(WRONG, f"{len(data)} bytes, expected {want}",
+                            f"bytes {self.pos}-{self.pos + want - 1}")
 
     def readinto(self, buf) -> int:
         if self.pos >= self.end:
@@ -190,8 +191,8 @@ class _Ahead(io.RawIOBase):
 def read_ahead(reads: list[tuple], max_bytes: int, retry: Retry = DEFAULT_RETRY) -> Iterator[BinaryIO]:
     """Each (url, start, end, size, sha256, checked) range (``open_range``'s) as a stream, in order,
     its bytes read by a background thread up to ``max_bytes`` ahead of the reader, across range
-    boundaries (the next range is asked for while the last is still being consumed). A stream must be read to its end
-    before the next is taken."""
+    boundaries (the next range is asked for while the last is still being consumed). A stream must
+    be read to its end before the next is taken."""
     chunks: queue.Queue = queue.Queue(max(2, max_bytes // READ_BUFFER))
     stop = threading.Event()
 

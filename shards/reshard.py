@@ -38,7 +38,8 @@ class BadShard(ValueError):
         self.name, self.problems = name, problems
 
 
-def cuts(sizes: list[int], shard_bytes: int | None, shard_samples: int | None, num_shards: int | None) -> list[range]:
+def cuts(sizes: list[int], shard_bytes: int | None, shard_samples: int | None,
+         num_shards: int | None) -> list[range]:
     """New shard boundaries: by size (``packing.cut``) or ``num_shards`` near-equal counts."""
     if num_shards:
         n = len(sizes)
@@ -112,13 +113,15 @@ def reshard(src: str, dst: str, shard_bytes: int | None = None, shard_samples: i
                 lost = sum(dropped.get(s.name, 0) for s in split.shards)
                 splits[name] = SplitInfo(shards=shards, num_failed=split.num_failed + lost,
                                          warnings=split.warnings)
-                log.info("%s: %s in %s -> %s", name, plural(len(sizes), "sample"), plural(len(sources), "shard"),
-                         plural(len(parts), "shard"))
-    except (BadShard, NoSpace) as refused:  # a refused reshard leaves nothing behind (the destination was empty)
+                log.info("%s: %s in %s -> %s", name, plural(len(sizes), "sample"),
+                         plural(len(sources), "shard"), plural(len(parts), "shard"))
+    except (BadShard, NoSpace) as refused:
+        # a refused reshard leaves nothing behind (the destination was empty)
         for entry in fs.ls(root, detail=False) if fs.exists(root) else []:
             fs.rm(entry, recursive=True)
         if isinstance(refused, NoSpace):
-            raise NoSpace(f"{refused}; nothing is left in {dst}, the same command with room starts afresh") from None
+            raise NoSpace(f"{refused}; nothing is left in {dst}, the same command with room starts "
+                          "afresh") from None
         raise
     layout = {"shard_bytes": shard_bytes, "shard_samples": shard_samples, "num_shards": num_shards}
     done = layout | ({"dropped": dropped} if dropped else {})

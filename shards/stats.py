@@ -46,8 +46,8 @@ def _probe_samples(manifest: Manifest, split: SplitInfo, probe: int):
     for g in np.unique(np.linspace(0, split.num_samples - 1, min(probe, split.num_samples)).astype(int)):
         k = int(np.searchsorted(starts, g, side="right")) - 1
         shard, i = split.shards[k], int(g - starts[k])
-        for _, data in iter_samples(manifest.shard_url(shard), shard, i, i + 1, bad=True, frames=manifest.frames,
-                                    motion=manifest.motion):
+        for _, data in iter_samples(manifest.shard_url(shard), shard, i, i + 1, bad=True,
+                                    frames=manifest.frames, motion=manifest.motion):
             yield data
 
 
@@ -103,7 +103,8 @@ def split_stats(manifest: Manifest, name: str, probe: int) -> dict:
         "frames_per_clip": dict(sorted(frames.items())),
         "frame_sizes": dict(frame_sizes.most_common()),
         "bytes_per_frame": statistics.mean(frame_bytes) if frame_bytes else None,
-        **({"motion": _motion_stats(manifest.motion, lengths, cells, clipped)} if manifest.motion != "none" else {}),
+        **({"motion": _motion_stats(manifest.motion, lengths, cells, clipped)}
+           if manifest.motion != "none" else {}),
     }
 
 
@@ -117,8 +118,10 @@ def _motion_stats(kind: str, lengths: list[np.ndarray], cells: int, clipped: int
 
 
 def collect(manifest: Manifest, probe: int = 64, splits: list[str] | None = None) -> dict:
-    return {"classes": len(manifest.classes), "identity": manifest.identity, "fingerprint": manifest.fingerprint,
-            "splits": {n: split_stats(manifest, n, probe) for n in manifest.splits if not splits or n in splits}}
+    return {"classes": len(manifest.classes), "identity": manifest.identity,
+            "fingerprint": manifest.fingerprint,
+            "splits": {n: split_stats(manifest, n, probe) for n in manifest.splits
+                       if not splits or n in splits}}
 
 
 def _mb(n: float) -> str:
@@ -126,14 +129,17 @@ def _mb(n: float) -> str:
 
 
 def format_text(stats: dict) -> str:
-    lines = [f"shard set {stats['identity']}, {stats['classes']} classes, inputs' fingerprint {stats['fingerprint']}"]
+    lines = [f"shard set {stats['identity']}, {stats['classes']} classes, "
+             f"inputs' fingerprint {stats['fingerprint']}"]
     for name, s in stats["splits"].items():
         sb = s["shard_bytes"]
-        lines.append(f"{name}: {plural(s['clips'], 'clip')} in {plural(s['shards'], 'shard')}, {_mb(s['bytes'])} "
-                     f"({s['bytes_per_clip'] / 1e3:,.1f} kB/clip), {s['failed_at_ingest']} failed at ingest"
+        lines.append(f"{name}: {plural(s['clips'], 'clip')} in {plural(s['shards'], 'shard')}, "
+                     f"{_mb(s['bytes'])} ({s['bytes_per_clip'] / 1e3:,.1f} kB/clip), "
+                     f"{s['failed_at_ingest']} failed at ingest"
                      + (", warnings: " + ", ".join(f"{n} x {code}" for code, n in Counter(
                          s["warnings_at_ingest"]).most_common()) if s["warnings_at_ingest"] else ""))
-        lines.append(f"  shard size min/median/max: {_mb(sb['min'])} / {_mb(sb['median'])} / {_mb(sb['max'])}")
+        lines.append(f"  shard size min/median/max: {_mb(sb['min'])} / {_mb(sb['median'])} / "
+                     f"{_mb(sb['max'])}")
         counts = sorted(s["classes"].items(), key=lambda kv: -kv[1])
         shown = counts if len(counts) <= 12 else counts[:5] + [("...", "")] + counts[-5:]
         lines.append("  clips per class: " + ", ".join(f"{c} {n}" for c, n in shown))
@@ -144,8 +150,8 @@ def format_text(stats: dict) -> str:
             lines.append(f"  from {plural(s['probed_clips'], 'clip')} read: {clips}; {sizes}; "
                          f"{s['bytes_per_frame'] / 1e3:,.1f} kB/frame")
         if s["bad_samples"]:
-            lines.append(f"  {len(s['bad_samples'])} of the {s['probed_clips']} clips read are damaged (left out of "
-                         "these figures):")
+            lines.append(f"  {len(s['bad_samples'])} of the {s['probed_clips']} clips read are damaged "
+                         "(left out of these figures):")
             lines += [f"    {b['shard']}: sample {b['key']}: {b['why']}" for b in s["bad_samples"]]
         if "mean" in s.get("motion", {}):
             mo = s["motion"]
@@ -158,7 +164,8 @@ def format_text(stats: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("shardset", help="shard-set directory URL or manifest.json URL")
     p.add_argument("--split", action="append", help="only this split (repeatable)")
-    p.add_argument("--probe", type=int, default=64, help="clips read per split for frame counts and sizes (0: all)")
+    p.add_argument("--probe", type=int, default=64,
+                   help="clips read per split for frame counts and sizes (0: all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -167,7 +174,9 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(stats, sort_keys=True) if args.json else format_text(stats))
     bad = [(name, b) for name, s in stats["splits"].items() for b in s["bad_samples"]]
     if bad:
-        named = ", ".join(f"{b['shard']} sample {b['key']}" for _, b in bad[:3]) + (", ..." if len(bad) > 3 else "")
-        raise DataFault(f"{len(bad)} clip{'s' if len(bad) > 1 else ''} read {'are' if len(bad) > 1 else 'is'} "
-                        f"damaged ({named}): {bad[0][1]['why']}; shards verify {args.shardset} checks every clip")
+        named = (", ".join(f"{b['shard']} sample {b['key']}" for _, b in bad[:3])
+                 + (", ..." if len(bad) > 3 else ""))
+        raise DataFault(f"{len(bad)} clip{'s' if len(bad) > 1 else ''} read "
+                        f"{'are' if len(bad) > 1 else 'is'} damaged ({named}): {bad[0][1]['why']}; "
+                        f"shards verify {args.shardset} checks every clip")
     return 0

@@ -40,8 +40,9 @@ class Problem:
 def check_members(key: str, label: int, data, frames: int | None, deep: bool,
                   motion: str = "none") -> list[str]:
     """What is wrong with one sample's tar bytes (empty list when nothing): what the readers' parser
-    (``shards.format.sample.parse``) refuses, metadata that is not a JSON object, frame headers that do not parse
-    (``Sample.frame_sizes``), and with ``deep`` frames and motion fields (``motion``: ``Manifest.motion``) that do not decode."""
+    (``shards.format.sample.parse``) refuses, metadata that is not a JSON object, frame headers that
+    do not parse (``Sample.frame_sizes``), and with ``deep`` frames and motion fields (``motion``:
+    ``Manifest.motion``) that do not decode."""
     try:
         sample = parse(data, key, label=label, frames=frames, motion=motion)
         sample.meta()
@@ -78,7 +79,8 @@ def _check_field(name: str, png, frame: tuple[int, int] | None) -> list[str]:
 
 
 def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool = False,
-                keep: list[bytes] | None = None, motion: str = "none", hashed: dict | None = None) -> list[Problem]:
+                keep: list[bytes] | None = None, motion: str = "none",
+                hashed: dict | None = None) -> list[Problem]:
     """All problems of one shard: read sequentially, samples checked at their manifest offsets.
 
     ``keep``: a list that receives each sample's bytes as read (``shards reshard`` copies them,
@@ -103,8 +105,9 @@ def check_shard(url: str, info: ShardInfo, frames: int | None = None, deep: bool
             h.update(data)
             pos += len(data)
             if len(data) < info.lengths[i]:
-                bad(key, f"the shard ends at byte {pos:,}, inside this sample: {info.bytes - pos:,} of the manifest's "
-                    f"{info.bytes:,} bytes missing (a partial copy?); {info.num_samples - i - 1} later samples missing")
+                bad(key, f"the shard ends at byte {pos:,}, inside this sample: {info.bytes - pos:,} of the "
+                    f"manifest's {info.bytes:,} bytes missing (a partial copy?); "
+                    f"{info.num_samples - i - 1} later samples missing")
                 break
             if info.digests and sample_digest(data) != info.digests[i]:
                 bad(key, f"{ALGORITHM} digest differs from the manifest's")
@@ -183,7 +186,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("shardset", help="shard-set directory URL or manifest.json URL")
     p.add_argument("--split", action="append", help="only this split (repeatable)")
     p.add_argument("--deep", action="store_true", help="also decode every JPEG and motion field")
-    p.add_argument("--frames", type=int, help="frames per clip to expect (default: the manifest's config.clip.frames)")
+    p.add_argument("--frames", type=int,
+                   help="frames per clip to expect (default: the manifest's config.clip.frames)")
     p.add_argument("--workers", type=int, default=4, help="shards checked at once")
 
 
@@ -194,5 +198,6 @@ def run(args: argparse.Namespace) -> int:
     for p in problems:
         print(p)
     shards = sum(len(s.shards) for n, s in m.splits.items() if not args.split or n in args.split)
-    print(f"{plural(shards, 'shard')} checked{' (deep)' if args.deep else ''}: {plural(len(problems), 'problem')}")
+    print(f"{plural(shards, 'shard')} checked{' (deep)' if args.deep else ''}: "
+          f"{plural(len(problems), 'problem')}")
     return 1 if problems else 0

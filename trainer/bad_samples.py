@@ -57,7 +57,8 @@ class BadSamples(Hook):
         self.train_split, self.val_split = (list(clips) + [None])[:2]
         self.path = os.path.join(output_dir, FILE)
         self.pending: list[dict] = []  # met by this rank since the ranks last agreed
-        self.epoch, self.counts, self.last = 0, {}, {}  # the epoch counted, bad samples by split, the last one's line
+        # the epoch counted, bad samples by split, the last one's line
+        self.epoch, self.counts, self.last = 0, {}, {}
         self.step = 0  # the run's step when the ranks last agreed
         self.logged: set[tuple[str, str]] = set()  # (shard, key) of every sample logged this run
 
@@ -95,10 +96,10 @@ class BadSamples(Hook):
         for split, n in self.counts.items():
             if n > self.limits[split]:
                 raise TooManyBadSamples(
-                    f"{n} samples of {split} in epoch {self.epoch + 1} are bad (their digests differ from the manifest's, "
-                    f"or the format refuses them), more than "
-                    f"--max-bad-samples {self.budget} allows ({self.limits[split]}); the last: {self.last[split]}; "
-                    f"all are listed in {self.path}")
+                    f"{n} samples of {split} in epoch {self.epoch + 1} are bad (their digests differ from "
+                    f"the manifest's, or the format refuses them), more than --max-bad-samples {self.budget} "
+                    f"allows ({self.limits[split]}); the last: {self.last[split]}; all are listed in "
+                    f"{self.path}")
 
     def _take(self, record: dict) -> None:
         split = record["split"]
@@ -109,7 +110,8 @@ class BadSamples(Hook):
         if (record["shard"], record["key"]) not in self.logged:
             self.logged.add((record["shard"], record["key"]))
             log.warning("left out (--max-bad-samples %s): %s", self.budget, self.last[split])
-        line = {"epoch": self.epoch + 1, "step": self.step, **{k: v for k, v in record.items() if k != "slot"}}
+        line = {"epoch": self.epoch + 1, "step": self.step,
+                **{k: v for k, v in record.items() if k != "slot"}}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -28,13 +28,15 @@ MODEL_FIELDS = ("arch", "segments", "shift_div", "depth", "width", "num_classes"
 NETWORK = (("model", "arch"), ("model", "shift"))
 # flags a resumed run cannot take other than the checkpoint's: the optimizer state or the step
 # sequence it saved would not fit (docs/faults.md); (concern, field)
-REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"), ("schedules", "multigrid_stages"))
+REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("schedules", "multigrid"),
+           ("schedules", "multigrid_stages"))
 # flags that change nothing a run computes: where it runs, what it logs, where it reads and writes
 # (the shard set itself is checked by its identity, ``shards.format.manifest``)
-INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"), ("data", "lookahead"),
-         ("data", "source_deadline"),
+INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"),
+         ("data", "lookahead"), ("data", "source_deadline"),
          ("system", "backend"),
-         ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"), ("system", "print_freq"),
+         ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"),
+         ("system", "print_freq"),
          ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))
 
 
@@ -77,8 +79,8 @@ def save(url: str, state: dict) -> None:
         storage.atomic_write(url, buf.getvalue())
     except NoSpace as full:
         kept = "the previous one is kept" if storage.exists(url) else "there is no earlier one"
-        raise NoSpace(f"{full}: this checkpoint is not written, {kept}; with room, the same command with --resume "
-                      "continues from the last one written") from None
+        raise NoSpace(f"{full}: this checkpoint is not written, {kept}; with room, the same command with "
+                      "--resume continues from the last one written") from None
 
 
 def load(url: str) -> dict | None:
@@ -91,7 +93,8 @@ def load(url: str) -> dict | None:
     except Exception as e:  # noqa: BLE001 -- whatever the file's damage makes torch raise
         said = (str(e).strip().splitlines() or [""])[0]
         reason = type(e).__name__ + (f": {said}" if said and len(said) <= 100 else "")
-        raise Unreadable(f"{url} ({len(data):,} bytes) does not load: truncated or corrupt ({reason})") from None
+        raise Unreadable(f"{url} ({len(data):,} bytes) does not load: truncated or corrupt "
+                         f"({reason})") from None
 
 
 def differences(state: dict, model_config: dict, cfg: TrainConfig) -> list[str]:

@@ -78,7 +78,8 @@ def read_file(path: str) -> list[dict]:
 
 def read(output_dir: str) -> list[dict]:
     """Every process's records."""
-    return [r for path in sorted(glob.glob(os.path.join(output_dir, DIRECTORY, "*.jsonl"))) for r in read_file(path)]
+    return [r for path in sorted(glob.glob(os.path.join(output_dir, DIRECTORY, "*.jsonl")))
+            for r in read_file(path)]
 
 
 def committed(records: list[dict]) -> list[dict]:

@@ -86,8 +86,8 @@ class ElasticState(State, Hook):
         e.optimizer.load_state_dict(self.saved["optimizer"])
         self._load_small(self.saved)
         self.steps_lost += lost
-        log.info("rank %d: a rank failed; back to the last commit, epoch %d batch %d (step %d): %d steps lost",
-                 t.backend.rank, t.epoch + 1, t.batch, t.step, lost)
+        log.info("rank %d: a rank failed; back to the last commit, epoch %d batch %d (step %d): "
+                 "%d steps lost", t.backend.rank, t.epoch + 1, t.batch, t.step, lost)
 
     def sync(self) -> None:
         """Every rank at rank 0's state (a joining rank gets it here), which becomes the commit."""

@@ -19,7 +19,8 @@ from .schedules.recipe import Schedule, build_optimizer, scaled_lr
 log = logging.getLogger(__name__)
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-NAMES = {"tsm": "TSM", "tsn": "TSN", "i3d-3x3x3": "I3D 3x3x3", "i3d-3x1x1": "I3D 3x1x1"}  # trainer.config.ARCHS
+# trainer.config.ARCHS
+NAMES = {"tsm": "TSM", "tsn": "TSN", "i3d-3x3x3": "I3D 3x3x3", "i3d-3x1x1": "I3D 3x1x1"}
 
 
 def pick_device(backend: Backend) -> torch.device:
@@ -67,7 +68,8 @@ class Engine:
         self.epochs = epochs or recipe.epochs
         total = self.epochs * epoch_clips
         self.schedule = Schedule(peak_lr, min(total, round(recipe.warmup_epochs * epoch_clips)), total)
-        optimizer = build_optimizer(self.model, peak_lr, recipe.momentum, recipe.weight_decay, name=recipe.optimizer)
+        optimizer = build_optimizer(self.model, peak_lr, recipe.momentum, recipe.weight_decay,
+                                    name=recipe.optimizer)
         self.fp16_allreduce = system.fp16_allreduce
         self.net, self.optimizer = backend.prepare(self.model, optimizer, system.fp16_allreduce)
         if system.compile:
@@ -124,7 +126,8 @@ class Engine:
         losses = F.cross_entropy(logits.float(), labels, reduction="none")
         if valid is not None:
             losses = losses * valid.to(self.device, losses.dtype, non_blocking=True)
-        # gradients are averaged over the ranks: each rank's sum over n / size clips averages to the mean over n
+        # gradients are averaged over the ranks: each rank's sum over n / size clips averages to the
+        # mean over n
         loss = losses.sum() / (n / self.backend.size)
         self.optimizer.zero_grad()  # sets grads to None (Horovod takes no argument)
         self.scaler.scale(loss).backward()
@@ -155,8 +158,9 @@ class Engine:
             f"{f'shift 1/{c.shift_div}, ' if c.shift else ''}dropout {c.dropout}, BN {self.bn_mode}, "
             f"{c.num_classes} classes, "
             f"{params / 1e6:.2f} M parameters",
-            f"recipe: global batch {self.global_batch} ({self.batch_size} x {b.size}), peak lr {self.peak_lr:g} "
-            f"({r.lr_per_8:g} per 8 clips), {self.epochs} epochs, {self.schedule.total_clips} clips, "
+            f"recipe: global batch {self.global_batch} ({self.batch_size} x {b.size}), "
+            f"peak lr {self.peak_lr:g} ({r.lr_per_8:g} per 8 clips), {self.epochs} epochs, "
+            f"{self.schedule.total_clips} clips, "
             f"warm-up {self.schedule.warmup_clips} clips, cosine to 0 (both over clips seen), {r.optimizer}"
             f"{f' momentum {r.momentum}' if r.optimizer == 'sgd' else ''}, "
             f"weight decay {r.weight_decay:g} (not on BN or biases), grad clip {r.clip_grad_norm or 'off'}, "

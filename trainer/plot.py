@@ -31,9 +31,12 @@ def plot(runs: list[str], labels: list[str], out: str) -> None:
         path = run if run.endswith(".jsonl") else os.path.join(run, "metrics.jsonl")
         records = metrics.read(path)
         line, = ax_loss.plot(*_series(records, "train", "loss"), label=f"{label} train", alpha=0.8)
-        ax_loss.plot(*_series(records, "epoch", "val_loss"), "o--", color=line.get_color(), label=f"{label} val")
-        ax_acc.plot(*_series(records, "epoch", "val_top1"), "o-", color=line.get_color(), label=f"{label} top-1")
-        ax_acc.plot(*_series(records, "epoch", "val_top5"), "x:", color=line.get_color(), label=f"{label} top-5")
+        ax_loss.plot(*_series(records, "epoch", "val_loss"), "o--", color=line.get_color(),
+                     label=f"{label} val")
+        ax_acc.plot(*_series(records, "epoch", "val_top1"), "o-", color=line.get_color(),
+                    label=f"{label} top-1")
+        ax_acc.plot(*_series(records, "epoch", "val_top5"), "x:", color=line.get_color(),
+                    label=f"{label} top-5")
         ax_lr.plot(*_series(records, "train", "lr"), color=line.get_color(), label=label)
         ax_speed.plot(*_series(records, "train", "clips_per_s"), color=line.get_color(), label=label)
     for ax, title, ylabel in ((ax_loss, "loss", "cross-entropy"), (ax_acc, "validation accuracy", "%"),
@@ -61,13 +64,15 @@ def tables(runs: list[str], labels: list[str], max_rows: int = 8) -> str:
     n = max(map(len, epochs))
     rows = min(n, max_rows)
     shown = sorted({round(i * (n - 1) / max(1, rows - 1)) for i in range(rows)})  # first and last among them
-    lines = ["validation top-1 (%) by epoch", "epoch | " + " | ".join(f"{label:>{width}}" for label in labels)]
+    lines = ["validation top-1 (%) by epoch",
+             "epoch | " + " | ".join(f"{label:>{width}}" for label in labels)]
     longest = max(epochs, key=len)
     for i in shown:
         cells = [f"{metrics.figure('val_top1', e[i]['val_top1']):>{width}}"
                  if i < len(e) and "val_top1" in e[i] else " " * width for e in epochs]
         lines.append(f"{longest[i]['epoch']:>5} | " + " | ".join(cells))
-    lines += ["", f"{'run':<{width}} | final top-1 | best top-1 | train loss | data ms/step | compute ms/step | clips/s"]
+    lines += ["", f"{'run':<{width}} | final top-1 | best top-1 | train loss | data ms/step | "
+              "compute ms/step | clips/s"]
     for label, e in zip(labels, epochs):
         last = e[-1]
         best = max(r.get("val_top1", 0.0) for r in e)
@@ -79,7 +84,8 @@ def tables(runs: list[str], labels: list[str], max_rows: int = 8) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    labels = args.labels or [os.path.basename(os.path.normpath(r.removesuffix("metrics.jsonl"))) for r in args.runs]
+    labels = args.labels or [os.path.basename(os.path.normpath(r.removesuffix("metrics.jsonl")))
+                             for r in args.runs]
     if len(labels) != len(args.runs):
         raise UsageError(f"--labels: {len(labels)} labels for {len(args.runs)} runs; give one label per run")
     for run_ in args.runs:

@@ -27,7 +27,8 @@ from .hooks import Hook
 
 
 def _layers(model: nn.Module) -> list[nn.BatchNorm2d]:
-    return [m for m in model.modules() if isinstance(m, nn.BatchNorm2d) and m.training and m.track_running_stats]
+    return [m for m in model.modules()
+            if isinstance(m, nn.BatchNorm2d) and m.training and m.track_running_stats]
 
 
 @torch.no_grad()
@@ -75,7 +76,8 @@ def full_shape_batches(t, count: int):
     d = t.cfg.data
     loader = t.new_loader(t.train_loader.manifest, d.train_split, train=True, full_shape=True)
     loader.set_epoch(t.epoch)
-    clips = clip_source(d.decode_on_device, t.engine.device)  # not t.clips: --clip-log records training steps only
+    # not t.clips: --clip-log records training steps only
+    clips = clip_source(d.decode_on_device, t.engine.device)
     batches = iter(loader)
     try:
         for _, batch in zip(range(count), batches):
@@ -90,7 +92,8 @@ def update(t, batches: int) -> dict:
     and CPU seconds (all ranks and their loader workers) for the epoch record."""
     start, cpu = time.perf_counter(), metrics.cpu_seconds()
     devices = [t.engine.device] if t.engine.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # dropout and the loader's seeds leave the run's stream alone
+    # dropout and the loader's seeds leave the run's stream alone
+    with torch.random.fork_rng(devices=devices):
         recompute(t.engine.model, full_shape_batches(t, batches), t.backend.all_sum, t.engine.amp)
     spent = t.backend.all_sum(torch.tensor([metrics.cpu_seconds() - cpu], dtype=torch.float64))
     return {"precise_bn_time": time.perf_counter() - start, "precise_bn_cpu": spent.item()}

@@ -14,5 +14,5 @@ from .backends import CatalogUnavailable
 from .ids import canonical_json, dataset_id
 from .store import HEARTBEAT_SECONDS, Catalog, CatalogError, Claim, Record, default_path, new_owner
 
-__all__ = ["HEARTBEAT_SECONDS", "Catalog", "CatalogError", "CatalogUnavailable", "Claim", "Record", "canonical_json",
-           "dataset_id", "default_path", "new_owner"]
+__all__ = ["HEARTBEAT_SECONDS", "Catalog", "CatalogError", "CatalogUnavailable", "Claim", "Record",
+           "canonical_json", "dataset_id", "default_path", "new_owner"]

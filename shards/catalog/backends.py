@@ -139,7 +139,8 @@ class SQLite:
         """SQLite's ``data_version`` on a connection that never writes: it changes with every commit
         by any other connection, of this process or another. One thread only."""
         if self._watch is None or self._watch[0] != os.getpid():
-            self._watch = (os.getpid(), sqlite3.connect(self.location, isolation_level=None, check_same_thread=False))
+            self._watch = (os.getpid(),
+                           sqlite3.connect(self.location, isolation_level=None, check_same_thread=False))
         return self._watch[1].execute("PRAGMA data_version").fetchone()[0]
 
     def close(self) -> None:
@@ -192,7 +193,8 @@ class _PgConnection:
         import psycopg
         from psycopg.pq import TransactionStatus
 
-        for first in (True, False):  # a session lost while idle is opened again and the statement sent again, once
+        # a session lost while idle is opened again and the statement sent again, once
+        for first in (True, False):
             if self.conn is None:
                 self.conn = self.backend.session()
             idle = self.conn.info.transaction_status == TransactionStatus.IDLE

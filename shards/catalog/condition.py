@@ -97,19 +97,23 @@ def condition(rec: Record, check_files: bool = True, remote: bool = True) -> Con
     """The set's condition (module docstring); ``check_files``: look at its manifest (a ``stat``,
     for a remote set a read unless ``remote`` is False)."""
     if rec.state == "building" and not rec.lease_alive():
-        return Condition("abandoned", "its builder is gone", "build it again (the finished work is resumed), or "
+        return Condition("abandoned", "its builder is gone",
+                         "build it again (the finished work is resumed), or "
                          "`shard-service gc --yes` collects it")
     if rec.state == "deleted" and rec.replaced is not None:
         by = f"dataset {rec.replaced_by}" if rec.replaced_by else "a build without a catalog"
-        return Condition("replaced", f"{by} was forced into {rec.location} on {_day(rec.replaced)}, so its files "
-                         "are gone", "build it again (ingest build with its options and --force) to bring it back")
+        return Condition("replaced",
+                         f"{by} was forced into {rec.location} on {_day(rec.replaced)}, "
+                         "so its files are gone",
+                         "build it again (ingest build with its options and --force) to bring it back")
     if rec.state != "ready":
         return Condition(rec.state)
     change = manifest_change(rec, remote) if check_files else None
     if change:
         return changed(rec, change)
     if rec.verify_problems:
-        return Condition("damaged", f"its last verification ({_day(rec.verified)}) found {rec.verify_problems} "
+        return Condition("damaged",
+                         f"its last verification ({_day(rec.verified)}) found {rec.verify_problems} "
                          f"problem{'s' if rec.verify_problems != 1 else ''}: {_first(rec.verify_detail)}",
                          "rebuild it (its ingest build command with --force) or repair its files, then "
                          f"shard-service verify {rec.id[:12]}")

@@ -15,7 +15,8 @@ from ..format.manifest import FORMAT
 
 
 def canonical_json(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
 
 
 def dataset_id(inputs: list[dict], options: dict, shard_format: str = FORMAT) -> str:

@@ -33,8 +33,9 @@ MIGRATIONS: list[list[str]] = [
             verified REAL,                     -- last `verify`: when, and its outcome
             verify_problems INTEGER,
             verify_detail TEXT
-        )""",
-        "CREATE UNIQUE INDEX datasets_live_name ON datasets(name) WHERE state != 'deleted' AND name IS NOT NULL",
+        )""",  # noqa: E501 -- SQLite keeps the schema's text as written: its comments stay unwrapped
+        "CREATE UNIQUE INDEX datasets_live_name ON datasets(name) "
+        "WHERE state != 'deleted' AND name IS NOT NULL",
         "CREATE INDEX datasets_location ON datasets(location)",
         """CREATE TABLE tags (
             tag TEXT PRIMARY KEY,

@@ -121,7 +121,8 @@ class Record:
                 "error": self.error,
                 "verified": None if self.verified is None else
                 {"at": iso(self.verified), "problems": self.verify_problems, "detail": self.verify_detail},
-                "replaced": None if self.replaced is None else {"at": iso(self.replaced), "by": self.replaced_by}}
+                "replaced": None if self.replaced is None else
+                {"at": iso(self.replaced), "by": self.replaced_by}}
 
 
 @dataclass
@@ -170,8 +171,9 @@ class Catalog:
                     except CatalogUnavailable:
                         raise
                     except Exception as e:  # noqa: BLE001 -- either driver's error: the whole migration is undone
-                        raise CatalogError(f"{self.where}: schema migration {number} failed ({' '.join(str(e).split())}"
-                                           f"); the catalog stays at version {version}") from None
+                        raise CatalogError(f"{self.where}: schema migration {number} failed "
+                                           f"({' '.join(str(e).split())}); the catalog stays at version "
+                                           f"{version}") from None
             self.backend.set_version(db, len(migrations))
 
     def schema_version(self) -> int:
@@ -208,11 +210,12 @@ class Catalog:
         """A live (not deleted) record by exact id, name, tag, or unique id prefix of 6+ characters."""
         db = self._db
         row = (db.execute("SELECT id FROM datasets WHERE id = ? AND state != 'deleted'", (ref,)).fetchone()
-               or db.execute("SELECT id FROM datasets WHERE name = ? AND state != 'deleted'", (ref,)).fetchone()
+               or db.execute("SELECT id FROM datasets WHERE name = ? AND state != 'deleted'",
+                             (ref,)).fetchone()
                or db.execute("SELECT dataset_id FROM tags WHERE tag = ?", (ref,)).fetchone())
         if row is None and len(ref) >= 6 and all(c in "0123456789abcdef" for c in ref):
-            rows = db.execute("SELECT id FROM datasets WHERE substr(id, 1, ?) = ? AND state != 'deleted' LIMIT 2",
-                              (len(ref), ref)).fetchall()
+            rows = db.execute("SELECT id FROM datasets WHERE substr(id, 1, ?) = ? AND state != 'deleted' "
+                              "LIMIT 2", (len(ref), ref)).fetchall()
             row = rows[0] if len(rows) == 1 else None
         return self.get(row[0]) if row else None
 
@@ -250,14 +253,15 @@ class Catalog:
                 rec.state = "failed"
             if rec and rec.state == "failed" and not force:
                 location = rec.location  # resume where the failed attempt left its work
-            for other in self._records("location = ? AND id != ? AND state != 'deleted'", (location, dataset_id)):
+            for other in self._records("location = ? AND id != ? AND state != 'deleted'",
+                                       (location, dataset_id)):
                 self._replace(db, other, dataset_id, force, now)
             if rec and rec.name and (name is None or not strict_name):
                 name = rec.name  # a set keeps its name unless given another explicitly
             if name is not None:
                 check_name(name)
-            if name is not None and db.execute("SELECT 1 FROM datasets WHERE name = ? AND id != ? AND state != "
-                                               "'deleted'", (name, dataset_id)).fetchone():
+            if name is not None and db.execute("SELECT 1 FROM datasets WHERE name = ? AND id != ? "
+                                               "AND state != 'deleted'", (name, dataset_id)).fetchone():
                 if strict_name:
                     raise CatalogError(f"the name {name!r} belongs to another dataset")
                 name = f"{name}-{dataset_id[:8]}"
@@ -266,11 +270,12 @@ class Catalog:
                       "error": None, "finished": None, "replaced_by": None, "replaced": None,
                       "request": None if request is None else json.dumps(request, sort_keys=True)}
             if rec:
-                db.execute(f"UPDATE datasets SET {', '.join(f'{k} = ?' for k in values)}, attempts = attempts + 1 "
-                           "WHERE id = ?", (*values.values(), dataset_id))
+                db.execute(f"UPDATE datasets SET {', '.join(f'{k} = ?' for k in values)}, "
+                           "attempts = attempts + 1 WHERE id = ?", (*values.values(), dataset_id))
             else:
                 db.execute(f"INSERT INTO datasets (id, created, attempts, {', '.join(values)}) "
-                           f"VALUES (?, ?, 1, {', '.join('?' * len(values))})", (dataset_id, now, *values.values()))
+                           f"VALUES (?, ?, 1, {', '.join('?' * len(values))})",
+                           (dataset_id, now, *values.values()))
         return Claim("build", self.get(dataset_id), owner)
 
     def _replace(self, db, rec: Record, by: str, force: bool, now: float) -> None:
@@ -279,16 +284,17 @@ class Catalog:
         tagged set or one a live process is building."""
         what = f"dataset {rec.id}{' (' + rec.name + ')' if rec.name else ''}"
         if rec.lease_alive(now):
-            raise CatalogError(f"{rec.location} already holds {what}, which is being built; build into another location")
+            raise CatalogError(f"{rec.location} already holds {what}, which is being built; "
+                               "build into another location")
         if not force:
-            raise CatalogError(f"{rec.location} already holds {what}; --force replaces it (the catalog records it "
-                               "as replaced), or build into another location")
+            raise CatalogError(f"{rec.location} already holds {what}; --force replaces it (the catalog "
+                               "records it as replaced), or build into another location")
         if rec.tags:
-            raise CatalogError(f"{rec.location} already holds {what}, tagged {', '.join(rec.tags)}: a tagged set is never "
-                               f"replaced; untag it first (shard-service untag {rec.tags[0]}) or build into another "
-                               "location")
-        db.execute("UPDATE datasets SET state = 'deleted', replaced_by = ?, replaced = ?, owner = NULL, heartbeat = "
-                   "NULL WHERE id = ?", (by, now, rec.id))
+            raise CatalogError(f"{rec.location} already holds {what}, tagged {', '.join(rec.tags)}: a tagged "
+                               f"set is never replaced; untag it first (shard-service untag {rec.tags[0]}) "
+                               "or build into another location")
+        db.execute("UPDATE datasets SET state = 'deleted', replaced_by = ?, replaced = ?, owner = NULL, "
+                   "heartbeat = NULL WHERE id = ?", (by, now, rec.id))
 
     def replace_at(self, location: str, force: bool) -> list[Record]:
         """Before a build without a catalog record of its own replaces the set at ``location``: mark
@@ -310,12 +316,14 @@ class Catalog:
     def transfer(self, dataset_id: str, owner: dict, to: dict) -> bool:
         """Hand a building record's lease from ``owner`` to ``to`` (a server to the build process it
         started, whose death then ends the lease); False if ``owner`` no longer holds it."""
-        return self._owned_update(dataset_id, owner, "owner = ?, heartbeat = ?", (json.dumps(to), time.time()))
+        return self._owned_update(dataset_id, owner, "owner = ?, heartbeat = ?",
+                                  (json.dumps(to), time.time()))
 
     def orphans(self) -> list[Record]:
         """Builds asked for over HTTP whose builder is gone (a dead lease): a replica may take them
         over (``claim`` with their request decides which one does)."""
-        return [rec for rec in self._records("state = 'building' AND request IS NOT NULL") if not rec.lease_alive()]
+        return [rec for rec in self._records("state = 'building' AND request IS NOT NULL")
+                if not rec.lease_alive()]
 
     def heartbeat(self, dataset_id: str, owner: dict) -> bool:
         """Refresh the lease; False when another process has taken the record over."""
@@ -326,18 +334,21 @@ class Catalog:
                                   (json.dumps(progress, sort_keys=True), time.time()))
 
     def finish(self, dataset_id: str, owner: dict, *, splits: dict, files: dict, manifest_sha256: str,
-               builder_version: str, progress: dict | None = None, verified_files: dict | None = None) -> bool:
-        """Mark the set ready; ``verified_files``: its shards as the builder hashed them (``shards.verify.stamps``)."""
+               builder_version: str, progress: dict | None = None,
+               verified_files: dict | None = None) -> bool:
+        """Mark the set ready; ``verified_files``: its shards as the builder hashed them
+        (``shards.verify.stamps``)."""
         return self._owned_update(
-            dataset_id, owner, "state = 'ready', splits = ?, files = ?, manifest_sha256 = ?, builder_version = ?, "
-            "finished = ?, owner = NULL, heartbeat = NULL, progress = COALESCE(?, progress), verified_files = ?",
+            dataset_id, owner, "state = 'ready', splits = ?, files = ?, manifest_sha256 = ?, "
+            "builder_version = ?, finished = ?, owner = NULL, heartbeat = NULL, "
+            "progress = COALESCE(?, progress), verified_files = ?",
             (json.dumps(splits, sort_keys=True), json.dumps(files, sort_keys=True), manifest_sha256,
              builder_version, time.time(), None if progress is None else json.dumps(progress, sort_keys=True),
              json.dumps(verified_files or {}, sort_keys=True)))
 
     def fail(self, dataset_id: str, owner: dict, error: str) -> bool:
-        return self._owned_update(dataset_id, owner, "state = 'failed', error = ?, finished = ?, owner = NULL, "
-                                  "heartbeat = NULL", (error, time.time()))
+        return self._owned_update(dataset_id, owner, "state = 'failed', error = ?, finished = ?, "
+                                  "owner = NULL, heartbeat = NULL", (error, time.time()))
 
     def _mark_dead(self, db, rec: Record, now: float, reason: str | None = None) -> None:
         who = f"{rec.owner.get('host')} pid {rec.owner.get('pid')}" if rec.owner else "unknown"
@@ -372,7 +383,8 @@ class Catalog:
         """Point ``tag`` at the dataset; returns the id it pointed at before, if another."""
         check_name(tag, "tag")
         with self._write() as db:
-            if not db.execute("SELECT 1 FROM datasets WHERE id = ? AND state != 'deleted'", (dataset_id,)).fetchone():
+            if not db.execute("SELECT 1 FROM datasets WHERE id = ? AND state != 'deleted'",
+                              (dataset_id,)).fetchone():
                 raise CatalogError(f"no dataset {dataset_id}")
             prev = db.execute("SELECT dataset_id FROM tags WHERE tag = ?", (tag,)).fetchone()
             db.execute("INSERT INTO tags (tag, dataset_id) VALUES (?, ?) "
@@ -385,7 +397,8 @@ class Catalog:
         with self._write() as db:
             if dataset_id is None:
                 return db.execute("DELETE FROM tags WHERE tag = ?", (tag,)).rowcount == 1
-            return db.execute("DELETE FROM tags WHERE tag = ? AND dataset_id = ?", (tag, dataset_id)).rowcount == 1
+            return db.execute("DELETE FROM tags WHERE tag = ? AND dataset_id = ?",
+                              (tag, dataset_id)).rowcount == 1
 
     def mark_deleted(self, dataset_id: str) -> None:
         """Forget a set (the row stays, as history, in state deleted). Refused while it is tagged
@@ -412,8 +425,8 @@ class Catalog:
         """One shard hashed again (by the server, having found its file changed): its new stamp,
         and a problem added to the set's last verification if its bytes are not the manifest's."""
         with self._write() as db:
-            row = db.execute("SELECT verified_files, verify_problems, verify_detail FROM datasets WHERE id = ?",
-                             (dataset_id,)).fetchone()
+            row = db.execute("SELECT verified_files, verify_problems, verify_detail FROM datasets "
+                             "WHERE id = ?", (dataset_id,)).fetchone()
             files = {**json.loads(row["verified_files"] or "{}"), name: stamp}
             problems, detail = row["verify_problems"] or 0, row["verify_detail"]
             if problem:

@@ -44,7 +44,8 @@ SHARD_FIELDS = {"name": str, "num_samples": int, "bytes": int, "sha256": str, "k
                 "lengths": list, "labels": list, "digests": list}
 TOP_FIELDS = {"classes": list, "splits": dict, "config": dict, "fingerprint": str, "format": str,
               "identity": str}
-SPLIT_FIELDS = {"shards": list, "num_failed": int, "num_samples": int, "warnings": dict}  # warnings: code -> count
+# warnings: code -> count
+SPLIT_FIELDS = {"shards": list, "num_failed": int, "num_samples": int, "warnings": dict}
 CLIP_OPTIONS = {"frames": (1, MAX_FRAMES), "short_side": (0, 1 << 16), "clips_per_video": (1, 1 << 16),
                 "eval_clips": (1, 1 << 16)}
 
@@ -81,7 +82,8 @@ class _Checker:
             if name not in spec:
                 self.fail(path, f"unknown field {shown(name, 40)} (this build reads {', '.join(spec)})")
             if not _is(value, spec[name]):
-                self.fail(f"{path}.{name}".lstrip("."), f"is {_type_name(value)}, not {_type_name(spec[name]())}")
+                self.fail(f"{path}.{name}".lstrip("."),
+                          f"is {_type_name(value)}, not {_type_name(spec[name]())}")
 
     def manifest(self, d) -> None:
         if not isinstance(d, dict):
@@ -104,19 +106,22 @@ class _Checker:
         names: set[str] = set()
         for split, body in d["splits"].items():
             if not NAME_PART.fullmatch(split):
-                self.fail("splits", f"split name {shown(split, 60)} is not a plain name (letters, digits, ._-)")
+                self.fail("splits",
+                          f"split name {shown(split, 60)} is not a plain name (letters, digits, ._-)")
             path = f"splits.{split}"
             self.fields(body, SPLIT_FIELDS, path, ("shards",))
             if body.get("num_failed", 0) < 0:
                 self.fail(f"{path}.num_failed", f"{body['num_failed']} is negative")
             for code, count in body.get("warnings", {}).items():
                 if not _is(count, int) or count < 0:
-                    self.fail(f"{path}.warnings", f"{shown(code, 40)}: {shown(count, 20)} is not a count of videos")
+                    self.fail(f"{path}.warnings",
+                              f"{shown(code, 40)}: {shown(count, 20)} is not a count of videos")
             total = 0
             for i, shard in enumerate(body["shards"]):
                 total += self.shard(shard, f"{path}.shards[{i}]", len(classes), d["format"], names)
             if "num_samples" in body and body["num_samples"] != total:
-                self.fail(f"{path}.num_samples", f"{body['num_samples']:,}, its shards list {total:,} samples")
+                self.fail(f"{path}.num_samples",
+                          f"{body['num_samples']:,}, its shards list {total:,} samples")
 
     def config(self, config) -> None:
         clip = config.get("clip", {})
@@ -127,7 +132,8 @@ class _Checker:
             if value is None:
                 continue
             if not _is(value, int) or not low <= value <= high:
-                self.fail(f"config.clip.{name}", f"{shown(value, 40)} is not a whole number from {low} to {high}")
+                self.fail(f"config.clip.{name}",
+                          f"{shown(value, 40)} is not a whole number from {low} to {high}")
         motion = clip.get("motion", "none")
         if motion not in ("none", *motionfield.KINDS):
             self.fail("config.clip.motion", f"{shown(motion, 40)}: this build reads none, "
@@ -139,8 +145,8 @@ class _Checker:
         name = s["name"]
         parts = name.split("/")
         if not all(NAME_PART.fullmatch(p) and p not in (".", "..") for p in parts):
-            self.fail(f"{path}.name", f"{shown(name, 80)} is not a path inside the set (each part a plain name: "
-                      "letters, digits, ._-; no '..', no absolute path, no URL)")
+            self.fail(f"{path}.name", f"{shown(name, 80)} is not a path inside the set (each part a plain "
+                      "name: letters, digits, ._-; no '..', no absolute path, no URL)")
         if name in names:
             self.fail(f"{path}.name", f"{shown(name, 80)} is listed twice")
         names.add(name)
@@ -151,22 +157,23 @@ class _Checker:
             self.fail(f"{path}.bytes", f"{size:,} is not from 0 to {MAX_SHARD_BYTES:,}")
         if not HEX[64].fullmatch(s["sha256"]):
             self.fail(f"{path}.sha256", f"{shown(s['sha256'], 80)} is not 64 lowercase hex digits")
-        lists = ("keys", "offsets", "lengths", "labels") + (("digests",) if s.get("digests") or fmt == self.current
-                                                             else ())
+        lists = ("keys", "offsets", "lengths", "labels") + (
+            ("digests",) if s.get("digests") or fmt == self.current else ())
         for field in lists:
             if len(s[field]) != n:
                 self.fail(f"{path}.{field}", f"{len(s[field]):,} entries for {n:,} samples (num_samples)")
         for i, key in enumerate(s["keys"]):
             if not isinstance(key, str) or not KEY.fullmatch(key):
-                self.fail(f"{path}.keys[{i}]", f"{shown(key, 80)} is not a sample key (1-255 characters, no '.', "
-                          "'/', '\\' or control characters)")
+                self.fail(f"{path}.keys[{i}]", f"{shown(key, 80)} is not a sample key (1-255 characters, "
+                          "no '.', '/', '\\' or control characters)")
         if len(set(s["keys"])) != n:
             self.fail(f"{path}.keys", "a key is listed twice")
         digests = s.get("digests", [])
         joined = "\n".join(digests) if all(type(d) is str for d in digests) else None
         for i, digest in enumerate([] if joined is not None and HEXES.fullmatch(joined + "\n") else digests):
             if not isinstance(digest, str) or not HEX[16].fullmatch(digest):
-                self.fail(f"{path}.digests[{i}]", f"{shown(digest, 40)} is not 16 lowercase hex digits (xxh3-64)")
+                self.fail(f"{path}.digests[{i}]",
+                          f"{shown(digest, 40)} is not 16 lowercase hex digits (xxh3-64)")
         offsets = self.integers(s["offsets"], f"{path}.offsets")
         lengths = self.integers(s["lengths"], f"{path}.lengths")
         labels = self.integers(s["labels"], f"{path}.labels")
@@ -213,8 +220,9 @@ class _Checker:
             self.fail(f"{path}.offsets[{i}]", f"{int(offsets[i]):,} is before the end of sample {i - 1} "
                       f"({int(ends[i - 1]):,}): samples out of order or overlapping")
         if ends[-1] > size:
-            self.fail(f"{path}.lengths[{len(ends) - 1}]", f"the last sample ends at byte {int(ends[-1]):,}, beyond "
-                      f"the shard's {size:,} bytes (bytes)")
+            self.fail(f"{path}.lengths[{len(ends) - 1}]",
+                      f"the last sample ends at byte {int(ends[-1]):,}, beyond the shard's {size:,} bytes "
+                      "(bytes)")
 
 
 def check(d, where: str, readable: tuple[str, ...], current: str) -> None:

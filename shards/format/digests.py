@@ -35,9 +35,11 @@ class CorruptSample(DataFault, OSError):
     FACTS = ("url", "shard", "key", "index", "expected", "found")
 
     @classmethod
-    def of(cls, url: str, shard: str, key: str, index: int, expected: str, found: str, why: str = "read twice"):
-        return cls(f"{url}: shard {shard}, sample {key}: {ALGORITHM} digest {found}, the manifest says {expected} "
-                   f"({why})", url=url, shard=shard, key=key, index=index, expected=expected, found=found)
+    def of(cls, url: str, shard: str, key: str, index: int, expected: str, found: str,
+           why: str = "read twice"):
+        return cls(f"{url}: shard {shard}, sample {key}: {ALGORITHM} digest {found}, the manifest says "
+                   f"{expected} ({why})", url=url, shard=shard, key=key, index=index, expected=expected,
+                   found=found)
 
     def facts(self) -> dict:
         return {k: getattr(self, k) for k in self.FACTS}
@@ -86,7 +88,8 @@ class CheckedSamples(io.RawIOBase):
     def __init__(self, url: str, info, first: int, last: int, opener, src=None, replace=None):
         self.url, self.info, self.opener, self.replace = url, info, opener, replace
         self.next, self.last = first, last  # samples [next, last] are still to come
-        self.src = src if src is not None else opener(info.offsets[first], info.offsets[last] + info.lengths[last])
+        self.src = (src if src is not None
+                    else opener(info.offsets[first], info.offsets[last] + info.lengths[last]))
         self.buf, self.at = b"", 0
 
     def readable(self) -> bool:

@@ -82,7 +82,8 @@ class Manifest:
 
     @property
     def motion(self) -> str:
-        """The motion fields stored beside the frames (``shards.format.motionfield``): "mv", "flow" or "none"."""
+        """The motion fields stored beside the frames (``shards.format.motionfield``): "mv", "flow"
+        or "none"."""
         return self.config.get("clip", {}).get("motion", "none")
 
     @property
@@ -101,7 +102,8 @@ class Manifest:
 
     def describe(self) -> str:
         """The set in a few words for a message (``describe``)."""
-        return describe({name: split.num_samples for name, split in self.splits.items()}, self.config.get("clip", {}))
+        return describe({name: split.num_samples for name, split in self.splits.items()},
+                        self.config.get("clip", {}))
 
     def title(self) -> str:
         """``shard set IDENTITY (what it holds)`` for a message (``set_title``)."""
@@ -133,7 +135,8 @@ class Manifest:
         except UnicodeDecodeError as e:
             raise BadManifest(f"{where}: not UTF-8 JSON (byte {e.start}: {e.reason})") from None
         except ValueError as e:
-            raise BadManifest(f"{where}: not JSON ({e})" if data.strip() else f"{where}: empty file") from None
+            raise BadManifest(f"{where}: not JSON ({e})" if data.strip()
+                              else f"{where}: empty file") from None
         except RecursionError:
             raise BadManifest(f"{where}: not JSON a manifest can hold (nested too deeply)") from None
         checks.check(d, where, READABLE_FORMATS, FORMAT)
@@ -216,7 +219,8 @@ def _http_refusal(url: str, error: Exception) -> CommandError:
         said = e.read(2000).decode("utf-8", "replace").strip().splitlines()
         text = f"{url}: HTTP {e.code}: {said[0] if said else e.reason}"
         if e.code in (401, 403):
-            return CommandError(text + """; give the token as FSSPEC_HTTP_HEADERS='{"Authorization": "Bearer TOKEN"}'""")
+            return CommandError(
+                text + """; give the token as FSSPEC_HTTP_HEADERS='{"Authorization": "Bearer TOKEN"}'""")
         return NotFound(text) if e.code == 404 else CommandError(text)
     except OSError as e:
         return CommandError(f"{url}: {getattr(e, 'reason', e)}")

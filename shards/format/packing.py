@@ -41,7 +41,8 @@ def shard_bytes(sample_sizes: Iterable[int]) -> int:
     return n + len(tar.end_of_archive(n))
 
 
-def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]], size: int | None = None) -> ShardInfo:
+def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]],
+                size: int | None = None) -> ShardInfo:
     """Write ``(key, label, sample_bytes)`` in order as one tar shard, atomically (``size``, when
     known: the shard's, for the message of a full disk).
 

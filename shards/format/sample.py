@@ -51,7 +51,8 @@ MAX_META_BYTES = 1 << 20  # a clip's metadata is a few hundred bytes
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 _KINDS = {tarfile.SYMTYPE: "symbolic link", tarfile.LNKTYPE: "hard link", tarfile.DIRTYPE: "directory",
           tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "FIFO",
-          tarfile.CONTTYPE: "contiguous file", tarfile.XHDTYPE: "pax header", tarfile.XGLTYPE: "pax global header"}
+          tarfile.CONTTYPE: "contiguous file", tarfile.XHDTYPE: "pax header",
+          tarfile.XGLTYPE: "pax global header"}
 
 
 class BadSample(DataFault):
@@ -221,7 +222,8 @@ def _assemble(found: dict, offsets: dict, key: str, label: int, frames: int | No
         missing = [f"{t:02d}.jpg" for t in expected if t not in numbers]
         extra = [f"{t:02d}.jpg" for t in numbers if t >= count]
         raise bad(f"{len(numbers)} frames where the set has {count}"
-                  + (f": {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} missing" if missing else "")
+                  + (f": {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} missing"
+                     if missing else "")
                   + (f": {', '.join(extra[:4])} beyond them" if extra and not missing else ""))
     frame_names = [f"{t:02d}.jpg" for t in expected]
     fields = []
@@ -241,7 +243,8 @@ def _assemble(found: dict, offsets: dict, key: str, label: int, frames: int | No
     if META not in found:
         raise bad(f"member {key}.{META} missing")
     return Sample(key=key, frames=[found[n] for n in frame_names], fields=fields, label=label,
-                  meta_bytes=bytes(found[META]), spans=[(offsets[n], len(found[n])) for n in frame_names], where=where)
+                  meta_bytes=bytes(found[META]), spans=[(offsets[n], len(found[n])) for n in frame_names],
+                  where=where)
 
 
 def parse_meta(data: bytes, where: str, key: str) -> dict:

@@ -23,7 +23,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# the library stays at trainer/libcropjpeg.so (scripts/build-native.sh, .gitignore, the images), above this room
+# the library stays at trainer/libcropjpeg.so (scripts/build-native.sh, .gitignore, the images),
+# above this room
 DEFAULT_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "libcropjpeg.so")
 _lib: ctypes.CDLL | None = None
 _tried: str | None = None
@@ -95,7 +96,8 @@ def cut(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1) -> tuple[by
     (left, top) in it at that scale; None when the JPEG is decoded whole instead (no restart
     markers, or none that tile its MCU rows, or a box that needs every interval)."""
     x0, y0, x1, y1 = box
-    buf, cx, cy, msg = ctypes.create_string_buffer(len(jpeg) + 1), ctypes.c_int(), ctypes.c_int(), ctypes.create_string_buffer(200)
+    buf, cx, cy, msg = (ctypes.create_string_buffer(len(jpeg) + 1), ctypes.c_int(), ctypes.c_int(),
+                        ctypes.create_string_buffer(200))
     data = _bytes(jpeg)
     n = load().kf_cut(data.ctypes.data, data.size, denom, x0, y0, x1 - x0, y1 - y0, buf, ctypes.byref(cx),
                       ctypes.byref(cy), msg, len(msg))

@@ -39,7 +39,8 @@ class Read:
 class WorkerPlan:
     """What one loader worker reads and hands out for the rest of an epoch."""
     reads: tuple[Read, ...]
-    expected: tuple[tuple[str, int | None], ...]  # every key the reads hold, in file order: (key, plan index or None)
+    # every key the reads hold, in file order: (key, plan index or None)
+    expected: tuple[tuple[str, int | None], ...]
     order: tuple[int, ...]  # plan indices in the order they are handed out
     valid_locals: int  # plan indices from this one on are padding repeats
 
@@ -89,7 +90,8 @@ def node_pieces(shards: list[ShardInfo], nodes: int, seed: int) -> list[dict[int
     return out
 
 
-def largest_copy(shards: list[ShardInfo], pieces: list[dict[int, tuple[int, int]]], whole_shards: bool) -> int:
+def largest_copy(shards: list[ShardInfo], pieces: list[dict[int, tuple[int, int]]],
+                 whole_shards: bool) -> int:
     """The largest copy any rank of the job may ask its cache for this epoch: the same number on every
     rank, so that a budget too small for it is refused by every rank or by none (a rank refusing alone
     would leave the others in a collective). Whole shards wherever a node owns one whole, or reads one

@@ -115,13 +115,15 @@ class PartsRenderer:
 def unpack(batch: dict, parts: tuple[Part, ...]) -> dict:
     """A loader batch whose ``clips`` are the flat pixels of ``parts`` and whose ``global_valid`` is
     a count per part -> the batch with ``parts``: one batch per part, its ``clips`` a
-    (B', T', C, c, c) view in channels-last memory, its ``labels``, ``valid``, ``keys`` and ``global_valid``."""
+    (B', T', C, c, c) view in channels-last memory, its ``labels``, ``valid``, ``keys`` and
+    ``global_valid``."""
     flat, labels, valid = batch["clips"], batch["labels"], batch["valid"]
     out, clip, offset = [], 0, 0
     for part, global_valid in zip(parts, batch["global_valid"], strict=True):
         clips = flat[offset:offset + part.nbytes].view(part.clips, *part.clip_shape).movedim(-1, -3)
-        out.append({"clips": clips, "labels": labels[clip:clip + part.clips], "valid": valid[clip:clip + part.clips],
-                    "keys": batch["keys"][clip:clip + part.clips], "global_valid": global_valid})
+        out.append({"clips": clips, "labels": labels[clip:clip + part.clips],
+                    "valid": valid[clip:clip + part.clips], "keys": batch["keys"][clip:clip + part.clips],
+                    "global_valid": global_valid})
         clip, offset = clip + part.clips, offset + part.nbytes
     rest = {k: v for k, v in batch.items() if k != "clips"}
     return rest | {"parts": out, "global_valid": sum(batch["global_valid"])}
@@ -130,12 +132,13 @@ def unpack(batch: dict, parts: tuple[Part, ...]) -> dict:
 class EpochShapes:
     """What the loader needs of a multigrid schedule: each epoch's loader batch as parts, and the
     largest loader batch in bytes (the size of its shared-memory slots). ``schedule``: a
-    ``trainer.schedules.multigrid.Schedule`` (read, never imported: the data room stands below the schedules);
-    ``channels`` per pixel of the modality trained (``trainer.config.CHANNELS``)."""
+    ``trainer.schedules.multigrid.Schedule`` (read, never imported: the data room stands below the
+    schedules); ``channels`` per pixel of the modality trained (``trainer.config.CHANNELS``)."""
 
     def __init__(self, schedule, channels: int = 3):
         self.schedule, self.channels = schedule, channels
-        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e, channels)) for e in range(schedule.epochs))
+        self.max_nbytes = max(parts_nbytes(epoch_parts(schedule, e, channels))
+                              for e in range(schedule.epochs))
 
     def parts(self, epoch: int):
         return epoch_parts(self.schedule, min(epoch, self.schedule.epochs - 1), self.channels)

@@ -48,15 +48,17 @@ def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | N
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r.piece for r in reads], lookahead)
-        opened = (open_range(path, r.start - r.piece.start, r.end - r.piece.start, fd=cache.descriptor(r.piece))
+        opened = (open_range(path, r.start - r.piece.start, r.end - r.piece.start,
+                             fd=cache.descriptor(r.piece))
                   for r, path in zip(reads, copies))
     elif reads and local_path(reads[0].url) is None:
         opened = read_ahead([(r.url, r.start, r.end, r.info.bytes, r.info.sha256, bool(r.info.digests))
                              for r in reads],
                             lookahead * READ_AHEAD_BYTES, retry)
     else:
-        opened = (open_range(r.url, r.start, r.end, fd=fds.get(r.shard), size=r.info.bytes, sha256=r.info.sha256,
-                             retry=retry, checked=bool(r.info.digests)) for r in reads)
+        opened = (open_range(r.url, r.start, r.end, fd=fds.get(r.shard), size=r.info.bytes,
+                             sha256=r.info.sha256, retry=retry, checked=bool(r.info.digests))
+                  for r in reads)
     try:
         for r, raw in zip(reads, opened):
             try:
@@ -166,7 +168,8 @@ class Decoding:
     renderer: object = None  # multigrid: each batch as parts of their own shape (trainer.data.shapes)
 
 
-def decode_batch(samples: list[dict], plan: WorkerPlan, how: Decoding, pool: SlotPool | None, worker: int) -> dict:
+def decode_batch(samples: list[dict], plan: WorkerPlan, how: Decoding, pool: SlotPool | None,
+                 worker: int) -> dict:
     """Stage: a batch of samples -> its pixels in a slot of ``pool`` (only the slot number and the
     metadata travel on), or, ``on_device``, its JPEG bytes and geometry."""
     keys = [s["__key__"] for s in samples]
@@ -175,11 +178,13 @@ def decode_batch(samples: list[dict], plan: WorkerPlan, how: Decoding, pool: Slo
     out = {"keys": keys, "labels": [s["label"] for s in samples],
            "valid": [r and "__bad__" not in s for r, s in zip(real, samples)]}
     if how.skip_bad:
-        out["bad"] = [s["__bad__"] | {"slot": i} for i, (r, s) in enumerate(zip(real, samples)) if r and "__bad__" in s]
+        out["bad"] = [s["__bad__"] | {"slot": i} for i, (r, s) in enumerate(zip(real, samples))
+                      if r and "__bad__" in s]
     transform = how.transform
     frames = [transform.members(s) for s in samples]
     if how.on_device:  # only the headers are parsed here
-        return out | pack_jpegs([{"jpegs": f, "geometry": transform.geometry(*decoded(jpeg_size, s, f[0]), rng)}
+        return out | pack_jpegs([{"jpegs": f,
+                                  "geometry": transform.geometry(*decoded(jpeg_size, s, f[0]), rng)}
                                  for f, rng, s in zip(frames, rngs, samples)])
     if how.renderer is not None:  # the parts one after the other, flat
         shape = (how.renderer.nbytes,)
@@ -236,7 +241,8 @@ def decoded(render, sample: dict, *args):
     except BadSample as e:
         raise BadSample.of(where, sample["__key__"], e.why) from None
     except DECODE_ERRORS as e:
-        raise BadSample.of(where, sample["__key__"], f"a frame does not decode ({type(e).__name__}: {e})") from None
+        raise BadSample.of(where, sample["__key__"],
+                           f"a frame does not decode ({type(e).__name__}: {e})") from None
 
 
 def pack_jpegs(samples) -> dict:

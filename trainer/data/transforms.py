@@ -83,7 +83,8 @@ def scaled(w: int, h: int, d: int) -> tuple[int, int]:
     return -(-w // d), -(-h // d)
 
 
-def read_box(jpeg: bytes, box: tuple[int, int, int, int], d: int, out: np.ndarray | None = None) -> np.ndarray:
+def read_box(jpeg: bytes, box: tuple[int, int, int, int], d: int,
+             out: np.ndarray | None = None) -> np.ndarray:
     """RGB pixels of ``box`` (integer corners) of the frame decoded at 1/d, into ``out`` if given:
     only the box with ``cropdecode``, else a whole-frame PIL decode, cropped."""
     if cropdecode.available():
@@ -137,7 +138,8 @@ def multiscale_box(w: int, h: int, crop_size: int, rng: random.Random,
     base = min(w, h)
     sizes = [int(base * s) for s in scales]
     sizes = [crop_size if abs(s - crop_size) < 3 else s for s in sizes]
-    pairs = [(sw, sh) for i, sh in enumerate(sizes) for j, sw in enumerate(sizes) if abs(i - j) <= max_distort]
+    pairs = [(sw, sh) for i, sh in enumerate(sizes) for j, sw in enumerate(sizes)
+             if abs(i - j) <= max_distort]
     cw, ch = rng.choice(pairs)
     ws, hs = (w - cw) // 4, (h - ch) // 4
     # 13 positions in quarter steps: corners, centre, edge centres, and the four inner quarters
@@ -160,7 +162,8 @@ class Geometry:
         """The integer rectangle of a w x h frame that rendering reads: every box, plus a margin
         for the resampling filter around boxes with fractional corners."""
         pad = 0 if all(map(_integral, self.boxes)) else 2 + max(b[2] - b[0] for b in self.boxes) // self.side
-        return (max(0, int(min(b[0] for b in self.boxes) - pad)), max(0, int(min(b[1] for b in self.boxes) - pad)),
+        return (max(0, int(min(b[0] for b in self.boxes) - pad)),
+                max(0, int(min(b[1] for b in self.boxes) - pad)),
                 min(w, math.ceil(max(b[2] for b in self.boxes) + pad)),
                 min(h, math.ceil(max(b[3] for b in self.boxes) + pad)))
 

@@ -93,8 +93,9 @@ class Backend:
         self.local_size = node_size(hosts)
         if self.local_size == 1 and self.rank == 0 and len(set(hosts)) < len(hosts):
             counts = ", ".join(f"{host} {len(list(ranks))}" for host, ranks in itertools.groupby(hosts))
-            log.info("ranks per host differ or are not in blocks (%s): node-affine epochs take every rank as a "
-                     "node of its own (give every host the same slot count to share pieces per host)", counts)
+            log.info("ranks per host differ or are not in blocks (%s): node-affine epochs take every rank "
+                     "as a node of its own (give every host the same slot count to share pieces per host)",
+                     counts)
 
 
 class Horovod(Backend):
@@ -111,7 +112,8 @@ class Horovod(Backend):
         self.peer_lost = (hvd.HorovodInternalError,)
         self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.local_ranks = self.local_size = hvd.local_size()  # local_size until agree_on_nodes
-        self.host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()  # horovodrun's name for the slot
+        # horovodrun's name for the slot
+        self.host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
     def prepare(self, model, optimizer, compression):
         hvd = self.hvd

@@ -44,7 +44,8 @@ import torch
 @dataclass(frozen=True)
 class Inflation:
     """Where an I3D ResNet has temporal kernels, and after which stages it halves time."""
-    inflated: str  # the bottleneck convolution that takes the temporal kernel: "conv1" (3x1x1) or "conv2" (3x3x3)
+    # the bottleneck convolution that takes the temporal kernel: "conv1" (3x1x1) or "conv2" (3x3x3)
+    inflated: str
     stem: int = 5  # conv1's temporal kernel
     kernels: tuple[tuple[int, ...], ...] = ((3,), (3, 1), (3, 1), (1, 3))  # per stage, cycled over its blocks
     pool_after: tuple[int, ...] = (1,)  # stages (1: res2) followed by a 2x1x1 max-pool of stride 2

@@ -1,4 +1,5 @@
-"""ResNet backbones (He et al. 2016) with torchvision's parameter names, a hook for TSM, and their I3D inflation.
+"""ResNet backbones (He et al. 2016) with torchvision's parameter names, a hook for TSM, and their
+I3D inflation.
 
 Parameter names match torchvision's ``resnet*`` state dicts (``conv1``, ``layer1.0.bn2``,
 ``layer2.0.downsample.0``, ...), so ImageNet weights saved from torchvision load directly.
@@ -135,8 +136,8 @@ class ResNet(nn.Module):
         self.bn1 = norm(width, stem)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1)) if inflation else nn.MaxPool2d(3, 2, 1)
-        # an I3D's temporal max-pool after the stages its inflation names (2x1x1, stride 2; ceil: odd T keeps its
-        # last frame)
+        # an I3D's temporal max-pool after the stages its inflation names (2x1x1, stride 2; ceil: odd T
+        # keeps its last frame)
         self.time_pool = nn.MaxPool3d((2, 1, 1), (2, 1, 1), ceil_mode=True) if inflation else None
         self.pooled_after = inflation.pool_after if inflation else ()
         cin = width

@@ -57,7 +57,8 @@ class ModelConfig:
     shift_div: int = 8
     dropout: float = 0.0
     modality: str = "rgb"  # what each frame is (trainer.config.CHANNELS); checkpoints before it: rgb
-    arch: str | None = None  # trainer.config.ARCHS (None: tsm, or tsn with shift False); checkpoints before it: None
+    # trainer.config.ARCHS (None: tsm, or tsn with shift False); checkpoints before it: None
+    arch: str | None = None
 
     def __post_init__(self):
         self.arch = architecture(self.arch, self.shift)  # ValueError for arch tsm with shift False
@@ -68,7 +69,8 @@ class VideoNet(nn.Module):
     """``config``'s network; ``bn``: ``trainer.config.BN_MODES``; ``channels_last``: NHWC activations
     (NDHWC in an I3D); ``bn_group``: clips per BN statistics group in training (0: the batch)."""
 
-    def __init__(self, config: ModelConfig, bn: str = "train", channels_last: bool = False, bn_group: int = 0):
+    def __init__(self, config: ModelConfig, bn: str = "train", channels_last: bool = False,
+                 bn_group: int = 0):
         super().__init__()
         self.config = config
         hook = functools.partial(TemporalShift, config.shift_div) if config.shift else NoShift
@@ -81,7 +83,8 @@ class VideoNet(nn.Module):
         nn.init.normal_(self.fc.weight, 0, 0.001)
         nn.init.zeros_(self.fc.bias)
         mean, std, scale = NORMALISE[config.modality]  # the loader's clips are uint8
-        # (C, 1, 1), broadcast over frames (N*T, C, H, W); not 4D, which Module.to(memory_format=) would convert
+        # (C, 1, 1), broadcast over frames (N*T, C, H, W); not 4D, which Module.to(memory_format=)
+        # would convert
         self.register_buffer("mean", torch.tensor(mean).view(-1, 1, 1) * scale, persistent=False)
         self.register_buffer("std", torch.tensor(std).view(-1, 1, 1) * scale, persistent=False)
         self.channels_last = channels_last
@@ -150,7 +153,8 @@ def load_pretrained(model: VideoNet, path: str) -> dict:
     loaded, ignored, adapted, inflated = {}, [], [], []
     for key, value in state.items():
         target = own.get(key)
-        if target is not None and value.dim() == 4 and target.dim() == 5 and value.shape[2:] == target.shape[3:]:
+        if (target is not None and value.dim() == 4 and target.dim() == 5
+                and value.shape[2:] == target.shape[3:]):
             value = inflate(value, target.shape[2])
             inflated.append(key)
         if key == "conv1.weight" and target is not None and value.shape[1] != target.shape[1] \
@@ -162,16 +166,20 @@ def load_pretrained(model: VideoNet, path: str) -> dict:
         else:
             ignored.append(key)
     model.backbone.load_state_dict(loaded, strict=False)
-    report = {"loaded": sorted(loaded), "new": sorted(k for k in own if k not in loaded) + ["fc.weight", "fc.bias"],
-              "ignored": sorted(ignored), "adapted": adapted, "inflated": sorted(k for k in inflated if k in loaded)}
+    report = {"loaded": sorted(loaded),
+              "new": sorted(k for k in own if k not in loaded) + ["fc.weight", "fc.bias"],
+              "ignored": sorted(ignored), "adapted": adapted,
+              "inflated": sorted(k for k in inflated if k in loaded)}
     log.info("pretrained %s: %d tensors loaded, %d new (%s), %d ignored (%s)", path, len(report["loaded"]),
              len(report["new"]), ", ".join(report["new"][:8]), len(ignored), ", ".join(ignored[:8]))
     if report["inflated"]:
-        deep = [f"{k.removesuffix('.weight')} x{own[k].shape[2]}" for k in report["inflated"] if own[k].shape[2] > 1]
-        log.info("pretrained %s: %d 2D kernels loaded as 3D ones, %d inflated over time (each repeated over its t "
-                 "frames and divided by t): %s", path, len(report["inflated"]), len(deep), ", ".join(deep))
+        deep = [f"{k.removesuffix('.weight')} x{own[k].shape[2]}" for k in report["inflated"]
+                if own[k].shape[2] > 1]
+        log.info("pretrained %s: %d 2D kernels loaded as 3D ones, %d inflated over time (each repeated "
+                 "over its t frames and divided by t): %s", path, len(report["inflated"]), len(deep),
+                 ", ".join(deep))
     if adapted:
         log.info("pretrained %s: cross-modality initialisation of conv1 (TSN): its weights over %d input "
-                 "channels averaged, the mean in each of the model's %d", path, state["conv1.weight"].shape[1],
-                 own["conv1.weight"].shape[1])
+                 "channels averaged, the mean in each of the model's %d", path,
+                 state["conv1.weight"].shape[1], own["conv1.weight"].shape[1])
     return report

@@ -89,7 +89,8 @@ class NoiseScale:
         return {"decay": self.decay, "g2": self.g2, "trace": self.trace, "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
-        self.decay, self.g2, self.trace, self.count = state["decay"], state["g2"], state["trace"], state["count"]
+        self.decay, self.g2, self.trace, self.count = (state["decay"], state["g2"], state["trace"],
+                                                       state["count"])
 
 
 def batch_for_noise(batch: int, noise_scale: float, max_batch: int) -> int:

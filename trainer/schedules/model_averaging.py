@@ -138,12 +138,12 @@ class KStepAveraging:
 
 
 class KStepBackend:
-    """A data-parallel backend (``trainer.distributed.backends``) whose ranks train by K-step averaging instead
-    of averaging gradients at every step: ``prepare`` leaves the optimizer unwrapped (no Horovod
-    allreduce hooks, no DDP), ``synchronize`` is :meth:`KStepAveraging.synchronize` for the next
-    optimizer step, and ``average_buffers`` (called before evaluation) first brings drifted ranks
-    together. Everything else (broadcasts, metric allreduces, rank and size) is the wrapped
-    backend's. ``local_after`` counts optimizer steps."""
+    """A data-parallel backend (``trainer.distributed.backends``) whose ranks train by K-step
+    averaging instead of averaging gradients at every step: ``prepare`` leaves the optimizer
+    unwrapped (no Horovod allreduce hooks, no DDP), ``synchronize`` is
+    :meth:`KStepAveraging.synchronize` for the next optimizer step, and ``average_buffers`` (called
+    before evaluation) first brings drifted ranks together. Everything else (broadcasts, metric
+    allreduces, rank and size) is the wrapped backend's. ``local_after`` counts optimizer steps."""
 
     def __init__(self, backend, every: int, local_after: int = 0):
         self.inner, self.every, self.local_after = backend, every, local_after

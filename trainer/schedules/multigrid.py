@@ -28,9 +28,10 @@ With the long cycle alone, the reference implementation (SlowFast's ``slowfast/u
 raises IndexError; here its final phase is simply the full shape. With the short cycle alone, the
 stage boundaries and the epoch count are scaled by ``epoch_factor`` as the reference does.
 
-Shorter clips come from the frames already stored (``trainer.data.shapes.clip_frames``): a shard's clips hold the full
-T frames, one per segment of the video; T/2 takes every second of them and T/4 every fourth, so the
-clip spans the same time at a coarser temporal grid, and only the frames taken are decoded.
+Shorter clips come from the frames already stored (``trainer.data.shapes.clip_frames``): a shard's
+clips hold the full T frames, one per segment of the video; T/2 takes every second of them and T/4
+every fourth, so the clip spans the same time at a coarser temporal grid, and only the frames taken
+are decoded.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def batch_factor(frames: int, crop: float, t: int, s: float) -> int:
 def _cycle(base: Shape, full_crop: int, short_cycle: bool, short_factors) -> tuple[Shape, ...]:
     if not short_cycle:
         return (base,)
-    shorter = tuple(Shape(base.frames, round(f * full_crop), base.factor * max(1, round((base.crop / (f * full_crop)) ** 2)))
+    shorter = tuple(Shape(base.frames, round(f * full_crop),
+                          base.factor * max(1, round((base.crop / (f * full_crop)) ** 2)))
                     for f in short_factors)
     return (*shorter, base)
 
@@ -93,7 +95,8 @@ def plan(epochs: int, stages: tuple[int, ...], frames: int, crop: int, *, long_c
         ends = [int(b * factor) for b in starts[1:]] + [int(epochs * factor)]
         return [Phase(a, b, i, full, full_cycle) for i, (a, b) in enumerate(zip([0, *ends], ends))]
     if len(starts) < 2:
-        raise ValueError("the long cycle needs at least two learning-rate stages (it runs in all but the last)")
+        raise ValueError("the long cycle needs at least two learning-rate stages "
+                         "(it runs in all but the last)")
     cycles = []
     for ft, fs in long_factors:
         t, s = round(frames * ft), round(crop * fs)
@@ -144,7 +147,8 @@ class Schedule:
     """A plan expanded to iterations for a run of ``world_size`` ranks with base batch ``batch``
     clips per rank, over a split of ``samples`` clips (``remainder`` as in ``shards.partition``)."""
 
-    def __init__(self, phases: list[Phase], batch: int, world_size: int, samples: int, remainder: str = "pad"):
+    def __init__(self, phases: list[Phase], batch: int, world_size: int, samples: int,
+                 remainder: str = "pad"):
         self.phases, self.batch, self.world_size = phases, batch, world_size
         self.epoch_phase = [p for p in phases for _ in range(p.start, p.end)]
         self.iterations, self.global_clips = [], []
@@ -152,7 +156,8 @@ class Schedule:
             period = self.period(p)
             periods = batches_per_rank(samples, world_size, period, remainder)
             if not periods:
-                raise ValueError(f"{samples} clips cannot fill one period of {period} clips on {world_size} ranks")
+                raise ValueError(f"{samples} clips cannot fill one period of {period} clips on "
+                                 f"{world_size} ranks")
             self.iterations.append(periods * len(p.cycle))
             self.global_clips.append(periods * period * world_size)
         self.first = [0, *accumulate(self.iterations)]  # first iteration of each epoch, then the total
@@ -177,11 +182,11 @@ class Schedule:
         phase = self.epoch_phase[epoch]
         index = iteration - self.first[epoch]
         periods, j = divmod(index, len(phase.cycle))
-        clips = self.clips_before[epoch] + self.world_size * (periods * self.period(phase) +
-                                                               sum(self.batch * s.factor for s in phase.cycle[:j]))
+        clips = self.clips_before[epoch] + self.world_size * (
+            periods * self.period(phase) + sum(self.batch * s.factor for s in phase.cycle[:j]))
         shape = phase.cycle[j]
-        return Step(iteration, epoch, index, shape, self.batch * shape.factor, phase.shape.factor, phase.stage,
-                    clips, self.global_clips[epoch])
+        return Step(iteration, epoch, index, shape, self.batch * shape.factor, phase.shape.factor,
+                    phase.stage, clips, self.global_clips[epoch])
 
     def position(self, step: Step) -> float:
         """Epochs done before ``step``, fractional: what epoch-based learning-rate rules read."""

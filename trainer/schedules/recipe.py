@@ -64,7 +64,8 @@ def build_optimizer(model: nn.Module, lr: float, momentum: float = 0.9, weight_d
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     if name in ("adam", "adamw"):
-        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(groups, lr=lr, betas=betas, eps=eps)
+        return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(groups, lr=lr, betas=betas,
+                                                                            eps=eps)
     raise ValueError(f"optimizer {name!r} not one of {OPTIMIZERS}")
 
 
@@ -85,7 +86,8 @@ class Schedule:
 
     def __post_init__(self):
         if not 0 <= self.warmup_clips <= self.total_clips:
-            raise ValueError(f"need 0 <= warm-up clips ({self.warmup_clips}) <= total clips ({self.total_clips})")
+            raise ValueError(f"need 0 <= warm-up clips ({self.warmup_clips}) <= total clips "
+                             f"({self.total_clips})")
 
     def lr(self, clips_seen: int) -> float:
         return self.peak * warmup_cosine(clips_seen, self.warmup_clips, self.total_clips)

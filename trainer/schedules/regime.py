@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 # where the long cycle restarts when no stage is given: the learning-rate steps of the reference
 # multigrid config (epochs 94, 154, 196 of 239), as fractions of the baseline's epochs
 REFERENCE_STAGES = (94 / 239, 154 / 239, 196 / 239)
-NOISE_MEASUREMENTS = 16  # noise-scale measurements (since the start or the last change) before the batch may double
+# noise-scale measurements (since the start or the last change) before the batch may double
+NOISE_MEASUREMENTS = 16
 
 
 def refuse(message: str):
@@ -63,7 +64,8 @@ class Growth:
                    "it needs two or more ranks")
         if mode == "points" and not points:
             refuse("--batch-growth points needs --growth-points")
-        self.mode, self.base, self.max_batch, self.world_size, self.points = mode, base, max_batch, world_size, points
+        self.mode, self.base, self.max_batch, self.world_size, self.points = (mode, base, max_batch,
+                                                                              world_size, points)
         self.batch = base
         self.noise = batch_growth.NoiseScale()
         self.since_change = 0
@@ -102,19 +104,20 @@ class Regime(Hook):
         # K-step averaging, --modality and --compile take any of the networks
         self.network = cfg.model.network
         if elastic and (s.multigrid != "off" or s.batch_growth != "off" or s.average_every is not None):
-            refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's decisions "
-                   "and K-step averaging's drifted ranks depend on: use trainer train for those")
+            refuse("trainer elastic changes the world size, which multigrid's iterations, batch growth's "
+                   "decisions and K-step averaging's drifted ranks depend on: use trainer train for those")
         self.schedule = self.shapes = self.growth = self.kstep = self.engine = self.norms = self.loader = None
         if not 0 <= cfg.recipe.ema_decay < 1:
             refuse(f"--ema-decay must be in [0, 1) (0: off), not {cfg.recipe.ema_decay}")
         if cfg.recipe.ema_decay and s.average_every is not None:
-            refuse("--ema-decay averages one model's weights, and K-step averaging's ranks hold different ones "
-                   "between synchronisations: not with --average-every")
+            refuse("--ema-decay averages one model's weights, and K-step averaging's ranks hold different "
+                   "ones between synchronisations: not with --average-every")
         if s.multigrid != "off":
             if s.batch_growth != "off":
                 refuse("--multigrid and --batch-growth both set the batch size: use one")
             if d.decode_on_device:
-                refuse("--multigrid decodes parts of several shapes per batch on the CPU: not with --decode-on-device")
+                refuse("--multigrid decodes parts of several shapes per batch on the CPU: "
+                       "not with --decode-on-device")
             try:
                 phases = multigrid.plan(epochs, stages_for(cfg), cfg.model.segments, d.crop_size,
                                         long_cycle=s.multigrid in ("long", "both"),
@@ -213,7 +216,8 @@ class Regime(Hook):
                 if self.growth and self.growth.batch != loader.batch_size:
                     it.close()
                     loader.resize(self.growth.batch)
-                    resized = not loader.epoch_finished  # (a finished epoch: the next starts at the new batch)
+                    # (a finished epoch: the next starts at the new batch)
+                    resized = not loader.epoch_finished
                     break
             if not resized:
                 return
@@ -223,8 +227,8 @@ class Regime(Hook):
         want = self.schedule.at(self.step)
         got = (part["clips"].shape[0], part["clips"].shape[1], part["clips"].shape[-1])
         if got != (want.batch, want.shape.frames, want.shape.crop):
-            raise RuntimeError(f"iteration {self.step}: the loader gave {got} (clips, frames, crop), the multigrid "
-                               f"schedule says {(want.batch, want.shape.frames, want.shape.crop)}")
+            raise RuntimeError(f"iteration {self.step}: the loader gave {got} (clips, frames, crop), the "
+                               f"multigrid schedule says {(want.batch, want.shape.frames, want.shape.crop)}")
 
     # --- the loop's hook (trainer.hooks): after each step, and the state under "regime" ---------------
     key = "regime"
@@ -234,9 +238,12 @@ class Regime(Hook):
         if not self.growth:
             return
         e, g = self.engine, self.growth
-        if self.norms is not None:  # the ranks' own squared gradient norms, averaged, and the averaged gradient's
-            local = e.backend.all_sum(torch.tensor([self.norms.pop()], dtype=torch.float64)).item() / self.world_size
-            g.noise.update(local, g.batch, batch_growth.grad_sq_norm(e.model.parameters()), g.batch * self.world_size)
+        if self.norms is not None:
+            # the ranks' own squared gradient norms, averaged, and the averaged gradient's
+            local = (e.backend.all_sum(torch.tensor([self.norms.pop()], dtype=torch.float64)).item()
+                     / self.world_size)
+            g.noise.update(local, g.batch, batch_growth.grad_sq_norm(e.model.parameters()),
+                           g.batch * self.world_size)
             g.since_change += 1
         seen, sched = e.clips_seen, e.schedule
         before = g.batch
@@ -267,10 +274,12 @@ class Regime(Hook):
         lines = []
         if self.schedule:
             s = self.schedule
-            lines.append(f"multigrid ({self.cfg.schedules.multigrid}): {s.epochs} epochs, {s.total} iterations, stages at "
-                         f"{list(stages_for(self.cfg))} of {self.cfg.recipe.epochs} baseline epochs")
+            lines.append(f"multigrid ({self.cfg.schedules.multigrid}): {s.epochs} epochs, {s.total} "
+                         f"iterations, stages at {list(stages_for(self.cfg))} of {self.cfg.recipe.epochs} "
+                         "baseline epochs")
             for p in s.phases:
-                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop} x {self.cfg.data.batch_size * c.factor}" for c in p.cycle)
+                cycle = ", ".join(f"{c.frames}x{c.crop}x{c.crop} x {self.cfg.data.batch_size * c.factor}"
+                                  for c in p.cycle)
                 lines.append(f"  epochs {p.start}-{p.end}: stage {p.stage}, lr x{p.shape.factor}: {cycle}")
         if self.growth:
             g = self.growth
@@ -278,7 +287,8 @@ class Regime(Hook):
                          + (f" at epochs {list(g.points)}" if g.mode == "points" else ""))
         if self.kstep:
             lines.append(f"K-step averaging every {self.kstep.every} steps"
-                         + (f", synchronous for the first {self.kstep.local_after} steps" if self.kstep.local_after else ""))
+                         + (f", synchronous for the first {self.kstep.local_after} steps"
+                            if self.kstep.local_after else ""))
         if self.bn_group:
             lines.append(f"sub-batch BN: groups of {self.bn_group} clips")
         return "\n".join(lines)
