@@ -48,6 +48,7 @@ from .data import (  # the public reading API (docs/library.md), as any training
 from .data.arguments import loader_kwargs, worded_as_flags
 from .data.device_decode import clip_source
 from .data.loader import shared_manifest
+from .data.rotation import clips_an_epoch
 from .distributed import backends as distributed
 from .distributed import cores
 from .ema import WeightEMA
@@ -144,7 +145,7 @@ class Trainer:
         check_splits(manifest, d)
         self.cfg = cfg = fit_to_data(manifest, cfg, self.backend.local_ranks, self.rank0)
         d = cfg.data
-        samples = manifest.splits[d.train_split].num_samples
+        samples = clips_an_epoch(manifest.splits[d.train_split].shards, d.stored_clips)
         self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
         self.make_loaders(manifest)
         self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples, model=cfg.model,
