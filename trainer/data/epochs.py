@@ -145,12 +145,16 @@ class Epochs:
 
     def _mixed(self, nodes: int) -> bool:
         """Whether node-affine epochs on ``nodes`` nodes give every node the set's mix of classes
-        (``shards.classmix``; a set whose manifest lacks the labels is not judged). If not: refused
+        (``shards.classmix``; a set whose manifest lacks the labels is not judged, said once by rank 0). If not: refused
         with one line, or, with ``shuffle_fallback``, global epochs, said once by rank 0."""
         key = (nodes, self.seed)
         if key not in self._mix:
             shares = partition.assign([s.num_samples for s in self.shards], nodes, self.seed)
-            mix = self._mix[key] = classmix.class_mix([s.labels for s in self.shards], shares, self.seed)
+            labels = [s.labels for s in self.shards]
+            mix = self._mix[key] = classmix.class_mix(labels, shares, self.seed)
+            if mix is None and self.rank == 0:
+                log.info("--shuffle %s: node-affine epochs on %d nodes, their class mix not judged (%s: %s)",
+                         "auto" if self.shuffle_fallback else "node", nodes, self.split, classmix.unjudged(labels, shares))
             if mix is not None and not mix.mixed:
                 why = (f"node-affine epochs on {nodes} nodes would give them different classes for the whole run "
                        f"({self.split}'s stored order follows the classes or the videos): {mix.describe()}")
