@@ -119,8 +119,9 @@ class Data(Flags):
     shuffle: str = flag("auto", "global: one order of all shards for all ranks each epoch; node: node-affine epochs, "
                                 "each node reads only the shards (or pieces) it owns for the run, reordered every "
                                 "epoch, so a --cache-dir downloads each once per run (refused on a set whose stored "
-                                "order would give nodes different classes); auto: node with --cache-dir unless "
-                                "--average-every is set or the class mix refuses it, else global", choices=SHUFFLES)
+                                "order would give nodes different classes); auto: global (node-affine not shown to "
+                                "cost under 2 top-1 points: docs/benchmarks/node-affine-equivalence.md)",
+                         choices=SHUFFLES)
     stored_clips: str = flag("each", "a set built with --clips-per-video K > 1: each: every stored clip is a sample "
                                      "of every epoch (an epoch is K views of each video, K times the steps); rotate: "
                                      "one of each video's K clips an epoch, the next one the next epoch (an epoch is "
