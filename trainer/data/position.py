@@ -50,7 +50,8 @@ class Position:
 
     @staticmethod
     def shuffle_of(state: dict) -> Shuffle:
-        return Shuffle(**{f.name: state.get(f.name, f.default) for f in fields(Shuffle)})  # saved before a field: its default
+        # a state saved before a field existed: the field's default
+        return Shuffle(**{f.name: state.get(f.name, f.default) for f in fields(Shuffle)})
 
     @classmethod
     def resume(cls, state: dict, layout: Segment) -> "Position":
