@@ -15,7 +15,14 @@ shards out with the seed, so a class-sorted set of few shards gives other shares
   classes appended to a set);
 * sorted: class by class (a tool that writes class folders in turn).
 
+With ``--power``, the guard's power instead: over a grid of 2, 4 and 8 nodes, 2 to 400 classes and
+shard layouts, how often a class-sorted set passes (the false-pass rate: node-affine epochs trained on
+a set whose nodes hold their own classes) with the node test alone (``Mix.shares_mixed``, the guard
+before issue 42) and with the stored-order test too (``Mix.mixed``), and how often a hashed set is
+refused (the false-refusal rate), over ``--orders`` run seeds a cell:
+
     python bench/classmix.py [--orders 100] [--large-orders 10]
+    python bench/classmix.py --power [--orders 100]
 """
 from __future__ import annotations
 
@@ -55,14 +62,51 @@ def judge(labels: np.ndarray, shards: int, per_shard: int, nodes: int, seed: int
     """The guard's verdict on ``labels`` in shards of ``per_shard``, shared out with the run seed ``seed``."""
     per_shard_labels = [labels[i * per_shard:(i + 1) * per_shard] for i in range(shards)]
     shares = partition.assign([len(x) for x in per_shard_labels], nodes, seed)
-    return classmix.class_mix(per_shard_labels, shares)
+    return classmix.class_mix(per_shard_labels, shares, seed)
+
+
+# --power's grid: (shards, clips per shard), each with every class count that leaves a class 2 clips or more
+POWER_LAYOUTS = [(12, 5), (12, 64), (48, 16), (141, 64)]
+POWER_CLASSES = [2, 4, 10, 40, 400]
+POWER_NODES = [2, 4, 8]
+
+
+def power(orders: int) -> None:
+    """The false-pass and false-refusal rates over ``POWER_*`` (module docstring)."""
+    print(f"{orders} run seeds a cell; sorted: class by class; hashed: a random order (another at each seed)\n")
+    print("nodes | shards x clips | classes | sorted passed, node test alone | sorted passed, node and stored-order "
+          "tests | sorted passed by the node test alone with its worst node TV >= 1/6 (2:1 where 1:1 is due) | hashed refused, node alone | hashed "
+          "refused, both")
+    totals = np.zeros(5, dtype=int)
+    cells = 0
+    for nodes in POWER_NODES:
+        for shards, per_shard in POWER_LAYOUTS:
+            n = shards * per_shard
+            for classes in (c for c in POWER_CLASSES if 2 * c <= n):
+                rows = np.zeros(5, dtype=int)
+                for seed in range(orders):
+                    sorted_mix = judge(layout_labels("sorted", n, classes, 1, np.random.default_rng(seed)), shards,
+                                       per_shard, nodes, seed)
+                    hashed = judge(layout_labels("hashed", n, classes, 1, np.random.default_rng(seed)), shards,
+                                   per_shard, nodes, seed)
+                    skewed = sorted_mix.shares_mixed and sorted_mix.worst >= 1 / 6 - 1e-9  # 2:1 where 1:1 is due
+                    rows += [sorted_mix.shares_mixed, sorted_mix.mixed, skewed, not hashed.shares_mixed,
+                             not hashed.mixed]
+                totals += rows
+                cells += 1
+                print(f"{nodes} | {shards} x {per_shard} | {classes} | " + " | ".join(f"{r}/{orders}" for r in rows))
+    print(f"\nall {cells} cells ({cells * orders} seeds each column): " + " | ".join(f"{t}" for t in totals))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--orders", type=int, default=100, help="run seeds (and random orders) per row")
     p.add_argument("--large-orders", type=int, default=10, help="the same for the Kinetics-sized rows (240,123 clips)")
+    p.add_argument("--power", action="store_true", help="the false-pass and false-refusal rates instead")
     args = p.parse_args()
+    if args.power:
+        power(args.orders)
+        return
     print(f"node shares differ in classes (node-affine refused) when the worst node's total variation (TV) "
           f"exceeds a random order's by more than {classmix.MARGIN} and {classmix.SPREADS} of its standard "
           f"deviations; {args.orders} run seeds per row ({args.large_orders} for Kinetics' sizes)\n")

@@ -162,7 +162,7 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
                                                 for i in sorted(kept)}
     out = []
     for clip, indices in enumerate(picks(info.num_frames)):
-        key = f"{video.video_id}_c{clip:02d}"
+        key = sample.clip_key(video.video_id, clip)
         meta = {
             "source": video.relpath, "video": video.video_id, "split": video.split,
             "label": video.label, "class": label_index, "clip": clip, "clips": num_clips,

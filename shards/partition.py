@@ -314,13 +314,16 @@ def remaining(orders: list[Order], seg: Segment, remainder: str, bufsize: int, s
                     todo[local[local < n]] = False
         runs, pos = [], 0
         for run in order.runs:
-            mask = todo[pos: pos + run.size].view(np.int8)
+            runs += kept(run, todo[pos: pos + run.size])
             pos += run.size
-            edges = np.flatnonzero(np.diff(np.concatenate(([0], mask, [0]))))  # starts and ends of True stretches
-            runs.extend(Run(run.shard, run.start + int(a), run.start + int(b))
-                        for a, b in zip(edges[::2], edges[1::2]))
         out.append(Order(runs))
     return out
+
+
+def kept(run: Run, mask: np.ndarray) -> list[Run]:
+    """The stretches of ``run`` where ``mask`` (one bool per sample of the run) is True, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.view(np.int8), [0]))))  # starts and ends of True stretches
+    return [Run(run.shard, run.start + int(a), run.start + int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 
 def segment_orders(base: list[Order], past: list[Segment], remainder: str, bufsize: int, seed: int,

@@ -253,17 +253,19 @@ def test_the_loaders_line_says_how_many_nodes_and_what_each_reads(forty):
                               "of every shard for the 2 rank(s)")
 
 
-@pytest.mark.parametrize("cache, average_every, given, expect", [
-    ("/cache", None, "auto", "node"),
-    (None, None, "auto", "global"),
-    ("/cache", 4, "auto", "global"),  # K-step averaging: measured lower accuracy node-affine
-    ("/cache", 4, "node", "node"),  # as asked
-    ("/cache", None, "global", "global"),
+@pytest.mark.parametrize("cache, average_every, growth, given, expect", [
+    ("/cache", None, "off", "auto", "global"),  # node-affine not shown equivalent (node-affine-equivalence.md)
+    (None, None, "off", "auto", "global"),
+    ("/cache", 4, "off", "auto", "global"),  # K-step averaging and batch growth by the same rule
+    ("/cache", None, "noise", "auto", "global"),
+    ("/cache", 4, "off", "node", "node"),  # as asked
+    ("/cache", None, "noise", "node", "node"),
+    ("/cache", None, "off", "global", "global"),
 ])
-def test_auto_shuffle_is_node_affine_with_a_cache_unless_ranks_average_every_k_steps(cache, average_every, given,
-                                                                                      expect):
+def test_auto_shuffle_is_global_for_every_schedule_and_node_affine_only_when_asked(cache, average_every, growth,
+                                                                                   given, expect):
     from trainer import config
     from trainer.train import shuffle_mode
     cfg = config.TrainConfig(data=config.Data(data="set", cache_dir=cache, shuffle=given),
-                             schedules=config.Schedules(average_every=average_every))
+                             schedules=config.Schedules(average_every=average_every, batch_growth=growth))
     assert shuffle_mode(cfg) == expect

@@ -44,6 +44,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MULTIGRID = ("off", "long", "short", "both")
 SHUFFLES = ("auto", "global", "node")
+STORED_CLIPS = ("each", "rotate")  # the loader's (trainer.data.rotation)
 GROWTH = ("off", "points", "decay", "noise")  # trainer.schedules.batch_growth's modes, or none
 DEPTHS = (10, 18, 34, 50, 101, 152)
 # the networks (trainer.model): TSM, its 2D baseline TSN (the same without the shift: --no-shift), and
@@ -118,8 +119,14 @@ class Data(Flags):
     shuffle: str = flag("auto", "global: one order of all shards for all ranks each epoch; node: node-affine epochs, "
                                 "each node reads only the shards (or pieces) it owns for the run, reordered every "
                                 "epoch, so a --cache-dir downloads each once per run (refused on a set whose stored "
-                                "order would give nodes different classes); auto: node with --cache-dir unless "
-                                "--average-every is set or the class mix refuses it, else global", choices=SHUFFLES)
+                                "order would give nodes different classes); auto: global (node-affine not shown to "
+                                "cost under 2 top-1 points: docs/benchmarks/node-affine-equivalence.md)",
+                         choices=SHUFFLES)
+    stored_clips: str = flag("each", "a set built with --clips-per-video K > 1: each: every stored clip is a sample "
+                                     "of every epoch (an epoch is K views of each video, K times the steps); rotate: "
+                                     "one of each video's K clips an epoch, the next one the next epoch (an epoch is "
+                                     "one view of each video, each stored clip read once every K epochs)",
+                             choices=STORED_CLIPS)
     lookahead: int = flag(2, "shards each loader worker fetches ahead through --cache-dir (or 32 MB ranges it reads "
                              "ahead from a remote set without one)", type=int_in_range(0))
     source_deadline: float | None = flag(

@@ -48,6 +48,7 @@ from .data import (  # the public reading API (docs/library.md), as any training
 from .data.arguments import loader_kwargs, worded_as_flags
 from .data.device_decode import clip_source
 from .data.loader import shared_manifest
+from .data.rotation import clips_an_epoch
 from .distributed import backends as distributed
 from .distributed import cores
 from .ema import WeightEMA
@@ -144,7 +145,7 @@ class Trainer:
         check_splits(manifest, d)
         self.cfg = cfg = fit_to_data(manifest, cfg, self.backend.local_ranks, self.rank0)
         d = cfg.data
-        samples = manifest.splits[d.train_split].num_samples
+        samples = clips_an_epoch(manifest.splits[d.train_split].shards, d.stored_clips)
         self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
         self.make_loaders(manifest)
         self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples, model=cfg.model,
@@ -198,7 +199,7 @@ class Trainer:
         with worded_as_flags(a):
             return ClipLoader(manifest, split, **loader_kwargs(a), rank=self.backend.rank,
                               world_size=self.backend.size, local_size=self.backend.local_size, train=train, seed=self.cfg.system.seed,
-                              shuffle=shuffle_mode(self.cfg), shuffle_fallback=a.shuffle == "auto",
+                              shuffle=shuffle_mode(self.cfg),
                               shapes=None if full_shape else self.regime.shapes,
                               max_bad_samples=None if self.bad_sample_limit(manifest, split) else 0)
 
@@ -356,15 +357,12 @@ def prepare_output(system: config.System, rank0: bool) -> None:
 
 
 def shuffle_mode(cfg: config.TrainConfig) -> str:
-    """``--shuffle``, with auto decided: node-affine epochs with a cache (synchronous training:
-    no cost measured in paired seeds, BENCHMARKS.md "Paired evidence: node-affine against global
-    epochs at several seeds"), except under K-step averaging, whose ranks drift toward their
-    node's fixed shards between averages (measured lower accuracy, BENCHMARKS.md "Accuracy:
-    node-affine against global epochs"). The loader still trains global epochs where the class
-    mix of the node shares refuses node-affine ones (``shuffle_fallback``)."""
-    if cfg.data.shuffle != "auto":
-        return cfg.data.shuffle
-    return "node" if cfg.data.cache_dir and cfg.schedules.average_every is None else "global"
+    """``--shuffle``, with auto decided: global epochs, the node cache still used, for synchronous
+    training, batch growth and K-step averaging alike. Node-affine epochs would be the default only
+    if shown equivalent to global (a mean cost within 2 top-1 points, by the rule written before
+    the runs, docs/benchmarks/node-affine-equivalence.md); the 14 pairs there could not show it (327
+    are needed for 80% power), so ``--shuffle node`` is a choice, made for its traffic."""
+    return "global" if cfg.data.shuffle == "auto" else cfg.data.shuffle
 
 
 def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_ranks: int, rank0: bool) -> config.TrainConfig:

@@ -128,6 +128,17 @@ def jpeg_size(jpeg) -> tuple[int, int]:
     return size
 
 
+def clip_key(video: str, clip: int) -> str:
+    """The key of clip ``clip`` of ``video`` (ingest's ``--clips-per-video``): ``<video>_c<NN>``."""
+    return f"{video}_c{clip:02d}"
+
+
+def video_of(key: str) -> str:
+    """``<video>_c<NN>`` -> ``<video>``: the clips of one video share it (a key of another form is a
+    video of its own)."""
+    return key.rsplit("_c", 1)[0]
+
+
 def pack(key: str, frames: list[bytes], label: int, meta: dict, fields: list[bytes] = (),
          motion: str = "none") -> bytes:
     """One sample's tar bytes, its members in the schema's order: frames, motion fields, label, meta."""

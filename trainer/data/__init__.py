@@ -12,7 +12,8 @@ aiohttp, OpenCV or Horovod.
 ``epochs`` (the one epoch planner under both loaders: the node-mix verdict, position, orders, lengths,
 state and each worker's plan; pure), ``loader`` (the streaming ``ClipLoader``: the I/O glue), ``plan``
 (each worker's reads and order, pure functions over frozen records), ``position`` (where a loader stands
-in its epochs, and how a saved position continues), ``stages`` (the pipeline's stages: plain functions
+in its epochs, and how a saved position continues), ``rotation`` (which of a video's stored clips an epoch
+reads when rotating), ``stages`` (the pipeline's stages: plain functions
 over their plans), ``dataset`` (``ClipDataset``), ``transforms`` (TSM's crops, JPEG
 decoding), ``cropdecode`` (the C crop decoder, ``trainer/libcropjpeg.so``), ``device_decode`` (nvJPEG on
 the GPU), ``slots`` (the shared-memory batch pool), ``shapes`` (a multigrid epoch's batches cut into

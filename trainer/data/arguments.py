@@ -136,7 +136,7 @@ def warn(message: str, category: type[Warning]) -> None:
 FROM_CONFIG = {"batch_size": "batch_size", "workers": "num_workers", "crop_size": "crop_size",
                "scale_size": "scale_size", "flip": "flip", "shuffle_buffer": "shuffle_buffer",
                "cache_dir": "cache_dir", "lookahead": "lookahead", "decode_on_device": "decode_on_device", "modality": "modality",
-               "source_deadline": "source_deadline", "crops": "eval_crops"}
+               "source_deadline": "source_deadline", "crops": "eval_crops", "stored_clips": "stored_clips"}
 
 
 def loader_kwargs(cfg) -> dict:

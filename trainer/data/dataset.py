@@ -48,10 +48,11 @@ from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from shards import partition
+from shards.format.sample import video_of
 
 from ..config import IMAGENET_MEAN, IMAGENET_STD
 from .arguments import Flag, Function, OneOf, check, warn
-from .loader import ClipLoader, video_id
+from .loader import ClipLoader
 from .plan import WorkerPlan
 from .stages import ordered_samples
 
@@ -192,7 +193,7 @@ class ClipDataset(IterableDataset):
                         {k: bad[k] for k in ("url", "key", "expected", "found") if k in bad})
         rng = partition.rng_for("augment", loader.seed, epoch, key)
         jpegs = loader.transform.members(sample)
-        out = {"labels": sample["label"], "keys": key, "videos": video_id(key),
+        out = {"labels": sample["label"], "keys": key, "videos": video_of(key),
                "valid": sample["__local__"] < plan.valid_locals and bad is None}
         if self.geometry:
             g, d, _ = loader.transform.draw(jpegs[0], partition.rng_for("augment", loader.seed, epoch, key))

@@ -8,8 +8,9 @@ decides, for one rank, everything about its epochs that is not reading:
    (``shards.classmix``, the verdict judged once, alike on every rank; refused in one line if not, or
    global with ``shuffle_fallback``);
 2. the position (``trainer.data.position``): the epoch, its segments that ended, the batches done;
-3. the orders the current segment partitions (``partition.epoch_orders``, ``segment_orders``) and their
-   lengths, hence the batches of the epoch (``len``, ``epoch_finished``);
+3. the orders the current segment partitions (``partition.epoch_orders``; with ``stored_clips="rotate"``
+   only the one clip of each video the epoch reads, ``trainer.data.rotation``; ``segment_orders``) and
+   their lengths, hence the batches of the epoch (``len``, ``epoch_finished``);
 4. each loader worker's plan for the rest of the epoch (``worker_plans``: ``partition.streams``, the
    shuffle buffer's ``emission``, ``trainer.data.plan.worker_plan``) and each step's real clips over every
    rank (``steps``);
@@ -19,7 +20,8 @@ decides, for one rank, everything about its epochs that is not reading:
 
 The loaders carry out the plans (``trainer.data.loader``: descriptors, the node cache, slots, the
 DataLoader, batches). The order depends on the inputs, the seed, the epoch and the layout (ranks, workers,
-batch size); every clip is read once an epoch whatever the layout.
+batch size); every clip the epoch reads (every stored clip, or with rotation one of each video's) is read
+once whatever the layout.
 """
 from __future__ import annotations
 
@@ -31,9 +33,11 @@ from shards.errors import UsageError
 from shards.format.manifest import ShardInfo
 from shards.words import plural
 
+from ..config import STORED_CLIPS
 from .arguments import Flag, Number, OneOf, check
 from .plan import WorkerPlan, worker_plan
 from .position import Position, Shuffle
+from .rotation import Rotation
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,8 @@ SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-aff
 ARGUMENTS = {"batch_size": Number(1), "rank": Number(0, none=True), "world_size": Number(1, none=True),
              "local_size": Number(1, none=True), "train": Flag(none=True), "seed": Number(None),
              "epoch": Number(0), "shuffle_buffer": Number(0), "remainder": OneOf(partition.REMAINDERS),
-             "piece_samples": Number(1, none=True), "shuffle": OneOf(SHUFFLES), "shuffle_fallback": Flag()}
+             "piece_samples": Number(1, none=True), "shuffle": OneOf(SHUFFLES), "shuffle_fallback": Flag(),
+             "stored_clips": OneOf(STORED_CLIPS)}
 
 
 class OtherShardSet(UsageError, ValueError):
@@ -69,6 +74,7 @@ class EpochOptions:
     piece_samples: int | None = None
     shuffle: str = "global"
     shuffle_fallback: bool = False
+    stored_clips: str = "each"  # training: every stored clip an epoch, or "rotate" one of each video's
     shapes: object = None  # multigrid (training only): shapes.batch_size(epoch) clips a batch
 
     def __post_init__(self):
@@ -87,10 +93,12 @@ class Epochs:
         self.shards, self.split, self.workers = shards, split, workers
         self.rank, self.world_size, self.local_size, self.train = o.rank, o.world_size, o.local_size, o.train
         self.shuffle, self.shuffle_fallback = o.shuffle, o.shuffle_fallback
-        self.shuffling = Shuffle(o.seed, o.remainder, o.shuffle_buffer if o.train else 0, o.piece_samples)
+        self.shuffling = Shuffle(o.seed, o.remainder, o.shuffle_buffer if o.train else 0, o.piece_samples,
+                                 o.stored_clips if o.train else "each")
+        self._rotation: Rotation | None = None  # made when rotating
         self.shapes = o.shapes if o.train else None
         self.batch_size = self.shapes.batch_size(o.epoch) if self.shapes else o.batch_size
-        if not partition.per_rank(self.num_samples, o.world_size, self.batch_size, o.remainder):
+        if not partition.per_rank(self.clips_an_epoch, o.world_size, self.batch_size, o.remainder):
             raise ValueError(f"split {split!r} cannot fill one batch of {self.batch_size} on each of "
                              f"{o.world_size} ranks; use remainder='pad'")
         self.position = Position(o.epoch)
@@ -102,6 +110,18 @@ class Epochs:
     @property
     def num_samples(self) -> int:
         return sum(s.num_samples for s in self.shards)
+
+    @property
+    def rotation(self) -> Rotation | None:
+        """Which stored clips each epoch reads when rotating (``trainer.data.rotation``), else None."""
+        if self.shuffling.stored_clips == "rotate" and self._rotation is None:
+            self._rotation = Rotation(self.shards)
+        return self._rotation if self.shuffling.stored_clips == "rotate" else None
+
+    @property
+    def clips_an_epoch(self) -> int:
+        """Clips a whole epoch reads: every stored clip, or with rotation one a video."""
+        return self.rotation.videos if self.rotation else self.num_samples
 
     @property
     def epoch(self) -> int:
@@ -125,12 +145,16 @@ class Epochs:
 
     def _mixed(self, nodes: int) -> bool:
         """Whether node-affine epochs on ``nodes`` nodes give every node the set's mix of classes
-        (``shards.classmix``; a set whose manifest lacks the labels is not judged). If not: refused
+        (``shards.classmix``; a set whose manifest lacks the labels is not judged, said once by rank 0). If not: refused
         with one line, or, with ``shuffle_fallback``, global epochs, said once by rank 0."""
         key = (nodes, self.seed)
         if key not in self._mix:
             shares = partition.assign([s.num_samples for s in self.shards], nodes, self.seed)
-            mix = self._mix[key] = classmix.class_mix([s.labels for s in self.shards], shares, self.seed)
+            labels = [s.labels for s in self.shards]
+            mix = self._mix[key] = classmix.class_mix(labels, shares, self.seed)
+            if mix is None and self.rank == 0:
+                log.info("--shuffle %s: node-affine epochs on %d nodes, their class mix not judged (%s: %s)",
+                         "auto" if self.shuffle_fallback else "node", nodes, self.split, classmix.unjudged(labels, shares))
             if mix is not None and not mix.mixed:
                 why = (f"node-affine epochs on {nodes} nodes would give them different classes for the whole run "
                        f"({self.split}'s stored order follows the classes or the videos): {mix.describe()}")
@@ -151,6 +175,8 @@ class Epochs:
     def describe(self) -> str:
         """One line: what the planner reads and how it shuffles."""
         what = f"{self.split}: {plural(self.num_samples, 'clip')} in {plural(len(self.shards), 'shard')}"
+        if self.rotation:
+            what += f", one of each video's an epoch ({plural(self.rotation.videos, 'video')}, rotating)"
         if not self.train:
             return f"{what}, in stored order"
         if self.nodes == 1:
@@ -178,6 +204,8 @@ class Epochs:
         if self._cached_order is None or self._cached_order[0] != made_of:
             base = partition.epoch_orders([s.num_samples for s in self.shards], p.past[0].nodes if p.past else self.nodes,
                                           o.seed, p.epoch, self.train, o.piece_samples)
+            if self.rotation:
+                base = self.rotation.select(base, p.epoch)
             orders = partition.segment_orders(base, p.past, o.remainder, o.shuffle_buffer, o.seed, p.epoch, self.nodes)
             self._cached_order = (made_of, orders)
         return self._cached_order[1]
@@ -191,7 +219,7 @@ class Epochs:
     def epoch_batches(self, epoch: int) -> int:
         """Batches of a whole epoch ``epoch`` on this rank."""
         batch = self.shapes.batch_size(epoch) if self.shapes else self.batch_size
-        return partition.batches_per_rank(self.num_samples, self.world_size, batch, self.remainder)
+        return partition.batches_per_rank(self.clips_an_epoch, self.world_size, batch, self.remainder)
 
     def __len__(self) -> int:
         """Batches the next iteration yields on this rank: the rest of the epoch after a resume,

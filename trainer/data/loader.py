@@ -71,6 +71,7 @@ from shards.direct import load_manifest
 from shards.errors import CommandError, UsageError
 from shards.format.digests import TooManyBadSamples
 from shards.format.manifest import Manifest, set_title
+from shards.format.sample import video_of
 from shards.http_range import DEFAULT_RETRY, Retry
 from shards.reading import local_path, open_fd
 
@@ -151,11 +152,6 @@ def placement(rank: int | None = None, world_size: int | None = None,
         if local_size is None:
             local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return (0 if rank is None else rank), world_size, (1 if local_size is None else local_size)
-
-
-def video_id(key: str) -> str:
-    """``<video>_c<clip>`` -> ``<video>``: clips of one video share it."""
-    return key.rsplit("_c", 1)[0]
 
 
 class _Streams(IterableDataset):
@@ -378,7 +374,7 @@ class ClipLoader:
         if "clips" in sent and not parts:  # (parts: flat pixels, cut by shapes.unpack)
             sent["clips"] = sent["clips"].movedim(-1, -3)  # a view: channels-last memory
         return {**sent, "labels": torch.tensor(sent["labels"], dtype=torch.int64),
-                "videos": [video_id(k) for k in sent["keys"]],
+                "videos": [video_of(k) for k in sent["keys"]],
                 "valid": torch.tensor(sent["valid"], dtype=torch.bool)}
 
     def _count_bad(self, found: list[dict]) -> None:

@@ -22,6 +22,10 @@ from shards import partition
 from shards.cache import Piece
 from shards.format.manifest import ShardInfo
 
+# Bytes of samples not handed out that a read goes through rather than end and start another: a new read
+# costs a request (remote) or a seek, about as much as reading this much more.
+READ_GAP = 1 << 20
+
 
 @dataclass(frozen=True)
 class Read:
@@ -49,24 +53,29 @@ def worker_plan(shards: list[ShardInfo], urls: list[str], order: partition.Order
                 emitted: np.ndarray, skip: int, batch_size: int,
                 pieces: dict[int, tuple[int, int]] | None = None) -> WorkerPlan:
     """The plan of ``stream`` (positions of ``order``) that hands out ``emitted`` (its plan indices in
-    shuffled order) less its first ``skip`` batches; reads of consecutive runs that meet in a file are
-    one read. ``pieces``: the node's cached pieces (``node_pieces``), when reading through a cache."""
+    shuffled order) less its first ``skip`` batches; reads of consecutive runs of a shard at most
+    ``READ_GAP`` bytes apart are one read. ``pieces``: the node's cached pieces (``node_pieces``), when
+    reading through a cache."""
     todo = emitted[skip * batch_size:]
     wanted = np.zeros(stream.size, dtype=bool)
     wanted[todo] = True
-    ranges, expected, local = [], [], 0
+    ranges, expected, local, stop = [], [], 0, 0  # stop: the sample after the last read's
     for run in order.slice(stream.begin, stream.end):
         hits = np.flatnonzero(wanted[local: local + run.size])
         if len(hits):
             shard = shards[run.shard]
             a, b = run.start + int(hits[0]), run.start + int(hits[-1]) + 1
             end = shard.offsets[b - 1] + shard.lengths[b - 1]
-            if ranges and (ranges[-1][0], ranges[-1][2]) == (run.shard, shard.offsets[a]):
-                ranges[-1][2] = end  # runs that meet in the file (the order wraps inside a shard): one read
+            if ranges and ranges[-1][0] == run.shard and 0 <= shard.offsets[a] - ranges[-1][2] <= READ_GAP:
+                # runs that meet or nearly meet in the file (the order wraps inside a shard; rotation's clips
+                # a few apart): one read, the samples between read and dropped
+                expected += [(shard.keys[i], None) for i in range(stop, a)]
+                ranges[-1][2] = end
             else:
                 ranges.append([run.shard, shard.offsets[a], end])
             expected += [(shard.keys[i], local + i - run.start if wanted[local + i - run.start] else None)
                          for i in range(a, b)]
+            stop = b
         local += run.size
     reads = tuple(Read(i, start, end, urls[i], shards[i],
                        None if pieces is None else piece_of(shards[i], urls[i], start, end, pieces.get(i)))

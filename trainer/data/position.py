@@ -22,6 +22,7 @@ class Shuffle:
     remainder: str = "pad"  # pad the epoch with repeats to whole batches on every rank, or drop the rest
     shuffle_buffer: int = 256  # the bounded shuffle of each worker's stream (0: stored order)
     piece_samples: int | None = None  # shards cut into pieces of at most this many samples before ordering
+    stored_clips: str = "each"  # every stored clip an epoch, or one of each video's (trainer.data.rotation)
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Position:
 
     @staticmethod
     def shuffle_of(state: dict) -> Shuffle:
-        return Shuffle(**{f.name: state[f.name] for f in fields(Shuffle)})
+        # a state saved before a field existed: the field's default
+        return Shuffle(**{f.name: state.get(f.name, f.default) for f in fields(Shuffle)})
 
     @classmethod
     def resume(cls, state: dict, layout: Segment) -> "Position":
