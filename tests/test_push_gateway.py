@@ -8,7 +8,7 @@ bytes are damaged (left out under ``--max-bad-samples 1``). Once the run has end
 ``/metrics``, read with prometheus_client's text parser, holds the run's figures under its job,
 ``run`` and ``rank``: the steps and clips its metrics.jsonl records, a data wait and a step time for
 every step, the bad sample, the outage its manifest read waited out. A gateway that cannot be
-reached costs the run one warning line.
+reached costs the run one warning line. (A flag that is not an http:// URL: tests/test_newcomer.py.)
 """
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ def pushed(url: str, run: str) -> dict[str, dict[tuple, float]]:
     return out
 
 
+@pytest.mark.long  # a training run and a service: about 20 s on 2 cores
 def test_a_run_pushes_its_figures_to_a_real_pushgateway(gateway, tmp_path):
     data = tmp_path / "clips"
     make_shardset(str(data), {"train": CLIPS}, per_shard=4, frames=4, size=(32, 28))
@@ -120,12 +121,3 @@ def test_a_gateway_that_cannot_be_reached_costs_one_line(caplog):
         hook.close()  # its final push fails as well
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith(f"--push-gateway {hook.url}: the figures could not be pushed"), lines
-
-
-def test_the_flag_takes_only_an_http_url():
-    done = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", "x", "--push-gateway", "pushgateway:9091"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == ("trainer train: error: argument --push-gateway: 'pushgateway:9091' "
-                                                    "is not an http:// or https:// URL with a host (such as "
-                                                    "http://pushgateway:9091)")

@@ -13,7 +13,7 @@ the shipped docker/nginx-replicas.conf, all real and on loopback.
   source; each replica logged once that it serves from its last known records. The run's weights
   at every step and at the end are bitwise equal to an undisturbed run's. Red with the records'
   stale-safe serving off (``service.records``: every unconfirmed record refused at once): both
-  replicas answer 503, nginx has no live upstream, the run stops with exit 75 at its deadline.
+  replicas answer 503, and nginx answers 503, then 502 (no live upstream).
 * ``--catalog-staleness`` honoured: a replica with a 2 s bound serves a set it knows from its last
   known record after its own write while the catalog is down, refuses a set it never looked up,
   and past the bound answers 503 (``Retry-After``) with one log line naming the bound; once the
