@@ -11,6 +11,7 @@ bash scripts/setup.sh
 # loopback (slurm-wlm and munge: apt-get update + install took 13 s on the development machine);
 # and Debian's PostgreSQL server for the catalog tests on PostgreSQL and the service's replicas
 # (tests/postgres.py starts its own with initdb/pg_ctl in a temporary directory, never the system's);
+# Debian's Prometheus Pushgateway for tests/test_push_gateway.py (its own on loopback, likewise);
 # podman, runc and debootstrap for tests/test_container_images.py, which builds the CPU image on a
 # base made from Debian's packages (docs/runbooks/containers.md).
 need=()
@@ -19,6 +20,7 @@ need=()
 { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; } || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+command -v prometheus-pushgateway >/dev/null || need+=(prometheus-pushgateway)
 for tool in podman runc debootstrap curl; do command -v $tool >/dev/null || need+=($tool); done
 # and what podman was run with on the development machine (installed there beside it; rootless
 # and overlay helpers that podman only recommends):
@@ -30,7 +32,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 # Here the tests that need these tools fail instead of skipping when one cannot run (tests/required.py).
-export KF_REQUIRE_SLURM=1 KF_REQUIRE_BROWSER=1 KF_REQUIRE_NGINX=1 KF_REQUIRE_PODMAN=1
+export KF_REQUIRE_SLURM=1 KF_REQUIRE_BROWSER=1 KF_REQUIRE_NGINX=1 KF_REQUIRE_PODMAN=1 KF_REQUIRE_PUSHGATEWAY=1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep every Ray on 127.0.0.1 (../shared/notes/loopback.md)
 # Two pytest processes (KF_TEST_WORKERS; 0: one), each test file whole in one of them: much of
 # the suite waits on launches, rendezvous and timeouts, which the other process fills.

@@ -17,9 +17,10 @@ A commit invalidates by generation, and throws nothing away:
   2. an unconfirmed answer is looked up again at its next request; what the catalog answers then
      replaces it (a set removed, replaced or found damaged is refused from then on);
   3. if the catalog cannot be reached (``CatalogUnavailable``), the unconfirmed answer is still
-     served, for at most ``stale_seconds`` (``STALE_SECONDS``, 5 minutes) after it became
-     unconfirmed: the bound on how long a change made just before an outage can go unseen. Past
-     it, and for a reference this replica never looked up, the request is 503 as before;
+     served, for less than ``stale_seconds`` after it became unconfirmed (``shard-service serve
+     --catalog-staleness``, by default ``STALE_SECONDS``, 5 minutes; 0: never): the bound on how
+     long a change made just before an outage can go unseen. Past it, and for a reference this
+     replica never looked up, the request is 503 as before, with a log line naming the bound;
   4. while the catalog is away it is asked again once its listener is back (the generation moves)
      or ``RETRY_SECONDS`` after it last failed, not at every request.
 
@@ -103,9 +104,10 @@ class RecordCache:
         """``ref``'s last known answer while the catalog cannot be reached, within the staleness bound."""
         if known is None:
             raise CatalogUnavailable(str(self.outage.error))
-        if now - known.unconfirmed > self.stale_seconds:
-            raise CatalogUnavailable(f"{self.outage.error}; the last known record of {ref!r} has gone "
-                                     f"unconfirmed for over {self.stale_seconds:g} s, the staleness bound")
+        if now - known.unconfirmed >= self.stale_seconds:
+            raise CatalogUnavailable(f"{self.outage.error}; the last known record of {ref!r} has gone unconfirmed "
+                                     f"for {now - known.unconfirmed:.1f} s, past the staleness bound of "
+                                     f"{self.stale_seconds:g} s (--catalog-staleness)")
         return known.record
 
     def close(self) -> None:

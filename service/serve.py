@@ -39,7 +39,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from shards.catalog import Catalog, default_path
 from shards.catalog.backends import is_url, shown
-from shards.commands import int_in_range, positive_int
+from shards.commands import int_in_range, number_in_range, positive_int
 from shards.errors import CommandError, Interrupted, NotFound, UsageError
 
 from .accel import SECRET, SECRET_HEADER, Front
@@ -49,6 +49,7 @@ from .api.keys import METRICS
 from .api.metrics import traffic
 from .api.routes import ROUTES
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
+from .records import STALE_SECONDS
 from .roots import SourceRoots
 from .stats import Counters
 from .viewer import ROUTES as VIEWER_ROUTES
@@ -77,6 +78,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="catalog: a SQLite file, or a PostgreSQL database (postgresql://USER@HOST:PORT/DB) "
                         "that replicas of the service share ($SHARD_SERVICE_CATALOG); a file that does not "
                         "exist is refused unless --create")
+    p.add_argument("--catalog-staleness", type=number_in_range(float, 0), default=STALE_SECONDS, metavar="SECONDS",
+                   help="while the catalog cannot be reached (a PostgreSQL outage), a set this replica has looked up "
+                        "is served from its last known record for at most this long after the replica saw a commit it "
+                        "could not check (the longest a change made just before an outage goes unseen; 0: none is "
+                        "served, every read 503 until the catalog answers); records no commit touched serve on "
+                        "whatever the outage's length (service.records)")
     p.add_argument("--create", action="store_true",
                    help="start an empty catalog file (and its directory) if --catalog names none, e.g. for "
                         "builds asked for over HTTP; without it a typo would serve an empty catalog")
@@ -175,7 +182,8 @@ async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socke
     app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
                    ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
                    max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files,
-                   counters=counters, redirect_seconds=args.redirect, front=front(args), admission=admission)
+                   counters=counters, redirect_seconds=args.redirect, front=front(args), admission=admission,
+                   catalog_staleness=args.catalog_staleness)
     add_viewer(app)  # the pages and their routes, on the same port
     runner = web.AppRunner(app, access_log=logging.getLogger("service.access"),
                            access_log_class=traffic(app[METRICS], args.access_log),

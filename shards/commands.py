@@ -145,7 +145,7 @@ def number_in_range(kind, lo: float, hi: float | None = None, *, above: bool = F
     ``hi`` is None. The checker's ``in_range(value)`` checks a value instead of a flag's text
     (``ValueError``, the same message): configs built in Python refuse what the flag refuses."""
     def in_range(value):
-        if value < lo or (above and value == lo) or (hi is not None and value > hi):
+        if not lo <= value or (above and value == lo) or (hi is not None and not value <= hi):  # NaN too
             wanted = (f"more than {lo}" if above else f"{lo} or more") if hi is None else f"{lo} to {hi}"
             raise ValueError(f"{value} is out of range: give {wanted}")
         return value

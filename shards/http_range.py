@@ -185,9 +185,11 @@ class _Outages:
     def __init__(self):
         self.since: dict[str, float] = {}
         self.lock = threading.Lock()
+        self.waits, self.waited = 0, 0.0  # since the last ``take_waits``: outages readers met, seconds they slept
 
     def began(self, server: str, problem: str, deadline: float) -> None:
         with self.lock:
+            self.waits += 1
             first = server not in self.since
             if first:
                 self.since[server] = time.monotonic()
@@ -201,12 +203,25 @@ class _Outages:
         if since is not None:
             log.warning("%s answers again, after %.1f s", server, time.monotonic() - since)
 
+    def slept(self, seconds: float) -> None:
+        with self.lock:
+            self.waited += seconds
+
     def forget(self) -> None:
         """In a forked child: the parent's waits are the parent's to report."""
-        self.since, self.lock = {}, threading.Lock()
+        self.since, self.lock, self.waits, self.waited = {}, threading.Lock(), 0, 0.0
 
 
 _OUTAGES = _Outages()
+
+
+def take_waits() -> tuple[int, float]:
+    """The outages this process's readers met (each reader's wait for a source that was down counted
+    once) and the seconds they slept in them, since the last call: what a loader batch carries to its
+    rank for the trainer's figures (``trainer.prometheus``)."""
+    with _OUTAGES.lock:
+        taken, _OUTAGES.waits, _OUTAGES.waited = (_OUTAGES.waits, _OUTAGES.waited), 0, 0.0
+    return taken
 
 
 def _seconds(value: float) -> str:
@@ -252,8 +267,10 @@ class Patience:
             raise SourceUnavailable(f"{at}no answer for {waited:.0f} s, past the source deadline of "
                                     f"{_seconds(deadline)} (--source-deadline, ${ENV_DEADLINE}); last: {problem}")
         self.outage_failures += 1
-        pause = self.retry.backoff_for(self.outage_failures) if wait is None else wait
-        self.retry.wait(min(pause, self.retry.max_retry_after, deadline - waited))
+        pause = min(self.retry.backoff_for(self.outage_failures) if wait is None else wait,
+                    self.retry.max_retry_after, deadline - waited)
+        _OUTAGES.slept(pause)
+        self.retry.wait(pause)
 
     def answered(self) -> None:
         if self.since is not None:

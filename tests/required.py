@@ -1,5 +1,5 @@
 """Test helper: the system tools a few tests need (Debian's chromium and chromedriver, nginx, Slurm
-and munge, podman with runc and debootstrap). Where one is missing, such a test skips saying what
+and munge, podman with runc and debootstrap, the Prometheus Pushgateway). Where one is missing, such a test skips saying what
 to install; where the test command requires it (scripts/test.sh exports ``KF_REQUIRE_<WHAT>``, as
 CI runs it), the test fails instead, so that no run of the test command passes without them."""
 from __future__ import annotations

@@ -15,8 +15,6 @@ PostgreSQL catalog behind nginx, which sends the bytes they hand it, all real an
   known record serves on within the staleness bound); each replica says so once, and once that
   the catalog is back; from then on the damaged set is refused. Red on caches that drop their
   answers at every commit (503 for every shard).
-* The staleness bound itself, on a ``RecordCache`` of a 1 s bound: past it, and for a reference
-  never looked up, an outage is ``CatalogUnavailable`` (503).
 * An HTTP build survives the death of the replica running it: its build process is frozen, the
   replica killed; let go, the build process finds its server gone and leaves; the other replica
   takes the build over from its dead lease and finishes it, once (attempt 2), where the first left
@@ -27,49 +25,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections import Counter
-from pathlib import Path
 
 import media
 import psutil
 import pytest
-import torch
-from fronts import Front, accel_flags, free_port
+from fronts import accel_flags
 from postgres import PostgresServer
-from shardsets import ServiceProcess, http, make_shardset, register, wait_for
+from replica_runs import CLIPS, HeldRun, assert_trained_alike, replicated, train
+from shardsets import http, make_shardset, register, wait_for
 
-from service.records import RecordCache
-from shards.catalog import Catalog, CatalogUnavailable
+from shards.catalog import Catalog
 from shards.format.manifest import Manifest
-from trainer.clip_log import read_file
 
 pytestmark = pytest.mark.long
-HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
-FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
-CLIPS, BATCH, EPOCHS = 24, 2, 2
-FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
-         "--batch-size", str(BATCH), "--warmup-epochs", "0.5", "--workers", "1", "--print-freq", "1",
-         "--no-tensorboard", "--clip-log", "--epochs", str(EPOCHS), "--val-split", ""]
 TOKEN = "replica-fault-token"
-
-
-class Replica(ServiceProcess):
-    """A replica on a port of its own (restarted, it is where nginx looks for it)."""
-
-    def __init__(self, *args: str):
-        self.port = free_port()
-        super().__init__(*args, "--port", str(self.port), "--max-connections-per-client", "0")
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stats(self) -> dict:
-        return json.loads(http(self.url, path="/v1/stats")[2])["total"]
 
 
 @pytest.fixture(scope="module")
@@ -81,70 +51,15 @@ def cluster(tmp_path_factory, ray_local):
     (root / "tokens").write_text(TOKEN + "\n")
     make_shardset(str(root / "clips"), {"train": CLIPS}, per_shard=4, frames=4, size=(48, 40))
     db = PostgresServer()
-    replicas, front = [], None
     try:
         url = db.start().database()
         register(Catalog(url), str(root / "clips"), "clips")
         args = ("--catalog", url, "--token-file", str(root / "tokens"), "--source-root", str(videos), "--data-root",
                 str(root / "sets"), "--ray-address", ray_local.get_runtime_context().gcs_address, *accel_flags(str(root)))
-        replicas = [Replica(*args) for _ in range(2)]
-        for r in replicas:
-            r.start()
-        front = Front(root / "nginx", [r.address for r in replicas]).start()
-        yield {"root": root, "db": db, "url": url, "videos": videos, "replicas": replicas, "front": front}
+        with replicated(root, *args) as (replicas, front):
+            yield {"root": root, "db": db, "url": url, "videos": videos, "replicas": replicas, "front": front}
     finally:
-        if front is not None:
-            front.stop()
-        for r in replicas:
-            r.kill(signal.SIGTERM)
         db.close()
-
-
-def train(data: str, out: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN, "train",
-                             "--data", data, "--output-dir", str(out), *FLAGS],
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out / "exits"), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def job(proc: subprocess.Popen) -> list[psutil.Process]:
-    try:
-        top = psutil.Process(proc.pid)
-        return [top, *top.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def ranks_stopped(proc: subprocess.Popen) -> bool:
-    """Whether the job's ranks (and their loader workers) are all held by the SIGSTOP faultrun sent
-    every process of the job."""
-    states = []
-    for p in job(proc):
-        try:
-            if "faultrun.py" in " ".join(p.cmdline()):
-                states.append(p.status())
-        except psutil.Error:  # gone, or a zombie (faultrun's own `kill`)
-            continue
-    return len(states) >= 2 and all(s == psutil.STATUS_STOPPED for s in states)
-
-
-def signal_job(proc: subprocess.Popen, signum: int) -> None:
-    for p in job(proc):
-        try:
-            p.send_signal(signum)
-        except psutil.Error:
-            continue
-
-
-def steps_logged(out: Path, rank: int) -> int:
-    """How many steps ``rank`` has logged (a step's record is written as it starts)."""
-    return sum(r["rank"] == rank for path in (out / "clips").glob("*.jsonl") for r in read_file(str(path)))
-
-
-def steps_by_epoch(out: Path) -> dict[int, list[dict]]:
-    records = [r for path in (out / "clips").glob("*.jsonl") for r in read_file(str(path))]
-    return {e: sorted((r for r in records if r["epoch"] == e), key=lambda r: (r["step"], r["rank"]))
-            for e in range(1, EPOCHS + 1)}
 
 
 def test_training_reads_through_a_killed_replica_and_a_catalog_restart_bitwise(cluster, tmp_path):
@@ -158,54 +73,30 @@ def test_training_reads_through_a_killed_replica_and_a_catalog_restart_bitwise(c
     assert calm.returncode == 0, calm_log[-3000:]
 
     served = [r.stats()["accel_redirects"] for r in replicas]
-    holds = {3: "kill", 7: "restart the replica, stop the catalog", 10: "start the catalog"}  # rank 0's steps
-    out = tmp_path / "faults"
-    run = train(data, out, {"FAULT": ",".join(f"step:{n}:STOP:job" for n in holds)})
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(run.stdout), daemon=True)
-    reader.start()
+    run = HeldRun(data, tmp_path / "faults", [3, 7, 10])  # rank 0's steps
     postmaster = None
     try:
-        for step in holds:  # each fault while the job is held at a step it has not trained yet
-            deadline = time.monotonic() + 300
-            while not ranks_stopped(run):
-                assert run.poll() is None and time.monotonic() < deadline, "".join(output)[-3000:]
-                time.sleep(0.05)
-            assert steps_logged(out, rank=0) == step  # held exactly there: its record written, the step not run
-            if step == 3:
-                assert all(r.stats()["accel_redirects"] > s for r, s in zip(replicas, served))  # both served it
-                replicas[0].kill(signal.SIGKILL)  # epoch 1, step 3: the job reads on with one replica
-            elif step == 7:
-                replicas[0].start()  # on its port: nginx uses it again past fail_timeout; a catalog write
-                time.sleep(1)  # its notification reaches the other replica (milliseconds)
-                postmaster = db.pid()
-                db.stop()  # epoch 2, step 1: the job reads on with the catalog down
-                status, _, body = http(replicas[1].url, path=f"/v1/datasets/clips/{shard}")
-                assert status == 200, body  # a set it knows, after the write, with the catalog down
-            else:
-                db.start()  # epoch 2, step 4
-            signal_job(run, signal.SIGCONT)
-            while steps_logged(out, rank=0) == step:  # under way again
-                assert run.poll() is None and time.monotonic() < deadline, "".join(output)[-3000:]
-                time.sleep(0.05)
-        run.wait(timeout=600)
+        run.held(3)
+        assert all(r.stats()["accel_redirects"] > s for r, s in zip(replicas, served))  # both served it
+        replicas[0].kill(signal.SIGKILL)  # epoch 1, step 3: the job reads on with one replica
+        run.go_on(3)
+        run.held(7)
+        replicas[0].start()  # on its port: nginx uses it again past fail_timeout; a catalog write
+        time.sleep(1)  # its notification reaches the other replica (milliseconds)
+        postmaster = db.pid()
+        db.stop()  # epoch 2, step 1: the job reads on with the catalog down
+        status, _, body = http(replicas[1].url, path=f"/v1/datasets/clips/{shard}")
+        assert status == 200, body  # a set it knows, after the write, with the catalog down
+        run.go_on(7)
+        run.held(10)
+        db.start()  # epoch 2, step 4
+        run.go_on(10)
+        returncode = run.wait()
     finally:
-        signal_job(run, signal.SIGKILL)
-        reader.join(timeout=60)
+        run.kill()
     assert db.pid() not in (None, postmaster)  # the catalog was restarted
-    log = "".join(output)
-    assert run.returncode == 0 and "Traceback" not in log, log[-4000:]
-    for out in ("calm", "faults"):
-        assert [json.loads(line)["exit"] for r in (0, 1)
-                for line in (tmp_path / out / f"exits.rank{r}.jsonl").read_text().splitlines()] == [0, 0]
-    calm_steps, fault_steps = steps_by_epoch(tmp_path / "calm"), steps_by_epoch(tmp_path / "faults")
-    for epoch in range(1, EPOCHS + 1):
-        trained = Counter(k for record in fault_steps[epoch] for k in record["keys"])
-        assert trained == Counter(keys), f"epoch {epoch}: not every clip once"
-        assert [r["weights"] for r in fault_steps[epoch]] == [r["weights"] for r in calm_steps[epoch]]
-    a = torch.load(tmp_path / "calm" / "checkpoint.pt", map_location="cpu", weights_only=False)
-    b = torch.load(tmp_path / "faults" / "checkpoint.pt", map_location="cpu", weights_only=False)
-    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert returncode == 0 and "Traceback" not in run.log, run.log[-4000:]
+    assert_trained_alike(tmp_path / "calm", tmp_path / "faults", keys)
     assert "connect() failed" in front.errors()  # nginx met the dead replica, and asked the other
 
 
@@ -278,38 +169,3 @@ def test_known_sets_are_read_through_a_catalog_outage_after_a_write_and_refused_
         assert sum("serving the sets this replica has looked up from their last known records" in line
                    for line in lines) == 1, lines
         assert sum("answers again after" in line for line in lines) == 1, lines
-
-
-def test_a_record_unconfirmed_past_the_staleness_bound_is_not_served(cluster):
-    db, writer = cluster["db"], Catalog(cluster["url"])
-    cache = RecordCache(Catalog(cluster["url"]), stale_seconds=1.0)
-    try:
-        known = cache.resolve("clips")
-        seen = cache.catalog.generation()
-        writer.tag(known.id, "bounded")
-        deadline = time.monotonic() + 30
-        while cache.catalog.generation() == seen:
-            assert time.monotonic() < deadline, "the tag's notification never arrived"
-            time.sleep(0.01)
-        db.stop()
-        try:
-            assert cache.resolve("clips") == known  # unconfirmed, within the bound: its last known record
-            with pytest.raises(CatalogUnavailable, match="cannot be reached"):
-                cache.resolve("never-looked-up")
-            time.sleep(1.2)
-            with pytest.raises(CatalogUnavailable, match="unconfirmed for over 1 s, the staleness bound"):
-                cache.resolve("clips")
-        finally:
-            db.start()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert "bounded" in cache.resolve("clips").tags  # the catalog's answer, once it is back
-                break
-            except CatalogUnavailable:
-                assert time.monotonic() < deadline, "the catalog never answered again"
-                time.sleep(0.1)
-    finally:
-        cache.close()
-        writer.untag("bounded")
-        writer.close()

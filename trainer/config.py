@@ -81,6 +81,15 @@ def flag(default=dataclasses.MISSING, help: str | None = None, *, spelling: str 
     return dataclasses.field(default=default, metadata={"help": help, "spelling": spelling, "options": argparse_options})
 
 
+def http_url(text: str) -> str:
+    """An http:// or https:// URL with a host (``--push-gateway``)."""
+    scheme, _, rest = text.partition("://")
+    if scheme not in ("http", "https") or not rest.split("/")[0] or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL with a host "
+                                         "(such as http://pushgateway:9091)")
+    return text
+
+
 NON_NEGATIVE = number_in_range(float, 0)
 UNIT = number_in_range(float, 0, 1)
 
@@ -235,6 +244,10 @@ class System(Flags):
     clip_log: bool = flag(False, "log every trained clip's key, and the weights' digest, by step in OUTPUT_DIR/clips/ "
                                  "(trainer.clip_log): the audit that each epoch trained on every clip once")
     tensorboard: bool = flag(True, "no TensorBoard event files in OUTPUT_DIR/tensorboard/", spelling="--no-tensorboard")
+    push_gateway: str | None = flag(None, "push each rank's figures (clips/s, data wait, step time, bad samples, "
+                                          "outage waits) to this Prometheus Pushgateway every --print-freq steps, "
+                                          "at epoch ends and at the end (trainer/prometheus.py)", metavar="URL",
+                                    type=http_url)
 
 
 @dataclass(frozen=True)

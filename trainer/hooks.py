@@ -5,7 +5,7 @@ knows none of them by name:
 
 * ``before_step(t, batch)``: a training batch is about to be stepped on (``t.step`` its index);
 * ``after_step(t, step)``: the optimizer step is done; ``step`` holds what the loop knows of it
-  (``clips``, ``lr``, ``seen``, ``loss``) before ``t.step`` moves on;
+  (``clips``, ``lr``, ``seen``, ``loss``, ``data_time``, ``compute_time``) before ``t.step`` moves on;
 * ``at_boundary(t)``: where a run may stop and a checkpoint holds one model on every rank (the end
   of a loader batch, every epoch's end), before the ranks agree on a stop signal;
 * ``at_epoch_end(t) -> dict``: an epoch's training is over, before validation; what it returns goes

@@ -56,6 +56,7 @@ from .engine import Engine
 from .errors import ConfigError
 from .hooks import Hook, PeriodicCheckpoint, StepTrace
 from .precise_bn import PreciseBN
+from .prometheus import PushGateway, run_name
 from .schedules import regime
 
 log = logging.getLogger("trainer.train")
@@ -170,6 +171,8 @@ class Trainer:
             self.hooks.append(bad_samples.BadSamples(s.output_dir, d.max_bad_samples, clips, self.rank0))
         if s.checkpoint_steps:
             self.hooks.append(PeriodicCheckpoint(s.checkpoint_steps))
+        if s.push_gateway:
+            self.hooks.append(PushGateway(s.push_gateway, run_name(s.output_dir), self.backend.rank, s.print_freq))
         # epochs finished (the checkpoint's position); what people read (log lines, the bar, metrics,
         # --clip-log, --trace-steps) numbers the epoch in progress from 1: epoch + 1
         self.epoch, self.batch, self.step = 0, 0, 0
@@ -425,7 +428,8 @@ def train_step(t: Trainer, batch: dict, tick: float) -> dict:
     loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
     done = time.perf_counter()
     for h in t.hooks:
-        h.after_step(t, {"clips": clips, "lr": lr, "seen": seen, "loss": loss})
+        h.after_step(t, {"clips": clips, "lr": lr, "seen": seen, "loss": loss, "data_time": started - tick,
+                         "compute_time": done - started})
     t.batch += batch["period_end"]
     t.step += 1
     if t.train_loader.epoch_finished and batch["period_end"]:

@@ -15,7 +15,7 @@ from shards.catalog import Catalog, CatalogUnavailable
 from ..accel import Front
 from ..builds import Builds
 from ..limits import Admission, OutOfFiles
-from ..records import RecordCache
+from ..records import STALE_SECONDS, RecordCache
 from ..roots import SourceRoots
 from ..stats import Counters
 from ..tables import FileTables
@@ -77,13 +77,13 @@ def make_app(catalog: Catalog, *, tokens: list[str] = (), read_auth: bool = Fals
              max_build_workers: int = 1, max_builds: int = 1, body_timeout: float = 60.0,
              out_of_files: OutOfFiles | None = None, counters: Counters | None = None,
              redirect_seconds: int = 0, front: Front | None = None,
-             admission: Admission | None = None) -> web.Application:
+             admission: Admission | None = None, catalog_staleness: float = STALE_SECONDS) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY)
     app[CATALOG], app[TOKENS], app[READ_AUTH] = catalog, list(tokens), read_auth
     app[COUNTERS], app[REDIRECT], app[ACCEL] = counters or Counters(), redirect_seconds, front
     app[METRICS] = Metrics(catalog, app[COUNTERS], admission)
     app[TABLES] = FileTables(catalog, app[COUNTERS])
-    app[RECORDS] = RecordCache(catalog)
+    app[RECORDS] = RecordCache(catalog, stale_seconds=catalog_staleness)
     app[BODY_TIMEOUT], app[FILES_LOG] = body_timeout, out_of_files or OutOfFiles()
     app[BUILDS] = Builds(catalog, data_root, ray_address, roots=source_roots, max_workers=max_build_workers,
                          max_running=max_builds)

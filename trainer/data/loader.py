@@ -26,7 +26,8 @@ into it and send only its number; it is reused once every view of the batch's cl
 so a batch may be held as long as wanted (holding more than the pool has left costs speed,
 not correctness). Also ``labels`` int64 (-1 unlabeled); ``keys``; ``videos``; ``valid`` (False for padding
 repeats); ``global_valid``, the real clips in this batch and the same batch of every other rank
-together (one optimizer step's, for the loss weights and the clips seen).
+together (one optimizer step's, for the loss weights and the clips seen); ``waits``, (outages, seconds):
+what the worker's reads waited for a source that was down since its previous batch.
 
 With ``decode_on_device=True`` workers only parse JPEG headers and draw the crops: batches carry
 the undecoded bytes and their geometry instead of ``clips``, for ``trainer.data.device_decode``.

@@ -28,7 +28,7 @@ from shards import partition
 from shards.cache import ShardCache
 from shards.errors import CommandError, DataFault
 from shards.format.sample import DECODE_ERRORS, BadSample, Sample, jpeg_size
-from shards.http_range import Retry
+from shards.http_range import Retry, take_waits
 from shards.reading import bad_facts, iter_samples, local_path, open_range, read_ahead
 
 from .plan import Read, WorkerPlan
@@ -171,12 +171,13 @@ class Decoding:
 def decode_batch(samples: list[dict], plan: WorkerPlan, how: Decoding, pool: SlotPool | None,
                  worker: int) -> dict:
     """Stage: a batch of samples -> its pixels in a slot of ``pool`` (only the slot number and the
-    metadata travel on), or, ``on_device``, its JPEG bytes and geometry."""
+    metadata travel on), or, ``on_device``, its JPEG bytes and geometry; ``waits``: the outages this
+    worker's reads met since its last batch, and the seconds they waited (``http_range.take_waits``)."""
     keys = [s["__key__"] for s in samples]
     rngs = [partition.rng_for("augment", how.seed, how.epoch, k) for k in keys]
     real = [s["__local__"] < plan.valid_locals for s in samples]  # not a padding repeat
     out = {"keys": keys, "labels": [s["label"] for s in samples],
-           "valid": [r and "__bad__" not in s for r, s in zip(real, samples)]}
+           "valid": [r and "__bad__" not in s for r, s in zip(real, samples)], "waits": take_waits()}
     if how.skip_bad:
         out["bad"] = [s["__bad__"] | {"slot": i} for i, (r, s) in enumerate(zip(real, samples))
                       if r and "__bad__" in s]
