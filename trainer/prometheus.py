@@ -15,7 +15,8 @@ Series, each this rank's (``sum by (run)`` adds the ranks up):
 
     kf_trainer_steps_total                   optimizer steps taken
     kf_trainer_clips_total                   real clips trained (padding repeats and bad samples never count)
-    kf_trainer_clips_per_second              those clips over the steps' time (data + compute) since the last push
+    kf_trainer_clips_per_second              those clips over the steps' time (data + compute) since the
+                                             last push
     kf_trainer_data_wait_seconds             histogram: each step's wait for its batch (the data time)
     kf_trainer_step_seconds                  histogram: each step's compute time
     kf_trainer_bad_samples_total{split}      samples the loaders left out (``--max-bad-samples``)
@@ -60,17 +61,18 @@ class PushGateway(Hook):
         r = self.registry = CollectorRegistry()
         self.steps = Counter("kf_trainer_steps", "optimizer steps taken", registry=r)
         self.clips = Counter("kf_trainer_clips", "real clips trained", registry=r)
-        self.rate = Gauge("kf_trainer_clips_per_second", "real clips over the steps' time since the last push",
-                          registry=r)
-        self.data_wait = Histogram("kf_trainer_data_wait_seconds", "each step's wait for its batch", buckets=SECONDS,
-                                   registry=r)
-        self.step_time = Histogram("kf_trainer_step_seconds", "each step's compute time", buckets=SECONDS, registry=r)
-        self.bad = Counter("kf_trainer_bad_samples", "samples the loaders left out (--max-bad-samples)", ("split",),
-                           registry=r)
-        self.outages = Counter("kf_trainer_source_outages", "outages the reads met, once per reader and outage",
-                               registry=r)
-        self.outage_seconds = Counter("kf_trainer_source_outage_seconds", "seconds the reads waited for a source "
-                                      "that was down", registry=r)
+        self.rate = Gauge("kf_trainer_clips_per_second",
+                          "real clips over the steps' time since the last push", registry=r)
+        self.data_wait = Histogram("kf_trainer_data_wait_seconds", "each step's wait for its batch",
+                                   buckets=SECONDS, registry=r)
+        self.step_time = Histogram("kf_trainer_step_seconds", "each step's compute time",
+                                   buckets=SECONDS, registry=r)
+        self.bad = Counter("kf_trainer_bad_samples", "samples the loaders left out (--max-bad-samples)",
+                           ("split",), registry=r)
+        self.outages = Counter("kf_trainer_source_outages",
+                               "outages the reads met, once per reader and outage", registry=r)
+        self.outage_seconds = Counter("kf_trainer_source_outage_seconds",
+                                      "seconds the reads waited for a source that was down", registry=r)
         self.epoch = Gauge("kf_trainer_epoch", "the epoch in progress, from 1", registry=r)
         self.loss = Gauge("kf_trainer_loss", "the last step's mean loss over its real clips", registry=r)
         self.valid, self.window = 0, [0, 0.0]  # the step's real clips; clips and seconds since the last push
@@ -82,7 +84,8 @@ class PushGateway(Hook):
     def before_step(self, t, batch: dict) -> None:
         self.epoch.set(t.epoch + 1)
         self.valid = int(batch["valid"].sum())
-        self._read(batch if batch["period_end"] else {})  # (a multigrid loader batch's parts all carry its lists)
+        # (a multigrid loader batch's parts all carry its lists)
+        self._read(batch if batch["period_end"] else {})
 
     def after_step(self, t, step: dict) -> None:
         self.steps.inc()
@@ -135,11 +138,12 @@ class PushGateway(Hook):
 
     def _push(self) -> None:
         try:
-            push_to_gateway(self.url, job=JOB, registry=self.registry, grouping_key=self.group, timeout=TIMEOUT)
+            push_to_gateway(self.url, job=JOB, registry=self.registry, grouping_key=self.group,
+                            timeout=TIMEOUT)
         except OSError as e:  # refused, timed out, or an answer not 2xx (urllib's errors)
             if not self.failing:
-                log.warning("--push-gateway %s: the figures could not be pushed (%s); the run goes on, pushing "
-                            "again at the next push", self.url, e)
+                log.warning("--push-gateway %s: the figures could not be pushed (%s); the run goes on, "
+                            "pushing again at the next push", self.url, e)
             self.failing = True
             return
         if self.failing:
