@@ -1,7 +1,7 @@
 """The build engine behind ``ingest build``: videos in, a finished shard set out, on Ray.
 
 ``build`` lists the inputs (``sources.discover``), plans batches of videos (``plan_batches``), has
-tasks (on Ray, or in local processes for a small build: ``ingest.runtime``) decode them into
+tasks (on Ray, or in local processes for a small build: ``ingest.tasks.runtime``) decode them into
 ``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into shards in their final
 order (``staging.pack_shard``), then writes the manifest, ``classes.txt`` and the error ledger. A finished build with the same inputs and config is left as it is; a
 killed one resumes, reusing every staged video. Stopped by Ctrl-C or a full disk (``_stopped``),
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
 
-from shards import storage
-from shards.errors import CommandError, Interrupted, NoSpace, UsageError
+from shards.base.errors import CommandError, Interrupted, NoSpace, UsageError
+from shards.base.progress import Progress
+from shards.base.words import plural
 from shards.format import ordering, packing
 from shards.format.manifest import (
     CLASSES_NAME,
@@ -39,12 +40,12 @@ from shards.format.manifest import (
     ShardInfo,
     SplitInfo,
 )
-from shards.progress import Progress
-from shards.words import plural
+from shards.io import storage
 
-from . import content_digests, runtime, staging
+from . import content_digests, staging
 from .clips import ClipConfig
 from .sources import LABELED_SPLITS, SPLITS, Missing, Source, Video, discover
+from .tasks import runtime
 
 log = logging.getLogger("ingest.build")
 SHARE_DIVISOR = 2  # a decode task sized from the videos takes 1/(this x parallel tasks) of the bytes left
@@ -177,7 +178,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
           progress=None, replacing: Callable[[Manifest], None] | None = None, runner: str = "auto",
           tasks: runtime.Tasks | None = None) -> Summary:
     """``videos_per_task``: None sizes the tasks from the videos and the workers (``plan_batches``);
-    ``runner``: where the tasks run (``ingest.runtime.start``), unless ``tasks`` is a pool already
+    ``runner``: where the tasks run (``ingest.tasks.runtime.start``), unless ``tasks`` is a pool already
     started (``local_runtime.LocalTasks``, ``ray_runtime.RayTasks``: the build runs on it and leaves
     it running for the caller's next build); ``fingerprint``: what identifies the
     inputs, ``"stat"`` or ``"content"`` (their SHA-256, cached in ``hash_cache``; see

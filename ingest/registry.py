@@ -41,7 +41,6 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 
-from shards import storage
 from shards.catalog import (
     HEARTBEAT_SECONDS,
     Catalog,
@@ -55,13 +54,15 @@ from shards.catalog import (
 from shards.catalog.condition import condition
 from shards.catalog.store import LEASE_SECONDS
 from shards.format.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
-from shards.verify import set_file_stamps, stamps
+from shards.io import storage
+from shards.tools.verify import set_file_stamps, stamps
 
-from . import content_digests, runtime
+from . import content_digests
 from .build import Summary, byte_options, normalise, refuse_other_options
 from .build import build as ingest_build
 from .clips import ClipConfig
 from .sources import Source, discover
+from .tasks import runtime
 
 log = logging.getLogger("ingest.registry")
 

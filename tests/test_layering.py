@@ -1,7 +1,7 @@
 """The import graph of the project's four packages, read from their source: no module imports
 itself round a circle (lazy imports inside functions count: they only hide a circle), and the
 packages depend on each other in one direction only, with ``shards`` at the bottom; and the most
-basic helper, ``shards.storage``, loads no HTTP client."""
+basic helper, ``shards.io.storage``, loads no HTTP client."""
 from __future__ import annotations
 
 import ast
@@ -97,7 +97,7 @@ def test_packages_depend_downwards_only_and_shards_on_none_of_the_others():
 
 def test_the_basic_path_helper_loads_no_http_client():
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, shards.storage; print(' '.join(sorted(sys.modules)))"],
+        [sys.executable, "-c", "import sys, shards.io.storage; print(' '.join(sorted(sys.modules)))"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    assert "shards.storage" in loaded
-    assert [m for m in loaded if m.startswith(("shards.reading", "shards.http_range", "http.client", "aiohttp"))] == []
+    assert "shards.io.storage" in loaded
+    assert [m for m in loaded if m.startswith(("shards.read.reading", "shards.io.http_range", "http.client", "aiohttp"))] == []

@@ -34,13 +34,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import media
 import psutil
 import pytest
 import torch
-from fronts import Front, accel_flags, free_port
-from postgres import PostgresServer
-from shardsets import ServiceProcess, http, make_shardset, register, wait_for
+from helpers import media
+from helpers.fronts import Front, accel_flags, free_port
+from helpers.postgres import PostgresServer
+from helpers.shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
 from service.records import RecordCache
 from shards.catalog import Catalog, CatalogUnavailable
@@ -49,7 +49,7 @@ from trainer.clip_log import read_file
 
 pytestmark = pytest.mark.long
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
-FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
+FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 CLIPS, BATCH, EPOCHS = 24, 2, 2
 FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", str(BATCH), "--warmup-epochs", "0.5", "--workers", "1", "--print-freq", "1",

@@ -8,10 +8,10 @@
   processes before and after, by start time and parent chain), there in a PID namespace of its own
   under a shell, so that the escaped process is re-parented to the shell, out of the session's tree,
   and no other process of this machine is the inner session's to judge.
-* The runbook check (tests/conftest.py, tests/runbooks.py) holds a stage to the blocks of the tests
+* The runbook check (tests/conftest.py, tests/helpers/runbooks.py) holds a stage to the blocks of the tests
   it ran: a block whose "*Run by*" line names a test marked ``long`` is not required of the suite's
   stage (``-m "not long"``), nor the others of the long stage; one naming only the file is.
-* Every system tool a test requires (tests/required.py: the browser, nginx, Slurm, podman) is required by
+* Every system tool a test requires (tests/helpers/required.py: the browser, nginx, Slurm, podman) is required by
   the test command, scripts/test.sh, so that CI cannot pass with those tests skipped."""
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ echo never
 ```
 """
 PAGE_TESTS = """import pytest
-from runbooks import run_block
+from helpers.runbooks import run_block
 
 
 def test_quick(tmp_path):

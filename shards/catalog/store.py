@@ -27,7 +27,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..errors import CommandError
+from ..base.errors import CommandError
 from .backends import CatalogUnavailable, open_backend, shown
 from .schema import MIGRATIONS
 
@@ -327,7 +327,7 @@ class Catalog:
 
     def finish(self, dataset_id: str, owner: dict, *, splits: dict, files: dict, manifest_sha256: str,
                builder_version: str, progress: dict | None = None, verified_files: dict | None = None) -> bool:
-        """Mark the set ready; ``verified_files``: its shards as the builder hashed them (``shards.verify.stamps``)."""
+        """Mark the set ready; ``verified_files``: its shards as the builder hashed them (``shards.tools.verify.stamps``)."""
         return self._owned_update(
             dataset_id, owner, "state = 'ready', splits = ?, files = ?, manifest_sha256 = ?, builder_version = ?, "
             "finished = ?, owner = NULL, heartbeat = NULL, progress = COALESCE(?, progress), verified_files = ?",

@@ -1,0 +1,1 @@
+"""ingest.tasks: see docs/architecture.md."""

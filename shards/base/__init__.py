@@ -1,0 +1,1 @@
+"""shards.base: see docs/architecture.md."""

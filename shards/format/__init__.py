@@ -1,0 +1,1 @@
+"""shards.format: see docs/architecture.md."""

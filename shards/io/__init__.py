@@ -1,0 +1,1 @@
+"""shards.io: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""shards.plan: see docs/architecture.md."""

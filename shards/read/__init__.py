@@ -1,0 +1,1 @@
+"""shards.read: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""shards.tools: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""tests.helpers: see docs/architecture.md."""
