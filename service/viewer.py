@@ -30,6 +30,10 @@ the clip is read once, its fields coloured at one scale for the whole clip (give
 JSON) and kept, each served as a PNG of its frame's size. A picture made here, not stored bytes:
 its ETag names the clip's bytes and the colouring, and it is revalidated each time. The colour
 wheel is ``/static/motion-legend.png``.
+
+Why one file of about 360 lines: the viewer is one sub-application, its routes (``ROUTES``),
+views and their small JSON helpers beside the caches of its one ``Viewer``; the server takes only
+its ``ROUTES`` and ``add_routes``.
 """
 from __future__ import annotations
 

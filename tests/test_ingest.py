@@ -23,9 +23,10 @@ from helpers import media
 from PIL import Image
 
 from ingest import staging
-from ingest.build import ForeignFiles, build
+from ingest.build import build
 from ingest.clips import ClipConfig
 from ingest.jpeg import restart_interval
+from ingest.outdir import ForeignFiles
 from shards.format.manifest import STAGING_NAME, Manifest
 
 pytestmark = pytest.mark.usefixtures("ray_local")

@@ -62,6 +62,13 @@ Fork safety (loader workers are forked): a connection is never shared by two pro
   fork the child's copies of those descriptors are pointed at /dev/null and the copied loop is
   marked not running (``_after_fork_in_child``). This covers every fsspec filesystem on fsspec's
   shared loop (HTTP in ``fsspec.open``, which reads manifests, and s3fs).
+
+Why one file of about 550 lines: the outage policy (``classify``, ``Retry``, ``Patience``,
+``patiently``, the problems of an answer) and the client that obeys it (``HTTPRange``, its
+connection pool, the fork hooks guarding that pool) are one contract: every answer the client
+reads is judged by the rules the manifest read and the node cache's downloads wait by, and the
+messages name both halves' figures. The policy could become a module of its own the day a second
+client needs it.
 """
 from __future__ import annotations
 

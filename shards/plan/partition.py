@@ -37,6 +37,10 @@ c. Resume: ``remaining`` keeps each node's unread samples on that node; a segmen
    node count (or one where a node has nothing left and others do) regroups them into contiguous
    balanced parts (``regroup``): every clip still once; the new count's assignment takes over at
    the next epoch.
+
+Why one file of about 380 lines: the numbered steps above are carried out by the functions
+below in the same order, and the node-affine steps (a-c) reuse steps 1-3 on each node's order;
+apart, they would read as two plans of one thing.
 """
 from __future__ import annotations
 
