@@ -21,7 +21,7 @@ FLOORS = {
     BASE: set(),  # errors, the command framework, progress, words, units
     IO: {BASE},  # storage, the range client
     FORMAT: {BASE, IO},  # the bytes of a set (a manifest is loaded and a shard written through io)
-    PLAN: {BASE, FORMAT},  # pure: who reads what, the layout
+    PLAN: {BASE},  # pure, integers and lists in: who reads what, the layout (not even the format, which reads)
     READ: {BASE, IO, FORMAT, PLAN},  # reading samples, the node cache, direct reads, the clip index
     "shards.catalog": {BASE, IO, FORMAT},
     "shards.tools": {BASE, IO, FORMAT, PLAN, READ},  # the commands: anything of shards but the catalog
