@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 NGINX = "/usr/sbin/nginx"
-SHIPPED = Path(__file__).resolve().parents[1] / "docker" / "nginx-replicas.conf"
+SHIPPED = Path(__file__).resolve().parents[2] / "docker" / "nginx-replicas.conf"
 ACCEL_PREFIX = "/_accel"
 ACCEL_SECRET = "front-secret-for-the-tests-0123456789"
 

@@ -40,7 +40,7 @@ def epoch(where: str, phase: str, world: int, workers: int, batch: int, service:
 
 
 def frame_folders(frames: str) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from bench.loader import FrameFolders
     from trainer.data.transforms import TrainTransform
 

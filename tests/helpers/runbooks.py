@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = [p for p in sorted((ROOT / "docs" / "runbooks").glob("*.md")) + [ROOT / "docs" / "service.md"]
             if p.exists()]  # (none where this module is copied out of the checkout: tests/test_suite_rules.py)
 # The same rule for every other page: README.md and the rest of docs/ (tests/test_docs.py runs their blocks)
