@@ -62,11 +62,19 @@ def wait_for(proc: subprocess.Popen, log: Path, what: str, found, timeout: float
 
 
 def rank0_mid_epoch(out: Path):
-    """(host, pid) of the process that logged rank 0's step 2 or later of the first epoch."""
+    """(host, pid) of rank 0's process, stopped (SIGSTOP) with its last logged step of the first
+    epoch half-way between two commits: a kill there rolls the survivors back to a step the first
+    ring logged, which the weights check below compares. A kill just after a commit would leave
+    nothing to compare (the step after it not yet logged), so rank 0 runs on until it is half-way."""
     for path in (out / "clips").glob("*.jsonl"):
-        if any(r["rank"] == 0 and r["epoch"] == 1 and r["batch"] >= 2 for r in read_file(str(path))):
-            host, pid = path.stem.rsplit("-", 1)
+        host, pid = path.stem.rsplit("-", 1)
+        if not any(r["rank"] == 0 and r["epoch"] == 1 and r["batch"] >= 2 for r in read_file(str(path))):
+            continue
+        os.kill(int(pid), signal.SIGSTOP)
+        last = max(r["batch"] for r in read_file(str(path)) if r["rank"] == 0 and r["epoch"] == 1)
+        if last % COMMIT_EVERY == COMMIT_EVERY // 2:
             return host, int(pid)
+        os.kill(int(pid), signal.SIGCONT)
     return None
 
 

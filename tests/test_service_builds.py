@@ -50,6 +50,7 @@ def no_children(server: ServiceProcess) -> None:
     assert not alive, alive
 
 
+@pytest.mark.long  # a minute's wait for Ray's driver timeout: only a long run shows it
 def test_the_server_outlives_its_builds_and_builds_again_minutes_later(tmp_path, videos):
     server = serve(tmp_path, "--source-root", str(videos))  # no --ray-address: each build starts an embedded Ray
     try:
