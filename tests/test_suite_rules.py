@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 HERE = Path(__file__).resolve().parent
+HELPERS = ("conftest.py", "helpers/__init__.py", "helpers/runbooks.py")  # the suite's conftest, and what it imports
 ESCAPE = """
 import subprocess
 
@@ -49,7 +50,8 @@ def processes_with(marker: str) -> list[psutil.Process]:
 @pytest.mark.parametrize("check", ["cgroup", "snapshot"])
 def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_session_and_is_killed(tmp_path, check):
     marker = f"{os.getpid()}{len(str(tmp_path))}.25"  # sleep's seconds, unique to this test
-    for helper in ("conftest.py", "runbooks.py"):  # the suite's conftest, and what it imports
+    for helper in HELPERS:
+        (tmp_path / helper).parent.mkdir(exist_ok=True)
         shutil.copy(HERE / helper, tmp_path / helper)
     (tmp_path / "test_escape.py").write_text(ESCAPE.format(marker=marker))
     try:
@@ -128,7 +130,8 @@ def test_the_runbook_check_holds_a_stage_to_the_blocks_of_the_tests_it_ran(tmp_p
     marker = f"{os.getpid()}"
     (tmp_path / "tests").mkdir()
     (tmp_path / "docs" / "runbooks").mkdir(parents=True)
-    for helper in ("conftest.py", "runbooks.py"):
+    for helper in HELPERS:
+        (tmp_path / "tests" / helper).parent.mkdir(exist_ok=True)
         shutil.copy(HERE / helper, tmp_path / "tests" / helper)
     (tmp_path / "tests" / "test_pages.py").write_text(PAGE_TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    long: slow\n")
