@@ -1,4 +1,4 @@
-"""The class-mix guard's scale (``shards.classmix``) on the benchmarks' layouts and Kinetics': what
+"""The class-mix guard's scale (``shards.plan.classmix``) on the benchmarks' layouts and Kinetics': what
 ingest's hashed order gives against orders that give nodes different classes.
 
 For each layout (shards x clips per shard, classes, clips per video, nodes) and stored order, the
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from shards import classmix, partition  # noqa: E402
+from shards.plan import classmix, partition  # noqa: E402
 
 # (name, shards, clips per shard, classes, clips per video, nodes)
 LAYOUTS = [("schedules / motion sets, 2 nodes", 16, 64, 4, 4, 2),

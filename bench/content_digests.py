@@ -31,10 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from ingest import content_digests, ray_runtime  # noqa: E402
+from ingest import content_digests
 from ingest.build import build  # noqa: E402
 from ingest.clips import ClipConfig  # noqa: E402
 from ingest.sources import discover  # noqa: E402
+from ingest.tasks import ray_runtime  # noqa: E402
 
 
 def timed(fn) -> float:

@@ -1,5 +1,5 @@
 """What checking every sample's digest costs: the candidate hashes on clip-sized buffers, and the
-reader's path with and without the check (``shards.reading.open_samples`` against a plain
+reader's path with and without the check (``shards.read.reading.open_samples`` against a plain
 ``open_range`` of the same bytes), from the page cache, on one core.
 
     python bench/digest.py                  # 8 shards of 100 clips like bench/service.py's
@@ -26,7 +26,7 @@ import google_crc32c  # noqa: E402
 import xxhash  # noqa: E402
 
 from bench.service import make_set  # noqa: E402
-from shards.reading import open_range, open_samples  # noqa: E402
+from shards.read.reading import open_range, open_samples  # noqa: E402
 
 HASHES = {"xxh3-64": xxhash.xxh3_64_hexdigest, "crc32c": google_crc32c.value, "zlib crc32": zlib.crc32,
           "sha256": lambda d: hashlib.sha256(d).digest()}

@@ -121,7 +121,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             data = args.data
             if data is None:
-                from shardsets import make_shardset
+                from helpers.shardsets import make_shardset
                 data = os.path.join(tmp, "data")
                 make_shardset(data, {"train": 120}, per_shard=6, num_classes=3, frames=4, size=(48, 40))
             rows = [kill_run(data, Path(tmp) / f"every{n}", n, args.kill_at, args.gloo_timeout)

@@ -1,5 +1,5 @@
 """What a training fault costs: a tiny run broken at a fixed step by a real signal or SIGKILL
-(``tests/faultrun.py``) and resumed, against the same run unbroken.
+(``tests/helpers/faultrun.py``) and resumed, against the same run unbroken.
 
 Prints one JSON line per case: for each process, its wall and CPU seconds (user + system of the
 process and its children; not for horovodrun cases whose helpers a signal orphans), exit code and
@@ -25,9 +25,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from shardsets import make_shardset  # noqa: E402
+from helpers.shardsets import make_shardset  # noqa: E402
 
-FAULTRUN = str(ROOT / "tests" / "faultrun.py")
+FAULTRUN = str(ROOT / "tests" / "helpers" / "faultrun.py")
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 # 96 clips, 4 per rank: 24 steps per epoch on 1 rank, 12 on 2; 2 epochs
 FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",

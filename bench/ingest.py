@@ -5,7 +5,7 @@ On the same videos, in one run, with the same number of single-threaded workers:
   ingest      this project's ``ingest build`` in this process on an already started Ray (in-process
               PyAV decoding of only the packets the 8 kept frames need, scaling, JPEG encoding,
               staging, shards); ``ingest_warm``: the same build (``build(..., tasks=)``) on local
-              worker processes without Ray (``ingest.local_runtime``) already started and warm, as
+              worker processes without Ray (``ingest.tasks.local_runtime``) already started and warm, as
               the peers' pools are: the timed section measured as theirs is, from the list of
               videos to the written shards; ``ingest_local``: a whole build in local worker
               processes, the pool started by the build (its own row, not the section's);
@@ -24,7 +24,7 @@ On the same videos, in one run, with the same number of single-threaded workers:
               the timed section of the peer script on its pool, already started and warm;
   end to end  (``--modes`` only) a fresh process per run, from the command to its exit: ``cli``
               (``ingest build --workers W``), ``cli_ray`` (the same build on an embedded Ray started
-              for it, as every build before ``ingest.runtime``), ``e2e_<peer>`` (the peer script);
+              for it, as every build before ``ingest.tasks.runtime``), ``e2e_<peer>`` (the peer script);
               ``cli_base`` (with ``--base CHECKOUT``): ``cli`` with another checkout's code.
 Each mode is repeated, modes interleaved so machine noise hits them alike; medians of wall and CPU
 seconds (``bench/processes.py``: of every process a mode ran, Ray's included) are reported with
@@ -73,11 +73,13 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import peer_ingest  # noqa: E402
 import processes  # noqa: E402
 
-from ingest import bitstream, local_runtime, pyav_decoder, ray_runtime, sampling  # noqa: E402
+from ingest import sampling  # noqa: E402
 from ingest.build import build  # noqa: E402
 from ingest.clips import ClipConfig  # noqa: E402
-from ingest.deadline import Deadline  # noqa: E402
+from ingest.decode import bitstream, pyav_decoder
+from ingest.decode.deadline import Deadline  # noqa: E402
 from ingest.synth import synthesize  # noqa: E402
+from ingest.tasks import local_runtime, ray_runtime
 
 
 def run_ffmpeg(args: list[str]) -> None:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 # the checkout on PYTHONPATH decides which ingest runs; this folder's ingest.py would shadow it
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-from ingest import local_runtime, staging  # noqa: E402
+from ingest import staging  # noqa: E402
 from ingest.build import build  # noqa: E402
+from ingest.tasks import local_runtime
 
 _decode_batch = staging.decode_batch
 

@@ -46,13 +46,13 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-import syscalls  # noqa: E402  (the suite's strace runner and parser)
+from helpers import syscalls  # noqa: E402  (the suite's strace runner and parser)
 
-from shards import layout, partition  # noqa: E402
 from shards.format.manifest import Manifest, SplitInfo, digest  # noqa: E402
 from shards.format.ordering import shuffled  # noqa: E402
 from shards.format.packing import shard_name, write_shard  # noqa: E402
 from shards.format.tar import sample_bytes, sanitize_key  # noqa: E402
+from shards.plan import layout, partition  # noqa: E402
 
 T, SHORT_SIDE, CLASSES = 8, 256, 10
 QUALITY, RESTART = 90, 1  # ingest's defaults
@@ -391,7 +391,7 @@ def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int =
     stored order (fraction of the dataset; random: 1/3), how often consecutive clips come from
     the same shard (random: 1/shards), and distinct classes per batch, both with the stored
     order ingest writes (hash-shuffled) and with a class-sorted stored order (the worst case).
-    ``per_node``: node-affine epochs on nodes of that many ranks (``shards.partition.assign``).
+    ``per_node``: node-affine epochs on nodes of that many ranks (``shards.plan.partition.assign``).
     """
     n = num_shards * per_shard
     rng = np.random.default_rng(seed)

@@ -18,7 +18,7 @@ batches of 8, and the clips each batch holds are counted (not assumed):
   batch size), the same decode and crop in ``__getitem__``, in a torch ``DataLoader``.
 
 Sources: ``local`` (the files on this disk) and ``http`` (a plain HTTP/1.1 server with byte ranges on
-127.0.0.1, ``tests/shardsets.serve``, in its own process: ``ours`` reads the manifest and byte ranges;
+127.0.0.1, ``tests/helpers/shardsets.serve``, in its own process: ``ours`` reads the manifest and byte ranges;
 webdataset reads whole shards through ``curl``, its documented way; LitData and MosaicML streaming
 have no plain-HTTP source, only object stores, so they are measured locally only).
 
@@ -262,7 +262,7 @@ def one_run(name: str, where: str, workers: int, epochs: int) -> dict:
 
 def serve_everything(out: str):
     """``out`` over HTTP (byte ranges) from a process of its own; its URL and the process."""
-    code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from shardsets import serve\n"
+    code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from helpers.shardsets import serve\n"
             "with serve(sys.argv[1]) as (url, _):\n    print(url, flush=True)\n    time.sleep(1e9)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, out, os.path.join(ROOT, "tests")], stdout=subprocess.PIPE,
                             text=True)

@@ -1,4 +1,4 @@
-"""The range client: today's (``shards.http_range``, the standard library's ``http.client`` with a
+"""The range client: today's (``shards.io.http_range``, the standard library's ``http.client`` with a
 per-process connection pool) against urllib3 (pooling, retries, backoff, ``Retry-After`` and
 redirects built in), reading the same random clip ranges from the same nginx (sendfile, the
 cheapest server here, so the clients' own costs show), one after the other, alternated.
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import urllib3  # noqa: E402
 
 from bench.service import make_set, start_nginx  # noqa: E402
-from shards.reading import open_range  # noqa: E402
+from shards.read.reading import open_range  # noqa: E402
 
 
 def stdlib_read(url: str, a: int, b: int, s) -> bytes:
@@ -90,9 +90,9 @@ def main() -> int:
     root = os.path.join(args.out, "set")
     m = make_set(root, 8, 100)
     proc, base = start_nginx(args.out, 2, f"root {root};")
-    res = {"stdlib (shards.http_range)": [], "urllib3 PoolManager": []}
+    res = {"stdlib (shards.io.http_range)": [], "urllib3 PoolManager": []}
     try:
-        clients = {"stdlib (shards.http_range)": stdlib_read, "urllib3 PoolManager": urllib3_reader()}
+        clients = {"stdlib (shards.io.http_range)": stdlib_read, "urllib3 PoolManager": urllib3_reader()}
         for r in range(args.rounds):
             for label, read in clients.items():
                 res[label].append(run(read, base, m, root, args.threads, args.seconds))

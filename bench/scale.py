@@ -14,9 +14,9 @@ all ranks); per node the bytes downloaded each epoch and the downloads per copy 
 cache's own record of each download); the server's shard bytes and requests (its ``/v1/stats``
 counters, before and after), peak memory and CPU seconds (psutil on its process). Without a
 cache nothing is recorded per node: each epoch reads its share again, as byte ranges
-(``shards.layout.traffic`` counts them).
+(``shards.plan.layout.traffic`` counts them).
 
-Then ``shards.layout.traffic`` at the paper's scale (1,536 ranks on 256 nodes of 6, 240,000
+Then ``shards.plan.layout.traffic`` at the paper's scale (1,536 ranks on 256 nodes of 6, 240,000
 clips of 150 kB, 100 epochs): bytes over the network per epoch and per run, the aggregate rate
 from storage and the requests per second at the service at ``--epoch-seconds`` per epoch, in the
 global and node-affine modes, for the shard counts of ``--paper-shards``.
@@ -46,8 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.service import make_set, start  # noqa: E402
 from ingest.registry import describe_set  # noqa: E402
-from shards import layout  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
+from shards.plan import layout  # noqa: E402
 
 
 class _Downloads(logging.Handler):
@@ -68,8 +68,8 @@ def _rank(url, rank, world, per_node, mode, cache, budget, direct, crop, epochs,
     from trainer.data.loader import ClipLoader
 
     downloads = _Downloads()
-    logging.getLogger("shards.cache").addHandler(downloads)
-    logging.getLogger("shards.cache").setLevel(logging.INFO)
+    logging.getLogger("shards.read.cache").addHandler(downloads)
+    logging.getLogger("shards.read.cache").setLevel(logging.INFO)
     try:
         loader = ClipLoader(url, "train", batch_size=4, rank=rank, world_size=world, local_size=per_node,
                             shuffle=mode, num_workers=0, crop_size=crop, scale_size=crop + crop // 8,

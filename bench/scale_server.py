@@ -38,9 +38,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.service import Server, make_set, start, start_nginx  # noqa: E402
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
-from shards.direct import load_manifest  # noqa: E402
-from shards.reading import iter_samples  # noqa: E402
-from shards.verify import stamps  # noqa: E402
+from shards.read.direct import load_manifest  # noqa: E402
+from shards.read.reading import iter_samples  # noqa: E402
+from shards.tools.verify import stamps  # noqa: E402
 
 COLUMNS = [("clips", "clips read", "{:,}"), ("wall_s", "client wall s", "{:.2f}"),
            ("server_shard_MB", "shard MB through the server", "{:.1f}"),

@@ -1,5 +1,5 @@
 """Service benchmark: concurrent clients reading random shard ranges over loopback, beside the
-same reads from local disk through the same client path (``shards.reading.open_range``).
+same reads from local disk through the same client path (``shards.read.reading.open_range``).
 
 For a fixed time, CLIENTS clients (PROCS processes x threads) each read random runs of 1-8
 consecutive clips (the reads a loader makes) of random shards, and check every answer's length
@@ -58,14 +58,14 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from fronts import ACCEL_SECRET, accel_flags, free_port, front_config, write_secret  # noqa: E402
+from helpers.fronts import ACCEL_SECRET, accel_flags, free_port, front_config, write_secret  # noqa: E402
 
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
 from shards.format.manifest import Manifest, SplitInfo  # noqa: E402
 from shards.format.packing import shard_name, write_shard  # noqa: E402
 from shards.format.tar import sample_bytes  # noqa: E402
-from shards.reading import open_range  # noqa: E402
+from shards.read.reading import open_range  # noqa: E402
 
 
 def make_set(directory: str, shards: int, clips: int, frames: int = 8) -> Manifest:
@@ -406,7 +406,7 @@ def catalog_cost(n: int) -> dict:
     the notifications' generation (``Catalog.generation``) against a query of a generation number
     (one round trip), each ``n`` times, on a server of the tests' own on loopback; CPU of this
     process and of the server's processes, and wall time, in microseconds per check."""
-    from postgres import PostgresServer
+    from helpers.postgres import PostgresServer
 
     server = PostgresServer()
     out = {}
@@ -558,7 +558,7 @@ def main() -> int:
                            args.request_cost, args.rounds)
         print("BENCH_JSON " + json.dumps({"request_cost": res}, sort_keys=True))
         return 0
-    if args.read_auth:  # the clients' requests carry it (shards.http_range reads fsspec's configuration)
+    if args.read_auth:  # the clients' requests carry it (shards.io.http_range reads fsspec's configuration)
         fsspec.config.conf["http"] = {"headers": {"Authorization": "Bearer bench-read-token"}}
     serve = [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path, "--workers",
              str(args.workers), *(["--read-auth", "--token-file", token] if args.read_auth else [])]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from shardsets import make_shardset  # noqa: E402
+from helpers.shardsets import make_shardset  # noqa: E402
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 FLAGS = ["--depth", "18", "--width", "16", "--crop-size", "48", "--scale-size", "48", "--batch-size", "4",

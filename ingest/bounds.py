@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from shards.commands import byte_size, number_in_range
+from shards.base.commands import byte_size, number_in_range
 
 BOUNDS = {"frames": (1, 64), "clips_per_video": (1, 64), "eval_clips": (1, 64), "short_side": (16, 2048),
           "quality": (1, 100), "restart_interval": (0, 1024), "seed": (0, 2**63 - 1),

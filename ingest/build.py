@@ -1,138 +1,52 @@
 """The build engine behind ``ingest build``: videos in, a finished shard set out, on Ray.
 
 ``build`` lists the inputs (``sources.discover``), plans batches of videos (``plan_batches``), has
-tasks (on Ray, or in local processes for a small build: ``ingest.runtime``) decode them into
+tasks (on Ray, or in local processes for a small build: ``ingest.tasks.runtime``) decode them into
 ``OUT/.staging`` (``staging.decode_batch``) and cut the staged samples into shards in their final
 order (``staging.pack_shard``), then writes the manifest, ``classes.txt`` and the error ledger. A
-finished build with the same inputs and config is left as it is; a killed one resumes, reusing every
-staged video. Stopped by Ctrl-C or a full disk (``_stopped``), it cancels its tasks in flight, so
-that nothing is left half-written, and says in one line what is staged; a local ``OUT`` without room
-for the shards is refused before any is written. A finished set built with other options (those that
-decide the bytes: ``byte_options``) is not replaced unless ``force``: it is another set, which
-someone may be using (``refuse_other_options``); one from other inputs with the same options is
-rebuilt, the caller's ``replacing`` hook asked first (the catalog's guard). The manifest records the
-source as an absolute path (or a URL), and how ``--src`` was spelled does not make a finished build
-another one. The command line is ``ingest.build_cli``; the catalog's wrapper around ``build`` is
+finished build with the same inputs and config is left as it is; a killed one resumes, reusing
+every staged video. Stopped by Ctrl-C or a full disk (``_stopped``), it cancels its tasks in
+flight, so that nothing is left half-written, and says in one line what is staged; a local ``OUT``
+without room for the shards is refused before any is written. What ``OUT`` may hold, and which
+finished set a build may replace (another one's options, another tool's files: ``--force``), is
+``ingest.outdir``; one from other inputs with the same options is rebuilt, the caller's
+``replacing`` hook asked first (the catalog's guard). The manifest records the source as an
+absolute path (or a URL), and how ``--src`` was spelled does not make a finished build another
+one. The command line is ``ingest.build_cli``; the catalog's wrapper around ``build`` is
 ``ingest.registry``.
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsspec.core import url_to_fs
-
-from shards import storage
-from shards.errors import CommandError, Interrupted, NoSpace, UsageError
+from shards.base.errors import CommandError, Interrupted, NoSpace
+from shards.base.progress import Progress
+from shards.base.words import plural
 from shards.format import ordering, packing
 from shards.format.manifest import (
     CLASSES_NAME,
     LEDGER_NAME,
-    MANIFEST_NAME,
     STAGING_NAME,
     Manifest,
     ShardInfo,
     SplitInfo,
 )
-from shards.progress import Progress
-from shards.words import plural
+from shards.io import storage
 
-from . import content_digests, runtime, staging
+from . import content_digests, outdir, staging
 from .clips import ClipConfig
-from .sources import LABELED_SPLITS, SPLITS, Missing, Source, Video, discover
+from .sources import LABELED_SPLITS, Missing, Source, Video, discover
+from .tasks import runtime
 
 log = logging.getLogger("ingest.build")
 SHARE_DIVISOR = 2  # a decode task sized from the videos takes 1/(this x parallel tasks) of the bytes left
 MAX_VIDEOS_PER_TASK = 8
-_SHARD = re.compile(rf"({'|'.join(SPLITS)})/\1-\d{{6}}\.tar")  # packing.shard_name
-# a manifest's config: what decides the bytes, beside "src" (where the inputs were) and
-# "fingerprint" (how they were identified), which do not
-BYTE_OPTIONS = ("layout", "clip", "shard_size", "shard_samples", "splits")
 
-
-class ReplaceRefused(UsageError):
-    """``--out`` holds a finished set that this build would replace, and ``--force`` was not given."""
-
-
-class ForeignFiles(UsageError):
-    """``--out`` holds files that no build of this project wrote, and ``--force`` was not given."""
-
-
-def normalise(url: str) -> str:
-    """Local paths absolute; URLs as given, without a trailing slash."""
-    return url.rstrip("/") if "://" in url else os.path.abspath(url)
-
-
-def byte_options(layout: str, cfg: ClipConfig, shard_size: int | None, shard_samples: int | None,
-                 splits: list[str]) -> dict:
-    """The options that decide a set's bytes, as its manifest's config records them."""
-    return {"layout": layout, "clip": cfg.as_dict(), "shard_size": shard_size, "shard_samples": shard_samples,
-            "splits": splits}
-
-
-def refuse_other_options(out: str, options: dict, force: bool) -> Manifest | None:
-    """The finished set at ``out``, if any; refused (``ReplaceRefused``) when it was built with
-    other ``byte_options`` and ``force`` is not given."""
-    existing = _existing(out)
-    if existing is None or force:
-        return existing
-    old = {k: existing.config.get(k) for k in BYTE_OPTIONS}
-    if old != options:
-        raise ReplaceRefused(f"--out {out} holds a shard set built with other options "
-                             f"({_changes(old, options)}); --force replaces it, or choose another --out")
-    return existing
-
-
-def prepare_out(out: str, force: bool) -> None:
-    """Make a local ``out`` (refused in one line when it cannot be: a file, a path under one,
-    ``/proc``), then refuse (``ForeignFiles``) one that holds files no build of this project
-    wrote, naming one, unless ``force``: a build writes its shards, manifest and ledger under
-    their usual names (another tool's ``val/val-000000.tar`` among them) and deletes shards its
-    manifest does not list. What a build of ours leaves is taken: a finished set (its manifest),
-    or a killed build's ``.staging``, which the rerun resumes."""
-    local = storage.local_path(out)
-    if local is not None:
-        if os.path.exists(local) and not os.path.isdir(local):
-            raise UsageError(f"--out {out}: not a directory (a file is there)")
-        try:
-            os.makedirs(local, exist_ok=True)
-        except OSError as e:
-            raise UsageError(f"--out {out}: the directory cannot be created: {e.strerror}") from None
-    if force or _existing(out) is not None or storage.exists(storage.join(out, STAGING_NAME)):
-        return
-    fs, root = url_to_fs(out)
-    root = root.rstrip("/")
-    files = sorted(fs.find(root)) if fs.isdir(root) else []
-    if files:
-        raise ForeignFiles(f"--out {out} holds {plural(len(files), 'file')} no build of this project wrote "
-                           f"(such as {files[0][len(root) + 1:]}): choose an empty or new directory, or "
-                           "--force to build into it anyway (files named as a set's are then replaced)")
-
-
-def _changes(old: dict, new: dict) -> str:
-    """``--frames 4, now 8; ...``: the options that differ, named as flags."""
-    a, b = _flat(old), _flat(new)
-    return "; ".join(f"{_flag(k)} {_shown(a.get(k))}, now {_shown(b.get(k))}"
-                     for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k))
-
-
-def _flat(options: dict) -> dict:
-    """``byte_options`` with the clip options beside the others."""
-    return {**{k: v for k, v in options.items() if k != "clip"}, **(options.get("clip") or {})}
-
-
-def _flag(option: str) -> str:
-    return "the source layout" if option == "layout" else "--" + option.replace("_", "-")
-
-
-def _shown(value) -> str:
-    return "unset" if value is None else ",".join(value) if isinstance(value, list) else str(value)
 
 
 @dataclass
@@ -178,7 +92,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
           progress=None, replacing: Callable[[Manifest], None] | None = None, runner: str = "auto",
           tasks: runtime.Tasks | None = None) -> Summary:
     """``videos_per_task``: None sizes the tasks from the videos and the workers (``plan_batches``);
-    ``runner``: where the tasks run (``ingest.runtime.start``), unless ``tasks`` is a pool already
+    ``runner``: where the tasks run (``ingest.tasks.runtime.start``), unless ``tasks`` is a pool already
     started (``local_runtime.LocalTasks``, ``ray_runtime.RayTasks``: the build runs on it and leaves
     it running for the caller's next build); ``fingerprint``: what identifies the
     inputs, ``"stat"`` or ``"content"`` (their SHA-256, cached in ``hash_cache``; see
@@ -187,12 +101,14 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
     ``progress``: called with a dict of counts as work is done; ``replacing``: called with the
     finished set at ``out`` before a build that differs from it replaces it (it may refuse by raising)."""
     t0 = time.time()
-    src, out = normalise(src), normalise(out)  # Ray workers, whose working directory is not ours, use them
+    # Ray workers, whose working directory is not ours, use them
+    src, out = outdir.normalise(src), outdir.normalise(out)
     source = source or discover(src, split_set)
     videos = [v for v in source.videos if v.split in splits]
-    options = byte_options(source.layout, cfg, shard_size, shard_samples, sorted({v.split for v in videos}))
-    existing = refuse_other_options(out, options, force)  # before any work, Ray included
-    prepare_out(out, force)
+    options = outdir.byte_options(source.layout, cfg, shard_size, shard_samples,
+                                  sorted({v.split for v in videos}))
+    existing = outdir.refuse_other_options(out, options, force)  # before any work, Ray included
+    outdir.prepare_out(out, force)
     config = {"src": src, **options}
     digests = None
     if fingerprint == "content":  # stat adds nothing: sets built before --fingerprint existed stay up to date
@@ -209,7 +125,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
             and existing.fingerprint == inputs_id)
     if same and not force:
         log.info("%s is already built from these inputs with this config", out)
-        _tidy(out, existing, keep_staging)
+        outdir.tidy(out, existing, keep_staging)
         return _summarise_existing(existing, summary)
     if existing and not same and replacing:
         replacing(existing)
@@ -263,7 +179,7 @@ def build(src: str, out: str, cfg: ClipConfig = ClipConfig(), *, workers: int | 
         raise _stopped(stop, stage, counts) from None
     finally:
         _close_own(pool, tasks)
-    _tidy(out, manifest, keep_staging)
+    outdir.tidy(out, manifest, keep_staging)
 
     summary.failed = len(errors)
     summary.reasons = Counter(e["reason"].split(":")[0] for e in errors)
@@ -322,34 +238,11 @@ def _ledger_order(line: dict) -> tuple:
     return line["path"], "warning" in line, line.get("warning", "")
 
 
-def _tidy(out: str, manifest: Manifest, keep_staging: bool) -> None:
-    """Leave only the finished set: staging removed (unless kept), and no temporary file or shard
-    of a killed or earlier build left beside the shards the manifest lists."""
-    fs, root = url_to_fs(out)
-    root = root.rstrip("/")
-    if not keep_staging and fs.exists(f"{root}/{STAGING_NAME}"):
-        fs.rm(f"{root}/{STAGING_NAME}", recursive=True)
-    listed = {s.name for split in manifest.splits.values() for s in split.shards}
-    for path in fs.find(root):
-        rel = path.rstrip("/")[len(root) + 1:]
-        if storage.TEMPORARY.search(rel) or (_SHARD.fullmatch(rel) and rel not in listed):
-            fs.rm(path)
-
-
 def _sans_src(config: dict) -> dict:
     """A manifest's config without where the inputs were: the same videos and options are the same
     build however ``--src`` was spelled (relative or absolute; the manifests of builds before
     sources were recorded absolute hold it as given)."""
     return {k: v for k, v in config.items() if k != "src"}
-
-
-def _existing(out: str) -> Manifest | None:
-    if not storage.exists(storage.join(out, MANIFEST_NAME)):
-        return None
-    try:
-        return Manifest.load(out)
-    except (ValueError, KeyError, json.JSONDecodeError):
-        return None
 
 
 def _summarise_existing(m: Manifest, summary: Summary) -> Summary:

@@ -1,5 +1,5 @@
 """Decode Kinetics videos into pre-sampled T-frame JPEG clips in WebDataset shards, on Ray (or, for a
-small build on this machine, in worker processes without it: ``ingest.runtime``).
+small build on this machine, in worker processes without it: ``ingest.tasks.runtime``).
 
 Reads SRC in the class-folder layout (SRC/{train,val,test}/<label>/<id>.<ext>), the CVDF
 layout (flat SRC/<split>/<youtube_id>_<start>_<end>.mp4 with SRC/annotations/<split>.csv), or
@@ -21,18 +21,20 @@ import argparse
 import math
 import sys
 
-from shards import storage
-from shards.commands import comma_list, number_in_range, positive_int
-from shards.errors import CommandError, UsageError
+from shards.base.commands import comma_list, number_in_range, positive_int
+from shards.base.errors import CommandError, UsageError
 from shards.format.manifest import LEDGER_NAME
+from shards.io import storage
 
-from . import ray_address, registry
+from . import registry
 from .bounds import flag, size_flag
 from .build import build
-from .clips import DECODERS, ClipConfig
+from .clips import ClipConfig
 from .content_digests import FINGERPRINTS, default_cache
-from .motion import MOTIONS
+from .decode import DECODERS
+from .decode.motion import MOTIONS
 from .sources import SPLIT_SETS, SPLITS
+from .tasks import ray_address
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

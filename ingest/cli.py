@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from shards.commands import main as run_commands
+from shards.base.commands import main as run_commands
 
 COMMANDS = {"build": "ingest.build_cli", "synth": "ingest.synth"}
 

@@ -1,11 +1,12 @@
 """One video in, its pre-sampled clips out, as WebDataset sample bytes (runs in the workers).
 
-The video is decoded once for the union of the frames all its clips keep, in-process with PyAV
-(``pyav_decoder``: only the packets those frames need), or with the ffmpeg command line
-(``ffmpeg_cli``) for what PyAV cannot open or with ``decoder="ffmpeg"``. Each clip becomes one
+The video is decoded once for the union of the frames all its clips keep, by the decoder
+``ClipConfig.decoder`` names in ``ingest.decode.DECODERS``: in-process with PyAV (only the packets
+those frames need), falling back to the ffmpeg command line for what PyAV cannot open, or with
+``decoder="ffmpeg"`` the command line for every video. Each clip becomes one
 sample as ``shards.format.sample`` defines it (T JPEG frames in temporal order, the label, the
 metadata, and with a ``motion`` other than ``"none"`` each frame's motion field, made by
-``ingest.motion``).
+``ingest.decode.motion``).
 """
 from __future__ import annotations
 
@@ -20,17 +21,14 @@ import fsspec
 import numpy as np
 from fsspec.core import url_to_fs
 
-from shards import storage
 from shards.format import motionfield, sample
+from shards.io import storage
 
-from . import bounds, ffmpeg_cli, jpeg, motion, pyav_decoder, sampling
-from .deadline import Deadline, TimedOut
+from . import bounds, decode, jpeg, sampling
+from .decode import DECODERS, motion
+from .decode.deadline import Deadline, TimedOut
+from .decode.video import Decoded, DecodeError
 from .sources import Video
-from .video import Decoded, DecodeError
-
-DECODERS = ("pyav", "ffmpeg")
-# in-process failures the command line may still get past (a format or codec PyAV's FFmpeg lacks)
-FALLBACK_REASONS = ("not a readable video", "no frame decodes", "truncated or corrupt: decoded")
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class ClipConfig:
     restart_interval: int = 1  # MCUs between JPEG restart markers (ingest.jpeg); 0: none
     seed: int = 0
     decoder: str = "pyav"  # "ffmpeg": the command line for every video (the reference, and slower)
-    motion: str = "none"  # "mv": the codec's motion vectors; "flow": optical flow (ingest.motion)
+    motion: str = "none"  # "mv": the codec's motion vectors; "flow": optical flow (ingest.decode.motion)
     refuse_short: bool = False  # a video of fewer frames than ``frames`` (a still) fails instead of a warning
 
     def __post_init__(self):
@@ -53,11 +51,12 @@ class ClipConfig:
             bounds.check(option, getattr(self, option))
         if self.motion not in motion.MOTIONS:
             raise ValueError(f"motion must be one of {motion.MOTIONS}, not {self.motion!r}")
-        if self.motion == "mv" and self.decoder != "pyav":
-            raise ValueError("motion 'mv' needs decoder 'pyav' "
-                             "(the command line does not export motion vectors)")
         if self.decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {DECODERS}, not {self.decoder!r}")
+            raise ValueError(f"decoder must be one of {tuple(DECODERS)}, not {self.decoder!r}")
+        if self.motion == "mv" and not DECODERS[self.decoder].motion_vectors:
+            exporting = " or ".join(repr(name) for name, d in DECODERS.items() if d.motion_vectors)
+            raise ValueError(f"motion 'mv' needs decoder {exporting} "
+                             f"({self.decoder!r} does not export motion vectors)")
 
     def as_dict(self) -> dict:
         """The config as recorded; options at their defaults since they were added left out, as
@@ -120,19 +119,6 @@ def make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int = 1
         raise DecodeError(str(e)) from None
 
 
-def decode(path: str, wanted, cfg: ClipConfig, threads: int, deadline: Deadline) -> Decoded:
-    """``wanted(frame count)``'s frames, in-process when possible, else with the command line."""
-    if cfg.decoder == "pyav":
-        try:
-            return pyav_decoder.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline,
-                                       motion_vectors=cfg.motion == "mv")
-        except DecodeError as e:
-            if not e.reason.startswith(FALLBACK_REASONS):
-                e.detail = e.detail or ffmpeg_cli.demux_messages(path, deadline)
-                raise
-    return ffmpeg_cli.decode(path, wanted, cfg.short_side, threads=threads, deadline=deadline)
-
-
 def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
                 deadline: Deadline) -> tuple[list[tuple[str, int, bytes]], list[tuple[str, str]]]:
     train = video.split == "train"
@@ -150,7 +136,8 @@ def _make_clips(video: Video, label_index: int, cfg: ClipConfig, threads: int,
 
     with local_copy(video, deadline) as path:
         _check_file(video, path, deadline)
-        decoded = decode(path, wanted, cfg, threads, deadline)
+        decoded = decode.decode(cfg.decoder, path, wanted, cfg.short_side, threads=threads, deadline=deadline,
+                                motion_vectors=cfg.motion == "mv")
     info = decoded.info
     found = warnings(decoded, cfg)
     if cfg.refuse_short and found and found[0][0] in SHORT:
@@ -197,9 +184,10 @@ def warnings(decoded: Decoded, cfg: ClipConfig) -> list[tuple[str, str]]:
     if min(info.width, info.height) < cfg.short_side:
         found.append(("small", f"{info.width}x{info.height}, smaller than --short-side {cfg.short_side}: "
                                "stored at its own size, not upscaled"))
-    if cfg.motion == "mv" and (decoded.decoder != "pyav" or info.codec not in motion.VECTOR_CODECS):
-        why = (f"the {info.codec} decoder exports none" if decoded.decoder == "pyav"
-               else "decoded by the ffmpeg command line, which exports none")
+    exports = DECODERS[decoded.decoder].motion_vectors
+    if cfg.motion == "mv" and (not exports or info.codec not in motion.VECTOR_CODECS):
+        why = (f"the {info.codec} decoder exports none" if exports
+               else f"decoded by {decoded.decoder!r}, which exports none")
         found.append(("no motion vectors", f"{why}: its motion fields are all unknown; --motion flow "
                                            "computes them from the frames"))
     return found

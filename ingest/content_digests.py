@@ -31,7 +31,7 @@ from contextlib import closing
 
 from fsspec.core import url_to_fs
 
-from shards import storage
+from shards.io import storage
 
 from .sources import Video, stamp_of
 
@@ -124,7 +124,7 @@ def hash_files(videos: list[Video]) -> list[tuple[str, str | None] | None]:
 
 def digests(videos: list[Video], cache_path: str | None, tasks) -> dict[str, str]:
     """URL -> SHA-256 hex of every readable file among ``videos``: from the cache where its key is
-    unchanged, else hashed by ``tasks`` (``ingest.runtime``) and cached."""
+    unchanged, else hashed by ``tasks`` (``ingest.tasks.runtime``) and cached."""
     files = [v for v in videos if v.kind == "file"]
     with closing(DigestCache(cache_path or default_cache())) as cache:
         found = cache.get(files)

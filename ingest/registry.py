@@ -21,7 +21,7 @@ waited for; otherwise this process builds, heartbeating its lease, reporting pro
 records the set as ready (with its split counts, file digests and the files' stamps) or failed.
 
 Sets are not replaced behind the catalog's back. Before claiming, a finished set at ``--out``
-built with other options is refused unless ``--force`` (``ingest.build.refuse_other_options``),
+built with other options is refused unless ``--force`` (``ingest.outdir.refuse_other_options``),
 and a set the catalog records there is replaced only with ``--force``, its record then marked
 replaced (``Catalog.claim``). A ready set whose manifest is no longer the one registered
 (``shards.catalog.condition``: rebuilt or edited without the catalog) is not reused: the build is
@@ -41,7 +41,6 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 
-from shards import storage
 from shards.catalog import (
     HEARTBEAT_SECONDS,
     Catalog,
@@ -55,13 +54,16 @@ from shards.catalog import (
 from shards.catalog.condition import condition
 from shards.catalog.store import LEASE_SECONDS
 from shards.format.manifest import LEDGER_NAME, MANIFEST_NAME, SET_FILES, Manifest
-from shards.verify import set_file_stamps, stamps
+from shards.io import storage
+from shards.tools.verify import set_file_stamps, stamps
 
-from . import content_digests, runtime
-from .build import Summary, byte_options, normalise, refuse_other_options
+from . import content_digests
+from .build import Summary
 from .build import build as ingest_build
 from .clips import ClipConfig
+from .outdir import byte_options, normalise, refuse_other_options
 from .sources import Source, discover
+from .tasks import runtime
 
 log = logging.getLogger("ingest.registry")
 

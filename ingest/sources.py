@@ -33,10 +33,10 @@ from dataclasses import dataclass, replace
 
 from fsspec.core import url_to_fs
 
-from shards import storage
-from shards.errors import NotFound, UsageError
+from shards.base.errors import NotFound, UsageError
+from shards.base.words import plural, printable
 from shards.format.tar import sanitize_key
-from shards.words import plural, printable
+from shards.io import storage
 
 log = logging.getLogger("ingest.sources")
 

@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fsspec.core import url_to_fs
 
-from shards import storage
 from shards.format import packing
 from shards.format.manifest import digest
+from shards.io import storage
 
 from .clips import ClipConfig, make_clips
+from .decode.video import DecodeError
 from .sources import Video
-from .video import DecodeError
 
 log = logging.getLogger("ingest.staging")
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import ffmpeg
 import numpy as np
 
-from shards.commands import int_in_range
-from shards.progress import Progress
-from shards.words import plural
+from shards.base.commands import int_in_range
+from shards.base.progress import Progress
+from shards.base.words import plural
 
 CLASSES = ("move_left", "move_right", "move_up", "move_down", "rotate_cw", "rotate_ccw")
 SPLITS = ("train", "val")

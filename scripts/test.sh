@@ -10,7 +10,7 @@ bash scripts/setup.sh
 # service); a one-node Slurm for tests/test_cluster_slurm.py, which runs the Slurm runbook on
 # loopback (slurm-wlm and munge: apt-get update + install took 13 s on the development machine);
 # and Debian's PostgreSQL server for the catalog tests on PostgreSQL and the service's replicas
-# (tests/postgres.py starts its own with initdb/pg_ctl in a temporary directory, never the system's);
+# (tests/helpers/postgres.py starts its own with initdb/pg_ctl in a temporary directory, never the system's);
 # Debian's Prometheus Pushgateway for tests/test_push_gateway.py (its own on loopback, likewise);
 # podman, runc and debootstrap for tests/test_container_images.py, which builds the CPU image on a
 # base made from Debian's packages (docs/runbooks/containers.md).
@@ -31,7 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# Here the tests that need these tools fail instead of skipping when one cannot run (tests/required.py).
+# Here the tests that need these tools fail instead of skipping when one cannot run (tests/helpers/required.py).
 export KF_REQUIRE_SLURM=1 KF_REQUIRE_BROWSER=1 KF_REQUIRE_NGINX=1 KF_REQUIRE_PODMAN=1 KF_REQUIRE_PUSHGATEWAY=1
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # keep every Ray on 127.0.0.1 (../shared/notes/loopback.md)
 # Two pytest processes (KF_TEST_WORKERS; 0: one), each test file whole in one of them: much of

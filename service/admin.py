@@ -1,6 +1,6 @@
 """The catalog commands of ``shard-service``: list, show, tag, untag, verify, remove, gc.
 
-Each class is one subcommand (a namespace for ``shards.commands``): its docstring is the help.
+Each class is one subcommand (a namespace for ``shards.base.commands``): its docstring is the help.
 They work on the catalog file directly, so they need no running server.
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ import os
 import sys
 import time
 
+from shards.base.errors import CommandError, NotFound
 from shards.catalog import Catalog, Record, default_path
 from shards.catalog.backends import is_url
 from shards.catalog.condition import condition, shown
-from shards.errors import CommandError, NotFound
 from shards.format.manifest import Manifest
-from shards.verify import set_file_stamps, verify
+from shards.tools.verify import set_file_stamps, verify
 
 from . import housekeeping, states
 from .files import checked_manifest

@@ -65,7 +65,8 @@ def _watch_parent(server_pid: int, dataset: str) -> None:
 def run(*, catalog: str, claim, plan, ray_address: str | None, workers: int | None, videos_per_task: int | None,
         ffmpeg_threads: int, timeout: float) -> int:
     """Build ``plan`` under ``claim`` (made by the server); 0 when the set is ready."""
-    from ingest import ray_runtime, registry
+    from ingest import registry
+    from ingest.tasks import ray_runtime
     from shards.catalog import Catalog
 
     cat = Catalog(catalog)

@@ -31,9 +31,10 @@ import sys
 
 from ingest import bounds, registry
 from ingest.bounds import BOUNDS
-from ingest.clips import DECODERS, ClipConfig
+from ingest.clips import ClipConfig
+from ingest.decode import DECODERS
 from ingest.sources import SPLITS
-from shards import storage
+from shards.base.units import parse_size
 from shards.catalog import (
     HEARTBEAT_SECONDS,
     Catalog,
@@ -43,7 +44,7 @@ from shards.catalog import (
     canonical_json,
     new_owner,
 )
-from shards.format.packing import parse_size
+from shards.io import storage
 
 from .roots import SourceRefused, SourceRoots
 

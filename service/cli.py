@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from shards.commands import main as run_commands
+from shards.base.commands import main as run_commands
 
 COMMANDS = {"serve": "service.serve", "list": "service.admin:List", "show": "service.admin:Show",
             "tag": "service.admin:Tag", "untag": "service.admin:Untag", "verify": "service.admin:Verify",

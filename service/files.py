@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from fsspec.core import url_to_fs
 
-from shards import storage
 from shards.catalog import Record
 from shards.catalog.condition import changed, difference
 from shards.format.manifest import MANIFEST_NAME, Manifest
+from shards.io import storage
 
 log = logging.getLogger("service.files")
 CONTENT_TYPES = {".tar": "application/x-tar", ".json": "application/json", ".txt": "text/plain; charset=utf-8",

@@ -10,9 +10,9 @@ import logging
 
 from fsspec.core import url_to_fs
 
-from shards import storage
 from shards.catalog import Catalog, CatalogError, Record
 from shards.format.manifest import SET_FILES, STAGING_NAME
+from shards.io import storage
 
 log = logging.getLogger("service.housekeeping")
 

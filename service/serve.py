@@ -37,10 +37,10 @@ import socket
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from shards.base.commands import int_in_range, number_in_range, positive_int
+from shards.base.errors import CommandError, Interrupted, NotFound, UsageError
 from shards.catalog import Catalog, default_path
 from shards.catalog.backends import is_url, shown
-from shards.commands import int_in_range, number_in_range, positive_int
-from shards.errors import CommandError, Interrupted, NotFound, UsageError
 
 from .accel import SECRET, SECRET_HEADER, Front
 from .admin import refuse_missing

@@ -20,11 +20,11 @@ import asyncio
 import logging
 from collections import OrderedDict
 
-from shards import storage
 from shards.catalog import Catalog, Record
 from shards.catalog.condition import Condition, condition, file_stamp
 from shards.format.manifest import MANIFEST_NAME
-from shards.reading import local_path
+from shards.io import storage
+from shards.read.reading import local_path
 
 from .files import Entry, Refused, file_table, hash_local
 from .stats import Counters

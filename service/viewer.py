@@ -11,7 +11,7 @@ carries a Content-Security-Policy that allows scripts and styles from this origi
 script), ``nosniff`` and ``Referrer-Policy: no-referrer``. With ``--read-auth`` the JSON and
 frame routes need the token; the shells do not, and show nothing but the login form without it.
 
-Paging and filtering happen here, on a ``shards.clipindex.ClipIndex`` built once per set (the
+Paging and filtering happen here, on a ``shards.read.clipindex.ClipIndex`` built once per set (the
 manifest parsed in a thread): the browser never downloads the manifest. A frame is served like
 any file of a set (``service.api.responses.send_span``: conditionals, ranges, sendfile for local
 sets) as the byte range of its tar member; the frame's place in the shard is read once per clip
@@ -25,11 +25,15 @@ with why and the remedy: a set whose manifest changed is shown but not indexed; 
 green, and its frames are not cached.
 
 A set built with ``--motion`` has a motion field beside each frame; the pages show it coloured as
-optical-flow figures are (``shards.motioncolour``, the colouring ``shards preview`` draws with):
+optical-flow figures are (``shards.format.motioncolour``, the colouring ``shards preview`` draws with):
 the clip is read once, its fields coloured at one scale for the whole clip (given with the clip's
 JSON) and kept, each served as a PNG of its frame's size. A picture made here, not stored bytes:
 its ETag names the clip's bytes and the colouring, and it is revalidated each time. The colour
 wheel is ``/static/motion-legend.png``.
+
+Why one file of about 360 lines: the viewer is one sub-application, its routes (``ROUTES``),
+views and their small JSON helpers beside the caches of its one ``Viewer``; the server takes only
+its ``ROUTES`` and ``add_routes``.
 """
 from __future__ import annotations
 
@@ -43,12 +47,13 @@ from collections import OrderedDict
 from aiohttp import web
 from PIL import Image
 
-from shards import motioncolour, storage
 from shards.catalog import Record
 from shards.catalog.condition import shown
-from shards.clipindex import ClipIndex, read_clip
+from shards.format import motioncolour
 from shards.format.manifest import Manifest
-from shards.stats import split_stats
+from shards.io import storage
+from shards.read.clipindex import ClipIndex, read_clip
+from shards.tools.stats import split_stats
 
 from . import states
 from .api.keys import READ_AUTH, TABLES

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import sys
 
-from .commands import main as run_commands
+from .base.commands import main as run_commands
 
-COMMANDS = {"plan": "shards.layout_cli", "verify": "shards.verify", "stats": "shards.stats",
-            "reshard": "shards.reshard", "preview": "shards.preview"}
+COMMANDS = {"plan": "shards.tools.layout_cli", "verify": "shards.tools.verify", "stats": "shards.tools.stats",
+            "reshard": "shards.tools.reshard", "preview": "shards.tools.preview"}
 
 
 def main(argv: list[str] | None = None) -> int:

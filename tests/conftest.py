@@ -2,7 +2,7 @@
 
 * ``ray_local``: one local Ray on loopback for the whole run (it costs seconds to start); always a
   new one (address="local"), never another Ray running on the machine.
-* ``postgres``: one PostgreSQL server on loopback for the run (``tests/postgres.py``), stopped at
+* ``postgres``: one PostgreSQL server on loopback for the run (``tests/helpers/postgres.py``), stopped at
   its end; ``catalog_location``: a new catalog on each back end in turn, a SQLite file and a
   database of that server (the catalog tests run on both).
 * Nothing the suite starts may outlive it. The session (the controller, under pytest-xdist) moves
@@ -20,7 +20,7 @@
   (one not in the snapshot, by pid and start time) is the session's when its parent chain reaches
   the session or one of its ancestors (an orphan is re-parented to init or a subreaper above it)
   before any process that predates the session (another session's shell or suite, a daemon).
-* Every runbook command runs (tests/runbooks.py): the tests record the commands they ran in a
+* Every runbook command runs (tests/helpers/runbooks.py): the tests record the commands they ran in a
   ledger of the session's (``KF_RUNBOOK_LEDGER``); once a session that selected whole test files
   is over, every command not marked ``# needs:`` of a block whose test file ran (and passed, none
   of its tests skipped) must be in it, else the run fails naming the commands. A block whose
@@ -40,7 +40,7 @@ from collections import defaultdict
 
 import psutil
 import pytest
-import runbooks
+from helpers import runbooks
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Ray 2.60 turns on token authentication for a new local cluster by default, and processes that
@@ -83,7 +83,7 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def postgres():
-    from postgres import PostgresServer
+    from helpers.postgres import PostgresServer
 
     server = PostgresServer()
     try:
@@ -205,7 +205,7 @@ def suite_processes(group: SessionGroup | ProcessSnapshot) -> list[psutil.Proces
     parent chain), descending from this process or carrying this session's token; not this
     process nor its ancestors (the shell, a CI runner), nor this process's own multiprocessing
     resource tracker (started by a test's spawn context, it ends with this process) and fork server
-    (started by a build without Ray in a process that runs threads, ``ingest.local_runtime``; it
+    (started by a build without Ray in a process that runs threads, ``ingest.tasks.local_runtime``; it
     ends with this process too)."""
     from multiprocessing import forkserver, resource_tracker
 

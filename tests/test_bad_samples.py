@@ -23,10 +23,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
+from helpers.shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
+from shards.base.errors import DataFault
 from shards.catalog import Catalog
-from shards.errors import DataFault
 from shards.format.digests import CorruptSample, TooManyBadSamples
 from shards.format.manifest import Manifest
 from trainer import metrics
@@ -34,7 +34,7 @@ from trainer.clip_log import read_file
 from trainer.data.loader import ClipLoader
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
-FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
+FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 CLIPS, VAL, BATCH = 20, 6, 2
 FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", str(BATCH), "--warmup-epochs", "0.5", "--workers", "1", "--print-freq", "1",

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 from trainer import metrics
 from trainer.schedules.batch_growth import (

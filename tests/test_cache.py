@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import fsspec
 import pytest
 
-from shards.cache import ENV_BUDGET, CacheFull, Piece, ShardCache
-from shards.errors import DataFault
-from shards.http_range import HTTPRange, RangeError, Retry, ShardChanged, integrity_problem, range_problem
-from shards.reading import open_range
+from shards.base.errors import DataFault
+from shards.io.http_range import HTTPRange, RangeError, Retry, ShardChanged, integrity_problem, range_problem
+from shards.read.cache import ENV_BUDGET, CacheFull, Piece, ShardCache
+from shards.read.reading import open_range
 
 FAST = Retry(attempts=3, backoff=0.01, deadline=1.0)
 SIZE = 300_000

@@ -231,7 +231,7 @@ def test_a_restarted_postgresql_is_reconnected_to_and_a_write_it_cut_is_one_line
     """A server of its own (restarted twice: no other test's sessions on it). A session lost while
     idle is replaced at the next statement; a transaction cut midway is CatalogUnavailable, undone,
     and the catalog answers again once the server is back; the generation moves on reconnection."""
-    from postgres import PostgresServer
+    from helpers.postgres import PostgresServer
 
     from shards.catalog import CatalogUnavailable
 

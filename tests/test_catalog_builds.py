@@ -13,8 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
-import media
 import pytest
+from helpers import media
 
 from ingest import registry
 from ingest.clips import ClipConfig
@@ -24,7 +24,7 @@ from shards.format.manifest import Manifest
 pytestmark = pytest.mark.usefixtures("ray_local")
 CFG = ClipConfig(frames=8, short_side=32)
 OPTS = dict(shard_samples=3)
-HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))
+HOLDPOINT = str(Path(__file__).with_name("helpers") / "holdpoint.py")
 
 
 @pytest.fixture(scope="module")

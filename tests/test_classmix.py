@@ -1,4 +1,4 @@
-"""The class-mix guard of node-affine epochs (``shards.classmix``): node shares of a set stored in
+"""The class-mix guard of node-affine epochs (``shards.plan.classmix``): node shares of a set stored in
 hashed order pass at every size tried, sets whose order gives nodes their own classes are refused,
 and the loader and a real two-node training start refuse (``--shuffle node``) or fall back to
 global epochs, said in one line (``--shuffle auto``)."""
@@ -11,11 +11,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
-from shards import classmix, partition
-from shards.errors import UsageError
+from shards.base.errors import UsageError
 from shards.format.manifest import Manifest
+from shards.plan import classmix, partition
 from trainer.data.loader import ClipLoader
 
 SMALL = dict(crop_size=32, scale_size=36, shuffle_buffer=1, batch_size=2, num_workers=0)

@@ -11,7 +11,7 @@ node-local cache (``--cache-dir``, a per-host path as on real nodes' local disks
 ``SHARD_CACHE_BUDGET``). Each rank's loader forks a worker after downloading through its pooled
 keep-alive connections to the service, and goes on downloading through them afterwards. The
 commands are the runbooks' own (the trainers' settings of docs/runbooks/service.md, the two-host
-launch of docs/runbooks/training.md), read from them and run (tests/runbooks.py).
+launch of docs/runbooks/training.md), read from them and run (tests/helpers/runbooks.py).
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import re
 import secrets
 from collections import Counter
 
-from runbooks import block_commands, run_commands, shell_env
-from shardsets import ServiceProcess, make_shardset, register
+from helpers.runbooks import block_commands, run_commands, shell_env
+from helpers.shardsets import ServiceProcess, make_shardset, register
 
 from shards.catalog import Catalog
 

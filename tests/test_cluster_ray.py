@@ -26,14 +26,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from media import make_video
+from helpers.media import make_video
+from helpers.runbooks import run_block
 from ray.cluster_utils import Cluster
-from runbooks import run_block
 
 from shards.catalog import Catalog
 
-HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))
-WAIT_FOR_NODES = shlex.quote(str(Path(__file__).with_name("ray_nodes.py")))
+HOLDPOINT = str(Path(__file__).with_name("helpers") / "holdpoint.py")
+WAIT_FOR_NODES = shlex.quote(str(Path(__file__).with_name("helpers") / "ray_nodes.py"))
 VIDEOS = 16  # one video per decode task: enough tasks to kill the worker node among them
 BUILD = ["--frames", "4", "--short-side", "32", "--shard-samples", "5", "--videos-per-task", "1",
          "--splits", "train,val"]
@@ -63,7 +63,7 @@ def cluster():
 
 
 def ingest(src: Path, out: Path, *extra: str, env: dict | None = None, hold: str | None = None) -> subprocess.Popen:
-    """``ingest build`` in its own process; ``hold``: run it under tests/holdpoint.py at that target."""
+    """``ingest build`` in its own process; ``hold``: run it under tests/helpers/holdpoint.py at that target."""
     argv = [sys.executable, *([HOLDPOINT, hold] if hold else []), "-m", "ingest", "build", "--src", str(src),
             "--out", str(out), *BUILD, *extra]
     return subprocess.Popen(argv, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -174,7 +174,7 @@ def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, e
     assert record.state == "ready" and record.location == str(tmp_path / "cluster")
     assert sum(s["clips"] for s in record.splits.values()) == VIDEOS
 
-    # the worker node dies under a decode task it runs (held there: tests/holdpoint.py), with most
+    # the worker node dies under a decode task it runs (held there: tests/helpers/holdpoint.py), with most
     # of the build still to come; Ray runs that task again on the head
     out, marker = tmp_path / "lost-worker", tmp_path / "held-task"
     proc = ingest(videos, out, "--address", c.address, hold="ingest.staging:decode_batch",

@@ -2,7 +2,7 @@
 what the project's tools print.
 
 Every command of a ```bash block either runs in the suite, the block's own text read from the
-runbook and executed (``tests/runbooks.py``: on small data, on loopback, through a substitution
+runbook and executed (``tests/helpers/runbooks.py``: on small data, on loopback, through a substitution
 table written out in the test that runs it), or is marked ``# needs: WHAT`` in the runbook; the
 first test counts both kinds and fails on a command that is neither. The blocks that need no
 cluster, no servers and no launcher run here, on a small shard set and two short training runs
@@ -26,9 +26,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from commandlines import parse, project_commands
-from media import make_video
-from runbooks import (
+from helpers.commandlines import parse, project_commands
+from helpers.media import make_video
+from helpers.runbooks import (
     LEDGER_VAR,
     RUNBOOKS,
     RunbookCommand,
@@ -38,10 +38,10 @@ from runbooks import (
     runner,
     unexecuted,
 )
-from runbooks import parse as parse_blocks
-from shardsets import make_shardset
+from helpers.runbooks import parse as parse_blocks
+from helpers.shardsets import make_shardset
 
-from shards.partition import per_rank
+from shards.plan.partition import per_rank
 from trainer.schedules.recipe import scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ SHARDS = {"/lustre/shards/k400": "demo/shards"}
 
 
 def runs(test: Path) -> set[tuple[str, str]]:
-    """(runbook, start of the first command) of every block ``test`` runs with tests/runbooks.py."""
+    """(runbook, start of the first command) of every block ``test`` runs with tests/helpers/runbooks.py."""
     found = set()
     for node in ast.walk(ast.parse(test.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in RUNNERS:

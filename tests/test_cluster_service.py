@@ -1,5 +1,5 @@
 """The service runbook (docs/runbooks/service.md) run as written, on loopback: its blocks read from
-the runbook and executed (tests/runbooks.py) with the substitutions below. ``shard-service serve``
+the runbook and executed (tests/helpers/runbooks.py) with the substitutions below. ``shard-service serve``
 behind a token file made as the runbook makes it, with ``--read-auth`` (readers without the token
 refused, with it served); the listing; tag, verify and gc as the routine runs them; a backup of the
 catalog taken while the server runs, then restored and served again; the replicated deployment on the
@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from runbooks import block_commands, ran, run_block, run_commands, shell_env
-from shardsets import ServiceProcess, make_shardset, register
+from helpers.runbooks import block_commands, ran, run_block, run_commands, shell_env
+from helpers.shardsets import ServiceProcess, make_shardset, register
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
@@ -125,7 +125,7 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
     tests' PostgreSQL, two replicas started with its ``serve`` line (ports of their own), nginx with
     the shipped configuration listing them, the set read through nginx with the token (its bytes
     sent by nginx), still read with one replica killed, and listed from the catalog's URL."""
-    from fronts import ACCEL_SECRET, free_port, front_config, write_secret
+    from helpers.fronts import ACCEL_SECRET, free_port, front_config, write_secret
 
     root, role, db = team["root"], f"kf{os.getpid()}", f"kinetics_fast_{os.getpid()}"
     url = f"postgresql://{role}@127.0.0.1:{postgres.port}/{db}"

@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from required import require
-from runbooks import run_block
-from shardsets import make_shardset
+from helpers.required import require
+from helpers.runbooks import run_block
+from helpers.shardsets import make_shardset
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = ROOT / "docs" / "runbooks" / "slurm"
@@ -42,7 +42,7 @@ def free_port() -> int:
 @pytest.fixture
 def state():
     """The cluster's state directory; its daemons stopped at the end whatever the block did. (The
-    test command, scripts/test.sh, installs Slurm and requires it: tests/required.py.)"""
+    test command, scripts/test.sh, installs Slurm and requires it: tests/helpers/required.py.)"""
     require("slurm", MISSING)
     state = tempfile.mkdtemp(prefix="kf-slurm-")
     try:

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from shards.errors import UsageError
+from shards.base.errors import UsageError
 from trainer import config
 from trainer.errors import OutOfRange
 

@@ -29,11 +29,11 @@ from pathlib import Path
 import psutil
 import pytest
 import tomllib
-from fronts import free_port
+from helpers.fronts import free_port
+from helpers.required import require
+from helpers.runbooks import run_block
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from required import require
-from runbooks import run_block
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "kinetics-fast:cpu"

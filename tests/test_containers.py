@@ -22,11 +22,11 @@ import compose
 import dockerfile
 import pytest
 import tomllib
-from commandlines import parse, project_commands
+from helpers.commandlines import parse, project_commands
 from packaging.requirements import Requirement
 
-from shards.cache import ENV_BUDGET
-from shards.format.packing import parse_size
+from shards.base.units import parse_size
+from shards.read.cache import ENV_BUDGET
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = {"cpu": ROOT / "docker" / "Dockerfile", "cuda": ROOT / "docker" / "Dockerfile.cuda"}

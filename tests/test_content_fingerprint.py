@@ -8,8 +8,8 @@ import os
 import struct
 from pathlib import Path
 
-import media
 import pytest
+from helpers import media
 
 from ingest import registry
 from ingest.build import build

@@ -5,7 +5,7 @@ docs/, and every markdown file's links.
   set made here with the demo's own flags): the two-rank ``horovodrun`` on 127.0.0.1, ``ingest
   build`` into a catalog, and the viewer (``shard-service serve``, its page fetched, then stopped).
 * The ```bash blocks of README.md and of docs/ outside the runbooks follow the runbooks' rule
-  (tests/runbooks.py): a command runs here, read from the page and run on small data through a
+  (tests/helpers/runbooks.py): a command runs here, read from the page and run on small data through a
   substitution table, or is marked ``# needs: WHAT``; a block that is neither fails.
 * No file git tracks holds a merge-conflict marker, and no markdown file a relative link (or
   image) to a file or an anchor that does not exist.
@@ -17,7 +17,7 @@ tiny training flags of the demo (``TINY``). README's blocks and those of docs/in
 docs/shards.md are the suite's (about 20 CPU-seconds); the demo's list and docs/trainer.md's
 blocks (five trainings, two of them two-rank ``horovodrun``) are marked ``long``, and each
 page's "*Run by*" line names its test, so that tests/conftest.py's check holds each stage to
-the blocks of the tests it ran (tests/runbooks.py).
+the blocks of the tests it ran (tests/helpers/runbooks.py).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from runbooks import PAGES, ROOT, block_commands, ran, run_block, run_commands, runner, shell_env
-from runbooks import parse as parse_blocks
+from helpers.runbooks import PAGES, ROOT, block_commands, ran, run_block, run_commands, runner, shell_env
+from helpers.runbooks import parse as parse_blocks
 
 SKIP_DIRS = {".git", ".venv", "demo", "node_modules", "shared", ".mirror"}
 # pages other branches add (the lead merges them): links to them count as alive
@@ -121,7 +121,7 @@ def unrunnable_blocks(paths: list[Path]) -> list[str]:
 
 
 def runs(test: Path) -> set[tuple[str, str]]:
-    """(page, start of the first command) of every block ``test`` runs with tests/runbooks.py."""
+    """(page, start of the first command) of every block ``test`` runs with tests/helpers/runbooks.py."""
     found = set()
     for node in ast.walk(ast.parse(test.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("run_block", "block_commands"):

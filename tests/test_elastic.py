@@ -29,8 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from commandlines import parse, project_commands
-from shardsets import make_shardset
+from helpers.commandlines import parse, project_commands
+from helpers.shardsets import make_shardset
 
 from trainer import metrics
 from trainer.clip_log import committed_clips, read, read_file, weights_digest

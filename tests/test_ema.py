@@ -16,7 +16,7 @@ from trainer import cli, config, train
 from trainer.hooks import Hook
 
 DATA = Path(__file__).with_name("fixtures") / "checkpoint-v0" / "data"  # 8 training clips, 4 validation clips
-FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
+FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 DECAY = 0.75
 FLAGS = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "24",
          "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1", "--lr-per-8", "0.05",

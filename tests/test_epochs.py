@@ -6,7 +6,7 @@ or not, one batch into the next epoch) with 1, 2 and 4 workers."""
 from __future__ import annotations
 
 import pytest
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 CLIPS, BATCH = 21, 4  # 6 batches an epoch on one rank, the last padded with 3 repeats
 BATCHES = -(-CLIPS // BATCH)
@@ -104,7 +104,7 @@ def test_the_trainers_configs_name_loader_options_and_its_refusals_are_worded_as
     import dataclasses
     import inspect
 
-    from shards.errors import UsageError
+    from shards.base.errors import UsageError
     from trainer import config
     from trainer.data import ClipLoader
     from trainer.data.arguments import FROM_CONFIG, loader_kwargs, worded_as_flags

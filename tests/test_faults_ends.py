@@ -3,7 +3,7 @@ damaged checkpoint, output into a closed pipe.
 
 Each fault is real: a full disk is a tmpfs of a few pages (mounted per test, resized to give room
 back, unmounted at the end also when the test fails), Ctrl-C is SIGINT to the command's process
-group at a hold point (``tests/holdpoint.py``), a closed pipe is one whose reader is gone before
+group at a hold point (``tests/helpers/holdpoint.py``), a closed pipe is one whose reader is gone before
 the command writes. Each test drives the console command and asserts its one line, its exit
 status, what it left on disk, and that the same command run again (with room) continues.
 """
@@ -21,17 +21,17 @@ import threading
 import time
 from pathlib import Path
 
-import media
 import pytest
 import torch
-from shardsets import make_shardset
+from helpers import media
+from helpers.shardsets import make_shardset
 
 from ingest.cli import main as ingest
-from shards.errors import Interrupted
+from shards.base.errors import Interrupted
 from shards.format.manifest import Manifest
 
 BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
-HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))
+HOLDPOINT = str(Path(__file__).with_name("helpers") / "holdpoint.py")
 PAGE = 4096  # tmpfs counts whole pages
 TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{8}$")
 TRAIN = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "32",
@@ -164,7 +164,7 @@ def test_a_refusal_lets_the_ray_tasks_in_flight_finish_and_ctrl_c_cancels_them(r
     task, which waits for a file and then marks itself done, or marks itself interrupted, is let go
     2 s after the cancel was asked for (after a refusal, 2 s after the stop): either way
     ``in_flight`` must return only once the task has ended."""
-    from ingest.ray_runtime import in_flight
+    from ingest.tasks.ray_runtime import in_flight
 
     started, release, done, interrupted = (tmp_path / n for n in ("started", "release", "done", "interrupted"))
 
@@ -240,11 +240,11 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
     """SIGINT to the build's process group as it has the result of its 2nd task (one counted): the
     driver cancels its tasks in flight and says what is staged. Before: 25 lines from inside Ray.
     On Ray (the cluster of --address), and in the local worker processes of a build without one,
-    which ignore SIGINT and are stopped by the driver (ingest.local_runtime)."""
+    which ignore SIGINT and are stopped by the driver (ingest.tasks.local_runtime)."""
     out = tmp_path / "out"
     hold, held = os.pipe()
-    on = (["ingest.ray_runtime:result@2", "--address", request.getfixturevalue("ray_local").get_runtime_context()
-           .gcs_address] if runner == "ray" else ["ingest.local_runtime:LocalTasks.result@2"])
+    on = (["ingest.tasks.ray_runtime:result@2", "--address", request.getfixturevalue("ray_local").get_runtime_context()
+           .gcs_address] if runner == "ray" else ["ingest.tasks.local_runtime:LocalTasks.result@2"])
     log = tmp_path / "stderr"  # a file, not a pipe: a process the build leaves need not close it for us to read it
     with open(log, "w") as err:
         build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out), *on[1:]],
@@ -320,7 +320,7 @@ def test_ctrl_c_stops_the_service_with_one_line(tmp_path, workers):
 def test_a_signal_while_the_server_closes_its_loop_is_no_traceback(tmp_path):
     """A second signal at the worst moment of a stop: Ctrl-C stops ``shard-service serve``, which is
     held just after asyncio closed its loop's self-pipe (the signal wakeup fd) and before it removed
-    its signal handlers (tests/holdpoint.py), and a SIGTERM arrives there, as the parent's SIGTERM
+    its signal handlers (tests/helpers/holdpoint.py), and a SIGTERM arrives there, as the parent's SIGTERM
     reaches a ``--workers`` worker beside the group's Ctrl-C. Still one line and status 130. Before:
     "Exception ignored when trying to write to the signal wakeup fd: ... OSError: [Errno 9] Bad file
     descriptor" with its traceback (seen in a suite run under load)."""
@@ -448,7 +448,7 @@ def test_ctrl_c_under_horovodrun_stops_every_rank_with_its_checkpoint(tmp_path):
     make_shardset(str(data), {"train": 24, "val": 3}, per_shard=3, frames=4)
     flags = [*TRAIN[2:], "--data", str(data), "--output-dir", str(out), "--batch-size", "2"]  # (Horovod's backend)
     job = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-                          str(Path(__file__).with_name("faultrun.py")), "train", *flags],
+                          str(Path(__file__).with_name("helpers") / "faultrun.py"), "train", *flags],
                          env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT": "step:2:INT:terminal",
                               "EXIT_LOG": str(tmp_path / "exits")},
                          capture_output=True, text=True, timeout=300, start_new_session=True)

@@ -9,7 +9,7 @@ B. 1 rank (``--resume`` from 2 ranks): SIGTERM to its process group (it and its 
 C. horovodrun, 2 ranks (``--resume`` from 1 rank): after the epoch's training, SIGTERM to every
    process of the job (horovodrun, its helpers, the ranks, their loader workers: what Slurm's
    ``scancel`` and time limit do) while the first validation batch is scored.
-``tests/faultrun.py`` sends the signals and records every rank's exit code; the trainer's
+``tests/helpers/faultrun.py`` sends the signals and records every rank's exit code; the trainer's
 ``--clip-log`` logs the clips of every step of every rank.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 from shards.format.manifest import Manifest
 from trainer import cli, metrics
@@ -31,7 +31,7 @@ from trainer.clip_log import read_file
 from trainer.schedules import recipe
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
-FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
+FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 CLIPS, BATCH, LR_PER_8, WARMUP = 42, 4, 0.4, 0.5
 FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", str(WARMUP), "--lr-per-8", str(LR_PER_8),
@@ -58,7 +58,7 @@ def clip_logs(out) -> dict[str, list[dict]]:
 
 
 def exit_codes(out, rank: int) -> list[int]:
-    """The codes ``rank``'s trainer returned, run after run (``tests/faultrun.py``)."""
+    """The codes ``rank``'s trainer returned, run after run (``tests/helpers/faultrun.py``)."""
     path = out / f"exits.rank{rank}.jsonl"
     return [json.loads(line)["exit"] for line in path.read_text().splitlines()] if path.exists() else []
 

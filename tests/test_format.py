@@ -7,7 +7,7 @@ import json
 import tarfile
 
 import pytest
-from shardsets import jpeg, make_shardset, uniform_field
+from helpers.shardsets import jpeg, make_shardset, uniform_field
 
 from shards.format import sample
 from shards.format.checks import MAX_SAMPLE_BYTES, BadManifest

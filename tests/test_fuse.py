@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 import torch
-from fusion import assert_fused, probabilities, report_of
-from shardsets import make_shardset
+from helpers.fusion import assert_fused, probabilities, report_of
+from helpers.shardsets import make_shardset
 
 from trainer import cli
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 from trainer.config import Model, Recipe, System
 from trainer.distributed import backends as distributed

@@ -23,7 +23,7 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 from shards.format.digests import sample_digest
 

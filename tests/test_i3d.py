@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 from trainer import cli
 from trainer.model.i3d import INFLATIONS

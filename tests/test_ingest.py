@@ -14,18 +14,19 @@ import threading
 import time
 from pathlib import Path
 
-import media
 import numpy as np
 import psutil
 import pytest
 import ray
 import webdataset as wds
+from helpers import media
 from PIL import Image
 
 from ingest import staging
-from ingest.build import ForeignFiles, build
+from ingest.build import build
 from ingest.clips import ClipConfig
 from ingest.jpeg import restart_interval
+from ingest.outdir import ForeignFiles
 from shards.format.manifest import STAGING_NAME, Manifest
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -125,7 +126,7 @@ def test_same_output_bytes_for_any_worker_count(class_tree, reference, tmp_path)
 
 def test_builds_on_a_callers_pool_leave_it_running_and_write_the_same_bytes(class_tree, reference, tmp_path):
     """``build(..., tasks=)``: what bench/ingest.py's timed section runs on (a pool already started)."""
-    from ingest.local_runtime import LocalTasks
+    from ingest.tasks.local_runtime import LocalTasks
 
     pool = LocalTasks(2)
     try:
@@ -169,11 +170,11 @@ def staged_videos(out: Path) -> int:
     return sum(len(json.loads(p.read_text())["videos"]) for p in out.glob(".staging/*.json"))
 
 
-HOLDPOINT = str(Path(__file__).with_name("holdpoint.py"))
+HOLDPOINT = str(Path(__file__).with_name("helpers") / "holdpoint.py")
 
 
 def held(argv: list[str], target: str) -> subprocess.Popen:
-    """``python -m ARGV`` in a process group of its own, held at ``target`` (tests/holdpoint.py);
+    """``python -m ARGV`` in a process group of its own, held at ``target`` (tests/helpers/holdpoint.py);
     returns once it is held there (fails if it ended first)."""
     hold, write_end = os.pipe()
     proc = subprocess.Popen([sys.executable, HOLDPOINT, target, "-m", *argv], env={**os.environ, "HOLD_FD": str(write_end)},
@@ -191,7 +192,7 @@ def test_build_killed_at_random_points_and_rerun_with_other_flags_gives_the_same
         class_tree, reference, tmp_path, ray_local):
     """SIGKILL to the build's process group while decoding (twice) and while packing, each rerun
     with other batching, worker count and timeout; the last rerun finishes. Each kill comes at a
-    hold point (tests/holdpoint.py): once the driver has taken the N-th decoded batch (N drawn at
+    hold point (tests/helpers/holdpoint.py): once the driver has taken the N-th decoded batch (N drawn at
     random; tasks still in flight go on meanwhile), and once the first shard is packed (the others
     in flight). Every staged file under its final name is whole after each kill, and the finished
     set is the reference byte for byte: no video dropped or doubled, no temporary file, stale
@@ -281,7 +282,7 @@ def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree
 
 
 def test_a_build_without_ray_writes_the_same_bytes_with_the_same_code(class_tree, reference, tmp_path):
-    """The local worker processes of a small build (ingest.runtime) run the same tasks as Ray's:
+    """The local worker processes of a small build (ingest.tasks.runtime) run the same tasks as Ray's:
     the set is the Ray-built reference byte for byte, and every task ran in them."""
     summary = build(str(class_tree), str(tmp_path), CFG, workers=2, shard_samples=3, runner="local")
     assert set(summary.tasks_per_node) == {"local"}
@@ -296,7 +297,7 @@ def test_a_task_submitted_after_a_local_worker_died_starts_a_new_pool():
     future failed), before the second submit: no race."""
     from concurrent.futures.process import BrokenProcessPool
 
-    from ingest.local_runtime import LocalTasks
+    from ingest.tasks.local_runtime import LocalTasks
 
     tasks = LocalTasks(1)
     try:
@@ -423,7 +424,7 @@ def test_several_training_clips_per_video_differ(tmp_path):
 
 def test_remote_source_over_http_matches_local(class_tree, tmp_path):
     """Workers fetch each video themselves (to a local temporary file: ffmpeg needs to seek)."""
-    from shardsets import serve
+    from helpers.shardsets import serve
 
     local, remote = tmp_path / "local", tmp_path / "remote"
     build(str(class_tree), str(local), CFG, workers=2, shard_samples=3, splits=("val",))

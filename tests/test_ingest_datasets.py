@@ -12,15 +12,15 @@ import shlex
 import shutil
 from pathlib import Path
 
-import media
 import pytest
-from runbooks import block_commands, ran
+from helpers import media
+from helpers.runbooks import block_commands, ran
 
 from ingest import cli
 from ingest.sources import discover
-from shards import verify
 from shards.format.manifest import Manifest
 from shards.format.sample import parse
+from shards.tools import verify
 
 # classInd's numbering on purpose not alphabetical, so the test tells its order from a sort
 UCF_CLASSES = ["Archery", "ApplyEyeMakeup", "HandstandPushups"]
@@ -111,7 +111,7 @@ def test_hmdb51_split_sets(hmdb51, split_set):
 
 def build_as_the_runbook_says(src: Path, out: Path) -> None:
     """docs/runbooks/ingest-on-ray.md's build on the stand-ins, read from the runbook and run here
-    (``ingest``'s own main, on the suite's Ray; recorded as run once it succeeded: tests/runbooks.py)."""
+    (``ingest``'s own main, on the suite's Ray; recorded as run once it succeeded: tests/helpers/runbooks.py)."""
     [line] = block_commands("ingest-on-ray.md", "ingest build --src ucf101",
                             {"--src ucf101": f"--src {src}", "--out shards": f"--out {out}"})
     assert cli.main(shlex.split(line)[1:]) == 0

@@ -10,16 +10,16 @@ import threading
 import time
 from functools import partial
 
-import media
 import psutil
 import pytest
-from shardsets import RangeHandler
+from helpers import media
+from helpers.shardsets import RangeHandler
 from test_ingest import samples
 
 from ingest.build import build
 from ingest.clips import ClipConfig, make_clips
+from ingest.decode.video import DecodeError
 from ingest.sources import Video
-from ingest.video import DecodeError
 
 CFG = ClipConfig(short_side=32)
 
@@ -53,7 +53,7 @@ def serve_trickling(directory):
 
 @pytest.mark.parametrize("runner", ["ray", "local"])
 def test_a_trickling_download_is_cut_at_the_timeout_and_the_build_goes_on(tmp_path, request, runner):
-    """In a Ray task, and in a local worker process of a build without Ray (``ingest.runtime``),
+    """In a Ray task, and in a local worker process of a build without Ray (``ingest.tasks.runtime``),
     where the deadline's SIGALRM must reach the task as in Ray's workers."""
     if runner == "ray":
         request.getfixturevalue("ray_local")

@@ -8,9 +8,9 @@ import shutil
 import subprocess
 import sys
 
-import media
 import numpy as np
 import pytest
+from helpers import media
 from PIL import Image
 from test_ingest import samples, tree_bytes
 
@@ -149,7 +149,7 @@ def test_hard_inputs_are_described_in_metadata(built):
 
 
 def test_without_ray_every_bad_input_is_the_same_ledger_line_and_the_set_the_same_bytes(built, tmp_path):
-    """The same inputs built in local worker processes (``ingest.runtime``: a build this small
+    """The same inputs built in local worker processes (``ingest.tasks.runtime``: a build this small
     without a running Ray): every broken input is the ledger line it is on Ray, the good ones the
     same clips; the whole set (shards, manifest, ledger) is the Ray build's byte for byte."""
     src, out, summary = built

@@ -1,7 +1,8 @@
 """The import graph of the project's four packages, read from their source: no module imports
 itself round a circle (lazy imports inside functions count: they only hide a circle), and the
-packages depend on each other in one direction only, with ``shards`` at the bottom; and the most
-basic helper, ``shards.storage``, loads no HTTP client."""
+packages depend on each other in one direction only, with ``shards`` at the bottom; the wings of
+``shards`` and ``ingest`` (docs/architecture.md) stand on their floors, each importing only the
+wings beneath it; and the most basic helper, ``shards.io.storage``, loads no HTTP client."""
 from __future__ import annotations
 
 import ast
@@ -12,6 +13,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ingest", "shards", "trainer", "service")
 ALLOWED = {"shards": set(), "ingest": {"shards"}, "trainer": {"shards"}, "service": {"shards", "ingest"}}
+# wing -> the wings it may import besides its own modules (a wing of another package is named whole:
+# "shards.base"); the top of a package (its __init__, __main__, cli and, in ingest, the build) may
+# import any wing of it
+BASE, IO, FORMAT, PLAN, READ = "shards.base", "shards.io", "shards.format", "shards.plan", "shards.read"
+FLOORS = {
+    BASE: set(),  # errors, the command framework, progress, words, units
+    IO: {BASE},  # storage, the range client
+    FORMAT: {BASE, IO},  # the bytes of a set (a manifest is loaded and a shard written through io)
+    PLAN: {BASE},  # pure, integers and lists in: who reads what, the layout (not even the format, which reads)
+    READ: {BASE, IO, FORMAT, PLAN},  # reading samples, the node cache, direct reads, the clip index
+    "shards.catalog": {BASE, IO, FORMAT},
+    "shards.tools": {BASE, IO, FORMAT, PLAN, READ},  # the commands: anything of shards but the catalog
+    "ingest.decode": {BASE, IO, FORMAT},  # a video's frames: nothing of the build around them
+    "ingest.tasks": {BASE},  # where the build's tasks run, knowing nothing of what they do
+}
+# what stays at a package's top; a new module goes into a wing (or is named here with its reason)
+TOPS = {"shards": {"shards", "shards.__main__", "shards.cli"}}
 
 
 def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
@@ -95,9 +113,56 @@ def test_packages_depend_downwards_only_and_shards_on_none_of_the_others():
     assert beyond == {}
 
 
+def wing_of(module: str) -> str | None:
+    return next((w for w in FLOORS if module == w or module.startswith(w + ".")), None)
+
+
+def breaches(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, import) of every import of a wing's module that its floor does not allow: a wing of
+    the project not in ``FLOORS[wing]``, or a module of its package's top."""
+    out = []
+    for module, targets in graph.items():
+        wing = wing_of(module)
+        if wing is None:
+            continue
+        for target in targets:
+            other = wing_of(target)
+            mine = target.split(".")[0] == wing.split(".")[0]
+            if other == wing or (other is None and not mine) or other in FLOORS[wing]:
+                continue
+            out.append((module, target))
+    return sorted(out)
+
+
+def test_every_wing_imports_only_the_wings_beneath_it():
+    assert breaches(import_graph(ROOT)) == []
+
+
+def test_an_upward_import_breaks_the_floor_it_crosses():
+    graph = import_graph(ROOT)
+    assert breaches(graph) == []
+    planted = {
+        ("shards.base.errors", "shards.read.reading"),  # base imports nothing of shards
+        ("shards.io.storage", "shards.format.manifest"),  # io stands under format
+        ("shards.plan.partition", "shards.io.http_range"),  # plan is pure
+        ("shards.format.sample", "shards.tools.verify"),  # nothing but the top imports a tool
+        ("shards.read.cache", "shards.catalog.store"),
+        ("ingest.decode.pyav_decoder", "ingest.clips"),  # the decoders know nothing of the build
+        ("ingest.tasks.runtime", "ingest.decode.video"),
+        ("shards.base.words", "shards.cli"),  # nor of its package's top
+    }
+    for module, target in planted:
+        assert breaches({**graph, module: graph[module] | {target}}) == [(module, target)]
+
+
+def test_a_new_module_of_shards_goes_into_a_wing():
+    loose = sorted(m for m in import_graph(ROOT, ("shards",)) if wing_of(m) is None and m not in TOPS["shards"])
+    assert loose == [], f"{loose}: put each into the wing of shards/ it belongs to (docs/architecture.md)"
+
+
 def test_the_basic_path_helper_loads_no_http_client():
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, shards.storage; print(' '.join(sorted(sys.modules)))"],
+        [sys.executable, "-c", "import sys, shards.io.storage; print(' '.join(sorted(sys.modules)))"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    assert "shards.storage" in loaded
-    assert [m for m in loaded if m.startswith(("shards.reading", "shards.http_range", "http.client", "aiohttp"))] == []
+    assert "shards.io.storage" in loaded
+    assert [m for m in loaded if m.startswith(("shards.read.reading", "shards.io.http_range", "http.client", "aiohttp"))] == []

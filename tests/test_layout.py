@@ -2,10 +2,10 @@
 against the real loader's metadata operations: ``test_metadata_ops``."""
 import json
 
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
-from shards import layout
 from shards.cli import main
+from shards.plan import layout
 
 KINETICS = layout.Totals(clips=240_000, clip_bytes=150e3, frames=8)
 

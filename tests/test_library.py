@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from shardsets import ServiceProcess, make_shardset, register
+from helpers.shardsets import ServiceProcess, make_shardset, register
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "library.md"
 TRAIN = 24
-# what the page's blocks name -> the test's stand-ins (written out in full, as tests/runbooks.py does)
+# what the page's blocks name -> the test's stand-ins (written out in full, as tests/helpers/runbooks.py does)
 LOCAL, SERVED, CACHE = "/data/kinetics400/shards", "http://127.0.0.1:8470/v1/datasets/kinetics400", "/tmp/kinetics-cache"
 # each Python block of the page is recognised by one line of it, and run by the test named beside it
 BLOCKS = {"max_steps = int(os.environ": "test_own_loop_resumes_the_identical_sequence",
@@ -230,7 +230,7 @@ def test_normalise_is_imagenets_and_the_models():
 def test_the_reading_api_imports_none_of_the_heavy_packages():
     heavy = ("ray", "aiohttp", "cv2", "horovod", "matplotlib", "tensorboard", "av", "ffmpeg", "lightning")
     code = ("import sys, trainer.data as d; d.ClipLoader, d.ClipDataset, d.normalise; "
-            "import shards.direct, shards.reading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "import shards.read.direct, shards.read.reading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
             f"{heavy!r} and m.split('.')[0] != 'cv2'))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -239,7 +239,7 @@ def test_the_reading_api_imports_none_of_the_heavy_packages():
 
 # --- the loader's parts: the plan and the position are plain data and pure functions -----------------
 def test_a_position_continues_the_same_layout_and_splits_the_rest_of_the_epoch_for_another():
-    from shards.partition import Segment
+    from shards.plan.partition import Segment
     from trainer.data.position import Position, Shuffle
 
     here = Segment(world_size=2, num_workers=2, batch_size=4, nodes=1)
@@ -252,8 +252,8 @@ def test_a_position_continues_the_same_layout_and_splits_the_rest_of_the_epoch_f
 
 
 def test_a_worker_plan_reads_whole_ranges_once(shardset):
-    from shards import partition
     from shards.format.manifest import Manifest
+    from shards.plan import partition
     from trainer.data.plan import worker_plan
 
     shards = Manifest.load(shardset).splits["train"].shards
@@ -289,7 +289,7 @@ def textured(colour, size=(64, 48)) -> bytes:
 
 @pytest.fixture(scope="module")
 def textured_set(tmp_path_factory):
-    import shardsets
+    from helpers import shardsets
 
     d = tmp_path_factory.mktemp("textured")
     with pytest.MonkeyPatch.context() as patch:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from shardsets import ServiceProcess, make_shardset, register
+from helpers.shardsets import ServiceProcess, make_shardset, register
 from test_library import PAGE, ROOT, TRAIN, every_clip_once, keys, run_block
 
 HEAVY = ("ray", "aiohttp", "cv2", "horovod", "av", "ffmpeg", "matplotlib", "tensorboard")

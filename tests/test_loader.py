@@ -9,14 +9,14 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from helpers.shardsets import frame_colour, make_shardset, serve
 from PIL import Image
-from shardsets import frame_colour, make_shardset, serve
 
-from shards import partition as P
-from shards.cache import ShardCache
 from shards.format.manifest import Manifest
-from shards.http_range import ShardChanged
-from shards.reading import read_range
+from shards.io.http_range import ShardChanged
+from shards.plan import partition as P
+from shards.read.cache import ShardCache
+from shards.read.reading import read_range
 from trainer.data.loader import ClipLoader, shared_manifest
 from trainer.data.transforms import EvalTransform, TrainTransform, decode, multiscale_box
 

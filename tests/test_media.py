@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 
 import ffmpeg
-import media
 import numpy as np
 import pytest
+from helpers import media
 
 # factory, file name, what ffprobe must report for the video stream (and format), decoded frame count
 VALID = [

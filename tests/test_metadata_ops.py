@@ -1,7 +1,7 @@
 """Metadata operations of a whole job, counted for real in the rank and in its loader workers:
 ``strace -f`` over a job (``metadata_probe.py``: 3 ranks in turn, 2 forked workers each) reading
 local shards, over HTTP from the dataset service (``shard-service serve --access-log``) and
-through the node-local cache, against what the layout promises (``shards.layout``, README):
+through the node-local cache, against what the layout promises (``shards.plan.layout``, README):
 the manifest read once per job with one open (one GET), each rank opening each shard its range
 touches once and its workers sharing the descriptors, over HTTP one GET per shard a worker's
 chunk touches, each shard downloaded once per node into the cache, and never a stat or a listing.
@@ -17,16 +17,16 @@ import time
 from collections import Counter
 
 import pytest
-import syscalls
-from shardsets import ServiceProcess, jpeg, make_shardset, register
+from helpers import syscalls
+from helpers.shardsets import ServiceProcess, jpeg, make_shardset, register
 
-from shards import layout
 from shards.catalog import Catalog
+from shards.plan import layout
 
 WORLD, WORKERS, BATCH = 3, 2, 2
 CLIPS, PER_SHARD = 25, 5
 FOLDERS, FRAMES = 3, 20  # frame-folder clips, frames extracted per video
-PROBE = os.path.join(os.path.dirname(__file__), "metadata_probe.py")
+PROBE = os.path.join(os.path.dirname(__file__), "helpers", "metadata_probe.py")
 _REQUEST = re.compile(r'"(\w+) (\S+) HTTP/[\d.]+" (\d+)')
 
 

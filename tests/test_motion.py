@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 import pytest
-from fusion import assert_fused, probabilities, report_of
+from helpers.fusion import assert_fused, probabilities, report_of
 
 from ingest.build import build
 from ingest.clips import ClipConfig

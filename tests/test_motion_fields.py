@@ -22,17 +22,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ingest import build_cli, pyav_decoder, registry, staging
+from ingest import build_cli, registry, staging
 from ingest.build import build
 from ingest.clips import ClipConfig, make_clips
-from ingest.deadline import Deadline
+from ingest.decode import pyav_decoder
+from ingest.decode.deadline import Deadline
 from ingest.sources import Video
-from shards import motioncolour, preview, reshard, verify
-from shards.clipindex import ClipIndex, read_clip
-from shards.format import motionfield
+from shards.format import motioncolour, motionfield
 from shards.format.manifest import Manifest
 from shards.format.sample import parse
-from shards.stats import collect
+from shards.read.clipindex import ClipIndex, read_clip
+from shards.tools import preview, reshard, verify
+from shards.tools.stats import collect
 
 W, H, FRAMES = 128, 96, 24
 U, V = -3.0, 2.0  # content moves 3 px left and 2 px down per frame
@@ -282,7 +283,7 @@ def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixtur
 
 def _preview_shows_the_fields(out: Path, m: Manifest, where: Path) -> None:
     """``shards preview`` of the set: under each clip's frames a row of its fields, coloured by
-    ``shards.motioncolour`` (the viewer's colouring) with the colour wheel and the clip's scale,
+    ``shards.format.motioncolour`` (the viewer's colouring) with the colour wheel and the clip's scale,
     in the PNG and the HTML page. Before: the fields were never shown."""
     done = subprocess.run([sys.executable, "-m", "shards", "preview", str(out), "--split", "train", "--clips", "2",
                            "--height", "32", "--out", str(where / "sheet.png"), "--html", str(where / "h")],

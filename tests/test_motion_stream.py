@@ -15,8 +15,8 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers.shardsets import make_shardset
 from PIL import Image
-from shardsets import make_shardset
 
 from shards.format import motionfield
 from trainer.config import CHANNELS

@@ -2,11 +2,11 @@
 from fractions import Fraction
 
 import ffmpeg
-import media
 import pytest
+from helpers import media
 
-from ingest import ffmpeg_cli, mp4header
-from ingest.deadline import Deadline
+from ingest.decode import ffmpeg_cli, mp4header
+from ingest.decode.deadline import Deadline
 
 KINDS = {
     "plain": lambda p: media.make_video(p, frames=24),

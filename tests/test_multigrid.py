@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from shards.partition import per_rank
+from shards.plan.partition import per_rank
 from trainer.data.shapes import clip_frames
 from trainer.schedules.multigrid import Schedule, Shape, plan, step_lr
 

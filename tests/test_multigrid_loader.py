@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from shardsets import frame_colour, jpeg, make_shardset
+from helpers.shardsets import frame_colour, jpeg, make_shardset
 
-from shards import partition as P
+from shards.plan import partition as P
 from trainer.data.loader import ClipLoader
 from trainer.data.shapes import EpochShapes, Part, PartsRenderer, epoch_parts, parts_nbytes, unpack
 from trainer.schedules.multigrid import Schedule, plan

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 from trainer import metrics
 from trainer.clip_log import read
 from trainer.schedules.multigrid import Schedule, plan
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
-FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
+FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRAIN, EPOCHS, STAGES = 40, 4, (2, 3)  # 4 baseline epochs -> the plan's 6
 # epoch 3 is steps 12-20, three loader batches (periods) of 3 steps; with K=2 the only step of it
 # where a run may stop (a period's end and a synchronising step) is step 17: signalled as step 13
-# starts (its 14th step, tests/faultrun.py), the run stops after 18 steps, mid-epoch
+# starts (its 14th step, tests/helpers/faultrun.py), the run stops after 18 steps, mid-epoch
 SIGNAL_AT, STOP_STEPS, STOP_EPOCH, STOP_BATCH = 14, 18, 3, 2
 FLAGS = ["--segments", "8", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", "1", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05", "--workers", "1",

@@ -1,5 +1,5 @@
 """The shard-set mutation campaign (issue 37): hundreds of damaged copies of one small sound set,
-each made by a seeded mutator (tests/mutations.py: tar bytes flipped, cut, inserted, duplicated or
+each made by a seeded mutator (tests/helpers/mutations.py: tar bytes flipped, cut, inserted, duplicated or
 zeroed, tar headers rewritten, members deleted, shards swapped, with or without the manifest made
 to match; manifest fields deleted, retyped, scaled, negated, repointed outside the set, ranges
 shifted, its JSON broken), given in-process to ``shards verify``, ``shards stats``, ``shards
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 
-import mutations
 import pytest
-from shardsets import make_shardset
+from helpers import mutations
+from helpers.shardsets import make_shardset
 
 COPIES = 500
 LONG_COPIES = 5000

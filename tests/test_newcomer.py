@@ -21,9 +21,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import media
 import pytest
-from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
+from helpers import media
+from helpers.shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
 from ingest import registry
 from ingest.clips import ClipConfig

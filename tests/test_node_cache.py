@@ -13,11 +13,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from shardsets import make_shardset, serve
+from helpers.shardsets import make_shardset, serve
 
-from shards import partition
-from shards.cache import CacheFull
 from shards.format.manifest import Manifest
+from shards.plan import partition
+from shards.read.cache import CacheFull
 from trainer import clip_log
 from trainer.data.loader import ClipLoader
 
@@ -148,7 +148,7 @@ def test_the_first_batch_comes_while_later_shards_still_download(forty, tmp_path
 def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path, rank_processes):
     """Two nodes of two ranks, the four ranks running at once for two epochs; nine shards, one of
     them split between the nodes; each node's cache budget exactly the bytes it owns (its whole
-    shards and its piece of the split one, ``shards.partition.assign``), and each node reading
+    shards and its piece of the split one, ``shards.plan.partition.assign``), and each node reading
     through a server of its own: every clip once per epoch, and each node asks for each byte range
     it owns exactly once in the run, and for nothing else."""
     d = str(tmp_path / "set")

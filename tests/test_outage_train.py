@@ -6,7 +6,7 @@ of an undisturbed run, by byte ranges and through a node cache; kept down past t
 exit status 75) and ``--resume`` continues at that batch to the same weights.
 
 The restarts are timed by the run's progress, not by the clock: the service runs under
-``tests/holdpoint.py``, which freezes it at its n-th file request (a request of the run is then
+``tests/helpers/holdpoint.py``, which freezes it at its n-th file request (a request of the run is then
 certainly in flight); the harness kills it there (SIGKILL: the request is cut), keeps it down for
 ``OUTAGE`` seconds (the outage's length, not a guess at timing) and starts it again on the same
 port. Where the holds fall comes from the access log of the undisturbed run: the k-th file request
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shardsets import make_shardset, register
+from helpers.shardsets import make_shardset, register
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
@@ -52,7 +52,7 @@ FLAGS = ["--shuffle", "global", "--shuffle-buffer", "2", "--segments", "4", "--d
 
 class Service:
     """``shard-service serve --access-log`` on a fixed port of 127.0.0.1, optionally frozen at its
-    ``hold``-th file request (``tests/holdpoint.py``); ``log`` collects its output."""
+    ``hold``-th file request (``tests/helpers/holdpoint.py``); ``log`` collects its output."""
 
     def __init__(self, root: Path, port: int, hold: int | None = None):
         self.port, self.log = port, []
@@ -62,7 +62,7 @@ class Service:
         self.held_r = None
         if hold:
             self.held_r, held_w = os.pipe()
-            command[1:1] = [str(TESTS / "holdpoint.py"), f"service.api.views:open_file@{hold}"]
+            command[1:1] = [str(TESTS / "helpers" / "holdpoint.py"), f"service.api.views:open_file@{hold}"]
             env |= {"HOLD_FD": str(held_w)}
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      pass_fds=[held_w] if hold else [])
@@ -100,9 +100,9 @@ def free_port() -> int:
 
 
 def start_run(port: int, out: Path, *extra: str) -> subprocess.Popen:
-    """``trainer train`` on two ranks (through ``tests/faultrun.py``, which records each rank's exit)."""
+    """``trainer train`` on two ranks (through ``tests/helpers/faultrun.py``, which records each rank's exit)."""
     return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-                             str(TESTS / "faultrun.py"), "train", "--data", f"http://127.0.0.1:{port}/v1/datasets/tiny",
+                             str(TESTS / "helpers" / "faultrun.py"), "train", "--data", f"http://127.0.0.1:{port}/v1/datasets/tiny",
                              "--output-dir", str(out), *FLAGS, *extra],
                             env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out) + "-exits"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from shards import partition as P
+from shards.plan import partition as P
 
 SIZES = [17, 5, 11, 23, 9, 14]  # 79 samples in 6 shards of uneven size
 N = sum(SIZES)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import torch
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 from torch import nn
 
 from shards.format.manifest import Manifest

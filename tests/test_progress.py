@@ -1,4 +1,4 @@
-"""Progress output (``shards.progress``) where it goes: lines with rate and ETA in a log, a live bar
+"""Progress output (``shards.base.progress``) where it goes: lines with rate and ETA in a log, a live bar
 on a real terminal (a pseudo-terminal read back through a small screen model), and log messages,
 from this process or a forked one, never on the bar's line. Also the console scripts' wording:
 help paragraphs, plurals. The trainer's progress lines: ``test_resume.py``; ingest's: here."""
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from shards.progress import Progress, console_handler
+from shards.base.progress import Progress, console_handler
 
 
 class Clock:
@@ -184,7 +184,7 @@ def test_help_says_defaults_in_words_and_keeps_examples_apart(argv, says, never)
 
 def test_counts_of_one_are_singular(tmp_path):
     """Before: "1 shards checked", "train: 1 clips in 1 shards"."""
-    from shardsets import corrupt_sample, make_shardset
+    from helpers.shardsets import corrupt_sample, make_shardset
 
     make_shardset(str(tmp_path / "set"), {"train": 1}, per_shard=1)
     corrupt_sample(tmp_path / "set", sample=0, at=600)

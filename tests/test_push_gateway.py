@@ -21,10 +21,10 @@ import time
 import urllib.request
 
 import pytest
-from fronts import free_port
+from helpers.fronts import free_port
+from helpers.required import require
+from helpers.shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 from prometheus_client.parser import text_string_to_metric_families
-from required import require
-from shardsets import ServiceProcess, corrupt_sample, make_shardset, register
 
 from shards.catalog import Catalog
 from trainer import metrics

@@ -6,12 +6,12 @@ from __future__ import annotations
 import random
 
 import av
-import media
 import numpy as np
 import pytest
+from helpers import media
 
-from ingest import bitstream, ffmpeg_cli, mp4header, packets, pyav_decoder
-from ingest.deadline import Deadline
+from ingest.decode import bitstream, ffmpeg_cli, mp4header, packets, pyav_decoder
+from ingest.decode.deadline import Deadline
 
 MOVING = dict(frames=48, texture=True)  # textured bottom strip moving a pixel a frame: real prediction
 # The pattern's level changes every frame, which x264's scene-cut detection takes for cuts: with

@@ -18,10 +18,10 @@ import stat
 import sys
 from pathlib import Path
 
-import media
 import pytest
 import yaml
-from shardsets import ServiceProcess, http, wait_for
+from helpers import media
+from helpers.shardsets import ServiceProcess, http, wait_for
 
 pytestmark = pytest.mark.long
 COMPOSE = Path(__file__).resolve().parents[1] / "docker" / "compose-replicas.yaml"

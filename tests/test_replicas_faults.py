@@ -27,13 +27,13 @@ import os
 import signal
 import time
 
-import media
 import psutil
 import pytest
-from fronts import accel_flags
-from postgres import PostgresServer
-from replica_runs import CLIPS, HeldRun, assert_trained_alike, replicated, train
-from shardsets import http, make_shardset, register, wait_for
+from helpers import media
+from helpers.fronts import accel_flags
+from helpers.postgres import PostgresServer
+from helpers.replica_runs import CLIPS, HeldRun, assert_trained_alike, replicated, train
+from helpers.shardsets import http, make_shardset, register, wait_for
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest

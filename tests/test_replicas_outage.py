@@ -25,11 +25,11 @@ import signal
 import time
 
 import pytest
-from fronts import accel_flags
-from postgres import PostgresServer
+from helpers.fronts import accel_flags
+from helpers.postgres import PostgresServer
+from helpers.replica_runs import CLIPS, HeldRun, Replica, assert_trained_alike, replicated, train
+from helpers.shardsets import http, make_shardset, register
 from prometheus_client.parser import text_string_to_metric_families
-from replica_runs import CLIPS, HeldRun, Replica, assert_trained_alike, replicated, train
-from shardsets import http, make_shardset, register
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import torch
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 EPOCHS, STEPS_PER_EPOCH, TRAIN_CLIPS = 2, 6, 24
-FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
+FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "KF_PROGRESS_SECONDS": "0"}  # a progress line every step
 # (fault, exit code, checkpoint's (epoch, batch, step) after it): the four points and the end
 STOPS = [

@@ -9,7 +9,7 @@ from collections import Counter
 from math import lcm
 
 import pytest
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
 from shards.format.manifest import ShardInfo
 from shards.format.ordering import shuffled
@@ -120,7 +120,7 @@ def _at(shards, rank: int, world_size: int, workers: int, batch: int, state: dic
 
 
 # --- the loaders, on real shards -------------------------------------------------------------------
-CLIPS, BATCH = 22, 4  # 11 videos of 2 clips (tests/shardsets.py), in shards of 5
+CLIPS, BATCH = 22, 4  # 11 videos of 2 clips (tests/helpers/shardsets.py), in shards of 5
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_the_loader_reads_one_clip_a_video_an_epoch_and_resumes_the_identical_se
     for e, batches_ in enumerate(run):
         valid = [k for b in batches_ for k, ok in b if ok]
         assert len(batches_) == 3 and sorted(video_of(k) for k in valid) == [f"train_v{v:04d}" for v in range(11)]
-        assert {k[-3:] for k in valid} == {f"c{e:02d}"}  # tests/shardsets.py's clips in video order: c00, then c01
+        assert {k[-3:] for k in valid} == {f"c{e:02d}"}  # tests/helpers/shardsets.py's clips in video order: c00, then c01
     for after in (1, 2, 3):
         first = ready(shardset)
         it = iter(first)

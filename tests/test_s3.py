@@ -11,16 +11,16 @@ import socket
 import subprocess
 import sys
 
-import media
 import pytest
-from shardsets import ServiceProcess
+from helpers import media
+from helpers.shardsets import ServiceProcess
 
 from ingest import registry
 from ingest.clips import ClipConfig
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
-from shards.reading import read_range
-from shards.verify import verify
+from shards.read.reading import read_range
+from shards.tools.verify import verify
 
 
 def _free_port() -> int:

@@ -12,10 +12,10 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import formatdate
 
-import media
 import pytest
-from fronts import Front, accel_flags
-from shardsets import ServiceProcess, http, make_shardset, register, wait_for
+from helpers import media
+from helpers.fronts import Front, accel_flags
+from helpers.shardsets import ServiceProcess, http, make_shardset, register, wait_for
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest
@@ -339,7 +339,7 @@ def test_training_batches_over_http_equal_those_from_disk(env):
     assert [b["keys"] for b in remote] == [b["keys"] for b in local]
     assert all((a["clips"] == b["clips"]).all() and (a["labels"] == b["labels"]).all()
                for a, b in zip(local, remote))
-    from shards.verify import verify
+    from shards.tools.verify import verify
     assert verify(Manifest.load(f"{env['server'].url}/v1/datasets/prod")) == []
 
 

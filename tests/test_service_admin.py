@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from shardsets import make_shardset, register
+from helpers.shardsets import make_shardset, register
 
 from service.cli import main
 from shards.catalog import Catalog

@@ -14,10 +14,10 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import media
 import psutil
 import pytest
-from shardsets import ServiceProcess, http, wait_for
+from helpers import media
+from helpers.shardsets import ServiceProcess, http, wait_for
 
 from shards.catalog import Catalog
 from shards.format.manifest import Manifest

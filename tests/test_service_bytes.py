@@ -21,15 +21,15 @@ from http.server import ThreadingHTTPServer
 
 import psutil
 import pytest
-from required import require
-from shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register
+from helpers.required import require
+from helpers.shardsets import RangeHandler, ServiceProcess, corrupt_sample, http, make_shardset, register
 
 from shards.catalog import Catalog
 from shards.format.digests import CorruptSample
 from shards.format.manifest import Manifest
 from shards.format.sample import parse
-from shards.http_range import RangeError
-from shards.reading import iter_samples, open_range
+from shards.io.http_range import RangeError
+from shards.read.reading import iter_samples, open_range
 
 NGINX = "/usr/sbin/nginx"
 
@@ -142,7 +142,7 @@ def test_a_sample_damaged_once_on_the_way_is_read_again_and_passes(tmp_path):
 
 def test_format_1_sets_are_still_read(tmp_path):
     """A set written before per-sample digests: its manifest says format /1 and has none."""
-    from shards.verify import verify
+    from shards.tools.verify import verify
 
     make_shardset(str(tmp_path / "old"), {"train": 8}, per_shard=4)
     path = tmp_path / "old" / "manifest.json"
@@ -247,7 +247,7 @@ def test_a_visible_set_is_read_directly_with_no_shard_byte_through_the_server(en
     url, alpha = env["server"].url, env["sets"]["alpha"]
     local = loader_batches(alpha.location)
     before = stats(url)
-    with caplog.at_level("INFO", logger="shards.direct"):
+    with caplog.at_level("INFO", logger="shards.read.direct"):
         direct = loader_batches(f"{url}/v1/datasets/alpha", "auto")
     assert stats(url)["shard_bytes"] == before["shard_bytes"] and stats(url)["shard_requests"] == before["shard_requests"]
     assert f"its 2 shards are read directly from {alpha.location}" in caplog.text
@@ -259,7 +259,7 @@ def test_a_visible_set_is_read_directly_with_no_shard_byte_through_the_server(en
 
 
 def test_direct_reads_fall_back_or_fail_when_the_files_are_not_the_served_ones(env, tmp_path):
-    from shards.direct import NoDirectRead, resolve
+    from shards.read.direct import NoDirectRead, resolve
 
     url, cat = env["server"].url, env["catalog"]
     make_shardset(str(tmp_path / "moved"), {"train": 8}, per_shard=4)

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from shardsets import ServiceProcess, http, served_tiny
+from helpers.shardsets import ServiceProcess, http, served_tiny
 
 from shards.format.manifest import Manifest
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from shardsets import http, make_shardset, register
+from helpers.shardsets import http, make_shardset, register
 
 from shards.catalog import Catalog
 

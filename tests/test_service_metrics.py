@@ -12,10 +12,10 @@ import re
 import time
 
 import pytest
-from fronts import ACCEL_SECRET, NGINX, Front, accel_flags
+from helpers.fronts import ACCEL_SECRET, NGINX, Front, accel_flags
+from helpers.required import require
+from helpers.shardsets import ServiceProcess, http, served_tiny
 from prometheus_client.parser import text_string_to_metric_families
-from required import require
-from shardsets import ServiceProcess, http, served_tiny
 
 from shards.format.manifest import Manifest
 

@@ -17,10 +17,10 @@ import subprocess
 import sys
 import time
 
-import media
 import pytest
-from fronts import Front, accel_flags, free_port
-from shardsets import ServiceProcess, http, make_shardset, register
+from helpers import media
+from helpers.fronts import Front, accel_flags, free_port
+from helpers.shardsets import ServiceProcess, http, make_shardset, register
 
 from ingest import registry
 from service.builds import MAX_ATTEMPTS, Builds, parse_body

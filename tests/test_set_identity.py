@@ -22,9 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import media
 import pytest
-from shardsets import ServiceProcess, http
+from helpers import media
+from helpers.shardsets import ServiceProcess, http
 
 from ingest.cli import main as ingest
 from service.cli import main as service

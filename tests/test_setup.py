@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from runbooks import run_block
+from helpers.runbooks import run_block
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("VENV", ROOT / ".venv"))

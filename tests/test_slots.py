@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from shardsets import frame_colour, make_shardset
+from helpers.shardsets import frame_colour, make_shardset
 
 from trainer.data.loader import ClipLoader
 

@@ -17,13 +17,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from shardsets import make_shardset
+from helpers.shardsets import make_shardset
 
-from shards.cache import ShardCache
-from shards.errors import SourceUnavailable
+from shards.base.errors import SourceUnavailable
 from shards.format.manifest import Manifest
-from shards.http_range import RangeError, Retry
-from shards.reading import open_range
+from shards.io.http_range import RangeError, Retry
+from shards.read.cache import ShardCache
+from shards.read.reading import open_range
 
 SIZE = 200_000
 BLOB = bytes(range(256)) * (SIZE // 256) + bytes(SIZE % 256)
@@ -125,7 +125,7 @@ class Recorded(Retry):
 
 def wait_lines(caplog) -> tuple[list[str], list[str]]:
     """The range client's log lines: waits started, waits ended."""
-    said = [r.getMessage() for r in caplog.records if r.name == "shards.http_range"]
+    said = [r.getMessage() for r in caplog.records if r.name == "shards.io.http_range"]
     return [m for m in said if "is not answering" in m], [m for m in said if "answers again" in m]
 
 

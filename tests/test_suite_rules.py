@@ -8,10 +8,10 @@
   processes before and after, by start time and parent chain), there in a PID namespace of its own
   under a shell, so that the escaped process is re-parented to the shell, out of the session's tree,
   and no other process of this machine is the inner session's to judge.
-* The runbook check (tests/conftest.py, tests/runbooks.py) holds a stage to the blocks of the tests
+* The runbook check (tests/conftest.py, tests/helpers/runbooks.py) holds a stage to the blocks of the tests
   it ran: a block whose "*Run by*" line names a test marked ``long`` is not required of the suite's
   stage (``-m "not long"``), nor the others of the long stage; one naming only the file is.
-* Every system tool a test requires (tests/required.py: the browser, nginx, Slurm, podman) is required by
+* Every system tool a test requires (tests/helpers/required.py: the browser, nginx, Slurm, podman) is required by
   the test command, scripts/test.sh, so that CI cannot pass with those tests skipped."""
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 HERE = Path(__file__).resolve().parent
+HELPERS = ("conftest.py", "helpers/__init__.py", "helpers/runbooks.py")  # the suite's conftest, and what it imports
 ESCAPE = """
 import subprocess
 
@@ -49,7 +50,8 @@ def processes_with(marker: str) -> list[psutil.Process]:
 @pytest.mark.parametrize("check", ["cgroup", "snapshot"])
 def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_session_and_is_killed(tmp_path, check):
     marker = f"{os.getpid()}{len(str(tmp_path))}.25"  # sleep's seconds, unique to this test
-    for helper in ("conftest.py", "runbooks.py"):  # the suite's conftest, and what it imports
+    for helper in HELPERS:
+        (tmp_path / helper).parent.mkdir(exist_ok=True)
         shutil.copy(HERE / helper, tmp_path / helper)
     (tmp_path / "test_escape.py").write_text(ESCAPE.format(marker=marker))
     try:
@@ -102,7 +104,7 @@ echo never
 ```
 """
 PAGE_TESTS = """import pytest
-from runbooks import run_block
+from helpers.runbooks import run_block
 
 
 def test_quick(tmp_path):
@@ -128,7 +130,8 @@ def test_the_runbook_check_holds_a_stage_to_the_blocks_of_the_tests_it_ran(tmp_p
     marker = f"{os.getpid()}"
     (tmp_path / "tests").mkdir()
     (tmp_path / "docs" / "runbooks").mkdir(parents=True)
-    for helper in ("conftest.py", "runbooks.py"):
+    for helper in HELPERS:
+        (tmp_path / "tests" / helper).parent.mkdir(exist_ok=True)
         shutil.copy(HERE / helper, tmp_path / "tests" / helper)
     (tmp_path / "tests" / "test_pages.py").write_text(PAGE_TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    long: slow\n")

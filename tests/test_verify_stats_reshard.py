@@ -4,17 +4,17 @@ import os
 import shutil
 
 import pytest
+from helpers.shardsets import corrupt_sample, frame_colour, jpeg, make_shardset, serve
 from PIL import Image
-from shardsets import corrupt_sample, frame_colour, jpeg, make_shardset, serve
 
 from shards.cli import main
 from shards.format.manifest import Manifest, SplitInfo
 from shards.format.packing import write_shard
 from shards.format.tar import RECORD, sample_bytes
-from shards.preview import DAMAGED, GAP, LABEL_WIDTH
-from shards.reshard import BadShard, reshard
-from shards.stats import collect
-from shards.verify import verify
+from shards.tools.preview import DAMAGED, GAP, LABEL_WIDTH
+from shards.tools.reshard import BadShard, reshard
+from shards.tools.stats import collect
+from shards.tools.verify import verify
 
 TRAIN, TEST = 23, 7
 

@@ -1,5 +1,5 @@
 """A seeded mutation campaign over the parsers of untrusted video bytes written in Python
-(``ingest.mp4header``, ``ingest.bitstream``, ``ingest.packets``), on real small videos.
+(``ingest.decode.mp4header``, ``ingest.decode.bitstream``, ``ingest.decode.packets``), on real small videos.
 
 In-process, each mutant runs in a forked child under an address-space limit and a time limit
 per case (``videofuzz.contained``). The properties: ``mp4header.read`` returns sound header facts
@@ -25,16 +25,15 @@ import tarfile
 from pathlib import Path
 
 import av
-import media
 import pytest
-import videofuzz
+from helpers import media, videofuzz
+from helpers.videofuzz import Mutant, find, put
 from PIL import Image
-from videofuzz import Mutant, find, put
 
-from ingest import bitstream, mp4header, packets
 from ingest.clips import ClipConfig, make_clips
+from ingest.decode import bitstream, mp4header, packets
+from ingest.decode.video import DecodeError
 from ingest.sources import Video
-from ingest.video import DecodeError
 
 MP4S = {
     "h264.mp4": lambda p: media.make_video(p, frames=24),  # x264's defaults: B-frames, so a ctts

@@ -2,7 +2,7 @@
 its JSON and frame routes over raw HTTP, and its pages in Debian's headless chromium driven by
 Selenium (the catalog, counts on the set page, every frame of the first clips page byte-equal to
 the shard's JPEG, the class filter, the detail view, a hostile class name shown as text, no
-console errors, and with --read-auth nothing before the token). Also ``shards.clipindex`` and
+console errors, and with --read-auth nothing before the token). Also ``shards.read.clipindex`` and
 ``shards preview``."""
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from PIL import Image
-from required import require
-from shardsets import (
+from helpers.required import require
+from helpers.shardsets import (
     ServiceProcess,
     frame_colour,
     frame_motion,
@@ -31,14 +30,15 @@ from shardsets import (
     register,
     serve,
 )
+from PIL import Image
 from test_service import TRAVERSALS
 
 from service.states import STATES
-from shards import motioncolour
 from shards.catalog import Catalog
-from shards.clipindex import ClipIndex
+from shards.format import motioncolour
 from shards.format.manifest import Manifest
 from shards.format.sample import parse
+from shards.read.clipindex import ClipIndex
 
 TOKEN = "viewer-token-for-tests"
 HOSTILE = '<img src=x onerror="window.pwned=1">'  # a class folder name
@@ -97,7 +97,7 @@ def frame_bytes(site, split: str, n: int) -> list[bytes]:
     return [bytes(f) for f in parse(data, clip.key, label=clip.label, motion=site["manifest"].motion).frames]
 
 
-# --- shards.clipindex ----------------------------------------------------------------------------
+# --- shards.read.clipindex ----------------------------------------------------------------------------
 def test_clip_index_agrees_with_reading_the_manifest_in_order(site):
     m = site["manifest"]
     index = ClipIndex(m)
@@ -257,7 +257,7 @@ def test_read_auth_json_and_frame_routes_need_the_token(site):
 def test_motion_route_serves_each_frames_field_coloured_at_the_clips_scale(site):
     """The motion set's fields (uniform: frame t of clip n moved ``frame_motion(n, t)``, rightward
     and growing with t) as pictures of the frame's size, in the optical-flow colours of
-    ``shards.motioncolour``, one scale for the clip; a set without fields says so."""
+    ``shards.format.motioncolour``, one scale for the clip; a set without fields says so."""
     url = site["open"].url
     for n in (1, 4):
         scale = max(math.hypot(*frame_motion(n, t)) for t in range(8))

@@ -29,9 +29,9 @@ import os
 
 import torch
 
-from shards import storage
-from shards.commands import share_of
+from shards.base.commands import share_of
 from shards.format.digests import TooManyBadSamples
+from shards.io import storage
 
 from .hooks import Hook
 

@@ -5,7 +5,7 @@ the loader's position, the epoch/step counters, the current epoch's training sum
 config, the run's config as data (``trainer.config.TrainConfig.to_dict``, versioned; older files
 hold the parsed flags as ``args``, which ``trainer.config.of_checkpoint`` reads) and every rank's
 RNG states. The file is replaced by rename
-(``shards.storage.atomic_write``), so a crash while saving leaves the previous one.
+(``shards.io.storage.atomic_write``), so a crash while saving leaves the previous one.
 ``differences`` says why a checkpoint cannot continue the run a command line describes.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import random
 
 import torch
 
-from shards import storage
-from shards.errors import CommandError, NoSpace
+from shards.base.errors import CommandError, NoSpace
+from shards.io import storage
 
 from .config import TrainConfig, architecture, of_checkpoint
 

@@ -2,7 +2,7 @@
 
 Each command's flags come from ``trainer.config`` (the standard library only) and its module, with
 PyTorch, is imported only to run it: ``trainer train --help`` or a mistyped flag answers in a
-fraction of a second. A refusal (``trainer.errors``, ``shards.errors``) is printed as every
+fraction of a second. A refusal (``trainer.errors``, ``shards.base.errors``) is printed as every
 command prints one: ``trainer COMMAND: error: MESSAGE``, exit status 1 (2: the command line).
 """
 from __future__ import annotations
@@ -13,13 +13,13 @@ import importlib.util
 import os
 import sys
 
-from shards.commands import main as run_commands
+from shards.base.commands import main as run_commands
 
 from . import config
 
 
 class Command:
-    """A subcommand (``shards.commands``' protocol) whose module is imported only when it runs; its
+    """A subcommand (``shards.base.commands``' protocol) whose module is imported only when it runs; its
     help is the module's docstring, read from the source."""
 
     def __init__(self, module: str, add_arguments):

@@ -28,8 +28,8 @@ import typing
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from shards.commands import HelpFormatter, count_or_share, int_in_range, number_in_range, positive_int
-from shards.errors import UsageError
+from shards.base.commands import HelpFormatter, count_or_share, int_in_range, number_in_range, positive_int
+from shards.base.errors import UsageError
 
 from .errors import OutOfRange
 

@@ -1,12 +1,12 @@
 """The trainer's typed refusals: flags that cannot go together, or a run they cannot continue.
 
 Raised anywhere in the trainer (``Regime``, ``KStepBackend``, ``Trainer``, the configs). They are
-the project's refusals (``shards.errors``): the command-line entry (``trainer.cli``) prints the
+the project's refusals (``shards.base.errors``): the command-line entry (``trainer.cli``) prints the
 message as every command does, ``trainer COMMAND: error: MESSAGE`` on one line, and exits with
 the status (1: ``ConfigError``; 2: ``OutOfRange``, as argparse's refusal of the same value).
 Code that uses the classes from Python catches them by class.
 """
-from shards.errors import CommandError, UsageError
+from shards.base.errors import CommandError, UsageError
 
 
 class ConfigError(CommandError):

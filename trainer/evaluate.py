@@ -23,8 +23,8 @@ import logging
 
 import torch
 
-from shards import storage
-from shards.errors import UsageError
+from shards.base.errors import UsageError
+from shards.io import storage
 
 from . import checkpoint, config, metrics
 from .data import ClipLoader  # the public reading API (docs/library.md), as any training loop reads

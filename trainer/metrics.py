@@ -13,7 +13,7 @@ import resource
 
 import torch
 
-from shards import storage
+from shards.io import storage
 
 
 class StepTotals:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from shards.errors import NotFound, UsageError
+from shards.base.errors import NotFound, UsageError
 
 from . import metrics
 

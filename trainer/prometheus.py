@@ -27,7 +27,7 @@ Series, each this rank's (``sum by (run)`` adds the ranks up):
     kf_trainer_loss                          the last step's mean loss over its real clips
 
 The outages are counted where the reads are, in the loader's workers, and reach the rank with
-each batch (``waits``: ``shards.http_range.take_waits``); the rank's own reads (the manifest) are
+each batch (``waits``: ``shards.io.http_range.take_waits``); the rank's own reads (the manifest) are
 taken here.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway
 
-from shards.http_range import take_waits
+from shards.io.http_range import take_waits
 
 from .hooks import Hook
 

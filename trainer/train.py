@@ -10,7 +10,7 @@ Stopping (docs/faults.md): SIGTERM or SIGINT to any process of the job (one rank
 the loader workers: they ignore it and leave it to their rank) stops every rank after the same
 step, or abandons validation; rank 0 writes the checkpoint, every rank waits for it and exits
 with 128 + the signal (143 for SIGTERM, 130 for SIGINT). A second SIGINT interrupts at once.
-A data fault on any rank (``shards.errors.DataFault`` from its loader: a source unreachable past
+A data fault on any rank (``shards.base.errors.DataFault`` from its loader: a source unreachable past
 ``--source-deadline``, a corrupt sample) stops the job the same way, with the fault's one line
 and status on every rank (75, "try again later", for a source that stayed down). ``--resume``
 continues from that checkpoint as if nothing had happened: at the batch it stopped at, or, stopped
@@ -33,11 +33,11 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
-from shards.direct import load_manifest
-from shards.errors import CommandError, DataFault, UsageError
+from shards.base.errors import CommandError, DataFault, UsageError
+from shards.base.progress import Progress as Bar
 from shards.format.manifest import Manifest
-from shards.http_range import Retry
-from shards.progress import Progress as Bar
+from shards.io.http_range import Retry
+from shards.read.direct import load_manifest
 
 from . import bad_samples, checkpoint, config, metrics
 from .clip_log import ClipLog
@@ -441,7 +441,7 @@ def train_step(t: Trainer, batch: dict, tick: float) -> dict:
 
 class Progress:
     """An epoch's progress (rank 0's: a bar on a terminal, else a line every ``$KF_PROGRESS_SECONDS``
-    and one at the epoch's end, ``shards.progress``) and its ``train`` records, the steps' totals
+    and one at the epoch's end, ``shards.base.progress``) and its ``train`` records, the steps' totals
     over every rank every ``--print-freq`` steps."""
 
     def __init__(self, t: Trainer):

@@ -15,8 +15,8 @@ import re
 
 from aiohttp import web
 
+from shards.base.errors import DataFault
 from shards.catalog import CatalogUnavailable
-from shards.errors import DataFault
 from shards.format.checks import BadManifest
 
 from ..files import Refused

@@ -23,8 +23,8 @@ import os
 from aiohttp import web
 
 from shards.catalog import Record
-from shards.http_range import Retry
-from shards.reading import local_path, open_range
+from shards.io.http_range import Retry
+from shards.read.reading import local_path, open_range
 
 from .. import accel
 from ..files import Entry
@@ -35,7 +35,7 @@ from .metrics import Span
 STREAM_CHUNK = 1 << 20
 # A remote location that is down is not waited out while a client's request is held open: the
 # answer is cut after a few seconds, and the client, which waits for its source as long as its
-# own deadline says (shards.http_range), asks again.
+# own deadline says (shards.io.http_range), asks again.
 UPSTREAM = Retry(deadline=5.0)
 IMMUTABLE = "max-age=31536000, immutable"
 LENIENT = "handling=lenient"  # RFC 7240's preference: a damaged set's files as they are

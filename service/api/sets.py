@@ -17,7 +17,7 @@ from aiohttp import web
 
 from shards.catalog import Record
 from shards.catalog.condition import condition
-from shards.reading import local_path
+from shards.read.reading import local_path
 
 from ..files import Changed, Entry, Refused, open_local
 from .keys import CATALOG, RECORDS, TABLES

@@ -252,7 +252,7 @@ async function setPage() {
 // --- clips ----------------------------------------------------------------------------------
 // A set with motion fields (ingest build --motion) shows, as the "show" toggle says, each clip's
 // frames, its motion (each frame's field coloured as optical-flow figures are, by
-// shards.motioncolour on the server: the colour wheel is /static/motion-legend.png), or both:
+// shards.format.motioncolour on the server: the colour wheel is /static/motion-legend.png), or both:
 // each field under its frame in the strips, side by side in the clip's player.
 const frameURL = (id, split, n, t) => `/v1/viewer/${id}/frames/${encodeURIComponent(split)}/${n}/${t}`;
 const motionURL = (id, split, n, t) => `/v1/viewer/${id}/motion/${encodeURIComponent(split)}/${n}/${t}`;

@@ -32,7 +32,7 @@ import threading
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import CommandError
+from ..base.errors import CommandError
 
 CHANNEL = "kf_catalog"  # PostgreSQL: every write transaction notifies it
 WRITE_LOCK = 0x6B665F636174  # PostgreSQL: the advisory lock key every write transaction holds ("kf_cat")

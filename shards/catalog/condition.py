@@ -26,8 +26,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from .. import storage
 from ..format.manifest import MANIFEST_NAME, Manifest, describe
+from ..io import storage
 from .store import Record
 
 

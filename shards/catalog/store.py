@@ -15,6 +15,10 @@ readers never wait for them (SQLite's WAL, PostgreSQL's snapshots). Missing sche
 applied at open in one transaction; a catalog from a newer version of this code is refused. Keep
 a SQLite file on a local filesystem: its WAL needs shared memory, which network filesystems do
 not give; replicas on several hosts share a PostgreSQL catalog instead.
+
+Why one file of about 420 lines: all of the catalog's SQL is here, beside the records it fills,
+so a column's reads and writes have one place (docs/architecture.md); the back ends, the schema
+and the ids are the package's other modules.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..errors import CommandError
+from ..base.errors import CommandError
 from .backends import CatalogUnavailable, open_backend, shown
 from .schema import MIGRATIONS
 
@@ -337,7 +341,7 @@ class Catalog:
                builder_version: str, progress: dict | None = None,
                verified_files: dict | None = None) -> bool:
         """Mark the set ready; ``verified_files``: its shards as the builder hashed them
-        (``shards.verify.stamps``)."""
+        (``shards.tools.verify.stamps``)."""
         return self._owned_update(
             dataset_id, owner, "state = 'ready', splits = ?, files = ?, manifest_sha256 = ?, "
             "builder_version = ?, finished = ?, owner = NULL, heartbeat = NULL, "

@@ -26,8 +26,8 @@ import re
 
 import numpy as np
 
-from ..errors import CommandError
-from ..words import shown
+from ..base.errors import CommandError
+from ..base.words import shown
 from . import motionfield
 from .tar import BLOCK
 

@@ -18,7 +18,7 @@ import io
 
 import xxhash
 
-from ..errors import DataFault
+from ..base.errors import DataFault
 
 ALGORITHM = "xxh3-64"
 

@@ -25,9 +25,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from .. import storage
-from ..errors import CommandError, NotFound
-from ..http_range import DEFAULT_RETRY, Retry, patiently
+from ..base.errors import CommandError, NotFound
+from ..io import storage
+from ..io.http_range import DEFAULT_RETRY, Retry, patiently
 from . import checks
 from .checks import BadManifest
 
@@ -157,7 +157,7 @@ class Manifest:
     @classmethod
     def load(cls, url: str, retry: Retry = DEFAULT_RETRY) -> "Manifest":
         """Load from a directory URL or from the manifest file's URL; an HTTP source that is down is
-        waited for as ``retry`` says (``shards.http_range``: up to the source deadline)."""
+        waited for as ``retry`` says (``shards.io.http_range``: up to the source deadline)."""
         if url.rstrip("/").endswith(".json"):
             base = url.rsplit("/", 1)[0] if "/" in url else "."
         else:

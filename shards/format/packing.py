@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable
 
-from .. import storage
+from ..io import storage
 from . import tar
 from .digests import sample_digest
 from .manifest import ShardInfo
@@ -72,16 +72,3 @@ def write_shard(url: str, name: str, samples: Iterable[tuple[str, int, bytes]],
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}/{split}-{index:06d}.tar"
-
-
-def parse_size(text: str | int | None) -> int | None:
-    """'256MB', '1.5GiB', '200k', '4096' -> bytes (decimal units, binary with 'i')."""
-    if text is None or isinstance(text, int):
-        return text
-    t = text.strip().lower().rstrip("b")
-    units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-             "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-    for suffix in sorted(units, key=len, reverse=True):
-        if t.endswith(suffix):
-            return int(float(t[: -len(suffix)]) * units[suffix])
-    return int(float(t))

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from ..errors import DataFault
-from ..words import shown
+from ..base.errors import DataFault
+from ..base.words import shown
 from . import motionfield
 from .tar import BLOCK, member_bytes
 

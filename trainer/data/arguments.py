@@ -30,9 +30,9 @@ from importlib.util import find_spec
 
 import torch
 
-from shards.commands import number_in_range
-from shards.errors import CommandError, UsageError
-from shards.format.packing import parse_size
+from shards.base.commands import number_in_range
+from shards.base.errors import CommandError, UsageError
+from shards.base.units import parse_size
 
 KINDS = {int: (numbers.Integral, "an int"), float: (numbers.Real, "a number")}
 

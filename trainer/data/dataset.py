@@ -47,8 +47,8 @@ import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
-from shards import partition
 from shards.format.sample import video_of
+from shards.plan import partition
 
 from ..config import IMAGENET_MEAN, IMAGENET_STD
 from .arguments import Flag, Function, OneOf, check, warn

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from shards.errors import UsageError
+from shards.base.errors import UsageError
 
 Decoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 

@@ -4,8 +4,8 @@ Given a split's shards (their manifest entries) and the planner's options (``Epo
 decides, for one rank, everything about its epochs that is not reading:
 
 1. the mode: global epochs (one order of every shard for all ranks), or node-affine ones (one order per
-   node of the shards it owns, ``shards.partition``) where the node shares hold the set's mix of classes
-   (``shards.classmix``, the verdict judged once, alike on every rank; refused in one line if not, or
+   node of the shards it owns, ``shards.plan.partition``) where the node shares hold the set's mix of classes
+   (``shards.plan.classmix``, the verdict judged once, alike on every rank; refused in one line if not, or
    global with ``shuffle_fallback``);
 2. the position (``trainer.data.position``): the epoch, its segments that ended, the batches done;
 3. the orders the current segment partitions (``partition.epoch_orders``; with ``stored_clips="rotate"``
@@ -28,10 +28,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields, replace
 
-from shards import classmix, partition
-from shards.errors import UsageError
+from shards.base.errors import UsageError
+from shards.base.words import plural
 from shards.format.manifest import ShardInfo
-from shards.words import plural
+from shards.plan import classmix, partition
 
 from ..config import STORED_CLIPS
 from .arguments import Flag, Number, OneOf, check
@@ -41,7 +41,7 @@ from .rotation import Rotation
 
 log = logging.getLogger(__name__)
 
-SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.partition)
+SHUFFLES = ("global", "node")  # one order for all ranks each epoch; or node-affine (shards.plan.partition)
 # the planner's options and their rules (trainer.data.arguments); the seed is any int, ``shapes`` any
 # ``trainer.data.shapes.EpochShapes``; the rank is checked below the world size once that is known
 ARGUMENTS = {"batch_size": Number(1), "rank": Number(0, none=True), "world_size": Number(1, none=True),
@@ -145,7 +145,7 @@ class Epochs:
 
     def _mixed(self, nodes: int) -> bool:
         """Whether node-affine epochs on ``nodes`` nodes give every node the set's mix of classes
-        (``shards.classmix``; a set whose manifest lacks the labels is not judged, said once by rank 0). If not: refused
+        (``shards.plan.classmix``; a set whose manifest lacks the labels is not judged, said once by rank 0). If not: refused
         with one line, or, with ``shuffle_fallback``, global epochs, said once by rank 0."""
         key = (nodes, self.seed)
         if key not in self._mix:

@@ -1,7 +1,7 @@
 """Streaming clip loader: WebDataset shards -> uint8 batches (B, T, C, H, W), equal on every rank.
 
 Who reads what, in which order, and where the loader stands in its epochs is decided by the epoch
-planner, ``trainer.data.epochs`` (pure: ``shards.partition`` and each worker's ``WorkerPlan`` of
+planner, ``trainer.data.epochs`` (pure: ``shards.plan.partition`` and each worker's ``WorkerPlan`` of
 ``trainer.data.plan``, the position of ``trainer.data.position``), which ``ClipDataset`` holds too; the
 pipeline's stages are the plain functions of ``trainer.data.stages``. ``ClipLoader`` is the I/O glue: it
 holds the planner (``epochs``), asks it for an iteration's plans, runs the stages in its DataLoader
@@ -66,15 +66,15 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shards import direct
-from shards.cache import ShardCache
-from shards.direct import load_manifest
-from shards.errors import CommandError, UsageError
+from shards.base.errors import CommandError, UsageError
 from shards.format.digests import TooManyBadSamples
 from shards.format.manifest import Manifest, set_title
 from shards.format.sample import video_of
-from shards.http_range import DEFAULT_RETRY, Retry
-from shards.reading import local_path, open_fd
+from shards.io.http_range import DEFAULT_RETRY, Retry
+from shards.read import direct
+from shards.read.cache import ShardCache
+from shards.read.direct import load_manifest
+from shards.read.reading import local_path, open_fd
 
 from ..config import MODALITIES
 from .arguments import Flag, Number, OneOf, Size, check, warn
@@ -104,7 +104,7 @@ ARGUMENTS = {"num_workers": Number(0), "crop_size": Number(1), "scale_size": Num
 def shared_manifest(url: str, rank: int, broadcast, direct: str = "never", retry: Retry = DEFAULT_RETRY) -> Manifest:
     """Rank 0 reads the manifest (waiting for a source that is down as ``retry`` says); the others
     receive it via ``broadcast(obj, root_rank)``, e.g. ``horovod.torch.broadcast_object``.
-    ``direct``: direct reads (``shards.direct``)."""
+    ``direct``: direct reads (``shards.read.direct``)."""
     return broadcast(load_manifest(url, direct, retry) if rank == 0 else None, 0)
 
 
@@ -188,7 +188,7 @@ def planned(name: str) -> property:
 
 
 class ClipLoader:
-    """Batches of one split for one rank; see the module docstring and ``shards.partition``.
+    """Batches of one split for one rank; see the module docstring and ``shards.plan.partition``.
 
     Every rank yields ``len(self)`` batches of exactly ``batch_size`` clips. With
     ``remainder="pad"`` the epoch is filled up by repeating clips (``valid`` False, not to be
@@ -213,7 +213,7 @@ class ClipLoader:
     one (a resumed run stands mid-epoch, or at its end: see ``epoch_finished``); iterating
     after a finished epoch moves on to the next one.
 
-    ``shuffle="node"`` (training): node-affine epochs (``shards.partition``): the ranks of a node
+    ``shuffle="node"`` (training): node-affine epochs (``shards.plan.partition``): the ranks of a node
     (``local_size`` consecutive ranks, Horovod's and torchrun's placement) read only the shards,
     or pieces of shards, their node owns for the whole run, so a node cache (``cache_dir``)
     downloads each once per run, not every epoch. Through the cache, each worker asks for its
@@ -221,7 +221,7 @@ class ClipLoader:
     every process using the directory) must hold ``local_size`` x workers x ``lookahead`` copies.
     The mode is this loader's, not the state's: a resumed epoch is split anew when it changes (its
     segments record their node counts). Node-affine epochs are refused (``UsageError``) where the
-    node shares would not hold the set's mix of classes (``shards.classmix``: a set stored in class
+    node shares would not hold the set's mix of classes (``shards.plan.classmix``: a set stored in class
     or source order), or with ``shuffle_fallback`` (``--shuffle auto``) replaced by global ones,
     said in one log line.
 
@@ -230,10 +230,10 @@ class ClipLoader:
     None without any number, leaving the budget to the caller (see the module docstring).
 
     A remote source that refuses connections, times out or answers 502/503/504 is waited for (the
-    manifest read, every range, every cache download; ``shards.http_range``) for up to
+    manifest read, every range, every cache download; ``shards.io.http_range``) for up to
     ``source_deadline`` seconds (None: ``$SHARD_SOURCE_DEADLINE``, else 10 minutes); past it the
-    iteration raises ``shards.errors.SourceUnavailable`` at the batch that needed the bytes. That
-    and every other ``shards.errors.DataFault`` (a ``CorruptSample``, a ``RangeError``) reach the
+    iteration raises ``shards.base.errors.SourceUnavailable`` at the batch that needed the bytes. That
+    and every other ``shards.base.errors.DataFault`` (a ``CorruptSample``, a ``RangeError``) reach the
     caller as themselves, from loader workers too, with the loader's position at the batch before:
     ``state_dict`` then resumes at the batch that failed.
     """

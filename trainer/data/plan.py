@@ -1,6 +1,6 @@
 """The read plan: which bytes each loader worker reads and which samples it hands out, in which order.
 
-Pure functions over frozen records, no I/O: ``shards.partition`` decides the epoch's order and each
+Pure functions over frozen records, no I/O: ``shards.plan.partition`` decides the epoch's order and each
 worker's stream of it; here a stream becomes a ``WorkerPlan``, built once: its ``Read`` s (the byte
 ranges of shards to read, in order, each knowing its URL, the shard's manifest entry every sample is
 checked against, and the node cache's copy it comes from when there is a cache), the keys those ranges
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shards import partition
-from shards.cache import Piece
 from shards.format.manifest import ShardInfo
+from shards.plan import partition
+from shards.read.cache import Piece
 
 # Bytes of samples not handed out that a read goes through rather than end and start another: a new read
 # costs a request (remote) or a seek, about as much as reading this much more.

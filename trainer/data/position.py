@@ -1,6 +1,6 @@
 """Where a loader stands in its epochs, and how a saved position continues under other settings.
 
-An epoch is read in segments (``shards.partition.Segment``): a stretch run with one world size, worker
+An epoch is read in segments (``shards.plan.partition.Segment``): a stretch run with one world size, worker
 count, batch size and node count, and the batches each rank has handed out in it. A position is the
 epoch, the segments of it that ended (a job resumed elastically), and the batches done in the current one.
 ``Shuffle`` is what, besides the epoch, makes an epoch's order: the seed, the remainder policy, the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from shards.partition import Segment
+from shards.plan.partition import Segment
 
 
 @dataclass(frozen=True)

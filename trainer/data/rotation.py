@@ -10,7 +10,7 @@ video whatever K is, and K buys sampling diversity across epochs instead of long
 2. epoch e reads clip e mod K_v of video v (K_v: its stored clips), so any K_v consecutive epochs read
    each stored clip once (the training clips are independent random samplings: which one comes first
    does not matter);
-3. the epoch's orders (``shards.partition``: shards shuffled, or each node's own) keep their order and
+3. the epoch's orders (``shards.plan.partition``: shards shuffled, or each node's own) keep their order and
    lose the clips not chosen (``select``); the split of the rest among ranks and workers, the padding,
    the shuffle buffer and the resume are the planner's as for any order.
 """
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shards import partition
 from shards.format.manifest import ShardInfo
 from shards.format.sample import video_of
+from shards.plan import partition
 
 
 class Rotation:

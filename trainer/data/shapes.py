@@ -2,7 +2,7 @@
 
 A multigrid epoch (``trainer.schedules.multigrid.Schedule``) reads its clips in *periods*: one pass through
 the short cycle, successive iterations of different crops and batch sizes (one iteration without
-the short cycle). A rank's loader batch is one period, so ``shards.partition`` still plans whole,
+the short cycle). A rank's loader batch is one period, so ``shards.plan.partition`` still plans whole,
 equal batches on every rank; this module describes and renders the period:
 
 * ``Part(clips, frames, crop)``: one iteration's share of the loader batch. ``epoch_parts`` gives
@@ -17,7 +17,7 @@ equal batches on every rank; this module describes and renders the period:
   flat uint8 buffer (a slot of the loader's shared-memory pool).
 * ``unpack`` (in the trainer's process): the flat buffer -> one batch per part, (B', T', C, c, c)
   views in channels-last memory like ordinary batches, with their labels, validity and real
-  clips over all ranks (``shards.partition.step_samples`` with ``parts``).
+  clips over all ranks (``shards.plan.partition.step_samples`` with ``parts``).
 """
 from __future__ import annotations
 

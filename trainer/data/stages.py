@@ -2,7 +2,7 @@
 (webdataset's style), composed top to bottom in ``ordered_samples`` and ``trainer.data.loader``:
 
     the plan's reads -> each read's samples at the manifest's offsets, checked against its digests and
-    parsed by the format's schema (``shards.reading.iter_samples``), tagged with their plan index
+    parsed by the format's schema (``shards.read.reading.iter_samples``), tagged with their plan index
     -> release in the planned order -> [bad samples: a stand-in for each] -> (the loader) batches
     -> ``decode_batch``
 
@@ -11,7 +11,7 @@ A sample is a dict: ``__key__``, ``__url__``, ``__local__`` (its plan index), ``
 from the manifest's digest, read twice: ``shards.format.digests``; members the schema refuses:
 ``shards.format.sample.BadSample``; a frame that does not decode), when the loader goes on without it,
 is replaced by a repeat of a good sample of the same worker, marked as padding is (``stand_ins``,
-``decode_batch``), its ``__bad__`` facts listed for the budget (``shards.reading.bad_facts``).
+``decode_batch``), its ``__bad__`` facts listed for the budget (``shards.read.reading.bad_facts``).
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ import torch
 import webdataset as wds
 from torch.utils.data import get_worker_info
 
-from shards import partition
-from shards.cache import ShardCache
-from shards.errors import CommandError, DataFault
+from shards.base.errors import CommandError, DataFault
 from shards.format.sample import DECODE_ERRORS, BadSample, Sample, jpeg_size
-from shards.http_range import Retry, take_waits
-from shards.reading import bad_facts, iter_samples, local_path, open_range, read_ahead
+from shards.io.http_range import Retry, take_waits
+from shards.plan import partition
+from shards.read.cache import ShardCache
+from shards.read.reading import bad_facts, iter_samples, local_path, open_range, read_ahead
 
 from .plan import Read, WorkerPlan
 from .slots import SlotPool
@@ -44,7 +44,7 @@ def open_reads(reads: Iterable[Read], fds: dict[int, int], cache: ShardCache | N
     cache, the copies come in read order, downloaded up to ``lookahead`` ahead; remote reads without a
     cache are read ahead by ``lookahead`` x ``READ_AHEAD_BYTES`` in a thread; local ones through the
     rank's shared descriptor of the shard (``fds``) when it has one. A remote source that is down is
-    waited for as ``retry`` says (``shards.http_range``)."""
+    waited for as ``retry`` says (``shards.io.http_range``)."""
     reads = list(reads)
     if cache is not None:
         copies = cache.stream([r.piece for r in reads], lookahead)

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from shards.base.pillow_memory import keep_freed_blocks
 from shards.format.sample import jpeg_size
-from shards.pillow_memory import keep_freed_blocks
 
 from . import cropdecode
 

@@ -27,7 +27,7 @@ import socket
 import torch
 from torch import nn
 
-from shards.errors import UsageError
+from shards.base.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def node_size(hosts: list) -> int:
     """Ranks per node for the loader's node-affine epochs, from every rank's host in rank order (one
     allgather: the same list, so the same answer, on every rank): the count of each host's ranks when
     every host runs that many in one consecutive block of ranks (Horovod's and torchrun's placement),
-    else 1, every rank a node of its own (``shards.partition`` cuts an epoch into equal nodes)."""
+    else 1, every rank a node of its own (``shards.plan.partition`` cuts an epoch into equal nodes)."""
     blocks = [len(list(ranks)) for _, ranks in itertools.groupby(hosts)]
     return blocks[0] if len(set(blocks)) == 1 and len(blocks) == len(set(hosts)) else 1
 

@@ -22,7 +22,7 @@ pure function of a few numbers (no I/O), built in these steps:
 5. Iterations (``Schedule``). Every epoch reads each clip once, in *periods* of one batch per
    short-cycle shape (one batch without the short cycle). A rank's loader batch is the period:
    ``periods`` of equal size per rank, so every rank runs the same iterations with the same shape
-   at each, and ``shards.partition`` splits and resumes the epoch unchanged.
+   at each, and ``shards.plan.partition`` splits and resumes the epoch unchanged.
 
 With the long cycle alone, the reference implementation (SlowFast's ``slowfast/utils/multigrid.py``)
 raises IndexError; here its final phase is simply the full shape. With the short cycle alone, the
@@ -39,7 +39,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
-from shards.partition import batches_per_rank
+from shards.plan.partition import batches_per_rank
 
 LONG_CYCLE = ((1 / 4, 2**-0.5), (1 / 2, 2**-0.5), (1 / 2, 1.0), (1.0, 1.0))  # (T, S) factors
 SHORT_CYCLE = (1 / 2, 2**-0.5)  # S factors of the full crop, before the long-cycle shape's own
@@ -145,7 +145,7 @@ class Step:
 
 class Schedule:
     """A plan expanded to iterations for a run of ``world_size`` ranks with base batch ``batch``
-    clips per rank, over a split of ``samples`` clips (``remainder`` as in ``shards.partition``)."""
+    clips per rank, over a split of ``samples`` clips (``remainder`` as in ``shards.plan.partition``)."""
 
     def __init__(self, phases: list[Phase], batch: int, world_size: int, samples: int,
                  remainder: str = "pad"):

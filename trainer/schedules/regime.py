@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from shards import partition
+from shards.plan import partition
 
 from ..config import CHANNELS, TrainConfig
 from ..data.shapes import EpochShapes
