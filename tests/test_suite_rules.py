@@ -79,7 +79,8 @@ def test_the_test_command_requires_every_tool_a_test_requires():
                 named.add(node.args[0].value)
     script = (HERE.parent / "scripts" / "test.sh").read_text()
     exported = set(re.findall(r"\bKF_REQUIRE_(\w+)=1", "\n".join(re.findall(r"^export .*$", script, re.M))))
-    assert named == {"browser", "nginx", "podman", "slurm"} and {n.upper() for n in named} <= exported, (named, exported)
+    assert named == {"browser", "nginx", "podman", "pushgateway", "slurm"}, named
+    assert {n.upper() for n in named} <= exported, (named, exported)
 
 
 PAGE = """# Page
