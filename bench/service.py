@@ -9,7 +9,10 @@ it stays flat) and CPU seconds per GB served (with the share spent in the kernel
 their CPU seconds per GB read (a server's CPU and memory are those of all its processes). Sources,
 in one run: local disk, this service (aiohttp, sendfile; ``--workers N`` processes), nginx with
 ``sendfile`` serving the same files (Debian's nginx-light, the reference static server; its
-worker count is the service's), and with --compare a Starlette FileResponse app on uvicorn. Then
+worker count is the service's), the service behind the shipped nginx configuration handing it
+each file (X-Accel-Redirect) and granting clients the files for a minute (``service.grants``: nginx
+checks the grant on every request, the client keeps it), and with --compare a Starlette
+FileResponse app on uvicorn. Then
 one epoch of the trainer's loader streamed from the service against local disk: the time spent
 waiting for batches.
 
@@ -58,7 +61,7 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from fronts import ACCEL_SECRET, accel_flags, free_port, front_config, write_secret  # noqa: E402
+from fronts import ACCEL_SECRET, accel_flags, free_port, front_config, grant_flags, write_secret  # noqa: E402
 
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
@@ -357,17 +360,20 @@ LOCAL = "local disk"
 SERVICE = "service (aiohttp, sendfile)"
 NGINX_ROW = "nginx (sendfile)"
 ACCEL_ROW = "service + nginx sending the bytes (X-Accel)"
+GRANT_ROW = "service granting, nginx checking (grants)"
+GRANT_SECONDS = 60  # serve's default: a client process asks the service once a minute per shard
 
 
 def accel_front(workdir: str, workers: int, upstream: str) -> tuple[subprocess.Popen, str]:
     """nginx in front of the service at ``upstream`` (host:port), sending files the service hands it
-    (``service.accel``): docker/nginx-replicas.conf with one replica and ``workers`` worker processes."""
+    (``service.accel``) or grants (``service.grants``, links in ``workdir``/grants):
+    docker/nginx-replicas.conf with one replica and ``workers`` worker processes."""
     prefix, port = os.path.join(workdir, "front"), free_port()
     os.makedirs(prefix, exist_ok=True)
     conf = os.path.join(prefix, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(front_config(prefix, port, [upstream]).replace("worker_processes auto;",
-                                                               f"worker_processes {workers};"))
+        f.write(front_config(prefix, port, [upstream], os.path.join(workdir, "grants"))
+                .replace("worker_processes auto;", f"worker_processes {workers};"))
     write_secret(prefix)
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
     wait_listening(proc, port, prefix)
@@ -386,7 +392,7 @@ def measure(label: str, serve: list[str] | None, args, root: str, m: Manifest) -
         else:
             procs.append(start(serve))
             base = procs[0][1] + ("" if "--role" in serve else "/v1/datasets/bench")
-        if label == ACCEL_ROW:
+        if label in (ACCEL_ROW, GRANT_ROW):
             procs.append(accel_front(args.out, args.workers, base.split("//")[1].split("/")[0]))
             base = procs[-1][1] + "/v1/datasets/bench"
         return load(base, m, root, args.clients, args.procs, args.seconds, Server(*(p.pid for p, _ in procs)))
@@ -566,6 +572,8 @@ def main() -> int:
     if not args.no_nginx:
         sources[NGINX_ROW] = None
         sources[ACCEL_ROW] = [*serve, *accel_flags(args.out)]
+        sources[GRANT_ROW] = [*serve, *accel_flags(args.out),
+                              *grant_flags(os.path.join(args.out, "grants"), GRANT_SECONDS)]
     if args.compare:
         sources["starlette FileResponse on uvicorn"] = [sys.executable, os.path.abspath(__file__), "--role", root]
     rounds = []
@@ -583,7 +591,9 @@ def main() -> int:
         ratios.update({"service_vs_nginx_MB_s": (SERVICE, NGINX_ROW, "MB_s"),
                        "service_vs_nginx_cpu_per_GB": (SERVICE, NGINX_ROW, "cpu_s_per_GB"),
                        "accel_vs_nginx_MB_s": (ACCEL_ROW, NGINX_ROW, "MB_s"),
-                       "accel_vs_nginx_cpu_per_GB": (ACCEL_ROW, NGINX_ROW, "cpu_s_per_GB")})
+                       "accel_vs_nginx_cpu_per_GB": (ACCEL_ROW, NGINX_ROW, "cpu_s_per_GB"),
+                       "grants_vs_nginx_MB_s": (GRANT_ROW, NGINX_ROW, "MB_s"),
+                       "grants_vs_nginx_cpu_per_GB": (GRANT_ROW, NGINX_ROW, "cpu_s_per_GB")})
     for key, (a, b, field) in ratios.items():  # per round (same load), then the median and range
         per_round = sorted(g[a][field] / g[b][field] for g in rounds)
         res[key], res[key + "_range"] = float(np.median(per_round)), [per_round[0], per_round[-1]]
@@ -596,8 +606,8 @@ def main() -> int:
     for key in ratios:
         print(f"  {key}: {res[key]:.2f} ({res[key + '_range'][0]:.2f}-{res[key + '_range'][1]:.2f})")
     if not args.no_nginx:
-        print(f"goal for the service behind nginx sending the bytes (X-Accel-Redirect): throughput >= 0.95x nginx's "
-              f"({res['accel_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x ({res['accel_vs_nginx_cpu_per_GB']:.2f})"
+        print(f"goal for the service behind nginx checking its grants: throughput >= 0.95x nginx's "
+              f"({res['grants_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x ({res['grants_vs_nginx_cpu_per_GB']:.2f})"
               + (", read auth on" if args.read_auth else ""))
     if args.no_epoch:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))

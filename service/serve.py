@@ -48,6 +48,7 @@ from .api.app import make_app
 from .api.keys import METRICS
 from .api.metrics import traffic
 from .api.routes import ROUTES
+from .grants import GRANT_SECONDS, Grants
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
 from .roots import SourceRoots
 from .stats import Counters
@@ -97,6 +98,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"with --x-accel-redirect: the secrets (one a line, any accepted) nginx sends as {SECRET_HEADER} "
                         "(docker/nginx-replicas.conf); a request without one gets the bytes from the server, never a "
                         "server path")
+    p.add_argument("--grant-links", metavar="DIR",
+                   help="with --x-accel-redirect: answer GETs of shards nginx can send with 307 to a URL it checks "
+                        "and serves by itself until it expires (service.grants, docker/nginx-replicas.conf), its "
+                        "links to the sets kept in DIR, which nginx and every replica share")
+    p.add_argument("--grant-seconds", type=int_in_range(2, 86400), default=GRANT_SECONDS,
+                   help="how long a grant lasts: how long a client refused since can still read (default: "
+                        "%(default)s)")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true",
@@ -152,7 +160,8 @@ def front(args: argparse.Namespace) -> Front | None:
     """The nginx of ``--x-accel-redirect``, trusted by ``--x-accel-secret-file``'s secrets (None without it)."""
     if not args.x_accel_redirect:
         return None
-    return Front(args.x_accel_redirect, tuple(read_tokens(args.x_accel_secret_file, "--x-accel-secret-file")))
+    grants = Grants(args.grant_links, args.grant_seconds) if args.grant_links else None
+    return Front(args.x_accel_redirect, tuple(read_tokens(args.x_accel_secret_file, "--x-accel-secret-file")), grants)
 
 
 async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socket,
@@ -331,6 +340,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if bool(args.x_accel_redirect) != bool(args.x_accel_secret_file):
         raise UsageError("--x-accel-redirect and --x-accel-secret-file go together: nginx is trusted with server paths "
                          "only by the secret it sends (docker/nginx-replicas.conf)")
+    if args.grant_links and not (args.x_accel_redirect and os.path.isdir(args.grant_links)):
+        raise UsageError(f"--grant-links {args.grant_links}: an existing directory, with --x-accel-redirect (grants "
+                         "are checked by the nginx in front)")
     for secret in read_tokens(args.x_accel_secret_file, "--x-accel-secret-file"):
         if not SECRET.fullmatch(secret):
             raise UsageError("--x-accel-secret-file: each secret 16 or more letters, digits, - or _ (e.g. "
