@@ -6,7 +6,8 @@ consecutive clips (the reads a loader makes) of random shards, and check every a
 (one in 20 byte for byte). Reported per source: MB/s, requests/s, latency p50/p99, errors; for
 servers also their peak memory (RSS sampled every 0.2 s, with the first and last sample to show
 it stays flat) and CPU seconds per GB served (with the share spent in the kernel), and for the clients
-their CPU seconds per GB read (a server's CPU and memory are those of all its processes). Sources,
+their CPU seconds per GB read (a server's CPU and memory are those of all its processes; behind
+nginx, the service's and nginx's apart too). Sources,
 in one run: local disk, this service (aiohttp, sendfile; ``--workers N`` processes), nginx with
 ``sendfile`` serving the same files (Debian's nginx-light, the reference static server; its
 worker count is the service's), the service behind the shipped nginx configuration handing it
@@ -153,6 +154,10 @@ class Server:
         times = [p.cpu_times() for p in self.procs()]
         return sum(t.user for t in times), sum(t.system for t in times)
 
+    def cpu_by_top(self) -> list[float]:
+        """CPU seconds of each top process with its children (the service, the nginx in front)."""
+        return [sum(sum(p.cpu_times()[:2]) for p in (top, *top.children(recursive=True))) for top in self.tops]
+
     def rss(self) -> int:
         return sum(p.memory_info().rss for p in self.procs())
 
@@ -163,7 +168,7 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
               for s in m.splits["train"].shards]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    cpu0 = server.cpu_times() if server else None
+    cpu0, parts0 = (server.cpu_times(), server.cpu_by_top()) if server else (None, None)
     rss = []
     ps = [ctx.Process(target=_client_proc, args=(base, shards, seconds, clients // procs, k, queue, local_root))
           for k in range(procs)]
@@ -192,8 +197,9 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
         client_user + client_sys, 1e-9), "load_avg_1min": os.getloadavg()[0]})
     if server:
-        cpu1 = server.cpu_times()  # once, so both figures are of the same interval
+        cpu1, parts1 = server.cpu_times(), server.cpu_by_top()  # once, so the figures are of the same interval
         used = cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1]
+        out.update({f"cpu_s_per_GB_process_{k}": (b - a) / gb for k, (a, b) in enumerate(zip(parts0, parts1))})
         out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
                     "cpu_s_per_GB": used / gb, "sys_share": (cpu1[1] - cpu0[1]) / max(used, 1e-9)})
     return out
@@ -602,6 +608,9 @@ def main() -> int:
         row = res[label]
         print(f"{label:<42} {row['MB_s']:>7.0f} {row['req_s']:>7.0f} {row['p50_ms']:>7.1f} "
               f"{row.get('cpu_s_per_GB', float('nan')):>16.3f} {row['load_avg_1min']:>5.1f}")
+    for label in (ACCEL_ROW, GRANT_ROW) if not args.no_nginx else ():
+        print(f"  {label}: server CPU s/GB {res[label]['cpu_s_per_GB_process_0']:.3f} in the service, "
+              f"{res[label]['cpu_s_per_GB_process_1']:.3f} in nginx")
     print(f"medians of {args.rounds} interleaved rounds, ratios taken within each round:")
     for key in ratios:
         print(f"  {key}: {res[key]:.2f} ({res[key + '_range'][0]:.2f}-{res[key + '_range'][1]:.2f})")

@@ -1,4 +1,5 @@
-"""Bytes sent by nginx, every check kept here (``serve --x-accel-redirect PREFIX``).
+"""Bytes sent by nginx, every check kept here (``serve --x-accel-redirect PREFIX``); with
+``--grant-links``, shards are granted instead, nginx checking each request (``service.grants``).
 
 Behind nginx (configured as docker/nginx-replicas.conf is), a GET of a local set's file is decided here as always (the token, the set's state
 and refusals, the file's checks, ETag and Cache-Control, conditionals and the range), and when the

@@ -99,12 +99,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(docker/nginx-replicas.conf); a request without one gets the bytes from the server, never a "
                         "server path")
     p.add_argument("--grant-links", metavar="DIR",
-                   help="with --x-accel-redirect: answer GETs of shards nginx can send with 307 to a URL it checks "
-                        "and serves by itself until it expires (service.grants, docker/nginx-replicas.conf), its "
-                        "links to the sets kept in DIR, which nginx and every replica share")
+                   help="with --x-accel-redirect: grant shards for nginx to check and send itself (service.grants); "
+                        "DIR holds links to the sets, one directory for nginx and every replica")
     p.add_argument("--grant-seconds", type=int_in_range(2, 86400), default=GRANT_SECONDS,
-                   help="how long a grant lasts: how long a client refused since can still read (default: "
-                        "%(default)s)")
+                   help="a grant's lifetime: the longest a client refused since still reads (default %(default)s)")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true",

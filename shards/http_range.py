@@ -40,9 +40,9 @@ host, and a retry starts again from the original URL.
 Grants (the dataset service behind nginx, ``service.grants``): a redirect that says it may be kept
 (``Cache-Control: private, max-age=N``, N > 0, RFC 9111 §4.2) is remembered by this process
 (``_GRANTS``) for N seconds, and every later range of that URL, from any thread, goes to its target
-at once. A 403 or 410 from a kept target (nginx: the grant expired, or its secret changed) sends
-the reader back to the original URL for a new one, once per grant and without counting as a
-failure; from a target just given, it is the refusal it says.
+at once. A 403 or 410 from a target the reader had kept or had bytes from (nginx: the grant
+expired, or its secret changed) sends the reader back to the original URL for a new one, without
+counting as a failure; from a target just given, it is the refusal it says.
 
 The hot path is the standard library's blocking HTTP/1.1 client (``http.client``) in the reading
 thread: no hop to an event loop, the body received straight into the bytes object the reader

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 import urllib.parse
 
@@ -171,3 +173,10 @@ def test_a_removed_or_damaged_set_is_refused_from_the_next_grant_on(env, client)
     for name, (url, shard, status) in reads.items():
         with pytest.raises((FileNotFoundError, http_range.RangeError), match=str(status)):
             open_range(url, 0, 1000, size=shard.bytes, sha256=shard.sha256).read()
+
+
+def test_grants_without_the_front_or_their_directory_are_refused_in_one_line(tmp_path):
+    for flags in (["--grant-links", str(tmp_path)], [*accel_flags(str(tmp_path)), "--grant-links", str(tmp_path / "no")]):
+        out = subprocess.run([sys.executable, "-m", "service", "serve", "--catalog", str(tmp_path / "c.sqlite"),
+                              "--create", "--port", "0", *flags], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--grant-links" in out.stderr, out.stderr
