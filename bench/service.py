@@ -401,6 +401,9 @@ def measure(label: str, serve: list[str] | None, args, root: str, m: Manifest) -
         if label in (ACCEL_ROW, GRANT_ROW):
             procs.append(accel_front(args.out, args.workers, base.split("//")[1].split("/")[0]))
             base = procs[-1][1] + "/v1/datasets/bench"
+        if label == GRANT_ROW and args.held_grants:  # granted here, kept by the forked clients
+            for s in m.splits["train"].shards:
+                open_range(f"{base}/{s.name}", 0, 1, size=s.bytes, sha256=s.sha256).read()
         return load(base, m, root, args.clients, args.procs, args.seconds, Server(*(p.pid for p, _ in procs)))
     finally:
         for p, _ in procs:
@@ -521,6 +524,8 @@ def main() -> int:
                         "source); medians are reported, and ratios taken within each round")
     p.add_argument("--read-auth", action="store_true", help="the service asks for a token on every read "
                                                             "(the clients send it; plain nginx asks for none)")
+    p.add_argument("--held-grants", action="store_true",
+                   help="the clients start with their grants (asked for before they fork): the load without its start")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")

@@ -38,12 +38,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
 PREFIX = "/_grant"
 GRANT_SECONDS = 60
+_SET_ID = re.compile(r"[0-9a-f]{64}")  # what nginx's /_grant/ location takes for a set
 
 
 def signature(uri: str, expires: int, authorization: str, secret: str) -> str:
@@ -58,6 +60,11 @@ class Grants:
     links: str
     seconds: int = GRANT_SECONDS
     linked: dict = field(default_factory=dict)  # set id -> the directory its link points at
+
+    @staticmethod
+    def covers(set_id: str, name: str) -> bool:
+        """Whether a file is granted rather than handed over: a shard, of a set nginx's location takes."""
+        return name.endswith(".tar") and _SET_ID.fullmatch(set_id) is not None
 
     def link(self, set_id: str, root: str) -> None:
         """``links/<set_id>`` pointing at ``root``, the set's directory (written when missing or other)."""

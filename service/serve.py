@@ -338,9 +338,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if bool(args.x_accel_redirect) != bool(args.x_accel_secret_file):
         raise UsageError("--x-accel-redirect and --x-accel-secret-file go together: nginx is trusted with server paths "
                          "only by the secret it sends (docker/nginx-replicas.conf)")
-    if args.grant_links and not (args.x_accel_redirect and os.path.isdir(args.grant_links)):
-        raise UsageError(f"--grant-links {args.grant_links}: an existing directory, with --x-accel-redirect (grants "
-                         "are checked by the nginx in front)")
+    if args.grant_links and not (args.x_accel_redirect and os.path.isdir(args.grant_links)
+                                 and os.access(args.grant_links, os.W_OK | os.X_OK)):
+        raise UsageError(f"--grant-links {args.grant_links}: a directory this user can write, with --x-accel-redirect "
+                         "(grants are checked by the nginx in front)")
     for secret in read_tokens(args.x_accel_secret_file, "--x-accel-secret-file"):
         if not SECRET.fullmatch(secret):
             raise UsageError("--x-accel-secret-file: each secret 16 or more letters, digits, - or _ (e.g. "

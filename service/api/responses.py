@@ -88,7 +88,7 @@ def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset
     front = request.app[ACCEL]
     secret = front.sends(request.headers) if front is not None and fd is not None and offset == 0 \
         and size == entry.size and request.method == "GET" and accel.nginx_agrees(request.headers) else None
-    if secret and front.grants is not None and name.endswith(".tar"):
+    if secret and front.grants is not None and front.grants.covers(rec.id, name):
         os.close(fd)  # checked; granted for a while, nginx checks the grant and sends it (service.grants)
         front.grants.link(rec.id, local_path(rec.location))
         url, max_age = front.grants.location(rec.id, name, request.headers.get("Authorization", ""), secret)
