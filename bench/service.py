@@ -6,10 +6,14 @@ consecutive clips (the reads a loader makes) of random shards, and check every a
 (one in 20 byte for byte). Reported per source: MB/s, requests/s, latency p50/p99, errors; for
 servers also their peak memory (RSS sampled every 0.2 s, with the first and last sample to show
 it stays flat) and CPU seconds per GB served (with the share spent in the kernel), and for the clients
-their CPU seconds per GB read (a server's CPU and memory are those of all its processes). Sources,
+their CPU seconds per GB read (a server's CPU and memory are those of all its processes; behind
+nginx, the service's and nginx's apart too). Sources,
 in one run: local disk, this service (aiohttp, sendfile; ``--workers N`` processes), nginx with
 ``sendfile`` serving the same files (Debian's nginx-light, the reference static server; its
-worker count is the service's), and with --compare a Starlette FileResponse app on uvicorn. Then
+worker count is the service's), the service behind the shipped nginx configuration handing it
+each file (X-Accel-Redirect) and granting clients the files for a minute (``service.grants``: nginx
+checks the grant on every request, the client keeps it), and with --compare a Starlette
+FileResponse app on uvicorn. Then
 one epoch of the trainer's loader streamed from the service against local disk: the time spent
 waiting for batches.
 
@@ -58,7 +62,7 @@ from PIL import Image
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from helpers.fronts import ACCEL_SECRET, accel_flags, free_port, front_config, write_secret  # noqa: E402
+from helpers.fronts import ACCEL_SECRET, accel_flags, free_port, front_config, grant_flags, write_secret  # noqa: E402
 
 from ingest.registry import describe_set  # noqa: E402
 from shards.catalog import Catalog  # noqa: E402
@@ -150,6 +154,10 @@ class Server:
         times = [p.cpu_times() for p in self.procs()]
         return sum(t.user for t in times), sum(t.system for t in times)
 
+    def cpu_by_top(self) -> list[float]:
+        """CPU seconds of each top process with its children (the service, the nginx in front)."""
+        return [sum(sum(p.cpu_times()[:2]) for p in (top, *top.children(recursive=True))) for top in self.tops]
+
     def rss(self) -> int:
         return sum(p.memory_info().rss for p in self.procs())
 
@@ -160,7 +168,7 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
               for s in m.splits["train"].shards]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    cpu0 = server.cpu_times() if server else None
+    cpu0, parts0 = (server.cpu_times(), server.cpu_by_top()) if server else (None, None)
     rss = []
     ps = [ctx.Process(target=_client_proc, args=(base, shards, seconds, clients // procs, k, queue, local_root))
           for k in range(procs)]
@@ -189,8 +197,9 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
         client_user + client_sys, 1e-9), "load_avg_1min": os.getloadavg()[0]})
     if server:
-        cpu1 = server.cpu_times()  # once, so both figures are of the same interval
+        cpu1, parts1 = server.cpu_times(), server.cpu_by_top()  # once, so the figures are of the same interval
         used = cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1]
+        out.update({f"cpu_s_per_GB_process_{k}": (b - a) / gb for k, (a, b) in enumerate(zip(parts0, parts1))})
         out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
                     "cpu_s_per_GB": used / gb, "sys_share": (cpu1[1] - cpu0[1]) / max(used, 1e-9)})
     return out
@@ -357,17 +366,20 @@ LOCAL = "local disk"
 SERVICE = "service (aiohttp, sendfile)"
 NGINX_ROW = "nginx (sendfile)"
 ACCEL_ROW = "service + nginx sending the bytes (X-Accel)"
+GRANT_ROW = "service granting, nginx checking (grants)"
+GRANT_SECONDS = 60  # serve's default: a client process asks the service once a minute per shard
 
 
 def accel_front(workdir: str, workers: int, upstream: str) -> tuple[subprocess.Popen, str]:
     """nginx in front of the service at ``upstream`` (host:port), sending files the service hands it
-    (``service.accel``): docker/nginx-replicas.conf with one replica and ``workers`` worker processes."""
+    (``service.accel``) or grants (``service.grants``, links in ``workdir``/grants):
+    docker/nginx-replicas.conf with one replica and ``workers`` worker processes."""
     prefix, port = os.path.join(workdir, "front"), free_port()
     os.makedirs(prefix, exist_ok=True)
     conf = os.path.join(prefix, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(front_config(prefix, port, [upstream]).replace("worker_processes auto;",
-                                                               f"worker_processes {workers};"))
+        f.write(front_config(prefix, port, [upstream], os.path.join(workdir, "grants"))
+                .replace("worker_processes auto;", f"worker_processes {workers};"))
     write_secret(prefix)
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
     wait_listening(proc, port, prefix)
@@ -386,9 +398,12 @@ def measure(label: str, serve: list[str] | None, args, root: str, m: Manifest) -
         else:
             procs.append(start(serve))
             base = procs[0][1] + ("" if "--role" in serve else "/v1/datasets/bench")
-        if label == ACCEL_ROW:
+        if label in (ACCEL_ROW, GRANT_ROW):
             procs.append(accel_front(args.out, args.workers, base.split("//")[1].split("/")[0]))
             base = procs[-1][1] + "/v1/datasets/bench"
+        if label == GRANT_ROW and args.held_grants:  # granted here, kept by the forked clients
+            for s in m.splits["train"].shards:
+                open_range(f"{base}/{s.name}", 0, 1, size=s.bytes, sha256=s.sha256).read()
         return load(base, m, root, args.clients, args.procs, args.seconds, Server(*(p.pid for p, _ in procs)))
     finally:
         for p, _ in procs:
@@ -509,6 +524,8 @@ def main() -> int:
                         "source); medians are reported, and ratios taken within each round")
     p.add_argument("--read-auth", action="store_true", help="the service asks for a token on every read "
                                                             "(the clients send it; plain nginx asks for none)")
+    p.add_argument("--held-grants", action="store_true",
+                   help="the clients start with their grants (asked for before they fork): the load without its start")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
@@ -566,6 +583,8 @@ def main() -> int:
     if not args.no_nginx:
         sources[NGINX_ROW] = None
         sources[ACCEL_ROW] = [*serve, *accel_flags(args.out)]
+        sources[GRANT_ROW] = [*serve, *accel_flags(args.out),
+                              *grant_flags(os.path.join(args.out, "grants"), GRANT_SECONDS)]
     if args.compare:
         sources["starlette FileResponse on uvicorn"] = [sys.executable, os.path.abspath(__file__), "--role", root]
     rounds = []
@@ -583,7 +602,9 @@ def main() -> int:
         ratios.update({"service_vs_nginx_MB_s": (SERVICE, NGINX_ROW, "MB_s"),
                        "service_vs_nginx_cpu_per_GB": (SERVICE, NGINX_ROW, "cpu_s_per_GB"),
                        "accel_vs_nginx_MB_s": (ACCEL_ROW, NGINX_ROW, "MB_s"),
-                       "accel_vs_nginx_cpu_per_GB": (ACCEL_ROW, NGINX_ROW, "cpu_s_per_GB")})
+                       "accel_vs_nginx_cpu_per_GB": (ACCEL_ROW, NGINX_ROW, "cpu_s_per_GB"),
+                       "grants_vs_nginx_MB_s": (GRANT_ROW, NGINX_ROW, "MB_s"),
+                       "grants_vs_nginx_cpu_per_GB": (GRANT_ROW, NGINX_ROW, "cpu_s_per_GB")})
     for key, (a, b, field) in ratios.items():  # per round (same load), then the median and range
         per_round = sorted(g[a][field] / g[b][field] for g in rounds)
         res[key], res[key + "_range"] = float(np.median(per_round)), [per_round[0], per_round[-1]]
@@ -592,12 +613,15 @@ def main() -> int:
         row = res[label]
         print(f"{label:<42} {row['MB_s']:>7.0f} {row['req_s']:>7.0f} {row['p50_ms']:>7.1f} "
               f"{row.get('cpu_s_per_GB', float('nan')):>16.3f} {row['load_avg_1min']:>5.1f}")
+    for label in (ACCEL_ROW, GRANT_ROW) if not args.no_nginx else ():
+        print(f"  {label}: server CPU s/GB {res[label]['cpu_s_per_GB_process_0']:.3f} in the service, "
+              f"{res[label]['cpu_s_per_GB_process_1']:.3f} in nginx")
     print(f"medians of {args.rounds} interleaved rounds, ratios taken within each round:")
     for key in ratios:
         print(f"  {key}: {res[key]:.2f} ({res[key + '_range'][0]:.2f}-{res[key + '_range'][1]:.2f})")
     if not args.no_nginx:
-        print(f"goal for the service behind nginx sending the bytes (X-Accel-Redirect): throughput >= 0.95x nginx's "
-              f"({res['accel_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x ({res['accel_vs_nginx_cpu_per_GB']:.2f})"
+        print(f"goal for the service behind nginx checking its grants: throughput >= 0.95x nginx's "
+              f"({res['grants_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x ({res['grants_vs_nginx_cpu_per_GB']:.2f})"
               + (", read auth on" if args.read_auth else ""))
     if args.no_epoch:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))

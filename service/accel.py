@@ -1,4 +1,5 @@
-"""Bytes sent by nginx, every check kept here (``serve --x-accel-redirect PREFIX``).
+"""Bytes sent by nginx, every check kept here (``serve --x-accel-redirect PREFIX``); with
+``--grant-links``, shards are granted instead, nginx checking each request (``service.grants``).
 
 Behind nginx (configured as docker/nginx-replicas.conf is), a GET of a local set's file is decided here as always (the token, the set's state
 and refusals, the file's checks, ETag and Cache-Control, conditionals and the range), and when the
@@ -38,6 +39,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from .grants import Grants
+
 SENDFILE_TYPE = "X-Accel-Redirect"
 SECRET_HEADER = "X-Accel-Secret"
 SECRET = re.compile(r"[A-Za-z0-9_-]{16,}")  # what nginx's config holds between quotes as it is
@@ -46,16 +49,21 @@ _PLAIN_RANGE = re.compile(r"bytes=(\d{1,18}-\d{0,18}|-\d{1,18})", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Front:
-    """The nginx in front: its internal location ``prefix`` and the secrets its requests carry
-    (several while one is replaced by another)."""
+    """The nginx in front: its internal location ``prefix``, the secrets its requests carry
+    (several while one is replaced by another), and the grants it checks (``service.grants``; None:
+    every file handed over by ``X-Accel-Redirect``)."""
     prefix: str
     secrets: tuple[str, ...]
+    grants: Grants | None = None
 
-    def sends(self, headers) -> bool:
-        """Whether the request came through this front and asks it to send the file."""
+    def sends(self, headers) -> str | None:
+        """The secret the request proved it came through this front with, if it asks it to send the
+        file (None otherwise): the one nginx holds, so the one a grant is signed with."""
         given = headers.get(SECRET_HEADER, "").encode()
         trusted = [hmac.compare_digest(given, s.encode()) for s in self.secrets]  # every secret compared
-        return any(trusted) and headers.get("X-Sendfile-Type", "").strip().lower() == SENDFILE_TYPE.lower()
+        if any(trusted) and headers.get("X-Sendfile-Type", "").strip().lower() == SENDFILE_TYPE.lower():
+            return self.secrets[trusted.index(True)]
+        return None
 
     def redirect(self, root: str, name: str) -> dict:
         """The headers that hand ``root/name`` to nginx: its internal URI, and the directory below

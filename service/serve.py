@@ -48,6 +48,7 @@ from .api.app import make_app
 from .api.keys import METRICS
 from .api.metrics import traffic
 from .api.routes import ROUTES
+from .grants import GRANT_SECONDS, Grants
 from .limits import Admission, OutOfFiles, connections_allowed, raise_open_files
 from .records import STALE_SECONDS
 from .roots import SourceRoots
@@ -104,6 +105,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"with --x-accel-redirect: the secrets (one a line, any accepted) nginx sends as {SECRET_HEADER} "
                         "(docker/nginx-replicas.conf); a request without one gets the bytes from the server, never a "
                         "server path")
+    p.add_argument("--grant-links", metavar="DIR",
+                   help="with --x-accel-redirect: grant shards for nginx to check and send itself (service.grants); "
+                        "DIR holds links to the sets, one directory for nginx and every replica")
+    p.add_argument("--grant-seconds", type=int_in_range(2, 86400), default=GRANT_SECONDS,
+                   help="a grant's lifetime: the longest a client refused since still reads (default %(default)s)")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true",
@@ -159,7 +165,8 @@ def front(args: argparse.Namespace) -> Front | None:
     """The nginx of ``--x-accel-redirect``, trusted by ``--x-accel-secret-file``'s secrets (None without it)."""
     if not args.x_accel_redirect:
         return None
-    return Front(args.x_accel_redirect, tuple(read_tokens(args.x_accel_secret_file, "--x-accel-secret-file")))
+    grants = Grants(args.grant_links, args.grant_seconds) if args.grant_links else None
+    return Front(args.x_accel_redirect, tuple(read_tokens(args.x_accel_secret_file, "--x-accel-secret-file")), grants)
 
 
 async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socket,
@@ -339,6 +346,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if bool(args.x_accel_redirect) != bool(args.x_accel_secret_file):
         raise UsageError("--x-accel-redirect and --x-accel-secret-file go together: nginx is trusted with server paths "
                          "only by the secret it sends (docker/nginx-replicas.conf)")
+    if args.grant_links and not (args.x_accel_redirect and os.path.isdir(args.grant_links)
+                                 and os.access(args.grant_links, os.W_OK | os.X_OK)):
+        raise UsageError(f"--grant-links {args.grant_links}: a directory this user can write, with --x-accel-redirect "
+                         "(grants are checked by the nginx in front)")
     for secret in read_tokens(args.x_accel_secret_file, "--x-accel-secret-file"):
         if not SECRET.fullmatch(secret):
             raise UsageError("--x-accel-secret-file: each secret 16 or more letters, digits, - or _ (e.g. "

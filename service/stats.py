@@ -10,7 +10,7 @@ import mmap
 import os
 
 FIELDS = ("requests", "shard_requests", "shard_bytes", "redirects", "manifest_parses", "table_waiting",
-          "reverified", "accel_redirects")
+          "reverified", "accel_redirects", "grants")
 
 
 class Counters:

@@ -185,3 +185,7 @@ def test_the_replicated_service_compose_file_is_valid_and_its_parts_agree():
     assert "db-password" not in commands and "the-token-value" not in commands  # secrets in no argv
     assert "the-accel-secret-value" not in commands and one.x_accel_secret_file == two.x_accel_secret_file
     assert "include accel-secret.conf;" in conf and "/etc/nginx/accel-secret.conf" in " ".join(nginx["command"])
+    # grants: the links the replicas keep are where nginx looks, on the volume they all mount
+    assert one.grant_links == two.grant_links and one.grant_links.startswith("/data/")
+    assert f"alias {one.grant_links}/$grant_set/$grant_file;" in conf
+    assert "include grant-secret.conf;" in conf and "/etc/nginx/grant-secret.conf" in " ".join(nginx["command"])

@@ -4,14 +4,17 @@ Local files go out with ``sendfile`` (zero copy, ranges included); remote sets s
 with ``redirect_seconds``, a shard of a set in an object store is answered with ``307`` to a
 presigned URL of the object, valid that long, and the bytes never pass through the server (the
 file view, ``service.api.views``). Behind nginx, with ``front``, nginx sends a local file's bytes
-and the server every header and refusal (``service.accel``). Each counts the body bytes it sent
-(``service.api.metrics.Span``), for the access log and the metrics.
+and the server every header and refusal (``service.accel``), or, with grants, a shard is answered
+with ``307`` to a URL nginx checks and serves by itself until it expires (``service.grants``).
+Each counts the body bytes it sent (``service.api.metrics.Span``), for the access log and the
+metrics.
 
 Every response says how it may be cached (RFC 9111), for HTTP caches in front of the server
 (nginx's ``proxy_cache``, a site proxy, a CDN): a file named by its set's full id never changes
 (``max-age`` of a year and ``immutable``; ``private`` when reads need a token); by name, tag or
 id prefix it may move to another set (``no-cache``: a cache asks again, with ``If-None-Match``);
-everything else (health, stats, listings, records, builds, errors, redirects) is ``no-store``.
+a grant is ``private`` for its lifetime, less a second; everything else (health, stats,
+listings, records, builds, errors, redirects to object stores) is ``no-store``.
 A shard's ETag is its SHA-256 as last hashed (``service.files``): a local file changed since is
 hashed again before it is served (``service.tables``), never served under its old ETag.
 """
@@ -82,12 +85,20 @@ def send_span(request: web.Request, rec: Record, name: str, entry: Entry, offset
     if answer.status == 206:
         headers["Content-Range"] = f"bytes {answer.start}-{answer.end - 1}/{size}"
     headers.update(extra)
+    front = request.app[ACCEL]
+    secret = front.sends(request.headers) if front is not None and fd is not None and offset == 0 \
+        and size == entry.size and request.method == "GET" and accel.nginx_agrees(request.headers) else None
+    if secret and front.grants is not None and front.grants.covers(rec.id, name):
+        os.close(fd)  # checked; granted for a while, nginx checks the grant and sends it (service.grants)
+        front.grants.link(rec.id, local_path(rec.location))
+        url, max_age = front.grants.location(rec.id, name, request.headers.get("Authorization", ""), secret)
+        request.app[COUNTERS].add("grants")
+        return web.Response(status=307, headers={"Location": url, "ETag": etag,
+                                                 "Cache-Control": f"private, max-age={max_age}"})
     if request.method == "GET" and name.endswith(".tar"):
         request.app[COUNTERS].add("shard_requests")
         request.app[COUNTERS].add("shard_bytes", answer.length)
-    front = request.app[ACCEL]
-    if front is not None and fd is not None and offset == 0 and size == entry.size and request.method == "GET" \
-            and front.sends(request.headers) and accel.nginx_agrees(request.headers):
+    if secret:
         os.close(fd)  # checked; nginx opens it again and sends it (service.accel)
         request.app[COUNTERS].add("accel_redirects")
         return web.Response(headers={**headers, **front.redirect(local_path(rec.location), name)})

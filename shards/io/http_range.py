@@ -37,6 +37,13 @@ Redirects (301, 302, 303, 307, 308; at most ``MAX_REDIRECTS`` in a row) are foll
 store's ETag is not a SHA-256 and is not compared), ``Authorization`` is not sent to another
 host, and a retry starts again from the original URL.
 
+Grants (the dataset service behind nginx, ``service.grants``): a redirect that says it may be kept
+(``Cache-Control: private, max-age=N``, N > 0, RFC 9111 §4.2) is remembered by this process
+(``_GRANTS``) for N seconds, and every later range of that URL, from any thread, goes to its target
+at once. A 403 or 410 from a target the reader had kept or had bytes from (nginx: the grant
+expired, or its secret changed) sends the reader back to the original URL for a new one, without
+counting as a failure; from a target just given, it is the refusal it says.
+
 The hot path is the standard library's blocking HTTP/1.1 client (``http.client``) in the reading
 thread: no hop to an event loop, the body received straight into the bytes object the reader
 gets (one copy from the kernel), and connections kept alive in a per-process pool, so a range
@@ -380,6 +387,35 @@ class _Pool:
 _POOL = _Pool()
 
 
+class _Grants:
+    """Redirects this process may keep (module docstring): URL -> (target, monotonic expiry)."""
+
+    def __init__(self):
+        self.kept: dict[str, tuple[str, float]] = {}
+        self.lock = threading.Lock()
+
+    def get(self, url: str) -> str | None:
+        with self.lock:
+            target, until = self.kept.get(url, (None, 0.0))
+        return target if time.monotonic() < until else None
+
+    def keep(self, url: str, target: str, cache_control: str) -> None:
+        directives = {d.strip().lower() for d in cache_control.split(",")}
+        ages = [int(d[8:]) for d in directives if d.startswith("max-age=") and d[8:].isdigit() and len(d) < 18]
+        if ages and ages[0] > 0 and not directives & {"no-store", "no-cache"}:
+            with self.lock:
+                self.kept[url] = (target, time.monotonic() + ages[0])
+
+    def drop(self, url: str, target: str) -> None:
+        with self.lock:
+            if self.kept.get(url, (None,))[0] == target:
+                del self.kept[url]
+
+
+_GRANTS = _Grants()
+_RENEW = {403, 410}  # a kept grant's target refusing it: ask the original URL again
+
+
 class HTTPRange(io.RawIOBase):
     """Bytes [start, end) of an HTTP(S) URL as a raw stream (wrap it in ``io.BufferedReader``)."""
 
@@ -389,6 +425,10 @@ class HTTPRange(io.RawIOBase):
         self.size, self.sha256, self.retry, self.checked = size, sha256, retry, checked
         self._go(url)
         self.origin, self.hops = self.key, 0
+        kept = _GRANTS.get(url)  # the target of a grant this process holds, if any (module docstring)
+        if kept:
+            self._go(kept)
+        self.renewable = bool(kept)  # a 403 or 410 from the target asks for a new grant
         self.pid = os.getpid()
         self.conn, self.r = None, None  # the connection and its open response
         self.patience = Patience(url, retry)
@@ -467,7 +507,15 @@ class HTTPRange(io.RawIOBase):
             if self.hops >= MAX_REDIRECTS:
                 raise RangeError(f"{self.url}: more than {MAX_REDIRECTS} redirects in a row (last to {self.where})")
             self.hops += 1
-            return self._go(urllib.parse.urljoin(self.where, r.headers["Location"]))
+            target = urllib.parse.urljoin(self.where, r.headers["Location"])
+            if self.where == self.url:
+                _GRANTS.keep(self.url, target, r.headers.get("Cache-Control", ""))
+            self.renewable = False
+            return self._go(target)
+        if r.status in _RENEW and self.renewable and self.where != self.url:
+            _GRANTS.drop(self.url, self.where)  # expired or revoked: a new grant from the original URL
+            self.renewable = False
+            return self._go(self.url)
         if r.status == 404:
             raise FileNotFoundError(f"{self.url}: not found (404)")
         changed = integrity_problem(r.status, r.headers, self.sha256, self.checked)
@@ -505,6 +553,7 @@ class HTTPRange(io.RawIOBase):
                 self._cut(OUTAGE, f"the body ended {self.end - self.pos} bytes short (connection closed)")
                 continue
             self.patience.answered()
+            self.renewable = self.where != self.url  # a target that delivered may be renewed when it refuses
             self.pos += got if isinstance(got, int) else len(got)
             if self.pos == self.end:
                 self._release()

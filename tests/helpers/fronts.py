@@ -32,11 +32,20 @@ def accel_flags(directory: str) -> list[str]:
     return ["--x-accel-redirect", ACCEL_PREFIX, "--x-accel-secret-file", path]
 
 
+def grant_flags(links: str, seconds: int) -> list[str]:
+    """A replica's flags granting files for ``seconds`` through the links in ``links`` (made here),
+    which the front must be given too (``front_config``)."""
+    os.makedirs(links, exist_ok=True)
+    return ["--grant-links", links, "--grant-seconds", str(seconds)]
+
+
 def write_secret(prefix: str) -> None:
-    """The front's half of the secret: accel-secret.conf beside its nginx.conf, which the shipped
-    configuration includes."""
+    """The front's half of the secret: accel-secret.conf and grant-secret.conf beside its
+    nginx.conf, which the shipped configuration includes."""
     with open(os.path.join(prefix, "accel-secret.conf"), "w") as f:
         f.write(f'proxy_set_header X-Accel-Secret "{ACCEL_SECRET}";\n')
+    with open(os.path.join(prefix, "grant-secret.conf"), "w") as f:
+        f.write(f'set $grant_secret "{ACCEL_SECRET}";\n')
 
 
 def free_port() -> int:
@@ -45,10 +54,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def front_config(prefix: str, port: int, replicas: list[str]) -> str:
+def front_config(prefix: str, port: int, replicas: list[str], grant_links: str | None = None) -> str:
     """The shipped docker/nginx-replicas.conf, for a front on 127.0.0.1:``port`` balancing
-    ``replicas`` (host:port each), with its temporary files under ``prefix``."""
-    conf = SHIPPED.read_text()
+    ``replicas`` (host:port each), with its temporary files under ``prefix`` and the replicas'
+    grant links in ``grant_links`` (default: ``prefix``/grants)."""
+    conf = SHIPPED.read_text().replace("/data/grants/", f"{grant_links or os.path.join(prefix, 'grants')}/")
     servers = re.findall(r"^ *server replica\d:8765 (.*);$", conf, re.M)
     assert servers, f"{SHIPPED}: no replica lines"
     conf = re.sub(r"^( *)server replica1:8765 .*;$",
@@ -64,12 +74,12 @@ def front_config(prefix: str, port: int, replicas: list[str]) -> str:
 class Front:
     """One nginx master with ``front_config``; ``url`` once started."""
 
-    def __init__(self, prefix: str, replicas: list[str]):
+    def __init__(self, prefix: str, replicas: list[str], grant_links: str | None = None):
         self.prefix, self.port = str(prefix), free_port()
         os.makedirs(self.prefix, exist_ok=True)
         self.conf = os.path.join(self.prefix, "nginx.conf")
         with open(self.conf, "w") as f:
-            f.write(front_config(self.prefix, self.port, replicas))
+            f.write(front_config(self.prefix, self.port, replicas, grant_links))
         write_secret(self.prefix)
         self.proc, self.url = None, f"http://127.0.0.1:{self.port}"
 
