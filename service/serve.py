@@ -22,6 +22,10 @@ cannot read or that holds no token, ``--read-auth`` without one, and an address 
 on (a busy port: exit 1, the command is sound and works once the port is free; a ``--host`` not of
 this machine: 2). A request aiohttp cannot parse is answered 400 by aiohttp and is one access-log
 line, never a traceback (``_Malformed``).
+
+Why one file of about 360 lines: it is the entry point. The flags, their one-line checks and the
+process model that reads them (the socket, the forked workers, the signals) all take the parsed
+namespace, which goes no further: below it ``service.api.make_app`` takes typed arguments.
 """
 from __future__ import annotations
 
