@@ -164,10 +164,10 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
     import torch
 
     if name == "ours":
-        from trainer.data import ClipLoader
+        from trainer.data import ClipLoader, EpochOptions
 
-        loader = ClipLoader(where, "train", batch_size=BATCH, num_workers=workers, crop_size=CROP, scale_size=SCALE,
-                            shuffle_buffer=SHUFFLE)
+        loader = ClipLoader(where, "train", EpochOptions(batch_size=BATCH, shuffle_buffer=SHUFFLE),
+                            num_workers=workers, crop_size=CROP, scale_size=SCALE)
         return (lambda epoch: (loader.set_epoch(epoch), loader)[1]), lambda b: int(b["valid"].sum())
     if name == "ours-dataset":
         from torch.utils.data import DataLoader
