@@ -1,6 +1,19 @@
 """What the rank makes of a loader worker's batch: the pixels leased from their batch slot
 (``trainer.data.slots``), labels and validity as tensors, each clip's video; and the bad-sample budget
-the batches' lists of what they left out are counted against (``ClipLoader``'s ``max_bad_samples``)."""
+the batches' lists of what they left out are counted against (``ClipLoader``'s ``max_bad_samples``).
+
+Bad samples (bytes that differ from the manifest's digest, read twice: ``shards.format.digests``): by
+default the first ends the iteration with its ``CorruptSample``, a ``DataFault`` naming the shard,
+the sample, both digests and the URL. With ``max_bad_samples`` (N, or None: the caller keeps the
+budget, as ``trainer.bad_samples`` does over every rank) the loader goes on without them: a bad
+sample's place in its batch is taken by a repeat of a good clip of the same worker (the one before
+it, or for the first ones the one after), marked ``valid`` False as a padding repeat is, so every
+rank still yields the same batches of the same size and every good clip is read once; the batch's
+``bad`` lists what was left out (``url``, ``shard``, ``key``, ``index`` in the shard, ``clip``: its
+position in the split, as the viewer numbers clips, ``split``, ``expected`` and ``found`` digests,
+``rank``, ``slot`` in the batch). A bad sample met again as a padding repeat is left out unlisted.
+Past N in an epoch the iteration ends with ``TooManyBadSamples`` before the batch that went over.
+"""
 from __future__ import annotations
 
 import logging

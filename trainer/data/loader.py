@@ -37,17 +37,7 @@ With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batc
 ``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
 crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
 
-Bad samples (bytes that differ from the manifest's digest, read twice: ``shards.format.digests``): by
-default the first ends the iteration with its ``CorruptSample``, a ``DataFault`` naming the shard,
-the sample, both digests and the URL. With ``max_bad_samples`` (N, or None: the caller keeps the
-budget, as ``trainer.bad_samples`` does over every rank) the loader goes on without them: a bad
-sample's place in its batch is taken by a repeat of a good clip of the same worker (the one before
-it, or for the first ones the one after), marked ``valid`` False as a padding repeat is, so every
-rank still yields the same batches of the same size and every good clip is read once; the batch's
-``bad`` lists what was left out (``url``, ``shard``, ``key``, ``index`` in the shard, ``clip``: its
-position in the split, as the viewer numbers clips, ``split``, ``expected`` and ``found`` digests,
-``rank``, ``slot`` in the batch). A bad sample met again as a padding repeat is left out unlisted.
-Past N in an epoch the iteration ends with ``TooManyBadSamples`` before the batch that went over.
+Bad samples (bytes that differ from the manifest's digest): ``max_bad_samples`` and ``trainer.data.batches``.
 
 The manifest is the only other thing read. Pass a ``Manifest`` object to avoid even that:
 ``shared_manifest`` lets rank 0 read it and broadcasts it over the job's collective (one
@@ -78,7 +68,7 @@ from .plan import WorkerPlan, largest_copy, node_pieces
 from .shapes import PartsRenderer, unpack
 from .slots import SlotPool
 from .stages import Decoding
-from .transforms import EvalTransform, TrainTransform
+from .transforms import EvalTransform, TrainTransform, Upsampling, upsampling
 from .workers import PREFETCH, SHARED_FDS_MAX, Ticket, Workers
 
 # ClipLoader's own arguments (the planner's are trainer.data.epochs.ARGUMENTS) and their rules
@@ -87,24 +77,6 @@ ARGUMENTS = {"num_workers": Number(0), "crop_size": Number(1), "scale_size": Num
              "eval_crops": OneOf((1, 3)), "cache_budget": Size(), "lookahead": Number(0),
              "decode_on_device": Flag(), "direct_reads": OneOf(direct.MODES), "modality": OneOf(MODALITIES),
              "max_bad_samples": Number(0, none=True), "source_deadline": Number(0, kind=float, none=True)}
-
-
-class Upsampling(UserWarning):
-    """Crops larger than the stored frames: the clips are upscaled (``upsampling``)."""
-
-
-def upsampling(manifest: Manifest, transform) -> str | None:
-    """Why ``transform``'s crops of this set's frames are upscaled, or None: a training crop
-    larger than the frames' short side as stored, or an evaluation scale or crop larger than it."""
-    short = manifest.config.get("clip", {}).get("short_side")  # as ingest writes it; other sets may lack it
-    need = transform.crop_size if isinstance(transform, TrainTransform) else max(transform.crop_size,
-                                                                                  transform.scale_size)
-    if not short or need <= short:
-        return None
-    return (f"crop_size={transform.crop_size}, scale_size={transform.scale_size}: the frames of "
-            f"{manifest.base or 'the shard set'} are {short} pixels on their short side, so the clips are "
-            f"upscaled (scale_size={short}, crop_size={short * transform.crop_size // transform.scale_size} "
-            "would crop them as stored)")
 
 
 def planned(name: str) -> property:
@@ -209,8 +181,7 @@ class ClipLoader:
                                  "the CPU")
             self.transform = MotionTransform(self.transform, self.manifest.motion)
         self.max_bad_samples = max_bad_samples
-        self.bad = BadSamples(max_bad_samples, split,
-                              self.shards)  # the budget, and the bad samples met this epoch
+        self.bad = BadSamples(max_bad_samples, split, self.shards)  # the budget, the bad samples met this epoch
         self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
         self.processes: Workers | None = None  # forked at the first iteration, kept for the next ones
 

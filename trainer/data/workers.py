@@ -20,9 +20,13 @@ ones at its next iteration):
   the workers of a running iteration here, so the rank is not interrupted; the next iteration finds it
   gone, says so in one log line and starts a new set;
 - another worker count (``ClipLoader.num_workers``) or another slot pool (``resize`` to larger batches).
+
+Idle workers end with the loader (garbage collected) or, at the latest, as the rank's process exits
+(``_end_all``): they ignore SIGTERM, so multiprocessing's own exit handler would wait on them for ever.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import logging
 import os
@@ -134,6 +138,15 @@ class Streams(IterableDataset):
         return refusals_as_batches(batches)
 
 
+_RUNNING: weakref.WeakSet = weakref.WeakSet()  # every process's Workers, ended before it exits
+
+
+@atexit.register  # (before multiprocessing's own exit handler, which would wait on workers ignoring SIGTERM)
+def _end_all() -> None:
+    for workers in list(_RUNNING):
+        workers.close()
+
+
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
@@ -155,6 +168,7 @@ class Workers:
                                  pin_memory=torch.cuda.is_available() and pool is None,
                                  worker_init_fn=_leave_stop_signals_to_the_trainer)
         self._close_fds = weakref.finalize(self, _close_all, list(fds.values()))
+        _RUNNING.add(self)
 
     def _processes(self) -> list:
         return getattr(self.loader._iterator, "_workers", [])  # (torch's iterator, once started)
