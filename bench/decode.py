@@ -102,9 +102,9 @@ def loader_rate(args, workers: int, on_device: bool, device: torch.device) -> fl
 
 def agreement(args, device: torch.device) -> dict:
     """Mean and largest |difference| between the first batch decoded on the CPU and on the device."""
-    kw = dict(batch_size=args.batch_size, num_workers=1, remainder="drop")
-    on_cpu = next(iter(ClipLoader(args.data, "train", **kw)))
-    raw = next(iter(ClipLoader(args.data, "train", decode_on_device=True, **kw)))
+    epochs, kw = EpochOptions(batch_size=args.batch_size, remainder="drop"), dict(num_workers=1)
+    on_cpu = next(iter(ClipLoader(args.data, "train", epochs, **kw)))
+    raw = next(iter(ClipLoader(args.data, "train", epochs, decode_on_device=True, **kw)))
     assert on_cpu["keys"] == raw["keys"]
     diff = (DeviceClips(device)(raw).cpu().int() - on_cpu["clips"].int()).abs().float()
     return {"mean_abs_diff": diff.mean().item(), "max_abs_diff": diff.max().item()}
