@@ -28,15 +28,15 @@ import time
 
 import torch
 
+from trainer.data import ClipLoader, EpochOptions
 from trainer.data.device_decode import DeviceClips
-from trainer.data.loader import ClipLoader
 from trainer.data.transforms import TrainTransform
 
 
 def packed_batches(args) -> list[dict]:
     """One epoch of the loader's ``decode_on_device`` batches, kept in memory."""
-    loader = ClipLoader(args.data, "train", batch_size=args.batch_size, num_workers=2,
-                        remainder="drop", decode_on_device=True)
+    loader = ClipLoader(args.data, "train", EpochOptions(batch_size=args.batch_size, remainder="drop"),
+                        num_workers=2, decode_on_device=True)
     return list(loader)
 
 
@@ -80,8 +80,8 @@ def gpu_rate(batches: list[dict], device: torch.device, passes: int) -> float:
 
 def loader_rate(args, workers: int, on_device: bool, device: torch.device) -> float:
     """Clips/s of ClipLoader with ``workers`` processes into GPU clips: median over epochs."""
-    loader = ClipLoader(args.data, "train", batch_size=args.batch_size, num_workers=workers,
-                        remainder="drop", decode_on_device=on_device)
+    loader = ClipLoader(args.data, "train", EpochOptions(batch_size=args.batch_size, remainder="drop"),
+                        num_workers=workers, decode_on_device=on_device)
     clips_of = DeviceClips(device) if on_device else (lambda b: b["clips"].to(device, non_blocking=True))
     rates = []
     for epoch in range(args.epochs):
@@ -102,9 +102,9 @@ def loader_rate(args, workers: int, on_device: bool, device: torch.device) -> fl
 
 def agreement(args, device: torch.device) -> dict:
     """Mean and largest |difference| between the first batch decoded on the CPU and on the device."""
-    kw = dict(batch_size=args.batch_size, num_workers=1, remainder="drop")
-    on_cpu = next(iter(ClipLoader(args.data, "train", **kw)))
-    raw = next(iter(ClipLoader(args.data, "train", decode_on_device=True, **kw)))
+    epochs, kw = EpochOptions(batch_size=args.batch_size, remainder="drop"), dict(num_workers=1)
+    on_cpu = next(iter(ClipLoader(args.data, "train", epochs, **kw)))
+    raw = next(iter(ClipLoader(args.data, "train", epochs, decode_on_device=True, **kw)))
     assert on_cpu["keys"] == raw["keys"]
     diff = (DeviceClips(device)(raw).cpu().int() - on_cpu["clips"].int()).abs().float()
     return {"mean_abs_diff": diff.mean().item(), "max_abs_diff": diff.max().item()}

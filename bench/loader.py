@@ -217,13 +217,14 @@ def make_loader(role: str, info: dict, batch_size: int):
     import torch
     from torch.utils.data import DataLoader
 
-    from trainer.data.loader import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
     from trainer.data.transforms import TrainTransform
     if role.startswith("shards"):
         if role == "shards-whole":
             whole_frames()
         return ClipLoader(info["shards_rst" if role.startswith("shards-rst") else "shards"], "train",
-                          batch_size=batch_size, num_workers=1, train=not role.endswith("eval"), remainder="drop")
+                          EpochOptions(batch_size=batch_size, train=not role.endswith("eval"),
+                                       remainder="drop"), num_workers=1)
     dataset = (FrameFolders if role == "frames" else VideoFiles)(info["rows"], TrainTransform())
     collate = lambda b: (torch.from_numpy(np.stack([c for c, _ in b])), torch.tensor([y for _, y in b]))  # noqa: E731
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=1, drop_last=True,

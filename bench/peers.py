@@ -17,6 +17,10 @@ batches of 8, and the clips each batch holds are counted (not assumed):
 * ``mosaic``: MosaicML streaming's ``MDSWriter`` shards, its ``StreamingDataset`` (shuffled, told the
   batch size), the same decode and crop in ``__getitem__``, in a torch ``DataLoader``.
 
+``--baseline DIR`` adds ``ours-base``: ``ClipLoader`` of another checkout of this project (``git archive
+main | tar -x -C DIR``, with its ``trainer/libcropjpeg.so``), run by that checkout's own copy of this script,
+interleaved with the rest, so a change to the loader is measured against what it changes in the same runs.
+
 Sources: ``local`` (the files on this disk) and ``http`` (a plain HTTP/1.1 server with byte ranges on
 127.0.0.1, ``tests/helpers/shardsets.serve``, in its own process: ``ours`` reads the manifest and byte ranges;
 webdataset reads whole shards through ``curl``, its documented way; LitData and MosaicML streaming
@@ -60,7 +64,10 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 T, CROP, SCALE, BATCH, SHUFFLE = 8, 224, 256, 8, 256
 LOADERS = ("ours", "ours-dataset", "webdataset", "litdata", "mosaic")
-REMOTE = ("ours", "ours-dataset", "webdataset")  # the loaders that read from a plain HTTP server
+PEERS = LOADERS[2:]
+BASE = "ours-base"  # ``ours`` of the --baseline checkout
+METRICS = (("steady", "clips/s"), ("per_cpu", "clips per CPU-second"), ("with_startup", "with start-up"))
+REMOTE = ("ours", "ours-dataset", "webdataset", BASE)  # the loaders that read from a plain HTTP server
 
 
 # --- the clips, written by each writer ---------------------------------------------------------
@@ -103,7 +110,9 @@ def write(name: str, where: str, data, per: int) -> int:
 
         os.makedirs(where)
         samples = [(key, label, sample_bytes(key, [(f"{t:02d}.jpg", f) for t, f in enumerate(fs)]
-                                             + [("cls", str(label).encode())])) for key, label, fs in data]
+                                             + [("cls", str(label).encode()),
+                                                ("json", json.dumps({"video": key}).encode())]))
+                   for key, label, fs in data]
         infos = [write_shard(os.path.join(where, shard_name("train", k)), shard_name("train", k),
                              samples[k * per:(k + 1) * per]) for k in range(len(samples) // per)]
         Manifest(classes=[f"c{i}" for i in range(10)], splits={"train": SplitInfo(shards=infos)},
@@ -164,10 +173,10 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
     import torch
 
     if name == "ours":
-        from trainer.data import ClipLoader
+        from trainer.data import ClipLoader, EpochOptions
 
-        loader = ClipLoader(where, "train", batch_size=BATCH, num_workers=workers, crop_size=CROP, scale_size=SCALE,
-                            shuffle_buffer=SHUFFLE)
+        loader = ClipLoader(where, "train", EpochOptions(batch_size=BATCH, shuffle_buffer=SHUFFLE),
+                            num_workers=workers, crop_size=CROP, scale_size=SCALE)
         return (lambda epoch: (loader.set_epoch(epoch), loader)[1]), lambda b: int(b["valid"].sum())
     if name == "ours-dataset":
         from torch.utils.data import DataLoader
@@ -279,6 +288,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--loaders", nargs="+", default=list(LOADERS), choices=LOADERS)
     p.add_argument("--sources", nargs="+", default=["local", "http"], choices=["local", "http"])
+    p.add_argument("--baseline", metavar="DIR", help="another checkout whose ClipLoader runs as ours-base")
     p.add_argument("--one", nargs=4, metavar=("LOADER", "WHERE", "WORKERS", "EPOCHS"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
@@ -289,7 +299,8 @@ def main() -> int:
     print(f"{a.clips} clips of {T} frames (340x256, {info['frame_bytes']:,} bytes a frame) in {a.shards} shards; "
           f"bytes by format: {info['bytes']}", flush=True)
     url, server = serve_everything(a.out) if "http" in a.sources else (None, None)
-    combos = [(name, w, src) for src in a.sources for w in a.workers for name in a.loaders
+    loaders = a.loaders + ([BASE] if a.baseline else [])
+    combos = [(name, w, src) for src in a.sources for w in a.workers for name in loaders
               if src == "local" or name in REMOTE]
     runs = []
     try:
@@ -301,7 +312,9 @@ def main() -> int:
                 env = {**os.environ, "PEERS_SHARDS": str(a.shards), "PYTHONPATH": ROOT}
                 if name == "mosaic":  # its local cache of the index, per run
                     shutil.rmtree("/dev/shm/streaming", ignore_errors=True)
-                proc = subprocess.run([sys.executable, __file__, "--one", name, where, str(w), str(a.epochs)],
+                script, loader = (os.path.join(a.baseline, "bench", "peers.py"), "ours") if name == BASE else \
+                    (__file__, name)
+                proc = subprocess.run([sys.executable, script, "--one", loader, where, str(w), str(a.epochs)],
                                       capture_output=True, text=True, env=env, timeout=1800)
                 line = [x for x in proc.stdout.splitlines() if x.startswith("RUN_JSON ")]
                 if proc.returncode or not line:
@@ -328,22 +341,26 @@ def report(runs: list[dict], a) -> str:
         med[key] = {m: statistics.median(r[m] for r in rs)
                     for m in ("steady", "per_cpu", "with_startup", "first_batch_s")}
     lines = ["", "medians | source | workers | loader | clips/s | clips per CPU-second | with start-up | first batch s"]
-    for (name, w, src), m in sorted(med.items(), key=lambda kv: (kv[0][2], kv[0][1], LOADERS.index(kv[0][0]))):
+    order = (*LOADERS, BASE)
+    for (name, w, src), m in sorted(med.items(), key=lambda kv: (kv[0][2], kv[0][1], order.index(kv[0][0]))):
         lines.append(f"| {src} | {w} | {name} | {m['steady']:.1f} | {m['per_cpu']:.1f} | {m['with_startup']:.1f} | "
                      f"{m['first_batch_s']:.2f} |")
     lines.append("")
     for src in a.sources:
         for w in a.workers:
-            peers = {n: med[(n, w, src)] for n in LOADERS[2:] if (n, w, src) in med}
+            peers = {n: med[(n, w, src)] for n in PEERS if (n, w, src) in med}
             if (("ours", w, src) not in med) or not peers:
                 continue
             ours = med[("ours", w, src)]
             ratios = []
-            for metric, words in (("steady", "clips/s"), ("per_cpu", "clips per CPU-second"),
-                                  ("with_startup", "with start-up")):
+            for metric, words in METRICS:
                 best = max(peers, key=lambda n: peers[n][metric])
                 ratios.append(f"{words} {ours[metric] / peers[best][metric]:.2f}x ({best})")
             lines.append(f"{src}, {w} worker(s): ours / the best peer: " + "; ".join(ratios))
+            if (BASE, w, src) in med:
+                base = med[(BASE, w, src)]
+                lines.append(f"{src}, {w} worker(s): ours / ours-base: " + "; ".join(
+                    f"{words} {ours[metric] / base[metric]:.2f}x" for metric, words in METRICS))
     loads = [r["load"] for r in runs]
     lines.append(f"load average (1 min) seen at the ends of the runs: {min(loads):.1f}-{max(loads):.1f} on "
                  f"{os.cpu_count()} cores" if loads else "no runs")

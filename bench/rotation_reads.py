@@ -29,7 +29,7 @@ from shards.format.manifest import Manifest, SplitInfo, digest  # noqa: E402
 from shards.format.ordering import shuffled  # noqa: E402
 from shards.format.packing import shard_name, write_shard  # noqa: E402
 from shards.format.sample import clip_key, pack  # noqa: E402
-from trainer.data import ClipLoader  # noqa: E402
+from trainer.data import ClipLoader, EpochOptions  # noqa: E402
 
 
 def make_set(out: Path, videos: int, clips: int, per_shard: int) -> None:
@@ -56,8 +56,8 @@ def make_set(out: Path, videos: int, clips: int, per_shard: int) -> None:
 
 
 def loader(data: Path, mode: str) -> ClipLoader:
-    return ClipLoader(str(data), "train", batch_size=8, num_workers=0, seed=1, crop_size=112, scale_size=120,
-                      stored_clips=mode)
+    return ClipLoader(str(data), "train", EpochOptions(batch_size=8, seed=1, stored_clips=mode), num_workers=0,
+                      crop_size=112, scale_size=120)
 
 
 def epoch_rate(data: Path, mode: str) -> float:

@@ -65,15 +65,16 @@ class _Downloads(logging.Handler):
 def _rank(url, rank, world, per_node, mode, cache, budget, direct, crop, epochs, go, out):
     """One simulated rank: ``epochs`` epochs of its loader; per epoch its first-batch time, its
     valid clips and the downloads its node cache made in this process."""
-    from trainer.data.loader import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
 
     downloads = _Downloads()
     logging.getLogger("shards.read.cache").addHandler(downloads)
     logging.getLogger("shards.read.cache").setLevel(logging.INFO)
     try:
-        loader = ClipLoader(url, "train", batch_size=4, rank=rank, world_size=world, local_size=per_node,
-                            shuffle=mode, num_workers=0, crop_size=crop, scale_size=crop + crop // 8,
-                            shuffle_buffer=16, cache_dir=cache, cache_budget=budget, lookahead=2,
+        epochs = EpochOptions(batch_size=4, rank=rank, world_size=world, local_size=per_node, shuffle=mode,
+                              shuffle_buffer=16)
+        loader = ClipLoader(url, "train", epochs, num_workers=0, crop_size=crop, scale_size=crop + crop // 8,
+                            cache_dir=cache, cache_budget=budget, lookahead=2,
                             direct_reads="always" if direct else "never")
         go.wait()
         done = []

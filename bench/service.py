@@ -498,9 +498,10 @@ def request_cost(servers: dict[str, list[str]], path: str, token: str, n: int, r
 
 # --- one epoch's data wait ----------------------------------------------------------------------
 def epoch_wait(where: str, workers: int) -> dict:
-    from trainer.data.loader import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
 
-    loader = ClipLoader(where, "train", batch_size=8, num_workers=workers, crop_size=112, scale_size=128)
+    loader = ClipLoader(where, "train", EpochOptions(batch_size=8), num_workers=workers, crop_size=112,
+                        scale_size=128)
     waits, t = [], time.perf_counter()
     for _ in loader:
         now = time.perf_counter()

@@ -31,7 +31,7 @@ from shards.format.digests import CorruptSample, TooManyBadSamples
 from shards.format.manifest import Manifest
 from trainer import metrics
 from trainer.clip_log import read_file
-from trainer.data.loader import ClipLoader
+from trainer.data import ClipLoader, EpochOptions
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
@@ -72,7 +72,8 @@ def test_the_loader_leaves_a_bad_sample_out_with_equal_batches_on_every_rank(set
     bad_key, bad_shard = sets["one"]["train"]
     good = set(keys_of(directory, "train")) - {bad_key}
     info = next(s for s in Manifest.load(str(directory)).splits["train"].shards if s.name == bad_shard)
-    loaders = [ClipLoader(str(directory), "train", batch_size=BATCH, rank=r, world_size=2, num_workers=2,
+    loaders = [ClipLoader(str(directory), "train", EpochOptions(batch_size=BATCH, rank=r, world_size=2),
+                          num_workers=2,
                           crop_size=32, scale_size=36, max_bad_samples=None) for r in (0, 1)]
     for epoch in (0, 1):
         trained, found, sizes = Counter(), [], []
@@ -96,13 +97,15 @@ def test_the_loader_leaves_a_bad_sample_out_with_equal_batches_on_every_rank(set
 def test_the_loader_stops_at_the_first_bad_sample_by_default_and_past_its_budget(sets):
     directory = sets["root"] / "two"
     with pytest.raises(CorruptSample) as stop:  # raised in a worker, received by the rank (pickled)
-        list(ClipLoader(str(directory), "train", batch_size=BATCH, num_workers=1, crop_size=32, scale_size=36))
+        list(ClipLoader(str(directory), "train", EpochOptions(batch_size=BATCH), num_workers=1, crop_size=32,
+                        scale_size=36))
     e = stop.value
     assert isinstance(e, DataFault) and (e.key, e.shard) in sets["two"]["train"] and e.found != e.expected
     assert str(e) == (f"{e.url}: shard {e.shard}, sample {e.key}: xxh3-64 digest {e.found}, the manifest says "
                       f"{e.expected} (read twice)")
     assert pickle.loads(pickle.dumps(e)).facts() == e.facts()
-    loader = ClipLoader(str(directory), "train", batch_size=BATCH, num_workers=1, crop_size=32, scale_size=36,
+    loader = ClipLoader(str(directory), "train", EpochOptions(batch_size=BATCH), num_workers=1, crop_size=32,
+                        scale_size=36,
                         max_bad_samples=1)
     done = []
     with pytest.raises(TooManyBadSamples, match=r"^2 bad samples in epoch 1 of train on rank 0, more than "

@@ -11,12 +11,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers.shardsets import make_shardset
+from helpers.shardsets import clip_loader, make_shardset
 
 from shards.base.errors import UsageError
 from shards.format.manifest import Manifest
 from shards.plan import classmix, partition
-from trainer.data.loader import ClipLoader
 
 SMALL = dict(crop_size=32, scale_size=36, shuffle_buffer=1, batch_size=2, num_workers=0)
 
@@ -146,15 +145,15 @@ def labels_read(loader) -> Counter:
 
 def test_the_loader_refuses_node_affine_epochs_on_a_class_sorted_set(sets):
     with pytest.raises(UsageError) as refused:
-        ClipLoader(sets["sorted"], "train", rank=1, world_size=2, local_size=1, shuffle="node", **SMALL)
+        clip_loader(sets["sorted"], "train", rank=1, world_size=2, local_size=1, shuffle="node", **SMALL)
     message = str(refused.value)
     assert message.startswith("--shuffle node: node-affine epochs on 2 nodes would give them different classes")
     assert "train's stored order follows the classes" in message and "--shuffle global" in message
     assert "\n" not in message
     # not judged where there is nothing to judge: one node, validation, global epochs
-    ClipLoader(sets["sorted"], "train", world_size=2, local_size=2, shuffle="node", **SMALL)
-    ClipLoader(sets["sorted"], "train", world_size=2, local_size=1, shuffle="node", train=False, **SMALL)
-    ClipLoader(sets["sorted"], "train", world_size=2, local_size=1, shuffle="global", **SMALL)
+    clip_loader(sets["sorted"], "train", world_size=2, local_size=2, shuffle="node", **SMALL)
+    clip_loader(sets["sorted"], "train", world_size=2, local_size=1, shuffle="node", train=False, **SMALL)
+    clip_loader(sets["sorted"], "train", world_size=2, local_size=1, shuffle="global", **SMALL)
 
 
 def test_with_the_fallback_each_rank_reads_both_classes_in_global_epochs(sets, caplog):
@@ -162,8 +161,8 @@ def test_with_the_fallback_each_rank_reads_both_classes_in_global_epochs(sets, c
     rank then reads clips of both classes in an epoch, where node-affine epochs would have given
     it one class for the run; the mixed set stays node-affine (each node its own shard)."""
     with caplog.at_level("INFO", logger="trainer.data.epochs"):
-        ranks = [ClipLoader(sets["sorted"], "train", rank=r, world_size=2, local_size=1, shuffle="node",
-                            shuffle_fallback=True, **SMALL) for r in (0, 1)]
+        ranks = [clip_loader(sets["sorted"], "train", rank=r, world_size=2, local_size=1, shuffle="node",
+                             shuffle_fallback=True, **SMALL) for r in (0, 1)]
     said = [r.getMessage() for r in caplog.records if "global epochs, not node-affine" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("--shuffle auto: global epochs, not node-affine: node-affine epochs "
                                                  "on 2 nodes would give them different classes"), said
@@ -174,8 +173,8 @@ def test_with_the_fallback_each_rank_reads_both_classes_in_global_epochs(sets, c
         assert sum(read, Counter()) == Counter({0: 20, 1: 20})
         assert any(len(r) == 2 for r in read), (epoch, read)
 
-    mixed = [ClipLoader(sets["mixed"], "train", rank=r, world_size=2, local_size=1, shuffle="node",
-                        shuffle_fallback=True, **SMALL) for r in (0, 1)]
+    mixed = [clip_loader(sets["mixed"], "train", rank=r, world_size=2, local_size=1, shuffle="node",
+                         shuffle_fallback=True, **SMALL) for r in (0, 1)]
     assert "shuffle node: 2 nodes of 1 rank(s)" in mixed[0].describe()
     shard_of = {k: i for i, s in enumerate(Manifest.load(sets["mixed"]).splits["train"].shards) for k in s.keys}
     assert [{shard_of[k] for b in r for k in b["keys"]} for r in mixed] in ([{0}, {1}], [{1}, {0}])
@@ -189,9 +188,9 @@ def test_a_set_without_per_sample_labels_trains_node_affine_saying_it_was_not_ju
     for shard in manifest.splits["train"].shards:
         shard.labels = []
     with caplog.at_level("INFO", logger="trainer.data.epochs"):
-        ranks = [ClipLoader(manifest, "train", rank=r, world_size=2, local_size=1, shuffle="node", **SMALL)
+        ranks = [clip_loader(manifest, "train", rank=r, world_size=2, local_size=1, shuffle="node", **SMALL)
                  for r in (0, 1)]
-        ClipLoader(sets["mixed"], "train", rank=0, world_size=2, local_size=1, shuffle="node", **SMALL)
+        clip_loader(sets["mixed"], "train", rank=0, world_size=2, local_size=1, shuffle="node", **SMALL)
     said = [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()]
     assert said == ["--shuffle node: node-affine epochs on 2 nodes, their class mix not judged (train: the "
                     "manifest records no per-sample labels)"], said

@@ -22,8 +22,8 @@ from PIL import Image
 from shards.format.manifest import Manifest, SplitInfo
 from shards.format.packing import shard_name, write_shard
 from shards.format.tar import sample_bytes
+from trainer.data import ClipLoader, EpochOptions
 from trainer.data.device_decode import DeviceClips, resized_crop
-from trainer.data.loader import ClipLoader
 
 FRAMES, W, H = 4, 96, 64
 
@@ -58,10 +58,10 @@ def pil_decode(datas: list[torch.Tensor]) -> list[torch.Tensor]:
             .permute(2, 0, 1) for d in datas]
 
 
-def both_paths(shardset, **kw):
-    args = dict(batch_size=3, num_workers=1, crop_size=40, scale_size=48, seed=5) | kw
-    on_cpu = list(ClipLoader(shardset, "train", **args))
-    raw = list(ClipLoader(shardset, "train", decode_on_device=True, **args))
+def both_paths(shardset, train: bool | None = None, **kw):
+    epochs, args = EpochOptions(batch_size=3, seed=5, train=train), dict(num_workers=1, crop_size=40, scale_size=48) | kw
+    on_cpu = list(ClipLoader(shardset, "train", epochs, **args))
+    raw = list(ClipLoader(shardset, "train", epochs, decode_on_device=True, **args))
     return on_cpu, raw
 
 

@@ -65,11 +65,11 @@ STOPS = [(after, False) for after in range(1, BATCHES + 2)] + [(BATCHES, True)]
 
 @pytest.mark.parametrize("workers", [1, 2, 4])
 def test_a_stateful_dataloader_resumes_the_identical_sequence_wherever_it_is_stopped(shardset, workers):
-    from trainer.data import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
 
     whole = epochs(shardset, workers)
-    ready = ClipLoader(shardset, "train", batch_size=BATCH, num_workers=workers, seed=5, shuffle_buffer=8,
-                       crop_size=32, scale_size=40)
+    ready = ClipLoader(shardset, "train", EpochOptions(batch_size=BATCH, seed=5, shuffle_buffer=8),
+                       num_workers=workers, crop_size=32, scale_size=40)
     assert whole == [rows(b) for _ in range(2) for b in ready]
     for epoch in (whole[:BATCHES], whole[BATCHES:]):
         assert len({k for b in epoch for k, valid in b if valid}) == CLIPS
@@ -107,15 +107,23 @@ def test_the_trainers_configs_name_loader_options_and_its_refusals_are_worded_as
     from shards.base.errors import UsageError
     from trainer import config
     from trainer.data import ClipLoader
-    from trainer.data.arguments import FROM_CONFIG, loader_kwargs, worded_as_flags
+    from trainer.data.arguments import (
+        FROM_CONFIG,
+        LOADER_FROM_CONFIG,
+        PLANNER_FROM_CONFIG,
+        loader_kwargs,
+        worded_as_flags,
+    )
     from trainer.data.epochs import EpochOptions
 
-    options = set(inspect.signature(ClipLoader).parameters) | {f.name for f in dataclasses.fields(EpochOptions)}
-    assert set(FROM_CONFIG.values()) <= options
+    assert set(PLANNER_FROM_CONFIG.values()) <= {f.name for f in dataclasses.fields(EpochOptions)}
+    assert set(LOADER_FROM_CONFIG.values()) <= set(inspect.signature(ClipLoader).parameters) - {"epochs"}
     fields = {f.name for c in (config.Data, config.Evaluation) for f in dataclasses.fields(c)}
     assert set(FROM_CONFIG) <= fields
     data = config.Data(data=shardset, crop_size=64, scale_size=32, val_split="", workers=0)
     with pytest.raises(UsageError) as refused, worded_as_flags(data):
-        ClipLoader(shardset, "train", **loader_kwargs(data), train=False)  # an evaluation scale below the crop
+        planning, reading = loader_kwargs(data)
+        ClipLoader(shardset, "train", EpochOptions(**planning, train=False),
+                   **reading)  # evaluation: scale below crop
     assert str(refused.value).startswith("--scale-size=32 is smaller than --crop-size=64: evaluation scales the "
                                          "short side to --scale-size"), refused.value

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.shardsets import ServiceProcess, make_shardset, register
+from helpers.shardsets import ServiceProcess, clip_loader, make_shardset, register
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "library.md"
@@ -175,11 +175,12 @@ def test_node_cache_through_the_service(shardset, served, tmp_path):
 def test_dataset_yields_what_the_ready_loader_yields(shardset):
     from torch.utils.data import DataLoader
 
-    from trainer.data import ClipDataset, ClipLoader
+    from trainer.data import ClipDataset, ClipLoader, EpochOptions
 
-    options = dict(batch_size=4, crop_size=32, scale_size=40, seed=3)
-    ready = list(ClipLoader(shardset, "train", num_workers=2, **options))
-    dataset = ClipDataset(shardset, "train", **options)
+    ready = list(ClipLoader(shardset, "train", EpochOptions(batch_size=4, seed=3), num_workers=2,
+                            crop_size=32,
+                            scale_size=40))
+    dataset = ClipDataset(shardset, "train", batch_size=4, seed=3, crop_size=32, scale_size=40)
     mine = list(DataLoader(dataset, batch_size=4, num_workers=2))
     assert [b["keys"] for b in mine] == [b["keys"] for b in ready]
     for a, b in zip(mine, ready):
@@ -188,31 +189,32 @@ def test_dataset_yields_what_the_ready_loader_yields(shardset):
 
 
 def test_rank_and_world_size_from_the_environment(shardset, monkeypatch):
-    from trainer.data import ClipDataset, ClipLoader
+    from trainer.data import ClipDataset, ClipLoader, EpochOptions
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    loader = ClipLoader(shardset, "train", batch_size=4, num_workers=0)
+    loader = ClipLoader(shardset, "train", EpochOptions(batch_size=4), num_workers=0)
     assert (loader.rank, loader.world_size, loader.local_size) == (1, 2, 2)
-    halves = [{k for b in ClipLoader(shardset, "train", batch_size=4, num_workers=0, rank=r, world_size=2)
-               for k in b["keys"]} for r in (0, 1)]
+    halves = [{k for b in ClipLoader(shardset, "train", EpochOptions(batch_size=4, rank=r, world_size=2),
+                                     num_workers=0) for k in b["keys"]} for r in (0, 1)]
     assert {k for b in loader for k in b["keys"]} == halves[1] != halves[0]
     assert len(ClipDataset(shardset, "train", batch_size=4)) == TRAIN // 2
 
 
 def test_crops_larger_than_the_stored_frames_warn(tmp_path):
     from shards.format.manifest import Manifest
-    from trainer.data import ClipLoader, Upsampling
+    from trainer.data import ClipLoader, EpochOptions, Upsampling
 
     m = make_shardset(str(tmp_path), {"train": 8}, per_shard=4)
     m.config["clip"]["short_side"] = 48
     m.save(str(tmp_path))
     with pytest.warns(Upsampling, match="48 pixels on their short side.*scale_size=48, crop_size=42"):
-        ClipLoader(str(tmp_path), "train", batch_size=4, crop_size=224, scale_size=256)
+        ClipLoader(str(tmp_path), "train", EpochOptions(batch_size=4), crop_size=224, scale_size=256)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ClipLoader(Manifest.load(str(tmp_path)), "train", batch_size=4, crop_size=48, scale_size=56)
+        ClipLoader(Manifest.load(str(tmp_path)), "train", EpochOptions(batch_size=4), crop_size=48,
+                   scale_size=56)
 
 
 def test_normalise_is_imagenets_and_the_models():
@@ -396,10 +398,22 @@ def test_a_wrong_argument_is_refused_when_the_loader_is_made_naming_it(shardset,
 
     arguments = {"split": "train", "batch_size": 4, "crop_size": 32, "scale_size": 40} | arguments
     with pytest.raises(error) as refused:
-        getattr(trainer.data, api)(shardset, arguments.pop("split"), **arguments)
+        (clip_loader if api == "ClipLoader" else trainer.data.ClipDataset)(shardset, arguments.pop("split"),
+                                                                           **arguments)
     message = str(refused.value)
     assert type(refused.value) is error and "\n" not in message  # no ZeroDivisionError, no bare KeyError
     assert all(w in message for w in words), message
+
+
+def test_the_loader_takes_the_planners_options_as_one_object_only(shardset):
+    from trainer.data import ClipLoader, EpochOptions
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seed'"):
+        ClipLoader(shardset, "train", EpochOptions(batch_size=4), seed=3)
+    with pytest.raises(TypeError,
+                       match=r"^epochs must be a trainer.data.EpochOptions, not dict \{'batch_size': 4\}$"):
+        ClipLoader(shardset, "train", {"batch_size": 4})
+    assert ClipLoader(shardset, "train", EpochOptions(batch_size=4, seed=3)).seed == 3
 
 
 def test_every_numeric_argument_of_the_loader_is_bounded(shardset):
@@ -419,40 +433,45 @@ def test_every_numeric_argument_of_the_loader_is_bounded(shardset):
     for name in numeric:
         arguments = {"batch_size": 4, "crop_size": 32, "scale_size": 40, name: -1}
         with pytest.raises(ValueError, match=rf"^{name}(: -1 is out of range: give|=-1: give one of)"):
-            ClipLoader(shardset, "train", **arguments)
+            clip_loader(shardset, "train", **arguments)
 
 
 def test_a_split_other_than_train_reads_with_the_evaluation_transform_unless_asked(shardset):
     """``train`` left out: True for the split named "train" (random crops, flips, a shuffled order), False
     for the others (the centre crop, in stored order); ``train=True`` still augments any split."""
     from shards.format.manifest import Manifest
-    from trainer.data import ClipDataset, ClipLoader, EvalTransform, TrainTransform
+    from trainer.data import ClipDataset, ClipLoader, EpochOptions, EvalTransform, TrainTransform
 
     stored = [k for s in Manifest.load(shardset).splits["val"].shards for k in s.keys]
-    options = {"batch_size": 2, "crop_size": 32, "scale_size": 40, "num_workers": 0}
-    val = ClipLoader(shardset, "val", **options)
+    options = {"crop_size": 32, "scale_size": 40, "num_workers": 0}
+    val = ClipLoader(shardset, "val", EpochOptions(batch_size=2), **options)
     assert not val.train and type(val.transform) is EvalTransform
     for epoch in (0, 1):
         val.set_epoch(epoch)
         assert [k for b in val for k in b["keys"]] == stored
     assert [s["keys"] for s in ClipDataset(shardset, "val", batch_size=2, crop_size=32, scale_size=40)] == stored
-    assert type(ClipLoader(shardset, "val", train=True, **options).transform) is TrainTransform
-    assert type(ClipLoader(shardset, "train", **options).transform) is TrainTransform
+    assert type(ClipLoader(shardset, "val", EpochOptions(batch_size=2, train=True), **options).transform) \
+        is TrainTransform
+    assert type(ClipLoader(shardset, "train", EpochOptions(batch_size=2),
+                           **options).transform) is TrainTransform
 
 
 # --- warnings: once, at the caller's line ------------------------------------------------------------------
 def test_the_upsampling_warning_points_at_the_callers_line(tmp_path):
-    from trainer.data import ClipDataset, ClipLoader, Upsampling
+    from trainer.data import ClipDataset, ClipLoader, EpochOptions, Upsampling
 
     m = make_shardset(str(tmp_path), {"train": 8}, per_shard=4)
     m.config["clip"]["short_side"] = 48
     m.save(str(tmp_path))
-    for api in (ClipLoader, ClipDataset):
+    for api, make in (("ClipLoader", lambda: ClipLoader(str(tmp_path), "train", EpochOptions(batch_size=4),
+                                                        crop_size=224, scale_size=256)),
+                      ("ClipDataset", lambda: ClipDataset(str(tmp_path), "train", batch_size=4, crop_size=224,
+                                                          scale_size=256))):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            api(str(tmp_path), "train", batch_size=4, crop_size=224, scale_size=256)
+            make()
         (w,) = [w for w in caught if w.category is Upsampling]
-        assert w.filename == __file__, (api.__name__, w.filename)
+        assert w.filename == __file__, (api, w.filename)
 
 
 def test_a_dataloader_batching_other_than_the_dataset_warns_once_at_the_callers_line(shardset):

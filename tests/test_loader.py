@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from helpers.shardsets import frame_colour, make_shardset, serve
+from helpers.shardsets import clip_loader, frame_colour, make_shardset, serve
 from PIL import Image
 
 from shards.format.manifest import Manifest
@@ -17,7 +17,7 @@ from shards.io.http_range import ShardChanged
 from shards.plan import partition as P
 from shards.read.cache import ShardCache
 from shards.read.reading import read_range
-from trainer.data.loader import ClipLoader, shared_manifest
+from trainer.data.placement import shared_manifest
 from trainer.data.transforms import EvalTransform, TrainTransform, decode, multiscale_box
 
 TRAIN, TEST = 23, 7
@@ -33,7 +33,7 @@ def shardset(tmp_path_factory):
 
 def loader(where, **kw):
     args = dict(SMALL, batch_size=2, num_workers=0) | kw
-    return ClipLoader(where, args.pop("split", "train"), **args)
+    return clip_loader(where, args.pop("split", "train"), **args)
 
 
 def keys_of(batches, valid_only=True):

@@ -20,7 +20,7 @@ from PIL import Image
 
 from shards.format import motionfield
 from trainer.config import CHANNELS
-from trainer.data.loader import ClipLoader
+from trainer.data import ClipLoader, EpochOptions
 from trainer.data.motion import MotionTransform
 from trainer.data.shapes import EpochShapes
 from trainer.data.transforms import EvalTransform, TrainTransform, dct_denom
@@ -171,8 +171,8 @@ def test_the_multigrid_loader_renders_motion_parts_in_the_order_and_draws_of_the
 
     def batches(modality: str):
         shapes = EpochShapes(sched, CHANNELS[modality])
-        loader = ClipLoader(str(tmp_path), "train", batch_size=1, num_workers=0, crop_size=32, scale_size=48,
-                            flip=True, shuffle_buffer=4, shapes=shapes, modality=modality)
+        loader = ClipLoader(str(tmp_path), "train", EpochOptions(batch_size=1, shuffle_buffer=4, shapes=shapes),
+                            num_workers=0, crop_size=32, scale_size=48, flip=True, modality=modality)
         return list(loader)
 
     rgb, motion = batches("rgb"), batches("motion")

@@ -9,7 +9,7 @@ import torch
 from helpers.shardsets import frame_colour, jpeg, make_shardset
 
 from shards.plan import partition as P
-from trainer.data.loader import ClipLoader
+from trainer.data import ClipLoader, EpochOptions
 from trainer.data.shapes import EpochShapes, Part, PartsRenderer, epoch_parts, parts_nbytes, unpack
 from trainer.schedules.multigrid import Schedule, plan
 
@@ -118,8 +118,9 @@ def test_the_loader_yields_the_schedules_parts_on_every_rank_and_resumes_mid_epo
     assert shapes.parts(0) != shapes.parts(sched.epochs - 1)
 
     def loader(rank):
-        return ClipLoader(shardset, "train", batch_size=1, rank=rank, world_size=2, num_workers=1, crop_size=32,
-                          scale_size=48, flip=False, shuffle_buffer=4, shapes=shapes)
+        return ClipLoader(shardset, "train", EpochOptions(batch_size=1, rank=rank, world_size=2, shuffle_buffer=4,
+                                                          shapes=shapes), num_workers=1, crop_size=32,
+                          scale_size=48, flip=False)
 
     for epoch in (0, sched.epochs - 1):
         parts = epoch_parts(sched, epoch)
@@ -155,13 +156,14 @@ def test_the_loader_yields_the_schedules_parts_on_every_rank_and_resumes_mid_epo
     for a, b in zip(rest, resumed):
         assert all(torch.equal(x["clips"], y["clips"]) for x, y in zip(a["parts"], b["parts"]))
     # validation always at the full shape: an evaluation loader has no parts
-    val = ClipLoader(shardset, "train", batch_size=3, train=False, num_workers=0, crop_size=32, scale_size=36,
-                     shapes=shapes)
+    val = ClipLoader(shardset, "train", EpochOptions(batch_size=3, train=False, shapes=shapes),
+                     num_workers=0, crop_size=32, scale_size=36)
     assert {tuple(b["clips"].shape) for b in val} == {(3, STORED, 3, 32, 32)}
 
 
 def test_resize_splits_the_rest_of_the_epoch_for_a_larger_batch(shardset):
-    ld = ClipLoader(shardset, "train", batch_size=2, num_workers=1, crop_size=32, scale_size=48, shuffle_buffer=4)
+    ld = ClipLoader(shardset, "train", EpochOptions(batch_size=2, shuffle_buffer=4), num_workers=1,
+                    crop_size=32, scale_size=48)
     it = iter(ld)
     first = [next(it) for _ in range(3)]
     it.close()

@@ -13,13 +13,12 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers.shardsets import make_shardset, serve
+from helpers.shardsets import clip_loader, make_shardset, serve
 
 from shards.format.manifest import Manifest
 from shards.plan import partition
 from shards.read.cache import CacheFull
 from trainer import clip_log
-from trainer.data.loader import ClipLoader
 
 SMALL = dict(crop_size=32, scale_size=36, shuffle_buffer=1, batch_size=2)
 
@@ -61,7 +60,8 @@ def run_ranks(ranks: list, out) -> dict:
 def _rank(url, rank, cache, budget, epochs, out, world_size=2, num_workers=1, lookahead=2):
     """One rank of a job of two-rank nodes: its clips of each epoch, or what went wrong."""
     try:
-        loader = ClipLoader(url, "train", rank=rank, world_size=world_size, local_size=2, shuffle="node", seed=0,
+        loader = clip_loader(url, "train", rank=rank, world_size=world_size, local_size=2, shuffle="node",
+                             seed=0,
                             num_workers=num_workers, cache_dir=cache, cache_budget=budget, lookahead=lookahead, **SMALL)
         out.put((rank, [keys(loader) for _ in range(epochs)]))
     except Exception as e:  # reported to the test
@@ -86,7 +86,7 @@ def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares
 
 def test_a_budget_below_the_nodes_lookahead_is_refused_before_any_download(forty, tmp_path):
     with serve(forty) as (url, requests):
-        loader = ClipLoader(url, "train", rank=1, world_size=4, local_size=2, shuffle="node", num_workers=2,
+        loader = clip_loader(url, "train", rank=1, world_size=4, local_size=2, shuffle="node", num_workers=2,
                             cache_dir=str(tmp_path), cache_budget="100kB", lookahead=3, **SMALL)
         with pytest.raises(CacheFull, match=r"a cache budget of 100,000 bytes cannot hold the lookahead of this node's "
                                             r"2 ranks x 2 loader workers x 3 shards of up to [\d,]+ bytes \([\d,]+ bytes\)"):
@@ -99,7 +99,7 @@ def test_a_refusal_in_a_loader_worker_comes_to_the_rank_as_its_one_line(forty, t
     worker: the rank raises the cache's own one-line CacheFull, not PyTorch's re-raise of it with
     the worker's traceback for its message."""
     with serve(forty) as (url, _):
-        loader = ClipLoader(url, "train", num_workers=1, cache_dir=str(tmp_path), cache_budget=1000, **SMALL)
+        loader = clip_loader(url, "train", num_workers=1, cache_dir=str(tmp_path), cache_budget=1000, **SMALL)
         loader.cache.reserve = lambda nbytes, what: None  # the worker inherits it: the budget itself refuses there
         with pytest.raises(CacheFull) as refused:
             next(iter(loader))
@@ -132,7 +132,8 @@ def test_the_first_batch_comes_while_later_shards_still_download(forty, tmp_path
             release.wait(120)
     waiter = ThreadPoolExecutor(1)
     with serve(forty, gate) as (url, _):
-        loader = ClipLoader(url, "train", num_workers=0, cache_dir=str(tmp_path) if cached else None, lookahead=2,
+        loader = clip_loader(url, "train", num_workers=0, cache_dir=str(tmp_path) if cached else None,
+                             lookahead=2,
                             **(SMALL | {"batch_size": 1}))
         batches = iter(loader)
         try:
@@ -184,8 +185,9 @@ def test_node_affine_resume_with_other_nodes_covers_the_epoch_once(forty, before
     """Two batches per rank on (nodes, ranks per node) ``before``, then the rest of the epoch from
     rank 0's state on ``after``: every clip once (node counts change: the rest is split anew)."""
     def loaders(nodes, per_node, mode="node"):
-        return [ClipLoader(forty, "train", rank=r, world_size=nodes * per_node, local_size=per_node, shuffle=mode,
-                           num_workers=1, seed=3, **SMALL) for r in range(nodes * per_node)]
+        return [clip_loader(forty, "train", rank=r, world_size=nodes * per_node, local_size=per_node,
+                            shuffle=mode, seed=3,
+                           num_workers=1, **SMALL) for r in range(nodes * per_node)]
     first, got = loaders(*before), Counter()
     for loader in first:
         batches = iter(loader)
@@ -240,7 +242,8 @@ def test_the_loaders_line_says_how_many_nodes_and_what_each_reads(forty):
     node-affine on 2 nodes of 2 ranks names the shards each node's ranks really read; one node of
     every rank is said to be the global mode."""
     shard_of = {k: i for i, s in enumerate(Manifest.load(forty).splits["train"].shards) for k in s.keys}
-    ranks = [ClipLoader(forty, "train", rank=r, world_size=4, local_size=2, shuffle="node", num_workers=0, **SMALL)
+    ranks = [clip_loader(forty, "train", rank=r, world_size=4, local_size=2, shuffle="node", num_workers=0,
+                         **SMALL)
              for r in range(4)]
     read = [{shard_of[k] for r in (2 * n, 2 * n + 1) for k in keys(ranks[r])} for n in (0, 1)]
     assert not read[0] & read[1]
@@ -248,7 +251,7 @@ def test_the_loaders_line_says_how_many_nodes_and_what_each_reads(forty):
     assert ranks[0].describe() == (f"train: 40 clips in 8 shards, shuffle node: 2 nodes of 2 rank(s), each reading "
                                    f"only its own shards for the whole run ({counts[0]}-{counts[1]} shards, "
                                    "20-20 clips a node)")
-    one = ClipLoader(forty, "train", world_size=2, local_size=2, shuffle="node", num_workers=0, **SMALL)
+    one = clip_loader(forty, "train", world_size=2, local_size=2, shuffle="node", num_workers=0, **SMALL)
     assert one.describe() == ("train: 40 clips in 8 shards, shuffle node (one node: the same as global): one order "
                               "of every shard for the 2 rank(s)")
 

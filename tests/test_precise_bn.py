@@ -19,7 +19,7 @@ from torch import nn
 
 from shards.format.manifest import Manifest
 from trainer import metrics
-from trainer.data.loader import ClipLoader
+from trainer.data import ClipLoader, EpochOptions
 from trainer.model.tsm import ModelConfig, build
 from trainer.precise_bn import recompute
 
@@ -102,7 +102,8 @@ def test_trainer_recomputes_at_the_full_shape_before_validation(tmp_path):
     state = torch.load(out / "checkpoint.pt", weights_only=False)
     model = build(state["model_config"])
     model.load_state_dict(state["model"])
-    loader = ClipLoader(Manifest.load(str(data)), "train", batch_size=2, train=True, seed=3, epoch=len(epochs) - 1,
+    loader = ClipLoader(Manifest.load(str(data)), "train", EpochOptions(batch_size=2, train=True, seed=3,
+                                                                        epoch=len(epochs) - 1),
                         num_workers=0, crop_size=32, scale_size=36)
     clips = [b["clips"] for _, b in zip(range(2), loader)]
     assert clips[0].shape[-2:] == (32, 32)

@@ -137,8 +137,8 @@ def keys(batch) -> list[tuple[str, bool]]:
 def ready(shardset, **options):
     from trainer.data import ClipLoader
 
-    return ClipLoader(shardset, "train", batch_size=BATCH, num_workers=2, seed=5, shuffle_buffer=8, crop_size=32,
-                      scale_size=40, stored_clips="rotate", **options)
+    return ClipLoader(shardset, "train", EpochOptions(batch_size=BATCH, seed=5, shuffle_buffer=8, stored_clips="rotate"),
+                      num_workers=2, crop_size=32, scale_size=40, **options)
 
 
 def test_the_loader_reads_one_clip_a_video_an_epoch_and_resumes_the_identical_sequence(shardset):
@@ -204,6 +204,7 @@ def test_the_trainers_flag_reaches_the_loader(shardset):
 
     data = config.Data(data=shardset, batch_size=BATCH, crop_size=32, scale_size=40, val_split="", workers=0,
                        stored_clips="rotate")
-    loader = ClipLoader(shardset, "train", **loader_kwargs(data), seed=5)
+    planning, reading = loader_kwargs(data)
+    loader = ClipLoader(shardset, "train", EpochOptions(**planning, seed=5), **reading)
     assert len(loader) == 3 and "one of each video's an epoch (11 videos, rotating)" in loader.describe()
     assert clips_an_epoch(loader.shards, "rotate") == 11 and clips_an_epoch(loader.shards, "each") == CLIPS

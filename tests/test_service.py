@@ -327,9 +327,10 @@ def test_sets_not_ready_are_never_served(env):
 
 
 def batches(where, **kw):
-    from trainer.data.loader import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
 
-    loader = ClipLoader(where, "train", batch_size=4, num_workers=2, crop_size=32, scale_size=36, **kw)
+    loader = ClipLoader(where, "train", EpochOptions(batch_size=4), num_workers=2, crop_size=32,
+                        scale_size=36, **kw)
     return list(loader)
 
 

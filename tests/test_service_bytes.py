@@ -91,9 +91,10 @@ def env(tmp_path_factory):
 
 
 def loader_batches(url: str, direct: str = "never"):
-    from trainer.data.loader import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
 
-    return list(ClipLoader(url, "train", batch_size=4, num_workers=0, crop_size=32, scale_size=36,
+    return list(ClipLoader(url, "train", EpochOptions(batch_size=4), num_workers=0, crop_size=32,
+                           scale_size=36,
                            direct_reads=direct))
 
 

@@ -130,10 +130,11 @@ def test_resume_on_a_set_of_other_options_is_refused_naming_both_and_goes_on_whe
 
 
 def test_a_loader_position_continues_on_its_set_at_any_world_size_and_nowhere_else(sets):
-    from trainer.data.loader import ClipLoader, OtherShardSet
+    from trainer.data.loader import ClipLoader, EpochOptions, OtherShardSet
 
     def loader(name: str, world: int = 2, rank: int = 0) -> ClipLoader:
-        return ClipLoader(str(sets / name), "train", batch_size=1, world_size=world, rank=rank, num_workers=0,
+        return ClipLoader(str(sets / name), "train", EpochOptions(batch_size=1, world_size=world, rank=rank),
+                          num_workers=0,
                           crop_size=16, scale_size=20)
 
     two = loader("two")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers.shardsets import frame_colour, make_shardset
 
-from trainer.data.loader import ClipLoader
+from trainer.data import ClipLoader, EpochOptions
 
 CLIPS = 24
 
@@ -19,8 +19,8 @@ def shardset(tmp_path_factory):
 
 
 def loader(shardset, workers):
-    return ClipLoader(shardset, "train", batch_size=2, num_workers=workers, crop_size=32, scale_size=48,
-                      shuffle_buffer=6)
+    return ClipLoader(shardset, "train", EpochOptions(batch_size=2, shuffle_buffer=6), num_workers=workers,
+                      crop_size=32, scale_size=48)
 
 
 def in_pool(ld, clips) -> bool:
@@ -76,5 +76,6 @@ def test_an_interrupted_epoch_gives_its_slots_back(shardset):
     del first
     assert not ld.slots.state.any()
     rest = list(b["keys"] for b in ld)
-    assert len(rest) == len(ld.__class__(shardset, "train", batch_size=2, num_workers=2, crop_size=32,
-                                         scale_size=48, shuffle_buffer=6)) - 1
+    assert len(rest) == len(ld.__class__(shardset, "train", EpochOptions(batch_size=2, shuffle_buffer=6),
+                                         num_workers=2, crop_size=32,
+                                         scale_size=48)) - 1

@@ -27,10 +27,13 @@ from shards.base.errors import UsageError
 from shards.io import storage
 
 from . import checkpoint, config, metrics
-from .data import ClipLoader  # the public reading API (docs/library.md), as any training loop reads
+from .data import (  # the public reading API (docs/library.md), as any training loop reads
+    ClipLoader,
+    EpochOptions,
+)
 from .data.arguments import loader_kwargs, worded_as_flags
 from .data.device_decode import clip_source
-from .data.loader import shared_manifest
+from .data.placement import shared_manifest
 from .distributed import backends as distributed
 from .distributed import cores
 from .engine import amp_dtype, autocast, pick_device
@@ -152,8 +155,9 @@ def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, d
     workers = ev.workers if ev.workers is not None else cores.default_workers(backend.local_ranks)
     ev = dataclasses.replace(ev, workers=workers, crop_size=crop, scale_size=scale)
     with worded_as_flags(ev):
-        loader = ClipLoader(manifest, ev.split, **loader_kwargs(ev), rank=backend.rank,
-                            world_size=backend.size, train=False, modality=model.config.modality)
+        planning, reading = loader_kwargs(ev)
+        epochs = EpochOptions(**planning, rank=backend.rank, world_size=backend.size, train=False)
+        loader = ClipLoader(manifest, ev.split, epochs, **reading, modality=model.config.modality)
     local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
     return VideoScores.merged(backend.all_gather_object(local))
 

@@ -43,11 +43,12 @@ from . import bad_samples, checkpoint, config, metrics
 from .clip_log import ClipLog
 from .data import (  # the public reading API (docs/library.md), as any training loop reads
     ClipLoader,
+    EpochOptions,
     Upsampling,
 )
 from .data.arguments import loader_kwargs, worded_as_flags
 from .data.device_decode import clip_source
-from .data.loader import shared_manifest
+from .data.placement import shared_manifest
 from .data.rotation import clips_an_epoch
 from .distributed import backends as distributed
 from .distributed import cores
@@ -200,10 +201,12 @@ class Trainer:
         bad samples out, and the ``BadSamples`` hook keeps the budget over every rank."""
         a = self.cfg.data
         with worded_as_flags(a):
-            return ClipLoader(manifest, split, **loader_kwargs(a), rank=self.backend.rank,
-                              world_size=self.backend.size, local_size=self.backend.local_size, train=train, seed=self.cfg.system.seed,
-                              shuffle=shuffle_mode(self.cfg),
-                              shapes=None if full_shape else self.regime.shapes,
+            planning, reading = loader_kwargs(a)
+            epochs = EpochOptions(**planning, rank=self.backend.rank, world_size=self.backend.size,
+                                  local_size=self.backend.local_size, train=train, seed=self.cfg.system.seed,
+                                  shuffle=shuffle_mode(self.cfg),
+                                  shapes=None if full_shape else self.regime.shapes)
+            return ClipLoader(manifest, split, epochs, **reading,
                               max_bad_samples=None if self.bad_sample_limit(manifest, split) else 0)
 
     def start(self) -> None:

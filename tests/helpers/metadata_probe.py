@@ -23,7 +23,7 @@ from syscalls import mark
 def epoch(where: str, phase: str, world: int, workers: int, batch: int, service: str | None = None,
           **kw) -> None:
     from shards.format.manifest import Manifest
-    from trainer.data.loader import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
 
     def start(name: str) -> None:
         mark(f"{phase}/{name}")
@@ -34,8 +34,9 @@ def epoch(where: str, phase: str, world: int, workers: int, batch: int, service:
     manifest = Manifest.load(where)
     for rank in range(world):
         start(f"rank{rank}")
-        loader = ClipLoader(manifest, "train", batch_size=batch, rank=rank, world_size=world,
-                            num_workers=workers, crop_size=32, scale_size=36, shuffle_buffer=4, **kw)
+        loader = ClipLoader(manifest, "train", EpochOptions(batch_size=batch, rank=rank, world_size=world,
+                                                            shuffle_buffer=4),
+                            num_workers=workers, crop_size=32, scale_size=36, **kw)
         print(phase, rank, sum(1 for _ in loader), flush=True)
 
 

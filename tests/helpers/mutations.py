@@ -407,14 +407,15 @@ def _command(argv: list[str]):
 
 
 def _loader(directory: str):
-    from trainer.data.loader import ClipLoader
+    from trainer.data import ClipLoader, EpochOptions
 
     def work():
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            loader = ClipLoader(directory, "train", batch_size=2, num_workers=0, crop_size=16, scale_size=20)
+            loader = ClipLoader(directory, "train", EpochOptions(batch_size=2), num_workers=0, crop_size=16,
+                                scale_size=20)
             batches = sum(1 for _ in loader)
         return {"refused": False, "line": f"{batches} batches"}
     return _guarded(work)

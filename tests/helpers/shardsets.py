@@ -284,3 +284,14 @@ def wait_for(url, dataset, states, timeout=240, headers: dict | None = None):
                 return answer
         time.sleep(0.2)
     raise AssertionError(f"build {dataset} not {states} in {timeout} s; last answer: {answer}")
+
+
+def clip_loader(data, split: str = "train", **options):
+    """A test's shorthand: ``ClipLoader(data, split, EpochOptions(...), ...)`` from keywords, the
+    planner's (``EpochOptions``' fields) gathered into its options object."""
+    from dataclasses import fields
+
+    from trainer.data import ClipLoader, EpochOptions
+
+    planning = {f.name: options.pop(f.name) for f in fields(EpochOptions) if f.name in options}
+    return ClipLoader(data, split, EpochOptions(**planning), **options)

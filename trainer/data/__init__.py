@@ -24,7 +24,8 @@ refusals in the flags' words). Imports nothing of the trainer outside this room 
 """
 import importlib
 
-PUBLIC = {"ClipLoader": "loader", "EpochOptions": "epochs", "placement": "loader", "Upsampling": "loader",
+PUBLIC = {"ClipLoader": "loader", "EpochOptions": "epochs", "placement": "placement",
+          "Upsampling": "transforms",
           "ClipDataset": "dataset",
           "BatchSizeMismatch": "dataset", "normalise": "dataset", "MEAN": "dataset", "STD": "dataset",
           "TrainTransform": "transforms", "EvalTransform": "transforms", "Geometry": "transforms"}

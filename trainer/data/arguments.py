@@ -12,7 +12,8 @@ package and torch's (whose ``DataLoader`` runs a dataset's ``__iter__``): what P
 ``skip_file_prefixes`` does, for 3.11.
 
 For the trainer: ``loader_kwargs(cfg)``, the loader options a config (``trainer.config.Data``,
-``Evaluation``) holds, by the loader's names (``FROM_CONFIG``: one line per option, the only copy), and
+``Evaluation``) holds, by the loader's names, the planner's apart (``PLANNER_FROM_CONFIG`` and
+``LOADER_FROM_CONFIG``: one line per option, the only copy), and
 ``worded_as_flags(cfg)``, the library's ``ValueError`` and ``TypeError`` refused as a ``UsageError`` in
 the words of that config's flags (``batch_size: ...`` -> ``--batch-size: ...``).
 """
@@ -132,16 +133,23 @@ def warn(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-# a trainer config's fields that are loader options (``ClipLoader``'s or the planner's), by the option's name
-FROM_CONFIG = {"batch_size": "batch_size", "workers": "num_workers", "crop_size": "crop_size",
-               "scale_size": "scale_size", "flip": "flip", "shuffle_buffer": "shuffle_buffer",
-               "cache_dir": "cache_dir", "lookahead": "lookahead", "decode_on_device": "decode_on_device", "modality": "modality",
-               "source_deadline": "source_deadline", "crops": "eval_crops", "stored_clips": "stored_clips"}
+# a trainer config's fields that are loader options, by the option's name: the planner's
+# (``trainer.data.epochs.EpochOptions``) and ``ClipLoader``'s own
+PLANNER_FROM_CONFIG = {"batch_size": "batch_size", "shuffle_buffer": "shuffle_buffer", "stored_clips": "stored_clips"}
+LOADER_FROM_CONFIG = {"workers": "num_workers", "crop_size": "crop_size", "scale_size": "scale_size",
+                      "flip": "flip", "cache_dir": "cache_dir", "lookahead": "lookahead",
+                      "decode_on_device": "decode_on_device", "modality": "modality",
+                      "source_deadline": "source_deadline", "crops": "eval_crops"}
+FROM_CONFIG = PLANNER_FROM_CONFIG | LOADER_FROM_CONFIG
 
 
-def loader_kwargs(cfg) -> dict:
-    """The loader options the config dataclass ``cfg`` holds (``FROM_CONFIG``), by the loader's names."""
-    return {option: getattr(cfg, field) for field, option in FROM_CONFIG.items() if hasattr(cfg, field)}
+def loader_kwargs(cfg) -> tuple[dict, dict]:
+    """The loader options the config dataclass ``cfg`` holds, by the options' names: the planner's (for
+    an ``EpochOptions``, with what the config does not hold: the placement, the seed, ...) and the
+    loader's own (``ClipLoader``'s keywords)."""
+    def held(table: dict) -> dict:
+        return {option: getattr(cfg, field) for field, option in table.items() if hasattr(cfg, field)}
+    return held(PLANNER_FROM_CONFIG), held(LOADER_FROM_CONFIG)
 
 
 def flag_words(message: str, cfg) -> str:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import io
 import logging
 import sys
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ from shards.plan import partition
 
 from ..config import IMAGENET_MEAN, IMAGENET_STD
 from .arguments import Flag, Function, OneOf, check, warn
+from .epochs import EpochOptions
 from .loader import ClipLoader
 from .plan import WorkerPlan
 from .stages import ordered_samples
@@ -102,7 +104,9 @@ class ClipDataset(IterableDataset):
         if transform is not None and frames != "decoded":
             raise ValueError("transform is applied to decoded frames: give frames='decoded' with it")
         # the reading (the node cache, the transform, the source's retries) and the planner, ``epochs``
-        self.loader = ClipLoader(data, split, batch_size=batch_size, num_workers=1, max_bad_samples=None, **options)
+        planning = {f.name: options.pop(f.name) for f in fields(EpochOptions) if f.name in options}
+        self.loader = ClipLoader(data, split, EpochOptions(batch_size=batch_size, **planning), num_workers=1,
+                                 max_bad_samples=None, **options)
         self.epochs = self.loader.epochs
         self.batch_size, self.frames, self.user_transform, self.geometry = batch_size, frames, transform, geometry
         self.skip_bad = skip_bad

@@ -60,7 +60,7 @@ class OtherShardSet(UsageError, ValueError):
 class EpochOptions:
     """What decides a rank's epochs (``ClipLoader``'s docstring says what each does), checked as made
     (``ValueError`` or ``TypeError`` naming the option). ``rank``, ``world_size``, ``local_size`` and
-    ``train`` may be None: the loader fills them in (``trainer.data.loader.placement``; ``train``: True
+    ``train`` may be None: the loader fills them in (``trainer.data.placement.placement``; ``train``: True
     for the split named ``"train"``)."""
     batch_size: int
     rank: int | None = None

@@ -27,6 +27,9 @@ of 13 fixed positions, resized to ``crop_size``; horizontal flip with p=0.5 unle
 (direction-sensitive classes). Evaluation: short side to ``scale_size``, centre crop
 ``crop_size``; or TSM's full-resolution 3-crop test: three ``scale_size`` squares along the
 long side (start, end, centre), giving (3, T, H, W, C).
+
+``upsampling``: whether a transform's crops are larger than a set's stored frames (the loader warns
+``Upsampling`` on rank 0).
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ import numpy as np
 from PIL import Image
 
 from shards.base.pillow_memory import keep_freed_blocks
+from shards.format.manifest import Manifest
 from shards.format.sample import jpeg_size
 
 from . import cropdecode
@@ -263,3 +267,21 @@ class EvalTransform(_Transform):
             xs, ys = int(sw - side) // 4, int(sh - side) // 4
             offsets = [(0, 0), (4 * xs, 0), (2 * xs, 2 * ys)]
         return Geometry(tuple((x * f, y * f, (x + side) * f, (y + side) * f) for x, y in offsets), side)
+
+
+class Upsampling(UserWarning):
+    """Crops larger than the stored frames: the clips are upscaled (``upsampling``)."""
+
+
+def upsampling(manifest: Manifest, transform) -> str | None:
+    """Why ``transform``'s crops of this set's frames are upscaled, or None: a training crop
+    larger than the frames' short side as stored, or an evaluation scale or crop larger than it."""
+    short = manifest.config.get("clip", {}).get("short_side")  # as ingest writes it; other sets may lack it
+    need = transform.crop_size if isinstance(transform, TrainTransform) else max(transform.crop_size,
+                                                                                  transform.scale_size)
+    if not short or need <= short:
+        return None
+    return (f"crop_size={transform.crop_size}, scale_size={transform.scale_size}: the frames of "
+            f"{manifest.base or 'the shard set'} are {short} pixels on their short side, so the clips are "
+            f"upscaled (scale_size={short}, crop_size={short * transform.crop_size // transform.scale_size} "
+            "would crop them as stored)")
