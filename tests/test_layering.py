@@ -166,3 +166,32 @@ def test_the_basic_path_helper_loads_no_http_client():
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert "shards.io.storage" in loaded
     assert [m for m in loaded if m.startswith(("shards.read.reading", "shards.io.http_range", "http.client", "aiohttp"))] == []
+
+
+ROOMS = ("shards", "ingest", "service", "trainer/data")
+LONG_FILE = 350  # lines: above this a module of ROOMS says in its docstring why it stays one file
+
+
+def oversized(root: Path) -> list[str]:
+    """The modules of ``ROOMS`` over ``LONG_FILE`` lines whose docstring has no paragraph opening
+    "Why one file" (the house's answer to "why is this not two modules?")."""
+    out = []
+    for room in ROOMS:
+        for path in sorted((root / room).rglob("*.py")):
+            text = path.read_text()
+            if text.count("\n") <= LONG_FILE:
+                continue
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if not any(p.startswith("Why one file") for p in doc.split("\n\n")):
+                out.append(str(path.relative_to(root)))
+    return out
+
+
+def test_a_long_module_says_why_it_stays_one_file(tmp_path):
+    assert oversized(ROOT) == []
+    (tmp_path / "shards").mkdir()
+    body = "x = 1\n" * LONG_FILE
+    (tmp_path / "shards" / "long.py").write_text('"""A module."""\n' + body)
+    (tmp_path / "shards" / "said.py").write_text('"""A module.\n\nWhy one file: one protocol."""\n' + body)
+    (tmp_path / "shards" / "short.py").write_text('"""A module."""\n' + "x = 1\n" * (LONG_FILE - 2))
+    assert oversized(tmp_path) == ["shards/long.py"]
