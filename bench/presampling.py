@@ -2,9 +2,10 @@
 against a new TSN sampling every epoch, on a task where the frames chosen matter.
 
 The task: ``ingest synth`` videos (classes differ only in how a textured disc moves over a textured
-background; ``--seconds`` long, so T frames are a small part of each video) at a slow ``--speed-scale``
-so the motion survives frames a segment apart. Every video is decoded once into memory (PyAV, scaled to
-``--size`` pixels high); each arm then cuts its clips from those frames with ingest's own TSN sampler
+background; ``--seconds`` long, so T frames are a small part of each video: 4 of 40 at the defaults) at
+``--speed-scale`` 0.5, so that frames a segment apart show the disc a few pixels on, as in the motion
+demo (scripts/demo.sh). Every video is decoded once into memory (PyAV, scaled to ``--size`` pixels
+high); each arm then cuts its clips from those frames with ingest's own TSN sampler
 (``ingest.sampling.clip_indices``: T segments, a random frame in each, seeded by seed, video and clip
 index), so an arm differs from another only in which samplings it trains on:
 
@@ -18,12 +19,13 @@ index), so an arm differs from another only in which samplings it trains on:
 
 Every arm takes the same optimizer steps (``--epochs`` epochs of one view a video, ``each-4``
 ``--epochs`` / 4 of four), and seed s gives every arm the same initial weights, batch order draws
-and stored samplings (paired by seed). The network is tiny (three convolutions with TSM's temporal
-shift, time-averaged, ~20k weights, Adam) so that it runs on 2 cores; validation: one centre clip a video
+and stored samplings (paired by seed). The network is the trainer's TSM ResNet (``trainer.model.tsm``,
+the demo's ResNet-10 of width 16), trained from scratch with SGD (momentum 0.9, a linear warm-up over
+1/16 of the steps, then cosine), one thread; validation: one centre clip a video
 (ingest's evaluation sampling). Printed: each arm's final validation top-1 per seed, its mean, and
 per arm its difference from ``resample`` paired by seed with a 95% t-interval (bench/paired.py's).
 
-    python bench/presampling.py --work /tmp/presampling [--seeds 5] [--epochs 240]
+    python bench/presampling.py --work /tmp/presampling [--seeds 6] [--first-seed 0] [--epochs 192]
 """
 from __future__ import annotations
 
@@ -42,13 +44,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.paired import t975  # noqa: E402
 from ingest.sampling import clip_indices  # noqa: E402
+from trainer.model.tsm import ModelConfig, build  # noqa: E402
 
-ARMS = ("resample", "rotate-1", "rotate-2", "rotate-4", "rotate-8", "each-4")
+ARMS = ("resample", "rotate-1", "rotate-2", "rotate-4", "each-4", "rotate-8")
 
 
 def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
@@ -57,7 +59,8 @@ def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
     if not src.exists():
         subprocess.run([sys.executable, "-m", "ingest", "synth", "--out", str(src), "--classes", str(args.classes),
                         "--train-per-class", str(args.train_per_class), "--val-per-class", str(args.val_per_class),
-                        "--seconds", str(args.seconds), "--speed-scale", str(args.speed_scale), "--workers", "1"],
+                        "--seconds", str(args.seconds), "--width", str(args.source_size),
+                        "--height", str(args.source_size), "--speed-scale", str(args.speed_scale), "--workers", "1"],
                        check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     out = {}
     for split in ("train", "val"):
@@ -73,38 +76,9 @@ def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
     return out
 
 
-class Tiny(nn.Module):
-    """Three convolutions over each frame, a temporal shift (TSM's: a quarter of the channels one frame
-    back, a quarter forward) before the last two, averaged over time."""
-
-    def __init__(self, classes: int, width: int = 16):
-        super().__init__()
-        self.convs = nn.ModuleList([nn.Conv2d(3, width, 3, padding=1), nn.Conv2d(width, 2 * width, 3, 2, 1),
-                                    nn.Conv2d(2 * width, 2 * width, 3, 2, 1)])
-        self.fc = nn.Linear(2 * width, classes)
-
-    @staticmethod
-    def shift(x: torch.Tensor, t: int) -> torch.Tensor:
-        bt, c, h, w = x.shape
-        x = x.view(bt // t, t, c, h, w)
-        q = c // 4
-        out = torch.zeros_like(x)
-        out[:, 1:, :q] = x[:, :-1, :q]
-        out[:, :-1, q:2 * q] = x[:, 1:, q:2 * q]
-        out[:, :, 2 * q:] = x[:, :, 2 * q:]
-        return out.view(bt, c, h, w)
-
-    def forward(self, clips: torch.Tensor) -> torch.Tensor:  # (B, T, H, W, 3) uint8
-        b, t = clips.shape[:2]
-        x = clips.flatten(0, 1).permute(0, 3, 1, 2).float() / 127.5 - 1
-        for i, conv in enumerate(self.convs):
-            x = F.relu(conv(self.shift(x, t) if i else x))
-        return self.fc(x.mean(dim=(2, 3)).view(b, t, -1).mean(dim=1))
-
-
 def clip(frames: np.ndarray, video: str, k: int, segments: int, seed: int, train: bool) -> np.ndarray:
     idx = clip_indices(len(frames), segments, train=train, seed=seed, video_id=video, clip=k, num_clips=1)
-    return frames[idx]
+    return frames[idx].transpose(0, 3, 1, 2)  # (T, 3, H, W), as the network takes it
 
 
 def epoch_views(arm: str, epoch: int) -> list[int]:
@@ -119,10 +93,15 @@ def epoch_views(arm: str, epoch: int) -> list[int]:
 def train(arm: str, seed: int, data, args) -> float:
     """Final validation top-1 (%) of ``arm`` at ``seed``."""
     torch.manual_seed(seed)
-    model = Tiny(args.classes)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    model = build(ModelConfig(num_classes=args.classes, segments=args.segments, depth=args.depth, width=args.width))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     rng = np.random.default_rng(seed)
     epochs = args.epochs // 4 if arm == "each-4" else args.epochs
+    steps = args.epochs * math.ceil(len(data["train"]) / args.batch)  # equal in every arm
+    warmup = max(1, steps // 16)  # linear warm-up, then cosine to 0 (the trainer's recipe, per step)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: (i + 1) / warmup if i < warmup else 0.5 * (1 + math.cos(math.pi * (i - warmup) / (steps - warmup))))
+    model.train()
     for epoch in range(epochs):
         samples = [(v, k) for v in range(len(data["train"])) for k in epoch_views(arm, epoch)]
         order = rng.permutation(len(samples))
@@ -135,6 +114,7 @@ def train(arm: str, seed: int, data, args) -> float:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            sched.step()
     model.eval()
     with torch.no_grad():
         x = torch.from_numpy(np.stack([clip(f, v, 0, args.segments, seed, False) for f, _, v in data["val"]]))
@@ -151,18 +131,22 @@ def interval(diffs: list[float]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, required=True)
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--epochs", type=int, default=240, help="epochs of one view a video (a multiple of 4)")
+    p.add_argument("--seeds", type=int, default=6)
+    p.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. first-seed + seeds - 1")
+    p.add_argument("--epochs", type=int, default=192, help="epochs of one view a video (a multiple of 4)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--classes", type=int, default=4)
-    p.add_argument("--train-per-class", type=int, default=8)
+    p.add_argument("--train-per-class", type=int, default=32)
     p.add_argument("--val-per-class", type=int, default=25)
-    p.add_argument("--seconds", type=float, default=8.0)
-    p.add_argument("--speed-scale", type=float, default=0.25)
-    p.add_argument("--size", type=int, default=24, help="frame height after scaling, pixels")
-    p.add_argument("--segments", type=int, default=8)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--speed-scale", type=float, default=0.5)
+    p.add_argument("--source-size", type=int, default=64, help="the synth videos' width and height, pixels")
+    p.add_argument("--size", type=int, default=32, help="frame height after scaling, pixels")
+    p.add_argument("--depth", type=int, default=10, help="the TSM ResNet's depth")
+    p.add_argument("--width", type=int, default=16, help="the TSM ResNet's width")
+    p.add_argument("--segments", type=int, default=4)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.2)
     args = p.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -171,9 +155,10 @@ def main() -> None:
           f"frames, {args.segments} segments; {args.epochs} epochs of one view a video; decoded in "
           f"{time.perf_counter() - start:.0f} s", flush=True)
     top1 = {arm: [] for arm in args.arms}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for arm in args.arms:
             top1[arm].append(train(arm, seed, data, args))
+            print(f"  seed {seed} {arm}: {top1[arm][-1]:.1f} ({time.perf_counter() - start:.0f} s)", flush=True)
         print(f"seed {seed}: " + ", ".join(f"{arm} {top1[arm][-1]:.1f}" for arm in args.arms), flush=True)
     print("\narm | final val top-1 per seed | mean | - resample, paired by seed: mean [95% interval]")
     for arm in args.arms:
