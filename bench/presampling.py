@@ -55,10 +55,14 @@ def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
     """Each split's videos as (frames uint8 (N, H, W, 3), class, video id), made by ``ingest synth`` once."""
     src = work / "videos"
     if not src.exists():
-        subprocess.run([sys.executable, "-m", "ingest", "synth", "--out", str(src), "--classes", str(args.classes),
-                        "--train-per-class", str(args.train_per_class), "--val-per-class", str(args.val_per_class),
-                        "--seconds", str(args.seconds), "--speed-scale", str(args.speed_scale), "--workers", "1"],
-                       check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        subprocess.run([sys.executable, "-m", "ingest", "synth", "--out", str(src), "--classes",
+                        str(args.classes),
+                        "--train-per-class", str(args.train_per_class), "--val-per-class",
+                        str(args.val_per_class),
+                        "--seconds", str(args.seconds), "--speed-scale", str(args.speed_scale), "--workers",
+                        "1"],
+                       check=True, env={**os.environ,
+                                        "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     out = {}
     for split in ("train", "val"):
         classes = sorted(p.name for p in (src / split).iterdir())
@@ -68,7 +72,8 @@ def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
                 with av.open(str(path)) as c:
                     frames = [f.to_image() for f in c.decode(video=0)]
                 width = round(frames[0].width * args.size / frames[0].height)
-                out[split].append((np.stack([np.asarray(f.resize((width, args.size), Image.BILINEAR)) for f in frames]),
+                out[split].append((np.stack([np.asarray(f.resize((width, args.size), Image.BILINEAR))
+                                             for f in frames]),
                                    label, f"{name}/{path.stem}"))
     return out
 
@@ -128,7 +133,8 @@ def train(arm: str, seed: int, data, args) -> float:
         order = rng.permutation(len(samples))
         for start in range(0, len(order), args.batch):
             picked = [samples[i] for i in order[start:start + args.batch]]
-            x = torch.from_numpy(np.stack([clip(data["train"][v][0], data["train"][v][2], k, args.segments, seed, True)
+            x = torch.from_numpy(np.stack([clip(data["train"][v][0], data["train"][v][2], k, args.segments,
+                                                seed, True)
                                            for v, k in picked]))
             y = torch.tensor([data["train"][v][1] for v, _ in picked])
             loss = F.cross_entropy(model(x), y)
@@ -144,7 +150,8 @@ def train(arm: str, seed: int, data, args) -> float:
 
 def interval(diffs: list[float]) -> str:
     mean = statistics.mean(diffs)
-    half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
+    half = t975(len(diffs)
+                - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
     return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
 
 
@@ -167,9 +174,9 @@ def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     data = videos(args.work, args)
-    print(f"{len(data['train'])} training and {len(data['val'])} validation videos of {len(data['train'][0][0])} "
-          f"frames, {args.segments} segments; {args.epochs} epochs of one view a video; decoded in "
-          f"{time.perf_counter() - start:.0f} s", flush=True)
+    print(f"{len(data['train'])} training and {len(data['val'])} validation videos of "
+          f"{len(data['train'][0][0])} frames, {args.segments} segments; {args.epochs} epochs of one view a "
+          f"video; decoded in {time.perf_counter() - start:.0f} s", flush=True)
     top1 = {arm: [] for arm in args.arms}
     for seed in range(args.seeds):
         for arm in args.arms:
@@ -179,7 +186,8 @@ def main() -> None:
     for arm in args.arms:
         paired = (interval([a - b for a, b in zip(top1[arm], top1["resample"])])
                   if "resample" in top1 and arm != "resample" else "")
-        print(f"{arm} | {', '.join(f'{v:.1f}' for v in top1[arm])} | {statistics.mean(top1[arm]):.1f} | {paired}")
+        print(f"{arm} | {', '.join(f'{v:.1f}' for v in top1[arm])} | {statistics.mean(top1[arm]):.1f} | "
+              f"{paired}")
     print(f"\n{time.perf_counter() - start:.0f} s")
     print("BENCH_JSON " + json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "top1": top1}))
 
