@@ -45,8 +45,10 @@ def shardset(tmp_path_factory):
     for i in range(12):
         key = f"vid{i:03d}_c00"
         members = [(f"{t:02d}.jpg", textured_jpeg(i, t)) for t in range(FRAMES)]
-        samples.append((key, i % 2, sample_bytes(key, members + [("cls", str(i % 2).encode()), ("json", b"{}")])))
-    shards = [write_shard(os.path.join(d, shard_name("train", k)), shard_name("train", k), samples[k * 6:(k + 1) * 6])
+        samples.append((key, i % 2, sample_bytes(key, members + [("cls", str(i % 2).encode()),
+                                                                 ("json", b"{}")])))
+    shards = [write_shard(os.path.join(d, shard_name("train", k)), shard_name("train", k),
+                          samples[k * 6:(k + 1) * 6])
               for k in range(2)]
     Manifest(classes=["a", "b"], splits={"train": SplitInfo(shards)}, fingerprint="textured").save(d)
     return d
@@ -103,9 +105,11 @@ def test_workers_send_bytes_not_pixels(shardset):
     assert b["boxes"].shape == (3, 1, 4) and b["side"] == 40 and b["frames"] == FRAMES
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed here")
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None,
+                    reason="torchvision is installed here")
 def test_without_torchvision_the_trainer_says_what_is_missing(shardset, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", shardset, "--val-split", "",
                            "--backend", "none", "--depth", "10", "--width", "8", "--segments", str(FRAMES),
-                           "--decode-on-device", "--output-dir", str(tmp_path)], capture_output=True, text=True)
+                           "--decode-on-device", "--output-dir", str(tmp_path)], capture_output=True,
+                          text=True)
     assert proc.returncode != 0 and "--decode-on-device needs torchvision" in proc.stderr
