@@ -73,10 +73,11 @@ POWER_NODES = [2, 4, 8]
 
 def power(orders: int) -> None:
     """The false-pass and false-refusal rates over ``POWER_*`` (module docstring)."""
-    print(f"{orders} run seeds a cell; sorted: class by class; hashed: a random order (another at each seed)\n")
-    print("nodes | shards x clips | classes | sorted passed, node test alone | sorted passed, node and stored-order "
-          "tests | sorted passed by the node test alone with its worst node TV >= 1/6 (2:1 where 1:1 is due) | hashed refused, node alone | hashed "
-          "refused, both")
+    print(f"{orders} run seeds a cell; sorted: class by class; hashed: a random order (another at each "
+          f"seed)\n")
+    print("nodes | shards x clips | classes | sorted passed, node test alone | sorted passed, node and "
+          "stored-order tests | sorted passed by the node test alone with its worst node TV >= 1/6 (2:1 "
+          "where 1:1 is due) | hashed refused, node alone | hashed refused, both")
     totals = np.zeros(5, dtype=int)
     cells = 0
     for nodes in POWER_NODES:
@@ -85,23 +86,28 @@ def power(orders: int) -> None:
             for classes in (c for c in POWER_CLASSES if 2 * c <= n):
                 rows = np.zeros(5, dtype=int)
                 for seed in range(orders):
-                    sorted_mix = judge(layout_labels("sorted", n, classes, 1, np.random.default_rng(seed)), shards,
+                    sorted_mix = judge(layout_labels("sorted", n, classes, 1, np.random.default_rng(seed)),
+                                       shards,
                                        per_shard, nodes, seed)
-                    hashed = judge(layout_labels("hashed", n, classes, 1, np.random.default_rng(seed)), shards,
+                    hashed = judge(layout_labels("hashed", n, classes, 1, np.random.default_rng(seed)),
+                                   shards,
                                    per_shard, nodes, seed)
-                    skewed = sorted_mix.shares_mixed and sorted_mix.worst >= 1 / 6 - 1e-9  # 2:1 where 1:1 is due
+                    # 2:1 where 1:1 is due
+                    skewed = sorted_mix.shares_mixed and sorted_mix.worst >= 1 / 6 - 1e-9
                     rows += [sorted_mix.shares_mixed, sorted_mix.mixed, skewed, not hashed.shares_mixed,
                              not hashed.mixed]
                 totals += rows
                 cells += 1
-                print(f"{nodes} | {shards} x {per_shard} | {classes} | " + " | ".join(f"{r}/{orders}" for r in rows))
+                print(f"{nodes} | {shards} x {per_shard} | {classes} | "
+                      + " | ".join(f"{r}/{orders}" for r in rows))
     print(f"\nall {cells} cells ({cells * orders} seeds each column): " + " | ".join(f"{t}" for t in totals))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--orders", type=int, default=100, help="run seeds (and random orders) per row")
-    p.add_argument("--large-orders", type=int, default=10, help="the same for the Kinetics-sized rows (240,123 clips)")
+    p.add_argument("--large-orders", type=int, default=10, help="the same for the Kinetics-sized rows "
+                   "(240,123 clips)")
     p.add_argument("--power", action="store_true", help="the false-pass and false-refusal rates instead")
     args = p.parse_args()
     if args.power:
@@ -110,20 +116,21 @@ def main() -> None:
     print(f"node shares differ in classes (node-affine refused) when the worst node's total variation (TV) "
           f"exceeds a random order's by more than {classmix.MARGIN} and {classmix.SPREADS} of its standard "
           f"deviations; {args.orders} run seeds per row ({args.large_orders} for Kinetics' sizes)\n")
-    print("layout | order | worst node's TV: median, largest | beyond a random order's: median, largest | limit "
-          "(smallest) | refused at | classes in a node's share")
+    print("layout | order | worst node's TV: median, largest | beyond a random order's: median, largest | "
+          "limit (smallest) | refused at | classes in a node's share")
     for name, shards, per_shard, classes, per_video, nodes in LAYOUTS:
         n = shards * per_shard
         seeds = range(args.orders if n < 100_000 else args.large_orders)
         for order in ("hashed", "videos", "halves", "sorted"):
             if order == "videos" and per_video == 1:
                 continue
-            mixes = [judge(layout_labels(order, n, classes, per_video, np.random.default_rng(s)), shards, per_shard,
+            mixes = [judge(layout_labels(order, n, classes, per_video, np.random.default_rng(s)), shards,
+                           per_shard,
                            nodes, s) for s in seeds]
             excess = [m.worst - m.shuffled for m in mixes]
             print(f"{name} | {order} | {statistics.median(m.worst for m in mixes):.3f}, "
-                  f"{max(m.worst for m in mixes):.3f} | {statistics.median(excess):+.3f}, {max(excess):+.3f} | "
-                  f"{min(m.limit - m.shuffled for m in mixes):.3f} | "
+                  f"{max(m.worst for m in mixes):.3f} | {statistics.median(excess):+.3f}, {max(excess):+.3f} "
+                  f"| {min(m.limit - m.shuffled for m in mixes):.3f} | "
                   f"{sum(not m.mixed for m in mixes)}/{len(mixes)} seeds | "
                   f"{min(min(m.node_classes) for m in mixes)}-{max(max(m.node_classes) for m in mixes)}")
 

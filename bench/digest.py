@@ -65,7 +65,8 @@ def main() -> int:
     for size in (150_000, 480_000):
         data = os.urandom(size)
         res["hash_us"][size] = {name: per_call_us(fn, data, 200) for name, fn in HASHES.items()}
-        print(f"{size // 1000} kB clip: " + ", ".join(f"{k} {v:.1f} us" for k, v in res["hash_us"][size].items()))
+        print(f"{size // 1000} kB clip: " + ", ".join(f"{k} {v:.1f} us" for k,
+                                                      v in res["hash_us"][size].items()))
     shutil.rmtree(args.out, ignore_errors=True)
     m = make_set(args.out, args.shards, args.clips)
     clips = args.shards * args.clips
@@ -75,8 +76,8 @@ def main() -> int:
     checked = min(read_all(m, True) for _ in range(args.rounds)) / clips * 1e6
     res.update({"clips": clips, "clip_kB": clip_kb, "read_unchecked_us_per_clip": plain,
                 "read_checked_us_per_clip": checked, "check_us_per_clip": checked - plain})
-    print(f"reading {clips} clips of {clip_kb:.0f} kB from the page cache: {plain:.1f} us per clip unchecked, "
-          f"{checked:.1f} us checked: the check costs {checked - plain:.1f} us per clip")
+    print(f"reading {clips} clips of {clip_kb:.0f} kB from the page cache: {plain:.1f} us per clip "
+          f"unchecked, {checked:.1f} us checked: the check costs {checked - plain:.1f} us per clip")
     print("BENCH_JSON " + json.dumps(res, sort_keys=True))
     return 0
 

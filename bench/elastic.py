@@ -45,14 +45,17 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
     hosts, log = out.with_suffix(".hosts"), out.with_suffix(".log")
     hosts.write_text("".join(f"{h}:1\n" for h in HOSTS))
     job = subprocess.Popen([
-        str(Path(sys.executable).parent / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3", "--gloo",
+        str(Path(sys.executable).parent / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
+        "--gloo",
         "--gloo-timeout-seconds", str(gloo_timeout),
         "--host-discovery-script", f"{ROOT / 'scripts' / 'discover-hosts.sh'} {hosts}",
-        sys.executable, "-m", "trainer", "elastic", "--data", data, "--output-dir", str(out), "--val-split", "",
+        sys.executable, "-m", "trainer", "elastic", "--data", data, "--output-dir", str(out), "--val-split",
+        "",
         "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
         "--batch-size", "2", "--epochs", "1", "--workers", "0", "--no-tensorboard", "--print-freq", "1000",
         "--commit-every", str(commit_every), "--clip-log"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"), stderr=subprocess.STDOUT)  # a pipe could fill
+        # a pipe could fill
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"), stderr=subprocess.STDOUT)
     killed = None
     while killed is None and job.poll() is None:
         for path in (out / "clips").glob("*.jsonl"):
@@ -74,8 +77,10 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
     return {"commit_every": commit_every, "killed_at_step": max(r["batch"] for r in records if r["rank"] == 1
                                                                  and r["generation"] == first),
             "steps_lost": lost, "recovery_s": round(resumed - killed, 2),
-            "commit_ms": round(statistics.mean(ms for _, ms in commits), 2), "commits": max(n for n, _ in commits),
-            "step_ms": round(1e3 * statistics.median(b["time"] - a["time"] for a, b in zip(steps, steps[1:])), 1)}
+            "commit_ms": round(statistics.mean(ms for _, ms in commits), 2),
+            "commits": max(n for n, _ in commits),
+            "step_ms": round(1e3 * statistics.median(b["time"] - a["time"] for a, b in zip(steps, steps[1:])),
+                             1)}
 
 
 def commit_cost(flags: list[str], repeats: int) -> dict:
@@ -85,10 +90,13 @@ def commit_cost(flags: list[str], repeats: int) -> dict:
     from trainer.distributed.backends import Backend
     from trainer.engine import Engine
 
-    cfg = config.train_config(config.parser().parse_args(["--data", "-", *flags]))  # the benchmark's trainer flags
+    # the benchmark's trainer flags
+    cfg = config.train_config(config.parser().parse_args(["--data", "-", *flags]))
     d = cfg.data
-    engine = Engine(Backend(), 400, 100, model=cfg.model, recipe=cfg.recipe, system=cfg.system, batch_size=d.batch_size)
-    clips = torch.randint(0, 256, (d.batch_size, cfg.model.segments, 3, d.crop_size, d.crop_size), dtype=torch.uint8)
+    engine = Engine(Backend(), 400, 100, model=cfg.model, recipe=cfg.recipe, system=cfg.system,
+                    batch_size=d.batch_size)
+    clips = torch.randint(0, 256, (d.batch_size, cfg.model.segments, 3, d.crop_size, d.crop_size),
+                          dtype=torch.uint8)
     engine.train_step(clips, torch.zeros(d.batch_size, dtype=torch.int64))  # the optimizer now holds momentum
     times = []
     for _ in range(repeats):
@@ -126,10 +134,12 @@ def main() -> None:
                 make_shardset(data, {"train": 120}, per_shard=6, num_classes=3, frames=4, size=(48, 40))
             rows = [kill_run(data, Path(tmp) / f"every{n}", n, args.kill_at, args.gloo_timeout)
                     for n in args.commit_every]
-        print("commit every | killed at step | steps lost | recovery s | commits | ms per commit | ms per step")
+        print("commit every | killed at step | steps lost | recovery s | commits | ms per commit | ms per "
+              "step")
         for r in rows:
-            print(f"{r['commit_every']:12d} | {r['killed_at_step']:14d} | {'/'.join(map(str, r['steps_lost'])):10s} | "
-                  f"{r['recovery_s']:10.1f} | {r['commits']:7d} | {r['commit_ms']:13.1f} | {r['step_ms']:11.1f}")
+            print(f"{r['commit_every']:12d} | {r['killed_at_step']:14d} | "
+                  f"{'/'.join(map(str, r['steps_lost'])):10s} | {r['recovery_s']:10.1f} | {r['commits']:7d} "
+                  f"| {r['commit_ms']:13.1f} | {r['step_ms']:11.1f}")
         result = {"rows": rows}
     print("BENCH_JSON " + json.dumps(result))
 

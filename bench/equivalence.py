@@ -60,7 +60,8 @@ def power(n: int, sd: float, margin: float, alpha: float, true: float = 0.0, see
 
 def pairs_needed(sd: float, margin: float, alpha: float, target: float) -> tuple[int, int]:
     """(normal approximation, smallest n of simulated power >= ``target``)."""
-    approx = math.ceil((z_quantile(1 - alpha) + z_quantile(1 - (1 - target) / 2)) ** 2 * sd ** 2 / margin ** 2)
+    approx = math.ceil((z_quantile(1 - alpha) + z_quantile(1 - (1 - target) / 2)) ** 2 * sd ** 2
+                       / margin ** 2)
     lo, hi = 2, 4 * approx + 10
     while lo < hi:
         mid = (lo + hi) // 2
@@ -95,7 +96,8 @@ def main() -> None:
     p.add_argument("--paired-log", type=Path, help="bench/paired.py's output: the pairs' differences")
     args = p.parse_args()
     m, a = args.margin, args.alpha
-    print(f"TOST at +-{m:g}, each one-sided test at {a:g} ({100 * (1 - 2 * a):.0f}% interval), planned sd {args.sd:g}")
+    print(f"TOST at +-{m:g}, each one-sided test at {a:g} ({100 * (1 - 2 * a):.0f}% interval), planned sd "
+          f"{args.sd:g}")
     for target in args.powers:
         approx, exact = pairs_needed(args.sd, m, a, target)
         print(f"pairs for power {target:g} at a true difference of 0: {exact} (normal approximation {approx})")

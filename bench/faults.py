@@ -59,7 +59,8 @@ def run(data: Path, out: Path, ranks: int, fault: str, fault_rank: int, extra) -
     launch = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo"] if ranks == 2 else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault, "FAULT_RANK": str(fault_rank)}
     wall, cpu = time.perf_counter(), cpu_seconds()
-    proc = subprocess.run([*launch, sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir", str(out),
+    proc = subprocess.run([*launch, sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir",
+                           str(out),
                            *(["--backend", "none"] if ranks == 1 else []), *FLAGS, *extra],
                           env=env, capture_output=True, start_new_session=True)
     wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
@@ -78,10 +79,12 @@ def main() -> None:
     root = Path(args.dir)
     data = root / "data"
     if not (data / "manifest.json").exists():
-        make_shardset(str(data), {"train": 96, "val": 16}, per_shard=8, num_classes=3, frames=4, size=(48, 40))
+        make_shardset(str(data), {"train": 96, "val": 16}, per_shard=8, num_classes=3, frames=4,
+                      size=(48, 40))
     for name in args.cases or CASES:
         ranks, parts = CASES[name]
-        out = root / (f"straight-{ranks}" if name.startswith("restart") else name)  # restart: resume the finished run
+        # restart: resume the finished run
+        out = root / (f"straight-{ranks}" if name.startswith("restart") else name)
         if not name.startswith("restart"):
             shutil.rmtree(out, ignore_errors=True)
         runs = [run(data, out, ranks, *part) for part in parts]

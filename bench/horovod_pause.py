@@ -9,7 +9,8 @@ the allreduce completed, how long rank 0 waited in it, horovodrun's exit status 
 Horovod wrote meanwhile (its stall warnings), counted.
 
     PYTHONPATH=. python bench/horovod_pause.py --pauses 40 130 [--env HOROVOD_GLOO_TIMEOUT_SECONDS=10 ...]
-    PYTHONPATH=. python bench/horovod_pause.py --pauses 40 130 --backend torch [--torch-timeout 20]  # torchrun, Gloo
+    PYTHONPATH=. python bench/horovod_pause.py --pauses 40 130 --backend torch [--torch-timeout 20]  #
+    torchrun, Gloo
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def rank_main(pause: float, backend: str, timeout: float | None) -> None:
         import datetime
 
         import torch.distributed as dist
-        dist.init_process_group("gloo", **({"timeout": datetime.timedelta(seconds=timeout)} if timeout else {}))
+        dist.init_process_group("gloo", **({"timeout": datetime.timedelta(seconds=timeout)} if timeout
+                                           else {}))
         rank = dist.get_rank()
 
         def allreduce(t):
@@ -53,7 +55,8 @@ def rank_main(pause: float, backend: str, timeout: float | None) -> None:
     except Exception as e:  # noqa: BLE001 -- what breaks is the measurement
         outcome = {"completed": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     if rank == 0:
-        print("RESULT " + json.dumps({**outcome, "rank0_waited_s": round(time.monotonic() - began, 1)}), flush=True)
+        print("RESULT " + json.dumps({**outcome, "rank0_waited_s": round(time.monotonic() - began, 1)}),
+              flush=True)
     if backend != "horovod":
         dist.destroy_process_group()
 
@@ -70,7 +73,8 @@ def job(pause: float, env: dict, backend: str, timeout: float | None) -> dict:
         launch = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                   "--master-port", str(port), *me[1:]]  # (torchrun runs the script with its own Python)
     began = time.monotonic()
-    p = subprocess.run(launch, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True,
+    p = subprocess.run(launch, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True,
+                       text=True,
                        timeout=pause + 900)
     out = p.stdout + p.stderr
     result = next((json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line),
@@ -78,7 +82,8 @@ def job(pause: float, env: dict, backend: str, timeout: float | None) -> dict:
     # Horovod's stall check: "One or more tensors were submitted ... waiting for remainder of ranks for
     # more than 60 seconds. ... Missing ranks: ..." (HOROVOD_STALL_CHECK_TIME_SECONDS)
     warnings = [line for line in out.splitlines() if "remainder of ranks" in line or "Missing ranks" in line]
-    return {"backend": backend, "pause_s": pause, "env": env, "torch_timeout_s": timeout, **result, "exit": p.returncode,
+    return {"backend": backend, "pause_s": pause, "env": env, "torch_timeout_s": timeout, **result,
+            "exit": p.returncode,
             "wall_s": round(time.monotonic() - began, 1), "stall_warning_lines": len(warnings),
             "first_warning": warnings[0][:200] if warnings else None,
             "tail": None if result.get("completed") else out[-600:]}
@@ -89,7 +94,8 @@ def main() -> None:
     p.add_argument("--pauses", type=float, nargs="+", default=[40.0, 130.0])
     p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE")
     p.add_argument("--backend", choices=("horovod", "torch"), default="horovod")
-    p.add_argument("--torch-timeout", type=float, help="init_process_group's timeout (default: PyTorch's, 30 min)")
+    p.add_argument("--torch-timeout", type=float,
+                   help="init_process_group's timeout (default: PyTorch's, 30 min)")
     p.add_argument("--rank-main", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_main is not None:

@@ -97,15 +97,17 @@ def decode_all_pyav(path: str) -> int:
 PEERS = peer_ingest.DECODERS
 PEER_SCRIPT = peer_ingest.__file__
 INGEST = [os.path.join(os.path.dirname(sys.executable), "ingest"), "build"]
-MODES = ("ingest_local", "ingest_cli", "ingest_mv", "ingest_flow", "ingest_local_mv", "cli_limit", "pyav_limit",
+MODES = ("ingest_local", "ingest_cli", "ingest_mv", "ingest_flow", "ingest_local_mv", "cli_limit",
+         "pyav_limit",
          "folders")
 # ingest build's path before this bench's issue: an embedded Ray started for every build
 RAY_BUILD = ("import sys; from ingest.build import build; "
              "build(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]), runner='ray')")
-RAY_START = ("import os, ray; from ingest import ray_runtime, staging; tasks = ray_runtime.RayTasks(None, {workers}); "
-             "[tasks.result(tasks.submit(os.getpid)) for _ in range({workers})]")
-LOCAL_START = ("import os; from ingest import local_runtime, staging; tasks = local_runtime.LocalTasks({workers}); "
-               "[tasks.result(tasks.submit(os.getpid)) for _ in range({workers})]; tasks.close()")
+RAY_START = ("import os, ray; from ingest import ray_runtime, staging; tasks = ray_runtime.RayTasks(None, "
+             "{workers}); [tasks.result(tasks.submit(os.getpid)) for _ in range({workers})]")
+LOCAL_START = ("import os; from ingest import local_runtime, staging; tasks = "
+               "local_runtime.LocalTasks({workers}); [tasks.result(tasks.submit(os.getpid)) for _ in "
+               "range({workers})]; tasks.close()")
 
 
 def mode_ingest(src: Path, work: Path, workers: int, decoder: str, motion: str = "none",
@@ -182,7 +184,8 @@ def mpeg4_set(src: Path) -> Path:
         out = dst / video.relative_to(src).with_suffix(".avi")
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
-            run_ffmpeg(["-i", str(video), "-an", "-c:v", "mpeg4", "-vtag", "XVID", "-q:v", "4", "-bf", "2", str(out)])
+            run_ffmpeg(["-i", str(video), "-an", "-c:v", "mpeg4", "-vtag", "XVID", "-q:v", "4", "-bf", "2",
+                        str(out)])
     return dst
 
 
@@ -212,7 +215,8 @@ def real_set(cache: Path, copies: int, reencode: bool) -> Path:
     return src
 
 
-E2E = ("cli", "cli_base", "cli_ray", *(f"e2e_{d}" for d in PEERS))  # a fresh process per run, start-up included
+# a fresh process per run, start-up included
+E2E = ("cli", "cli_base", "cli_ray", *(f"e2e_{d}" for d in PEERS))
 SECTION = ("ingest", "ingest_warm", *PEERS)  # in this process, Ray and the pools already started and warm
 GOALS = {"e2e": {16: 1.5, 8: 1.5, 120: 2.0, 500: 2.0}, "section": 2.0, "mv": 1.15}
 
@@ -228,7 +232,8 @@ def main() -> int:
     p.add_argument("--modes", default="ingest,ingest_cli,cli_limit,pyav_limit",
                    help="any of: " + ", ".join([*MODES, *E2E, *SECTION]))
     p.add_argument("--startup", action="store_true", help="first measure the fixed start-up costs alone")
-    p.add_argument("--base", metavar="CHECKOUT", help="mode cli_base: the same `ingest build` with the project's "
+    p.add_argument("--base", metavar="CHECKOUT",
+                   help="mode cli_base: the same `ingest build` with the project's "
                                                       "code of another checkout (before a change)")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--fps", type=int, default=30)
@@ -258,20 +263,25 @@ def main() -> int:
                 "ingest_cli": lambda wk: mode_ingest(src, wk, args.workers, "ffmpeg"),
                 "ingest_mv": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "mv"),
                 "ingest_flow": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "flow"),
-                "ingest_local_mv": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "mv", runner="local"),
+                "ingest_local_mv": lambda wk: mode_ingest(src, wk, args.workers, "pyav", "mv",
+                                                          runner="local"),
                 "cli_limit": lambda wk: mode_cli_limit(videos, wk, args.workers),
                 "pyav_limit": lambda wk: mode_pyav_limit(videos, wk, args.workers, pool),
                 "folders": lambda wk: mode_folders(videos, wk, args.workers),
                 "cli": lambda wk: processes.run([*INGEST, "--src", str(src), "--out", str(wk / "shards"),
                                                  "--workers", str(args.workers)]),
-                "cli_base": lambda wk: processes.run(["env", f"PYTHONPATH={args.base}", *INGEST, "--src", str(src),
-                                                      "--out", str(wk / "shards"), "--workers", str(args.workers)]),
-                "cli_ray": lambda wk: processes.run([sys.executable, "-c", RAY_BUILD, str(src), str(wk / "shards"),
+                "cli_base": lambda wk: processes.run(["env", f"PYTHONPATH={args.base}", *INGEST, "--src",
+                                                      str(src),
+                                                      "--out", str(wk / "shards"), "--workers",
+                                                      str(args.workers)]),
+                "cli_ray": lambda wk: processes.run([sys.executable, "-c", RAY_BUILD, str(src),
+                                                     str(wk / "shards"),
                                                      str(args.workers)]),
                 **{f"e2e_{d}": (lambda wk, d=d: processes.run(
                     [sys.executable, PEER_SCRIPT, "--decoder", d, "--workers", str(args.workers), str(src),
                      str(wk / "peer.tar")])) for d in PEERS},
-                **{d: (lambda wk, d=d: peer_ingest.run(list(map(str, videos)), str(wk / "peer.tar"), d, peers[d]))
+                **{d: (lambda wk, d=d: peer_ingest.run(list(map(str, videos)), str(wk / "peer.tar"), d,
+                                                       peers[d]))
                    for d in peers},
             }
             for m in chosen:  # warm-up: Ray's workers and the peers' pools decode once before they are timed
@@ -287,7 +297,8 @@ def main() -> int:
                     before, t0 = processes.tree_cpu(), time.perf_counter()
                     try:
                         out = modes[m](work)
-                    except Exception as e:  # noqa: BLE001 -- e.g. Ray not starting on a loaded machine: counted, not fatal
+                    # e.g. Ray not starting on a loaded machine: counted, not fatal
+                    except Exception as e:  # noqa: BLE001
                         failed[m] = failed.get(m, 0) + 1
                         print(f"  {m}: failed: {type(e).__name__}: {str(e)[-300:]}", file=sys.stderr)
                         shutil.rmtree(work)
@@ -370,7 +381,8 @@ def startup(workers: int, repeats: int = 5) -> dict:
     (the process and everything it started): the imports of ``ingest build`` and of the peer
     scripts, an embedded Ray started and running one trivial task per worker, and the local pool
     doing the same."""
-    peer_imports = {d: f"import bench.peer_ingest as p; p.pool(1, {d!r}).shutdown()" for d in ("decord", "torchcodec_exact")}
+    peer_imports = {d: f"import bench.peer_ingest as p; p.pool(1, {d!r}).shutdown()"
+                    for d in ("decord", "torchcodec_exact")}
     runs = {"python": "pass", "import ingest.build_cli": "import ingest.build_cli",
             **{f"import peer {d}": code for d, code in peer_imports.items()},
             "Ray: start, 1 task per worker, stop": RAY_START.format(workers=workers),
@@ -396,7 +408,8 @@ def flow_methods(repeats: int = 20) -> dict:
     cv2.setNumThreads(1)
     rng = np.random.default_rng(0)
     texture = cv2.GaussianBlur(rng.integers(0, 256, (300, 400), dtype=np.uint8), (5, 5), 0)
-    a, b = (np.ascontiguousarray(t) for t in (texture[10:266, 10:350], texture[8:264, 13:353]))  # b: moved 3 left, 2 down
+    # b: moved 3 left, 2 down
+    a, b = (np.ascontiguousarray(t) for t in (texture[10:266, 10:350], texture[8:264, 13:353]))
     methods = {f"DIS {p}": (lambda p=p: cv2.DISOpticalFlow_create(getattr(cv2, f"DISOPTICAL_FLOW_PRESET_{p}")).calc)
                for p in ("ULTRAFAST", "FAST", "MEDIUM")}
     methods["Farneback"] = lambda: lambda x, y, f: cv2.calcOpticalFlowFarneback(x, y, f, 0.5, 3, 15, 3, 5, 1.2, 0)

@@ -58,7 +58,8 @@ def one_build(src: str, workers: int) -> dict:
     for pid, _, end in timed:
         last[pid] = max(last.get(pid, 0.0), end)
     busy = {pid: sum(e - s for p, s, e in timed if p == pid) for pid in last}
-    return {"tasks": len(timed), "span": max(last.values()) - t0, "idle_tail": max(last.values()) - min(last.values()),
+    return {"tasks": len(timed), "span": max(last.values()) - t0, "idle_tail": max(last.values())
+            - min(last.values()),
             "busy": sorted(busy.values())}
 
 
@@ -71,8 +72,9 @@ def main() -> int:
     staging.decode_batch = timed_decode_batch  # before the pool forks: the workers inherit it
     for _ in range(args.repeats):
         r = one_build(args.src, args.workers)
-        print(f"{r['tasks']} decode tasks, span {r['span']:.2f} s, idle tail {r['idle_tail']:.3f} s, busy per "
-              f"worker {', '.join(f'{b:.2f}' for b in r['busy'])} s, load {os.getloadavg()[0]:.1f}", flush=True)
+        print(f"{r['tasks']} decode tasks, span {r['span']:.2f} s, idle tail {r['idle_tail']:.3f} s, busy "
+              f"per worker {', '.join(f'{b:.2f}' for b in r['busy'])} s, load {os.getloadavg()[0]:.1f}",
+              flush=True)
     return 0
 
 

@@ -42,9 +42,11 @@ from trainer.distributed.backends import Backend
 from trainer.engine import NAMES, Engine
 from trainer.model.tsm import ModelConfig, build
 
-MEASURED = (*ARCHS, "nopool")  # nopool: SlowFast's i3d_nopool, the I3D 3x1x1 keeping all T frames in every stage
-# the paper's figures for its 8-frame ResNet-50s as issue 32 quotes them (the paper's own table could not be read
-# from this machine): throughput against TSM's, temporal resolution, multiply-adds; and the TSM paper's (ICCV 2019)
+# nopool: SlowFast's i3d_nopool, the I3D 3x1x1 keeping all T frames in every stage
+MEASURED = (*ARCHS, "nopool")
+# the paper's figures for its 8-frame ResNet-50s as issue 32 quotes them (the paper's own table could not be
+# read from this machine): throughput against TSM's, temporal resolution, multiply-adds; and the TSM paper's
+# (ICCV 2019)
 PAPER = {"tsm": "every frame in every block; 33 G, 24.3 M (TSM paper)", "tsn": "33 G, 24.3 M (TSM paper)",
          "i3d-3x3x3": "time shrinks in later stages; ~33 G; TSM 1.6x its throughput",
          "i3d-3x1x1": "time kept; TSM 2.9x its throughput", "nopool": ""}
@@ -54,7 +56,8 @@ STAGES = ("conv1", "res2", "res3", "res4", "res5")
 def network(arch: str, frames: int, depth: int, width: int, classes: int) -> torch.nn.Module:
     """``arch`` (``MEASURED``) as the trainer builds it."""
     torch.manual_seed(0)
-    model = build(ModelConfig(num_classes=classes, segments=frames, depth=depth, width=width, arch=trainer_arch(arch)))
+    model = build(ModelConfig(num_classes=classes, segments=frames, depth=depth, width=width,
+                              arch=trainer_arch(arch)))
     return keep_time(model, arch).eval()
 
 
@@ -63,7 +66,8 @@ def trainer_arch(arch: str) -> str:
 
 
 def keep_time(model: torch.nn.Module, arch: str) -> torch.nn.Module:
-    """``model``, without its temporal pool if ``arch`` is ``nopool`` (the same parameters: the pool has none)."""
+    """``model``, without its temporal pool if ``arch`` is ``nopool`` (the same parameters: the pool has
+    none)."""
     if arch == "nopool":
         model.backbone.pooled_after = ()
     return model
@@ -97,12 +101,13 @@ def describe(model: torch.nn.Module, frames: int, size: int) -> dict:
 
 def table(args) -> dict:
     rows = {}
-    print(f"ResNet-{args.depth} width {args.width}, {args.frames} frames x {args.table_size} px, {args.classes} "
-          f"classes; multiply-adds of one clip's forward pass (torch's FlopCounterMode / 2)")
-    print(f"{'network':<12} {'params':>8} {'GMACs':>7} {'3D convs':>8}  time steps out of conv1 / each block of "
-          f"res2..res5{'':<6} the paper (issue 32)")
+    print(f"ResNet-{args.depth} width {args.width}, {args.frames} frames x {args.table_size} px, "
+          f"{args.classes} classes; multiply-adds of one clip's forward pass (torch's FlopCounterMode / 2)")
+    print(f"{'network':<12} {'params':>8} {'GMACs':>7} {'3D convs':>8}  time steps out of conv1 / each block "
+          f"of res2..res5{'':<6} the paper (issue 32)")
     for arch in MEASURED:
-        r = rows[arch] = describe(network(arch, args.frames, args.depth, args.width, args.classes), args.frames,
+        r = rows[arch] = describe(network(arch, args.frames, args.depth, args.width, args.classes),
+                                  args.frames,
                                   args.table_size)
         blocks = " / ".join(" ".join(map(str, r["steps"][s])) for s in STAGES)
         print(f"{label(arch):<12} {r['params'] / 1e6:7.2f}M {r['macs'] / 1e9:7.1f} {r['temporal_convs']:8d}  "
@@ -119,7 +124,8 @@ def engine(args, arch: str) -> Engine:
     e = Engine(Backend(), args.classes, epoch_clips=10**7,
                model=Model(arch=trainer_arch(arch), depth=args.depth, width=args.width, segments=args.frames),
                recipe=Recipe(epochs=1, warmup_epochs=0),
-               system=System(amp=args.amp, channels_last=True if args.channels_last else None, compile=args.compile),
+               system=System(amp=args.amp, channels_last=True if args.channels_last else None,
+                             compile=args.compile),
                batch_size=args.batch)
     keep_time(e.model, arch).train()
     return e
@@ -134,7 +140,8 @@ def throughput(args) -> dict:
     engines = {arch: engine(args, arch) for arch in MEASURED}
     device = engines["tsm"].device
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (args.batch, args.frames, 3, args.size, args.size), dtype=torch.uint8, generator=g)
+    x = torch.randint(0, 256, (args.batch, args.frames, 3, args.size, args.size), dtype=torch.uint8,
+                      generator=g)
     y = torch.randint(0, args.classes, (args.batch,), generator=g)
     times, cpu, _ = interleaved_steps(engines, x.to(device), y.to(device), args.warmup, args.steps)
 
@@ -144,16 +151,18 @@ def throughput(args) -> dict:
     out = {}
     for arch in MEASURED:
         step = statistics.median(times[arch])
-        out[arch] = {"step_ms": 1e3 * step, "clips_per_s": args.batch / step, "wall_ratio": ratio(times, arch),
+        out[arch] = {"step_ms": 1e3 * step, "clips_per_s": args.batch / step,
+                     "wall_ratio": ratio(times, arch),
                      "steps_ms": [1e3 * t for t in times[arch]],
                      "params": sum(p.numel() for p in engines[arch].model.parameters())}
         if device.type == "cpu":
             out[arch] |= {"cpu_s": statistics.median(cpu[arch]), "cpu_ratio": ratio(cpu, arch)}
         out[arch]["tsm_speedup"] = out[arch]["cpu_ratio" if device.type == "cpu" else "wall_ratio"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"\n{name}: ResNet-{args.depth} width {args.width}, {args.frames} x {args.size} px, batch {args.batch}, "
-          f"amp {engines['tsm'].amp}, channels-last {args.channels_last}, compile {args.compile}; medians of "
-          f"{args.steps} interleaved training steps after {args.warmup}; TSM's throughput over each network's")
+    print(f"\n{name}: ResNet-{args.depth} width {args.width}, {args.frames} x {args.size} px, batch "
+          f"{args.batch}, amp {engines['tsm'].amp}, channels-last {args.channels_last}, compile "
+          f"{args.compile}; medians of {args.steps} interleaved training steps after {args.warmup}; TSM's "
+          f"throughput over each network's")
     for arch in MEASURED:
         r = out[arch]
         line = (f"  {label(arch):<10} {r['step_ms']:9.1f} ms/step {r['clips_per_s']:8.2f} clips/s  "
@@ -168,8 +177,8 @@ def predicted_scaling(measured: dict, gpus: int = 1536) -> dict:
     """``bench/scaling.py`` at ``gpus`` GPUs for each network: its gradient, and the assumed V100 TSM step
     times the measured ratio (fp32 and fp16 gradients, allreduce overlapped with the backward pass)."""
     base = scaling.parser().parse_args([])
-    print(f"\nbench/scaling.py at {gpus} GPUs (Summit's assumptions; TSM's V100 step {base.step_ms:.0f} ms for "
-          f"{base.batch} clips, the others' scaled by the measured ratio), allreduce overlapped:")
+    print(f"\nbench/scaling.py at {gpus} GPUs (Summit's assumptions; TSM's V100 step {base.step_ms:.0f} ms "
+          f"for {base.batch} clips, the others' scaled by the measured ratio), allreduce overlapped:")
     out = {}
     for arch in MEASURED:
         a = scaling.parser().parse_args([])
@@ -180,8 +189,9 @@ def predicted_scaling(measured: dict, gpus: int = 1536) -> dict:
             row["fp16" if fp16 else "fp32"] = {"allreduce_ms": t_ar, "efficiency": a.step_ms / t,
                                                "clips_per_s": gpus * a.batch / t * 1e3}
         print(f"  {label(arch):<10} gradient {row['gradient_mib']:6.1f} MiB, step {a.step_ms:6.1f} ms: "
-              f"{100 * row['fp32']['efficiency']:3.0f}% efficiency, {row['fp32']['clips_per_s']:8.0f} clips/s "
-              f"(fp16 gradients: {100 * row['fp16']['efficiency']:3.0f}%, {row['fp16']['clips_per_s']:8.0f} clips/s)")
+              f"{100 * row['fp32']['efficiency']:3.0f}% efficiency, {row['fp32']['clips_per_s']:8.0f} "
+              f"clips/s (fp16 gradients: {100 * row['fp16']['efficiency']:3.0f}%, "
+              f"{row['fp16']['clips_per_s']:8.0f} clips/s)")
     return out
 
 
@@ -197,10 +207,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2, help="clips per step")
     p.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto")
     p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--compile", nargs="?", const="auto", help="torch.compile the networks (trainer --compile)")
+    p.add_argument("--compile", nargs="?", const="auto",
+                   help="torch.compile the networks (trainer --compile)")
     p.add_argument("--steps", type=int, default=7, help="timed steps per network")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per network first")
-    p.add_argument("--threads", type=int, help="intra-op threads (default torch's: the cores); 1 on a shared CPU, "
+    p.add_argument("--threads", type=int,
+                   help="intra-op threads (default torch's: the cores); 1 on a shared CPU, "
                    "where waiting threads of a parallel region spin and count as CPU seconds")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()

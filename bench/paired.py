@@ -14,7 +14,8 @@ difference of a pair measures the mode, and the pairs' spread how much a seed al
 Command line: the final validation figures of run directories (their ``metrics.jsonl``), paired
 in the order given:
 
-    python bench/paired.py --a /tmp/m/tsm-global-s0 /tmp/m/tsm-global-s1 --b /tmp/m/tsm-node-s0 /tmp/m/tsm-node-s1
+    python bench/paired.py --a /tmp/m/tsm-global-s0 /tmp/m/tsm-global-s1 --b /tmp/m/tsm-node-s0
+    /tmp/m/tsm-node-s1
 """
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trainer import metrics  # noqa: E402
 
 # t(0.975, df) for df = 1..30 (two-sided 95%); above 30 the normal's 1.96 is within 2%
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+        2.042)
 
 
 def t975(df: int) -> float:
@@ -77,8 +80,10 @@ def final(run: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--a", nargs="+", type=Path, required=True, help="runs of mode A (e.g. global), one per seed")
-    p.add_argument("--b", nargs="+", type=Path, required=True, help="runs of mode B, the same seeds in the same order")
+    p.add_argument("--a", nargs="+", type=Path, required=True,
+                   help="runs of mode A (e.g. global), one per seed")
+    p.add_argument("--b", nargs="+", type=Path, required=True,
+                   help="runs of mode B, the same seeds in the same order")
     p.add_argument("--names", nargs=2, default=("global", "node"), help="the modes' names")
     args = p.parse_args()
     if len(args.a) != len(args.b):
@@ -89,7 +94,8 @@ def main() -> None:
     print(f"pair | {na}: {figures} | {nb}: the same | {nb} - {na}: top-1, val loss")
     for ra, rb, fa, fb in zip(args.a, args.b, a, b):
         print(f"{ra.name} / {rb.name} | " + " | ".join(
-            f"{f['top1']:.1f}%, {f['loss']:.4f}, {f['train_loss']:.4f}, {f['mean_top1']:.1f}%, {f['first_at_best']}"
+            f"{f['top1']:.1f}%, {f['loss']:.4f}, {f['train_loss']:.4f}, {f['mean_top1']:.1f}%, "
+            f"{f['first_at_best']}"
             for f in (fa, fb)) + f" | {fb['top1'] - fa['top1']:+.1f}, {fb['loss'] - fa['loss']:+.4f}")
     for key, what, unit in (("top1", "final top-1", " points"), ("loss", "final validation loss", ""),
                             ("train_loss", "final training loss", ""),

@@ -46,7 +46,8 @@ def _torchcodec(path: str, mode: str, resize: bool) -> tuple[int, np.ndarray]:
         w, h = out_size(meta.width, meta.height)
         from torchcodec.transforms import Resize
         transforms = [Resize((h, w))]
-    decoder = VideoDecoder(path, seek_mode=mode, num_ffmpeg_threads=1, dimension_order="NHWC", transforms=transforms)
+    decoder = VideoDecoder(path, seek_mode=mode, num_ffmpeg_threads=1, dimension_order="NHWC",
+                           transforms=transforms)
     n = decoder.metadata.num_frames
     return n, decoder.get_frames_at(picks(path, n)).data.numpy()
 
@@ -68,7 +69,8 @@ def clip(path: str, decoder: str) -> dict:
     if decoder == "decord":
         n, frames = _decord(path)
     else:
-        n, frames = _torchcodec(path, decoder.split("_")[1].replace("resize", "exact"), decoder.endswith("resize"))
+        n, frames = _torchcodec(path, decoder.split("_")[1].replace("resize", "exact"),
+                                decoder.endswith("resize"))
     size = out_size(frames.shape[2], frames.shape[1])
     sample = {"__key__": Path(path).stem, "json": json.dumps({"source": path, "num_frames": n}).encode()}
     for t, frame in enumerate(frames):

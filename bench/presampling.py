@@ -57,11 +57,15 @@ def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
     """Each split's videos as (frames uint8 (N, H, W, 3), class, video id), made by ``ingest synth`` once."""
     src = work / "videos"
     if not src.exists():
-        subprocess.run([sys.executable, "-m", "ingest", "synth", "--out", str(src), "--classes", str(args.classes),
-                        "--train-per-class", str(args.train_per_class), "--val-per-class", str(args.val_per_class),
+        subprocess.run([sys.executable, "-m", "ingest", "synth", "--out", str(src), "--classes",
+                        str(args.classes),
+                        "--train-per-class", str(args.train_per_class), "--val-per-class",
+                        str(args.val_per_class),
                         "--seconds", str(args.seconds), "--width", str(args.source_size),
-                        "--height", str(args.source_size), "--speed-scale", str(args.speed_scale), "--workers", "1"],
-                       check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                        "--height", str(args.source_size), "--speed-scale", str(args.speed_scale),
+                        "--workers", "1"],
+                       check=True, env={**os.environ,
+                                        "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     out = {}
     for split in ("train", "val"):
         classes = sorted(p.name for p in (src / split).iterdir())
@@ -71,7 +75,8 @@ def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
                 with av.open(str(path)) as c:
                     frames = [f.to_image() for f in c.decode(video=0)]
                 width = round(frames[0].width * args.size / frames[0].height)
-                out[split].append((np.stack([np.asarray(f.resize((width, args.size), Image.BILINEAR)) for f in frames]),
+                out[split].append((np.stack([np.asarray(f.resize((width, args.size), Image.BILINEAR))
+                                             for f in frames]),
                                    label, f"{name}/{path.stem}"))
     return out
 
@@ -93,21 +98,24 @@ def epoch_views(arm: str, epoch: int) -> list[int]:
 def train(arm: str, seed: int, data, args) -> float:
     """Final validation top-1 (%) of ``arm`` at ``seed``."""
     torch.manual_seed(seed)
-    model = build(ModelConfig(num_classes=args.classes, segments=args.segments, depth=args.depth, width=args.width))
+    model = build(ModelConfig(num_classes=args.classes, segments=args.segments, depth=args.depth,
+                              width=args.width))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     rng = np.random.default_rng(seed)
     epochs = args.epochs // 4 if arm == "each-4" else args.epochs
     steps = args.epochs * math.ceil(len(data["train"]) / args.batch)  # equal in every arm
     warmup = max(1, steps // 16)  # linear warm-up, then cosine to 0 (the trainer's recipe, per step)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: (i + 1) / warmup if i < warmup else 0.5 * (1 + math.cos(math.pi * (i - warmup) / (steps - warmup))))
+        opt, lambda i: (i + 1) / warmup if i < warmup else 0.5
+        * (1 + math.cos(math.pi * (i - warmup) / (steps - warmup))))
     model.train()
     for epoch in range(epochs):
         samples = [(v, k) for v in range(len(data["train"])) for k in epoch_views(arm, epoch)]
         order = rng.permutation(len(samples))
         for start in range(0, len(order), args.batch):
             picked = [samples[i] for i in order[start:start + args.batch]]
-            x = torch.from_numpy(np.stack([clip(data["train"][v][0], data["train"][v][2], k, args.segments, seed, True)
+            x = torch.from_numpy(np.stack([clip(data["train"][v][0], data["train"][v][2], k, args.segments,
+                                                seed, True)
                                            for v, k in picked]))
             y = torch.tensor([data["train"][v][1] for v, _ in picked])
             loss = F.cross_entropy(model(x), y)
@@ -124,7 +132,8 @@ def train(arm: str, seed: int, data, args) -> float:
 
 def interval(diffs: list[float]) -> str:
     mean = statistics.mean(diffs)
-    half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
+    half = t975(len(diffs)
+                - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
     return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
 
 
@@ -151,20 +160,22 @@ def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     data = videos(args.work, args)
-    print(f"{len(data['train'])} training and {len(data['val'])} validation videos of {len(data['train'][0][0])} "
-          f"frames, {args.segments} segments; {args.epochs} epochs of one view a video; decoded in "
-          f"{time.perf_counter() - start:.0f} s", flush=True)
+    print(f"{len(data['train'])} training and {len(data['val'])} validation videos of "
+          f"{len(data['train'][0][0])} frames, {args.segments} segments; {args.epochs} epochs of one view a "
+          f"video; decoded in {time.perf_counter() - start:.0f} s", flush=True)
     top1 = {arm: [] for arm in args.arms}
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for arm in args.arms:
             top1[arm].append(train(arm, seed, data, args))
-            print(f"  seed {seed} {arm}: {top1[arm][-1]:.1f} ({time.perf_counter() - start:.0f} s)", flush=True)
+            print(f"  seed {seed} {arm}: {top1[arm][-1]:.1f} ({time.perf_counter() - start:.0f} s)",
+                  flush=True)
         print(f"seed {seed}: " + ", ".join(f"{arm} {top1[arm][-1]:.1f}" for arm in args.arms), flush=True)
     print("\narm | final val top-1 per seed | mean | - resample, paired by seed: mean [95% interval]")
     for arm in args.arms:
         paired = (interval([a - b for a, b in zip(top1[arm], top1["resample"])])
                   if "resample" in top1 and arm != "resample" else "")
-        print(f"{arm} | {', '.join(f'{v:.1f}' for v in top1[arm])} | {statistics.mean(top1[arm]):.1f} | {paired}")
+        print(f"{arm} | {', '.join(f'{v:.1f}' for v in top1[arm])} | {statistics.mean(top1[arm]):.1f} | "
+              f"{paired}")
     print(f"\n{time.perf_counter() - start:.0f} s")
     print("BENCH_JSON " + json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "top1": top1}))
 

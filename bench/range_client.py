@@ -96,7 +96,8 @@ def main() -> int:
         for r in range(args.rounds):
             for label, read in clients.items():
                 res[label].append(run(read, base, m, root, args.threads, args.seconds))
-                print(f"round {r + 1} {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[label][-1].items()),
+                print(f"round {r + 1} {label}: " + ", ".join(f"{k} {v:.2f}" for k,
+                                                             v in res[label][-1].items()),
                       flush=True)
     finally:
         proc.terminate()
@@ -104,7 +105,8 @@ def main() -> int:
     med = {label: {k: statistics.median(x[k] for x in rows) for k in rows[0]} for label, rows in res.items()}
     for label, v in med.items():
         print(f"median {label}: " + ", ".join(f"{k} {x:.2f}" for k, x in v.items()))
-    print("BENCH_JSON " + json.dumps({"rounds": res, "median": med, "urllib3": urllib3.__version__}, sort_keys=True))
+    print("BENCH_JSON " + json.dumps({"rounds": res, "median": med, "urllib3": urllib3.__version__},
+                                     sort_keys=True))
     return 0
 
 

@@ -52,11 +52,13 @@ def make_set(out: Path, videos: int, clips: int, per_shard: int) -> None:
         name = shard_name("train", k)
         shards.append(write_shard(str(out / name), name, samples[start:start + per_shard]))
     Manifest(classes=[f"c{c}" for c in range(4)], splits={"train": SplitInfo(shards=shards)},
-             config={"clip": {"frames": 8}}, fingerprint=digest({"videos": videos, "clips": clips})).save(str(out))
+             config={"clip": {"frames": 8}}, fingerprint=digest({"videos": videos,
+                                                                 "clips": clips})).save(str(out))
 
 
 def loader(data: Path, mode: str) -> ClipLoader:
-    return ClipLoader(str(data), "train", EpochOptions(batch_size=8, seed=1, stored_clips=mode), num_workers=0,
+    return ClipLoader(str(data), "train", EpochOptions(batch_size=8, seed=1, stored_clips=mode),
+                      num_workers=0,
                       crop_size=112, scale_size=120)
 
 
@@ -94,8 +96,9 @@ def main() -> None:
         reads, per_clip = plan_bytes(data, mode)
         print(f"{mode}: {statistics.median(r):.1f} clips/s (median of {len(r)}, {min(r):.1f}-{max(r):.1f}); "
               f"{reads} reads, {per_clip / 1e3:.1f} kB read a clip handed out")
-    print(f"rotate / each, clips/s: {statistics.median(rates['rotate']) / statistics.median(rates['each']):.2f} "
-          f"(load average at the end: {os.getloadavg()[0]:.1f})")
+    print(f"rotate / each, clips/s: "
+          f"{statistics.median(rates['rotate']) / statistics.median(rates['each']):.2f} (load average at the "
+          f"end: {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

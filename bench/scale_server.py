@@ -44,7 +44,8 @@ from shards.tools.verify import stamps  # noqa: E402
 
 COLUMNS = [("clips", "clips read", "{:,}"), ("wall_s", "client wall s", "{:.2f}"),
            ("server_shard_MB", "shard MB through the server", "{:.1f}"),
-           ("server_requests", "server requests", "{:,}"), ("server_rss_peak_MB", "server peak RSS MB", "{:.0f}"),
+           ("server_requests", "server requests", "{:,}"), ("server_rss_peak_MB", "server peak RSS MB",
+                                                            "{:.0f}"),
            ("server_cpu_s", "server CPU s", "{:.2f}")]
 CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -101,11 +102,13 @@ def measured(server_url: str, server: Server, read) -> dict:
 
 
 def service_source(ctx) -> dict:
-    return measured(ctx["service"], ctx["server"], lambda: read_set(f"{ctx['service']}/v1/datasets/{ctx['id']}"))
+    return measured(ctx["service"], ctx["server"],
+                    lambda: read_set(f"{ctx['service']}/v1/datasets/{ctx['id']}"))
 
 
 def proxy_first(ctx) -> dict:
-    return measured(ctx["service"], ctx["server"], lambda: read_set(f"{ctx['proxy']}/v1/datasets/{ctx['id']}"))
+    return measured(ctx["service"], ctx["server"],
+                    lambda: read_set(f"{ctx['proxy']}/v1/datasets/{ctx['id']}"))
 
 
 def proxy_second(ctx) -> dict:
@@ -113,7 +116,8 @@ def proxy_second(ctx) -> dict:
 
 
 def redirects(ctx) -> dict:
-    return measured(ctx["s3service"], ctx["s3server"], lambda: read_set(f"{ctx['s3service']}/v1/datasets/ons3"))
+    return measured(ctx["s3service"], ctx["s3server"],
+                    lambda: read_set(f"{ctx['s3service']}/v1/datasets/ons3"))
 
 
 def direct_reads(ctx) -> dict:
@@ -143,7 +147,8 @@ def main() -> int:
     ctx, procs = {"id": claim.record.id}, []
     try:
         port = free_port()  # moto's S3 server, the set uploaded, and a service redirecting to it
-        moto = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
+        moto = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
+                                 "127.0.0.1",
                                  "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, **CREDS})
         procs.append(moto)
@@ -156,14 +161,18 @@ def main() -> int:
         fs.put(root, "bench-scale/set", recursive=True)
         s3cat = Catalog(os.path.join(args.out, "s3catalog.sqlite"))
         c = s3cat.claim("53" * 32, source="bench", location="s3://bench-scale/set", options={}, name="ons3")
-        s3cat.finish(c.record.id, c.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="bench")
-        for key, catalog, extra, env in (("service", cat, [], None), ("s3service", s3cat, ["--redirect", "600"], s3env)):
-            proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", catalog.path,
+        s3cat.finish(c.record.id, c.owner, splits=splits, files=files, manifest_sha256=sha,
+                     builder_version="bench")
+        for key, catalog, extra, env in (("service", cat, [], None), ("s3service", s3cat,
+                                                                      ["--redirect", "600"], s3env)):
+            proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog",
+                               catalog.path,
                                *extra], env=env)
             procs.append(proc)
             ctx[key], ctx[key.replace("service", "server")] = url, Server(proc.pid)
         proxy, ctx["proxy"] = start_nginx(  # a caching proxy in front of the service
-            args.out, 2, f"location / {{ proxy_pass {ctx['service']}; proxy_http_version 1.1; proxy_cache shards; }}",
+            args.out, 2, f"location / "
+                         f"{{ proxy_pass {ctx['service']}; proxy_http_version 1.1; proxy_cache shards; }}",
             "proxy_cache_path PREFIX/cache keys_zone=shards:10m max_size=4g;")
         procs.append(proxy)
         rows = {}
@@ -177,7 +186,8 @@ def main() -> int:
     width = max(map(len, rows))
     print(f"{'':{width}} | " + " | ".join(h for _, h, _ in COLUMNS))
     for name, row in rows.items():
-        print(f"{name:{width}} | " + " | ".join(fmt.format(row[k]) if k in row else "-" for k, _, fmt in COLUMNS))
+        print(f"{name:{width}} | " + " | ".join(fmt.format(row[k]) if k in row else "-" for k, _,
+                                                fmt in COLUMNS))
     print("BENCH_JSON " + json.dumps(rows, sort_keys=True))
     return 0
 

@@ -68,10 +68,12 @@ def parser() -> argparse.ArgumentParser:
     """The model's assumptions as flags (``parser().parse_args([])``: Summit's, for ``bench/models.py``)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--step-ms", type=float, default=46.0, help="measured single-GPU step time")
-    p.add_argument("--bench-json", help="take step time and batch from bench/train.py --json (its TSM figure)")
+    p.add_argument("--bench-json",
+                   help="take step time and batch from bench/train.py --json (its TSM figure)")
     p.add_argument("--batch", type=int, default=8, help="clips per GPU per step")
     p.add_argument("--params", type=float, default=24.3e6, help="gradient elements (TSM-R50, 400 classes)")
-    p.add_argument("--backward-fraction", type=float, default=2 / 3, help="share of the step spent in backward")
+    p.add_argument("--backward-fraction", type=float, default=2 / 3,
+                   help="share of the step spent in backward")
     p.add_argument("--gpus-per-node", type=int, default=6)
     p.add_argument("--nvlink-gbs", type=float, default=50.0, help="GB/s between neighbouring GPUs in a node")
     p.add_argument("--node-gbs", type=float, default=25.0, help="GB/s per node and direction, all rails")
@@ -96,8 +98,9 @@ def main() -> None:
 
     variants = {f"{'fp16' if fp16 else 'fp32'}{' overlap' if overlap else ''}": (fp16, overlap)
                 for fp16 in (False, True) for overlap in (False, True)}
-    print(f"single-GPU step {a.step_ms:.1f} ms for {a.batch} clips ({source}): {1e3 * a.batch / a.step_ms:.0f} clips/s; "
-          f"gradient {a.params / 1e6:.1f} M elements ({a.params * 4 / 2**20:.0f} MiB fp32)")
+    print(f"single-GPU step {a.step_ms:.1f} ms for {a.batch} clips ({source}): "
+          f"{1e3 * a.batch / a.step_ms:.0f} clips/s; gradient {a.params / 1e6:.1f} M elements "
+          f"({a.params * 4 / 2**20:.0f} MiB fp32)")
     print(f"{'GPUs':>5} {'nodes':>5} " + " ".join(f"{name:>22}" for name in variants))
     print(f"{'':>11} " + " ".join(f"{'ar ms  eff  clips/s':>22}" for _ in variants))
     rows = []
@@ -107,14 +110,16 @@ def main() -> None:
         for name, (fp16, overlap) in variants.items():
             t, t_ar = step_ms(n, a, fp16, overlap)
             eff = a.step_ms / t
-            row[name] = {"allreduce_ms": t_ar, "step_ms": t, "efficiency": eff, "clips_per_s": n * a.batch / t * 1e3}
+            row[name] = {"allreduce_ms": t_ar, "step_ms": t, "efficiency": eff, "clips_per_s": n * a.batch
+                         / t * 1e3}
             cells.append(f"{t_ar:5.1f} {100 * eff:4.0f}% {row[name]['clips_per_s']:9.0f}")
         rows.append(row)
         print(f"{n:>5} {row['nodes']:>5} " + " ".join(f"{c:>22}" for c in cells))
     last = rows[-1]
     print(f"at {last['gpus']} GPUs: {100 * last['fp32 overlap']['efficiency']:.0f}% (fp32, overlapped) and "
-          f"{100 * last['fp16 overlap']['efficiency']:.0f}% (fp16, overlapped) predicted, against the paper's "
-          f"reported > 80%; without overlap {100 * last['fp32']['efficiency']:.0f}% / {100 * last['fp16']['efficiency']:.0f}%")
+          f"{100 * last['fp16 overlap']['efficiency']:.0f}% (fp16, overlapped) predicted, against the "
+          f"paper's reported > 80%; without overlap {100 * last['fp32']['efficiency']:.0f}% / "
+          f"{100 * last['fp16']['efficiency']:.0f}%")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump({"assumptions": vars(a), "rows": rows}, f, indent=1)

@@ -2,8 +2,8 @@
 
 On ``ingest synth`` motion data (four classes that differ only in the direction a textured disc
 moves; ``--speed-scale 0.5`` by default, so that a 2-frame clip's disc moves at most a radius per
-step instead of up to half the frame), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU) through
-``trainer train``, validating after every epoch:
+step instead of up to half the frame), every variant trains the same tiny TSM on two Horovod ranks (gloo, CPU)
+through ``trainer train``, validating after every epoch:
 
 * ``baseline``: the fixed shape (8 frames, 32 px, 2 clips per rank), synchronous;
 * ``multigrid``: ``--multigrid both`` (long and short cycles), synchronous;
@@ -20,9 +20,9 @@ The target is the baseline's final validation accuracy. For each run: training w
 sum of the epochs' training time, validation left out), training CPU seconds (both ranks and
 their loader workers: the work done, much less sensitive than wall-clock to what else runs on a
 shared machine), optimizer steps, model synchronisations (allreduce rounds of gradients or models;
-metric allreduces left out) and clips seen when the target is first reached, and the final accuracy. Variants run one after another, repeated
-``--repeats`` times in turn, so a neighbour's load hits them alike; the table gives each
-variant's median and its ratios to the baseline of the same repeat. One plot shows validation
+metric allreduces left out) and clips seen when the target is first reached, and the final accuracy. Variants
+run one after another, repeated ``--repeats`` times in turn, so a neighbour's load hits them alike; the table
+gives each variant's median and its ratios to the baseline of the same repeat. One plot shows validation
 accuracy against training wall-clock for every run.
 
 Node-affine epochs (issues 18, 27): ``--nodes 2 --shuffles global node`` spreads the ranks over
@@ -70,7 +70,8 @@ def variants(epochs: int, precise_bn: int) -> dict[str, list[str]]:
     stages = ["--multigrid-stages", str(round(epochs * 2 / 3)), "--precise-bn", str(precise_bn)]
     return {"baseline": [], "multigrid": ["--multigrid", "both", *stages],
             "multigrid-long": ["--multigrid", "long", *stages],
-            "growth": ["--batch-growth", "noise", "--max-batch-size", "16"], "kstep": ["--average-every", "4"]}
+            "growth": ["--batch-growth", "noise", "--max-batch-size", "16"],
+            "kstep": ["--average-every", "4"]}
 
 
 VARIANTS = list(variants(12, 0))
@@ -81,9 +82,11 @@ def make_data(work: Path, train_per_class: int, val_per_class: int, speed_scale:
     clips, four per training video."""
     return synth_shards(work / "videos", work / "shards",
                         ["--classes", "4", "--train-per-class", str(train_per_class), "--val-per-class",
-                         str(val_per_class), "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2",
+                         str(val_per_class), "--width", "64", "--height", "64", "--fps", "10", "--seconds",
+                         "2",
                          "--workers", "2", "--speed-scale", str(speed_scale)],
-                        ["--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples", "64",
+                        ["--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples",
+                         "64",
                          "--workers", "2"])
 
 
@@ -94,7 +97,8 @@ def local_names() -> list[str]:
     resolves to a loopback address, so ranks talk over loopback whatever name they run under."""
     names = ["localhost", "127.0.0.1", socket.gethostname()]
     with contextlib.suppress(OSError), open("/etc/hosts", encoding="utf-8") as f:
-        names += [n for line in f if line.split("#")[0].startswith("127.") for n in line.split("#")[0].split()[1:]]
+        names += [n for line in f if line.split("#")[0].startswith("127.")
+                  for n in line.split("#")[0].split()[1:]]
     out = []
     for name in names:
         with contextlib.suppress(OSError):
@@ -109,8 +113,8 @@ def hosts(ranks: int, nodes: int) -> str:
     127.0.0.1 twice more)."""
     names = local_names()
     if not 1 <= nodes <= len(names) or ranks % nodes:
-        raise SystemExit(f"--nodes {nodes}: 1 to {len(names)} simulated nodes (this machine's names for loopback: "
-                         f"{', '.join(names)}), each with the same number of the --ranks {ranks}")
+        raise SystemExit(f"--nodes {nodes}: 1 to {len(names)} simulated nodes (this machine's names for "
+                         f"loopback: {', '.join(names)}), each with the same number of the --ranks {ranks}")
     return ",".join(f"{h}:{ranks // nodes}" for h in names[:nodes])
 
 
@@ -141,7 +145,8 @@ def curve(out: Path) -> list[dict]:
         seconds = seconds + r["epoch_time"] + r.get("precise_bn_time", 0.0)
         cpu = cpu + r["cpu_time"] + r.get("precise_bn_cpu", 0.0)
         rows.append({"epoch": r["epoch"], "seconds": seconds, "cpu": cpu, "steps": r["step"],
-                     "syncs": r["synchronisations"], "mfloats": r["allreduced_floats"] / 1e6, "clips": r["clips"],
+                     "syncs": r["synchronisations"], "mfloats": r["allreduced_floats"] / 1e6,
+                     "clips": r["clips"],
                      "top1": r["val_top1"], "loss": r["val_loss"], "train_loss": r["train_loss"]})
     return rows
 
@@ -187,7 +192,8 @@ def versus(runs: dict[str, Curves], targets: dict[int, float], names: list[str])
     for name in names:
         g, n = runs[f"{name} global"], runs[f"{name} node"]
         both = sorted(set(g) & set(n))
-        row = {"variant": name, "repeats": both, "global_top1": statistics.median(g[i][-1]["top1"] for i in both),
+        row = {"variant": name, "repeats": both,
+               "global_top1": statistics.median(g[i][-1]["top1"] for i in both),
                "node_top1": statistics.median(n[i][-1]["top1"] for i in both)}
         for key in ("top1", "loss", "train_loss"):
             row[f"{key}_pairs"] = [(g[i][-1][key], n[i][-1][key]) for i in both]
@@ -208,7 +214,8 @@ def plot(runs: dict[str, Curves], target: float, png: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for ax, key, label in zip(axes, ("seconds", "cpu"), ("training wall-clock (s), validation left out",
-                                                           "training CPU seconds, both ranks and their loaders")):
+                                                           "training CPU seconds, both ranks and their "
+                                                           "loaders")):
         for n, (name, repeats) in enumerate(runs.items()):
             for i, rows in enumerate(repeats.values()):
                 ax.plot([r[key] for r in rows], [r["top1"] for r in rows], "o-", ms=3, color=f"C{n}",
@@ -227,34 +234,35 @@ def plot(runs: dict[str, Curves], target: float, png: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="/tmp/kinetics-fast-schedules", help="data and runs")
-    p.add_argument("--epochs", type=int, default=12, help="the baseline's epochs (multigrid runs 1.5x as many)")
+    p.add_argument("--epochs", type=int, default=12,
+                   help="the baseline's epochs (multigrid runs 1.5x as many)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--nodes", type=int, default=1,
-                   help="simulated nodes the ranks are spread over (horovodrun -H localhost:R,127.0.0.1:R,...: "
-                        "one per name of this machine for loopback, local_names)")
+                   help="simulated nodes the ranks are spread over (horovodrun -H "
+                        "localhost:R,127.0.0.1:R,...: one per name of this machine for loopback, local_names)")
     p.add_argument("--shuffles", nargs="+", choices=("global", "node"), default=["global"],
                    help="each variant once per mode, same seeds (node needs --nodes 2): node-affine epochs "
                         "against global ones; the target is the global baseline's")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed-per-repeat", action="store_true",
-                   help="repeat r trains with --seed r (the weights and the data order differ between repeats: "
-                        "how far the final accuracy moves with them alone); default: seed 0, repeats differ "
-                        "only in timings")
+                   help="repeat r trains with --seed r (the weights and the data order differ between "
+                        "repeats: how far the final accuracy moves with them alone); default: seed 0, "
+                        "repeats differ only in timings")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
     p.add_argument("--train-per-class", type=int, default=64)
     p.add_argument("--val-per-class", type=int, default=32)
     p.add_argument("--speed-scale", type=float, default=0.5,
                    help="ingest synth's speeds times this (0.5: a 2-frame clip's disc moves at most a radius)")
     p.add_argument("--precise-bn", type=int, default=16,
-                   help="multigrid variants: BN statistics recomputed on this many full-shape batches per rank "
-                        "before each validation (0: off)")
+                   help="multigrid variants: BN statistics recomputed on this many full-shape batches per "
+                        "rank before each validation (0: off)")
     p.add_argument("--from-runs", action="store_true",
                    help="train nothing: the tables of the runs already in WORK that finished (their log says "
                         "done), e.g. of a bench stopped partway")
     p.add_argument("--keep", action="store_true",
-                   help="keep the runs in WORK that finished with the very command this call would start (its "
-                        "record beside the log), training only the others: a campaign stopped partway, or "
-                        "several calls sharing repeats (e.g. the baseline at 6 seeds, then variants at 2)")
+                   help="keep the runs in WORK that finished with the very command this call would start "
+                        "(its record beside the log), training only the others: a campaign stopped partway, "
+                        "or several calls sharing repeats (e.g. the baseline at 6 seeds, then variants at 2)")
     p.add_argument("--png", help="the plot (default: WORK/schedules.png)")
     p.add_argument("--json", help="also write every curve and the table here")
     args = p.parse_args()
@@ -266,7 +274,8 @@ def main() -> None:
     names = ["baseline"] + [v for v in args.variants if v != "baseline"]
     shuffles = sorted(set(args.shuffles))  # global first: the target's
     if "node" in shuffles and args.nodes < 2:
-        raise SystemExit("--shuffles node: node-affine epochs on one node are global ones; add --nodes 2 (or more)")
+        raise SystemExit("--shuffles node: node-affine epochs on one node are global ones; add --nodes 2 (or "
+                         "more)")
     # one run per variant and shuffle mode; named by the variant alone when there is one mode
     runs_of = {f"{v} {m}" if len(shuffles) > 1 else v: (v, m) for v in names for m in shuffles}
     runs: dict[str, Curves] = {r: {} for r in runs_of}
@@ -285,10 +294,11 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 walls[run][repeat] = train(data, out, flags_run, args.ranks, args.nodes)
             runs[run][repeat] = rows = curve(out)
-            print(f"repeat {repeat} {run}: {rows[-1]['seconds']:.0f} s training ({rows[-1]['cpu']:.0f} CPU s), "
-                  f"{rows[-1]['steps']} steps, "
+            print(f"repeat {repeat} {run}: {rows[-1]['seconds']:.0f} s training ({rows[-1]['cpu']:.0f} CPU "
+                  f"s), {rows[-1]['steps']} steps, "
                   f"{rows[-1]['syncs']} synchronisations, final top-1 {rows[-1]['top1']:.1f}%"
-                  + (f" (whole run {walls[run][repeat]:.0f} s)" if repeat in walls[run] else " (kept)"), flush=True)
+                  + (f" (whole run {walls[run][repeat]:.0f} s)" if repeat in walls[run] else " (kept)"),
+                  flush=True)
     runs = {r: curves for r, curves in runs.items() if curves}  # --from-runs, --keep: those that finished
     baseline = next(iter(runs_of))
     if baseline not in runs:
@@ -296,23 +306,26 @@ def main() -> None:
     pairs = [v for v in names if f"{v} global" in runs and f"{v} node" in runs]
     targets = {i: rows[-1]["top1"] for i, rows in runs[baseline].items()}
     table = summarise(runs, targets, baseline)
-    print(f"\ntarget: the {baseline} run's final validation top-1 ({', '.join(f'{t:.1f}%' for t in targets.values())})"
+    print(f"\ntarget: the {baseline} run's final validation top-1 "
+          f"({', '.join(f'{t:.1f}%' for t in targets.values())})"
           + (f"; load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}"
              if loads else ""))
-    keys = (("seconds", "wall s to target"), ("cpu", "CPU s to target"), ("steps", "steps"), ("syncs", "syncs"),
+    keys = (("seconds", "wall s to target"), ("cpu", "CPU s to target"), ("steps", "steps"),
+            ("syncs", "syncs"),
             ("mfloats", "M floats sent"), ("clips", "clips"), ("epoch", "epoch"))
     print(f"{'variant':<16} | reached | " + " | ".join(f"{h + ' (x)':<16}" for _, h in keys)
           + " | final top-1 | whole run: wall s, CPU s, steps, syncs")
     for r in table:
         cells = [f"{r[k]:7.0f} ({r[k + '_ratio']:.2f}x)" if k in r else "not reached" for k, _ in keys]
-        print(f"{r['variant']:<16} | {r['reached']}/{r['repeats']}     | " + " | ".join(f"{c:<16}" for c in cells)
+        print(f"{r['variant']:<16} | {r['reached']}/{r['repeats']}     | "
+              + " | ".join(f"{c:<16}" for c in cells)
               + f" | {r['final_top1']:10.1f}% | {r['total_seconds']:.0f}, {r['total_cpu']:.0f}, "
               f"{r['total_steps']:.0f}, {r['total_syncs']:.0f}")
     both = len(shuffles) > 1
     if both:
-        print(f"\nnode-affine ({args.nodes} nodes of {args.ranks // args.nodes} rank(s)) against global epochs, "
-              "same seeds, over the repeats finished in both modes; per repeat, final top-1 (global, node), epochs "
-              "to the target and to the variant's global final top-1 (None: not reached)")
+        print(f"\nnode-affine ({args.nodes} nodes of {args.ranks // args.nodes} rank(s)) against global "
+              "epochs, same seeds, over the repeats finished in both modes; per repeat, final top-1 (global, "
+              "node), epochs to the target and to the variant's global final top-1 (None: not reached)")
         for r in versus(runs, targets, pairs):
             pairs_top1 = ", ".join(f"{a:.1f}/{b:.1f}" for a, b in r["top1_pairs"])
             print(f"{r['variant']}: repeats {r['repeats']}, final top-1 global/node {pairs_top1}, "

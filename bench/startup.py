@@ -17,14 +17,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-COMMANDS = {"trainer train --help": "import sys; from trainer.cli import main; sys.exit(main(['train', '--help']))",
-            "shards verify --help": "import sys; from shards.cli import main; sys.exit(main(['verify', '--help']))"}
+COMMANDS = {"trainer train --help": "import sys; from trainer.cli import main; sys.exit(main(['train', "
+                                    "'--help']))",
+            "shards verify --help": "import sys; from shards.cli import main; sys.exit(main(['verify', "
+                                    "'--help']))"}
 
 
 def measure(tree: str, code: str) -> tuple[float, float, int]:
     """(CPU seconds, top-level import seconds, modules imported) of one run under ``tree``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=tree, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=tree, capture_output=True,
+                         text=True,
                          env={**os.environ, "PYTHONPATH": tree}, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = [line for line in run.stderr.splitlines() if line.startswith("import time:") and "|" in line][1:]
@@ -35,7 +38,8 @@ def measure(tree: str, code: str) -> tuple[float, float, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="the other checkout")
-    p.add_argument("--head", default=str(Path(__file__).resolve().parent.parent), help="default: this checkout")
+    p.add_argument("--head", default=str(Path(__file__).resolve().parent.parent),
+                   help="default: this checkout")
     p.add_argument("--runs", type=int, default=7)
     args = p.parse_args()
     trees = {"base": args.base, "head": args.head}
@@ -47,8 +51,9 @@ def main() -> None:
         cpu = {}
         for label, runs in results.items():
             cpu[label] = statistics.median(r[0] for r in runs)
-            print(f"{name:22s} {label}: CPU {1e3 * cpu[label]:6.0f} ms, imports {1e3 * statistics.median(r[1] for r in runs):6.0f} ms, "
-                  f"{runs[-1][2]} modules (median of {args.runs}, interleaved)")
+            print(f"{name:22s} {label}: CPU {1e3 * cpu[label]:6.0f} ms, imports "
+                  f"{1e3 * statistics.median(r[1] for r in runs):6.0f} ms, {runs[-1][2]} modules (median of "
+                  f"{args.runs}, interleaved)")
         print(f"{name:22s} head/base CPU: {cpu['head'] / cpu['base']:.2f}")
 
 

@@ -37,7 +37,8 @@ def main() -> None:
                    help="CLIPSxFRAMESxCROP per rank")
     p.add_argument("--depth", type=int, default=10)
     p.add_argument("--width", type=int, default=16)
-    p.add_argument("--bn-group", type=int, default=2, help="clips per BN group (multigrid's default: the base batch per rank)")
+    p.add_argument("--bn-group", type=int, default=2, help="clips per BN group (multigrid's default: the "
+                                                           "base batch per rank)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()

@@ -79,7 +79,8 @@ def engine(args, shift: bool, batch: int) -> Engine:
     e = Engine(Backend(), args.classes, epoch_clips=10**7,
                model=Model(depth=args.depth, width=args.width, segments=args.frames, shift=shift),
                recipe=Recipe(epochs=1, warmup_epochs=0),
-               system=System(amp=args.amp, channels_last=True if args.channels_last else None, compile=args.compile),
+               system=System(amp=args.amp, channels_last=True if args.channels_last else None,
+                             compile=args.compile),
                batch_size=batch)
     e.model.train()
     return e
@@ -149,15 +150,16 @@ def main() -> None:
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--frames", type=int, default=8)
     p.add_argument("--size", type=int, default=112, help="crop side in pixels")
-    p.add_argument("--batch", type=int, default=8, help="clips per step (the start of the search with --max-batch)")
+    p.add_argument("--batch", type=int, default=8, help="clips per step (the start of the search with "
+                                                        "--max-batch)")
     p.add_argument("--classes", type=int, default=400)
     p.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"], default="auto")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--max-batch", action="store_true", help="use the largest batch that fits (GPU)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
-    p.add_argument("--compile", nargs="?", const="auto", help="torch.compile the network (trainer --compile); "
-                   "the first step's extra time is reported as the start-up cost")
+    p.add_argument("--compile", nargs="?", const="auto", help="torch.compile the network (trainer "
+                   "--compile); the first step's extra time is reported as the start-up cost")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
@@ -187,13 +189,13 @@ def main() -> None:
     result["shift_cost"] = result["TSM"]["step_ms"] / result["TSN"]["step_ms"] - 1
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    print(f"{device_name}: ResNet-{args.depth} width {args.width}, {args.frames} x {args.size}px, batch {batch}, "
-          f"amp {e.amp}, channels-last {args.channels_last}; {flops_per_clip / 1e9:.2f} GFLOP per clip "
-          f"(training), matmul {peak / 1e12:.2f} TFLOP/s")
+    print(f"{device_name}: ResNet-{args.depth} width {args.width}, {args.frames} x {args.size}px, batch "
+          f"{batch}, amp {e.amp}, channels-last {args.channels_last}; {flops_per_clip / 1e9:.2f} GFLOP per "
+          f"clip (training), matmul {peak / 1e12:.2f} TFLOP/s")
     for name in engines:
         r = result[name]
-        print(f"  {name}: {r['step_ms']:8.1f} ms/step {r['clips_per_s']:9.1f} clips/s  MFU {100 * r['mfu']:5.1f}%  "
-              f"first step +{r['startup_s']:.1f} s")
+        print(f"  {name}: {r['step_ms']:8.1f} ms/step {r['clips_per_s']:9.1f} clips/s  MFU "
+              f"{100 * r['mfu']:5.1f}%  first step +{r['startup_s']:.1f} s")
     print(f"  shift cost: {100 * result['shift_cost']:+.1f}% step time"
           + (f"; peak memory {result['peak_memory_gib']:.1f} GiB" if "peak_memory_gib" in result else ""))
     if args.json:

@@ -1,4 +1,5 @@
-"""Two streams on the CPU: RGB TSN and TSM, motion TSNs (codec motion vectors, optical flow), their late fusions.
+"""Two streams on the CPU: RGB TSN and TSM, motion TSNs (codec motion vectors, optical flow), their late
+fusions.
 
 Two ``ingest synth`` tasks, 64x64 videos of 2 s at 10 fps, 256 training and 64 validation videos each:
 
@@ -38,14 +39,17 @@ TASKS = {"direction": ["--classes", "4"], "colour-direction": ["--classes", "4",
 CLASSES = {"direction": 4, "colour-direction": 8}
 MOTIONS = ("mv", "flow")
 # scripts/demo.sh's model and recipe (tests/test_motion.py's), for every run
-RUN = ["--segments", "4", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32", "--no-flip",
-       "--batch-size", "16", "--warmup-epochs", "1", "--lr-per-8", "0.1", "--workers", "0", "--print-freq", "64",
+RUN = ["--segments", "4", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32",
+       "--no-flip",
+       "--batch-size", "16", "--warmup-epochs", "1", "--lr-per-8", "0.1", "--workers", "0", "--print-freq",
+       "64",
        "--no-tensorboard"]
 # name: (shard set, flags)
 MODELS = {"rgb-tsn": ("mv", ["--no-shift"]), "rgb-tsm": ("mv", []),
           "mv-tsn": ("mv", ["--modality", "motion", "--no-shift"]),
           "flow-tsn": ("flow", ["--modality", "motion", "--no-shift"])}
-LABELS = {"rgb-tsn": "RGB TSN", "rgb-tsm": "RGB TSM", "mv-tsn": "motion TSN (mv)", "flow-tsn": "motion TSN (flow)"}
+LABELS = {"rgb-tsn": "RGB TSN", "rgb-tsm": "RGB TSM", "mv-tsn": "motion TSN (mv)",
+          "flow-tsn": "motion TSN (flow)"}
 
 
 def make_sets(work: Path, task: str, videos_per_task: int, val_per_task: int) -> dict[str, Path]:
@@ -55,7 +59,8 @@ def make_sets(work: Path, task: str, videos_per_task: int, val_per_task: int) ->
              str(val_per_task // classes), "--width", "64", "--height", "64", "--fps", "10", "--seconds", "2",
              "--workers", "2"]
     return {kind: synth_shards(work / task / "videos", work / task / f"shards-{kind}", synth,
-                               ["--frames", "4", "--clips-per-video", "4", "--short-side", "32", "--shard-samples",
+                               ["--frames", "4", "--clips-per-video", "4", "--short-side", "32",
+                                "--shard-samples",
                                 "64", "--workers", "2", "--motion", kind])
             for kind in MOTIONS}
 
@@ -76,8 +81,10 @@ def train_all(work: Path, sets: dict[str, Path], epochs: int) -> dict[str, float
 
 def fuse(work: Path, sets: dict[str, Path], rgb: str, motion: str, weights: list[str]) -> dict:
     """``trainer test --fuse`` of the two runs on the validation videos: its summary line."""
-    out = subprocess.run([str(BIN / "python"), "-m", "trainer", "test", "--fuse", str(work / rgb), str(work / motion),
-                          "--weights", *weights, "--data", str(sets[MODELS[rgb][0]]), str(sets[MODELS[motion][0]]),
+    out = subprocess.run([str(BIN / "python"), "-m", "trainer", "test", "--fuse", str(work / rgb),
+                          str(work / motion),
+                          "--weights", *weights, "--data", str(sets[MODELS[rgb][0]]),
+                          str(sets[MODELS[motion][0]]),
                           "--backend", "none", "--workers", "0"],
                          check=True, capture_output=True, text=True, env={**ENV, "OMP_NUM_THREADS": "2"})
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -90,7 +97,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=16, help="of every run")
     p.add_argument("--train-videos", type=int, default=256, help="per task, spread over its classes")
     p.add_argument("--val-videos", type=int, default=64, help="per task, spread over its classes")
-    p.add_argument("--weights", nargs=2, default=["1", "1.5"], help="of the RGB and the motion run in each fusion")
+    p.add_argument("--weights", nargs=2, default=["1", "1.5"],
+                   help="of the RGB and the motion run in each fusion")
     p.add_argument("--json", help="also write every figure here")
     args = p.parse_args()
 
@@ -111,8 +119,9 @@ def main() -> None:
         results[task] = {"top1": rows, "train_seconds": walls, "chance": 100 / CLASSES[task]}
         print(f"{task}: trained in {', '.join(f'{k} {v:.0f} s' for k, v in walls.items())}", flush=True)
 
-    print(f"\nvalidation video top-1 (%), {args.epochs} epochs, fusion weights RGB {args.weights[0]} : motion "
-          f"{args.weights[1]}; load average at the starts of training: {', '.join(f'{x:.1f}' for x in loads)}")
+    print(f"\nvalidation video top-1 (%), {args.epochs} epochs, fusion weights RGB {args.weights[0]} : "
+          f"motion {args.weights[1]}; load average at the starts of training: "
+          f"{', '.join(f'{x:.1f}' for x in loads)}")
     names = list(results[args.tasks[0]]["top1"])
     width = max(map(len, names))
     print(f"{'model':<{width}} | " + " | ".join(f"{t:>16}" for t in args.tasks))

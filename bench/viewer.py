@@ -48,7 +48,8 @@ def synthetic_split(split: str, clips: int, classes: int, rng: random.Random) ->
                               sha256=f"{rng.getrandbits(256):064x}")
             out.shards.append(shard)
         length = 512 * rng.randint(200, 400)
-        yid = "".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") for _ in range(11))
+        yid = "".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+                      for _ in range(11))
         shard.keys.append(f"{yid}_{rng.randint(0, 300):06d}_{rng.randint(300, 600):06d}_c00")
         shard.offsets.append(shard.bytes)
         shard.lengths.append(length)
@@ -73,12 +74,14 @@ def main() -> int:
     p.add_argument("--out", default="/tmp/kinetics-fast-bench-viewer", help="working directory (rebuilt)")
     p.add_argument("--classes", type=int, default=400)
     p.add_argument("--clips", type=int, default=240_000, help="training clips")
-    p.add_argument("--repeats", type=int, default=20, help="requests timed per figure (the median is reported)")
+    p.add_argument("--repeats", type=int, default=20,
+                   help="requests timed per figure (the median is reported)")
     args = p.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
     root = os.path.join(args.out, "set")
     rng = random.Random(0)
-    classes = [f"class {c:03d} " + "".join(rng.choice("abcdefghij") for _ in range(12)) for c in range(args.classes)]
+    classes = [f"class {c:03d} " + "".join(rng.choice("abcdefghij") for _ in range(12))
+               for c in range(args.classes)]
     m = Manifest(classes=classes, fingerprint="bench", config={"clip": {"frames": 8}},
                  splits={"train": synthetic_split("train", args.clips, args.classes, rng),
                          "val": synthetic_split("val", args.clips // 20, args.classes, rng)})
@@ -89,7 +92,8 @@ def main() -> int:
     cat = Catalog(os.path.join(args.out, "catalog.sqlite"))
     claim = cat.claim("be" * 32, source="bench", location=root, options={}, name="k400")
     splits, files, sha = describe_set(root)
-    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="bench")
+    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha,
+               builder_version="bench")
     print(f"{args.classes} classes, {args.clips:,} training clips in {len(m.splits['train'].shards)} shards; "
           f"manifest.json {manifest_bytes / 1e6:.1f} MB", flush=True)
 

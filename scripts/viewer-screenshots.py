@@ -43,7 +43,8 @@ def shoot(driver, url: str, ready: str, path: str) -> None:
     driver.get(url)
     WebDriverWait(driver, 120).until(lambda d: d.execute_script(ready))
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                             "clip": {
         "x": 0, "y": 0, "width": size["width"], "height": max(size["height"], 600), "scale": 1}})
     image = Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB")
     image.quantize(256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
@@ -55,13 +56,15 @@ def main() -> int:
     p.add_argument("--work", default="/tmp/kf-viewer-shots", help="working directory (its videos are reused)")
     p.add_argument("--out", default="docs", help="where the PNGs go")
     args = p.parse_args()
-    src, big = os.path.join(args.work, "src"), os.path.join(args.work, "big")  # kept: synth skips what is there
+    # kept: synth skips what is there
+    src, big = os.path.join(args.work, "src"), os.path.join(args.work, "big")
     shutil.rmtree(os.path.join(args.work, "sets"), ignore_errors=True)
     for name in ("catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(args.work, name))
     run = lambda *a: subprocess.run(a, check=True)  # noqa: E731
-    run(f"{BIN}/ingest", "synth", "--out", src, "--classes", "4", "--train-per-class", "12", "--val-per-class", "4",
+    run(f"{BIN}/ingest", "synth", "--out", src, "--classes", "4", "--train-per-class", "12",
+        "--val-per-class", "4",
         "--width", "96", "--height", "96", "--fps", "10", "--seconds", "2")
     left = os.path.join(src, "train", "move_left")
     with open(os.path.join(left, sorted(os.listdir(left))[0]), "rb") as f:
@@ -71,13 +74,16 @@ def main() -> int:
     with open(os.path.join(src, "val", "move_up", "notes.mp4"), "w") as f:
         f.write("not a video\n")
     catalog = os.path.join(args.work, "catalog.sqlite")
-    run(f"{BIN}/ingest", "build", "--src", src, "--out", os.path.join(args.work, "sets", "motion4"), "--frames", "8",
-        "--short-side", "96", "--shard-samples", "16", "--catalog", catalog, "--name", "motion4", "--workers", "2",
+    run(f"{BIN}/ingest", "build", "--src", src, "--out", os.path.join(args.work, "sets", "motion4"),
+        "--frames", "8",
+        "--short-side", "96", "--shard-samples", "16", "--catalog", catalog, "--name", "motion4", "--workers",
+        "2",
         "--motion", "mv")
     worn = os.path.join(args.work, "sets", "motion4-f4")
     run(f"{BIN}/ingest", "build", "--src", src, "--out", worn, "--frames", "4", "--short-side", "64",
         "--shard-samples", "16", "--catalog", catalog, "--name", "motion4-f4", "--workers", "2")
-    with open(os.path.join(worn, "train", "train-000000.tar"), "r+b") as f:  # a flipped byte, as bit rot would
+    # a flipped byte, as bit rot would
+    with open(os.path.join(worn, "train", "train-000000.tar"), "r+b") as f:
         f.seek(3000)
         byte = f.read(1)
         f.seek(3000)
@@ -87,41 +93,52 @@ def main() -> int:
 
     from shards.catalog import Catalog
 
-    many = [f"{verb} {thing}" for verb in ("riding", "playing", "making", "cleaning", "throwing", "climbing", "washing",
+    many = [f"{verb} {thing}" for verb in ("riding", "playing", "making", "cleaning", "throwing", "climbing",
+                                           "washing",
                                             "juggling", "carving", "folding")
-            for thing in ("a bike", "the drums", "tea", "windows", "a ball", "a rope", "dishes", "clubs", "pumpkins",
+            for thing in ("a bike", "the drums", "tea", "windows", "a ball", "a rope", "dishes", "clubs",
+                          "pumpkins",
                           "paper", "a kite", "bread", "shoes", "a guitar", "ice", "a horse", "snow", "a cake",
-                          "laundry", "a fence", "sand", "a boat", "cards", "a tree", "hair", "a car", "the floor",
-                          "a door", "a wall", "a tent", "cheese", "a dog", "a cat", "fish", "eggs", "wood", "glass",
+                          "laundry", "a fence", "sand", "a boat", "cards", "a tree", "hair", "a car",
+                          "the floor",
+                          "a door", "a wall", "a tent", "cheese", "a dog", "a cat", "fish", "eggs", "wood",
+                          "glass",
                           "a sail", "a net", "a wheel")]
-    counts = [max(4, round(40 * 0.9996 ** (c * c / 8))) for c in range(len(many))]  # a long tail, as Kinetics has
+    # a long tail, as Kinetics has
+    counts = [max(4, round(40 * 0.9996 ** (c * c / 8))) for c in range(len(many))]
     make_class_set(os.path.join(args.work, "sets", "kinetics-like"), counts, many)
     register(Catalog(catalog), os.path.join(args.work, "sets", "kinetics-like"), "kinetics-like")
-    run(f"{BIN}/ingest", "synth", "--out", big, "--classes", "6", "--train-per-class", "40", "--val-per-class", "0",
+    run(f"{BIN}/ingest", "synth", "--out", big, "--classes", "6", "--train-per-class", "40",
+        "--val-per-class", "0",
         "--width", "96", "--height", "96", "--fps", "10", "--seconds", "2")
     with open(os.path.join(args.work, "tokens"), "w") as f:
         f.write("screenshots\n")
-    server = subprocess.Popen([f"{BIN}/shard-service", "serve", "--catalog", catalog, "--port", "0", "--token-file",
+    server = subprocess.Popen([f"{BIN}/shard-service", "serve", "--catalog", catalog, "--port", "0",
+                               "--token-file",
                                os.path.join(args.work, "tokens"), "--source-root", args.work],
                               stdout=subprocess.PIPE, text=True)
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1100,800",
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1100,800",
                 "--hide-scrollbars"):
         options.add_argument(arg)
     options.binary_location = shutil.which("chromium")
     driver = None
     try:
         url = server.stdout.readline().split()[1].rstrip("/")  # the viewer's URL (the API's is the next line)
-        body = json.dumps({"src": big, "name": "motion6", "frames": 8, "short_side": 96, "workers": 1}).encode()
+        body = json.dumps({"src": big, "name": "motion6", "frames": 8, "short_side": 96,
+                           "workers": 1}).encode()
         urllib.request.urlopen(urllib.request.Request(url + "/v1/builds", body, method="POST", headers={
             "Authorization": "Bearer screenshots", "Content-Type": "application/json"}))
         driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
         os.makedirs(args.out, exist_ok=True)
         shoot(driver, url + "/", "return document.querySelector('progress') && "
               "document.querySelector('progress').value > 0", os.path.join(args.out, "viewer-catalog.png"))
-        shoot(driver, url + "/sets/motion4", "return document.querySelectorAll('#frames tbody tr').length > 0",
+        shoot(driver, url + "/sets/motion4",
+              "return document.querySelectorAll('#frames tbody tr').length > 0",
               os.path.join(args.out, "viewer-set.png"))
-        shoot(driver, url + "/sets/kinetics-like", "return document.querySelectorAll('#frames tbody tr').length > 0",
+        shoot(driver, url + "/sets/kinetics-like", "return document.querySelectorAll('#frames tbody "
+                                                   "tr').length > 0",
               os.path.join(args.out, "viewer-classes.png"))
         shoot(driver, url + "/sets/motion4/clips?split=train&per_page=6&view=both",
               "return document.body.dataset.loaded === 'clips'", os.path.join(args.out, "viewer-clips.png"))
@@ -138,9 +155,11 @@ def main() -> int:
         server.terminate()
         server.wait()
     sheet = os.path.join(args.out, "preview-motion.png")
-    run(f"{BIN}/shards", "preview", os.path.join(args.work, "sets", "motion4"), "--split", "val", "--clips", "4",
+    run(f"{BIN}/shards", "preview", os.path.join(args.work, "sets", "motion4"), "--split", "val", "--clips",
+        "4",
         "--height", "64", "--out", sheet)
-    Image.open(sheet).convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE).save(sheet, optimize=True)
+    Image.open(sheet).convert("RGB").quantize(256,
+                                              method=Image.Quantize.FASTOCTREE).save(sheet, optimize=True)
     return 0
 
 

@@ -62,15 +62,16 @@ def _resolve(cat: Catalog, ref: str) -> Record:
 
 
 def _state(rec: Record) -> str:
-    """The state ``list`` and ``gc`` show (``shards.catalog.condition``; local manifests checked by a stat)."""
+    """The state ``list`` and ``gc`` show (``shards.catalog.condition``; local manifests checked by a
+    stat)."""
     return condition(rec, remote=False).state
 
 
 class List:
-    """List the catalog's datasets: id, name, state, tags, clips, size, location. A state says what the set is now:
-    changed (its manifest is not the registered one), damaged (its last verify found problems), replaced, abandoned;
-    `show` says why and what to do. On a terminal each state is in its colour (service.states): only a sound
-    set is green."""
+    """List the catalog's datasets: id, name, state, tags, clips, size, location. A state says what the set is
+    now: changed (its manifest is not the registered one), damaged (its last verify found problems), replaced,
+    abandoned; `show` says why and what to do. On a terminal each state is in its colour (service.states):
+    only a sound set is green."""
 
     @staticmethod
     def add_arguments(p):
@@ -98,8 +99,8 @@ class List:
 
 
 class Show:
-    """Show one dataset's record (by id, unique id prefix, name or tag) as JSON, with its state now, why, and the
-    remedy."""
+    """Show one dataset's record (by id, unique id prefix, name or tag) as JSON, with its state now, why, and
+    the remedy."""
 
     @staticmethod
     def add_arguments(p):
@@ -113,7 +114,8 @@ class Show:
 
 
 class Tag:
-    """Point a tag at a dataset (a tag names one set; tagging another moves it). Tagged sets are never gc'd."""
+    """Point a tag at a dataset (a tag names one set; tagging another moves it). Tagged sets are never
+    gc'd."""
 
     @staticmethod
     def add_arguments(p):
@@ -164,7 +166,8 @@ class Verify:
         problems, hashed = [], {}
         try:
             checked_manifest(rec)  # the manifest is the registered one
-            problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep, workers=args.workers,
+            problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep,
+                                                workers=args.workers,
                                                 hashed=hashed)]
             small = set_file_stamps(rec.location, rec.files)  # classes.txt, errors.jsonl: the catalog's?
             problems += [f"{name}: SHA-256 differs from the catalog's" for name, (_, _, sha) in small.items()
@@ -200,7 +203,8 @@ class Remove:
 
 
 class Collect:
-    """Delete failed and abandoned builds (files and record); a dry run unless --yes. Never a tagged set or a live build."""
+    """Delete failed and abandoned builds (files and record); a dry run unless --yes. Never a tagged set or a
+    live build."""
 
     @staticmethod
     def add_arguments(p):
@@ -219,5 +223,6 @@ class Collect:
         done = housekeeping.collect(cat)
         for rec in done:
             print(f"removed {rec.id} and its files at {rec.location}")
-        print(f"collected {len(done)} dataset{'' if len(done) == 1 else 's'}" if done else "nothing to collect")
+        print(f"collected {len(done)} dataset{'' if len(done) == 1 else 's'}" if done
+              else "nothing to collect")
         return 0

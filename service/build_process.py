@@ -34,7 +34,8 @@ from shards.catalog import CatalogUnavailable
 log = logging.getLogger("service.build")
 
 
-RAY_START_SECONDS = 120  # starting or joining Ray longer than this fails the build (Ray itself retries ~10 min)
+# starting or joining Ray longer than this fails the build (Ray itself retries ~10 min)
+RAY_START_SECONDS = 120
 
 
 def _stop(cat, dataset: str, owner: dict, reason: str) -> None:
@@ -62,7 +63,8 @@ def _watch_parent(server_pid: int, dataset: str) -> None:
     _leave(dataset, f"the server that started this build (pid {server_pid}) is gone")
 
 
-def run(*, catalog: str, claim, plan, ray_address: str | None, workers: int | None, videos_per_task: int | None,
+def run(*, catalog: str, claim, plan, ray_address: str | None, workers: int | None, videos_per_task: int
+        | None,
         ffmpeg_threads: int, timeout: float) -> int:
     """Build ``plan`` under ``claim`` (made by the server); 0 when the set is ready."""
     from ingest import registry
@@ -72,7 +74,8 @@ def run(*, catalog: str, claim, plan, ray_address: str | None, workers: int | No
     cat = Catalog(catalog)
     stop = functools.partial(_stop, cat, plan.id, claim.owner)
     lost = functools.partial(_leave, plan.id, "another process has taken the build over")
-    threading.Thread(target=_watch_parent, args=(os.getppid(), plan.id), daemon=True, name="parent-watch").start()
+    threading.Thread(target=_watch_parent, args=(os.getppid(), plan.id), daemon=True,
+                     name="parent-watch").start()
     starting = registry.keep_alive(cat, plan.id, claim.owner, lost)
     where = f"join the Ray cluster at {ray_address}" if ray_address else "start an embedded Ray"
     started = threading.Event()

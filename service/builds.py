@@ -179,7 +179,8 @@ class Builds:
     async def _take_over(self, rec: Record) -> bool:
         who = f"{rec.owner.get('host')} pid {rec.owner.get('pid')}" if rec.owner else "its builder"
         if rec.attempts >= MAX_ATTEMPTS:  # whatever kills its builders may be the build itself
-            await asyncio.to_thread(self.catalog.fail_orphan, rec.id, f"abandoned: its builder ({who}) is gone, "
+            await asyncio.to_thread(self.catalog.fail_orphan, rec.id,
+                                    f"abandoned: its builder ({who}) is gone, "
                                     f"after {rec.attempts} attempts; not taken over again: ask for it again")
             return False
         try:
@@ -191,14 +192,16 @@ class Builds:
             await asyncio.to_thread(self.catalog.fail_orphan, rec.id, reason)
             return False
         if plan.id != rec.id:
-            reason = (f"abandoned: its builder ({who}) is gone, and its sources changed since it was asked for "
-                      f"(they now make dataset {plan.id}); ask for it again")
+            reason = (f"abandoned: its builder ({who}) is gone, and its sources changed since it was asked "
+                      f"for (they now make dataset {plan.id}); ask for it again")
             await asyncio.to_thread(self.catalog.fail_orphan, rec.id, reason)
             return False
-        claim = await asyncio.to_thread(registry.claim, self.catalog, plan, rec.location, None, request=rec.request)
+        claim = await asyncio.to_thread(registry.claim, self.catalog, plan, rec.location, None,
+                                        request=rec.request)
         if claim.action != "build":
             return False  # another replica was first, or it was finished meanwhile
-        log.warning("build %s: its builder (%s) is gone; taken over (attempt %d), resuming in %s", rec.id, who,
+        log.warning("build %s: its builder (%s) is gone; taken over (attempt %d), resuming in %s", rec.id,
+                    who,
                     claim.record.attempts, claim.record.location)
         self._start(claim, plan, req["run"])
         return True
@@ -206,7 +209,8 @@ class Builds:
     def _plan(self, src: str, req: dict) -> registry.Plan:
         if "://" not in src:
             self.roots.check_tree(src)
-        return registry.plan(src, req["cfg"], shard_size=req["shard_size"], shard_samples=req["shard_samples"],
+        return registry.plan(src, req["cfg"], shard_size=req["shard_size"],
+                             shard_samples=req["shard_samples"],
                              splits=req["splits"])
 
     async def _run(self, claim: Claim, plan: registry.Plan, run: dict) -> None:
@@ -217,7 +221,8 @@ class Builds:
         finally:
             self._running.discard(dataset)
 
-    async def _run_claimed(self, dataset: str, holder: list, claim: Claim, plan: registry.Plan, run: dict) -> None:
+    async def _run_claimed(self, dataset: str, holder: list, claim: Claim, plan: registry.Plan,
+                           run: dict) -> None:
         started = False
         try:
             await self._wait_for_a_slot(dataset, claim.owner)
@@ -276,11 +281,14 @@ class Builds:
                 return None
             holder[0] = owner
             log.info("build %s: build process %d started, holding the lease", plan.id, proc.pid)
-            job = {"catalog": self.catalog.path, "claim": Claim(claim.action, claim.record, owner), "plan": plan,
+            job = {"catalog": self.catalog.path, "claim": Claim(claim.action, claim.record, owner),
+                   "plan": plan,
                    "ray_address": self.ray_address, "workers": run.get("workers"),
-                   "videos_per_task": run.get("videos_per_task"), "ffmpeg_threads": run.get("ffmpeg_threads", 1),
+                   "videos_per_task": run.get("videos_per_task"),
+                   "ffmpeg_threads": run.get("ffmpeg_threads", 1),
                    "timeout": run.get("timeout", 600)}
-            proc.stdin.write(pickle.dumps(job))  # stdin stays open: its end tells the process the server is gone
+            # stdin stays open: its end tells the process the server is gone
+            proc.stdin.write(pickle.dumps(job))
             await proc.stdin.drain()
             tail = await _relay(proc.stdout, f"build {plan.id[:8]}")
             code = await proc.wait()
@@ -288,7 +296,8 @@ class Builds:
             await self._terminate(proc, plan.id)
             raise
         finally:
-            _kill_group(proc.pid)  # whatever the build left: Ray's daemons and workers share its process group
+            # whatever the build left: Ray's daemons and workers share its process group
+            _kill_group(proc.pid)
         if code == 0:
             return None
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"

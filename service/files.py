@@ -30,7 +30,8 @@ from shards.format.manifest import MANIFEST_NAME, Manifest
 from shards.io import storage
 
 log = logging.getLogger("service.files")
-CONTENT_TYPES = {".tar": "application/x-tar", ".json": "application/json", ".txt": "text/plain; charset=utf-8",
+CONTENT_TYPES = {".tar": "application/x-tar", ".json": "application/json",
+                 ".txt": "text/plain; charset=utf-8",
                  ".jsonl": "application/x-ndjson"}
 
 
@@ -80,14 +81,17 @@ def file_table(rec: Record) -> dict[str, Entry]:
     table = {}
     for name, (size, sha) in rec.files.items():
         stamp = rec.verified_files.get(name)
-        table[name] = Entry(size, sha, None if stamp is None else tuple(stamp[:2]), None if stamp is None else stamp[2])
+        table[name] = Entry(size, sha, None if stamp is None else tuple(stamp[:2]), None if stamp is None
+                            else stamp[2])
     for split in checked_manifest(rec).splits.values():
         for shard in split.shards:
             if clean_name(shard.name):
                 size, mtime, sha = rec.verified_files.get(shard.name, (None, None, None))
-                table[shard.name] = Entry(shard.bytes, shard.sha256, None if size is None else (size, mtime), sha)
+                table[shard.name] = Entry(shard.bytes, shard.sha256, None if size is None else (size, mtime),
+                                          sha)
             else:
-                log.warning("%s: manifest names a shard %r outside the set; not served", rec.location, shard.name)
+                log.warning("%s: manifest names a shard %r outside the set; not served", rec.location,
+                            shard.name)
     return table
 
 
@@ -117,7 +121,8 @@ def open_local(root: str, name: str, entry: Entry | None) -> int:
         raise Changed(name)
     if not stat.S_ISREG(st.st_mode) or (entry and st.st_size != entry.size):
         os.close(f)
-        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes, recorded {entry.size}"
+        what = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+                else f"{st.st_size} bytes, recorded {entry.size}")
         raise Refused(403 if not stat.S_ISREG(st.st_mode) else 500, f"{name} on disk: {what}")
     return f
 

@@ -7,7 +7,7 @@ instead of handing nginx the file for this one request, the service grants the c
 for ``--grant-seconds`` (``GRANT_SECONDS``): it answers ``307`` to a URL nginx checks by itself,
 as S3's presigned URLs are checked by S3::
 
-    /_grant/<set id>/<file>?expires=<unix time>&md5=<base64url of MD5(expires + URI + Authorization + " " + secret)>
+    /_grant/<set id>/<file>?expires=<unix time>&md5=<base64url(MD5(expires URI Authorization " " secret))>
 
 ``Cache-Control: private, max-age=<seconds>`` on the 307 lets the client keep the grant
 (``shards.io.http_range`` does: every range of that file, from every thread of the process, goes to
@@ -49,7 +49,8 @@ _SET_ID = re.compile(r"[0-9a-f]{64}")  # what nginx's /_grant/ location takes fo
 
 
 def signature(uri: str, expires: int, authorization: str, secret: str) -> str:
-    """What nginx's ``secure_link_md5 "$secure_link_expires$uri$http_authorization $grant_secret"`` computes."""
+    """What nginx's ``secure_link_md5 "$secure_link_expires$uri$http_authorization $grant_secret"``
+    computes."""
     digest = hashlib.md5(f"{expires}{uri}{authorization} {secret}".encode()).digest()
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
@@ -85,4 +86,5 @@ class Grants:
         """The grant's URL for file ``name`` of set ``set_id``, and its ``max-age``."""
         expires = int(time.time()) + self.seconds
         uri = f"{PREFIX}/{set_id}/{name}"  # plain: the request path was checked (service.api.middleware)
-        return f"{uri}?expires={expires}&md5={signature(uri, expires, authorization, secret)}", self.seconds - 1
+        md5 = signature(uri, expires, authorization, secret)
+        return f"{uri}?expires={expires}&md5={md5}", self.seconds - 1

@@ -34,7 +34,8 @@ OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 def raise_open_files() -> int:
     """Raise the soft RLIMIT_NOFILE to the hard one (as far as the kernel allows); return the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    for target in (hard, 1 << 20):  # an unlimited hard limit: as many as the kernel gives a process by default
+    # an unlimited hard limit: as many as the kernel gives a process by default
+    for target in (hard, 1 << 20):
         if target == resource.RLIM_INFINITY or target <= soft:
             continue
         try:
@@ -140,7 +141,8 @@ class OutOfFiles:
         if self.last is not None and now - self.last < self.interval:
             return
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        log.error("out of open files (limit %d): %s failed since the last report (reported at most every %.0f s)",
+        log.error("out of open files (limit %d): %s failed since the last report (reported at most every "
+                  "%.0f s)",
                   soft, ", ".join(f"{n} {w}" for w, n in sorted(self.counts.items())), self.interval)
         self.last = now
         self.counts.clear()

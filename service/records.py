@@ -85,8 +85,8 @@ class RecordCache:
         except CatalogUnavailable as e:
             if self.outage is None:
                 self.outage = _Outage(e, now, version, now + RETRY_SECONDS)
-                log.warning("%s: serving the sets this replica has looked up from their last known records, each "
-                            "for at most %g s after a commit it could not check", e, self.stale_seconds)
+                log.warning("%s: serving the sets this replica has looked up from their last known records, "
+                            "each for at most %g s after a commit it could not check", e, self.stale_seconds)
             else:
                 self.outage.error, self.outage.generation, self.outage.retry = e, version, now + RETRY_SECONDS
             return self._last_known(ref, known, now)
@@ -105,9 +105,9 @@ class RecordCache:
         if known is None:
             raise CatalogUnavailable(str(self.outage.error))
         if now - known.unconfirmed >= self.stale_seconds:
-            raise CatalogUnavailable(f"{self.outage.error}; the last known record of {ref!r} has gone unconfirmed "
-                                     f"for {now - known.unconfirmed:.1f} s, past the staleness bound of "
-                                     f"{self.stale_seconds:g} s (--catalog-staleness)")
+            raise CatalogUnavailable(f"{self.outage.error}; the last known record of {ref!r} has gone "
+                                     f"unconfirmed for {now - known.unconfirmed:.1f} s, past the staleness "
+                                     f"bound of {self.stale_seconds:g} s (--catalog-staleness)")
         return known.record
 
     def close(self) -> None:

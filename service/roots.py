@@ -80,7 +80,8 @@ class SourceRoots:
             raise SourceRefused(f"src {src}: a source URL may have no query, fragment or credentials")
         segments = _segments(parts.path)
         if any(unquote(s) in (".", "..") or "/" in unquote(s) or "\\" in unquote(s) for s in segments):
-            raise SourceRefused(f"src {src}: dot segments and encoded slashes are not allowed in a source URL")
+            raise SourceRefused(f"src {src}: dot segments and encoded slashes are not allowed in a source "
+                                "URL")
         scheme, host = parts.scheme.lower(), parts.netloc.lower()
         if not any(scheme == s and host == h and segments[:len(p)] == p for s, h, p in self.urls):
             raise SourceRefused(f"src {src}: {scheme}://{host} is under no --source-root "
@@ -108,7 +109,7 @@ class SourceRoots:
                 if entry.is_symlink():
                     target = os.path.realpath(entry.path)
                     if not self.allows_local(target):
-                        raise SourceRefused(f"src {top}: {entry.path} is a symbolic link to {target}, which is "
-                                            f"under no --source-root (allowed: {self.describe()})")
+                        raise SourceRefused(f"src {top}: {entry.path} is a symbolic link to {target}, which "
+                                            f"is under no --source-root (allowed: {self.describe()})")
                 if entry.is_dir():
                     stack.append(entry.path)

@@ -28,7 +28,8 @@ STATES = {
     "deleted": Shown("gone", "forgotten by the catalog"),
 }
 UNKNOWN = Shown("warn", "a state this version does not know")
-ANSI = {"good": "32", "bad": "1;31", "busy": "33", "warn": "33", "gone": "2"}  # SGR: green, bold red, yellow, dim
+# SGR: green, bold red, yellow, dim
+ANSI = {"good": "32", "bad": "1;31", "busy": "33", "warn": "33", "gone": "2"}
 
 
 def table() -> dict:

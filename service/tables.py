@@ -44,7 +44,8 @@ class FileTables:
         if key in self.tables:
             self.tables.move_to_end(key)
             return self.tables[key]
-        if local_path(rec.location) is not None:  # a changed local set's manifest is not read at every request
+        # a changed local set's manifest is not read at every request
+        if local_path(rec.location) is not None:
             found = await asyncio.to_thread(self.condition, rec)
             if found.state == "changed":
                 raise Refused(409, found.sentence(rec))

@@ -70,8 +70,9 @@ SETS_KEPT, CLIPS_KEPT = 4, 8192  # indexed sets and clips' frame positions kept 
 MOTION_KEPT = 256  # clips whose coloured motion fields are kept (a few kB each)
 COLOURING = "mb1"  # the colouring's version, in the ETags of coloured fields: a new one is a new picture
 SECURITY = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' "
+                               "blob:; connect-src 'self'; base-uri 'none'; form-action 'self'; "
+                               "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -86,7 +87,8 @@ class _Static:
     def __init__(self):
         folder = importlib.resources.files("service").joinpath("static")
         files = {item.name: item.read_bytes() for item in folder.iterdir()}
-        files["motion-legend.png"] = motioncolour.png(motioncolour.legend())  # drawn by the motion fields' colouring
+        # drawn by the motion fields' colouring
+        files["motion-legend.png"] = motioncolour.png(motioncolour.legend())
         self.files = {}
         for name, data in files.items():
             suffix = name[name.rfind("."):]
@@ -130,7 +132,8 @@ class Viewer:
     async def motion(self, rec: Record, manifest: Manifest, clip) -> tuple[list[bytes], float]:
         """The clip's motion fields coloured (PNG bytes, frame order) and their scale (pixels per
         frame at full colour): one read of the clip however many ask at once, then kept."""
-        return await _kept(self._motion, (rec.id, rec.manifest_sha256, clip.split, clip.n), MOTION_KEPT, _coloured,
+        return await _kept(self._motion, (rec.id, rec.manifest_sha256, clip.split, clip.n), MOTION_KEPT,
+                           _coloured,
                            manifest, clip)
 
 
@@ -168,7 +171,8 @@ def _index(rec: Record) -> dict:
                      "histogram": part.histogram(len(index.classes)).tolist()}
               for name, part in index.splits.items()}
     return {"manifest": manifest, "index": index,
-            "overview": {"classes": index.classes, "frames_per_clip": index.frames_per_clip(), "splits": splits,
+            "overview": {"classes": index.classes, "frames_per_clip": index.frames_per_clip(),
+                         "splits": splits,
                          "errors": _ledger(rec)}}
 
 
@@ -195,7 +199,8 @@ def _json(data: dict) -> web.Response:
     return web.json_response(data, headers={**SECURITY, "Cache-Control": "no-store"})
 
 
-def _int(request: web.Request, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+def _int(request: web.Request, name: str, default: int | None, low: int, high: int
+         | None = None) -> int | None:
     text = request.query.get(name)
     if text is None or text == "":
         return default
@@ -222,7 +227,8 @@ def _clip(part, n: str):
     try:
         return part.clip(int(n))
     except (ValueError, IndexError):
-        raise web.HTTPNotFound(text=f"split {part.name} has {len(part)} clips; there is no clip {n!r}") from None
+        raise web.HTTPNotFound(text=f"split {part.name} has {len(part)} clips; there is no clip "
+                                    f"{n!r}") from None
 
 
 def _clip_json(index: ClipIndex, clip) -> dict:
@@ -285,7 +291,8 @@ async def clips(request: web.Request) -> web.Response:
         frames = len(await request.app[VIEWER].frames(rec, data["manifest"], part.clip(shown[0]["n"])))
     return _json({"id": rec.id, "split": part.name, "splits": list(index.splits), "class": label,
                   "classes": index.classes, "page": page, "per_page": per_page, "total": int(len(chosen)),
-                  "pages": -(-len(chosen) // per_page), "frames": frames, "motion": _motion_kind(data["manifest"]),
+                  "pages": -(-len(chosen) // per_page), "frames": frames,
+                  "motion": _motion_kind(data["manifest"]),
                   "clips": shown})
 
 
@@ -307,11 +314,13 @@ async def frame(request: web.Request) -> web.StreamResponse:
     spans = await request.app[VIEWER].frames(rec, data["manifest"], clip)
     t = request.match_info["t"]
     if not t.isdigit() or int(t) >= len(spans):
-        raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(spans)} frames; there is no frame {t!r}")
+        raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(spans)} frames; there is no "
+                                    f"frame {t!r}")
     offset, size = spans[int(t)]
     rec, entry, fd = await open_file(request, rec, clip.shard.name, damaged=True)
     etag = f'"{entry.etag.strip(chr(34))}.{offset}"'  # the shard's bytes as last hashed, and where in it
-    response = send_span(request, rec, clip.shard.name, entry, offset, size, etag, {"Content-Type": "image/jpeg"},
+    response = send_span(request, rec, clip.shard.name, entry, offset, size, etag,
+                         {"Content-Type": "image/jpeg"},
                          fd=fd, cache=cache_control(request, rec))
     response.headers.update(SECURITY)
     return response
@@ -321,13 +330,14 @@ async def motion(request: web.Request) -> web.Response:
     rec, data = await _ready(request)
     kind = _motion_kind(data["manifest"])
     if kind is None:
-        raise web.HTTPNotFound(text=f"dataset {rec.id} has no motion fields (ingest build --motion stores them)")
+        raise web.HTTPNotFound(text=f"dataset {rec.id} has no motion fields (ingest build --motion stores "
+                                    f"them)")
     clip = _clip(_split(data, request.match_info["split"]), request.match_info["n"])
     pictures, _ = await request.app[VIEWER].motion(rec, data["manifest"], clip)
     t = request.match_info["t"]
     if not t.isdigit() or int(t) >= len(pictures):
-        raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(pictures)} motion fields; there is no "
-                                    f"field {t!r}")
+        raise web.HTTPNotFound(text=f"clip {clip.n} of {clip.split} has {len(pictures)} motion fields; there "
+                                    f"is no field {t!r}")
     body = pictures[int(t)]
     headers = {"ETag": f'"{clip.shard.sha256}.{clip.offset}.{kind}.{t}.{COLOURING}"',
                "Cache-Control": "no-store" if rec.verify_problems  # a damaged set: nothing of it kept

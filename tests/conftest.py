@@ -49,8 +49,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 SESSION_VAR = "KF_TEST_SESSION"
-LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))  # tests/test_suite_rules.py's sessions: less
-GROUP = pytest.StashKey["SessionGroup | ProcessSnapshot"]()  # the session's cgroup, or the processes before it
+# tests/test_suite_rules.py's sessions: less
+LEFTOVER_GRACE_S = float(os.environ.get("KF_LEFTOVER_GRACE_S", 30))
+# the session's cgroup, or the processes before it
+GROUP = pytest.StashKey["SessionGroup | ProcessSnapshot"]()
 OUTCOMES: dict[str, set[str]] = defaultdict(set)  # test file, and FILE::TEST -> outcomes in this session
 
 
@@ -134,7 +136,8 @@ class SessionGroup:
                       if line.split(" - ")[1].startswith("cgroup2 ")), None)
         if mount is None:
             raise OSError("no cgroup2 filesystem mounted")
-        here = next(line.split("::", 1)[1].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
+        here = next(line.split("::", 1)[1].strip() for line in open("/proc/self/cgroup")
+                    if line.startswith("0::"))
         self.parent = os.path.join(mount, here.lstrip("/"))
         self.path = os.path.join(self.parent, name)
         os.mkdir(self.path)
@@ -210,7 +213,8 @@ def suite_processes(group: SessionGroup | ProcessSnapshot) -> list[psutil.Proces
     from multiprocessing import forkserver, resource_tracker
 
     me = psutil.Process()
-    exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid", None),
+    exempt = {me.pid, *(p.pid for p in me.parents()), getattr(resource_tracker._resource_tracker, "_pid",
+                                                              None),
               getattr(forkserver._forkserver, "_forkserver_pid", None)}
     found = {p.pid: p for p in me.children(recursive=True)}
     for pid in group.members():
@@ -298,7 +302,8 @@ def check_leftovers(session, group: SessionGroup | ProcessSnapshot) -> None:
     psutil.wait_procs(alive, timeout=10)
     if reporter is not None:
         reporter.write_line("")
-        reporter.write_sep("=", f"{len(alive)} processes started by the suite were still running (now killed)",
+        reporter.write_sep("=",
+                           f"{len(alive)} processes started by the suite were still running (now killed)",
                            red=True)
         for line in lines:
             reporter.write_line(line)

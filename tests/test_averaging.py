@@ -57,7 +57,8 @@ def snapshot(model, optimizer) -> dict:
     state = [t for p in model.parameters() for k, t in sorted(optimizer.state.get(p, {}).items())
              if k != "step" and torch.is_tensor(t)]
     return {"params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone(),
-            "buffers": torch.cat([b.reshape(-1).float() for n, b in model.named_buffers() if "running" in n]).clone(),
+            "buffers": torch.cat([b.reshape(-1).float() for n, b in model.named_buffers()
+                                  if "running" in n]).clone(),
             "state": torch.cat([t.reshape(-1) for t in state]).clone() if state else torch.zeros(0)}
 
 
@@ -114,7 +115,8 @@ def worker(out: str) -> None:
             if averaging is None:
                 optimizer.synchronize()
                 if norms is not None:
-                    local = backend.all_sum(torch.tensor([norms.pop()], dtype=torch.float64)).item() / backend.size
+                    local = backend.all_sum(torch.tensor([norms.pop()],
+                                                         dtype=torch.float64)).item() / backend.size
                     measured.append((local, grad_sq_norm(model.parameters())))
                 with optimizer.skip_synchronize():
                     optimizer.step()
@@ -126,12 +128,15 @@ def worker(out: str) -> None:
                     "measured": measured}, os.path.join(out, f"{name}-rank{backend.rank}.pt"))
     for opt in SYNCHRONOUS:  # the trainer's own step, synchronised as trainer train does it
         for every in (None, 1, 2):
-            cfg = TrainConfig(data=Data(data="-", batch_size=share), model=Model(segments=FRAMES, depth=10, width=4),
-                              recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=HPARAMS[opt]["lr"], optimizer=opt),
+            cfg = TrainConfig(data=Data(data="-", batch_size=share),
+                              model=Model(segments=FRAMES, depth=10, width=4),
+                              recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=HPARAMS[opt]["lr"],
+                                            optimizer=opt),
                               schedules=Schedules(average_every=every))
             torch.manual_seed(0)
             regime = Regime(cfg, backend.size, STEPS * GLOBAL_BATCH)
-            engine = Engine(regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH, model=cfg.model, recipe=cfg.recipe,
+            engine = Engine(regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH, model=cfg.model,
+                            recipe=cfg.recipe,
                             system=cfg.system, batch_size=share)
             regime.attach(engine, lambda: None)  # (no loader: the steps are fed by hand)
             backend.broadcast_state(engine.model, engine.optimizer)
@@ -152,7 +157,8 @@ def worker(out: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("averaging")
-    hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__, str(out)],
+    hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__,
+                          str(out)],
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
     return {p.stem: torch.load(p) for p in out.glob("*.pt")}
@@ -180,7 +186,8 @@ def simulate(opt: str, every: int, local_after: int) -> list[dict]:
     def model_and_state(r):
         state = [t for p in models[r].parameters() for k, t in sorted(opts[r].state.get(p, {}).items())
                  if k != "step"]
-        return list(models[r].parameters()) + [b for n, b in models[r].named_buffers() if "running" in n] + state
+        return list(models[r].parameters()) + [b for n, b in models[r].named_buffers()
+                                               if "running" in n] + state
 
     for step, (clips, labels) in enumerate(batches()):
         for r in range(2):
@@ -232,7 +239,8 @@ def test_the_regime_counts_the_values_each_rank_allreduces(runs):
         for every in ("sync", 1, 2):
             for rank in (0, 1):
                 run = runs[f"engine-{opt}-{every}-rank{rank}"]
-                assert run["sent"] > 0 and run["floats"] == run["sent"], (opt, every, rank, run["floats"], run["sent"])
+                assert (run["sent"] > 0
+                        and run["floats"] == run["sent"]), (opt, every, rank, run["floats"], run["sent"])
         sync, k1 = runs[f"engine-{opt}-sync-rank0"], runs[f"engine-{opt}-1-rank0"]
         assert sync["sent"] == STEPS * sync["sizes"]["params"], opt
         assert k1["sent"] == STEPS * (k1["sizes"]["params"] + k1["sizes"]["bn"]), opt

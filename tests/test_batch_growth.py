@@ -26,7 +26,8 @@ from trainer.schedules.recipe import warmup_cosine
 
 def test_set_points_double_the_batch_up_to_the_cap():
     points = (10, 20, 30)
-    assert [batch_at_points(e, 64, points, 256) for e in (0, 9.9, 10, 19, 20, 35)] == [64, 64, 128, 128, 256, 256]
+    assert [batch_at_points(e, 64, points, 256) for e in (0, 9.9, 10, 19, 20,
+                                                          35)] == [64, 64, 128, 128, 256, 256]
     assert batch_at_points(35, 64, points, 10_000) == 512
 
 
@@ -54,7 +55,8 @@ def per_example_gradients(n: int = 4096, dim: int = 20, seed: int = 0) -> torch.
     """Gradients of a least-squares loss at a fixed point, one row per example."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, dim, generator=g, dtype=torch.float64)
-    y = x @ torch.randn(dim, generator=g, dtype=torch.float64) + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    y = x @ torch.randn(dim, generator=g,
+                        dtype=torch.float64) + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
     w = torch.zeros(dim, dtype=torch.float64) + 0.3
     return (x @ w - y).unsqueeze(1) * x
 
@@ -125,7 +127,8 @@ def test_trainer_grows_the_batch_mid_epoch_with_the_rate_and_reads_every_clip_on
                           "--epochs", "2", "--warmup-epochs", "0", "--lr-per-8", "0.05", "--workers", "1",
                           "--print-freq", "100", "--no-tensorboard", "--batch-growth", "points",
                           "--growth-points", "0.5", "1", "--trace-steps"],
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     steps = metrics.read(str(out / "steps-rank0.jsonl"))
     rates = []

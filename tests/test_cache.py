@@ -55,7 +55,8 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
         if mode == "busy" and first:
             return self._reply(503, {"Content-Length": "0", "Retry-After": str(srv.retry_after)}, b"")
         if mode == "redirect" and not self.path.startswith("/moved"):  # to srv.target's host, or this one
-            return self._reply(307, {"Content-Length": "0", "Location": f"{srv.target}/moved{self.path}"}, b"")
+            return self._reply(307, {"Content-Length": "0", "Location": f"{srv.target}/moved{self.path}"},
+                               b"")
         data = BLOBS[self.path.removeprefix("/moved")]
         a, b = re.match(r"bytes=(\d+)-(\d+)", self.headers["Range"]).groups()
         a, b = int(a), int(b)
@@ -136,15 +137,18 @@ class Waits(Retry):
 def test_retry_after_is_honoured():
     with misbehaving("busy") as (srv, url):
         waits = Waits()
-        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=waits).read() == BLOB[7:90_007]
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA,
+                          retry=waits).read() == BLOB[7:90_007]
     assert waits.waits == [7] and srv.counts["/blob.tar"] == 2  # the server's 7 s, not the 0.01 s backoff
 
 
 def test_redirects_are_followed_with_the_range_and_checked():
     with misbehaving("redirect") as (srv, url):
-        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:90_007]
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA,
+                          retry=FAST).read() == BLOB[7:90_007]
         assert srv.ranges == ["bytes=7-90006", "bytes=7-90006"] and srv.counts["/moved/blob.tar"] == 1
-        with pytest.raises(RangeError, match="differs from the manifest"):  # the target's answer is checked too
+        # the target's answer is checked too
+        with pytest.raises(RangeError, match="differs from the manifest"):
             open_range(f"{url}/blob.tar", 0, 99, size=SIZE, sha256="0" * 64, retry=FAST).read()
 
 
@@ -152,13 +156,18 @@ def test_credentials_follow_a_redirect_to_the_same_host_and_never_to_another(mon
     """fsspec's configured headers (as ``FSSPEC_HTTP_HEADERS`` sets them) go to the URL's server
     and, redirected there, to the same server again; a redirect to another host (as the service's
     307 to an object store) gets the range without the ``Authorization`` and ``Cookie`` headers."""
-    monkeypatch.setitem(fsspec.config.conf, "http", {"headers": {"Authorization": "Bearer s3cret", "Cookie": "k=v"}})
+    monkeypatch.setitem(fsspec.config.conf, "http", {"headers": {"Authorization": "Bearer s3cret",
+                                                                 "Cookie": "k=v"}})
     with misbehaving("redirect") as (origin, url), misbehaving(host="127.0.0.2") as (other, elsewhere):
-        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:90_007]
-        assert origin.auth == ["Bearer s3cret"] * 2 and origin.cookies == ["k=v"] * 2  # asked, then redirected
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA,
+                          retry=FAST).read() == BLOB[7:90_007]
+        # asked, then redirected
+        assert origin.auth == ["Bearer s3cret"] * 2 and origin.cookies == ["k=v"] * 2
         origin.target = elsewhere
-        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:90_007]
-        assert origin.auth[2:] == ["Bearer s3cret"] and origin.cookies[2:] == ["k=v"]  # the redirect's request
+        assert open_range(f"{url}/blob.tar", 7, 90_007, size=SIZE, sha256=SHA,
+                          retry=FAST).read() == BLOB[7:90_007]
+        # the redirect's request
+        assert origin.auth[2:] == ["Bearer s3cret"] and origin.cookies[2:] == ["k=v"]
         assert other.ranges == ["bytes=7-90006"] and other.auth == [None] and other.cookies == [None]
 
 
@@ -168,7 +177,8 @@ GOOD = {"Content-Range": "bytes 10-19/100", "Content-Length": "10", "ETag": f'"{
 
 @pytest.mark.parametrize("status, change, problem", [
     (206, {}, None),
-    (206, {"ETag": '"d41d8cd98f00b204e9800998ecf8427e"'}, None),  # an ETag of another kind is not ours to judge
+    # an ETag of another kind is not ours to judge
+    (206, {"ETag": '"d41d8cd98f00b204e9800998ecf8427e"'}, None),
     (206, {"Content-Length": None}, None),
     (200, {}, "status 200"),
     (206, {"Content-Range": None}, "is not 'bytes 10-19/SIZE'"),
@@ -187,7 +197,8 @@ def test_range_problem_table(status, change, problem):
 @pytest.mark.parametrize("status, etag, changed", [
     (206, SHA, False), (200, SHA, False),
     (206, "0" * 64, True), (200, "0" * 64, True),  # another file's SHA-256, for a range or the whole file
-    (206, "d41d8cd98f00b204e9800998ecf8427e", False),  # an ETag of another kind (an object store's) is not ours to judge
+    # an ETag of another kind (an object store's) is not ours to judge
+    (206, "d41d8cd98f00b204e9800998ecf8427e", False),
     (503, "0" * 64, False),  # no answer of the file: retried as any 5xx
 ])
 def test_integrity_problem_table(status, etag, changed):
@@ -199,7 +210,8 @@ def test_client_rejects_a_server_answering_ranges_wrongly(mode):
     with misbehaving(mode) as (srv, url):
         with pytest.raises(RangeError) as err:
             open_range(f"{url}/blob.tar", 1000, 5000, size=SIZE, sha256=SHA, retry=FAST).read()
-        assert f"{url}/blob.tar: bytes 1000-4999, at byte" in str(err.value) and "after 3 attempts" in str(err.value)
+        assert (f"{url}/blob.tar: bytes 1000-4999, at byte" in str(err.value)
+                and "after 3 attempts" in str(err.value))
         assert srv.counts["/blob.tar"] == 3
 
 
@@ -211,23 +223,27 @@ def test_another_files_etag_is_an_integrity_failure_at_once_never_retried():
             open_range(f"{url}/blob.tar", 1000, 5000, size=SIZE, sha256=SHA, retry=FAST).read()
     assert srv.counts["/blob.tar"] == 1  # one request
     assert isinstance(err.value, DataFault) and isinstance(err.value, RangeError)
-    assert str(err.value) == (f"{url}/blob.tar: the server's ETag {'0' * 64} differs from the manifest's SHA-256 "
-                              f"{SHA}: the file changed or is damaged (shards verify names the samples); not retried")
+    assert str(err.value) == (f"{url}/blob.tar: the server's ETag {'0' * 64} differs from the manifest's "
+                              f"SHA-256 {SHA}: the file changed or is damaged (shards verify names the "
+                              f"samples); not retried")
 
 
 def test_client_retries_a_failed_answer_and_resumes_a_broken_body():
     with misbehaving("flaky") as (srv, url):
-        assert open_range(f"{url}/blob.tar", 7, 250_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:250_007]
+        assert open_range(f"{url}/blob.tar", 7, 250_007, size=SIZE, sha256=SHA,
+                          retry=FAST).read() == BLOB[7:250_007]
         assert srv.counts["/blob.tar"] == 2
     with misbehaving("short-first") as (srv, url):
-        assert open_range(f"{url}/blob.tar", 7, 250_007, size=SIZE, sha256=SHA, retry=FAST).read() == BLOB[7:250_007]
+        assert open_range(f"{url}/blob.tar", 7, 250_007, size=SIZE, sha256=SHA,
+                          retry=FAST).read() == BLOB[7:250_007]
         first, second = srv.ranges
         assert first == "bytes=7-250006"
         resumed = int(re.match(r"bytes=(\d+)-250006", second)[1])
         assert 7 < resumed <= 7 + 125_000  # asked only for what was missing
     with misbehaving("hang-up") as (srv, url):  # a kept-alive connection the server has closed since is
         once = Retry(attempts=1)  # replaced, and that is no failed attempt
-        assert [open_range(f"{url}/blob.tar", 0, 99, size=SIZE, sha256=SHA, retry=once).read() for _ in range(3)] \
+        assert [open_range(f"{url}/blob.tar", 0, 99, size=SIZE, sha256=SHA, retry=once).read()
+                for _ in range(3)] \
             == [BLOB[:99]] * 3
         assert len(set(srv.ports)) == 3
 
@@ -260,8 +276,10 @@ def _forked_reader(url, half, first, cache, out):
         got = {"continued": first + half.readall() == BLOB}  # drops the parent's filesystem
         got["collect_blocked_s"] = blocked_in(gc.collect)
         with ThreadPoolExecutor(4) as pool:  # concurrent reads, as the loader's stages make
-            got["straight"] = [b == BLOBS[p] for p, b in zip(BLOBS, pool.map(lambda p: read_blob(url, p), BLOBS))]
-        got["cached"] = [open(cache.fetch(f"{url}{p}", SHAS[p], SIZE), "rb").read() == BLOBS[p] for p in BLOBS]
+            got["straight"] = [b == BLOBS[p] for p, b in zip(BLOBS,
+                                                             pool.map(lambda p: read_blob(url, p), BLOBS))]
+        got["cached"] = [open(cache.fetch(f"{url}{p}", SHAS[p], SIZE), "rb").read() == BLOBS[p]
+                         for p in BLOBS]
         cache.release()
         out.put(got)
     except Exception as e:  # reported to the test
@@ -274,7 +292,8 @@ def test_forked_readers_never_use_the_parent_connections(tmp_path):
     afterwards the parent's own pooled (keep-alive) connections still answer it."""
     waiter = ThreadPoolExecutor(1)
     within = lambda fn, seconds=60: waiter.submit(fn).result(timeout=seconds)  # noqa: E731  a hang fails
-    read_all = lambda times=1: all(read_blob(url, p) == BLOBS[p] for _ in range(times) for p in BLOBS)  # noqa: E731
+    read_all = lambda times=1: all(read_blob(url, p) == BLOBS[p] for _ in range(times)
+                                   for p in BLOBS)  # noqa: E731
     with misbehaving() as (srv, url):
         try:
             half = HTTPRange(f"{url}/blob.tar", 0, SIZE, SIZE, SHA)
@@ -284,7 +303,8 @@ def test_forked_readers_never_use_the_parent_connections(tmp_path):
             cache = ShardCache(str(tmp_path / "cache"), retry=FAST)
             ctx = multiprocessing.get_context("fork")
             results = ctx.Queue()
-            children = [ctx.Process(target=_forked_reader, args=(url, half, first, cache, results)) for _ in range(3)]
+            children = [ctx.Process(target=_forked_reader, args=(url, half, first, cache, results))
+                        for _ in range(3)]
             for c in children:
                 c.start()
             assert within(lambda: read_all(2))  # while the children read
@@ -294,11 +314,13 @@ def test_forked_readers_never_use_the_parent_connections(tmp_path):
             for r in reports:
                 assert isinstance(r, dict), r
                 assert r["continued"] and all(r["straight"]) and all(r["cached"]), r
-                assert r["collect_blocked_s"] < 0.5, r  # no wait on the parent's event loop, which has no thread here
+                # no wait on the parent's event loop, which has no thread here
+                assert r["collect_blocked_s"] < 0.5, r
             assert [c.exitcode for c in children] == [0, 0, 0]
             # the parent's reads went over its kept-alive connections, and not one child request did
             assert sum(port in parents for port in srv.ports[asked:]) == 2 * len(BLOBS)
-            assert within(read_all, 30)  # the parent's pooled connections, after the children cleaned up theirs
+            # the parent's pooled connections, after the children cleaned up theirs
+            assert within(read_all, 30)
             assert first + half.readall() == BLOB  # and the range it left half read
         finally:
             waiter.shutdown(wait=False)
@@ -409,8 +431,9 @@ def test_a_damaged_download_is_never_visible(tmp_path):
     before: a bare OSError, a traceback in the trainer), not kept and not downloaded again."""
     cache = ShardCache(str(tmp_path), retry=FAST)
     with misbehaving("corrupt") as (srv, url):
-        with pytest.raises(ShardChanged, match=f"^{url}/blob.tar: the copy downloaded has SHA-256 [0-9a-f]{{64}}, "
-                                               f"the manifest says {SHA}: the file changed or is damaged"):
+        with pytest.raises(ShardChanged, match=f"^{url}/blob.tar: the copy downloaded has SHA-256 "
+                                               f"[0-9a-f]{{64}}, the manifest says {SHA}: the file changed "
+                                               f"or is damaged"):
             cache.fetch(f"{url}/blob.tar", SHA, SIZE)
         assert srv.counts["/blob.tar"] == 1
     assert not os.path.exists(cache.path(SHA)) and leftovers(tmp_path) == []
@@ -422,15 +445,16 @@ def test_a_damaged_download_whose_reader_checks_each_sample_is_kept_aside_once_a
     damaged copy is kept aside under a name of its own, never the shard's, and every other process
     of the node is handed the same copy; a reader that cannot check samples still gets ShardChanged
     (before: ShardChanged for every reader, the run stopped whatever its budget)."""
-    first, other = ShardCache(str(tmp_path), retry=FAST), ShardCache(str(tmp_path), retry=FAST)  # two processes
+    # two processes
+    first, other = ShardCache(str(tmp_path), retry=FAST), ShardCache(str(tmp_path), retry=FAST)
     with misbehaving("corrupt") as (srv, url):
         piece = Piece(f"{url}/blob.tar", SHA, SIZE, checked=True)
         path = first.get(piece)
         assert path == os.path.join(str(tmp_path), SHA[:2], f"{SHA}.damaged.tar")
         assert not os.path.exists(first.path(SHA))
         assert other.get(piece) == path and other.get(piece) == path and srv.counts["/blob.tar"] == 1
-        with pytest.raises(ShardChanged, match=r"the file changed or is damaged \(shards verify names the samples\); "
-                                               r"not kept$"):
+        with pytest.raises(ShardChanged, match=r"the file changed or is damaged \(shards verify names the "
+                                               r"samples\); not kept$"):
             other.fetch(f"{url}/blob.tar", SHA, SIZE)
         assert srv.counts["/blob.tar"] == 2
     with open(path, "rb") as f:
@@ -450,12 +474,14 @@ def test_budget_evicts_the_least_recently_used_shard_not_in_use(tmp_path, monkey
         cache.release(SHAS["/s1.tar"])
         s2 = fetch("/s2.tar")
         assert os.path.exists(s0) and not os.path.exists(s1) and os.path.exists(s2)
-        with pytest.raises(CacheFull, match="this process pins 600,000 of the 600,010-byte budget; no room for 300,000"):
+        with pytest.raises(CacheFull,
+                           match="this process pins 600,000 of the 600,010-byte budget; no room for 300,000"):
             fetch("/s3.tar")  # s0 and s2 are both pinned, by this process
         cache.release()
         assert cache.fetch(f"{url}/s3.tar", SHAS["/s3.tar"], SIZE)
         assert sum(os.path.exists(p) for p in (s0, s2)) == 1
-    with pytest.raises(CacheFull, match="budget of 600,010 bytes cannot hold three shards \\(900,000 bytes\\)"):
+    with pytest.raises(CacheFull,
+                       match="budget of 600,010 bytes cannot hold three shards \\(900,000 bytes\\)"):
         cache.reserve(3 * SIZE, "three shards")
 
 
@@ -488,7 +514,8 @@ def test_processes_share_one_budget_and_wait_for_room_another_process_holds(tmp_
         other = ShardCache(str(tmp_path), 2 * SIZE, retry=FAST)
         for p in ("/s0.tar", "/s1.tar"):
             other.fetch(f"{url}{p}", SHAS[p], SIZE)
-        reader = ctx.Process(target=_stream, args=(str(tmp_path), url, ["/s2.tar", "/s3.tar", "/blob.tar"], 2 * SIZE,
+        reader = ctx.Process(target=_stream, args=(str(tmp_path), url, ["/s2.tar", "/s3.tar", "/blob.tar"], 2
+                                                   * SIZE,
                                                    results))
         reader.start()
         lock = ShardCache(str(tmp_path)).path(SHAS["/s2.tar"]) + ".lock"
@@ -502,7 +529,8 @@ def test_processes_share_one_budget_and_wait_for_room_another_process_holds(tmp_
         BLOBS.update({f"/t{i}.tar": bytes([100 + i]) * SIZE for i in range(8)})
         SHAS.update({p: hashlib.sha256(BLOBS[p]).hexdigest() for p in BLOBS})
         try:
-            readers = [ctx.Process(target=_stream, args=(str(tmp_path), url, [f"/t{i}.tar" for i in range(k, 8, 2)],
+            readers = [ctx.Process(target=_stream, args=(str(tmp_path), url,
+                                                         [f"/t{i}.tar" for i in range(k, 8, 2)],
                                                          budget, results)) for k in (0, 1)]
             for r in readers:
                 r.start()
@@ -522,11 +550,13 @@ def test_a_stream_yields_the_first_copy_while_the_next_still_downloads(tmp_path)
     waiter = ThreadPoolExecutor(1)
     with misbehaving() as (srv, url):
         srv.held.add("/s1.tar")
-        copies = cache.stream([Piece(f"{url}/s{i}.tar", SHAS[f"/s{i}.tar"], SIZE) for i in range(3)], lookahead=2)
+        copies = cache.stream([Piece(f"{url}/s{i}.tar", SHAS[f"/s{i}.tar"], SIZE) for i in range(3)],
+                              lookahead=2)
         try:
             first = waiter.submit(next, copies).result(timeout=60)  # a hang (waiting for /s1.tar) fails
             assert open(first, "rb").read() == BLOBS["/s0.tar"]
-            wait_for(lambda: srv.counts["/s1.tar"] == 1, "the second download starts before the first is read")
+            wait_for(lambda: srv.counts["/s1.tar"] == 1,
+                     "the second download starts before the first is read")
             assert srv.counts["/s2.tar"] == 0  # lookahead 2: the reader's copy and one more
             srv.release.set()
             assert [open(p, "rb").read() for p in copies] == [BLOBS["/s1.tar"], BLOBS["/s2.tar"]]
@@ -554,7 +584,8 @@ def test_a_waiter_gives_up_on_a_live_downloader_that_gets_no_byte(tmp_path):
     results = ctx.Queue()
     lease = {"heartbeat": 0.05, "lease": 0.5}
     with misbehaving("stall-first") as (srv, url):
-        first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results), kwargs=lease)
+        first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results),
+                            kwargs=lease)
         first.start()
         try:
             wait_for(lambda: srv.counts["/blob.tar"] == 1, "the download starts")
@@ -562,9 +593,9 @@ def test_a_waiter_gives_up_on_a_live_downloader_that_gets_no_byte(tmp_path):
                                  kwargs=lease)
             waiter.start()
             gave_up = results.get(timeout=30)  # a waiter that waits for good fails here
-            assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has not "
-                                r"renewed its lease for \d+ s \(lease 0.5 s\): no byte arrived and it was not "
-                                r"waiting'\)", gave_up), gave_up
+            assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has "
+                                r"not renewed its lease for \d+ s \(lease 0.5 s\): no byte arrived and it "
+                                r"was not waiting'\)", gave_up), gave_up
             waiter.join()
             assert first.is_alive()
             srv.release.set()
@@ -574,7 +605,8 @@ def test_a_waiter_gives_up_on_a_live_downloader_that_gets_no_byte(tmp_path):
             first.join(timeout=60)
             if first.is_alive():
                 first.kill()
-        assert srv.ranges == [f"bytes=0-{SIZE - 1}", f"bytes={SIZE // 2}-{SIZE - 1}"]  # the downloader's, resumed
+        # the downloader's, resumed
+        assert srv.ranges == [f"bytes=0-{SIZE - 1}", f"bytes={SIZE // 2}-{SIZE - 1}"]
     assert open(ShardCache(str(tmp_path)).path(SHA), "rb").read() == BLOB
 
 
@@ -612,14 +644,16 @@ def test_a_waiter_gives_up_on_a_downloader_that_stopped_renewing_its_lease(tmp_p
     results = ctx.Queue()
     lease = {"heartbeat": 0.05, "lease": 0.5}
     with misbehaving("stall-first") as (srv, url):
-        first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results), kwargs=lease)
+        first = ctx.Process(target=_fetch, args=(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results),
+                            kwargs=lease)
         first.start()
         wait_for(lambda: srv.counts["/blob.tar"] == 1, "the download starts")
         os.kill(first.pid, signal.SIGSTOP)
         try:
             _fetch(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results, **lease)
-            assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has not renewed "
-                                r"its lease for \d+ s \(lease 0.5 s\): no byte arrived and it was not waiting'\)",
+            assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has "
+                                r"not renewed its lease for \d+ s \(lease 0.5 s\): no byte arrived and it "
+                                r"was not waiting'\)",
                                 results.get(timeout=60))
         finally:
             os.kill(first.pid, signal.SIGKILL)

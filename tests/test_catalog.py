@@ -41,7 +41,8 @@ def test_a_newer_schema_is_refused(catalog_location):
 
 
 def tables(cat: Catalog) -> set[str]:
-    sql = ("SELECT name FROM sqlite_master WHERE type = 'table'" if cat.backend.__class__.__name__ == "SQLite" else
+    sql = ("SELECT name FROM sqlite_master WHERE type = 'table'"
+           if cat.backend.__class__.__name__ == "SQLite" else
            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
     return {row[0] for row in cat._db.execute(sql).fetchall()}
 
@@ -50,7 +51,8 @@ def test_migrations_apply_in_one_transaction(catalog_location):
     cat = Catalog(catalog_location)
     assert cat.schema_version() == SCHEMA_VERSION and {"datasets", "tags"} <= tables(cat)
     broken = MIGRATIONS + [["CREATE TABLE extra (x INTEGER)", "THIS IS NOT SQL"]]
-    with pytest.raises(CatalogError, match=f"schema migration {SCHEMA_VERSION + 1} failed .*; the catalog stays at "
+    with pytest.raises(CatalogError,
+                       match=f"schema migration {SCHEMA_VERSION + 1} failed .*; the catalog stays at "
                                            f"version {SCHEMA_VERSION}"):
         Catalog(catalog_location, migrations=broken)
     assert cat.schema_version() == SCHEMA_VERSION and "extra" not in tables(cat)
@@ -164,13 +166,16 @@ def test_verify_results_and_replaced_records(catalog_location):
     assert cat.finish(ID, first.owner, splits={"train": {"clips": 4}}, files={}, manifest_sha256="m",
                       builder_version="0", verified_files={"train/a.tar": [10, 5, "aa"]})
     cat.record_verify(ID, 0, "ok", {"train/a.tar": [10, 6, "aa"], "train/b.tar": [20, 7, "bb"]})
-    cat.record_file_verify(ID, "train/b.tar", [20, 8, "cc"], "train/b.tar: its bytes are not the registered ones")
+    cat.record_file_verify(ID, "train/b.tar", [20, 8, "cc"],
+                           "train/b.tar: its bytes are not the registered ones")
     rec = cat.get(ID)
     assert rec.verified_files == {"train/a.tar": [10, 6, "aa"], "train/b.tar": [20, 8, "cc"]}
-    assert (rec.verify_problems, rec.verify_detail) == (1, "train/b.tar: its bytes are not the registered ones")
+    assert (rec.verify_problems, rec.verify_detail) == (1,
+                                                        "train/b.tar: its bytes are not the registered ones")
     with pytest.raises(CatalogError, match="--force replaces it"):
         claim(cat, dataset="ac" * 32)
-    forced = claim(cat, dataset="ac" * 32, name="k400", force=True)  # forced into its location: the old one replaced
+    # forced into its location: the old one replaced
+    forced = claim(cat, dataset="ac" * 32, name="k400", force=True)
     assert forced.action == "build" and cat.resolve("k400").id == "ac" * 32
     gone = cat.get(ID)
     assert (gone.state, gone.replaced_by, gone.name) == ("deleted", "ac" * 32, "k400") and gone.replaced

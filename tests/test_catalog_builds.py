@@ -40,8 +40,10 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def built(request, tree, tmp_path_factory):
     root = tmp_path_factory.mktemp("built")
-    catalog = str(root / "catalog.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres").database()
-    summary, record = registry.build(catalog, str(tree), str(root / "first"), CFG, workers=2, videos_per_task=2,
+    catalog = str(root
+                  / "catalog.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres").database()
+    summary, record = registry.build(catalog, str(tree), str(root / "first"), CFG, workers=2,
+                                     videos_per_task=2,
                                      **OPTS)
     assert not summary.reused and record.state == "ready"
     return catalog, record, root
@@ -52,7 +54,8 @@ def test_identical_build_is_reused_without_decoding_even_to_another_out(tree, bu
     out = root / "second"
     proc = subprocess.run([sys.executable, "-m", "ingest", "build", "--catalog", catalog, "--src", str(tree),
                            "--out", str(out), "--short-side", "32", "--shard-samples", "3", "--workers", "1",
-                           "--videos-per-task", "5", "--timeout", "99"], capture_output=True, text=True, timeout=300)
+                           "--videos-per-task", "5", "--timeout", "99"], capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"reused dataset {record.id} (first) at {root / 'first'}" in proc.stdout
     assert not out.exists()  # nothing staged, nothing decoded, nothing written
@@ -96,11 +99,15 @@ def test_killed_build_is_taken_over_by_the_build_waiting_for_it(tree, built, ray
     first, second = root / "killed", root / "waiter"
     # the builder is held once it has recorded its first video done: alive and heartbeating, mid-build
     hold, held = os.pipe()
-    proc = subprocess.Popen([sys.executable, HOLDPOINT, "shards.catalog:Catalog.set_progress", "-m", "ingest", "build",
-                             "--catalog", catalog, "--src", str(tree), "--out", str(first), "--short-side", "32",
-                             "--seed", "7", "--shard-samples", "3", "--workers", "1", "--videos-per-task", "1",
+    proc = subprocess.Popen([sys.executable, HOLDPOINT, "shards.catalog:Catalog.set_progress", "-m", "ingest",
+                             "build",
+                             "--catalog", catalog, "--src", str(tree), "--out", str(first), "--short-side",
+                             "32",
+                             "--seed", "7", "--shard-samples", "3", "--workers", "1", "--videos-per-task",
+                             "1",
                              "--address", ray_local.get_runtime_context().gcs_address],
-                            env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,), stdout=subprocess.DEVNULL,
+                            env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,),
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     os.close(held)
     try:

@@ -19,7 +19,8 @@ import torch
 FIXTURE = Path(__file__).with_name("fixtures") / "checkpoint-v0"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 FLAGS = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "24",
-         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1", "--lr-per-8", "0.05",
+         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1", "--lr-per-8",
+         "0.05",
          "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
 
 
@@ -46,7 +47,8 @@ def test_old_checkpoint_resumes_bitwise_to_the_old_uninterrupted_run(tmp_path):
                           "--output-dir", str(out), "--resume", *FLAGS],
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "resumed from" in run.stderr and "in epoch 1, after batch 3 (step 3," in run.stderr, run.stderr[-3000:]
+    assert ("resumed from" in run.stderr
+            and "in epoch 1, after batch 3 (step 3," in run.stderr), run.stderr[-3000:]
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert (state["clips_seen"], state["step"]) == (expected["clips_seen"], expected["step"])
     assert digest(state["model"]) == expected["model_sha256"]
@@ -54,14 +56,17 @@ def test_old_checkpoint_resumes_bitwise_to_the_old_uninterrupted_run(tmp_path):
     assert digest(momentum) == expected["momentum_sha256"]
     # the old code numbered train records' epochs from 0; today's from 1, as everything else does
     kept = len((FIXTURE / "metrics.jsonl").read_text().splitlines())
-    renumbered = [r | {"epoch": r["epoch"] + 1} if r["event"] == "train" else r for r in expected["records"][kept:]]
+    renumbered = [r | {"epoch": r["epoch"] + 1} if r["event"] == "train" else r
+                  for r in expected["records"][kept:]]
     assert records(out / "metrics.jsonl") == expected["records"][:kept] + renumbered
 
 
 def test_old_checkpoint_is_tested_as_before(tmp_path):
     out = tmp_path / "test.json"
-    run = subprocess.run([sys.executable, "-m", "trainer", "test", "--checkpoint", str(FIXTURE / "checkpoint.pt"),
-                          "--data", str(FIXTURE / "data"), "--backend", "none", "--workers", "1", "--output", str(out)],
+    run = subprocess.run([sys.executable, "-m", "trainer", "test", "--checkpoint",
+                          str(FIXTURE / "checkpoint.pt"),
+                          "--data", str(FIXTURE / "data"), "--backend", "none", "--workers", "1", "--output",
+                          str(out)],
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     tested = json.loads(out.read_text())

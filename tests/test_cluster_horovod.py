@@ -39,7 +39,8 @@ def test_two_host_horovodrun_trains_from_the_service_through_node_local_caches(t
     (home / ".config" / "kinetics-fast").mkdir(parents=True)
     (home / ".config" / "kinetics-fast" / "shard-token").write_text(token + "\n")
     budget = sum(s.bytes for split in manifest.splits.values() for s in split.shards)  # room for every shard
-    server = ServiceProcess("--catalog", str(tmp_path / "catalog.sqlite"), "--token-file", str(tmp_path / "tokens"),
+    server = ServiceProcess("--catalog", str(tmp_path / "catalog.sqlite"), "--token-file",
+                            str(tmp_path / "tokens"),
                             "--read-auth", "--access-log")
     url = server.start()
     try:
@@ -54,7 +55,8 @@ def test_two_host_horovodrun_trains_from_the_service_through_node_local_caches(t
     finally:
         server.kill(15)
 
-    envs = [dict(line.split("=", 1) for line in (tmp_path / f"env-{r}").read_text().splitlines()) for r in (0, 1)]
+    envs = [dict(line.split("=", 1) for line in (tmp_path / f"env-{r}").read_text().splitlines())
+            for r in (0, 1)]
     assert {e["HOROVOD_HOSTNAME"] for e in envs} == set(HOSTS)
     for r, e in enumerate(envs):
         assert (e["HOROVOD_RANK"], e["HOROVOD_SIZE"]) == (str(r), "2")
@@ -71,14 +73,19 @@ def test_two_host_horovodrun_trains_from_the_service_through_node_local_caches(t
     # each host staged the shards it read into its own cache, verified, within the budget, and read
     # them from there afterwards: over two epochs of training and validation, no shard was
     # downloaded more often than the number of hosts that hold it
-    shards = {f"/v1/datasets/tiny/{s.name}": s.sha256 for split in manifest.splits.values() for s in split.shards}
+    shards = {f"/v1/datasets/tiny/{s.name}": s.sha256 for split in manifest.splits.values()
+              for s in split.shards}
     # (training reads node-affine, --shuffle auto with a cache: a host may hold a piece of a shard,
     # <sha256>.<start>-<end>.tar, beside whole copies)
     copies = {host: list((tmp_path / f"cache-{host}").rglob("*.tar")) for host in HOSTS}
-    assert all(copies.values()) and {p.name.split(".")[0] for c in copies.values() for p in c} <= set(shards.values())
+    assert (all(copies.values()) and {p.name.split(".")[0] for c in copies.values()
+                                      for p in c} <= set(shards.values()))
     assert all(sum(p.stat().st_size for p in c) <= budget for c in copies.values())
-    requests = [m.groups() for m in map(re.compile(r'"(GET|HEAD) (\S+) HTTP/1\.1" (\d+)').search, server.log) if m]
+    requests = [m.groups() for m in map(re.compile(r'"(GET|HEAD) (\S+) HTTP/1\.1" (\d+)').search, server.log)
+                if m]
     downloads = Counter(path for method, path, status in requests if method == "GET" and path in shards)
-    assert downloads and {status for _, _, status in requests} <= {"200", "206"}, requests  # the token went along
+    # the token went along
+    assert downloads and {status for _, _, status in requests} <= {"200", "206"}, requests
     for path, count in downloads.items():
-        assert count <= sum(p.name.split(".")[0] == shards[path] for c in copies.values() for p in c), (path, count)
+        assert count <= sum(p.name.split(".")[0] == shards[path] for c in copies.values()
+                            for p in c), (path, count)

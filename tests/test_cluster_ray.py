@@ -5,8 +5,8 @@ worker processes, all on 127.0.0.1; ../shared/notes/loopback.md), one CPU each, 
 launched as a user launches it: the ``ingest`` command in its own process, joining the cluster by
 address. The shards must be byte-identical to an embedded single-node build, with tasks run on
 both nodes (the build's summary counts tasks per Ray node id), and the cluster build registered by
-name in a dataset catalog as docs/runbooks/service.md has it (``--catalog``, ``--name``). Then the worker node is killed
-(SIGKILL to its raylet and workers) in the middle of a second build: Ray retries the lost tasks
+name in a dataset catalog as docs/runbooks/service.md has it (``--catalog``, ``--name``). Then the worker node
+is killed (SIGKILL to its raylet and workers) in the middle of a second build: Ray retries the lost tasks
 on the head, and the build finishes with the same bytes.
 """
 from __future__ import annotations
@@ -62,11 +62,14 @@ def cluster():
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def ingest(src: Path, out: Path, *extra: str, env: dict | None = None, hold: str | None = None) -> subprocess.Popen:
-    """``ingest build`` in its own process; ``hold``: run it under tests/helpers/holdpoint.py at that target."""
+def ingest(src: Path, out: Path, *extra: str, env: dict | None = None, hold: str
+           | None = None) -> subprocess.Popen:
+    """``ingest build`` in its own process; ``hold``: run it under tests/helpers/holdpoint.py at that
+    target."""
     argv = [sys.executable, *([HOLDPOINT, hold] if hold else []), "-m", "ingest", "build", "--src", str(src),
             "--out", str(out), *BUILD, *extra]
-    return subprocess.Popen(argv, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return subprocess.Popen(argv, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
                             text=True)
 
 
@@ -78,7 +81,8 @@ def finish(proc: subprocess.Popen) -> str:
 
 def tasks_per_node(output: str) -> dict[str, int]:
     match = re.search(r"tasks on (\d+) nodes: (.*)$", output, re.MULTILINE)
-    assert match, "\n".join(line for line in output.splitlines() if "ray stop" not in line and "stopped" not in line and "termination" not in line)[-4000:]
+    assert match, "\n".join(line for line in output.splitlines() if "ray stop" not in line
+                            and "stopped" not in line and "termination" not in line)[-4000:]
     return {node: int(n) for node, n in (item.split() for item in match.group(2).split(", "))}
 
 
@@ -142,9 +146,11 @@ def test_the_runbooks_two_node_loopback_build(videos, embedded, tmp_path):
             # would show them (`ray start` returns before the node has registered: a build started at once
             # on a loaded machine saw the head alone and ran every task there)
             "--node-ip-address=127.0.0.3 --num-cpus=1": "--node-ip-address=127.0.0.3 --num-cpus=1 && "
-                                                       f"{shlex.quote(sys.executable)} {WAIT_FOR_NODES} 127.0.0.2:{port} 2"}
+                                                       f"{shlex.quote(sys.executable)} {WAIT_FOR_NODES} "
+                                                       f"127.0.0.2:{port} 2"}
     try:
-        out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path, env=ENV,
+        out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path,
+                        env=ENV,
                         own_processes=True)
         assert "Stopped all" in out, out[-2000:]  # ray stop found the block's nodes and stopped them
     finally:
@@ -180,7 +186,8 @@ def test_two_node_build_uses_both_nodes_and_survives_losing_the_worker(videos, e
     proc = ingest(videos, out, "--address", c.address, hold="ingest.staging:decode_batch",
                   env={"HOLD_ON_NODE": worker.node_id, "HOLD_MARKER": str(marker)})
     try:
-        wait_for(lambda: marker.exists() and marker.read_text(), proc, "a decode task held on the worker node")
+        wait_for(lambda: marker.exists() and marker.read_text(), proc,
+                 "a decode task held on the worker node")
         held = psutil.Process(int(marker.read_text()))
         staged_at_kill = len(list(out.glob(".staging/*.json")))
         c.remove_node(worker, allow_graceful=False)

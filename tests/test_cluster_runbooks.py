@@ -55,8 +55,10 @@ def runs(test: Path) -> set[tuple[str, str]]:
     """(runbook, start of the first command) of every block ``test`` runs with tests/helpers/runbooks.py."""
     found = set()
     for node in ast.walk(ast.parse(test.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in RUNNERS:
-            args = [a.value for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if isinstance(node, ast.Call) and getattr(node.func, "id",
+                                                  getattr(node.func, "attr", None)) in RUNNERS:
+            args = [a.value for a in node.args[:2] if isinstance(a, ast.Constant)
+                    and isinstance(a.value, str)]
             if len(args) == 2:
                 found.add(tuple(args))
     return found
@@ -74,8 +76,8 @@ def test_every_command_runs_in_the_suite_or_is_marked():
         if any(runbook == block.runbook and block.starts_with(first) for runbook, first in called):
             run += len(here)
         else:
-            problems.append(f"{block.runbook}:{block.line}: {here[0].text[:70]!r}: not marked '# needs:', and "
-                            f"not run by {block.run_by or 'any test'}")
+            problems.append(f"{block.runbook}:{block.line}: {here[0].text[:70]!r}: not marked '# needs:', "
+                            f"and not run by {block.run_by or 'any test'}")
     print(f"runbook commands: {run} run in the suite, {marked} marked as needing more than one machine")
     assert not problems, "\n".join(problems)
     assert run >= 20 and marked >= 10, (run, marked)
@@ -85,8 +87,10 @@ def test_a_substitution_cannot_make_a_command_another_or_nothing():
     with pytest.raises(AssertionError, match="a substitution makes 'ray stop' another command \\('true'\\)"):
         block_commands("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", {"ray stop": "true"})
     with pytest.raises(AssertionError, match="another command"):
-        block_commands("parallel-filesystems.md", "shards plan --clips 240000", {"shards plan": ": shards plan"})
-    assert block_commands("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", {"6379": "7000"})[1] \
+        block_commands("parallel-filesystems.md", "shards plan --clips 240000",
+                       {"shards plan": ": shards plan"})
+    assert block_commands("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1",
+                          {"6379": "7000"})[1] \
         .startswith("ray start --head --node-ip-address=127.0.0.2 --port=7000 ")  # arguments may change
 
 
@@ -109,7 +113,8 @@ def test_every_command_of_a_script_must_run_and_the_ledger_names_those_that_did_
 
 def test_every_runbook_is_listed_and_every_example_command_parses():
     listed = re.findall(r"\]\(([\w.-]+\.md)\)", (ROOT / "docs" / "runbooks" / "README.md").read_text())
-    assert sorted(listed) == sorted(p.name for p in RUNBOOKS if p.parent.name == "runbooks" and p.name != "README.md")
+    assert sorted(listed) == sorted(p.name for p in RUNBOOKS if p.parent.name == "runbooks"
+                                    and p.name != "README.md")
     examples = 0
     for path in RUNBOOKS:
         fences = re.split(r"^```(\w*)\n", path.read_text(), flags=re.M)  # text, lang, code, "", text, ...
@@ -127,10 +132,14 @@ def demo(tmp_path_factory) -> Path:
     as both ``demo/tsm`` and ``demo/tsn`` (what ``trainer plot`` reads, not what it shows, is tested)."""
     root = tmp_path_factory.mktemp("runbooks")
     make_shardset(str(root / "demo" / "shards"), {"train": 8, "val": 4}, per_shard=4, frames=4)
-    subprocess.run([sys.executable, "-m", "trainer", "train", "--data", "demo/shards", "--output-dir", "demo/tsm",
-                    "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size", "32",
-                    "--batch-size", "4", "--epochs", "1", "--warmup-epochs", "0", "--workers", "0", "--no-tensorboard"],
-                   cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "trainer", "train", "--data", "demo/shards", "--output-dir",
+                    "demo/tsm",
+                    "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size",
+                    "32",
+                    "--batch-size", "4", "--epochs", "1", "--warmup-epochs", "0", "--workers", "0",
+                    "--no-tensorboard"],
+                   cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True,
+                   timeout=300)
     shutil.copytree(root / "demo" / "tsm", root / "demo" / "tsn")
     return root
 
@@ -138,7 +147,8 @@ def demo(tmp_path_factory) -> Path:
 def test_parallel_filesystems_blocks(demo):
     out = run_block("parallel-filesystems.md", "shards plan --clips 240000", cwd=demo)
     assert "Recommended:" in out
-    assert "Recommended:" in run_block("parallel-filesystems.md", "shards plan /lustre/shards/k400", SHARDS, cwd=demo)
+    assert "Recommended:" in run_block("parallel-filesystems.md", "shards plan /lustre/shards/k400", SHARDS,
+                                       cwd=demo)
     assert "Recommended:" in run_block("parallel-filesystems.md", "shards plan demo/shards", cwd=demo)
     try:
         run_block("parallel-filesystems.md", "shards reshard /lustre/shards/k400",
@@ -165,7 +175,8 @@ def test_service_reuse_block(tmp_path):
     out = run_block("../service.md", "ingest build --src k400/", subs, cwd=tmp_path,
                     env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert re.search(r"reused dataset \w+ \(k400-r256\) at \S+/sets/k400-r256", out), out[-2000:]
-    assert (tmp_path / "sets" / "k400-r256" / "manifest.json").is_file() and not (tmp_path / "scratch").exists()
+    assert (tmp_path / "sets" / "k400-r256"
+            / "manifest.json").is_file() and not (tmp_path / "scratch").exists()
 
 
 def test_recipe_figures_are_what_the_code_derives():
@@ -183,13 +194,16 @@ def test_scaling_prediction_quoted_is_what_bench_scaling_prints(tmp_path):
     text = (ROOT / "docs" / "runbooks" / "recipe-1536-gpus.md").read_text()
     for variant in ("fp32 overlap", "fp16 overlap", "fp32"):
         figures = row[variant]
-        assert f"{100 * figures['efficiency']:.0f}%" in text and f"{figures['clips_per_s']:,.0f}" in text, variant
+        assert (f"{100 * figures['efficiency']:.0f}%" in text
+                and f"{figures['clips_per_s']:,.0f}" in text), variant
         assert f"{figures['step_ms']:.1f} ms" in text, variant
 
 
 def test_layout_figures_quoted_are_what_shards_plan_prints():
-    plan = subprocess.run([sys.executable, "-m", "shards", "plan", "--clips", "240000", "--clip-size", "150kB",
-                           "--max-world-size", "1536"], capture_output=True, text=True, timeout=120, check=True)
+    plan = subprocess.run([sys.executable, "-m", "shards", "plan", "--clips", "240000", "--clip-size",
+                           "150kB",
+                           "--max-world-size", "1536"], capture_output=True, text=True, timeout=120,
+                          check=True)
     row = next(line for line in plan.stdout.splitlines() if line.split()[:1] == ["1536"])
     recommended = re.search(r"Recommended: (\d+) shards of ~[\d,]+ clips \(~(\d+) MB\)", plan.stdout)
     opens, total, ratio = re.search(r"\|\s+([\d.]+) \(max.*?\)\s+([\d,]+) \|.*\|\s+([\d,]+x)$", row).groups()

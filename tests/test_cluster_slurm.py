@@ -29,7 +29,8 @@ from helpers.shardsets import make_shardset
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = ROOT / "docs" / "runbooks" / "slurm"
 
-MISSING = None if all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged", "sbatch")) and os.geteuid() == 0 \
+MISSING = None if all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged",
+                                                "sbatch")) and os.geteuid() == 0 \
     else "needs Debian's slurm-wlm and munge (apt-get install slurm-wlm munge), run as root"
 
 
@@ -55,7 +56,8 @@ def state():
 def test_runbook_block_trains_under_slurm(state, tmp_path):
     (tmp_path / "docs").symlink_to(ROOT / "docs")  # the checkout after the demo
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    make_shardset(str(tmp_path / "demo" / "shards"), {"train": 16, "val": 6}, per_shard=4, num_classes=3, frames=4,
+    make_shardset(str(tmp_path / "demo" / "shards"), {"train": 16, "val": 6}, per_shard=4, num_classes=3,
+                  frames=4,
                   size=(40, 32))
     (tmp_path / "node-local").mkdir()
     env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port()),
@@ -69,7 +71,8 @@ def test_runbook_block_trains_under_slurm(state, tmp_path):
     assert "2 ranks, launcher horovodrun" in log, log[-2000:]
 
     run = tmp_path / "runs" / job[1]
-    epochs = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["event"] == "epoch"]
+    epochs = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if r["event"] == "epoch"]
     assert [r["epoch"] for r in epochs] == [1, 2] and all(r["val_samples"] == 6 for r in epochs)
     assert (run / "checkpoint.pt").stat().st_size > 0
     assert list((tmp_path / "node-local" / "kinetics-fast-cache").rglob("*.tar"))  # the node-local cache

@@ -28,13 +28,15 @@ def test_the_shift_is_inside_one_graph_without_breaks():
     explained = torch._dynamo.explain(model)(clips()[0])
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
     shifts = sum(isinstance(m, TemporalShift) for m in model.modules())
-    assert shifts == 4 and [str(op) for op in explained.ops_per_graph[0]].count("autograd_function_apply") == shifts
+    assert (shifts == 4 and [str(op)
+                             for op in explained.ops_per_graph[0]].count("autograd_function_apply") == shifts)
 
 
 def engine(compile: str | None = None):
     torch.manual_seed(0)
     e = Engine(Backend(), 3, epoch_clips=4 * BATCH, model=Model(segments=SEGMENTS, depth=10, width=4),
-               recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=0.5), system=System(compile=compile), batch_size=BATCH)
+               recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=0.5), system=System(compile=compile),
+               batch_size=BATCH)
     e.model.train()
     return e
 
@@ -47,7 +49,8 @@ def test_compiled_training_steps_equal_eager_ones():
     eager, compiled = engine(), engine("auto")
     assert isinstance(compiled.net, OptimizedModule) and compiled.net._orig_mod is compiled.model
     assert not isinstance(eager.net, OptimizedModule)
-    compiled.net = compiling.compile_network(compiled.model, compiled.optimizer, compiled.device, backend="aot_eager")
+    compiled.net = compiling.compile_network(compiled.model, compiled.optimizer, compiled.device,
+                                             backend="aot_eager")
     for step in range(3):
         x, y = clips(step)
         a, b = eager.train_step(x, y), compiled.train_step(x, y)

@@ -29,7 +29,8 @@ def test_every_ranged_field_refuses_in_python_what_its_flag_refuses(cls, field, 
     option = "--" + field.name.replace("_", "-")
     bad = -1 if field.metadata["options"]["type"].__name__ == "int" else -1.0
     with pytest.raises(OutOfRange) as refused:
-        cls(**REQUIRED.get(cls, {}), **{field.name: (bad,) if field.metadata["options"].get("nargs") else bad})
+        cls(**REQUIRED.get(cls, {}), **{field.name: (bad,) if field.metadata["options"].get("nargs")
+                                        else bad})
     argv = [*(["--data", "set"] if cls in REQUIRED else []), option, str(bad)]
     with pytest.raises(SystemExit):
         config.parser(PARSERS.get(cls, config.add_train_arguments)).parse_args(argv)
@@ -38,7 +39,8 @@ def test_every_ranged_field_refuses_in_python_what_its_flag_refuses(cls, field, 
 
 def test_the_fields_a_checkpoint_stores_are_checked_too():
     with pytest.raises(OutOfRange, match="--width: 0 is out of range"):
-        config.TrainConfig.from_dict({"version": 1, "data": {"data": "set"}, "model": {"width": 0}, "recipe": {},
+        config.TrainConfig.from_dict({"version": 1, "data": {"data": "set"}, "model": {"width": 0},
+                                      "recipe": {},
                                       "system": {}, "schedules": {}})
     assert len(CHECKED) >= 20  # the ranges this file holds the configs to
 

@@ -88,7 +88,8 @@ def podman_missing() -> str | None:
         return f"{', '.join(tools)} not installed (apt-get install podman runc debootstrap curl)"
     if os.geteuid() != 0:
         return "debootstrap and this VM's podman set-up need root"
-    info = subprocess.run(["podman", *podman_flags().split(), "info"], capture_output=True, text=True, timeout=120)
+    info = subprocess.run(["podman", *podman_flags().split(), "info"], capture_output=True, text=True,
+                          timeout=120)
     if info.returncode != 0:
         return f"podman info failed: {info.stderr.strip()[-300:]}"
     return None
@@ -156,7 +157,8 @@ def test_image_is_the_unprivileged_user_and_the_hosts_install_without_its_tools(
     assert check[:1] == ["CMD"], inspected.get("Healthcheck")
     podman("run", "--rm", *ulimits().split(), IMAGE, *check[1:], timeout=300)
     tools = podman("run", "--rm", *ulimits().split(), IMAGE, "sh", "-c",
-                   "for t in gcc cc g++ c++ cmake make; do command -v $t; done; ls /var/cache/apt/archives/*.deb",
+                   "for t in gcc cc g++ c++ cmake make; do command -v $t; done; ls "
+                   "/var/cache/apt/archives/*.deb",
                    check=False)
     assert not tools.stdout.strip(), tools.stdout  # what of them is there
     probe = ("import json, os, importlib.metadata as m; import horovod.torch as h, PIL; "
@@ -174,7 +176,8 @@ def test_image_is_the_unprivileged_user_and_the_hosts_install_without_its_tools(
     assert not left_out & runtime, left_out & runtime
     # what the dev extra alone brings (pytest, the linters, moto, selenium), unless a distribution in
     # the image needs it too (Horovod: psutil), is not there
-    needed = {canonicalize_name(r.name) for n in image_dists for r in map(Requirement, m.distribution(n).requires or [])
+    needed = {canonicalize_name(r.name) for n in image_dists
+              for r in map(Requirement, m.distribution(n).requires or [])
               if not r.marker or r.marker.evaluate({"extra": ""})}
     assert requirement_names(["dev"]) - runtime - needed <= left_out, left_out
 
@@ -188,17 +191,20 @@ def test_the_pipeline_and_a_trainer_streaming_from_the_served_set(image, names, 
     volume = Path(json.loads(podman("volume", "inspect", names["volume"]).stdout)[0]["Mountpoint"])
     manifest = json.loads((volume / "shards" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["num_samples"] == 32, manifest["splits"]["train"]
-    local = [json.loads(line) for line in (volume / "runs" / "local" / "metrics.jsonl").read_text().splitlines()]
+    local = [json.loads(line) for line in (volume / "runs" / "local"
+                                           / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in local].count("epoch") == 1, local  # the one epoch asked for, trained
     assert (volume / "runs" / "local" / "checkpoint.pt").stat().st_size > 0
     assert (volume / "runs" / "local").stat().st_uid == 10001  # written by the image's user
 
     out = run_block("containers.md", "podman run -d --name kf-service", subs, cwd=tmp_path, timeout=900)
-    served = [json.loads(line) for line in (volume / "runs" / "served" / "metrics.jsonl").read_text().splitlines()]
+    served = [json.loads(line) for line in (volume / "runs" / "served"
+                                            / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in served].count("epoch") == 1, served
     # the second container read the set over HTTP from the first: the service's access log
     shards_got = re.findall(r'"GET /v1/datasets/synth-motion/\S*train-\d+\.tar HTTP/1\.1" 20[06]', out)
     assert shards_got, out[-3000:]
-    assert not podman("ps", "-a", "--filter", f"name={names['service']}", "--format", "{{.Names}}").stdout.strip()
+    assert not podman("ps", "-a", "--filter", f"name={names['service']}", "--format",
+                      "{{.Names}}").stdout.strip()
     run_block("containers.md", "podman volume rm kf-data", subs, cwd=tmp_path, timeout=120)
     assert podman("volume", "exists", names["volume"], check=False).returncode == 1

@@ -31,7 +31,8 @@ def videos(tmp_path_factory):
     """Two train videos per class, all of one size, and a corrected version of the first (other
     pixels, the same size)."""
     raw = tmp_path_factory.mktemp("raw")
-    made = {name: media.make_video(raw / f"{name}.mp4", frames=12, width=48, height=32, texture=texture).read_bytes()
+    made = {name: media.make_video(raw / f"{name}.mp4", frames=12, width=48, height=32,
+                                   texture=texture).read_bytes()
             for name, texture in (("jump0", False), ("jump1", True), ("walk0", True), ("walk1", False))}
     made["corrected"] = media.make_video(raw / "corrected.mp4", frames=13, width=48, height=32).read_bytes()
     size = max(map(len, made.values())) + 16
@@ -53,7 +54,8 @@ def correct_keeping_mtime(video: Path, data: bytes) -> None:
         f.write(data)
     os.utime(video, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = video.stat()
-    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns,
+                                                                before.st_ino)
 
 
 class Opens:
@@ -117,22 +119,27 @@ def test_the_same_videos_under_another_path_reuse_the_set_and_a_rebuild_reads_no
                                   hash_cache=cache, **OPTS)
         assert set(opens.take()) == {p.name for p in first.glob("train/*/*.mp4")}  # hashed and decoded
 
-        summary, found = registry.build(catalog, str(second), str(tmp_path / "out2"), CFG, fingerprint="content",
+        summary, found = registry.build(catalog, str(second), str(tmp_path / "out2"), CFG,
+                                        fingerprint="content",
                                         hash_cache=cache, **OPTS)
         assert summary.reused and found.id == built.id and found.location == built.location
         assert not (tmp_path / "out2").exists()  # nothing staged, nothing decoded
-        assert sorted(opens.take()) == sorted(p.name for p in second.glob("train/*/*.mp4"))  # hashed once each
+        # hashed once each
+        assert sorted(opens.take()) == sorted(p.name for p in second.glob("train/*/*.mp4"))
 
-        summary, found = registry.build(catalog, str(first), str(tmp_path / "out3"), CFG, fingerprint="content",
+        summary, found = registry.build(catalog, str(first), str(tmp_path / "out3"), CFG,
+                                        fingerprint="content",
                                         hash_cache=cache, **OPTS)
         assert summary.reused and found.id == built.id
         assert opens.take() == []  # every digest came from the cache: no input opened
-        assert registry.plan(str(second), CFG, fingerprint="content", hash_cache=str(tmp_path / "fresh.sqlite"),
+        assert registry.plan(str(second), CFG, fingerprint="content",
+                             hash_cache=str(tmp_path / "fresh.sqlite"),
                              **{k: OPTS[k] for k in ("splits", "shard_samples")}).id == built.id
         assert len(opens.take()) == 4  # without the cache, every input is read again
     finally:
         opens.close()
-    stat_ids = {registry.plan(str(root), CFG, splits=("train",), shard_samples=4).id for root in (first, second)}
+    stat_ids = {registry.plan(str(root), CFG, splits=("train",), shard_samples=4).id
+                for root in (first, second)}
     assert len(stat_ids) == 2  # by stat, the same videos under another path are other inputs
 
 

@@ -29,7 +29,8 @@ def textured_jpeg(w, h, subsampling, seed=0, restart=0) -> bytes:
     x, y = np.linspace(0, 6, w)[None, :, None], np.linspace(0, 4, h)[:, None, None]
     a = 127 + 60 * np.sin(3 * x + 2 * y + np.arange(3)) + rng.normal(0, 25, (h, w, 3))
     buf = io.BytesIO()
-    Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90, subsampling=subsampling,
+    Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90,
+                                                              subsampling=subsampling,
                                                               restart_marker_blocks=restart)
     return buf.getvalue()
 
@@ -145,7 +146,8 @@ def test_only_the_intervals_under_the_rectangle_are_decoded():
     first, last = cuts[2 * 29 + 6], cuts[12 * 29 + 18]
     assert jpeg[first[0]:first[1]] in small and jpeg[last[0]:last[1]] in small
     small, (x, y) = cropdecode.cut(jpeg, (56, 0, 57, 3), 8)  # 1/8 scale (57 x 32): 2 pixels per MCU
-    assert Image.open(io.BytesIO(small)).size == (456 - 26 * 16, 3 * 16) and (x, y) == (4, 0)  # 3 columns at least
+    # 3 columns at least
+    assert Image.open(io.BytesIO(small)).size == (456 - 26 * 16, 3 * 16) and (x, y) == (4, 0)
     assert cropdecode.cut(jpeg, (0, 0, 456, 256)) is None  # every interval: decoded whole
     assert cropdecode.cut(textured_jpeg(456, 256, 2, restart=2), (100, 40, 300, 200)) is None  # 29 MCUs a row
 
@@ -155,7 +157,8 @@ def test_broken_files_give_clear_errors():
     cuts = intervals(jpeg)
     box = (300, 150, 400, 250)  # needs MCU rows 9-15, columns 18-25: up to interval 15 x 29 + 25
     truncated = jpeg[:cuts[29 * 12][0]]
-    with pytest.raises(ValueError, match="JPEG decode: entropy data truncated in restart interval 349 of 461 needed"):
+    with pytest.raises(ValueError,
+                       match="JPEG decode: entropy data truncated in restart interval 349 of 461 needed"):
         cropdecode.decode_crop(truncated, box)
     cropdecode.decode_crop(truncated, (0, 0, 100, 100))  # what is there still decodes
     a, b = cuts[100][1], cuts[101][0]  # RST3 after interval 100
@@ -176,7 +179,8 @@ def test_dct_scale_rule_is_the_one_of_pil_draft(w, h):
     assert decode(jpeg, 256).size == scaled(w, h, dct_denom(w, h, 256))
 
 
-@pytest.mark.parametrize("transform", [TrainTransform(112, 128), EvalTransform(112, 128), EvalTransform(112, 96, 3)])
+@pytest.mark.parametrize("transform", [TrainTransform(112, 128), EvalTransform(112, 128),
+                                       EvalTransform(112, 96, 3)])
 def test_transforms_give_the_same_clips_with_and_without_crop_decoding(transform, monkeypatch, caplog):
     frames = [textured_jpeg(300, 180, 2, seed=t, restart=t % 2) for t in range(3)]  # cut or not
     with_crops = [transform(frames, random.Random(seed)) for seed in range(6)]

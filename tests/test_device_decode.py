@@ -45,8 +45,10 @@ def shardset(tmp_path_factory):
     for i in range(12):
         key = f"vid{i:03d}_c00"
         members = [(f"{t:02d}.jpg", textured_jpeg(i, t)) for t in range(FRAMES)]
-        samples.append((key, i % 2, sample_bytes(key, members + [("cls", str(i % 2).encode()), ("json", b"{}")])))
-    shards = [write_shard(os.path.join(d, shard_name("train", k)), shard_name("train", k), samples[k * 6:(k + 1) * 6])
+        samples.append((key, i % 2, sample_bytes(key, members + [("cls", str(i % 2).encode()),
+                                                                 ("json", b"{}")])))
+    shards = [write_shard(os.path.join(d, shard_name("train", k)), shard_name("train", k),
+                          samples[k * 6:(k + 1) * 6])
               for k in range(2)]
     Manifest(classes=["a", "b"], splits={"train": SplitInfo(shards)}, fingerprint="textured").save(d)
     return d
@@ -59,7 +61,8 @@ def pil_decode(datas: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def both_paths(shardset, train: bool | None = None, **kw):
-    epochs, args = EpochOptions(batch_size=3, seed=5, train=train), dict(num_workers=1, crop_size=40, scale_size=48) | kw
+    epochs, args = EpochOptions(batch_size=3, seed=5,
+                                train=train), dict(num_workers=1, crop_size=40, scale_size=48) | kw
     on_cpu = list(ClipLoader(shardset, "train", epochs, **args))
     raw = list(ClipLoader(shardset, "train", epochs, decode_on_device=True, **args))
     return on_cpu, raw
@@ -103,9 +106,11 @@ def test_workers_send_bytes_not_pixels(shardset):
     assert b["boxes"].shape == (3, 1, 4) and b["side"] == 40 and b["frames"] == FRAMES
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed here")
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None,
+                    reason="torchvision is installed here")
 def test_without_torchvision_the_trainer_says_what_is_missing(shardset, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", shardset, "--val-split", "",
                            "--backend", "none", "--depth", "10", "--width", "8", "--segments", str(FRAMES),
-                           "--decode-on-device", "--output-dir", str(tmp_path)], capture_output=True, text=True)
+                           "--decode-on-device", "--output-dir", str(tmp_path)], capture_output=True,
+                          text=True)
     assert proc.returncode != 0 and "--decode-on-device needs torchvision" in proc.stderr

@@ -56,7 +56,8 @@ def wait_for(proc: subprocess.Popen, log: Path, what: str, found, timeout: float
         result = found()
         if result:
             return result
-        assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before {what}: {log.read_text()[-4000:]}"
+        assert proc.poll() is None, (f"the job ended (rc {proc.returncode}) before {what}: "
+                                     f"{log.read_text()[-4000:]}")
         time.sleep(0.01)
     raise AssertionError(f"no {what} within {timeout} s: {log.read_text()[-4000:]}")
 
@@ -101,7 +102,8 @@ def test_rank_killed_mid_epoch_job_continues_and_its_slot_rejoins(tmp_path):
     write_hosts(hosts, HOSTS)
     proc = subprocess.Popen([
         HOROVODRUN, "-np", "3", "--min-np", "2", "--max-np", "3", "--gloo", "--gloo-timeout-seconds", "30",
-        "--host-discovery-script", f"{ROOT / 'scripts' / 'discover-hosts.sh'} {hosts} && date +%s.%N >> {calls}",
+        "--host-discovery-script",
+        f"{ROOT / 'scripts' / 'discover-hosts.sh'} {hosts} && date +%s.%N >> {calls}",
         "--blacklist-cooldown-range", "1", "2",
         sys.executable, "-m", "trainer", "elastic", "--data", str(data), "--output-dir", str(out),
         "--val-split", "", "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32",

@@ -19,8 +19,10 @@ DATA = Path(__file__).with_name("fixtures") / "checkpoint-v0" / "data"  # 8 trai
 FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 DECAY = 0.75
 FLAGS = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "24",
-         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1", "--lr-per-8", "0.05",
-         "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard", "--ema-decay", str(DECAY)]
+         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1", "--lr-per-8",
+         "0.05",
+         "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard", "--ema-decay",
+         str(DECAY)]
 
 
 class Recorder(Hook):
@@ -77,7 +79,8 @@ def test_the_average_is_the_running_average_of_the_trained_weights_and_is_valida
     assert epochs[-1]["ema_val_loss"] != epochs[-1]["val_loss"]
 
 
-def test_trainer_test_scores_the_average_with_ema_and_refuses_a_checkpoint_without_one(trained, tmp_path, capsys):
+def test_trainer_test_scores_the_average_with_ema_and_refuses_a_checkpoint_without_one(
+        trained, tmp_path, capsys):
     """``trainer test --ema`` scores exactly what a checkpoint holding the average as its weights
     scores, and not what the weights score; a checkpoint of a run without ``--ema-decay`` is
     refused in one line."""
@@ -86,11 +89,13 @@ def test_trainer_test_scores_the_average_with_ema_and_refuses_a_checkpoint_witho
     assert all(torch.equal(v, average[k]) for k, v in state["hooks"]["ema"]["weights"].items())
     as_weights = tmp_path / "as-weights"
     as_weights.mkdir()
-    torch.save({**state, "model": state["hooks"]["ema"]["weights"], "hooks": {}}, as_weights / "checkpoint.pt")
+    torch.save({**state, "model": state["hooks"]["ema"]["weights"], "hooks": {}}, as_weights
+               / "checkpoint.pt")
 
     def scored(run, *flags):
         report = tmp_path / "report.json"
-        assert cli.main(["test", "--checkpoint", str(run), "--data", str(DATA), "--backend", "none", "--workers", "0",
+        assert cli.main(["test", "--checkpoint", str(run), "--data", str(DATA), "--backend", "none",
+                         "--workers", "0",
                          "--output", str(report), *flags]) == 0
         return json.loads(report.read_text())
 
@@ -98,13 +103,15 @@ def test_trainer_test_scores_the_average_with_ema_and_refuses_a_checkpoint_witho
     assert ema["videos"] == reference["videos"] and ema["videos"] != plain["videos"]
     assert ema["summary"]["ema"] is True and "ema" not in plain["summary"]
     capsys.readouterr()
-    assert cli.main(["test", "--checkpoint", str(as_weights), "--data", str(DATA), "--backend", "none", "--ema"]) == 1
-    assert capsys.readouterr().err == (f"trainer test: error: {as_weights / 'checkpoint.pt'}: --ema: the checkpoint "
-                                       "keeps no weight average (its run had no --ema-decay)\n")
+    assert cli.main(["test", "--checkpoint", str(as_weights), "--data", str(DATA), "--backend", "none",
+                     "--ema"]) == 1
+    assert capsys.readouterr().err == (f"trainer test: error: {as_weights / 'checkpoint.pt'}: --ema: the "
+                                       "checkpoint keeps no weight average (its run had no --ema-decay)\n")
 
 
 def run(out, fault="", *extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, FAULTRUN, "train", "--data", str(DATA), "--output-dir", str(out), *FLAGS,
+    return subprocess.run([sys.executable, FAULTRUN, "train", "--data", str(DATA), "--output-dir", str(out),
+                           *FLAGS,
                            *extra], env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault},
                           capture_output=True, text=True, timeout=300)
 

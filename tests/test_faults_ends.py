@@ -86,8 +86,10 @@ def staged_batches_are_whole(out: Path) -> int:
     alone: not done, decoded again); -> the batches done."""
     stage = out / ".staging"
     names = {p.name for p in stage.iterdir()} if stage.exists() else set()
-    tars, indexes = {n[:-4] for n in names if n.endswith(".tar")}, {n[:-5] for n in names if n.endswith(".json")}
-    assert indexes <= tars and names == {f"{b}.tar" for b in tars} | {f"{b}.json" for b in indexes}, sorted(names)
+    tars, indexes = {n[:-4] for n in names if n.endswith(".tar")}, {n[:-5] for n in names
+                                                                    if n.endswith(".json")}
+    assert (indexes <= tars and names == {f"{b}.tar" for b in tars}
+            | {f"{b}.json" for b in indexes}), sorted(names)
     for batch in indexes:
         index = json.loads((stage / f"{batch}.json").read_text())
         end = max((s["offset"] + s["length"] for v in index["videos"] for s in v["samples"]), default=0)
@@ -114,11 +116,13 @@ def videos(tmp_path_factory) -> Path:
 
 
 def build_args(src: Path, out: Path) -> list[str]:
-    return ["build", "--src", str(src), "--out", str(out), "--frames", "4", "--short-side", "32", "--workers", "2",
+    return ["build", "--src", str(src), "--out", str(out), "--frames", "4", "--short-side", "32", "--workers",
+            "2",
             "--videos-per-task", "2", "--shard-samples", "3"]
 
 
-def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_continues(ray_local, videos, tmp_path,
+def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_continues(
+        ray_local, videos, tmp_path,
                                                                                          disk, capsys):
     """Before: a 49-line RayTaskError with raw colour codes, and a ``.tar.tmp-*`` left behind."""
     reference = tmp_path / "reference"
@@ -132,17 +136,19 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     done = staged_batches_are_whole(out)
     assert 0 < 2 * done < 12 and not temporaries(out.parent) and not shards(out)
     stage = re.escape(f"{out}/.staging")
-    said = re.fullmatch(rf"ingest build: error: {stage}/[0-9a-f]+\.(tar|json): no space left on device: the write "
-                        rf"needs [\d,]+ bytes, [\d,]+ are free; (\d+) of 12 videos are staged in {stage}: once "
+    said = re.fullmatch(rf"ingest build: error: {stage}/[0-9a-f]+\.(tar|json): no space left on device: the "
+                        rf"write needs [\d,]+ bytes, [\d,]+ are free; (\d+) of 12 videos are staged in "
+                        rf"{stage}: once "
                         "there is room, the same command continues from them", line)
     assert said and int(said[2]) <= 2 * done, line  # (a task cancelled as it finished may have staged more)
 
     disk(staged + PAGE * 8)  # room for staging, not for the shards beside it: refused before any is written
     assert ingest(build_args(videos, out)) == 1
     line = error_line(capsys.readouterr().err)
-    assert f"{out}: no room for the shards: they need " in line and "(the staged samples are deleted only once" in line
-    assert line.endswith(f"all 12 videos are staged in {out}/.staging: once there is room, the same command packs "
-                         "them into shards again, decoding nothing"), line
+    assert (f"{out}: no room for the shards: they need " in line
+            and "(the staged samples are deleted only once" in line)
+    assert line.endswith(f"all 12 videos are staged in {out}/.staging: once there is room, the same command "
+                         "packs them into shards again, decoding nothing"), line
     assert staged_batches_are_whole(out) >= 6 and not temporaries(out.parent) and not shards(out)
     assert packed > PAGE * 8
 
@@ -153,7 +159,8 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
 
 
 @pytest.mark.parametrize("stop, cancelled", [(ValueError, False), (KeyboardInterrupt, True)])
-def test_a_refusal_lets_the_ray_tasks_in_flight_finish_and_ctrl_c_cancels_them(ray_local, tmp_path, monkeypatch,
+def test_a_refusal_lets_the_ray_tasks_in_flight_finish_and_ctrl_c_cancels_them(
+        ray_local, tmp_path, monkeypatch,
                                                                                stop, cancelled):
     """A driver stopped by a task's refusal (here any exception but Ctrl-C) waits for its tasks in
     flight without cancelling them: cancelling a task as its result arrives aborts the driver in Ray
@@ -166,7 +173,8 @@ def test_a_refusal_lets_the_ray_tasks_in_flight_finish_and_ctrl_c_cancels_them(r
     ``in_flight`` must return only once the task has ended."""
     from ingest.tasks.ray_runtime import in_flight
 
-    started, release, done, interrupted = (tmp_path / n for n in ("started", "release", "done", "interrupted"))
+    started, release, done, interrupted = (tmp_path / n for n in ("started", "release", "done",
+                                                                  "interrupted"))
 
     def hold():
         with started.open("a") as f:
@@ -205,7 +213,8 @@ def test_a_refusal_lets_the_ray_tasks_in_flight_finish_and_ctrl_c_cancels_them(r
             raise stop()
         ended = (interrupted.exists(), done.exists())  # as in_flight returned: the task had ended
         assert cancels == ([ref] if cancelled else []), started.read_text()
-        assert ended in ([(True, False), (False, True)] if cancelled else [(False, True)]), (ended, started.read_text())
+        assert ended in ([(True, False), (False, True)] if cancelled
+                         else [(False, True)]), (ended, started.read_text())
     finally:
         for timer in timers:
             timer.cancel()
@@ -243,11 +252,14 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
     which ignore SIGINT and are stopped by the driver (ingest.tasks.local_runtime)."""
     out = tmp_path / "out"
     hold, held = os.pipe()
-    on = (["ingest.tasks.ray_runtime:result@2", "--address", request.getfixturevalue("ray_local").get_runtime_context()
+    on = (["ingest.tasks.ray_runtime:result@2", "--address",
+           request.getfixturevalue("ray_local").get_runtime_context()
            .gcs_address] if runner == "ray" else ["ingest.tasks.local_runtime:LocalTasks.result@2"])
-    log = tmp_path / "stderr"  # a file, not a pipe: a process the build leaves need not close it for us to read it
+    # a file, not a pipe: a process the build leaves need not close it for us to read it
+    log = tmp_path / "stderr"
     with open(log, "w") as err:
-        build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out), *on[1:]],
+        build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out),
+                                  *on[1:]],
                                  env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,),
                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                                  preexec_fn=as_from_a_shell)
@@ -270,7 +282,8 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
     stderr = log.read_text()
     assert build.returncode == Interrupted.status == 130, stderr[-3000:]
     assert not (left := left_in_session(build.pid)), left  # nothing of the build left running
-    assert error_line(stderr) == (f"ingest build: error: interrupted; 2 of 12 videos are staged in {out}/.staging: "
+    assert error_line(stderr) == (f"ingest build: error: interrupted; 2 of 12 videos are staged in "
+                                  f"{out}/.staging: "
                                   "the same command continues from them")
     assert staged_batches_are_whole(out) >= 1 and not temporaries(out)
 
@@ -312,8 +325,8 @@ def test_ctrl_c_stops_the_service_with_one_line(tmp_path, workers):
         serve.kill()
         serve.wait()
     assert serve.returncode == 130, stderr
-    assert error_line(stderr) == ("shard-service serve: error: interrupted: the server has stopped, and the builds it "
-                                  "was running are recorded 'stopped' in the catalog")
+    assert error_line(stderr) == ("shard-service serve: error: interrupted: the server has stopped, and the "
+                                  "builds it was running are recorded 'stopped' in the catalog")
     assert Catalog(catalog).list() == []
 
 
@@ -327,10 +340,12 @@ def test_a_signal_while_the_server_closes_its_loop_is_no_traceback(tmp_path):
     catalog = str(tmp_path / "catalog.sqlite")
     hold, held = os.pipe()
     release, go = os.pipe()
-    serve = subprocess.Popen([sys.executable, HOLDPOINT, "asyncio.selector_events:BaseSelectorEventLoop._close_self_pipe",
+    serve = subprocess.Popen([sys.executable, HOLDPOINT,
+                              "asyncio.selector_events:BaseSelectorEventLoop._close_self_pipe",
                               "-m", "service", "serve", "--catalog", catalog, "--create", "--port", "0"],
                              env={**os.environ, "HOLD_FD": str(held), "RELEASE_FD": str(release)},
-                             pass_fds=(held, release), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             pass_fds=(held, release), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True,
                              start_new_session=True, preexec_fn=as_from_a_shell)
     os.close(held)
     os.close(release)
@@ -347,12 +362,13 @@ def test_a_signal_while_the_server_closes_its_loop_is_no_traceback(tmp_path):
         serve.wait()
     assert serve.returncode == 130, stderr
     assert "Exception ignored" not in stderr, stderr[-3000:]
-    assert error_line(stderr) == ("shard-service serve: error: interrupted: the server has stopped, and the builds it "
-                                  "was running are recorded 'stopped' in the catalog")
+    assert error_line(stderr) == ("shard-service serve: error: interrupted: the server has stopped, and the "
+                                  "builds it was running are recorded 'stopped' in the catalog")
 
 
 def trainer(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([os.path.join(BIN, "trainer"), "train", *argv], capture_output=True, text=True, timeout=300,
+    return subprocess.run([os.path.join(BIN, "trainer"), "train", *argv], capture_output=True, text=True,
+                          timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
@@ -367,9 +383,9 @@ def test_a_node_cache_filling_its_disk_is_one_line_and_the_rerun_continues(tmp_p
     p = trainer(*run)
     assert p.returncode != 0
     line = error_line(p.stderr)
-    assert re.search(rf"trainer train: error: {re.escape(str(cache))}/[0-9a-f]{{2}}/[0-9a-f]{{64}}\.tar: no space left on device: "
-                     r"the write needs [\d,]+ bytes, [\d,]+ are free; the cache has no budget: give it one the disk "
-                     r"can hold \(\$SHARD_CACHE_BUDGET", line), line
+    assert re.search(rf"trainer train: error: {re.escape(str(cache))}/[0-9a-f]{{2}}/[0-9a-f]{{64}}\.tar: no "
+                     r"space left on device: the write needs [\d,]+ bytes, [\d,]+ are free; the cache has no "
+                     r"budget: give it one the disk can hold \(\$SHARD_CACHE_BUDGET", line), line
     copies = list(cache.glob("*/*.tar"))
     assert copies and not temporaries(cache) and not list(cache.glob("*/*.lock"))
     shards = {s.sha256 for split in Manifest.load(str(data)).splits.values() for s in split.shards}
@@ -398,9 +414,11 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_the_rerun_contin
     p = trainer(*run)
     assert p.returncode == 1
     line = error_line(p.stderr)
-    assert re.fullmatch(rf"trainer train: error: {re.escape(str(out))}/checkpoint\.pt: no space left on device: the write needs "
-                        r"[\d,]+ bytes, [\d,]+ are free: this checkpoint is not written, the previous one is kept; "
-                        "with room, the same command with --resume continues from the last one written", line), line
+    assert re.fullmatch(rf"trainer train: error: {re.escape(str(out))}/checkpoint\.pt: no space left on "
+                        r"device: the write needs [\d,]+ bytes, [\d,]+ are free: this checkpoint is not "
+                        r"written, the previous one is kept; "
+                        "with room, the same command with --resume continues from the last one written",
+                        line), line
     assert sorted(os.listdir(out)) == ["checkpoint.pt", "metrics.jsonl"]
     kept = torch.load(out / "checkpoint.pt", weights_only=True)
     assert (kept["epoch"], kept["batch"], kept["step"]) == (0, 1, 1)
@@ -423,16 +441,19 @@ def test_resume_from_a_truncated_checkpoint_is_one_line_and_touches_nothing(tmp_
     assert trainer(*run).returncode == 0
     path = tmp_path / "run" / "checkpoint.pt"
     whole = path.read_bytes()
-    for damaged, reason in ((whole[:30000], r"ValueError: negative seek value -\d+"), (whole[:-1000], "RuntimeError"),
+    for damaged, reason in ((whole[:30000], r"ValueError: negative seek value -\d+"),
+                            (whole[:-1000], "RuntimeError"),
                             (b"", "EOFError"), (b"not a checkpoint\n", "UnpicklingError")):
         path.write_bytes(damaged)
         p = trainer(*run, "--resume")
         assert p.returncode == 1
         line = error_line(p.stderr)
-        assert re.fullmatch(rf"trainer train: error: --resume refused: {re.escape(str(path))} \({len(damaged):,} bytes\) "
-                            rf"does not load: truncated or corrupt \({reason}\); the run keeps no other checkpoint: "
+        assert re.fullmatch(rf"trainer train: error: --resume refused: {re.escape(str(path))} "
+                            rf"\({len(damaged):,} bytes\) does not load: truncated or corrupt \({reason}\); "
+                            rf"the run keeps no other checkpoint: "
                             "restore it from a copy, or start afresh with --overwrite", line), line
-        assert path.read_bytes() == damaged and sorted(os.listdir(path.parent)) == ["checkpoint.pt", "metrics.jsonl"]
+        assert (path.read_bytes() == damaged
+                and sorted(os.listdir(path.parent)) == ["checkpoint.pt", "metrics.jsonl"])
 
 
 @pytest.mark.long
@@ -446,20 +467,24 @@ def test_ctrl_c_under_horovodrun_stops_every_rank_with_its_checkpoint(tmp_path):
     traceback and status 1 are Horovod's (docs/faults.md)."""
     data, out = tmp_path / "data", tmp_path / "run"
     make_shardset(str(data), {"train": 24, "val": 3}, per_shard=3, frames=4)
-    flags = [*TRAIN[2:], "--data", str(data), "--output-dir", str(out), "--batch-size", "2"]  # (Horovod's backend)
-    job = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+    # (Horovod's backend)
+    flags = [*TRAIN[2:], "--data", str(data), "--output-dir", str(out), "--batch-size", "2"]
+    job = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                          sys.executable,
                           str(Path(__file__).with_name("helpers") / "faultrun.py"), "train", *flags],
                          env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT": "step:2:INT:terminal",
                               "EXIT_LOG": str(tmp_path / "exits")},
                          capture_output=True, text=True, timeout=300, start_new_session=True)
-    ranks = {r: [line.split(":", 1)[1] for line in (job.stdout + job.stderr).splitlines() if line.startswith(f"[{r}]<")]
+    ranks = {r: [line.split(":", 1)[1] for line in (job.stdout + job.stderr).splitlines()
+                 if line.startswith(f"[{r}]<")]
              for r in (0, 1)}
     for r in (0, 1):
         assert (tmp_path / f"exits.rank{r}.jsonl").read_text() == '{"exit": 143}\n', job.stderr[-3000:]
         assert not [line for line in ranks[r] if "Traceback" in line], ranks[r]
     assert any("stopped by signal 15 in epoch 1 after batch 2 (step 2" in line for line in ranks[0]), ranks[0]
     # horovodrun's report: 143, or 137 for a rank still tearing down when its 5 s were up (under load)
-    assert job.returncode == 1 and re.search(r"Process [01] exit with status code 1(43|37)\.", job.stdout), job.stdout
+    assert (job.returncode == 1 and re.search(r"Process [01] exit with status code 1(43|37)\.",
+                                              job.stdout)), job.stdout
     saved = torch.load(out / "checkpoint.pt", weights_only=True)
     assert (saved["epoch"], saved["batch"], saved["step"]) == (0, 2, 2)
 

@@ -34,7 +34,8 @@ HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 CLIPS, BATCH, LR_PER_8, WARMUP = 42, 4, 0.4, 0.5
 FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
-         "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", str(WARMUP), "--lr-per-8", str(LR_PER_8),
+         "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", str(WARMUP), "--lr-per-8",
+         str(LR_PER_8),
          "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
 
 
@@ -42,7 +43,8 @@ def train(data, out, ranks: int, fault: str, fault_rank: int = 0, *extra) -> sub
     launch = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo"] if ranks == 2 else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault, "FAULT_RANK": str(fault_rank),
            "EXIT_LOG": str(out / "exits")}
-    return subprocess.run([*launch, sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir", str(out),
+    return subprocess.run([*launch, sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir",
+                           str(out),
                            *(["--backend", "none"] if ranks == 1 else []), *FLAGS, "--clip-log", *extra],
                           env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
 
@@ -85,7 +87,8 @@ def chain(tmp_path_factory):
 
 def test_a_signal_to_one_rank_or_a_whole_job_stops_every_rank_at_the_same_step(chain):
     _, _, runs = chain
-    (a, ckpt_a, steps_a, exits_a), (b, ckpt_b, steps_b, exits_b), (c, ckpt_c, steps_c, exits_c) = runs.values()
+    (a, ckpt_a, steps_a, exits_a), (b, ckpt_b, steps_b, exits_b), (c, ckpt_c, steps_c,
+                                                                   exits_c) = runs.values()
     # A: rank 1 alone was signalled; both ranks trained 2 steps and exited 143, rank 0 saved step 2
     assert [len(steps_a[r]) for r in (0, 1)] == [2, 2] and exits_a == {0: [143], 1: [143]}, a.stderr[-3000:]
     # (horovodrun's own report names the first rank out: the other may be ended by it while it exits)
@@ -102,7 +105,8 @@ def test_a_signal_to_one_rank_or_a_whole_job_stops_every_rank_at_the_same_step(c
     assert exits_c == {0: [143], 1: [143]} and "Traceback" not in ranks_output(c), c.stderr[-3000:]
     assert "stopped by signal 15 in epoch 1" in c.stderr and c.returncode == 1, c.stdout[-3000:]
     assert (ckpt_c["epoch"], ckpt_c["step"], ckpt_c["clips_seen"]) == (0, 5 + rest, CLIPS)
-    assert ckpt_c["loader"]["samples_consumed"] == rest * BATCH and ckpt_c["loader"]["segments"][-1]["world_size"] == 2
+    assert (ckpt_c["loader"]["samples_consumed"] == rest * BATCH
+            and ckpt_c["loader"]["segments"][-1]["world_size"] == 2)
     records = metrics.read(str(chain[1] / "metrics.jsonl"))
     assert not [r for r in records if r["event"] == "epoch"]  # the epoch is not over before its validation
 
@@ -111,7 +115,8 @@ def test_resumed_on_another_world_size_every_clip_once_and_the_rate_follows_clip
     _, out, runs = chain
     steps = [s for name in "ABC" for same_step in zip(*runs[name][2].values()) for s in same_step]
     real = Counter(k for s in steps for k in s["keys"])
-    assert set(real) == {f"train_v{i // 2:04d}_c{i % 2:02d}" for i in range(CLIPS)} and set(real.values()) == {1}
+    assert (set(real) == {f"train_v{i // 2:04d}_c{i % 2:02d}" for i in range(CLIPS)}
+            and set(real.values()) == {1})
     padding = [k for s in steps for k in s["padding"]]
     assert 0 < len(padding) < 3 * 2 * BATCH and set(padding) <= set(real)
     # the clips seen (before each step, and in each checkpoint) are the real clips the earlier steps held
@@ -142,7 +147,8 @@ def refusal(capsys, *argv: str) -> str:
     return line.removeprefix("trainer train: error: ").rstrip("\n")
 
 
-def test_resume_of_another_models_or_data_sets_checkpoint_is_refused_saying_what_differs(chain, tmp_path, capsys):
+def test_resume_of_another_models_or_data_sets_checkpoint_is_refused_saying_what_differs(
+        chain, tmp_path, capsys):
     data, out, _ = chain
     other = tmp_path / "other"
     make_shardset(str(other), {"train": 10, "val": 2}, per_shard=5, num_classes=3, frames=4, size=(48, 40))
@@ -152,10 +158,10 @@ def test_resume_of_another_models_or_data_sets_checkpoint_is_refused_saying_what
                      "--no-shift", "--resume"]) == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
     ours, theirs = (Manifest.load(str(d)).identity[:16] for d in (data, other))
-    assert line == (f"trainer train: error: --resume refused: {out / 'checkpoint.pt'} was trained on shard set {ours} "
-                    f"({CLIPS} train + 8 val clips, 4 frames), but --data is shard set {theirs} (10 train + 2 val "
-                    f"clips, 4 frames) at {other}: resume with --data naming the run's set, or start afresh "
-                    "(--overwrite, or another --output-dir)")
+    assert line == (f"trainer train: error: --resume refused: {out / 'checkpoint.pt'} was trained on shard "
+                    f"set {ours} ({CLIPS} train + 8 val clips, 4 frames), but --data is shard set {theirs} "
+                    f"(10 train + 2 val clips, 4 frames) at {other}: resume with --data naming the run's "
+                    "set, or start afresh (--overwrite, or another --output-dir)")
     # the run's set, another model: what differs
     message = refusal(capsys, "--data", str(data), "--output-dir", str(out), "--no-shift", "--resume")
     assert message.startswith(f"--resume refused: {out / 'checkpoint.pt'} is another run's: ")
@@ -172,7 +178,8 @@ def test_a_shard_set_without_the_validation_split_is_one_line_before_training(tm
     assert not (tmp_path / "out").exists()
 
 
-def test_resume_with_another_optimizer_is_refused_on_every_rank_and_other_hyperparameters_apply(chain, tmp_path):
+def test_resume_with_another_optimizer_is_refused_on_every_rank_and_other_hyperparameters_apply(
+        chain, tmp_path):
     """``--optimizer`` cannot change under a resumed run (its state would not fit: this crashed rank 0
     with KeyError 'step' while rank 1 waited in a broadcast); momentum and weight decay can, and
     are applied from the resumed step on and recorded (before, the checkpoint's were kept silently)."""
@@ -189,7 +196,8 @@ def test_resume_with_another_optimizer_is_refused_on_every_rank_and_other_hyperp
     assert lines[0].endswith("is another run's: --optimizer sgd in the checkpoint, adam now")
     assert "Traceback" not in ranks_output(refused)
 
-    applied = train(data, run, 2, "", 0, "--resume", "--momentum", "0", "--weight-decay", "0.5", "--epochs", "2")
+    applied = train(data, run, 2, "", 0, "--resume", "--momentum", "0", "--weight-decay", "0.5", "--epochs",
+                    "2")
     assert applied.returncode == 0, applied.stderr[-3000:]
     assert ("applied from here on: --epochs 1 -> 2, --momentum 0.9 -> 0.0, --weight-decay 0.0001 -> 0.5"
             in ranks_output(applied)), ranks_output(applied)

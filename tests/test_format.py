@@ -44,23 +44,29 @@ def frames_then(*extra: bytes, frames=FRAMES[:3]) -> bytes:
 
 META = member_bytes("k.json", b"{}")
 CASES = [  # (id, sample bytes, words of the refusal)
-    ("header-claims-a-gigabyte", frames_then(member("k.json", b"{}", size=1 << 30)), ["claims 1,073,741,824 bytes"]),
+    ("header-claims-a-gigabyte", frames_then(member("k.json", b"{}", size=1 << 30)),
+     ["claims 1,073,741,824 bytes"]),
     ("symlink-for-a-frame", frames_then(member("k.03.jpg", b"", tarfile.SYMTYPE, link="/etc/passwd"), META,
-                                        frames=FRAMES[:3]), ["k.03.jpg", "symbolic link", "regular files only"]),
-    ("hard-link", frames_then(member("k.03.jpg", b"", tarfile.LNKTYPE, link="k.00.jpg"), META), ["hard link"]),
+                                        frames=FRAMES[:3]), ["k.03.jpg", "symbolic link",
+                                                             "regular files only"]),
+    ("hard-link", frames_then(member("k.03.jpg", b"", tarfile.LNKTYPE, link="k.00.jpg"), META),
+     ["hard link"]),
     ("directory", frames_then(member("k.dir", b"", tarfile.DIRTYPE), META), ["directory"]),
     ("another-samples-member", frames_then(member_bytes("other.03.jpg", FRAMES[3]), META), ["other.03.jpg",
                                                                                             "does not belong"]),
     ("dot-dot-name", frames_then(member_bytes("../k.03.jpg", FRAMES[3]), META), ["does not belong"]),
-    ("unknown-suffix", frames_then(member_bytes("k.03.exe", b"MZ"), META), ["'03.exe'", "not a member the format"]),
+    ("unknown-suffix", frames_then(member_bytes("k.03.exe", b"MZ"), META),
+     ["'03.exe'", "not a member the format"]),
     ("motion-of-another-kind", frames_then(member_bytes("k.00.mv.png", b"x"), META), ["'00.mv.png'"]),
     ("twice", frames_then(member_bytes("k.02.jpg", FRAMES[2]), META), ["k.02.jpg", "appears twice"]),
     ("a-frame-missing", frames_then(META), ["3 frames where the set has 4", "03.jpg missing"]),
     ("no-meta", frames_then(member_bytes("k.03.jpg", FRAMES[3])), ["k.json missing"]),
     ("zero-padding-in-range", frames_then(member_bytes("k.03.jpg", FRAMES[3]), META, b"\0" * 1024),
      ["zero block", "archive's end"]),
-    ("ends-inside-a-header", frames_then(member_bytes("k.03.jpg", FRAMES[3]), META[:300]), ["ends inside a tar header"]),
-    ("garbage-header", frames_then(member_bytes("k.03.jpg", FRAMES[3]), b"\xff" * BLOCK), ["no valid tar header"]),
+    ("ends-inside-a-header", frames_then(member_bytes("k.03.jpg", FRAMES[3]), META[:300]),
+     ["ends inside a tar header"]),
+    ("garbage-header", frames_then(member_bytes("k.03.jpg", FRAMES[3]), b"\xff" * BLOCK),
+     ["no valid tar header"]),
 ]
 
 
@@ -122,14 +128,16 @@ MANIFESTS = [  # (id, how the sound manifest is edited, words of the refusal)
     ("num-samples-text", (f"{SHARD}.num_samples", "3"), ["num_samples: is a string, not a number"]),
     ("num-samples-huge", (f"{SHARD}.num_samples", 10**12), ["num_samples", "1,000,000,000,000"]),
     ("num-samples-other", (f"{SHARD}.num_samples", 2), ["3 entries for 2 samples"]),
-    ("length-huge", (f"{SHARD}.lengths.0", 10**12), ["lengths[0]: 1,000,000,000,000", "above the largest sample"]),
+    ("length-huge", (f"{SHARD}.lengths.0", 10**12), ["lengths[0]: 1,000,000,000,000",
+                                                     "above the largest sample"]),
     ("length-beyond-64-bits", (f"{SHARD}.lengths.0", 2**64), ["lengths[0]", "not a whole number in range"]),
     ("length-past-the-shard", (f"{SHARD}.lengths.2", MAX_SAMPLE_BYTES), ["lengths[2]", "beyond the shard"]),
     ("offset-huge", (f"{SHARD}.offsets.1", 2**70), ["offsets[1]", "not a whole number in range"]),
     ("offset-negative", (f"{SHARD}.offsets.0", -512), ["offsets[0]", "is below 0"]),
     ("offset-unaligned", (f"{SHARD}.offsets.1", 1000), ["offsets[1]", "multiple of the tar block"]),
     ("overlapping", (f"{SHARD}.offsets.1", 0), ["offsets[1]", "overlapping"]),
-    ("name-up-and-out", (f"{SHARD}.name", "../../other-set/train/train-000000.tar"), ["not a path inside the set"]),
+    ("name-up-and-out", (f"{SHARD}.name", "../../other-set/train/train-000000.tar"),
+     ["not a path inside the set"]),
     ("name-absolute", (f"{SHARD}.name", "/etc/passwd"), ["'/etc/passwd' is not a path inside the set"]),
     ("name-url", (f"{SHARD}.name", "http://127.0.0.1:9/x.tar"), ["not a path inside the set"]),
     ("name-file-url", (f"{SHARD}.name", "file:///etc/passwd"), ["not a path inside the set"]),
@@ -159,7 +167,8 @@ def test_a_manifest_outside_the_format_is_one_line_naming_the_field(sound, edit,
 
 @pytest.mark.parametrize("data,words", [
     (b"", ["empty file"]), (b"not json", ["not JSON"]), (b"[1, 2]", ["a list, not a JSON object"]),
-    (b"[" * 100_000 + b"]" * 100_000, ["nested too deeply"]), (b'{"a": "\xff"}', ["not UTF-8 JSON", "byte 7"])])
+    (b"[" * 100_000 + b"]" * 100_000, ["nested too deeply"]), (b'{"a": "\xff"}',
+                                                               ["not UTF-8 JSON", "byte 7"])])
 def test_a_file_that_is_no_manifest_is_one_line(data, words):
     with pytest.raises(BadManifest) as e:
         Manifest.from_json(data, base="/sets/k400")

@@ -38,10 +38,12 @@ def runs(tmp_path_factory):
 def test_fused_scores_are_the_weighted_mean_of_each_runs_own_scores(runs, capsys):
     root, data = runs
     classes = ["class0", "class1", "class2"]
-    alone = [report_of(root / "report.json", "--checkpoint", str(root / name / "checkpoint.pt"), "--data", str(data),
+    alone = [report_of(root / "report.json", "--checkpoint", str(root / name / "checkpoint.pt"), "--data",
+                       str(data),
                        *TEST) for name in ("tsm", "tsn")]
     capsys.readouterr()
-    fused = report_of(root / "report.json", "--fuse", str(root / "tsm"), str(root / "tsn"), "--weights", "1", "1.5",
+    fused = report_of(root / "report.json", "--fuse", str(root / "tsm"), str(root / "tsn"), "--weights", "1",
+                      "1.5",
                       "--data", str(data), *TEST)
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line == fused["summary"]
@@ -60,7 +62,8 @@ def test_runs_must_score_the_same_videos_and_classes(runs, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main([*fuse, "--data", str(data), str(fewer)]) == 1
     assert capsys.readouterr().err == (f"trainer test: error: --fuse: {root / 'tsn'} scores 3 videos, "
-                                       f"{root / 'tsm'} 4; 1 are scored by only one of them (e.g. val_v0003)\n")
+                                       f"{root / 'tsm'} 4; 1 are scored by only one of them (e.g. "
+                                       f"val_v0003)\n")
 
     other = tmp_path / "other"
     shutil.copytree(root / "tsn", other)
@@ -68,17 +71,19 @@ def test_runs_must_score_the_same_videos_and_classes(runs, tmp_path, capsys):
     state["classes"] = ["a", "b", "c"]
     torch.save(state, other / "checkpoint.pt")
     assert cli.main(["test", "--fuse", str(root / "tsm"), str(other), *TEST, "--data", str(data)]) == 1
-    assert capsys.readouterr().err == (f"trainer test: error: --fuse: {other} was trained on other classes than "
-                                       f"{root / 'tsm'}\n")
+    assert capsys.readouterr().err == (f"trainer test: error: --fuse: {other} was trained on other classes "
+                                       f"than {root / 'tsm'}\n")
 
     for argv, message in (
             ([*fuse, "--data", str(data), "--weights", "1"],
              "--weights: one per --fuse run (2), not all zero; got 1.0"),
-            ([*fuse, "--data", str(data), "--weights", "0", "0"], "--weights: one per --fuse run (2), not all zero; "
+            ([*fuse, "--data", str(data), "--weights", "0", "0"],
+             "--weights: one per --fuse run (2), not all zero; "
                                                                   "got 0.0 0.0"),
             (["test", "--fuse", str(root / "tsm"), *TEST, "--data", str(data)],
              "--fuse: needs two runs or more, got 1"),
-            ([*fuse, "--data", str(data), str(data), str(data)], "--data: one shard set for every run or one per run "
+            ([*fuse, "--data", str(data), str(data), str(data)],
+             "--data: one shard set for every run or one per run "
                                                                  "(2), got 3"),
             (["test", *TEST, "--data", str(data)], "give either --checkpoint or --fuse RUN_A RUN_B")):
         assert cli.main(argv) == 2

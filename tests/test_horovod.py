@@ -40,7 +40,8 @@ def engine(backend, batch: int, lr_per_8: float, epoch_clips: int, variant=("tra
 def worker(out: str) -> None:
     backend = distributed.init("horovod")
     data = torch.Generator().manual_seed(123)
-    batches = [(torch.randint(0, 256, (GLOBAL_BATCH, SEGMENTS, 3, SIZE, SIZE), generator=data, dtype=torch.uint8),
+    batches = [(torch.randint(0, 256, (GLOBAL_BATCH, SEGMENTS, 3, SIZE, SIZE), generator=data,
+                              dtype=torch.uint8),
                 torch.randint(0, CLASSES, (GLOBAL_BATCH,), generator=data)) for _ in range(STEPS)]
     share = GLOBAL_BATCH // backend.size
     mine = slice(backend.rank * share, (backend.rank + 1) * share)
@@ -55,7 +56,8 @@ def worker(out: str) -> None:
     # the last of two ranks; one rank trains on the 6 real clips alone, at the same peak rate
     real = GLOBAL_BATCH - 2
     two = backend.size > 1
-    e = engine(backend, share if two else real, 0.4 * GLOBAL_BATCH / (GLOBAL_BATCH if two else real), STEPS * real,
+    e = engine(backend, share if two else real, 0.4 * GLOBAL_BATCH / (GLOBAL_BATCH if two else real), STEPS
+               * real,
                VARIANTS["frozen_bn"])
     valid = torch.arange(GLOBAL_BATCH) < real
     for clips, labels in batches:
@@ -64,7 +66,8 @@ def worker(out: str) -> None:
             e.train_step(clips[mine], labels[mine], valid[mine], real)
         else:
             e.train_step(clips[:real], labels[:real])
-    torch.save({"final": e.model.state_dict()}, os.path.join(out, f"padding-size{backend.size}-rank{backend.rank}.pt"))
+    torch.save({"final": e.model.state_dict()},
+               os.path.join(out, f"padding-size{backend.size}-rank{backend.rank}.pt"))
     backend.shutdown()
 
 
@@ -119,8 +122,10 @@ def test_horovodrun_trains_and_tests_from_the_command_line(tmp_path):
     make_shardset(str(data), {"train": 16, "val": 7}, per_shard=4, num_classes=3, frames=4, size=(48, 40))
     hvd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "trainer"]
     train = subprocess.run(hvd + [
-        "train", "--data", str(data), "--output-dir", str(out), "--segments", "4", "--depth", "10", "--width", "8",
-        "--crop-size", "32", "--scale-size", "36", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1",
+        "train", "--data", str(data), "--output-dir", str(out), "--segments", "4", "--depth", "10", "--width",
+        "8",
+        "--crop-size", "32", "--scale-size", "36", "--batch-size", "2", "--epochs", "2", "--warmup-epochs",
+        "1",
         "--workers", "1", "--print-freq", "1", "--no-tensorboard"], env=ENV, capture_output=True, text=True,
         timeout=300)
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]

@@ -29,8 +29,8 @@ from shards.format.digests import sample_digest
 
 BIN = os.path.dirname(sys.executable)  # the console scripts beside this Python
 ANSWER_S = 300
-TRAIN = ("trainer train --data {set} --output-dir {set}/run --backend none --depth 10 --width 8 --crop-size 32 "
-         "--scale-size 36 --workers 0 --epochs 1 --batch-size 2")
+TRAIN = ("trainer train --data {set} --output-dir {set}/run --backend none --depth 10 --width 8 --crop-size "
+         "32 --scale-size 36 --workers 0 --epochs 1 --batch-size 2")
 COMMANDS = {"verify": "shards verify {set}", "stats": "shards stats {set} --probe 0", "train": TRAIN}
 
 
@@ -64,7 +64,8 @@ def _rewrite_shard(d: str, change) -> None:
     change(data, shard)
     with open(path, "wb") as f:
         f.write(data)
-    shard["digests"] = [sample_digest(bytes(data[o:o + n])) for o, n in zip(shard["offsets"], shard["lengths"])]
+    shard["digests"] = [sample_digest(bytes(data[o:o + n])) for o,
+                        n in zip(shard["offsets"], shard["lengths"])]
     shard["sha256"], shard["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     _write_manifest(d, m)
 
@@ -118,11 +119,14 @@ CASES = {  # case -> (what it does to a copy of the set, words each answer names
     "wrong-type": (_edit(lambda m, s: s.update(bytes="12")), ["manifest.json", "bytes"]),
     "offsets-null": (_edit(lambda m, s: s.update(offsets=None)), ["manifest.json", "offsets"]),
     "num-samples-string": (_edit(lambda m, s: s.update(num_samples="3")), ["manifest.json", "num_samples"]),
-    "length-1e12": (_edit(lambda m, s: s["lengths"].__setitem__(0, 10 ** 12)), ["manifest.json", "lengths[0]"]),
+    "length-1e12": (_edit(lambda m, s: s["lengths"].__setitem__(0, 10 ** 12)),
+                    ["manifest.json", "lengths[0]"]),
     "offset-2**70": (_edit(lambda m, s: s["offsets"].__setitem__(1, 2 ** 70)), ["manifest.json", "offsets"]),
     "offset-negative": (_edit(lambda m, s: s["offsets"].__setitem__(1, -512)), ["manifest.json", "offsets"]),
-    "num-samples-1e12": (_edit(lambda m, s: s.update(num_samples=10 ** 12)), ["manifest.json", "num_samples"]),
-    "name-outside-the-set": (_path("../../other-set/train/train-000000.tar"), ["manifest.json", "inside the set"]),
+    "num-samples-1e12": (_edit(lambda m, s: s.update(num_samples=10 ** 12)),
+                         ["manifest.json", "num_samples"]),
+    "name-outside-the-set": (_path("../../other-set/train/train-000000.tar"),
+                             ["manifest.json", "inside the set"]),
     "name-absolute": (_path("/etc/passwd"), ["manifest.json", "inside the set"]),
     "name-http": (_path("http://example.invalid/train-000000.tar"), ["manifest.json", "inside the set"]),
     "name-file-url": (_path("file:///etc/passwd"), ["manifest.json", "inside the set"]),
@@ -149,7 +153,8 @@ TRAIN_IN_THE_SUITE = {"truncated-shard", "member-claims-1GiB", "symlink-frame", 
 
 
 def _answers(root, jobs: list[tuple[str, str]]) -> dict:
-    """Each job's copy made, and its command run on it, all at once; -> {(case, command): CompletedProcess}."""
+    """Each job's copy made, and its command run on it, all at once; -> {(case, command):
+    CompletedProcess}."""
     sound = str(root / "sound")
     make_shardset(sound, {"train": 10, "val": 4}, per_shard=5, unlabeled=())
     copies = {}
@@ -169,13 +174,15 @@ def _in_the_suite(case: str, command: str) -> bool:
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory):
     return _answers(tmp_path_factory.mktemp("hostile"),
-                    [(case, command) for case in CASES for command in COMMANDS if _in_the_suite(case, command)])
+                    [(case, command) for case in CASES for command in COMMANDS
+                     if _in_the_suite(case, command)])
 
 
 @pytest.fixture(scope="module")
 def long_answers(tmp_path_factory):
     return _answers(tmp_path_factory.mktemp("hostile-long"),
-                    [(case, command) for case in CASES for command in COMMANDS if not _in_the_suite(case, command)])
+                    [(case, command) for case in CASES for command in COMMANDS
+                     if not _in_the_suite(case, command)])
 
 
 @pytest.mark.parametrize("case, command", [

@@ -97,7 +97,8 @@ REACH = 17
 
 
 @pytest.mark.parametrize("arch", sorted(INFLATIONS))
-def test_inflation_gives_the_2d_networks_features_on_a_constant_clip_where_no_zero_padding_reaches(arch, tmp_path):
+def test_inflation_gives_the_2d_networks_features_on_a_constant_clip_where_no_zero_padding_reaches(
+        arch, tmp_path):
     """ImageNet inflation: a 2D network's weights (a TSN's backbone in torchvision's format, its BN
     statistics drawn at random) loaded into an I3D, every kernel repeated over its t time steps and
     divided by t. On a clip whose 48 frames are all one frame, each time step whose receptive field lies
@@ -111,11 +112,13 @@ def test_inflation_gives_the_2d_networks_features_on_a_constant_clip_where_no_ze
     model = network(arch, segments=48).eval()
     report = load_pretrained(model, str(tmp_path / "resnet50.pth"))
     convs = sorted(k for k, v in image.backbone.state_dict().items() if v.dim() == 4)
-    assert report["inflated"] == convs and report["ignored"] == [] and report["new"] == ["fc.weight", "fc.bias"]
+    assert (report["inflated"] == convs and report["ignored"] == []
+            and report["new"] == ["fc.weight", "fc.bias"])
     own = model.backbone.state_dict()
     for key in convs:  # each time slice is the 2D kernel over t
         time = own[key].shape[2]
-        assert all(torch.equal(own[key][:, :, k], image.backbone.state_dict()[key] / time) for k in range(time)), key
+        assert all(torch.equal(own[key][:, :, k], image.backbone.state_dict()[key] / time)
+                   for k in range(time)), key
     assert own["conv1.weight"].shape[2] == 5
 
     frame = torch.randint(0, 256, (1, 1, 3, SIZE, SIZE), dtype=torch.uint8)
@@ -182,7 +185,8 @@ FLAGS = ["--backend", "none", "--segments", "4", "--depth", "50", "--width", "4"
 
 
 def trainer(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *argv], capture_output=True, text=True, timeout=600,
+    return subprocess.run([sys.executable, "-m", "trainer", *argv], capture_output=True, text=True,
+                          timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -196,7 +200,8 @@ def test_an_i3d_run_records_its_architecture_is_tested_as_one_and_resumes_as_no_
     assert state["model_config"]["arch"] == "i3d-3x1x1" and state["config"]["model"]["arch"] == "i3d-3x1x1"
     assert state["model"]["backbone.layer1.0.conv1.weight"].shape[2:] == (3, 1, 1)
 
-    assert cli.main(["test", "--checkpoint", str(out), "--data", str(data), "--backend", "none", "--workers", "0"]) == 0
+    assert cli.main(["test", "--checkpoint", str(out), "--data", str(data), "--backend", "none", "--workers",
+                     "0"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["arch"] == "i3d-3x1x1"
 
     before = (out / "checkpoint.pt").read_bytes()
@@ -204,11 +209,13 @@ def test_an_i3d_run_records_its_architecture_is_tested_as_one_and_resumes_as_no_
                         (["--arch", "i3d-3x3x3"], "model arch i3d-3x1x1 in the checkpoint, i3d-3x3x3 now"),
                         (["--no-shift"], "model arch i3d-3x1x1 in the checkpoint, tsn now")):
         capsys.readouterr()  # the one line the console script prints, exit status 1
-        assert cli.main(["train", "--data", str(data), "--output-dir", str(out), "--resume", *FLAGS, *flags]) == 1
-        assert capsys.readouterr().err == (f"trainer train: error: --resume refused: {out / 'checkpoint.pt'} is "
-                                           f"another run's: {says}\n")
+        assert cli.main(["train", "--data", str(data), "--output-dir", str(out), "--resume", *FLAGS,
+                         *flags]) == 1
+        assert capsys.readouterr().err == (f"trainer train: error: --resume refused: {out / 'checkpoint.pt'} "
+                                           f"is another run's: {says}\n")
     assert (out / "checkpoint.pt").read_bytes() == before
-    resumed = trainer("train", "--data", str(data), "--output-dir", str(out), "--resume", "--arch", "i3d-3x1x1",
+    resumed = trainer("train", "--data", str(data), "--output-dir", str(out), "--resume", "--arch",
+                      "i3d-3x1x1",
                       *FLAGS, "--epochs", "2")
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 2
@@ -236,17 +243,23 @@ def test_an_i3d_trains_under_every_schedule_kstep_averaging_and_the_motion_strea
     data, motion = tmp_path / "data", tmp_path / "motion"
     make_shardset(str(data), {"train": 40, "val": 4}, per_shard=7, frames=8, size=(48, 40))
     make_shardset(str(motion), {"train": 16, "val": 4}, per_shard=4, frames=4, size=(48, 40), motion="mv")
-    small = ["--depth", "50", "--width", "4", "--crop-size", "32", "--scale-size", "36", "--warmup-epochs", "1",
+    small = ["--depth", "50", "--width", "4", "--crop-size", "32", "--scale-size", "36", "--warmup-epochs",
+             "1",
              "--lr-per-8", "0.05", "--workers", "1", "--print-freq", "1", "--no-tensorboard", "--trace-steps"]
-    ranks = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "trainer",
-                            "train", "--data", str(data), "--output-dir", str(tmp_path / "mg"), "--arch", "i3d-3x3x3",
-                            "--batch-size", "2", "--epochs", "4", "--multigrid", "both", "--multigrid-stages", "2", "3",
+    ranks = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+                            "trainer",
+                            "train", "--data", str(data), "--output-dir", str(tmp_path / "mg"), "--arch",
+                            "i3d-3x3x3",
+                            "--batch-size", "2", "--epochs", "4", "--multigrid", "both", "--multigrid-stages",
+                            "2", "3",
                             "--average-every", "2", "--precise-bn", "1", *small],
-                           capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert ranks.returncode == 0, (ranks.stdout + ranks.stderr)[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "mg" / "steps-rank1.jsonl").read_text().splitlines()]
     assert {s["frames"] for s in steps} == {2, 4, 8} and len({s["crop"] for s in steps}) == 3
-    assert torch.load(tmp_path / "mg" / "checkpoint.pt", weights_only=True)["model_config"]["arch"] == "i3d-3x3x3"
+    assert torch.load(tmp_path / "mg" / "checkpoint.pt",
+                      weights_only=True)["model_config"]["arch"] == "i3d-3x3x3"
 
     one = trainer("train", "--data", str(motion), "--output-dir", str(tmp_path / "mv"), "--backend", "none",
                   "--arch", "i3d-3x1x1", "--modality", "motion", "--batch-size", "2", "--epochs", "2",

@@ -135,7 +135,8 @@ def test_builds_on_a_callers_pool_leave_it_running_and_write_the_same_bytes(clas
             assert tree_bytes(out) == tree_bytes(reference)
             workers = psutil.Process().children(recursive=True)
             assert workers and all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
-        assert pool.result(pool.submit(os.getpid))[0] in {w.pid for w in workers}  # the same workers, still up
+        # the same workers, still up
+        assert pool.result(pool.submit(os.getpid))[0] in {w.pid for w in workers}
     finally:
         pool.close()
 
@@ -149,7 +150,8 @@ def test_readable_by_webdataset(reference):
     assert img.shape[0] == 32 and cls in (0, 1) and meta["clip"] == 0
 
 
-def test_rerun_of_a_finished_build_is_a_no_op_that_clears_what_killed_runs_left(class_tree, reference, tmp_path):
+def test_rerun_of_a_finished_build_is_a_no_op_that_clears_what_killed_runs_left(
+        class_tree, reference, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(reference, out)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
@@ -177,7 +179,8 @@ def held(argv: list[str], target: str) -> subprocess.Popen:
     """``python -m ARGV`` in a process group of its own, held at ``target`` (tests/helpers/holdpoint.py);
     returns once it is held there (fails if it ended first)."""
     hold, write_end = os.pipe()
-    proc = subprocess.Popen([sys.executable, HOLDPOINT, target, "-m", *argv], env={**os.environ, "HOLD_FD": str(write_end)},
+    proc = subprocess.Popen([sys.executable, HOLDPOINT, target, "-m", *argv],
+                            env={**os.environ, "HOLD_FD": str(write_end)},
                             pass_fds=(write_end,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     os.close(write_end)
@@ -198,14 +201,17 @@ def test_build_killed_at_random_points_and_rerun_with_other_flags_gives_the_same
     set is the reference byte for byte: no video dropped or doubled, no temporary file, stale
     shard or staging left behind."""
     out = tmp_path / "out"
-    base = ["ingest", "build", "--src", str(class_tree), "--out", str(out), "--short-side", "32", "--shard-samples",
+    base = ["ingest", "build", "--src", str(class_tree), "--out", str(out), "--short-side", "32",
+            "--shard-samples",
             "3", "--address", ray_local.get_runtime_context().gcs_address]
     rng = random.Random(9)
     first = rng.randint(2, 5)  # of 16 one-video batches, two more in flight: at most 7 videos staged
     points = [  # (flags of the run, where it is held and killed, whether packing had begun)
         (["--videos-per-task", "1", "--workers", "1"], f"ray:get@{first}", False),
-        (["--videos-per-task", "3", "--workers", "2", "--timeout", "300"], f"ray:get@{rng.randint(1, 2)}", False),
-        (["--videos-per-task", "2", "--workers", "1"], "ingest.build:ShardInfo", True),  # the first shard packed
+        (["--videos-per-task", "3", "--workers", "2", "--timeout", "300"], f"ray:get@{rng.randint(1, 2)}",
+         False),
+        # the first shard packed
+        (["--videos-per-task", "2", "--workers", "1"], "ingest.build:ShardInfo", True),
     ]
     for flags, where, packing in points:
         proc = held(base + flags, where)
@@ -215,7 +221,8 @@ def test_build_killed_at_random_points_and_rerun_with_other_flags_gives_the_same
             rec = json.loads(index.read_text())
             lengths = [s["length"] for v in rec["videos"] for s in v["samples"]]
             assert index.with_suffix(".tar").stat().st_size == sum(lengths)
-        assert bool(list(out.glob("t*/*.tar"))) == packing and not (out / "manifest.json").exists()  # test, train
+        # test, train
+        assert bool(list(out.glob("t*/*.tar"))) == packing and not (out / "manifest.json").exists()
         assert packing or staged_videos(out) < 16
     build(str(class_tree), str(out), CFG, workers=2, shard_samples=3, videos_per_task=4, timeout=60)
     assert tree_bytes(out) == tree_bytes(reference)
@@ -234,7 +241,8 @@ def test_staged_videos_are_reused_only_under_the_same_clip_options(class_tree, t
     assert len(got) == 4
     for key, members in got.items():
         frames = [Image.open(io.BytesIO(members[f"{t:02d}.jpg"])) for t in range(8)]
-        assert {min(f.size) for f in frames} == {24} and json.loads(members["json"])["frame_size"][1] == 24, key
+        assert ({min(f.size) for f in frames} == {24}
+                and json.loads(members["json"])["frame_size"][1] == 24), key
         assert restart_interval(members["00.jpg"]) == 1, key
     build(str(class_tree), str(out), ClipConfig(frames=8, short_side=24, restart_interval=0), workers=2,
           shard_samples=4, splits=("val",), force=True)
@@ -269,10 +277,12 @@ def dying_once(marker: str, decode_batch):
     return task
 
 
-def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path, monkeypatch):
+def test_a_ray_worker_killed_mid_task_is_retried_with_the_same_output(class_tree, reference, tmp_path,
+                                                                      monkeypatch):
     """The build's first decode task kills its own worker (SIGKILL) between the batch's data file
     and its index: Ray retries the task on another worker, and the set is the reference's bytes."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the task, sent to Ray's workers by value
+    # the task, sent to Ray's workers by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     marker = tmp_path / "killed"
     monkeypatch.setattr(staging, "decode_batch", dying_once(str(marker), staging.decode_batch))
     build(str(class_tree), str(tmp_path / "out"), CFG, workers=2, shard_samples=3, videos_per_task=4)
@@ -302,11 +312,13 @@ def test_a_task_submitted_after_a_local_worker_died_starts_a_new_pool():
     tasks = LocalTasks(1)
     try:
         first = tasks.submit(time.sleep, 0.5)
-        workers = [p.pid for p in first.pool._processes.values()]  # the executor's own list (started by submit)
+        # the executor's own list (started by submit)
+        workers = [p.pid for p in first.pool._processes.values()]
         assert workers
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
-        assert isinstance(first.future.exception(timeout=60), BrokenProcessPool)  # the pool is marked broken first
+        # the pool is marked broken first
+        assert isinstance(first.future.exception(timeout=60), BrokenProcessPool)
         second = tasks.submit(os.getpid)
         pid, _ = tasks.result(second)
         assert pid not in workers  # a worker of the new pool
@@ -345,17 +357,20 @@ def test_a_local_worker_killed_mid_task_is_retried_with_the_same_output(class_tr
     ([100] * 16, 2, [4, 3, 3, 2, 1, 1, 1, 1]),  # each a quarter of what is left: shrinking to single videos
     ([100] * 8, 2, [2, 2, 1, 1, 1, 1]),
     ([100] * 120, 2, [8] * 12 + [6, 5, 4, 3, 2, 1, 1, 1, 1]),  # never more than 8 videos a task
-    ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 1, 1, 1, 1]),  # a long video is a task of its own
+    # a long video is a task of its own
+    ([800, 100, 100, 100, 100, 100, 100, 100, 100], 2, [1, 2, 2, 1, 1, 1, 1]),
     ([-1, 100, 100], 1, [2, 1]),  # a directory (size -1) costs nothing to decode: it joins the next video
 ])
 def test_tasks_are_sized_from_the_videos_bytes_and_the_workers(sizes, parallel, batches):
     from ingest.build import plan_batches
     from ingest.sources import Video
 
-    videos = [Video("train", f"train/a/{i}.mp4", f"/v/{i}.mp4", "a", str(i), size) for i, size in enumerate(sizes)]
+    videos = [Video("train", f"train/a/{i}.mp4", f"/v/{i}.mp4", "a", str(i), size) for i,
+              size in enumerate(sizes)]
     planned = plan_batches(videos, parallel)
     assert [len(b) for b in planned] == batches and [v for b in planned for v in b] == videos
-    assert [len(b) for b in plan_batches(videos, parallel, 3)] == [3] * (len(sizes) // 3) + [len(sizes) % 3] * bool(
+    assert [len(b) for b in plan_batches(videos, parallel,
+                                         3)] == [3] * (len(sizes) // 3) + [len(sizes) % 3] * bool(
         len(sizes) % 3)
 
 
@@ -442,7 +457,8 @@ def test_frames_kept_at_their_size_are_stored_as_ffmpeg_decodes_them_and_identic
     and at widths that are not multiples of 16 the last columns once held run-to-run garbage."""
     src = tmp_path / "src"
     for label, width in (("a", 340), ("b", 354), ("c", 338)):
-        media.make_video(src / "train" / label / f"{label}0.mp4", frames=12, width=width, height=256, texture=True)
+        media.make_video(src / "train" / label / f"{label}0.mp4", frames=12, width=width, height=256,
+                         texture=True)
     cfg = ClipConfig(frames=4, short_side=256)
     build(str(src), str(tmp_path / "one"), cfg, workers=1, shard_samples=2, videos_per_task=3)
     build(str(src), str(tmp_path / "two"), cfg, workers=2, shard_samples=2, videos_per_task=1)
@@ -454,4 +470,5 @@ def test_frames_kept_at_their_size_are_stored_as_ffmpeg_decodes_them_and_identic
             stored = np.asarray(Image.open(io.BytesIO(members[f"{t:02d}.jpg"])).convert("RGB"), np.int16)
             assert stored.shape == full[i].shape
             by_column = np.abs(stored - full[i]).mean(axis=(0, 2))  # JPEG's loss: a few levels
-            assert by_column.max() < 20, f"{key} frame {i}: column {by_column.argmax()} off by {by_column.max():.1f}"
+            assert by_column.max() < 20, (f"{key} frame {i}: column {by_column.argmax()} off by "
+                                          f"{by_column.max():.1f}")

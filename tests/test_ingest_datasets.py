@@ -44,9 +44,11 @@ def ucf101(tmp_path_factory, avi) -> Path:
     root = tmp_path_factory.mktemp("ucf")
     lists = root / "ucfTrainTestlist"
     lists.mkdir()
-    (lists / "classInd.txt").write_bytes("".join(f"{i + 1} {c}\r\n" for i, c in enumerate(UCF_CLASSES)).encode())
+    (lists / "classInd.txt").write_bytes("".join(f"{i + 1} {c}\r\n" for i,
+                                                 c in enumerate(UCF_CLASSES)).encode())
     for n in (1, 2, 3):
-        train = [f"{_ucf_name(c, g)} {i + 1}\r\n" for i, c in enumerate(UCF_CLASSES) for g in (1, 2, 3) if g != n]
+        train = [f"{_ucf_name(c, g)} {i + 1}\r\n" for i, c in enumerate(UCF_CLASSES) for g in (1, 2, 3)
+                 if g != n]
         test = [f"{_ucf_name(c, n)}\r\n" for c in UCF_CLASSES]
         (lists / f"trainlist{n:02d}.txt").write_bytes("".join(train).encode())
         (lists / f"testlist{n:02d}.txt").write_bytes("".join(test).encode())
@@ -76,7 +78,8 @@ def hmdb51(tmp_path_factory, avi) -> Path:
             shutil.copy(avi, root / c / _hmdb_name(c, k))
         for n in (1, 2, 3):
             role = {(n - 1) % 3: 0, n % 3: 2, (n + 1) % 3: 1}
-            (lists / f"{c}_test_split{n}.txt").write_text("".join(f"{_hmdb_name(c, k)} {role[k]} \n" for k in range(3)))
+            (lists / f"{c}_test_split{n}.txt").write_text("".join(f"{_hmdb_name(c, k)} {role[k]} \n"
+                                                                  for k in range(3)))
     return root
 
 
@@ -111,7 +114,8 @@ def test_hmdb51_split_sets(hmdb51, split_set):
 
 def build_as_the_runbook_says(src: Path, out: Path) -> None:
     """docs/runbooks/ingest-on-ray.md's build on the stand-ins, read from the runbook and run here
-    (``ingest``'s own main, on the suite's Ray; recorded as run once it succeeded: tests/helpers/runbooks.py)."""
+    (``ingest``'s own main, on the suite's Ray; recorded as run once it succeeded:
+    tests/helpers/runbooks.py)."""
     [line] = block_commands("ingest-on-ray.md", "ingest build --src ucf101",
                             {"--src ucf101": f"--src {src}", "--out shards": f"--out {out}"})
     assert cli.main(shlex.split(line)[1:]) == 0

@@ -39,7 +39,8 @@ class TrickleHandler(RangeHandler):
 
 @contextlib.contextmanager
 def serve_trickling(directory):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(TrickleHandler, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             partial(TrickleHandler, directory=str(directory)))
     server.requests, server.stopping = [], threading.Event()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -61,10 +62,12 @@ def test_a_trickling_download_is_cut_at_the_timeout_and_the_build_goes_on(tmp_pa
     media.make_video(src / "val" / "a" / "fast.mp4")
     media.make_video(src / "val" / "a" / "slow.mp4")
     with serve_trickling(src) as url:
-        summary = build(url, str(out), CFG, workers=2, shard_samples=10, videos_per_task=1, timeout=5, runner=runner)
+        summary = build(url, str(out), CFG, workers=2, shard_samples=10, videos_per_task=1, timeout=5,
+                        runner=runner)
     assert set(summary.tasks_per_node) == {"local"} if runner == "local" else "local" not in summary.tasks_per_node
     ledger = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
-    assert ledger == [{"path": "val/a/slow.mp4", "split": "val", "reason": "timed out after 5 s (downloading)",
+    assert ledger == [{"path": "val/a/slow.mp4", "split": "val",
+                       "reason": "timed out after 5 s (downloading)",
                        "ffmpeg": ""}]
     assert sorted(samples(out, "val")) == ["fast_c00"] and summary.failed == 1
 

@@ -116,7 +116,8 @@ def test_rotated_frames_come_out_the_right_way_up(request, decoder):
     for name, (corner, portrait) in ORIENTATION.items():
         assert json.loads(got[f"{name}_c00"]["json"])["decoder"] == decoder
         frames = [np.asarray(Image.open(io.BytesIO(got[f"{name}_c00"][f"{t:02d}.jpg"]))) for t in range(8)]
-        assert [(media.marker_corner(f), f.shape[0] > f.shape[1]) for f in frames] == [(corner, portrait)] * 8, name
+        assert [(media.marker_corner(f), f.shape[0] > f.shape[1])
+                for f in frames] == [(corner, portrait)] * 8, name
 
 
 def test_every_good_input_gives_its_exact_frames(built):
@@ -154,7 +155,8 @@ def test_without_ray_every_bad_input_is_the_same_ledger_line_and_the_set_the_sam
     same clips; the whole set (shards, manifest, ledger) is the Ray build's byte for byte."""
     src, out, summary = built
     assert "local" not in summary.tasks_per_node  # the fixture's build ran on Ray
-    local = build(str(src), str(tmp_path), ClipConfig(short_side=32), workers=2, shard_samples=50, runner="local")
+    local = build(str(src), str(tmp_path), ClipConfig(short_side=32), workers=2, shard_samples=50,
+                  runner="local")
     assert set(local.tasks_per_node) == {"local"} and local.failed == summary.failed
     assert tree_bytes(tmp_path) == tree_bytes(out)
 

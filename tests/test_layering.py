@@ -21,7 +21,8 @@ FLOORS = {
     BASE: set(),  # errors, the command framework, progress, words, units
     IO: {BASE},  # storage, the range client
     FORMAT: {BASE, IO},  # the bytes of a set (a manifest is loaded and a shard written through io)
-    PLAN: {BASE},  # pure, integers and lists in: who reads what, the layout (not even the format, which reads)
+    # pure, integers and lists in: who reads what, the layout (not even the format, which reads)
+    PLAN: {BASE},
     READ: {BASE, IO, FORMAT, PLAN},  # reading samples, the node cache, direct reads, the clip index
     "shards.catalog": {BASE, IO, FORMAT},
     "shards.tools": {BASE, IO, FORMAT, PLAN, READ},  # the commands: anything of shards but the catalog
@@ -55,7 +56,8 @@ def import_graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = ".".join(here[:len(here) - node.level + 1] + [node.module or ""]).strip(".") \
                     if node.level else node.module
-                targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names)
+                targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
+                               for a in node.names)
         graph[module] = {m for m in map(owner, targets) if m and m != module}
     return graph
 
@@ -156,7 +158,8 @@ def test_an_upward_import_breaks_the_floor_it_crosses():
 
 
 def test_a_new_module_of_shards_goes_into_a_wing():
-    loose = sorted(m for m in import_graph(ROOT, ("shards",)) if wing_of(m) is None and m not in TOPS["shards"])
+    loose = sorted(m for m in import_graph(ROOT, ("shards",)) if wing_of(m) is None
+                   and m not in TOPS["shards"])
     assert loose == [], f"{loose}: put each into the wing of shards/ it belongs to (docs/architecture.md)"
 
 
@@ -165,7 +168,8 @@ def test_the_basic_path_helper_loads_no_http_client():
         [sys.executable, "-c", "import sys, shards.io.storage; print(' '.join(sorted(sys.modules)))"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert "shards.io.storage" in loaded
-    assert [m for m in loaded if m.startswith(("shards.read.reading", "shards.io.http_range", "http.client", "aiohttp"))] == []
+    assert [m for m in loaded if m.startswith(("shards.read.reading", "shards.io.http_range", "http.client",
+                                               "aiohttp"))] == []
 
 
 ROOMS = ("shards", "ingest", "service", "trainer/data")

@@ -39,7 +39,8 @@ def test_plan_cli_from_totals_and_from_manifest(tmp_path, capsys):
     assert main(["plan", "--clips", "240000", "--clip-size", "150kB", "--world-sizes", "1,1536",
                  "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
-    assert [r["world_size"] for r in p["rows"]] == [1, 1536] and p["set"] is None  # the rows asked for, no more
+    # the rows asked for, no more
+    assert [r["world_size"] for r in p["rows"]] == [1, 1536] and p["set"] is None
     assert main(["plan", "--clips", "240000", "--max-world-size", "100", "--json"]) == 0
     assert [r["world_size"] for r in json.loads(capsys.readouterr().out)["rows"]] == [1, 8, 64, 100]
 
@@ -56,10 +57,12 @@ def test_plan_of_a_set_tables_its_own_layout_then_the_recommendation(tmp_path, c
     assert main(["plan", str(tmp_path), "--world-sizes", "1,2,4"]) == 0
     out = capsys.readouterr().out
     own, _, recommended = out.partition("Recommended:")
-    assert "This set: 3 shards of 7-8 clips" in own and own.index("This set") < out.index("Recommended: 1 shard of")
+    assert ("This set: 3 shards of 7-8 clips" in own
+            and own.index("This set") < out.index("Recommended: 1 shard of"))
     assert rows(own) == [1, 2, 4] and rows(recommended.split("ops =")[0]) == [1, 2, 4]
     assert "6,144" not in out and "6144" not in out
-    opens = {int(line.split()[0]): line.split("|")[1].split()[0] for line in own.splitlines() if "(max" in line}
+    opens = {int(line.split()[0]): line.split("|")[1].split()[0] for line in own.splitlines()
+             if "(max" in line}
     assert opens[1] == "3.00"  # one rank opens the set's 3 shards; the recommended single shard, once
     assert main(["plan", str(tmp_path), "--world-sizes", "1,2", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)

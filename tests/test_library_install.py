@@ -56,7 +56,8 @@ def test_reading_only_install_has_none_of_the_heavy_packages(venv):
             f"print([m for m in {HEAVY!r} if importlib.util.find_spec(m) or m in sys.modules])\n"
             "print(d.__file__)\n"
             "print(cropdecode.available())\n")
-    run = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=300,
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         timeout=300,
                          cwd=venv.parent, env={"PATH": os.environ["PATH"]})
     assert run.returncode == 0, run.stderr
     heavy, where, crop = run.stdout.splitlines()
@@ -86,6 +87,7 @@ def test_the_documented_loop_reads_the_service_and_resumes(venv, served, tmp_pat
     (tmp_path / "cut").mkdir()
     whole = keys(run_block("max_steps = int(os.environ", url, tmp_path / "whole", env=env, command=python))
     every_clip_once(whole, directory)
-    runs = [keys(run_block("max_steps = int(os.environ", url, tmp_path / "cut", env={**env, **more}, command=python))
+    runs = [keys(run_block("max_steps = int(os.environ", url, tmp_path / "cut", env={**env, **more},
+                           command=python))
             for more in ({"MAX_STEPS": "3"}, {"MAX_STEPS": "1"}, {})]
     assert [len(r) for r in runs] == [3, 1, 2] and sum(runs, []) == whole

@@ -10,7 +10,8 @@ from helpers import media
 
 # factory, file name, what ffprobe must report for the video stream (and format), decoded frame count
 VALID = [
-    (media.make_video, "plain.mp4", {"codec_name": "h264", "pix_fmt": "yuv420p", "width": 64, "height": 48}, 20),
+    (media.make_video, "plain.mp4", {"codec_name": "h264", "pix_fmt": "yuv420p", "width": 64, "height": 48},
+     20),
     (media.make_few_frames, "few.mp4", {"codec_name": "h264", "nb_frames": "3"}, 3),
     (media.make_high_res, "4k.mp4", {"codec_name": "h264", "width": 3840, "height": 2160}, 5),
     (media.make_vp9_webm, "vp9.webm", {"codec_name": "vp9", "format": "matroska,webm"}, 20),
@@ -20,7 +21,8 @@ VALID = [
     (media.make_yuv444, "444.mp4", {"pix_fmt": "yuv444p", "profile": "High 4:4:4 Predictive"}, 20),
     (media.make_vfr, "vfr.mp4", {"codec_name": "h264"}, 20),
     (media.make_rotated, "rotated.mp4", {"codec_name": "h264", "width": 64, "height": 48}, 20),
-    (media.make_anamorphic, "anamorphic.mp4", {"sample_aspect_ratio": "2:1", "display_aspect_ratio": "8:3"}, 20),
+    (media.make_anamorphic, "anamorphic.mp4", {"sample_aspect_ratio": "2:1", "display_aspect_ratio": "8:3"},
+     20),
 ]
 
 

@@ -62,8 +62,10 @@ def job(tmp_path_factory):
     server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--access-log")
     url = server.start()
     try:
-        done, trace = syscalls.trace([sys.executable, PROBE, str(shards), f"{url}/v1/datasets/probe", str(cache),
-                                      str(frames), str(WORLD), str(WORKERS), str(BATCH)], str(root / "strace.txt"),
+        done, trace = syscalls.trace([sys.executable, PROBE, str(shards), f"{url}/v1/datasets/probe",
+                                      str(cache),
+                                      str(frames), str(WORLD), str(WORKERS), str(BATCH)],
+                                     str(root / "strace.txt"),
                                      timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         deadline = time.monotonic() + 30
@@ -98,7 +100,8 @@ def test_local_shards_one_open_per_touched_shard_by_the_rank_none_by_its_workers
     for rank in range(WORLD):
         phase = f"local/rank{rank}"
         rank_ops = t.count(phase, job["shards"], "root")
-        assert set(rank_ops.values()) == {1} and kinds(rank_ops) == Counter(open=job["per_rank"][rank]), rank_ops
+        assert (set(rank_ops.values()) == {1}
+                and kinds(rank_ops) == Counter(open=job["per_rank"][rank])), rank_ops
         assert {name for _, name in rank_ops} <= set(job["names"])
         workers = t.count(phase, job["shards"], "children")
         assert set(kinds(workers)) == {"read"}, workers  # preads on the rank's descriptors, nothing else
@@ -151,13 +154,15 @@ def test_cache_downloads_each_shard_once_per_node_and_workers_read_descriptors(j
     for rank in range(WORLD):
         phase = f"cache-warm/rank{rank}"
         assert requests[phase] == []
-        assert {name for _, name in t.count(phase, cache, "root")} <= {"."}  # the rank leaves the copies to its workers
+        # the rank leaves the copies to its workers
+        assert {name for _, name in t.count(phase, cache, "root")} <= {"."}
         ops = t.count(phase, cache, "children")
         copies = {name for _, name in ops if name.endswith(".tar")}
         assert len(copies) == job["per_rank"][rank]
         assert {job["sha256"][os.path.basename(c).removesuffix(".tar")] for c in copies} <= set(job["names"])
         for copy in copies:
-            assert Counter({kind: n for (kind, name), n in ops.items() if name == copy and kind != "read"}) <= once, ops
+            assert Counter({kind: n for (kind, name), n in ops.items() if name == copy
+                            and kind != "read"}) <= once, ops
         directories = {name for _, name in ops} - copies  # os.makedirs: the cache and the copies' folders
         assert directories <= {"."} | {os.path.dirname(c) for c in copies}, ops
         assert "listing" not in kinds(ops), ops

@@ -115,7 +115,8 @@ def test_resnet_matches_torchvision_sizes_and_names(depth, params):
 
 
 # torchvision's resnet.py: block type, blocks per stage, and the ImageNet checkpoints' sizes
-TORCHVISION = {18: ("basic", (2, 2, 2, 2), 122, 11_689_512), 50: ("bottleneck", (3, 4, 6, 3), 320, 25_557_032)}
+TORCHVISION = {18: ("basic", (2, 2, 2, 2), 122, 11_689_512), 50: ("bottleneck", (3, 4, 6, 3), 320,
+                                                                  25_557_032)}
 
 
 def torchvision_shapes(depth: int) -> dict[str, tuple[int, ...]]:
@@ -166,7 +167,8 @@ def reference_features(state: dict[str, torch.Tensor], depth: int, x: torch.Tens
     import torch.nn.functional as F
 
     def bn(name, y):
-        return F.batch_norm(y, state[f"{name}.running_mean"], state[f"{name}.running_var"], state[f"{name}.weight"],
+        return F.batch_norm(y, state[f"{name}.running_mean"], state[f"{name}.running_var"],
+                            state[f"{name}.weight"],
                             state[f"{name}.bias"], False, 0.0, 1e-5)
     kind, counts, _, _ = TORCHVISION[depth]
     y = F.max_pool2d(F.relu(bn("bn1", F.conv2d(x, state["conv1.weight"], stride=2, padding=3))), 3, 2, 1)
@@ -174,11 +176,13 @@ def reference_features(state: dict[str, torch.Tensor], depth: int, x: torch.Tens
         for b in range(blocks):
             at, stride = f"layer{stage}.{b}", 2 if stage > 1 and b == 0 else 1
             if kind == "basic":
-                out = F.relu(bn(f"{at}.bn1", F.conv2d(y, state[f"{at}.conv1.weight"], stride=stride, padding=1)))
+                out = F.relu(bn(f"{at}.bn1", F.conv2d(y, state[f"{at}.conv1.weight"], stride=stride,
+                                                      padding=1)))
                 out = bn(f"{at}.bn2", F.conv2d(out, state[f"{at}.conv2.weight"], padding=1))
             else:  # v1.5: the stride is in the 3x3 convolution
                 out = F.relu(bn(f"{at}.bn1", F.conv2d(y, state[f"{at}.conv1.weight"])))
-                out = F.relu(bn(f"{at}.bn2", F.conv2d(out, state[f"{at}.conv2.weight"], stride=stride, padding=1)))
+                out = F.relu(bn(f"{at}.bn2", F.conv2d(out, state[f"{at}.conv2.weight"], stride=stride,
+                                                      padding=1)))
                 out = bn(f"{at}.bn3", F.conv2d(out, state[f"{at}.conv3.weight"]))
             if f"{at}.downsample.0.weight" in state:
                 y = bn(f"{at}.downsample.1", F.conv2d(y, state[f"{at}.downsample.0.weight"], stride=stride))
@@ -193,7 +197,8 @@ def test_torchvision_weights_land_in_the_right_layers(tmp_path, depth, wrap):
     on the dict gives the backbone's features), the classifier stays new. ``wrap``: saved the way
     a DataParallel training script does (``module.`` prefixes under ``state_dict``)."""
     shapes = torchvision_shapes(depth)
-    params = sum(math.prod(s) for k, s in shapes.items() if not k.endswith(("running_mean", "running_var", "tracked")))
+    params = sum(math.prod(s) for k, s in shapes.items()
+                 if not k.endswith(("running_mean", "running_var", "tracked")))
     assert (len(shapes), params) == TORCHVISION[depth][2:]  # the published checkpoints' sizes
     state = handmade_state(depth)
     saved = {"state_dict": {f"module.{k}": v for k, v in state.items()}} if wrap else state
@@ -203,12 +208,15 @@ def test_torchvision_weights_land_in_the_right_layers(tmp_path, depth, wrap):
     head = model.fc.weight.clone(), model.fc.bias.clone()
     report = load_pretrained(model, str(tmp_path / "weights.pth"))
     backbone = sorted(k for k in shapes if not k.startswith("fc."))
-    assert report == {"loaded": backbone, "new": ["fc.weight", "fc.bias"], "ignored": ["fc.bias", "fc.weight"],
+    assert report == {"loaded": backbone, "new": ["fc.weight", "fc.bias"],
+                      "ignored": ["fc.bias", "fc.weight"],
                       "adapted": [], "inflated": []}
     assert torch.equal(model.fc.weight, head[0]) and torch.equal(model.fc.bias, head[1])
     last, conv = len(model.backbone.layer4) - 1, "conv3" if depth == 50 else "conv2"
-    assert torch.equal(getattr(model.backbone.layer4[last], conv).weight, state[f"layer4.{last}.{conv}.weight"])
-    assert torch.equal(model.backbone.layer2[0].downsample[1].running_var, state["layer2.0.downsample.1.running_var"])
+    assert torch.equal(getattr(model.backbone.layer4[last], conv).weight,
+                       state[f"layer4.{last}.{conv}.weight"])
+    assert torch.equal(model.backbone.layer2[0].downsample[1].running_var,
+                       state["layer2.0.downsample.1.running_var"])
     for block in (b for stage in (1, 2, 3, 4) for b in getattr(model.backbone, f"layer{stage}")):
         block.shift = NoShift()  # the frames' own features: torchvision's network
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))

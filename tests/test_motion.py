@@ -39,15 +39,18 @@ RUN = ["--segments", "4", "--depth", "10", "--width", "16", "--crop-size", "32",
        "--no-flip", "--batch-size", "16", "--epochs", "16", "--warmup-epochs", "1", "--lr-per-8", "0.1",
        "--workers", "0", "--print-freq", "8", "--no-tensorboard"]
 # the motion stream needs no motion features of its own: the field is the motion
-MOTION = ["--modality", "motion", "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8", "0.05"]
+MOTION = ["--modality", "motion", "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8",
+          "0.05"]
 
 
 def start(data, out, *extra) -> subprocess.Popen:
     out.mkdir()
     with open(out / "train.log", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "trainer", "train", "--data", str(data), "--output-dir",
+        return subprocess.Popen([sys.executable, "-m", "trainer", "train", "--data", str(data),
+                                 "--output-dir",
                                  str(out), *RUN, *extra],
-                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def final_val_top1(proc: subprocess.Popen, out) -> float:
@@ -63,7 +66,8 @@ def direction_set(tmp_path_factory):
     videos, data = work / "videos", work / "shards"
     synthesize(str(videos), classes=4, train_per_class=64, val_per_class=16, width=64, height=64, fps=10,
                seconds=2.0, workers=2)
-    summary = build(str(videos), str(data), ClipConfig(frames=4, clips_per_video=4, short_side=32, motion="mv"),
+    summary = build(str(videos), str(data), ClipConfig(frames=4, clips_per_video=4, short_side=32,
+                                                       motion="mv"),
                     workers=2, shard_samples=64, splits=("train", "val"))
     assert summary.failed == 0 and summary.clips == 4 * 64 * 4 + 4 * 16
     return data
@@ -89,7 +93,8 @@ def started(direction_set, work, runs: dict[str, tuple[str, ...]]):
 def runs(direction_set, tmp_path_factory):
     """The motion stream's run, and a one-epoch RGB TSM run to fuse it with (its accuracy is not read)."""
     with started(direction_set, tmp_path_factory.mktemp("runs"), {
-            "motion": MOTION, "rgb": ("--epochs", "1", "--warmup-epochs", "0.5", "--lr-per-8", "0.05")}) as both:
+            "motion": MOTION, "rgb": ("--epochs", "1", "--warmup-epochs", "0.5", "--lr-per-8",
+                                      "0.05")}) as both:
         yield both
 
 
@@ -135,7 +140,8 @@ def test_an_rgb_and_a_motion_stream_fused_are_the_weighted_mean_of_each_streams_
     assert len(classes) == 4
     rgb, motion = (probabilities(reports[name]["videos"], classes) for name in ("rgb", "motion"))
     assert max((rgb[v] - motion[v]).abs().max().item() for v in rgb) > 0.01  # two different networks
-    assert_fused(reports["fused"], [reports["rgb"], reports["motion"]], [str(runs["rgb"][1]), str(runs["motion"][1])],
+    assert_fused(reports["fused"], [reports["rgb"], reports["motion"]],
+                 [str(runs["rgb"][1]), str(runs["motion"][1])],
                  [1.0, 2.0], classes)
 
 
@@ -151,11 +157,13 @@ def _without_fields(data, out):
     return out
 
 
-def test_motion_is_refused_in_one_line_without_fields_or_with_decoding_on_device(direction_set, tmp_path, capsys):
+def test_motion_is_refused_in_one_line_without_fields_or_with_decoding_on_device(
+        direction_set, tmp_path, capsys):
     plain = _without_fields(direction_set, tmp_path / "plain")
     cases = [(plain, [], f"{plain}: no motion fields for --modality motion; build the set with ingest build "
                          "--motion mv (or flow)"),
-             (direction_set, ["--decode-on-device"], "--decode-on-device: the motion fields of --modality motion "
+             (direction_set, ["--decode-on-device"],
+              "--decode-on-device: the motion fields of --modality motion "
                                                      "are PNGs decoded on the CPU")]
     for i, (data, extra, message) in enumerate(cases):
         status = cli.main(["train", "--data", str(data), "--output-dir", str(tmp_path / f"out{i}"),
@@ -167,8 +175,10 @@ def test_resuming_the_motion_run_as_rgb_is_refused(runs, direction_set, capsys):
     proc, out = runs["motion"]
     final_val_top1(proc, out)
     capsys.readouterr()
-    assert cli.main(["train", "--data", str(direction_set), "--output-dir", str(out), "--resume", "--backend", "none",
-                     *RUN, "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8", "0.05"]) == 1
+    assert cli.main(["train", "--data", str(direction_set), "--output-dir", str(out), "--resume", "--backend",
+                     "none",
+                     *RUN, "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8",
+                     "0.05"]) == 1
     refused = capsys.readouterr().err
     assert refused.startswith("trainer train: error: --resume refused: ") and refused.count("\n") == 1
     assert "--modality motion in the checkpoint, rgb now" in refused

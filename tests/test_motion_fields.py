@@ -47,7 +47,8 @@ def _translated(path: Path, x264: str | None = None, blur: int = 3, **codec) -> 
     texture = rng.integers(0, 256, (H // 4 + 20, W // 4 + 30, 3), dtype=np.uint8).repeat(4, 0).repeat(4, 1)
     texture = cv2.GaussianBlur(texture, (blur, blur), 0)
     y0 = 2 * FRAMES + 4
-    frames = [texture[y0 - int(V) * i: y0 - int(V) * i + H, -int(U) * i: -int(U) * i + W] for i in range(FRAMES)]
+    frames = [texture[y0 - int(V) * i: y0 - int(V) * i + H, -int(U) * i: -int(U) * i + W]
+              for i in range(FRAMES)]
     raw = b"".join(np.ascontiguousarray(f).tobytes() for f in frames)
     (ffmpeg.input("pipe:", format="rawvideo", pix_fmt="rgb24", s=f"{W}x{H}", framerate=10)
      .output(str(path), pix_fmt="yuv420p",
@@ -60,7 +61,8 @@ def _translated(path: Path, x264: str | None = None, blur: int = 3, **codec) -> 
 def translated(tmp_path_factory) -> Path:
     """B-frames in a fixed pattern (I B B P B B P ...), one reference per list, so the test can
     tell each frame's reference distance from picture types alone."""
-    return _translated(tmp_path_factory.mktemp("motion") / "slide.mp4", "bframes=2:b-adapt=0:b-pyramid=none:ref=1")
+    return _translated(tmp_path_factory.mktemp("motion") / "slide.mp4",
+                       "bframes=2:b-adapt=0:b-pyramid=none:ref=1")
 
 
 def _video(path: Path, split: str = "val") -> Video:
@@ -69,7 +71,8 @@ def _video(path: Path, split: str = "val") -> Video:
 
 def _fields(path: Path, kind: str, frames: int = 8) -> tuple[dict, list[int]]:
     """The stored fields of one eval clip: {frame index: (field, valid)}, and the indices."""
-    ((key, label, data),), _ = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H, motion=kind))
+    ((key, label, data),), _ = make_clips(_video(path), 0, ClipConfig(frames=frames, short_side=H,
+                                                                      motion=kind))
     sample = parse(data, key, label=label, frames=frames, motion=kind)
     indices = sample.meta()["frame_indices"]
     return {i: motionfield.decode(field) for i, field in zip(indices, sample.fields)}, indices
@@ -87,7 +90,8 @@ INTERIOR = (slice(2, -2), slice(2, -2))  # cells whose content does not enter or
 def pyramid(tmp_path_factory) -> Path:
     """x264's default B-pyramid: the middle B-frame of three is a reference for the others and
     decoded after the P-frame it is displayed before, which the P-frame cannot refer to."""
-    return _translated(tmp_path_factory.mktemp("motion") / "pyramid.mp4", "bframes=3:b-adapt=0:b-pyramid=normal:ref=1")
+    return _translated(tmp_path_factory.mktemp("motion") / "pyramid.mp4",
+                       "bframes=3:b-adapt=0:b-pyramid=normal:ref=1")
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +99,8 @@ def xvid(tmp_path_factory) -> Path:
     """MPEG-4 Part 2 in AVI with B-frames, as UCF101 and HMDB51 ship: its B-frames' blocks are
     mostly direct mode, whose vectors FFmpeg exports as zero. A smoother texture than x264's: on
     the sharp one, FFmpeg's MPEG-4 encoder finds wrong matches in the first P-frames."""
-    return _translated(tmp_path_factory.mktemp("motion") / "slide.avi", blur=9, vcodec="mpeg4", vtag="XVID", bf=1,
+    return _translated(tmp_path_factory.mktemp("motion") / "slide.avi", blur=9, vcodec="mpeg4", vtag="XVID",
+                       bf=1,
                        g=12, **{"qscale:v": 2})
 
 
@@ -120,14 +125,16 @@ def test_mv_fields_give_the_translation_for_p_and_b_frames(request, video, frame
     assert seen == {"P", "B"}, f"picture types checked: {seen}"
 
 
-@pytest.mark.parametrize("x264", ["bframes=2:b-adapt=0:b-pyramid=none:ref=1", "bframes=3:b-adapt=0:b-pyramid=normal:ref=1"])
+@pytest.mark.parametrize("x264", ["bframes=2:b-adapt=0:b-pyramid=none:ref=1",
+                                  "bframes=3:b-adapt=0:b-pyramid=normal:ref=1"])
 def test_an_elementary_stream_decoded_twice_gets_the_fields_its_mp4_gets(tmp_path, x264):
     """A ``.h264`` elementary stream has no timestamps: the decoder decodes it twice, and the frames'
     display order comes from the packets' decode indices stamped as their pts. The very same
     bitstream in an MP4 is decoded from its packet index: the fields must be the same, byte for
     byte, and as valid (before: the two-pass fields were all invalid, silently)."""
     mp4 = _translated(tmp_path / "slide.mp4", x264)
-    raw = _translated(tmp_path / "slide.h264", x264, vcodec="libx264", crf=12, f="h264", **{"x264-params": x264})
+    raw = _translated(tmp_path / "slide.h264", x264, vcodec="libx264", crf=12, f="h264",
+                      **{"x264-params": x264})
     found = pyav_decoder.decode_frames(str(raw), lambda n: [0], deadline=Deadline(60))
     assert found.counted_by == "decoded", "the elementary stream takes the two-pass path"
     stored, indices = _fields(mp4, "mv", frames=12)
@@ -136,7 +143,8 @@ def test_an_elementary_stream_decoded_twice_gets_the_fields_its_mp4_gets(tmp_pat
     types = _picture_types(raw)
     for i in indices:
         (field, valid), (raw_field, raw_valid) = stored[i], raw_stored[i]
-        assert np.array_equal(raw_valid, valid) and np.array_equal(raw_field, field), f"frame {i} ({types[i]})"
+        assert (np.array_equal(raw_valid, valid) and np.array_equal(raw_field,
+                                                                    field)), f"frame {i} ({types[i]})"
         if types[i] != "I":
             assert valid[INTERIOR].mean() > 0.9, f"frame {i} ({types[i]}): {valid[INTERIOR].mean():.0%} valid"
 
@@ -151,12 +159,16 @@ def test_xvid_b_frames_take_their_references_motion(xvid):
     with av.open(str(xvid)) as c:
         stream = c.streams.video[0]
         stream.codec_context.options = {"flags2": "+export_mvs"}
-        own = {i: f.side_data.get("MOTION_VECTORS").to_ndarray() for i, f in enumerate(c.decode(stream)) if i in b_frames}
-    decoded = pyav_decoder.decode(str(xvid), lambda n: b_frames, H, deadline=Deadline(60), motion_vectors=True)
+        own = {i: f.side_data.get("MOTION_VECTORS").to_ndarray() for i, f in enumerate(c.decode(stream))
+               if i in b_frames}
+    decoded = pyav_decoder.decode(str(xvid), lambda n: b_frames, H, deadline=Deadline(60),
+                                  motion_vectors=True)
     for i in b_frames:
-        assert not own[i]["motion_x"].any() and not own[i]["motion_y"].any(), f"frame {i}: FFmpeg's own vectors"
+        assert (not own[i]["motion_x"].any()
+                and not own[i]["motion_y"].any()), f"frame {i}: FFmpeg's own vectors"
         field, valid = decoded.motion[i]
-        assert valid[INTERIOR].mean() > 0.9, f"B-frame {i}: {valid[INTERIOR].mean():.0%} of the interior valid"
+        assert valid[INTERIOR].mean() > 0.9, (f"B-frame {i}: {valid[INTERIOR].mean():.0%} of the interior "
+                                              f"valid")
         mean = field[INTERIOR][valid[INTERIOR]].mean(axis=0)
         assert np.abs(mean - (U, V)).max() <= motionfield.STEP, f"B-frame {i}: mean motion {mean}"
 
@@ -209,7 +221,8 @@ def test_flow_fields_equal_opencv_on_the_same_frames(translated):
         dense = dis.calc(gray[i - 1], gray[i], None)
         expected = dense.reshape(FIELD_H, 8, FIELD_W, 8, 2).mean(axis=(1, 3))
         assert valid.all()
-        assert np.abs(field - np.clip(expected, -motionfield.BOUND, motionfield.BOUND)).mean() < 0.25, f"frame {i}"
+        assert np.abs(field - np.clip(expected, -motionfield.BOUND,
+                                      motionfield.BOUND)).mean() < 0.25, f"frame {i}"
         mean = field[INTERIOR].mean(axis=(0, 1))
         assert np.abs(mean - (U, V)).max() <= motionfield.STEP * 2, f"frame {i}: mean flow {mean}"
 
@@ -238,7 +251,8 @@ def test_build_without_motion_is_byte_identical_to_before(ray_local, fixture_src
     parser = argparse.ArgumentParser()
     build_cli.add_arguments(parser)
     absent = tmp_path / "absent"
-    args = parser.parse_args(["--src", str(fixture_src), "--out", str(absent), "--frames", "4", "--short-side", "32",
+    args = parser.parse_args(["--src", str(fixture_src), "--out", str(absent), "--frames", "4",
+                              "--short-side", "32",
                               "--shard-samples", "2", "--workers", "1"])
     assert build_cli.run(args) == 0
     none = tmp_path / "none"
@@ -251,9 +265,11 @@ def test_build_without_motion_is_byte_identical_to_before(ray_local, fixture_src
 
 
 @pytest.mark.parametrize("kind", ["mv", "flow"])
-def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixture_src, tmp_path, kind, capsys):
+def test_a_build_with_motion_is_verified_counted_and_resharded(ray_local, fixture_src, tmp_path, kind,
+                                                               capsys):
     out = tmp_path / "set"
-    build(str(fixture_src), str(out), ClipConfig(frames=4, short_side=32, motion=kind), workers=1, shard_samples=2)
+    build(str(fixture_src), str(out), ClipConfig(frames=4, short_side=32, motion=kind), workers=1,
+          shard_samples=2)
     m = Manifest.load(str(out))
     assert m.motion == kind and m.config["clip"]["motion"] == kind
     shard = m.splits["train"].shards[0]
@@ -285,7 +301,8 @@ def _preview_shows_the_fields(out: Path, m: Manifest, where: Path) -> None:
     """``shards preview`` of the set: under each clip's frames a row of its fields, coloured by
     ``shards.format.motioncolour`` (the viewer's colouring) with the colour wheel and the clip's scale,
     in the PNG and the HTML page. Before: the fields were never shown."""
-    done = subprocess.run([sys.executable, "-m", "shards", "preview", str(out), "--split", "train", "--clips", "2",
+    done = subprocess.run([sys.executable, "-m", "shards", "preview", str(out), "--split", "train", "--clips",
+                           "2",
                            "--height", "32", "--out", str(where / "sheet.png"), "--html", str(where / "h")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -298,7 +315,8 @@ def _preview_shows_the_fields(out: Path, m: Manifest, where: Path) -> None:
         fields = [bytes(f) for f in read_clip(m, clip).fields]
         assert len(fields) == 4
         pictures, scale = motioncolour.render(fields, (43, 32))
-        top = preview.GAP + row * (2 * (32 + preview.GAP) + 2 * preview.GAP) + 32 + preview.GAP  # the fields' row
+        # the fields' row
+        top = preview.GAP + row * (2 * (32 + preview.GAP) + 2 * preview.GAP) + 32 + preview.GAP
         for t, picture in enumerate(pictures):
             x = preview.LABEL_WIDTH + t * (43 + preview.GAP)
             assert sheet.crop((x, top, x + 43, top + 32)).tobytes() == picture.tobytes(), (row, t)
@@ -329,7 +347,8 @@ def test_motion_colours_follow_the_optical_flow_convention():
 def test_motion_is_in_the_staging_key_and_the_catalog_id(fixture_src):
     video = _video(next(fixture_src.rglob("*.mp4")))
     keys = {kind: staging.video_key(video, 0, ClipConfig(motion=kind)) for kind in ("none", "mv", "flow")}
-    ids = {kind: registry.plan(str(fixture_src), ClipConfig(motion=kind)).id for kind in ("none", "mv", "flow")}
+    ids = {kind: registry.plan(str(fixture_src), ClipConfig(motion=kind)).id
+           for kind in ("none", "mv", "flow")}
     assert len(set(keys.values())) == 3 and len(set(ids.values())) == 3
     assert keys["none"] == staging.video_key(video, 0, ClipConfig())
     assert ids["none"] == registry.plan(str(fixture_src), ClipConfig()).id

@@ -23,8 +23,10 @@ REFERENCE_STEPS = [0, 73, 110, 142, 158, 205, 228, 248, 259, 291, 308, 322, 329,
 REFERENCE_LRS = [8.0, 4.0, 2.0, 1.0, 0.8, 0.4, 0.2, 0.1, 0.08, 0.04, 0.02, 0.01, 0.01, 0.001]
 REFERENCE_MAX_EPOCH = 358
 # the sampler's successive per-GPU batch multipliers and crops, per long-cycle shape (B, T, S)
-REFERENCE_SHORT_CYCLES = {(8, 8, 158): ((16, 8, 8), (112, 158, 158)), (4, 16, 158): ((8, 4, 4), (112, 158, 158)),
-                          (2, 16, 224): ((8, 4, 2), (112, 158, 224)), (1, 32, 224): ((4, 2, 1), (112, 158, 224))}
+REFERENCE_SHORT_CYCLES = {(8, 8, 158): ((16, 8, 8), (112, 158, 158)),
+                          (4, 16, 158): ((8, 4, 4), (112, 158, 158)),
+                          (2, 16, 224): ((8, 4, 2), (112, 158, 224)),
+                          (1, 32, 224): ((4, 2, 1), (112, 158, 224))}
 # short cycle alone: SOLVER.STEPS and MAX_EPOCH scaled by EPOCH_FACTOR
 REFERENCE_SHORT_ONLY_STEPS, REFERENCE_SHORT_ONLY_MAX_EPOCH = [0, 141, 231, 294], 358
 
@@ -78,7 +80,8 @@ def test_long_cycle_alone_ends_at_the_full_shape():
     # (the reference raises IndexError here)
     phases = plan(**REFERENCE, short_cycle=False)
     assert all(len(p.cycle) == 1 for p in phases)
-    assert [p.shape for p in phases[:4]] == [Shape(8, 158, 8), Shape(16, 158, 4), Shape(16, 224, 2), Shape(32, 224, 1)]
+    assert [p.shape for p in phases[:4]] == [Shape(8, 158, 8), Shape(16, 158, 4), Shape(16, 224, 2),
+                                             Shape(32, 224, 1)]
     assert phases[-1].shape == phases[-2].shape == Shape(32, 224, 1)
     assert phases[-1].end == round(239 * 1.5)
     # equal iterations per long-cycle shape within a stage: epochs in proportion to the batch factor,
@@ -89,7 +92,8 @@ def test_long_cycle_alone_ends_at_the_full_shape():
 
 def test_without_cycles_the_plan_is_the_baseline():
     phases = plan(**REFERENCE, long_cycle=False, short_cycle=False)
-    assert [(p.start, p.end, p.stage) for p in phases] == [(0, 94, 0), (94, 154, 1), (154, 196, 2), (196, 239, 3)]
+    assert [(p.start, p.end, p.stage) for p in phases] == [(0, 94, 0), (94, 154, 1), (154, 196, 2),
+                                                           (196, 239, 3)]
     assert all(p.cycle == (Shape(32, 224, 1),) for p in phases)
 
 
@@ -145,7 +149,8 @@ def test_iterations_follow_the_plan_and_read_each_epoch_once(world_size, batch, 
         else:
             assert samples <= mine[0].epoch_clips < samples + world_size * period
     positions = [sched.position(s) for s in steps]
-    assert positions[0] == 0 and all(b > a for a, b in zip(positions, positions[1:])) and positions[-1] < sched.epochs
+    assert (positions[0] == 0 and all(b > a for a, b in zip(positions, positions[1:]))
+            and positions[-1] < sched.epochs)
     with pytest.raises(IndexError):
         sched.at(sched.total)
 

@@ -35,7 +35,8 @@ def test_the_shift_follows_the_frames_of_each_batch():
     seen = []
     for m in model.modules():
         if isinstance(m, TemporalShift):
-            m.register_forward_hook(lambda mod, args, out: seen.append((args[0].detach(), args[1], out.detach())))
+            m.register_forward_hook(lambda mod, args,
+                                    out: seen.append((args[0].detach(), args[1], out.detach())))
     for t in (8, 4, 2):
         seen.clear()
         clips = torch.randint(0, 256, (2, t, 3, 32, 32), dtype=torch.uint8)
@@ -66,7 +67,8 @@ def test_a_shorter_clip_is_a_different_input_not_an_error():
     assert not torch.allclose(full, half, atol=1e-4)
 
 
-@pytest.mark.parametrize("clips,per_group,expected", [(8, 8, [8]), (16, 8, [8, 8]), (15, 8, [15]), (17, 8, [9, 8]),
+@pytest.mark.parametrize("clips,per_group,expected", [(8, 8, [8]), (16, 8, [8, 8]), (15, 8, [15]),
+                                                      (17, 8, [9, 8]),
                                                       (7, 2, [3, 2, 2]), (64, 8, [8] * 8), (5, 16, [5])])
 def test_groups_are_as_equal_as_possible(clips, per_group, expected):
     assert group_sizes(clips, per_group) == expected
@@ -120,7 +122,8 @@ def test_sub_batch_bn_equals_separate_bns_on_the_groups(clips, per_group, segmen
 def test_sub_batch_bn_changes_no_parameter_buffer_or_checkpoint_key():
     plain, grouped = tiny(), tiny(bn_group=2)
     assert plain.state_dict().keys() == grouped.state_dict().keys()
-    assert [(n, p.shape) for n, p in plain.named_parameters()] == [(n, p.shape) for n, p in grouped.named_parameters()]
+    assert [(n, p.shape) for n, p in plain.named_parameters()] == [(n, p.shape) for n,
+                                                                   p in grouped.named_parameters()]
     grouped.load_state_dict(plain.state_dict())
     clips = torch.randint(0, 256, (8, 4, 3, 32, 32), dtype=torch.uint8)
     with torch.no_grad():

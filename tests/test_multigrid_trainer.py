@@ -31,8 +31,10 @@ TRAIN, EPOCHS, STAGES = 40, 4, (2, 3)  # 4 baseline epochs -> the plan's 6
 # starts (its 14th step, tests/helpers/faultrun.py), the run stops after 18 steps, mid-epoch
 SIGNAL_AT, STOP_STEPS, STOP_EPOCH, STOP_BATCH = 14, 18, 3, 2
 FLAGS = ["--segments", "8", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
-         "--batch-size", "1", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05", "--workers", "1",
-         "--print-freq", "1", "--no-tensorboard", "--multigrid", "both", "--multigrid-stages", *map(str, STAGES),
+         "--batch-size", "1", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05",
+         "--workers", "1",
+         "--print-freq", "1", "--no-tensorboard", "--multigrid", "both", "--multigrid-stages",
+         *map(str, STAGES),
          "--average-every", "2", "--trace-steps", "--val-split", ""]
 
 
@@ -71,7 +73,8 @@ def runs(tmp_path_factory) -> dict:
     output = finish(resumed)
     assert resumed.returncode == 0, output[-3000:]
     return {"straight": [trace(straight, r) for r in (0, 1)], "broken": [trace(broken, r) for r in (0, 1)],
-            "keys": [k for shard in manifest.splits["train"].shards for k in shard.keys], "clips": read(str(straight)),
+            "keys": [k for shard in manifest.splits["train"].shards for k in shard.keys],
+            "clips": read(str(straight)),
             "stopped": checkpoint, "resumed_output": output,
             "final": torch.load(broken / "checkpoint.pt", weights_only=True)}
 
@@ -96,7 +99,8 @@ def test_every_rank_trains_the_schedules_shape_at_every_step(runs):
     assert sorted((c["rank"], c["step"]) for c in runs["clips"]) == sorted(batches)
     assert all(len(c["keys"]) + len(c["padding"]) == batches[(c["rank"], c["step"])] for c in runs["clips"])
     for epoch in range(sched.epochs):
-        assert sorted(k for c in runs["clips"] if c["epoch"] == epoch + 1 for k in c["keys"]) == sorted(runs["keys"])
+        assert sorted(k for c in runs["clips"] if c["epoch"] == epoch + 1
+                      for k in c["keys"]) == sorted(runs["keys"])
     assert runs["final"]["epoch"] == sched.epochs
 
 

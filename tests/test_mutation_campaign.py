@@ -24,7 +24,8 @@ from helpers.shardsets import make_shardset
 COPIES = 500
 LONG_COPIES = 5000
 
-# bug -> (the signatures it showed as, the first seed that showed it), for the bugs the campaign found, all fixed
+# bug -> (the signatures it showed as, the first seed that showed it), for the bugs the campaign found, all
+# fixed
 FIXED = {
     "the viewer answers a reader's one-line refusal with a bare 500": (
         ["viewer: refusal answered 500 in BadManifest", "viewer: refusal answered 500 in ShortShard",
@@ -105,5 +106,6 @@ def test_the_campaign_survives_a_parent_that_ran_parallel_torch_ops(campaign):
     pytest process had run parallel ops, and the child segfaulted in SlotPool's first copy)."""
     import torch
     torch.ones(10_000_000).add_(1).sum()  # start this process's OpenMP pool, as those tests did
-    outcome = campaign.run([1119])[0]  # no config.clip.frames: the loader's slots large enough for a parallel copy
+    # no config.clip.frames: the loader's slots large enough for a parallel copy
+    outcome = campaign.run([1119])[0]
     assert outcome.changes and not outcome.findings(), outcome.findings()

@@ -3,11 +3,12 @@
 A table of mistakes, each run as the console command a user types (a subprocess, all of them
 started at once by one module fixture: most fail before any work). Each must exit with its
 documented status (2: the command line asks for something that cannot be done; 1: the work
-could not go on; 75: a source that stayed unreachable, try again later), print one ``PROG COMMAND: error: ...`` line on stderr naming the thing and the
-reason, and no traceback anywhere (under horovodrun, on two simulated nodes: each rank). The commands that destroyed work silently get their own tests
-below: a build over ``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard``
-into an old set, ``shard-service`` creating a catalog on a typo, training again into an earlier
-run's directory (its checkpoint replaced, its metrics appended to).
+could not go on; 75: a source that stayed unreachable, try again later), print one ``PROG COMMAND: error:
+...`` line on stderr naming the thing and the reason, and no traceback anywhere (under horovodrun, on two
+simulated nodes: each rank). The commands that destroyed work silently get their own tests below: a build over
+``--max-error-fraction`` registered ``ready`` and reused, ``shards reshard`` into an old set,
+``shard-service`` creating a catalog on a typo, training again into an earlier run's directory (its checkpoint
+replaced, its metrics appended to).
 """
 from __future__ import annotations
 
@@ -43,11 +44,16 @@ def _free_port() -> int:
 # (id, command line, extra environment, exit status, words the error line must hold)
 CASES = [
     ("frames-0", "ingest build --src {vids} --out {out} --frames 0", {}, 2, ["--frames", "0", "range"]),
-    ("short-side-negative", "ingest build --src {vids} --out {out} --short-side -5", {}, 2, ["--short-side", "-5"]),
-    ("quality-150", "ingest build --src {vids} --out {out} --quality 150", {}, 2, ["--quality", "150", "1 to 100"]),
-    ("splits-typo", "ingest build --src {vids} --out {out} --splits train,vall", {}, 2, ["--splits", "'vall'"]),
-    ("shard-size-unit", "ingest build --src {vids} --out {out} --shard-size 64XB", {}, 2, ["--shard-size", "64XB"]),
-    ("src-typo", "ingest build --src {root}/kinetcs400/ --out {out}", {}, 2, ["kinetcs400", "no such directory"]),
+    ("short-side-negative", "ingest build --src {vids} --out {out} --short-side -5", {}, 2,
+     ["--short-side", "-5"]),
+    ("quality-150", "ingest build --src {vids} --out {out} --quality 150", {}, 2,
+     ["--quality", "150", "1 to 100"]),
+    ("splits-typo", "ingest build --src {vids} --out {out} --splits train,vall", {}, 2,
+     ["--splits", "'vall'"]),
+    ("shard-size-unit", "ingest build --src {vids} --out {out} --shard-size 64XB", {}, 2,
+     ["--shard-size", "64XB"]),
+    ("src-typo", "ingest build --src {root}/kinetcs400/ --out {out}", {}, 2,
+     ["kinetcs400", "no such directory"]),
     ("src-empty", "ingest build --src {root}/empty --out {out}", {}, 2, ["empty", "the directory is empty"]),
     ("src-flat", "ingest build --src {root}/flat --out {out}", {}, 2,
      ["flat", "2 directly in it", "flat/train/<label>/<id>.mp4"]),
@@ -58,22 +64,30 @@ CASES = [
     ("plan-missing", "shards plan {root}/nope", {}, 2, ["nope", "no such file or directory"]),
     ("stats-not-a-set", "shards stats {root}/empty", {}, 2, ["empty/manifest.json", "no manifest"]),
     ("plan-no-such-split", "shards plan {set} --split test", {}, 2, ["'test'", "no split"]),
-    ("plan-world-size-0", "shards plan {set} --world-sizes 1,0", {}, 2, ["--world-sizes", "'1,0'", "1 rank or more"]),
-    ("reshard-size-unit", "shards reshard {set} {root}/new --shard-size 64XB", {}, 2, ["--shard-size", "64XB"]),
+    ("plan-world-size-0", "shards plan {set} --world-sizes 1,0", {}, 2,
+     ["--world-sizes", "'1,0'", "1 rank or more"]),
+    ("reshard-size-unit", "shards reshard {set} {root}/new --shard-size 64XB", {}, 2,
+     ["--shard-size", "64XB"]),
     ("reshard-into-a-set", "shards reshard {set} {old} --num-shards 2", {}, 2, ["old", "not empty"]),
     ("dataset-not-served", "shards stats {url}/v1/datasets/nope", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 2,
      ["/v1/datasets/nope", "HTTP 404", "no dataset 'nope'"]),
     ("read-without-token", "shards verify {url}/v1/datasets/tiny", {}, 1,
      ["/v1/datasets/tiny", "HTTP 401", "FSSPEC_HTTP_HEADERS", "Bearer TOKEN"]),
-    ("catalog-typo", "shard-service list --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
-    ("gc-catalog-typo", "shard-service gc --yes --catalog {root}/typo.sqlite", {}, 2, ["typo.sqlite", "no such catalog"]),
-    ("dataset-not-in-catalog", "shard-service show nope --catalog {catalog}", {}, 2, ["'nope'", "no dataset"]),
-    ("segments-not-in-clips", "trainer train --data {set} --output-dir {root}/run --backend none --segments 16", {}, 2,
+    ("catalog-typo", "shard-service list --catalog {root}/typo.sqlite", {}, 2,
+     ["typo.sqlite", "no such catalog"]),
+    ("gc-catalog-typo", "shard-service gc --yes --catalog {root}/typo.sqlite", {}, 2,
+     ["typo.sqlite", "no such catalog"]),
+    ("dataset-not-in-catalog", "shard-service show nope --catalog {catalog}", {}, 2,
+     ["'nope'", "no dataset"]),
+    ("segments-not-in-clips",
+     "trainer train --data {set} --output-dir {root}/run --backend none --segments 16", {}, 2,
      ["--segments 16", "8 frames"]),
     ("depth-11", "trainer train --data {set} --depth 11", {}, 2, ["--depth", "11", "choose from 10, 18"]),
-    ("tsm-without-its-shift", "trainer train --data {set} --output-dir {root}/run --backend none --arch tsm --no-shift",
+    ("tsm-without-its-shift",
+     "trainer train --data {set} --output-dir {root}/run --backend none --arch tsm --no-shift",
      {}, 2, ["--no-shift", "not with --arch tsm", "--arch tsn"]),
-    ("i3d-without-bottlenecks", "trainer train --data {set} --output-dir {root}/run --backend none --arch i3d-3x1x1 "
+    ("i3d-without-bottlenecks",
+     "trainer train --data {set} --output-dir {root}/run --backend none --arch i3d-3x1x1 "
      "--depth 18", {}, 2, ["--arch i3d-3x1x1", "--depth 50, 101 or 152, not 18"]),
     ("batch-size-0", "trainer train --data {set} --batch-size 0", {}, 2, ["--batch-size", "0", "range"]),
     ("push-gateway-not-a-url", "trainer train --data {set} --push-gateway pushgateway:9091", {}, 2,
@@ -82,38 +96,47 @@ CASES = [
     ("scale-below-crop", "trainer train --data {set} --crop-size 128 --scale-size 64", {}, 2,
      ["--scale-size 64", "smaller than --crop-size 128", "--val-split ''"]),
     ("plot-no-run", "trainer plot {root}/runs/nope", {}, 2, ["runs/nope", "no such run"]),
-    ("test-split-missing", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --split test "
+    ("test-split-missing",
+     f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --split test "
      "--backend none", {}, 2, ["no split 'test'", "train, val"]),
     ("test-scale-below-the-runs-crop", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt "
      f"--data {FIXTURE}/data --scale-size 16 --backend none", {}, 2,
      ["--scale-size 16", "smaller than --crop-size 24 (the run's)"]),
-    ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir {root}/run-cache "
-     "--backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
-     {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1, ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
+    ("cache-too-small", "trainer train --data {url}/v1/datasets/tiny --cache-dir {root}/cache --output-dir "
+     "{root}/run-cache --backend none --depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0",
+     {"FSSPEC_HTTP_HEADERS": "{auth}", "SHARD_CACHE_BUDGET": "1000"}, 1,
+     ["cache budget of 1,000 bytes", "SHARD_CACHE_BUDGET"]),
     ("source-deadline-negative", "trainer train --data {set} --source-deadline -1", {}, 2,
      ["--source-deadline", "-1", "range"]),
-    ("source-deadline-unreadable", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "10m"}, 2,
+    ("source-deadline-unreadable", "shards stats http://127.0.0.1:{port}/set",
+     {"SHARD_SOURCE_DEADLINE": "10m"}, 2,
      ["$SHARD_SOURCE_DEADLINE='10m'", "seconds"]),
     ("source-down", "shards stats http://127.0.0.1:{port}/set", {"SHARD_SOURCE_DEADLINE": "1"}, 75,
      ["127.0.0.1:{port}/set/manifest.json", "no answer for", "past the source deadline of 1 s", "Connect"]),
     ("train-into-an-earlier-run", "trainer train --data {set} --output-dir {earlier} --backend none", {}, 2,
      ["--output-dir", "earlier", "--resume", "--overwrite"]),
-    ("ema-with-k-step-averaging", "trainer train --data {set} --output-dir {root}/run-ema --backend none --depth 10 "
+    ("ema-with-k-step-averaging",
+     "trainer train --data {set} --output-dir {root}/run-ema --backend none --depth 10 "
      "--ema-decay 0.99 --average-every 2", {}, 1, ["--ema-decay", "not with --average-every"]),
-    ("test-ema-of-a-run-without", f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --ema "
+    ("test-ema-of-a-run-without",
+     f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --ema "
      "--backend none", {}, 1, ["checkpoint.pt", "--ema", "no weight average", "--ema-decay"]),
-    ("decode-on-device-without-torchvision", "trainer train --data {set} --output-dir {root}/run-nvjpeg --backend none "
-     "--depth 10 --width 4 --decode-on-device", {"PYTHONPATH": "{missing}:{pythonpath}"}, 2,
+    ("decode-on-device-without-torchvision", "trainer train --data {set} --output-dir {root}/run-nvjpeg "
+     "--backend none --depth 10 --width 4 --decode-on-device", {"PYTHONPATH": "{missing}:{pythonpath}"}, 2,
      ["--decode-on-device", "needs torchvision"]),
     ("horovod-not-installed", "trainer train --data {set} --output-dir {root}/run-hvd --depth 10",
-     {"PYTHONPATH": "{missing}:{pythonpath}"}, 2, ["--backend horovod", "cannot import horovod", "--backend none"]),
-    ("bad-sample-stops-training", "trainer train --data {rotten} --output-dir {root}/run-rotten --backend none "
+     {"PYTHONPATH": "{missing}:{pythonpath}"}, 2, ["--backend horovod", "cannot import horovod",
+                                                   "--backend none"]),
+    ("bad-sample-stops-training",
+     "trainer train --data {rotten} --output-dir {root}/run-rotten --backend none "
      "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1", {}, 1,
      ["{rotten}/train/train-00000", ": shard train/train-00000", ", sample train_v000", ": xxh3-64 digest ",
       ", the manifest says ", "(read twice)"]),
-    ("bad-samples-over-the-budget", "trainer train --data {rotten} --output-dir {root}/run-budget --backend none "
+    ("bad-samples-over-the-budget",
+     "trainer train --data {rotten} --output-dir {root}/run-budget --backend none "
      "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1 --max-bad-samples 1", {}, 1,
-     ["2 samples of train in epoch 1 are bad (their digests differ from the manifest's", "more than --max-bad-samples 1",
+     ["2 samples of train in epoch 1 are bad (their digests differ from the manifest's", "more than "
+      "--max-bad-samples 1",
       "(read twice)", "{root}/run-budget/bad-samples.jsonl"]),
     ("max-bad-samples-not-a-count", "trainer train --data {set} --max-bad-samples lots", {}, 2,
      ["--max-bad-samples", "'lots'", "a count (3) or a share in percent (0.5%)"]),
@@ -122,7 +145,8 @@ CASES = [
       "train/train-000001.tar sample train_v0001_c01", "shards verify {rotten}"]),
     ("preview-of-damaged-clips", "shards preview {rotten} --clips 6 --out {root}/rotten.png", {}, 1,
      ["2 of the 6 clips shown are damaged", "marked so", "train/train-000000.tar sample train_v0000_c01"]),
-    ("resume-a-truncated-checkpoint", "trainer train --data {set} --output-dir {damaged} --resume --backend none "
+    ("resume-a-truncated-checkpoint",
+     "trainer train --data {set} --output-dir {damaged} --resume --backend none "
      "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 1,
      ["--resume refused", "damaged/checkpoint.pt", "does not load: truncated or corrupt", "--overwrite"]),
     ("reshard-onto-a-full-disk", "shards reshard {set} {full}/new --num-shards 2", {}, 1,
@@ -156,22 +180,27 @@ CASES = [
     # a set is one thing, with one identity (docs/faults.md)
     ("build-over-other-options", "ingest build --src {vids} --out {set} --frames 4", {}, 2,
      ["--out {set} holds a shard set built with other options", "--frames 8, now 4", "--force replaces it"]),
-    ("resume-on-another-set", "trainer train --data {set} --output-dir {v0run} --resume --backend none --depth 10 "
+    ("resume-on-another-set",
+     "trainer train --data {set} --output-dir {v0run} --resume --backend none --depth 10 "
      "--width 4 --crop-size 32 --scale-size 36 --workers 0", {}, 2,
      ["--resume refused", "v0run/checkpoint.pt was trained on a shard set whose inputs' fingerprint is",
       "but --data is shard set", "(6 train + 3 val clips, 8 frames) at {set}"]),
     ("build-of-a-changed-set", "ingest build --src {vids} --out {changed} --catalog {catalog} --frames 2 "
      "--short-side 16 --shard-samples 4", {}, 1,
-     ["(changed) is changed", "{changed}/manifest.json changed since the set was registered", "--force rebuilds it"]),
+     ["(changed) is changed", "{changed}/manifest.json changed since the set was registered",
+      "--force rebuilds it"]),
     ("read-a-damaged-set", "shards stats {url}/v1/datasets/worn", {"FSSPEC_HTTP_HEADERS": "{auth}"}, 1,
-     ["/v1/datasets/worn", "HTTP 409", "(worn) is damaged", "shard-service verify", "Prefer: handling=lenient"]),
+     ["/v1/datasets/worn", "HTTP 409", "(worn) is damaged", "shard-service verify",
+      "Prefer: handling=lenient"]),
     ("show-a-replaced-set", "shard-service show gone --catalog {catalog}", {}, 2,
      ["(gone) is replaced", "a build without a catalog was forced into", "--force"]),
     # the service past one process: a PostgreSQL catalog, replicas behind nginx (docs/runbooks/service.md)
-    ("catalog-server-down", "shard-service list --catalog postgresql://kf:pw@127.0.0.1:{port}/catalog", {}, 75,
+    ("catalog-server-down", "shard-service list --catalog postgresql://kf:pw@127.0.0.1:{port}/catalog", {},
+     75,
      ["the catalog postgresql://kf:***@127.0.0.1:{port}/catalog cannot be reached", "Connection refused"]),
     ("build-with-the-catalog-server-down", "ingest build --src {vids} --out {out} --catalog "
-     "postgresql://kf@127.0.0.1:{port}/catalog", {}, 75, ["postgresql://kf@127.0.0.1:{port}/catalog cannot be reached"]),
+     "postgresql://kf@127.0.0.1:{port}/catalog", {}, 75,
+     ["postgresql://kf@127.0.0.1:{port}/catalog cannot be reached"]),
     ("replica-without-a-data-root", "shard-service serve --catalog postgresql://kf@127.0.0.1:{port}/catalog "
      "--source-root {vids}", {}, 2, ["--data-root", "PostgreSQL catalog", "every replica reaches"]),
     ("x-accel-not-a-path", "shard-service serve --catalog {catalog} --x-accel-redirect _accel", {}, 2,
@@ -197,10 +226,12 @@ CASES = [
     ("token-file-typo", "shard-service serve --catalog {catalog} --token-file {root}/tokns --port 0", {}, 2,
      ["--token-file", "tokns", "no such file"]),
     # on two simulated nodes: every rank judges the same shares (``outcomes``)
-    ("node-affine-on-a-class-sorted-set", "horovodrun -np 2 -H localhost:1,127.0.0.1:1 --gloo {bin}/trainer train "
-     "--data {sorted} --shuffle node --output-dir {root}/run-sorted --epochs 1 --depth 10 --width 4 --crop-size 32 "
-     "--scale-size 36 --workers 0", {}, 2,
-     ["--shuffle node: node-affine epochs on 2 nodes would give them different classes", "train's stored order",
+    ("node-affine-on-a-class-sorted-set",
+     "horovodrun -np 2 -H localhost:1,127.0.0.1:1 --gloo {bin}/trainer train "
+     "--data {sorted} --shuffle node --output-dir {root}/run-sorted --epochs 1 --depth 10 --width 4 "
+     "--crop-size 32 --scale-size 36 --workers 0", {}, 2,
+     ["--shuffle node: node-affine epochs on 2 nodes would give them different classes",
+      "train's stored order",
       "share is 0.50 from the whole set's class mix", "--shuffle global", "ingest build (hashed order)"]),
 ]
 
@@ -224,7 +255,8 @@ def world(tmp_path_factory):
             (root / d / f"v{i}.mp4").write_bytes(b"not decoded")
     for package in ("horovod", "torchvision"):  # a Python where they are missing, whatever this one has
         (root / "missing" / package).mkdir(parents=True)
-        (root / "missing" / package / "__init__.py").write_text(f"raise ImportError('No module named {package}')\n")
+        (root / "missing" / package / "__init__.py").write_text(f"raise ImportError('No module named "
+                                                                f"{package}')\n")
     (root / "foreign" / "val").mkdir(parents=True)  # another tool's set: webdataset's naming, no manifest
     (root / "foreign" / "val" / "val-000000.tar").write_bytes(b"another tool's shard")
     header = "label,youtube_id,time_start,time_end,split,is_cc\n"
@@ -259,19 +291,24 @@ def world(tmp_path_factory):
     for name in ("worn", "gone"):
         make_shardset(str(root / name), {"train": 3}, per_shard=3)
     worn = register(cat, str(root / "worn"), "worn", dataset_id="cd" * 32)
-    cat.record_verify(worn.id, 1, "train/train-000000.tar: SHA-256 differs from the manifest", worn.verified_files)
+    cat.record_verify(worn.id, 1, "train/train-000000.tar: SHA-256 differs from the manifest",
+                      worn.verified_files)
     register(cat, str(root / "gone"), "gone", dataset_id="ce" * 32)
     cat.replace_at(str(root / "gone"), force=True)  # as `ingest build --force` into it does
-    make_shardset(str(root / "changed"), {"train": 2}, per_shard=2)  # registered as the build below asks for it
+    # registered as the build below asks for it
+    make_shardset(str(root / "changed"), {"train": 2}, per_shard=2)
     register(cat, str(root / "changed"), "changed", dataset_id=registry.plan(
         str(root / "vids"), ClipConfig(frames=2, short_side=16), shard_samples=4).id)
-    shutil.copy(root / "old" / "manifest.json", root / "changed" / "manifest.json")  # then rebuilt behind its back
+    # then rebuilt behind its back
+    shutil.copy(root / "old" / "manifest.json", root / "changed" / "manifest.json")
     (root / "tokens").write_text(TOKEN + "\n")
     try:
         server = ServiceProcess("--catalog", cat.path, "--token-file", str(root / "tokens"), "--read-auth")
         server.start()
-        yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"), "set": str(root / "set"),
-               "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"), "catalog": cat.path, "url": server.url,
+        yield {"root": str(root), "vids": str(root / "vids"), "out": str(root / "out"),
+               "set": str(root / "set"),
+               "old": str(root / "old"), "rotten": str(root / "rotten"), "earlier": str(root / "earlier"),
+               "catalog": cat.path, "url": server.url,
                "served_port": server.url.rsplit(":", 1)[1],
                "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
                "damaged": str(root / "damaged"), "full": str(root / "full"),
@@ -291,7 +328,8 @@ ANSWER_S = 300  # a trainer's refusal (import torch, start Horovod, build the ne
 
 def run(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     """A console script, as a user runs it."""
-    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True, timeout=ANSWER_S,
+    return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True,
+                          timeout=ANSWER_S,
                           env={**os.environ, **(env or {})})
 
 
@@ -320,7 +358,8 @@ def outcomes(p: subprocess.CompletedProcess, status: int) -> list[tuple[str, str
     if os.path.basename(str(p.args[0])) != "horovodrun":
         return [(p.stdout, p.stderr, p.returncode)]
     assert p.returncode == 1 and f"Exit code: {status}\n" in p.stderr, p.stderr[-3000:]
-    ended = {int(r): int(n) for r, n in re.findall(r"^Process (\d+) exit with status code (-?\d+)\.$", p.stdout, re.M)}
+    ended = {int(r): int(n) for r, n in re.findall(r"^Process (\d+) exit with status code (-?\d+)\.$",
+                                                   p.stdout, re.M)}
     lines = (p.stdout + p.stderr).splitlines()
     ranks = [("", "\n".join(line.split(":", 1)[1] for line in lines if line.startswith(f"[{r}]<")), n)
              for r, n in sorted(ended.items())]
@@ -346,16 +385,20 @@ def test_a_refusal_on_one_rank_ends_every_rank_with_one_line(world, tmp_path):
     line; rank 0, whose next collective fails once rank 1 has left, says so in one line too; no
     rank prints a traceback and the job ends (horovodrun's own report of the failed rank aside)."""
     only_rank_1 = 'if [ "$HOROVOD_RANK" = 1 ]; then export SHARD_CACHE_BUDGET=1000; fi; exec "$@"'
-    trainer = [os.path.join(BIN, "trainer"), "train", "--data", f"{world['url']}/v1/datasets/tiny", "--cache-dir",
-               str(tmp_path / "cache"), "--output-dir", str(tmp_path / "run"), "--depth", "10", "--width", "4",
+    trainer = [os.path.join(BIN, "trainer"), "train", "--data", f"{world['url']}/v1/datasets/tiny",
+               "--cache-dir",
+               str(tmp_path / "cache"), "--output-dir", str(tmp_path / "run"), "--depth", "10", "--width",
+               "4",
                "--crop-size", "32", "--scale-size", "36", "--batch-size", "1", "--workers", "0"]
-    p = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "bash", "-c",
+    p = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "bash",
+                        "-c",
                         only_rank_1, "rank", *trainer], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "FSSPEC_HTTP_HEADERS": world["auth"]})
     lines = {r: [line.split(":", 1)[1] for line in (p.stdout + p.stderr).splitlines()
                  if line.startswith(f"[{r}]<")] for r in (0, 1)}
     assert p.returncode == 1, p.stderr[-3000:]
-    for r, says in ((1, "a cache budget of 1,000 bytes cannot hold"), (0, "rank 0: another rank of the job stopped")):
+    for r, says in ((1, "a cache budget of 1,000 bytes cannot hold"),
+                    (0, "rank 0: another rank of the job stopped")):
         assert not [line for line in lines[r] if "Traceback" in line], lines[r]
         errors = [line for line in lines[r] if "trainer train: error: " in line]
         assert len(errors) == 1 and says in errors[0], lines[r]
@@ -374,14 +417,17 @@ def test_nothing_was_made_by_a_refused_command(answers, world):
         with open(os.path.join(world["earlier"], name)) as f:
             assert f.read() == f"the earlier run's {name}"
     assert not os.path.exists(os.path.join(root, "run"))
-    assert not os.path.exists(os.path.join(root, "run-sorted", "checkpoint.pt"))  # node-affine refused: nothing trained
+    # node-affine refused: nothing trained
+    assert not os.path.exists(os.path.join(root, "run-sorted", "checkpoint.pt"))
     assert os.listdir(os.path.join(root, "full", "new")) == []  # no shard, whole or partial, nor a temporary
     with open(os.path.join(root, "damaged", "checkpoint.pt"), "rb") as f:
         assert len(f.read()) == 30000
     with open(os.path.join(world["set"], "manifest.json"), "rb") as f:  # a build into it with other options
         assert f.read() == world["set_manifest"]
-    assert sorted(os.listdir(world["v0run"])) == ["README.md", "checkpoint.pt", "expected.json", "metrics.jsonl"]
-    with open(os.path.join(world["v0run"], "checkpoint.pt"), "rb") as f, open(f"{FIXTURE}/checkpoint.pt", "rb") as g:
+    assert sorted(os.listdir(world["v0run"])) == ["README.md", "checkpoint.pt", "expected.json",
+                                                  "metrics.jsonl"]
+    with open(os.path.join(world["v0run"], "checkpoint.pt"),
+              "rb") as f, open(f"{FIXTURE}/checkpoint.pt", "rb") as g:
         assert f.read() == g.read()  # a resume onto another set
 
 
@@ -406,7 +452,8 @@ def test_reshard_carries_the_class_list_and_ledger_and_says_when_shards_outnumbe
         assert (tmp_path / "dst" / name).read_bytes() == (src / name).read_bytes()
 
 
-def test_a_build_over_the_error_fraction_is_recorded_failed_never_reused_and_collected(ray_local, tmp_path, capsys):
+def test_a_build_over_the_error_fraction_is_recorded_failed_never_reused_and_collected(
+        ray_local, tmp_path, capsys):
     """Before: exit 1, but the set was registered ready, served and reused by the next build, whose
     message pointed to a ledger under its own --out, never created."""
     from ingest.cli import main as ingest
@@ -445,7 +492,8 @@ def test_overwrite_starts_an_earlier_runs_directory_afresh(world, tmp_path):
     (out / "metrics.jsonl").write_text('{"event": "epoch", "epoch": 7, "step": 70, "val_top1": 99.0}\n')
     (out / "checkpoint.pt").write_text("the earlier run's")
     (out / "notes.txt").write_text("mine")
-    p = run(["trainer", "train", "--data", world["set"], "--output-dir", str(out), "--overwrite", "--backend", "none",
+    p = run(["trainer", "train", "--data", world["set"], "--output-dir", str(out), "--overwrite", "--backend",
+             "none",
              "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size", "36", "--batch-size", "3",
              "--epochs", "1", "--warmup-epochs", "0", "--workers", "0", "--no-tensorboard"])
     assert p.returncode == 0, p.stderr
@@ -461,10 +509,12 @@ def test_each_rank_runs_its_share_of_the_cores_unless_omp_num_threads_says(tmp_p
     probe = ("import os; os.sched_setaffinity(0, set(list(os.sched_getaffinity(0))[:2])); "
              "from trainer.distributed import cores; import torch; "
              "import sys; ranks = int(sys.argv[1]); "
-             "print(cores.cap_threads(ranks), torch.get_num_threads(), cores.default_workers(2), cores.default_workers(1))")
+             "print(cores.cap_threads(ranks), torch.get_num_threads(), cores.default_workers(2), "
+             "cores.default_workers(1))")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     cpus = min(2, len(os.sched_getaffinity(0)))
-    out = subprocess.run([sys.executable, "-c", probe, "2"], capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", probe, "2"], capture_output=True, text=True, env=env,
+                         check=True).stdout
     assert out.split() == ["1", "1", "0", str(cpus - 1)], out  # 2 ranks: a core and no worker each
     out = subprocess.run([sys.executable, "-c", probe, "1"], capture_output=True, text=True, check=True,
                          env={**env, "OMP_NUM_THREADS": "1"}).stdout

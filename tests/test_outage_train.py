@@ -44,7 +44,8 @@ STEPS = CLIPS // (2 * BATCH)  # per epoch, on 2 ranks
 # (a shuffle buffer of 2 clips: a loader worker reads its shards as its batches need them, not its
 # whole share of the epoch before its first batch, so that a run through a node cache downloads
 # copies all through the epoch)
-FLAGS = ["--shuffle", "global", "--shuffle-buffer", "2", "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32",
+FLAGS = ["--shuffle", "global", "--shuffle-buffer", "2", "--segments", "4", "--depth", "10", "--width", "8",
+         "--crop-size", "32",
          "--scale-size", "36", "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--warmup-epochs", "0.5",
          "--lr-per-8", "0.4", "--workers", "1", "--lookahead", "1", "--print-freq", "1", "--no-tensorboard",
          "--clip-log"]
@@ -56,7 +57,8 @@ class Service:
 
     def __init__(self, root: Path, port: int, hold: int | None = None):
         self.port, self.log = port, []
-        command = [sys.executable, "-m", "service", "serve", "--catalog", str(root / "catalog.sqlite"), "--port",
+        command = [sys.executable, "-m", "service", "serve", "--catalog", str(root / "catalog.sqlite"),
+                   "--port",
                    str(port), "--access-log"]
         env = dict(os.environ)
         self.held_r = None
@@ -64,7 +66,8 @@ class Service:
             self.held_r, held_w = os.pipe()
             command[1:1] = [str(TESTS / "helpers" / "holdpoint.py"), f"service.api.views:open_file@{hold}"]
             env |= {"HOLD_FD": str(held_w)}
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=env,
                                      pass_fds=[held_w] if hold else [])
         if hold:
             os.close(held_w)
@@ -79,7 +82,8 @@ class Service:
         while not select.select([self.held_r], [], [], 0.2)[0]:
             assert run.poll() is None, f"the run ended (exit {run.returncode}) before the service's hold"
             assert time.monotonic() < deadline, "the service never reached its hold"
-        assert os.read(self.held_r, 5) == b"held\n", "the service exited before its hold: " + "".join(self.log)
+        assert os.read(self.held_r,
+                       5) == b"held\n", "the service exited before its hold: " + "".join(self.log)
 
     def kill(self, signum: int = 9) -> None:
         if self.proc.poll() is None:
@@ -90,7 +94,8 @@ class Service:
             self.held_r = None
 
     def file_requests(self) -> list[str]:
-        return [line.split('"GET ', 1)[1].split()[0] for line in self.log if '"GET /v1/datasets/tiny/' in line]
+        return [line.split('"GET ', 1)[1].split()[0] for line in self.log
+                if '"GET /v1/datasets/tiny/' in line]
 
 
 def free_port() -> int:
@@ -100,12 +105,15 @@ def free_port() -> int:
 
 
 def start_run(port: int, out: Path, *extra: str) -> subprocess.Popen:
-    """``trainer train`` on two ranks (through ``tests/helpers/faultrun.py``, which records each rank's exit)."""
+    """``trainer train`` on two ranks (through ``tests/helpers/faultrun.py``, which records each rank's
+    exit)."""
     return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-                             str(TESTS / "helpers" / "faultrun.py"), "train", "--data", f"http://127.0.0.1:{port}/v1/datasets/tiny",
+                             str(TESTS / "helpers" / "faultrun.py"), "train", "--data",
+                             f"http://127.0.0.1:{port}/v1/datasets/tiny",
                              "--output-dir", str(out), *FLAGS, *extra],
                             env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out) + "-exits"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def finish(run: subprocess.Popen, timeout: float = 600) -> str:
@@ -117,7 +125,8 @@ def finish(run: subprocess.Popen, timeout: float = 600) -> str:
 
 
 def exits(out: Path) -> dict[int, list[int]]:
-    return {r: [json.loads(line)["exit"] for line in Path(f"{out}-exits.rank{r}.jsonl").read_text().splitlines()]
+    return {r: [json.loads(line)["exit"]
+                for line in Path(f"{out}-exits.rank{r}.jsonl").read_text().splitlines()]
             for r in (0, 1)}
 
 
@@ -128,7 +137,8 @@ def weights(out: Path) -> dict:
 def assert_same_weights(a: dict, b: dict, bn_statistics: bool = True) -> None:
     """The two runs' final checkpoints hold the same weights and optimizer state, bit for bit, and
     the same BN running statistics unless ``bn_statistics`` is False."""
-    assert a["clips_seen"] == b["clips_seen"] == EPOCHS * CLIPS and (a["epoch"], b["epoch"]) == (EPOCHS, EPOCHS)
+    assert (a["clips_seen"] == b["clips_seen"] == EPOCHS * CLIPS and (a["epoch"],
+                                                                      b["epoch"]) == (EPOCHS, EPOCHS))
     for key, value in a["model"].items():
         if bn_statistics or not key.endswith(("running_mean", "running_var")):
             assert torch.equal(value, b["model"][key]), key
@@ -153,7 +163,8 @@ def served(tmp_path_factory):
     finally:
         service.kill(15)
     shards = sum(len(split.shards) for split in Manifest.load(str(root / "data")).splits.values())
-    return {"root": root, "port": port, "straight": weights(root / "straight"), "requests": service.file_requests(),
+    return {"root": root, "port": port, "straight": weights(root / "straight"),
+            "requests": service.file_requests(),
             "copies": 1 + shards}
 
 
@@ -213,7 +224,8 @@ def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_ther
     same step, the position saved (the batch that could not be read, or the validation, still to
     do), one line and exit status 75 on each rank; with the service back, --resume goes on there."""
     root, port, out = served["root"], served["port"], served["root"] / f"deadline-{where}"
-    flags = ["--source-deadline", "3", *(["--cache-dir", str(root / f"cache-{where}")] if where != "start" else [])]
+    flags = ["--source-deadline", "3", *(["--cache-dir", str(root / f"cache-{where}")] if where != "start"
+                                         else [])]
     service = Service(root, port, hold=hold)
     run = start_run(port, out, *flags)
     try:
@@ -236,10 +248,11 @@ def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_ther
         assert "trainer train: error: rank " in line and "no answer for " in line and (
             "past the source deadline of 3 s (--source-deadline, $SHARD_SOURCE_DEADLINE); last: " in line), line
         assert line.endswith(f"stopped in epoch 1 {place} (step {batch}, {batch * 2 * BATCH} clips seen), "
-                             f"checkpoint saved to {out / 'checkpoint.pt'}: once the source answers, the same command "
-                             "with --resume continues from there"), line
+                             f"checkpoint saved to {out / 'checkpoint.pt'}: once the source answers, the "
+                             "same command with --resume continues from there"), line
     first = [r for p in (out / "clips").glob("*.jsonl") for r in read_file(str(p))]
-    assert max((r["batch"] for r in first), default=-1) == batch - 1  # the batch that could not be read: not trained
+    # the batch that could not be read: not trained
+    assert max((r["batch"] for r in first), default=-1) == batch - 1
 
     service = Service(root, port)
     try:
@@ -248,7 +261,8 @@ def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_ther
     finally:
         service.kill(15)
     assert exits(out) == {0: [75, 0], 1: [75, 0]}, output[-4000:]
-    resumed_at = f"in epoch 1, after batch {batch}" if batch else "at the start of epoch 1"  # checkpoint.position
+    # checkpoint.position
+    resumed_at = f"in epoch 1, after batch {batch}" if batch else "at the start of epoch 1"
     assert f"resumed from {out / 'checkpoint.pt'} {resumed_at} (step {batch}," in output
     records = [r for p in (out / "clips").glob("*.jsonl") for r in read_file(str(p))]
     after = [r for r in records if r not in first]
@@ -257,7 +271,8 @@ def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_ther
         trained = Counter(k for r in records if r["epoch"] == epoch for k in r["keys"])
         assert len(trained) == CLIPS and set(trained.values()) == {1}
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in metrics if r["event"] == "epoch"] == [1, 2]  # epoch 1 validated once, on resume
+    # epoch 1 validated once, on resume
+    assert [r["epoch"] for r in metrics if r["event"] == "epoch"] == [1, 2]
     # Resumed mid-epoch on 2 ranks, rank 1's BN running statistics start from rank 0's (the
     # checkpoint holds rank 0's model; within an epoch the ranks' statistics differ, until its end
     # averages them), as after any mid-epoch stop of several ranks, a signal's too: they differ;
@@ -272,7 +287,8 @@ def test_a_corrupt_sample_stops_the_run_at_its_batch_and_resume_after_the_repair
     digests, exit status 1; once the shard is repaired, ``--resume`` goes on at that batch and
     ends with the weights of a run that never met it."""
     data = tmp_path / "data"
-    manifest = make_shardset(str(data), {"train": 24, "val": 4}, per_shard=4, num_classes=3, frames=4, size=(48, 40))
+    manifest = make_shardset(str(data), {"train": 24, "val": 4}, per_shard=4, num_classes=3, frames=4,
+                             size=(48, 40))
     shard = manifest.splits["train"].shards[3]
     path, at = data / shard.name, shard.offsets[2] + shard.lengths[2] // 2  # inside its third sample
     whole = path.read_bytes()
@@ -280,8 +296,10 @@ def test_a_corrupt_sample_stops_the_run_at_its_batch_and_resume_after_the_repair
              *FLAGS[FLAGS.index("--epochs"):]]
 
     def train(out, *extra):
-        return subprocess.run([sys.executable, "-m", "trainer", "train", "--data", str(data), "--output-dir", str(out),
-                               *flags, *extra], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "trainer", "train", "--data", str(data), "--output-dir",
+                               str(out),
+                               *flags, *extra], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              capture_output=True,
                               text=True, timeout=600)
 
     straight = train(tmp_path / "straight")
@@ -292,13 +310,14 @@ def test_a_corrupt_sample_stops_the_run_at_its_batch_and_resume_after_the_repair
     errors = [line for line in broken.stderr.splitlines() if ": error: " in line]
     stopped = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     batch = stopped["batch"]
-    assert len(errors) == 1 and errors[0].startswith(f"trainer train: error: {data / shard.name}: shard {shard.name}, "
-                                                     f"sample {shard.keys[2]}: "), errors
+    assert len(errors) == 1 and errors[0].startswith(f"trainer train: error: {data / shard.name}: shard "
+                                                     f"{shard.name}, sample {shard.keys[2]}: "), errors
     assert shard.digests[2] in errors[0] and errors[0].endswith(
         f"stopped in epoch 1 after batch {batch} (step {batch}, {4 * batch} clips seen), checkpoint saved to "
-        f"{tmp_path / 'run' / 'checkpoint.pt'}: the same command with --resume continues from there once that is "
-        "repaired"), errors[0]
-    trained = [k for r in read_file(str(next((tmp_path / "run" / "clips").glob("*.jsonl")))) for k in r["keys"]]
+        f"{tmp_path / 'run' / 'checkpoint.pt'}: the same command with --resume continues from there once "
+        "that is repaired"), errors[0]
+    trained = [k for r in read_file(str(next((tmp_path / "run" / "clips").glob("*.jsonl"))))
+               for k in r["keys"]]
     assert shard.keys[2] not in trained and len(trained) == 4 * batch
 
     path.write_bytes(whole)

@@ -161,7 +161,8 @@ def test_elastic_resume_covers_the_epoch_once(hops, remainder):
         assert len(got) > N - world * batch - sum(w * b for w, _, b, _ in hops[:-1])
 
 
-@pytest.mark.parametrize("world_size,workers,batch,done", [(1, 1, 4, 0), (3, 2, 5, 1), (7, 3, 4, 2), (64, 2, 1, 0),
+@pytest.mark.parametrize("world_size,workers,batch,done", [(1, 1, 4, 0), (3, 2, 5, 1), (7, 3, 4, 2),
+                                                           (64, 2, 1, 0),
                                                            (100, 1, 3, 0)])
 def test_step_samples_count_the_real_clips_of_each_global_step(world_size, workers, batch, done):
     """Batch b of every rank is optimizer step b; its real (not padding) clips, counted from the
@@ -192,19 +193,22 @@ def node_epoch(nodes, ranks, workers, batch, remainder="pad", seed=0, ep=0, bufs
 
 
 def owned(nodes, seed=0, sizes=SIZES):
-    return [{(r.shard, i) for r in runs for i in range(r.start, r.stop)} for runs in P.assign(sizes, nodes, seed)]
+    return [{(r.shard, i) for r in runs for i in range(r.start, r.stop)}
+            for runs in P.assign(sizes, nodes, seed)]
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 3, 4, 7, 16, 79])
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 @pytest.mark.parametrize("workers,batch", [(1, 1), (3, 4), (2, 5)])
-def test_node_affine_gives_equal_shares_every_sample_once_and_only_the_nodes_own(nodes, ranks, workers, batch):
+def test_node_affine_gives_equal_shares_every_sample_once_and_only_the_nodes_own(
+        nodes, ranks, workers, batch):
     ranks_seen = node_epoch(nodes, ranks, workers, batch)
     share = len(ranks_seen[0])
     assert all(len(r) == share for r in ranks_seen) and share % batch == 0
     assert share == P.per_rank(N, nodes * ranks, batch)  # the same steps per epoch as the global mode
     valid = Counter((s, i) for r in ranks_seen for s, i, ok in r if ok)
-    assert set(valid) == {(s, i) for s, n in enumerate(SIZES) for i in range(n)} and set(valid.values()) == {1}
+    assert (set(valid) == {(s, i) for s, n in enumerate(SIZES) for i in range(n)}
+            and set(valid.values()) == {1})
     mine = owned(nodes)
     for rank, seq in enumerate(ranks_seen):
         assert {(s, i) for s, i, _ in seq} <= mine[rank // ranks]  # padding too comes from the node's own set
@@ -225,9 +229,11 @@ def test_assignment_is_balanced_fixed_for_the_run_and_cuts_few_shards(nodes):
     assert P.assign(SIZES, nodes, 3) == parts and P.assign(SIZES, nodes, 4) != parts
     for ep in (1, 2):
         orders = P.epoch_orders(SIZES, nodes, 3, ep)
-        assert [{(r.shard, i) for r in o.runs for i in range(r.start, r.stop)} for o in orders] == owned(nodes, 3)
+        assert [{(r.shard, i) for r in o.runs for i in range(r.start, r.stop)}
+                for o in orders] == owned(nodes, 3)
     if nodes < 40:  # (with one or two samples per node there is little to reorder)
-        assert [o.runs for o in P.epoch_orders(SIZES, nodes, 3, 1)] != [o.runs for o in P.epoch_orders(SIZES, nodes, 3, 2)]
+        assert [o.runs for o in P.epoch_orders(SIZES, nodes, 3,
+                                               1)] != [o.runs for o in P.epoch_orders(SIZES, nodes, 3, 2)]
 
 
 def test_one_node_is_the_global_order():
@@ -247,7 +253,8 @@ def test_node_affine_resume_continues_the_same_sequence():
     for rank in range(6):
         full = P.rank_sequence(lengths, P.Segment(6, 2, 4, nodes=3), rank, "pad", 8, 4, 2)
         for done in (1, 2):
-            assert P.rank_sequence(lengths, P.Segment(6, 2, 4, done, 3), rank, "pad", 8, 4, 2) == full[done * 4:]
+            assert P.rank_sequence(lengths, P.Segment(6, 2, 4, done, 3), rank, "pad", 8, 4,
+                                   2) == full[done * 4:]
 
 
 @pytest.mark.parametrize("hops", [
@@ -283,7 +290,8 @@ def test_node_affine_elastic_resume_covers_the_epoch_once(hops, remainder):
         assert len(got) == N
     else:
         assert len(got) > N - sum(n * r * b for n, r, _, b, _ in hops)
-    if hops[0][0] == hops[1][0] and all(len(o) for o in P.remaining(base, past[0], remainder, buf, seed, ep, 0)):
+    if hops[0][0] == hops[1][0] and all(len(o) for o in P.remaining(base, past[0], remainder, buf, seed, ep,
+                                                                    0)):
         # same nodes: what node k had left stayed on node k
         assert all(after <= before for before, after in zip(owners[0], owners[1]))
 
@@ -299,7 +307,8 @@ def test_node_affine_step_samples_count_the_real_clips(nodes, ranks, workers, ba
     real = [sum(p < lengths[r // ranks] for r, seq in enumerate(seqs) for p in seq[b * batch:(b + 1) * batch])
             for b in range(len(counts))]
     assert counts == real
-    assert sum(P.step_samples(lengths, P.Segment(nodes * ranks, workers, batch, 0, nodes), "pad", 8, 0, 0)) == N
+    assert sum(P.step_samples(lengths, P.Segment(nodes * ranks, workers, batch, 0, nodes), "pad", 8, 0,
+                              0)) == N
 
 
 @pytest.mark.parametrize("call, words", [

@@ -155,12 +155,15 @@ def command(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def test_ingest_synth_progress_in_a_log_and_its_wording(tmp_path):
-    done = command("ingest", "synth", "--out", str(tmp_path / "src"), "--classes", "1", "--train-per-class", "2",
-                   "--val-per-class", "0", "--width", "32", "--height", "32", "--fps", "5", "--seconds", "0.6",
+    done = command("ingest", "synth", "--out", str(tmp_path / "src"), "--classes", "1", "--train-per-class",
+                   "2",
+                   "--val-per-class", "0", "--width", "32", "--height", "32", "--fps", "5", "--seconds",
+                   "0.6",
                    "--workers", "1", env={**os.environ, "KF_PROGRESS_SECONDS": "0"})
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr
-    assert re.search(r"^synth: 1/2 videos \(50%\), [\d.]+ videos/s, ETA \d:\d\d:\d\d$", done.stderr, re.M), done.stderr
+    assert re.search(r"^synth: 1/2 videos \(50%\), [\d.]+ videos/s, ETA \d:\d\d:\d\d$", done.stderr,
+                     re.M), done.stderr
     assert re.search(r"^synth: 2/2 videos in \d:\d\d:\d\d, [\d.]+ videos/s$", done.stderr, re.M), done.stderr
     assert "1 class," in done.stdout and "1 classes" not in done.stdout  # before: "1 classes"
 
@@ -189,8 +192,10 @@ def test_counts_of_one_are_singular(tmp_path):
     make_shardset(str(tmp_path / "set"), {"train": 1}, per_shard=1)
     corrupt_sample(tmp_path / "set", sample=0, at=600)
     verify = command("shards", "verify", str(tmp_path / "set"))
-    assert verify.returncode == 1 and verify.stdout.splitlines()[-1] == "1 shard checked: 2 problems", verify.stdout
-    stats = command("shards", "stats", str(tmp_path / "set"), "--probe", "0")  # its one clip damaged: no figures
+    assert (verify.returncode == 1
+            and verify.stdout.splitlines()[-1] == "1 shard checked: 2 problems"), verify.stdout
+    # its one clip damaged: no figures
+    stats = command("shards", "stats", str(tmp_path / "set"), "--probe", "0")
     assert stats.returncode == 1 and "Traceback" not in stats.stderr, stats.stderr
     assert "train: 1 clip in 1 shard," in stats.stdout, stats.stdout
 

@@ -34,7 +34,8 @@ GATEWAY = "/usr/bin/prometheus-pushgateway"
 CLIPS, BATCH = 8, 2
 FLAGS = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "24",
          "--scale-size", "28", "--batch-size", str(BATCH), "--warmup-epochs", "0", "--workers", "1",
-         "--print-freq", "1", "--no-tensorboard", "--epochs", "1", "--val-split", "", "--max-bad-samples", "1"]
+         "--print-freq", "1", "--no-tensorboard", "--epochs", "1", "--val-split", "", "--max-bad-samples",
+         "1"]
 
 
 @pytest.fixture
@@ -69,7 +70,8 @@ def pushed(url: str, run: str) -> dict[str, dict[tuple, float]]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = dict(s.labels)
-            if labels.pop("job", None) == JOB and labels.pop("run", None) == run and labels.pop("rank", None) == "0":
+            if labels.pop("job", None) == JOB and labels.pop("run",
+                                                             None) == run and labels.pop("rank", None) == "0":
                 labels.pop("instance", None)
                 out.setdefault(s.name, {})[tuple(sorted(labels.items()))] = s.value
     return out
@@ -85,7 +87,8 @@ def test_a_run_pushes_its_figures_to_a_real_pushgateway(gateway, tmp_path):
     port, out = free_port(), tmp_path / "run-a"
     run = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--data",
                             f"http://127.0.0.1:{port}/v1/datasets/clips", "--output-dir", str(out), *FLAGS,
-                            "--push-gateway", gateway], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            "--push-gateway", gateway], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(run.stdout), daemon=True)
@@ -93,7 +96,8 @@ def test_a_run_pushes_its_figures_to_a_real_pushgateway(gateway, tmp_path):
     service = ServiceProcess("--catalog", str(catalog), "--port", str(port))
     try:
         deadline = time.monotonic() + 120
-        while not any("is not answering" in line for line in output):  # its manifest read waits for the service
+        # its manifest read waits for the service
+        while not any("is not answering" in line for line in output):
             assert run.poll() is None and time.monotonic() < deadline, "".join(output)
             time.sleep(0.05)
         service.start()
@@ -120,4 +124,5 @@ def test_a_gateway_that_cannot_be_reached_costs_one_line(caplog):
         hook._push()
         hook.close()  # its final push fails as well
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and lines[0].startswith(f"--push-gateway {hook.url}: the figures could not be pushed"), lines
+    assert (len(lines) == 1
+            and lines[0].startswith(f"--push-gateway {hook.url}: the figures could not be pushed")), lines

@@ -18,22 +18,27 @@ MOVING = dict(frames=48, texture=True)  # textured bottom strip moving a pixel a
 # its defaults it codes no B-frame here (real videos have them: bench/ingest.py), hence scenecut=0.
 KINDS = {
     "x264_default.mp4": lambda p: media.make_video(p, **MOVING),
-    "x264_bframes.mp4": lambda p: media.make_video(p, **MOVING, extra_output_args={"x264-params": "scenecut=0"}),
+    "x264_bframes.mp4": lambda p: media.make_video(p, **MOVING,
+                                                   extra_output_args={"x264-params": "scenecut=0"}),
     "x264_open_gop.mp4": lambda p: media.make_video(p, **MOVING, extra_output_args={
         "x264-params": "open-gop=1:keyint=12:min-keyint=12:scenecut=0"}),
-    "x264_gop12.mkv": lambda p: media.make_video(p, **MOVING, extra_output_args={"g": 12, "format": "matroska"}),
+    "x264_gop12.mkv": lambda p: media.make_video(p, **MOVING,
+                                                 extra_output_args={"g": 12, "format": "matroska"}),
     "x264_annexb.ts": lambda p: media.make_video(p, **MOVING, extra_output_args={
         "g": 12, "x264-params": "scenecut=0", "format": "mpegts"}),
     "hevc.mp4": lambda p: media.make_video(p, **MOVING, codec="libx265", extra_output_args={
         "tag:v": "hvc1", "x265-params": "log-level=error:keyint=12:open-gop=1"}),
     "vp9_altref.webm": lambda p: media.make_video(p, **MOVING, codec="libvpx-vp9", extra_output_args={
         "auto-alt-ref": 1, "lag-in-frames": 16, "g": 24, "deadline": "good", "cpu-used": 8}),
-    "mpeg4_bframes.avi": lambda p: media.make_video(p, **MOVING, codec="mpeg4", extra_output_args={"bf": 2, "q:v": 2, "g": 12}),
+    "mpeg4_bframes.avi": lambda p: media.make_video(p, **MOVING, codec="mpeg4",
+                                                    extra_output_args={"bf": 2, "q:v": 2, "g": 12}),
     "vfr.mp4": lambda p: media.make_vfr(p, frames=48),
     "edit_list.mp4": lambda p: media.make_edit_list(p, texture=True, extra_output_args={
         "g": 24, "x264-params": "scenecut=0"}),
     "rotated.mp4": media.make_rotated,
-    "x264_raw.h264": lambda p: media.make_video(p, **MOVING, extra_output_args={"x264-params": "scenecut=0", "format": "h264"}),
+    "x264_raw.h264": lambda p: media.make_video(p, **MOVING,
+                                                extra_output_args={"x264-params": "scenecut=0",
+                                                                   "format": "h264"}),
 }
 NO_TIMESTAMPS = {"x264_raw.h264"}  # an elementary stream: display order only a decode can tell
 SKIPS_SOME = {"x264_bframes.mp4", "x264_open_gop.mp4", "x264_annexb.ts", "hevc.mp4", "mpeg4_bframes.avi",
@@ -72,7 +77,8 @@ def test_selected_frames_are_bit_identical_to_a_full_decode(videos, kind):
         assert found.num_frames == len(full)
         assert found.counted_by == ("decoded" if kind in NO_TIMESTAMPS else "packets")
         for i in picks:
-            assert all(np.array_equal(a, b) for a, b in zip(planes(found.frames[i]), full[i])), (kind, picks, i)
+            assert all(np.array_equal(a, b) for a, b in zip(planes(found.frames[i]),
+                                                            full[i])), (kind, picks, i)
         fed.append(found.packets_decoded)
     if kind in SKIPS_SOME:  # frames nobody needs were left out (not just the tail after the last pick)
         assert fed[-4] < len(full), fed  # the last frame alone
@@ -128,7 +134,8 @@ UNSCALED_SIZES = [(340, 256), (226, 170), (354, 200), (60, 36), (90, 50)]
 
 @pytest.mark.parametrize("width,height", UNSCALED_SIZES)
 def test_frames_kept_at_their_size_equal_ffmpegs_decode_to_the_last_column(tmp_path, width, height):
-    path = media.make_video(tmp_path / f"{width}x{height}.mp4", frames=12, width=width, height=height, texture=True)
+    path = media.make_video(tmp_path / f"{width}x{height}.mp4", frames=12, width=width, height=height,
+                            texture=True)
     full = media.decode_frames(path)  # the ffmpeg command line's own RGB
     picks = [1, 4, 6, 11]
     for _ in range(2):  # twice: the garbage differed from call to call
@@ -137,7 +144,8 @@ def test_frames_kept_at_their_size_equal_ffmpegs_decode_to_the_last_column(tmp_p
             a = np.asarray(ours[i].convert("RGB"))
             assert a.shape == full[i].shape
             worst = np.abs(a.astype(np.int16) - full[i]).max(axis=(0, 2))
-            assert not worst.any(), f"frame {i}: columns {np.flatnonzero(worst).tolist()} differ by up to {worst.max()}"
+            assert not worst.any(), (f"frame {i}: columns {np.flatnonzero(worst).tolist()} differ by up to "
+                                     f"{worst.max()}")
 
 
 def random_stream(rng: random.Random, n: int) -> tuple[list[packets.Packet], list[set[int]]]:

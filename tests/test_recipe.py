@@ -18,7 +18,8 @@ def test_linear_scaling_rule():
 
 @pytest.mark.parametrize("seen,factor", [
     (0, 0.0), (4, 0.4), (9, 0.9),  # warm-up: seen / 10
-    (10, 1.0), (35, 0.5 * (1 + math.cos(math.pi / 4))), (60, 0.5), (85, 0.5 * (1 + math.cos(3 * math.pi / 4))),
+    (10, 1.0), (35, 0.5 * (1 + math.cos(math.pi / 4))), (60, 0.5), (85, 0.5
+                                                                    * (1 + math.cos(3 * math.pi / 4))),
     (110, 0.0),
 ])
 def test_warmup_cosine_multiplier(seen, factor):
@@ -65,7 +66,8 @@ def test_bn_and_bias_parameters_get_no_weight_decay():
     assert decayed | exempt == set(names.values()) and not decayed & exempt
     assert "fc.bias" in exempt and "backbone.bn1.weight" in exempt and "backbone.layer1.0.bn2.bias" in exempt
     assert "fc.weight" in decayed and "backbone.layer2.0.downsample.0.weight" in decayed
-    assert all(n.endswith("conv1.weight") or n.endswith("conv2.weight") or "downsample.0" in n or n == "fc.weight"
+    assert all(n.endswith("conv1.weight") or n.endswith("conv2.weight") or "downsample.0" in n
+               or n == "fc.weight"
                for n in decayed)
 
     # through the real optimizer: with zero gradients only weight decay moves anything

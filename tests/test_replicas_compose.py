@@ -34,7 +34,8 @@ def replica_script(catalog: str, root: Path) -> list[str]:
     command = yaml.safe_load(COMPOSE.read_text())["x-replica"]["command"]
     assert command[:2] == ["bash", "-ec"], command
     script = command[2].replace("$$", "$")  # compose's escape of a literal $
-    for theirs, ours in (("postgresql://kf@postgres:5432/kinetics_fast", catalog), ("--host 0.0.0.0", "--host 127.0.0.1"),
+    for theirs, ours in (("postgresql://kf@postgres:5432/kinetics_fast", catalog),
+                         ("--host 0.0.0.0", "--host 127.0.0.1"),
                          ("--port 8765", "--port 0"), ("/tmp/tokens", str(root / "tokens")),
                          ("/tmp/accel-secret", str(root / "accel-secret")), (" /data/", f" {root}/data/")):
         assert theirs in script, f"{COMPOSE}: the replica command no longer has {theirs!r}"
@@ -57,7 +58,8 @@ def unreadable_by_others(top: Path) -> list[str]:
 def test_the_compose_replica_builds_sets_nginx_can_read_and_takes_many_connections_from_one_client(postgres,
                                                                                                     tmp_path):
     media.make_class_folders(tmp_path / "data" / "videos")
-    env = {**os.environ, "KF_TOKEN": TOKEN, "KF_ACCEL_SECRET": "s" * 32, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "KF_TOKEN": TOKEN, "KF_ACCEL_SECRET": "s" * 32,
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     replica = ServiceProcess(env=env, command=tuple(replica_script(postgres.database(), tmp_path)))
     held = []
     try:

@@ -54,8 +54,10 @@ def cluster(tmp_path_factory, ray_local):
     try:
         url = db.start().database()
         register(Catalog(url), str(root / "clips"), "clips")
-        args = ("--catalog", url, "--token-file", str(root / "tokens"), "--source-root", str(videos), "--data-root",
-                str(root / "sets"), "--ray-address", ray_local.get_runtime_context().gcs_address, *accel_flags(str(root)))
+        args = ("--catalog", url, "--token-file", str(root / "tokens"), "--source-root", str(videos),
+                "--data-root",
+                str(root / "sets"), "--ray-address", ray_local.get_runtime_context().gcs_address,
+                *accel_flags(str(root)))
         with replicated(root, *args) as (replicas, front):
             yield {"root": root, "db": db, "url": url, "videos": videos, "replicas": replicas, "front": front}
     finally:
@@ -102,7 +104,8 @@ def test_training_reads_through_a_killed_replica_and_a_catalog_restart_bitwise(c
 
 def test_an_http_build_survives_the_death_of_the_replica_running_it(cluster):
     front, replicas = cluster["front"], cluster["replicas"]
-    body = json.dumps({"src": str(cluster["videos"]), "splits": ["train"], "short_side": 26, "shard_samples": 2,
+    body = json.dumps({"src": str(cluster["videos"]), "splits": ["train"], "short_side": 26,
+                       "shard_samples": 2,
                        "videos_per_task": 1, "workers": 1}).encode()
     status, _, answer = http(front.url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"}, body)
     assert status == 202, answer
@@ -113,7 +116,8 @@ def test_an_http_build_survives_the_death_of_the_replica_running_it(cluster):
         assert time.monotonic() < deadline, "no replica said it started the build"
         owner = Catalog(cluster["url"]).get(dataset).owner
         time.sleep(0.05)
-    running = next(r for r in replicas if any(f"build process {owner['pid']} started" in line for line in r.log))
+    running = next(r for r in replicas if any(f"build process {owner['pid']} started" in line
+                                              for line in r.log))
     other = next(r for r in replicas if r is not running)
     builder = psutil.Process(owner["pid"])
     os.killpg(builder.pid, signal.SIGSTOP)  # held: it cannot finish before its replica dies
@@ -121,9 +125,11 @@ def test_an_http_build_survives_the_death_of_the_replica_running_it(cluster):
     os.killpg(builder.pid, signal.SIGCONT)  # it finds its server gone and leaves, recording nothing
     builder.wait(timeout=60)
     try:
-        done = wait_for(front.url, dataset, ("ready", "failed"))  # a status request finds it orphaned: taken over
+        # a status request finds it orphaned: taken over
+        done = wait_for(front.url, dataset, ("ready", "failed"))
         assert done["state"] == "ready" and done["attempts"] == 2, done
-        assert any(f"build {dataset}: its builder (" in line and "taken over (attempt 2)" in line for line in other.log)
+        assert any(f"build {dataset}: its builder (" in line and "taken over (attempt 2)" in line
+                   for line in other.log)
         assert Manifest.load(done["location"]).splits["train"].num_samples == 4
         status, _, _ = http(front.url, path=f"/v1/datasets/{dataset}/manifest.json")
         assert status == 200
@@ -131,7 +137,8 @@ def test_an_http_build_survives_the_death_of_the_replica_running_it(cluster):
         running.start()  # for any test after this one
 
 
-def test_known_sets_are_read_through_a_catalog_outage_after_a_write_and_refused_once_it_says_so(cluster, tmp_path):
+def test_known_sets_are_read_through_a_catalog_outage_after_a_write_and_refused_once_it_says_so(
+        cluster, tmp_path):
     front, replicas, db = cluster["front"], cluster["replicas"], cluster["db"]
     catalog = Catalog(cluster["url"])
     make_shardset(str(tmp_path / "doomed"), {"train": 4}, per_shard=2, frames=4, size=(48, 40))
@@ -146,7 +153,8 @@ def test_known_sets_are_read_through_a_catalog_outage_after_a_write_and_refused_
 
     assert set(statuses().values()) == {200}  # each replica has looked both sets up
     marks = [len(r.log) for r in replicas]
-    catalog.record_verify(doomed.id, 1, f"{shard[doomed.id]}: bytes differ")  # the write: every replica notified
+    # the write: every replica notified
+    catalog.record_verify(doomed.id, 1, f"{shard[doomed.id]}: bytes differ")
     time.sleep(1)  # a notification takes milliseconds
     db.stop()
     try:

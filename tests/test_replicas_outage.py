@@ -86,7 +86,8 @@ def data_reads(replica: Replica) -> dict[str, float]:
     return counts
 
 
-def test_a_two_rank_run_reads_through_nginx_through_a_catalog_outage_of_over_a_minute_after_a_write(cluster, tmp_path):
+def test_a_two_rank_run_reads_through_nginx_through_a_catalog_outage_of_over_a_minute_after_a_write(
+        cluster, tmp_path):
     front, replicas, db = cluster["front"], cluster["replicas"], cluster["db"]
     data, shard = f"{front.url}/v1/datasets/clips", cluster["shards"][0].name
     keys = [k for s in cluster["shards"] for k in s.keys]
@@ -96,7 +97,8 @@ def test_a_two_rank_run_reads_through_nginx_through_a_catalog_outage_of_over_a_m
 
     marks = [len(r.log) for r in replicas]
     # the hold (SIGSTOP) counts against Gloo's wait in a collective under way: its 30 s default raised
-    run = HeldRun(data, tmp_path / "outage", [1, 4], {"SHARD_SOURCE_DEADLINE": "30", "HOROVOD_GLOO_TIMEOUT_SECONDS": "300"})
+    run = HeldRun(data, tmp_path / "outage", [1, 4], {"SHARD_SOURCE_DEADLINE": "30",
+                                                      "HOROVOD_GLOO_TIMEOUT_SECONDS": "300"})
     try:
         run.held(1)
         status, _, body = http(front.url, "PUT", "/v1/datasets/clips/tags/outage", AUTH)
@@ -124,7 +126,8 @@ def test_a_two_rank_run_reads_through_nginx_through_a_catalog_outage_of_over_a_m
     assert "is not answering" not in run.log  # no read of the run's waited for its source
     for replica, old, new, mark in zip(replicas, before, after, marks):
         answered = {status: n - old.get(status, 0) for status, n in new.items() if n > old.get(status, 0)}
-        assert answered and all(s.startswith("2") for s in answered), answered  # read from, every read answered
+        # read from, every read answered
+        assert answered and all(s.startswith("2") for s in answered), answered
         assert sum("serving the sets this replica has looked up from their last known records" in line
                    for line in replica.log[mark:]) == 1, replica.log[mark:]
     assert sum(new.get("200", 0) + new.get("206", 0) - old.get("200", 0) - old.get("206", 0)
@@ -154,7 +157,8 @@ def test_a_replica_refuses_past_its_catalog_staleness_with_a_503_and_one_line(cl
             while not (lines := [line for line in bounded.log[mark:] if path in line]):
                 assert time.monotonic() < deadline, bounded.log[mark:]
                 time.sleep(0.05)
-            assert len(lines) == 1 and "past the staleness bound of 2 s (--catalog-staleness)" in lines[0], lines
+            assert (len(lines) == 1
+                    and "past the staleness bound of 2 s (--catalog-staleness)" in lines[0]), lines
         finally:
             db.start()
         deadline = time.monotonic() + 30  # asked again once its listener is back

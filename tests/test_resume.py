@@ -28,7 +28,8 @@ STOPS = [
     ("step:2:INT:group", 130, (0, 3, 3)),  # mid-epoch: Ctrl-C in a terminal signals the group
     ("step:3:TERM:self", 143, (0, 6, 6)),  # the epoch's last step: validation still to run
     ("validated:1:TERM:self", 143, (1, 0, 6)),  # just after validation (between epochs)
-    ("step:4:KILL:group", -9, (1, 2, 8)),  # SIGKILL in step 10: back to the checkpoint of step 8, step 9 redone
+    # SIGKILL in step 10: back to the checkpoint of step 8, step 9 redone
+    ("step:4:KILL:group", -9, (1, 2, 8)),
     ("", 0, (EPOCHS, 0, EPOCHS * STEPS_PER_EPOCH)),
 ]
 
@@ -38,7 +39,8 @@ def train(data, out, fault="", *extra) -> subprocess.CompletedProcess:
         sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir", str(out), "--backend", "none",
         "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
         "--batch-size", "4", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05",
-        "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--checkpoint-steps", "2", "--no-tensorboard", *extra],
+        "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--checkpoint-steps", "2",
+        "--no-tensorboard", *extra],
         env={**ENV, "FAULT": fault}, capture_output=True, text=True, timeout=300,
         start_new_session=True)  # a signal to the process group reaches the trainer and its workers only
 
@@ -46,23 +48,27 @@ def train(data, out, fault="", *extra) -> subprocess.CompletedProcess:
 def records(out) -> list[dict]:
     """metrics.jsonl without the timings (which differ between runs)."""
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if "time" not in k and k != "clips_per_s"} for line in lines]
+    return [{k: v for k, v in json.loads(line).items() if "time" not in k and k != "clips_per_s"}
+            for line in lines]
 
 
 def test_stopped_at_first_middle_last_step_after_validation_or_killed_resumes_bitwise(tmp_path):
     data = tmp_path / "data"
-    make_shardset(str(data), {"train": TRAIN_CLIPS, "val": 8}, per_shard=5, num_classes=3, frames=4, size=(48, 40))
+    make_shardset(str(data), {"train": TRAIN_CLIPS, "val": 8}, per_shard=5, num_classes=3, frames=4,
+                  size=(48, 40))
 
     straight = train(data, tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-3000:]
     # stderr is a pipe, not a terminal: progress as lines (before: a bar redrawn with "\r" per refresh)
     lines = straight.stderr.splitlines()
     assert "\r" not in straight.stderr
-    steps = [line for line in lines if re.match(r"epoch 1/2: \d/6 steps \(\d+%\), [\d.]+ steps/s, ETA \d:\d\d:\d\d; "
-                                                  r"loss [\d.]+, lr [\d.e+-]+, clips/s [\d.]+, data ms \d+, compute ms \d+$",
+    steps = [line for line in lines if re.match(r"epoch 1/2: \d/6 steps \(\d+%\), [\d.]+ steps/s, ETA "
+                                                  r"\d:\d\d:\d\d; loss [\d.]+, lr [\d.e+-]+, clips/s [\d.]+, "
+                                                  r"data ms \d+, compute ms \d+$",
                                                   line)]
     assert [int(line.split()[2].split("/")[0]) for line in steps] == [1, 2, 3, 4, 5], lines
-    assert sum(bool(re.match(r"epoch 2/2: 6/6 steps in \d:\d\d:\d\d, [\d.]+ steps/s; loss", line)) for line in lines) == 1
+    assert sum(bool(re.match(r"epoch 2/2: 6/6 steps in \d:\d\d:\d\d, [\d.]+ steps/s; loss", line))
+               for line in lines) == 1
 
     broken = tmp_path / "broken"
     for i, (fault, code, position) in enumerate(STOPS):

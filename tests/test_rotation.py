@@ -34,7 +34,8 @@ def stored(clips: list[int], per_shard: int) -> list[ShardInfo]:
 
 def planner(shards, rank: int, world_size: int, workers: int, batch: int, local_size: int = 1,
             shuffle: str = "global") -> Epochs:
-    options = EpochOptions(batch_size=batch, rank=rank, world_size=world_size, local_size=local_size, train=True,
+    options = EpochOptions(batch_size=batch, rank=rank, world_size=world_size, local_size=local_size,
+                           train=True,
                            seed=3, shuffle_buffer=4, shuffle=shuffle, stored_clips="rotate")
     return Epochs(shards, "train", options, workers)
 
@@ -70,7 +71,8 @@ LAYOUTS = [(1, 1, 4, 1, "global"), (3, 2, 2, 1, "global"), (4, 3, 5, 2, "node"),
 
 @pytest.mark.parametrize("clips", [[4] * 30, [1 + v % 3 for v in range(29)]], ids=["K=4", "K=1..3"])
 @pytest.mark.parametrize("world_size,workers,batch,local_size,shuffle", LAYOUTS)
-def test_an_epoch_reads_every_video_once_and_k_epochs_every_stored_clip_once(clips, world_size, workers, batch,
+def test_an_epoch_reads_every_video_once_and_k_epochs_every_stored_clip_once(
+        clips, world_size, workers, batch,
                                                                             local_size, shuffle):
     shards = stored(clips, per_shard=7)
     every = {k for s in shards for k in s.keys}
@@ -137,7 +139,8 @@ def keys(batch) -> list[tuple[str, bool]]:
 def ready(shardset, **options):
     from trainer.data import ClipLoader
 
-    return ClipLoader(shardset, "train", EpochOptions(batch_size=BATCH, seed=5, shuffle_buffer=8, stored_clips="rotate"),
+    return ClipLoader(shardset, "train", EpochOptions(batch_size=BATCH, seed=5, shuffle_buffer=8,
+                                                      stored_clips="rotate"),
                       num_workers=2, crop_size=32, scale_size=40, **options)
 
 
@@ -146,8 +149,10 @@ def test_the_loader_reads_one_clip_a_video_an_epoch_and_resumes_the_identical_se
     run = [[keys(b) for b in whole] for _ in range(2)]
     for e, batches_ in enumerate(run):
         valid = [k for b in batches_ for k, ok in b if ok]
-        assert len(batches_) == 3 and sorted(video_of(k) for k in valid) == [f"train_v{v:04d}" for v in range(11)]
-        assert {k[-3:] for k in valid} == {f"c{e:02d}"}  # tests/helpers/shardsets.py's clips in video order: c00, then c01
+        assert (len(batches_) == 3 and sorted(video_of(k)
+                                              for k in valid) == [f"train_v{v:04d}" for v in range(11)])
+        # tests/helpers/shardsets.py's clips in video order: c00, then c01
+        assert {k[-3:] for k in valid} == {f"c{e:02d}"}
     for after in (1, 2, 3):
         first = ready(shardset)
         it = iter(first)

@@ -77,10 +77,12 @@ def test_ingest_into_s3_verify_serve_and_train(s3, tmp_path):
             media.make_video(src / "train" / label / f"{label}{i}.mp4", frames=16, width=40, height=30)
     catalog = str(tmp_path / "catalog.sqlite")
     url = f"s3://{BUCKET}/tiny"
-    summary, rec = registry.build(catalog, str(src), url, ClipConfig(frames=4, short_side=30), splits=("train",),
+    summary, rec = registry.build(catalog, str(src), url, ClipConfig(frames=4, short_side=30),
+                                  splits=("train",),
                                   shard_samples=2, workers=2, videos_per_task=2)
     assert rec.state == "ready" and rec.location == url and summary.clips == 4
-    assert sorted(fs.ls(f"{BUCKET}/tiny/train")) == [f"{BUCKET}/tiny/train/train-00000{i}.tar" for i in (0, 1)]
+    assert sorted(fs.ls(f"{BUCKET}/tiny/train")) == [f"{BUCKET}/tiny/train/train-00000{i}.tar"
+                                                     for i in (0, 1)]
     m = Manifest.load(url)
     assert verify(m) == []
 
@@ -97,16 +99,22 @@ def test_ingest_into_s3_verify_serve_and_train(s3, tmp_path):
     base = server.start()
     try:
         data = f"{base}/v1/datasets/{rec.id}"
-        assert read_range(f"{data}/{shard.name}", 100, 5000) == raw[100:5000], "".join(server.log)  # streamed from S3
+        # streamed from S3
+        assert read_range(f"{data}/{shard.name}", 100, 5000) == raw[100:5000], "".join(server.log)
         out = tmp_path / "run"
-        proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", data, "--output-dir", str(out),
+        proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", data, "--output-dir",
+                               str(out),
                                "--val-split", "", "--segments", "4", "--depth", "10", "--width", "8",
-                               "--crop-size", "24", "--scale-size", "28", "--batch-size", "2", "--epochs", "1",
-                               "--warmup-epochs", "0", "--workers", "1", "--print-freq", "1", "--no-tensorboard",
+                               "--crop-size", "24", "--scale-size", "28", "--batch-size", "2", "--epochs",
+                               "1",
+                               "--warmup-epochs", "0", "--workers", "1", "--print-freq", "1",
+                               "--no-tensorboard",
                                "--backend", "none"],
-                              capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+                 if line.strip()]
         assert max(s.get("step", 0) for s in steps) == 2  # 4 clips, batches of 2
     finally:
         server.kill(15)

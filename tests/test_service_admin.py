@@ -25,12 +25,15 @@ def catalog(tmp_path):
         sets[name] = register(cat, str(tmp_path / name), name)
     cat.tag(sets["tagged-ready"].id, "paper")
     cat.tag(sets["failed-tagged"].id, "keep")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True)
     for name, owner in (("failed", None), ("failed-tagged", None), ("abandoned", int(dead.stdout)),
                         ("live", os.getpid())):
         state = "failed" if owner is None else "building"
-        cat._db.execute("UPDATE datasets SET state = ?, owner = ?, heartbeat = strftime('%s','now') WHERE id = ?",
-                        (state, None if owner is None else json.dumps({"host": os.uname().nodename, "pid": owner,
+        cat._db.execute("UPDATE datasets SET state = ?, owner = ?, heartbeat = strftime('%s','now') WHERE id "
+                        "= ?",
+                        (state, None if owner is None
+                         else json.dumps({"host": os.uname().nodename, "pid": owner,
                                                                        "token": "t"}), sets[name].id))
     return cat, sets, tmp_path
 
@@ -62,7 +65,8 @@ def test_gc_is_a_dry_run_unless_told_and_spares_tagged_sets_and_live_builds(cata
         assert sorted(os.listdir(root / name)) == ["notes.txt"]  # only what the build wrote is gone
     for name in ("good", "tagged-ready", "failed-tagged", "live"):
         assert (root / name / "train" / "train-000000.tar").exists()
-    assert cat.get(sets["live"].id).state == "building" and cat.get(sets["failed-tagged"].id).state == "failed"
+    assert (cat.get(sets["live"].id).state == "building"
+            and cat.get(sets["failed-tagged"].id).state == "failed")
 
 
 def test_remove_deletes_files_only_with_purge_and_never_a_tagged_set(catalog):
@@ -88,7 +92,8 @@ def test_verify_records_its_outcome_and_list_show_tag(catalog):
     shard.write_bytes(bytes(data))
     code, out = cli(cat, "verify", sets["good"].id)
     rec = cat.get(sets["good"].id)
-    assert code == 1 and "SHA-256 differs" in out and rec.verify_problems >= 1 and "val-000000" in rec.verify_detail
+    assert (code == 1 and "SHA-256 differs" in out and rec.verify_problems >= 1
+            and "val-000000" in rec.verify_detail)
     code, out = cli(cat, "list")  # a set verify found bad is not listed as sound
     assert {line.split()[1]: line.split()[2] for line in out.splitlines()[1:]}["good"] == "damaged"
     shown = json.loads(cli(cat, "show", "good")[1])
@@ -102,9 +107,11 @@ def test_verify_records_its_outcome_and_list_show_tag(catalog):
     shown = json.loads(out)
     assert code == 0 and shown["tags"] == ["v1"] and shown["state"] == "changed"
     assert "manifest.json changed since the set was registered" in shown["problem"]
-    code, out = cli(cat, "list")  # its manifest is not the registered one: not ready, whatever the record says
+    # its manifest is not the registered one: not ready, whatever the record says
+    code, out = cli(cat, "list")
     states = {line.split()[1]: line.split()[2] for line in out.splitlines()[1:]}
-    assert states == {"good": "changed", "tagged-ready": "ready", "failed": "failed", "failed-tagged": "failed",
+    assert states == {"good": "changed", "tagged-ready": "ready", "failed": "failed",
+                      "failed-tagged": "failed",
                       "abandoned": "abandoned", "live": "building"}
     assert cli(cat, "show", "nothing")[0] == 2  # no such dataset: a usage error
 
@@ -144,7 +151,8 @@ def test_list_on_a_terminal_colours_each_state_and_only_a_sound_set_green(catalo
     assert all(STATES[state].tone in ANSI for state, _ in painted.values())
     assert "\x1b[" not in on_a_terminal({**os.environ, "NO_COLOR": "1"})
     piped = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    assert "\x1b[" not in piped and {line.split()[1]: line.split()[2] for line in piped.splitlines()[1:]}["good"] == \
+    assert "\x1b[" not in piped and {line.split()[1]: line.split()[2]
+                                     for line in piped.splitlines()[1:]}["good"] == \
         "damaged"
 
 

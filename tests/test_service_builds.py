@@ -40,7 +40,8 @@ def serve(root, *args: str) -> ServiceProcess:
 
 
 def post(url: str, videos, **options) -> tuple[int, dict]:
-    status, _, answer = http(url, "POST", "/v1/builds", AUTH, json.dumps({"src": str(videos), **options}).encode())
+    status, _, answer = http(url, "POST", "/v1/builds", AUTH,
+                             json.dumps({"src": str(videos), **options}).encode())
     return status, json.loads(answer)
 
 
@@ -52,7 +53,8 @@ def no_children(server: ServiceProcess) -> None:
 
 @pytest.mark.long  # a minute's wait for Ray's driver timeout: only a long run shows it
 def test_the_server_outlives_its_builds_and_builds_again_minutes_later(tmp_path, videos):
-    server = serve(tmp_path, "--source-root", str(videos))  # no --ray-address: each build starts an embedded Ray
+    # no --ray-address: each build starts an embedded Ray
+    server = serve(tmp_path, "--source-root", str(videos))
     try:
         status, first = post(server.url, videos, splits=["val"], short_side=30, shard_samples=2)
         assert status == 202
@@ -76,17 +78,21 @@ def test_the_server_outlives_its_builds_and_builds_again_minutes_later(tmp_path,
     assert server.proc.returncode == 0
 
 
-def test_a_killed_build_process_is_recorded_failed_at_once_and_asking_again_resumes(tmp_path, videos, ray_local):
-    server = serve(tmp_path, "--source-root", str(videos), "--ray-address", ray_local.get_runtime_context().gcs_address)
+def test_a_killed_build_process_is_recorded_failed_at_once_and_asking_again_resumes(
+        tmp_path, videos, ray_local):
+    server = serve(tmp_path, "--source-root", str(videos), "--ray-address",
+                   ray_local.get_runtime_context().gcs_address)
     try:
         for side in (22, 23, 25):  # a build of seconds may end before its process is found: then another
             status, answer = post(server.url, videos, splits=["train"], short_side=side, shard_samples=2)
             assert status == 202
             builder = server.build_process(dataset=answer["id"])
             with contextlib.suppress(ProcessLookupError):  # (gone: its build is over)
-                os.killpg(builder.pid, signal.SIGSTOP)  # held where it is, so that what is killed is a running build
+                # held where it is, so that what is killed is a running build
+                os.killpg(builder.pid, signal.SIGSTOP)
                 # the catalog, not the server's view: a build records its outcome there as its last act
-                if Catalog(str(tmp_path / "catalog.sqlite")).get(answer["id"]).state not in ("ready", "failed"):
+                if Catalog(str(tmp_path
+                               / "catalog.sqlite")).get(answer["id"]).state not in ("ready", "failed"):
                     break
                 os.killpg(builder.pid, signal.SIGCONT)
             no_children(server)
@@ -119,7 +125,8 @@ def test_sigterm_stops_the_running_build_records_it_and_leaves_no_process(tmp_pa
         try:
             os.killpg(builder.pid, signal.SIGCONT)  # now it handles the server's SIGTERM ...
         except ProcessLookupError:
-            pass  # ... unless caught before it had a handler: SIGTERM's default action ends even a stopped process
+            # ... unless caught before it had a handler: SIGTERM's default action ends even a stopped process
+            pass
         assert server.proc.wait(timeout=120) == 0
         gone, alive = psutil.wait_procs(started, timeout=30)
         assert not alive and not [p for p in psutil.process_iter(["pid"]) if _group(p) == builder.pid]
@@ -149,19 +156,21 @@ def test_a_ray_that_cannot_be_joined_fails_the_build_at_once_with_the_reason(tmp
         assert status == 202
         failed = wait_for(server.url, answer["id"], ("ready", "failed"), timeout=60)
         assert failed["state"] == "failed", failed
-        assert failed["error"].startswith(f"could not join the Ray cluster at 127.0.0.1:{port}: ConnectionError: "
-                                          f"nothing answers at 127.0.0.1:{port}"), failed["error"]
+        assert failed["error"].startswith(f"could not join the Ray cluster at 127.0.0.1:{port}: "
+                                          f"ConnectionError: nothing answers at 127.0.0.1:{port}"), failed["error"]
         assert http(server.url, path="/v1/health")[0] == 200
     finally:
         server.kill(signal.SIGTERM)
 
 
 def test_different_builds_posted_together_share_a_ray_cluster(tmp_path, videos, ray_local):
-    server = serve(tmp_path, "--source-root", str(videos), "--ray-address", ray_local.get_runtime_context().gcs_address,
+    server = serve(tmp_path, "--source-root", str(videos), "--ray-address",
+                   ray_local.get_runtime_context().gcs_address,
                    "--max-builds", "2")
     try:
         with ThreadPoolExecutor(2) as pool:
-            answers = list(pool.map(lambda seed: post(server.url, videos, splits=["val"], short_side=30, seed=seed,
+            answers = list(pool.map(lambda seed: post(server.url, videos, splits=["val"], short_side=30,
+                                                      seed=seed,
                                                       shard_samples=2), (1, 2)))
         assert [status for status, _ in answers] == [202, 202] and answers[0][1]["id"] != answers[1][1]["id"]
         for _, answer in answers:
@@ -174,8 +183,9 @@ def test_different_builds_posted_together_share_a_ray_cluster(tmp_path, videos, 
 def test_a_server_started_without_source_roots_refuses_every_build(tmp_path, videos):
     server = serve(tmp_path)
     try:
-        status, _, answer = http(server.url, "POST", "/v1/builds", AUTH, json.dumps({"src": str(videos)}).encode())
-        assert status == 403 and json.loads(answer)["error"] == ("builds over HTTP are disabled: the server was "
-                                                                 "started without --source-root")
+        status, _, answer = http(server.url, "POST", "/v1/builds", AUTH,
+                                 json.dumps({"src": str(videos)}).encode())
+        assert status == 403 and json.loads(answer)["error"] == ("builds over HTTP are disabled: the server "
+                                                                 "was started without --source-root")
     finally:
         server.kill(signal.SIGTERM)

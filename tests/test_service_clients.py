@@ -27,7 +27,8 @@ def shardset(tmp_path_factory):
 
 
 def serve(root, *args: str, command: tuple[str, ...] | None = None) -> ServiceProcess:
-    server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--token-file", str(root / "tokens"), *args,
+    server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--token-file", str(root / "tokens"),
+                            *args,
                             command=command)
     server.start()
     return server
@@ -87,7 +88,8 @@ def test_slow_and_silent_connections_are_closed_at_the_header_deadline_while_oth
 
         def attack(k):
             head, drip = ((b"", None) if k == 0 else  # says nothing at all
-                          (b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a"))  # a header, a byte at a time
+                          # a header, a byte at a time
+                          (b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a"))
             outcomes[k] = hold_until_closed(attackers[k], head, drip)
 
         threads = [threading.Thread(target=attack, args=(k,)) for k in range(len(attackers))]
@@ -105,7 +107,8 @@ def test_slow_and_silent_connections_are_closed_at_the_header_deadline_while_oth
         for (before, after), when in zip(opened, closed):
             assert when - before >= DEADLINE, (when - before, outcomes)
             due = after + DEADLINE
-            if when - due > 0.5:  # then late by no more than the server's longest silence to the normal client
+            # then late by no more than the server's longest silence to the normal client
+            if when - due > 0.5:
                 marks = [due, *(t for t in answered if due < t < when), when]
                 slowest = max(b - a for a, b in zip(marks, marks[1:]))
                 assert when - due <= slowest + 0.5, (when - due, slowest)
@@ -125,7 +128,8 @@ def test_slow_and_silent_connections_are_closed_at_the_header_deadline_while_oth
 
 
 def test_connections_over_the_caps_get_503_at_once(shardset):
-    server = serve(shardset, "--header-timeout", "600", "--max-connections", "8", "--max-connections-per-client", "3")
+    server = serve(shardset, "--header-timeout", "600", "--max-connections", "8",
+                   "--max-connections-per-client", "3")
     held = []
     try:
         for _ in range(3):
@@ -154,7 +158,8 @@ def test_connections_over_the_caps_get_503_at_once(shardset):
 
 def test_running_out_of_open_files_is_logged_once_and_the_server_recovers(shardset):
     server = serve(shardset, "--max-connections", "1000", "--max-connections-per-client", "0",
-                   command=("prlimit", "--nofile=150:150", sys.executable, "-m", "service", "serve", "--port", "0"))
+                   command=("prlimit", "--nofile=150:150", sys.executable, "-m", "service", "serve", "--port",
+                            "0"))
     flood = []
     try:
         assert any("more than 150 open files allow" in line for line in server.log)

@@ -32,7 +32,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's nginx-light")
+    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's "
+                                                        f"nginx-light")
     root = tmp_path_factory.mktemp("grants")
     cat = Catalog(str(root / "catalog.sqlite"))
     sets = {}
@@ -98,9 +99,11 @@ def test_a_shard_is_granted_once_and_every_range_sent_by_nginx(env, client, tmp_
     after = counted(env)
     target = client.get(url)
     assert target.startswith(f"{env['front'].url}/_grant/{env['sets']['kept'].id}/{shard.name}?expires=")
-    if time.time() < expires(target) - 1:  # (a loaded machine may have outlasted the grant: then it was renewed)
+    # (a loaded machine may have outlasted the grant: then it was renewed)
+    if time.time() < expires(target) - 1:
         assert after["grants"] - before["grants"] == 1 and after["requests"] - before["requests"] == 2
-    assert after["shard_bytes"] == before["shard_bytes"] and after["accel_redirects"] == before["accel_redirects"]
+    assert (after["shard_bytes"] == before["shard_bytes"]
+            and after["accel_redirects"] == before["accel_redirects"])
     assert str(env["root"]) not in target  # the set's id and the file's name, no server path
     # the node cache downloads through the same grants, verified
     copy = ShardCache(str(tmp_path / "cache")).fetch(url, shard.sha256, shard.bytes)
@@ -118,11 +121,13 @@ def test_nginx_refuses_an_altered_foreign_or_expired_grant_without_asking_the_re
     front = env["front"].url
     before = counted(env)
     status, headers, body = http(front, path=path, headers={**AUTH, "Range": "bytes=10-1009"})
-    assert status == 206 and body == data[10:1010] and headers["content-range"] == f"bytes 10-1009/{shard.bytes}"
+    assert (status == 206 and body == data[10:1010] and headers["content-range"] == f"bytes "
+            f"10-1009/{shard.bytes}")
     uri, query = path.split("?")
     md5 = urllib.parse.parse_qs(query)["md5"][0]
     later = query.replace(f"expires={expires(target)}", f"expires={expires(target) + 3600}")
-    altered = {"another signature": (f"{uri}?{query.replace(md5, ('A' if md5[0] != 'A' else 'B') + md5[1:])}", AUTH),
+    altered = {"another signature": (f"{uri}?{query.replace(md5, ('A' if md5[0] != 'A' else 'B') + md5[1:])}",
+                                     AUTH),
                "a later expiry": (f"{uri}?{later}", AUTH),
                "another file": (f"{uri.replace(shard.name, other.name)}?{query}", AUTH),
                "another token": (path, {"Authorization": "Bearer someone-else"}),
@@ -160,15 +165,18 @@ def test_a_removed_or_damaged_set_is_refused_from_the_next_grant_on(env, client)
         assert http(env["front"].url, "DELETE", f"/v1/datasets/{rec.id}", headers=AUTH)[0] == 200
 
     spoils = {"doomed": (remove, 404),
-              "spoilt": (lambda rec: env["catalog"].record_verify(rec.id, 1, "a shard: SHA-256 differs"), 409)}
+              "spoilt": (lambda rec: env["catalog"].record_verify(rec.id, 1, "a shard: SHA-256 differs"),
+                         409)}
     reads, given = {}, []
     for name, (spoil, status) in spoils.items():
         shard, data = shard_of(env, name)
         reads[name] = (f"{env['front'].url}/v1/datasets/{name}/{shard.name}", shard, status)
-        assert open_range(reads[name][0], 0, 1000, size=shard.bytes, sha256=shard.sha256).read() == data[:1000]
+        assert open_range(reads[name][0], 0, 1000, size=shard.bytes,
+                          sha256=shard.sha256).read() == data[:1000]
         given.append(client.get(reads[name][0]))
         spoil(env["sets"][name])
-        assert http(env["front"].url, path=f"/v1/datasets/{name}/{shard.name}", headers=AUTH)[0] == status, name
+        assert http(env["front"].url, path=f"/v1/datasets/{name}/{shard.name}",
+                    headers=AUTH)[0] == status, name
     until_expired(max(given, key=expires))  # the grants given before: honoured until they expire (the bound)
     for name, (url, shard, status) in reads.items():
         with pytest.raises((FileNotFoundError, http_range.RangeError), match=str(status)):
@@ -176,7 +184,10 @@ def test_a_removed_or_damaged_set_is_refused_from_the_next_grant_on(env, client)
 
 
 def test_grants_without_the_front_or_their_directory_are_refused_in_one_line(tmp_path):
-    for flags in (["--grant-links", str(tmp_path)], [*accel_flags(str(tmp_path)), "--grant-links", str(tmp_path / "no")]):
-        out = subprocess.run([sys.executable, "-m", "service", "serve", "--catalog", str(tmp_path / "c.sqlite"),
+    for flags in (["--grant-links", str(tmp_path)], [*accel_flags(str(tmp_path)), "--grant-links",
+                                                     str(tmp_path / "no")]):
+        out = subprocess.run([sys.executable, "-m", "service", "serve", "--catalog",
+                              str(tmp_path / "c.sqlite"),
                               "--create", "--port", "0", *flags], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--grant-links" in out.stderr, out.stderr
+        assert (out.returncode == 2 and out.stderr.count("\n") == 1
+                and "--grant-links" in out.stderr), out.stderr

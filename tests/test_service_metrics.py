@@ -34,7 +34,8 @@ def env(tmp_path_factory):
 @pytest.fixture
 def server(env):
     """A server with read auth and its access log, stopped after the test."""
-    proc = ServiceProcess("--catalog", str(env["root"] / "catalog.sqlite"), "--token-file", str(env["root"] / "tokens"),
+    proc = ServiceProcess("--catalog", str(env["root"] / "catalog.sqlite"), "--token-file",
+                          str(env["root"] / "tokens"),
                           "--read-auth", "--access-log")
     try:
         proc.start()
@@ -101,13 +102,15 @@ def test_the_access_log_gives_the_body_bytes_sent(env, server):
     while sum(f" {path} " in s for s in server.log) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     logged = [m.groups() for s in server.log if " service.access: " in s and (m := line.search(s))]
-    assert logged == [("GET", path, "200", str(len(data))), ("GET", path, "206", "50"), ("HEAD", path, "200", "0")]
+    assert logged == [("GET", path, "200", str(len(data))), ("GET", path, "206", "50"),
+                      ("HEAD", path, "200", "0")]
 
 
 @pytest.fixture(scope="module")
 def replica(env, tmp_path_factory):
     """A replica handing files to a real nginx in front of it (the shipped configuration)."""
-    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's nginx-light")
+    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's "
+                                                        f"nginx-light")
     prefix = tmp_path_factory.mktemp("front")
     proc = ServiceProcess("--catalog", str(env["root"] / "catalog.sqlite"), *accel_flags(str(prefix)))
     front = None
@@ -129,7 +132,8 @@ def test_only_the_front_that_proves_itself_gets_a_server_path(env, replica):
     path = f"/v1/datasets/tiny/{shard.name}"
     handed = lambda: json.loads(http(proc.url, path="/v1/stats")[2])["total"]["accel_redirects"]  # noqa: E731
     for secret in ({}, {"X-Accel-Secret": "not-" + ACCEL_SECRET}, {"X-Accel-Secret": ACCEL_SECRET[:-1]}):
-        status, headers, body = http(proc.url, path=path, headers={"X-Sendfile-Type": "X-Accel-Redirect", **secret})
+        status, headers, body = http(proc.url, path=path, headers={"X-Sendfile-Type": "X-Accel-Redirect",
+                                                                   **secret})
         assert status == 200 and body == data, secret
         assert not [h for h in headers if h.startswith("x-accel")] and str(env["root"]).encode() not in body
     assert handed() == 0

@@ -93,8 +93,10 @@ def test_a_change_through_one_replica_is_seen_by_the_other(cluster):
     status, _, _ = http(a, "PUT", f"/v1/datasets/{beta.id}/tags/prod", AUTH)  # moved through a
     assert status == 200
     until(lambda: manifest_of(b, "prod") == beta_manifest, "replica b seeing prod moved to beta")
-    Catalog(cluster["catalog"].path).record_verify(gamma.id, 1, f"{shard}: bytes differ")  # as `shard-service verify`
-    until(lambda: http(b, path=f"/v1/datasets/{gamma.id}/{shard}")[0] == 409, "replica b refusing damaged gamma")
+    # as `shard-service verify`
+    Catalog(cluster["catalog"].path).record_verify(gamma.id, 1, f"{shard}: bytes differ")
+    until(lambda: http(b, path=f"/v1/datasets/{gamma.id}/{shard}")[0] == 409,
+          "replica b refusing damaged gamma")
     status, _, body = http(b, path=f"/v1/datasets/{gamma.id}/{shard}")
     assert "is damaged" in json.loads(body)["error"]
     status, _, _ = http(a, "DELETE", f"/v1/datasets/{gamma.id}", AUTH)  # forgotten through a
@@ -113,7 +115,8 @@ def test_reads_through_nginx_ride_through_a_killed_replica_and_use_it_again_rest
             name = shards[i % len(shards)].name
             status, headers, body = http(front.url, path=f"/v1/datasets/{alpha.id}/{name}",
                                          headers={"Range": f"bytes={i}-{i + 999}"})
-            assert body == files[name][i:i + 1000] and headers["etag"] == f'"{shards[i % len(shards)].sha256}"'
+            assert (body == files[name][i:i + 1000]
+                    and headers["etag"] == f'"{shards[i % len(shards)].sha256}"')
             statuses.append(status)
         return statuses
 
@@ -141,17 +144,21 @@ def test_an_orphan_is_taken_over_only_while_it_can_be(catalog_location, tmp_path
     without --source-root leaves orphans alone."""
     videos = media.make_class_folders(tmp_path / "videos")
     cat = Catalog(catalog_location)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True)
     owner = {"host": socket.gethostname(), "pid": int(dead.stdout), "token": "gone"}
     request = {"src": str(videos), "splits": ["val"], "short_side": 30, "shard_samples": 2}
     req = parse_body(request, 1)
-    plan = registry.plan(str(videos), req["cfg"], shard_size=req["shard_size"], shard_samples=req["shard_samples"],
+    plan = registry.plan(str(videos), req["cfg"], shard_size=req["shard_size"],
+                         shard_samples=req["shard_samples"],
                          splits=req["splits"])  # the id a replica plans this request to: it would build it
     for _ in range(MAX_ATTEMPTS):  # each builder dies: the next claim finds its lease dead
-        tired = cat.claim(plan.id, source=str(videos), location=str(tmp_path / "tired"), options={}, owner=owner,
+        tired = cat.claim(plan.id, source=str(videos), location=str(tmp_path / "tired"), options={},
+                          owner=owner,
                           request=request)
     assert tired.record.attempts == MAX_ATTEMPTS
-    changed = cat.claim("a2" * 32, source=str(videos), location=str(tmp_path / "changed"), options={}, owner=owner,
+    changed = cat.claim("a2" * 32, source=str(videos), location=str(tmp_path / "changed"), options={},
+                        owner=owner,
                         request=request)  # an id no plan of this request makes: its sources "changed"
     assert {r.id for r in cat.orphans()} == {tired.record.id, changed.record.id}
 

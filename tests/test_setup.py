@@ -36,7 +36,8 @@ def files(venv: Path) -> dict[str, tuple[int, int, int]]:
 def setup() -> str:
     """The runbooks' set-up block (docs/runbooks/loader-bottleneck.md) in the checkout; its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return run_block("loader-bottleneck.md", "bash scripts/setup.sh", cwd=ROOT, env={**env, "VENV": str(VENV)},
+    return run_block("loader-bottleneck.md", "bash scripts/setup.sh", cwd=ROOT,
+                     env={**env, "VENV": str(VENV)},
                      activated=False, timeout=1800)
 
 
@@ -57,5 +58,6 @@ def test_second_setup_run_changes_nothing_and_pil_stays_pillow_simd():
         "print(m.version('pillow-simd'), PIL.__version__, stock, PIL.__file__)")],
         capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
     simd, pil, stock, path = which.stdout.split(maxsplit=3)
-    assert which.returncode == 0 and simd == pil and ".post" in pil and stock == "[]", which.stdout + which.stderr
+    assert (which.returncode == 0 and simd == pil and ".post" in pil
+            and stock == "[]"), which.stdout + which.stderr
     assert path.strip().startswith(str(VENV))

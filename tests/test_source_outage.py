@@ -55,7 +55,8 @@ class Scripted(http.server.BaseHTTPRequestHandler):
         if "Range" not in self.headers:
             return self._reply(200, {}, data)
         a, b = map(int, re.match(r"bytes=(\d+)-(\d+)", self.headers["Range"]).groups())
-        self._reply(206, {"Content-Range": f"bytes {a}-{b}/{len(data)}", "ETag": f'"{hashlib.sha256(data).hexdigest()}"'},
+        self._reply(206, {"Content-Range": f"bytes {a}-{b}/{len(data)}",
+                          "ETag": f'"{hashlib.sha256(data).hexdigest()}"'},
                     data[a:b + 1])
 
     def _reply(self, status, headers, body):
@@ -141,7 +142,8 @@ def test_a_refusing_source_is_waited_for_with_capped_backoff_and_one_line_each_w
     assert len(retry.waits) == 6 and all(s / 2 <= w <= s for w, s in zip(retry.waits, steps)), retry.waits
     started, ended = wait_lines(caplog)
     assert len(started) == 1 and len(ended) == 1, caplog.text
-    assert started[0].startswith(f"{src.url} is not answering (ConnectionRefusedError: ") and "up to 60 s" in started[0]
+    assert (started[0].startswith(f"{src.url} is not answering (ConnectionRefusedError: ")
+            and "up to 60 s" in started[0])
     assert re.fullmatch(rf"{src.url} answers again, after \d+\.\d s", ended[0])
     assert src.requests == ["/blob.tar"]
 
@@ -151,7 +153,8 @@ def test_a_gateway_or_a_busy_server_is_waited_for(status, caplog):
     caplog.set_level(logging.INFO)
     with source([status] * 6) as src:
         retry = Recorded(deadline=60, **QUICK)
-        assert open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA, retry=retry).read() == BLOB[:1000]
+        assert open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA,
+                          retry=retry).read() == BLOB[:1000]
     assert len(src.requests) == 7 and len(retry.waits) == 6
     started, ended = wait_lines(caplog)
     assert len(started) == len(ended) == 1 and f"status {status}, expected 206" in started[0]
@@ -161,7 +164,8 @@ def test_a_source_that_accepts_and_says_nothing_is_asked_again_after_the_stall_t
     caplog.set_level(logging.INFO)
     with source(["stall", "stall"]) as src:
         retry = Recorded(deadline=60, stall=0.3, **QUICK)
-        assert open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA, retry=retry).read() == BLOB[:1000]
+        assert open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA,
+                          retry=retry).read() == BLOB[:1000]
     assert len(src.requests) == 3 and len(retry.waits) == 2
     started, ended = wait_lines(caplog)
     assert len(started) == len(ended) == 1 and "TimeoutError" in started[0]
@@ -174,9 +178,9 @@ def test_past_the_deadline_the_reader_stops_in_one_line_with_status_75(caplog):
         with pytest.raises(SourceUnavailable) as stopped:
             open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA, retry=retry).read()
     message = str(stopped.value)
-    assert re.fullmatch(rf"{src.url}/blob.tar: bytes 0-999, at byte 0: no answer for \d+ s, past the source deadline "
-                        r"of 0.5 s \(--source-deadline, \$SHARD_SOURCE_DEADLINE\); last: status 503, expected 206 "
-                        r"Partial Content", message), message
+    assert re.fullmatch(rf"{src.url}/blob.tar: bytes 0-999, at byte 0: no answer for \d+ s, past the source "
+                        r"deadline of 0.5 s \(--source-deadline, \$SHARD_SOURCE_DEADLINE\); last: status "
+                        r"503, expected 206 Partial Content", message), message
     assert stopped.value.status == 75 and stopped.value.resume
     assert 2 < len(src.requests) == len(retry.waits) + 1 < 1000
     assert sum(retry.waits) <= 0.5 + 1e-9  # the last pause is cut to the deadline: one last try there
@@ -188,7 +192,8 @@ def test_past_the_deadline_the_reader_stops_in_one_line_with_status_75(caplog):
 def test_a_deterministic_refusal_is_not_waited_for(status, caplog):
     with source([status]) as src:
         retry = Recorded(deadline=60, **QUICK)
-        with pytest.raises(RangeError, match=rf"blob.tar: bytes 0-999, at byte 0: status {status}, expected 206"):
+        with pytest.raises(RangeError,
+                           match=rf"blob.tar: bytes 0-999, at byte 0: status {status}, expected 206"):
             open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA, retry=retry).read()
     assert len(src.requests) == 1 and retry.waits == [] and wait_lines(caplog) == ([], [])
 
@@ -196,14 +201,16 @@ def test_a_deterministic_refusal_is_not_waited_for(status, caplog):
 def test_not_found_is_not_waited_for():
     with source(["404"]) as src:
         with pytest.raises(FileNotFoundError, match="blob.tar: not found"):
-            open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA, retry=Recorded(deadline=60)).read()
+            open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA,
+                       retry=Recorded(deadline=60)).read()
     assert len(src.requests) == 1
 
 
 def test_a_server_error_is_asked_again_a_few_times_not_waited_for_to_the_deadline():
     with source(["500"] * 100) as src:
         retry = Recorded(deadline=60, attempts=3, **QUICK)
-        with pytest.raises(RangeError, match="status 500, expected 206 Partial Content; gave up after 3 attempts"):
+        with pytest.raises(RangeError,
+                           match="status 500, expected 206 Partial Content; gave up after 3 attempts"):
             open_range(f"{src.url}/blob.tar", 0, 1000, size=SIZE, sha256=SHA, retry=retry).read()
     assert len(src.requests) == 3
 
@@ -215,7 +222,8 @@ def test_many_readers_waiting_for_one_source_log_one_line_each_way(caplog):
     with source(["503"] * 24) as src:
         retry = Recorded(deadline=60, **QUICK)
         with ThreadPoolExecutor(8) as pool:
-            got = list(pool.map(lambda i: open_range(f"{src.url}/blob.tar", i * 1000, (i + 1) * 1000, size=SIZE,
+            got = list(pool.map(lambda i: open_range(f"{src.url}/blob.tar", i * 1000, (i + 1) * 1000,
+                                                     size=SIZE,
                                                      sha256=SHA, retry=retry).read(), range(8)))
     assert got == [BLOB[i * 1000:(i + 1) * 1000] for i in range(8)]
     started, ended = wait_lines(caplog)
@@ -234,7 +242,8 @@ def test_the_node_cache_waits_and_its_waiters_give_up_with_the_downloader(tmp_pa
     entered = threading.Event()
     with source(["503"] * 10_000) as src:
         directory = str(tmp_path / "down")
-        downloader = ShardCache(directory, retry=Recorded(then=lambda n: n == 1 and entered.wait(30), deadline=2,
+        downloader = ShardCache(directory, retry=Recorded(then=lambda n: n == 1 and entered.wait(30),
+                                                          deadline=2,
                                                           **QUICK))
         waiter = ShardCache(directory, retry=Recorded(deadline=60, **QUICK))
         with ThreadPoolExecutor(2) as pool:
@@ -247,7 +256,8 @@ def test_the_node_cache_waits_and_its_waiters_give_up_with_the_downloader(tmp_pa
             asked = len(src.requests)
             with pytest.raises(SourceUnavailable) as followed:
                 second.result(timeout=60)
-        assert str(followed.value) == str(gave_up.value) and "past the source deadline of 2 s" in str(gave_up.value)
+        assert (str(followed.value) == str(gave_up.value)
+                and "past the source deadline of 2 s" in str(gave_up.value))
         assert len(src.requests) == asked  # the waiter asked nothing
         src.script.clear()
         assert open(waiter.fetch(f"{src.url}/blob.tar", SHA, SIZE), "rb").read() == BLOB  # tried anew, later
@@ -264,6 +274,7 @@ def test_the_manifest_read_waits_for_its_source_and_gives_up_past_the_deadline(t
     started, ended = wait_lines(caplog)
     assert len(started) == len(ended) == 1
     with source(started=False) as src:
-        with pytest.raises(SourceUnavailable, match=rf"{src.url}/manifest.json: no answer for \d+ s, past the source "
-                                                    r"deadline of 0.3 s .*; last: URLError: .*Connection refused"):
+        with pytest.raises(SourceUnavailable, match=rf"{src.url}/manifest.json: no answer for \d+ s, past "
+                                                    r"the source deadline of 0.3 s .*; last: URLError: "
+                                                    r".*Connection refused"):
             Manifest.load(src.url, Recorded(deadline=0.3, **QUICK))

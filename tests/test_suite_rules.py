@@ -11,8 +11,8 @@
 * The runbook check (tests/conftest.py, tests/helpers/runbooks.py) holds a stage to the blocks of the tests
   it ran: a block whose "*Run by*" line names a test marked ``long`` is not required of the suite's
   stage (``-m "not long"``), nor the others of the long stage; one naming only the file is.
-* Every system tool a test requires (tests/helpers/required.py: the browser, nginx, Slurm, podman) is required by
-  the test command, scripts/test.sh, so that CI cannot pass with those tests skipped."""
+* Every system tool a test requires (tests/helpers/required.py: the browser, nginx, Slurm, podman) is required
+  by the test command, scripts/test.sh, so that CI cannot pass with those tests skipped."""
 from __future__ import annotations
 
 import ast
@@ -28,7 +28,8 @@ import psutil
 import pytest
 
 HERE = Path(__file__).resolve().parent
-HELPERS = ("conftest.py", "helpers/__init__.py", "helpers/runbooks.py")  # the suite's conftest, and what it imports
+# the suite's conftest, and what it imports
+HELPERS = ("conftest.py", "helpers/__init__.py", "helpers/runbooks.py")
 ESCAPE = """
 import subprocess
 
@@ -48,7 +49,8 @@ def processes_with(marker: str) -> list[psutil.Process]:
 
 
 @pytest.mark.parametrize("check", ["cgroup", "snapshot"])
-def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_session_and_is_killed(tmp_path, check):
+def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_session_and_is_killed(
+        tmp_path, check):
     marker = f"{os.getpid()}{len(str(tmp_path))}.25"  # sleep's seconds, unique to this test
     for helper in HELPERS:
         (tmp_path / helper).parent.mkdir(exist_ok=True)
@@ -57,9 +59,11 @@ def test_a_process_that_left_the_tree_with_a_scrubbed_environment_fails_the_sess
     try:
         session = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)]
         if check == "snapshot":  # the shell is the namespace's init: orphans go to it, not to pytest
-            session = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", '"$@"; exit $?', "sh", *session]
+            session = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", '"$@"; exit $?', "sh",
+                       *session]
         p = subprocess.run(session, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "KF_LEFTOVER_GRACE_S": "1", "KF_TEST_CGROUP": "1" if check == "cgroup" else "0"})
+                           env={**os.environ, "KF_LEFTOVER_GRACE_S": "1", "KF_TEST_CGROUP": "1"
+                                if check == "cgroup" else "0"})
         left = processes_with(marker)
         assert p.returncode == 1, p.stdout[-3000:]
         assert ("checked by start time and parent chain" in p.stdout) is (check == "snapshot"), p.stdout[-3000:]

@@ -28,7 +28,8 @@ def decode_gray(path: Path, width: int, height: int) -> np.ndarray:
 def dataset(tmp_path_factory):
     """All six classes, 8 one-second videos each, decoded to gray: (out, videos, labels, summary)."""
     out = tmp_path_factory.mktemp("synth")
-    summary = synth.synthesize(str(out), classes=6, train_per_class=6, val_per_class=2, seconds=1.0, workers=2)
+    summary = synth.synthesize(str(out), classes=6, train_per_class=6, val_per_class=2, seconds=1.0,
+                               workers=2)
     paths = sorted(out.rglob("*.mp4"))
     labels = np.array([synth.CLASSES.index(p.parent.name) for p in paths])
     return out, np.stack([decode_gray(p, 160, 120) for p in paths]), labels, summary
@@ -41,7 +42,8 @@ def test_layout_and_stream(dataset):
     assert set(files(out)) == expected
     assert summary["videos"] == {"train": 36, "val": 12} and summary["written"] == 48
     stream = ffmpeg.probe(str(out / "val/rotate_cw/rotate_cw_val_0001.mp4"))["streams"][0]
-    assert (stream["codec_name"], stream["pix_fmt"], stream["width"], stream["height"]) == ("h264", "yuv420p", 160, 120)
+    assert (stream["codec_name"], stream["pix_fmt"], stream["width"],
+            stream["height"]) == ("h264", "yuv420p", 160, 120)
     assert (stream["r_frame_rate"], stream["nb_frames"]) == ("10/1", "10")
     assert videos.shape == (48, 10, 120, 160)
 
@@ -68,11 +70,13 @@ def test_resume_writes_only_missing_videos(tmp_path):
 
 
 def test_cli_preset_with_override(tmp_path, capsys):
-    assert cli.main(["synth", "--out", str(tmp_path), "--preset", "bench-small", "--seconds", "0.2", "--classes", "1",
+    assert cli.main(["synth", "--out", str(tmp_path), "--preset", "bench-small", "--seconds", "0.2",
+                     "--classes", "1",
                      "--train-per-class", "1", "--val-per-class", "0", "--workers", "1"]) == 0
     (path,) = tmp_path.rglob("*.mp4")
     stream = ffmpeg.probe(str(path))["streams"][0]
-    assert (stream["width"], stream["height"], stream["r_frame_rate"], stream["nb_frames"]) == (340, 256, "30/1", "6")
+    assert (stream["width"], stream["height"], stream["r_frame_rate"],
+            stream["nb_frames"]) == (340, 256, "30/1", "6")
     assert "1 written" in capsys.readouterr().out
 
 
@@ -183,7 +187,8 @@ def test_speed_scale_slows_the_same_videos(dataset, tmp_path):
 
 
 def test_colours_make_colour_x_motion_classes_that_recolour_only_the_disc(tmp_path):
-    jobs = synth.plan(str(tmp_path), classes=2, train_per_class=1, val_per_class=1, width=160, height=120, fps=10,
+    jobs = synth.plan(str(tmp_path), classes=2, train_per_class=1, val_per_class=1, width=160, height=120,
+                      fps=10,
                       seconds=0.4, seed=0, colours=2)
     names = ["red_move_left", "red_move_right", "green_move_left", "green_move_right"]
     assert [os.path.relpath(j.path, tmp_path) for j in jobs] == \

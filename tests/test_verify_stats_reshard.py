@@ -54,7 +54,8 @@ def test_flipped_byte_is_caught(shardset, capsys):
     data = bytearray(open(path, "rb").read())
     data[shard.offsets[2] + 3000] ^= 0x10  # inside a JPEG of the third sample
     open(path, "wb").write(data)
-    assert problems(shardset) == [f"{shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs from the manifest's",
+    assert problems(shardset) == [f"{shard.name}: sample {shard.keys[2]}: xxh3-64 digest differs from the "
+                                  f"manifest's",
                                   f"{shard.name}: SHA-256 differs from the manifest (content changed)"]
     assert main(["verify", shardset]) == 1
     assert "SHA-256" in capsys.readouterr().out
@@ -76,8 +77,8 @@ def test_truncated_shard_is_caught(shardset):
     found = problems(shardset)
     at = shard.offsets[3] + 100
     assert (f"{shard.name}: sample {shard.keys[3]}: the shard ends at byte {at:,}, inside this sample: "
-            f"{shard.bytes - at:,} of the manifest's {shard.bytes:,} bytes missing (a partial copy?); 1 later samples "
-            "missing") in found
+            f"{shard.bytes - at:,} of the manifest's {shard.bytes:,} bytes missing (a partial copy?); 1 "
+            "later samples missing") in found
     assert f"{shard.name}: {shard.offsets[3] + 100} bytes, manifest says {shard.bytes} (truncated)" in found
 
 
@@ -91,14 +92,16 @@ def test_missing_shard_is_caught(shardset, capsys):
 
 def test_missing_member_and_undecodable_frame(tmp_path):
     frames = [(f"{t:02d}.jpg", jpeg((t, t, t))) for t in range(8)]
-    samples = [("v0_c00", 0, sample_bytes("v0_c00", frames[:3] + frames[4:] + [("cls", b"0"), ("json", b"{}")])),
+    samples = [("v0_c00", 0, sample_bytes("v0_c00", frames[:3] + frames[4:]
+                                          + [("cls", b"0"), ("json", b"{}")])),
                ("v1_c00", 1, sample_bytes("v1_c00", frames[:5] + [("05.jpg", b"\xff\xd8garbage")] + frames[6:]
                                           + [("cls", b"1"), ("json", b"{}")]))]
     d = str(tmp_path)
     info = write_shard(os.path.join(d, "train/train-000000.tar"), "train/train-000000.tar", samples)
     Manifest(classes=["a", "b"], splits={"train": SplitInfo([info])}, config={"clip": {"frames": 8}}).save(d)
     header = "train/train-000000.tar: sample v1_c00: a frame's bytes are no picture: its JPEG header does not parse"
-    assert problems(d) == ["train/train-000000.tar: sample v0_c00: 7 frames where the set has 8: 03.jpg missing",
+    assert problems(d) == ["train/train-000000.tar: sample v0_c00: 7 frames where the set has 8: 03.jpg "
+                           "missing",
                            header]  # a header is checked without --deep, as every reader checks it
     assert main(["verify", d]) == 1  # frames expected from the manifest's config.clip.frames
     assert problems(d, deep=True)[1] == header
@@ -130,10 +133,12 @@ def test_stats_checks_every_clip_it_reads_against_its_digest_and_names_the_bad_o
     assert main(["stats", shardset, "--probe", str(probe)]) == 1
     out, err = capsys.readouterr()
     (line,) = err.splitlines()
-    assert line.startswith(f"shards stats: error: 1 clip read is damaged ({shard.name} sample {key}): xxh3-64 digest ")
+    assert line.startswith(f"shards stats: error: 1 clip read is damaged ({shard.name} sample {key}): "
+                           f"xxh3-64 digest ")
     assert line.endswith(f", the manifest says {shard.digests[2]}; shards verify {shardset} checks every clip")
     assert "1 of the 23 clips read are damaged (left out of these figures):" in out
-    assert f"    {shard.name}: sample {key}: xxh3-64 digest " in out and f"the manifest says {shard.digests[2]}" in out
+    assert (f"    {shard.name}: sample {key}: xxh3-64 digest " in out and f"the manifest says "
+            f"{shard.digests[2]}" in out)
     assert "from 23 clips read: 22 clips of 8 frames;" in out  # the damaged clip is in no figure
     assert main(["stats", shardset, "--probe", str(probe), "--json"]) == 1
     (bad,) = json.loads(capsys.readouterr().out)["splits"]["train"]["bad_samples"]
@@ -147,14 +152,18 @@ def test_preview_marks_a_damaged_clip_and_exits_1_after_drawing_the_sheet(shards
     assert main(["preview", shardset, "--clips", str(TRAIN), "--height", "48", "--out", str(out),
                  "--html", str(page)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"shards preview: error: 1 of the 23 clips shown are damaged and marked so ({shard.name} sample {shard.keys[2]}); shards verify {shardset} checks every clip"]
+    assert err == [f"shards preview: error: 1 of the 23 clips shown are damaged and marked so ({shard.name} "
+                   f"sample {shard.keys[2]}); shards verify {shardset} checks every clip"]
     sheet = Image.open(out).convert("RGB")
     for row in (6, 7, 8):  # the frames' centres: the clip's colours, and for the damaged clip none of them
-        pixels = [sheet.getpixel((LABEL_WIDTH + t * (64 + GAP) + 32, GAP + row * (48 + GAP) + 24)) for t in range(8)]
+        pixels = [sheet.getpixel((LABEL_WIDTH + t * (64 + GAP) + 32, GAP + row * (48 + GAP) + 24))
+                  for t in range(8)]
         if row != 7:
-            assert all(max(abs(a - b) for a, b in zip(p, frame_colour(row, t))) <= 6 for t, p in enumerate(pixels))
+            assert all(max(abs(a - b) for a, b in zip(p, frame_colour(row, t))) <= 6 for t,
+                       p in enumerate(pixels))
         else:
-            assert len(set(pixels)) == 1 and sheet.getpixel((LABEL_WIDTH + 1, GAP + row * (48 + GAP) + 24)) == DAMAGED
+            assert (len(set(pixels)) == 1 and sheet.getpixel((LABEL_WIDTH + 1, GAP + row * (48 + GAP)
+                                                              + 24)) == DAMAGED)
     html = (page / "index.html").read_text()
     assert f'<tr class="damaged"><th>class1<br><small>{shard.keys[2]}</small></th><td>damaged: xxh3-64 digest ' in html
     assert f"the manifest says {shard.digests[2]}</td></tr>" in html and html.count("<img") == 8 * (TRAIN - 1)
@@ -167,7 +176,8 @@ def sample_table(d):
         rows = []
         for shard in split.shards:
             data = open(os.path.join(d, shard.name), "rb").read()
-            rows += [(k, lab, data[o:o + n]) for k, lab, o, n in zip(shard.keys, shard.labels, shard.offsets, shard.lengths)]
+            rows += [(k, lab, data[o:o + n]) for k, lab, o, n in zip(shard.keys, shard.labels, shard.offsets,
+                                                                     shard.lengths)]
         out[name] = rows
     return out
 
@@ -191,7 +201,8 @@ def test_reshard_is_deterministic_and_round_trips(pristine, tmp_path):
     a, b, back = (str(tmp_path / x) for x in ("a", "b", "back"))
     assert main(["reshard", pristine, a, "--num-shards", "3"]) == 0
     reshard(pristine, b, num_shards=3)
-    assert open(os.path.join(a, "manifest.json"), "rb").read() == open(os.path.join(b, "manifest.json"), "rb").read()
+    assert open(os.path.join(a, "manifest.json"),
+                "rb").read() == open(os.path.join(b, "manifest.json"), "rb").read()
     reshard(a, back, shard_samples=5)
     shas = lambda d: [s.sha256 for sp in Manifest.load(d).splits.values() for s in sp.shards]  # noqa: E731
     assert shas(back) == shas(pristine)
@@ -203,11 +214,13 @@ def test_verify_and_reshard_over_http(pristine, tmp_path):
         reshard(url, str(tmp_path / "copy"), num_shards=1)
     assert sample_table(str(tmp_path / "copy")) == sample_table(pristine)
     # the manifest, the shards, and the set's class list and ledger, carried over
-    assert all(p in ("/manifest.json", "/classes.txt", "/errors.jsonl") or p.endswith(".tar") for _, p in requests)
+    assert all(p in ("/manifest.json", "/classes.txt", "/errors.jsonl") or p.endswith(".tar") for _,
+               p in requests)
 
 
 def flip_a_jpeg_byte(d, split="train", k=1):
-    return corrupt_sample(d, split, k, keep_mtime=False)  # inside a JPEG of the third sample: only the hash sees it
+    # inside a JPEG of the third sample: only the hash sees it
+    return corrupt_sample(d, split, k, keep_mtime=False)
 
 
 def test_reshard_refuses_a_damaged_source_naming_the_shard(shardset, tmp_path, capsys):
@@ -229,7 +242,8 @@ def test_reshard_refuses_a_sample_under_another_key(shardset, tmp_path):
         reshard(shardset, str(tmp_path / "new"), num_shards=1)
 
 
-def test_reshard_skip_bad_leaves_damaged_shards_out_and_reports_the_clips_lost(pristine, shardset, tmp_path, capsys):
+def test_reshard_skip_bad_leaves_damaged_shards_out_and_reports_the_clips_lost(
+        pristine, shardset, tmp_path, capsys):
     shard = flip_a_jpeg_byte(shardset)
     dst = str(tmp_path / "new")
     assert main(["reshard", shardset, dst, "--shard-samples", "7", "--skip-bad"]) == 0
@@ -237,7 +251,8 @@ def test_reshard_skip_bad_leaves_damaged_shards_out_and_reports_the_clips_lost(p
     assert f"skipped damaged {shard.name}: {shard.num_samples} clips lost" in out
     assert f"{shard.num_samples} clips lost in 1 damaged shard\n" in out  # before: "1 damaged shards"
     lost = set(shard.keys)
-    expected = {split: [row for row in rows if row[0] not in lost] for split, rows in sample_table(pristine).items()}
+    expected = {split: [row for row in rows if row[0] not in lost] for split,
+                rows in sample_table(pristine).items()}
     assert sample_table(dst) == expected and len(expected["train"]) == TRAIN - shard.num_samples
     assert problems(dst, deep=True) == []
     m = Manifest.load(dst)

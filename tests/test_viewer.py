@@ -56,7 +56,8 @@ def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("viewer")
     make_shardset(str(root / "tiny"), {"train": 24, "val": 6}, per_shard=6, classes=CLASSES)
     ledger = [{"path": f"train/{HOSTILE}/bad.mp4", "split": "train", "reason": "not a video",
-               "ffmpeg": HOSTILE_MESSAGE}, {"path": "val/walking/empty.mp4", "split": "val", "reason": "empty file",
+               "ffmpeg": HOSTILE_MESSAGE}, {"path": "val/walking/empty.mp4", "split": "val",
+                                            "reason": "empty file",
                                             "ffmpeg": ""}]
     (root / "tiny" / "errors.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
     (root / "secret.txt").write_text("SECRET-BYTES-OUTSIDE-EVERY-SET")
@@ -76,7 +77,8 @@ def site(tmp_path_factory):
     base, _ = stack.enter_context(serve(str(root)))  # the same set on another HTTP server: a remote set
     register(cat, f"{base}/tiny", "remote", dataset_id="ab" * 32)
     servers = {"open": ServiceProcess("--catalog", str(root / "catalog.sqlite")),
-               "auth": ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--read-auth", "--token-file",
+               "auth": ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--read-auth",
+                                      "--token-file",
                                       str(root / "tokens"))}
     try:
         for server in servers.values():
@@ -184,7 +186,8 @@ def test_frames_of_a_remote_set_stream_through_the_service(site):
     for t in (0, 5):
         status, headers, body = http(site["open"].url, path=f"/v1/viewer/{'ab' * 32}/frames/val/4/{t}")
         assert status == 200 and body == jpegs[t] and headers["content-type"] == "image/jpeg"
-    status, _, body = http(site["open"].url, path="/v1/viewer/remote/frames/val/4/5", headers={"Range": "bytes=-7"})
+    status, _, body = http(site["open"].url, path="/v1/viewer/remote/frames/val/4/5",
+                           headers={"Range": "bytes=-7"})
     assert status == 206 and body == jpegs[5][-7:]
 
 
@@ -192,9 +195,12 @@ FRAME_TRAVERSALS = [t.replace(b"/v1/datasets/tiny/", b"/v1/viewer/tiny/frames/")
 
 
 @pytest.mark.parametrize("raw", FRAME_TRAVERSALS + [
-    b"/v1/viewer/tiny/frames/train/24/0", b"/v1/viewer/tiny/frames/train/1/8", b"/v1/viewer/tiny/frames/nope/1/0",
-    b"/v1/viewer/tiny/frames/train/x/0", b"/v1/viewer/nothing/frames/train/1/0", b"/v1/viewer/half/frames/train/1/0",
-    b"/sets/tiny/../../secret.txt", b"/static/../viewer.py", b"/static/%2e%2e/viewer.py", b"/static/catalog.html",
+    b"/v1/viewer/tiny/frames/train/24/0", b"/v1/viewer/tiny/frames/train/1/8",
+    b"/v1/viewer/tiny/frames/nope/1/0",
+    b"/v1/viewer/tiny/frames/train/x/0", b"/v1/viewer/nothing/frames/train/1/0",
+    b"/v1/viewer/half/frames/train/1/0",
+    b"/sets/tiny/../../secret.txt", b"/static/../viewer.py", b"/static/%2e%2e/viewer.py",
+    b"/static/catalog.html",
 ])
 def test_frame_and_page_routes_refuse_traversal_and_unknown_names(site, raw):
     status, _, body = http(site["open"].url, raw_path=raw)
@@ -208,8 +214,8 @@ def test_the_start_lines_name_the_viewer_and_the_api_and_both_answer(site):
     for server in (site["open"], site["auth"]):
         viewer, api = server.banner
         assert re.fullmatch(r"serving (http://127\.0\.0\.1:\d+/) : the dataset viewer\n", viewer)
-        assert re.fullmatch(r" +(http://127\.0\.0\.1:\d+/v1) : the API \(a set's URL: http://\S+/v1/datasets/NAME\); "
-                            r"catalog \S+catalog\.sqlite\n", api)
+        assert re.fullmatch(r" +(http://127\.0\.0\.1:\d+/v1) : the API \(a set's URL: "
+                            r"http://\S+/v1/datasets/NAME\); catalog \S+catalog\.sqlite\n", api)
         for url in (viewer.split()[1], api.split()[0]):
             origin, path = re.fullmatch(r"(http://[^/]+)(/.*)", url).groups()
             status, _, body = http(origin, path=path)
@@ -221,7 +227,8 @@ def test_the_start_lines_name_the_viewer_and_the_api_and_both_answer(site):
 
 def test_pages_are_static_shells_with_a_strict_policy(site):
     url = site["open"].url
-    for path in ("/", "/sets/tiny", "/sets/tiny/clips", "/static/viewer.js", "/static/viewer.css", "/v1/viewer/tiny"):
+    for path in ("/", "/sets/tiny", "/sets/tiny/clips", "/static/viewer.js", "/static/viewer.css",
+                 "/v1/viewer/tiny"):
         status, headers, body = http(url, path=path)
         assert status == 200, path
         csp = headers["content-security-policy"]
@@ -266,16 +273,20 @@ def test_motion_route_serves_each_frames_field_coloured_at_the_clips_scale(site)
             status, headers, body = http(url, path=f"/v1/viewer/moving/motion/train/{n}/{t}")
             assert status == 200 and headers["content-type"] == "image/png", body[:200]
             picture = np.asarray(Image.open(io.BytesIO(body)).convert("RGB")).astype(int)
-            assert picture.shape == (MOTION_SIZE[1], MOTION_SIZE[0], 3)  # the frame's size, cells cut at its edge
+            # the frame's size, cells cut at its edge
+            assert picture.shape == (MOTION_SIZE[1], MOTION_SIZE[0], 3)
             expect = motioncolour.colour(np.array([[frame_motion(n, t)]]), np.ones((1, 1), bool), scale)[0, 0]
-            assert np.abs(picture - expect).max() <= 4, (n, t, picture[0, 0], expect)  # stored fields are quantised
+            # stored fields are quantised
+            assert np.abs(picture - expect).max() <= 4, (n, t, picture[0, 0], expect)
             assert (picture[..., 0] == 255).all()  # rightward, down a little: red to orange, never blue
             blues.append(int(picture[0, 0, 2]))
-        assert blues[0] > blues[1] > blues[2] and blues[2] <= 2  # longer motion, deeper colour; the longest full
+        # longer motion, deeper colour; the longest full
+        assert blues[0] > blues[1] > blues[2] and blues[2] <= 2
         detail = json.loads(http(url, path=f"/v1/viewer/moving/clips/train/{n}")[2])
         assert detail["motion"] == "mv" and abs(detail["motion_scale"] - scale) < 0.2
     status, headers, _ = http(url, path="/v1/viewer/moving/motion/train/1/3")
-    assert http(url, path="/v1/viewer/moving/motion/train/1/3", headers={"If-None-Match": headers["etag"]})[0] == 304
+    assert http(url, path="/v1/viewer/moving/motion/train/1/3",
+                headers={"If-None-Match": headers["etag"]})[0] == 304
     assert headers["cache-control"] == "no-cache"  # drawn here, not stored: asked again each time
     assert json.loads(http(url, path="/v1/viewer/moving/clips?split=train")[2])["motion"] == "mv"
     assert json.loads(http(url, path="/v1/viewer/tiny/clips?split=train")[2])["motion"] is None
@@ -284,10 +295,12 @@ def test_motion_route_serves_each_frames_field_coloured_at_the_clips_scale(site)
     assert http(url, path="/v1/viewer/moving/motion/train/1/8")[0] == 404
     status, headers, body = http(url, path="/static/motion-legend.png")
     assert status == 200 and headers["content-type"] == "image/png"
-    wheel = Image.open(io.BytesIO(body)).convert("RGB")  # right red, down yellow, left cyan, up blue, white centre
+    # right red, down yellow, left cyan, up blue, white centre
+    wheel = Image.open(io.BytesIO(body)).convert("RGB")
     w = wheel.width
     assert min(wheel.getpixel((w // 2, w // 2))) >= 245  # no motion: white
-    right, down, left, up = (wheel.getpixel(xy) for xy in ((w - 3, w // 2), (w // 2, w - 3), (2, w // 2), (w // 2, 2)))
+    right, down, left, up = (wheel.getpixel(xy) for xy in ((w - 3, w // 2), (w // 2, w - 3), (2, w // 2),
+                                                           (w // 2, 2)))
     assert right[0] > 200 > right[1] and down[0] > 200 and down[1] > 150 and down[2] < 60
     assert left[0] < 60 and left[2] > 200 and up[2] > 200 and up[1] < 60
 
@@ -301,7 +314,8 @@ def browser():
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1200,900"):
         options.add_argument(arg)
     options.binary_location = shutil.which("chromium")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -332,17 +346,20 @@ def console_errors(driver) -> list:
 
 def test_browser_catalog_lists_the_set_and_a_build_updating_live(site, browser):
     cat = site["catalog"]  # a build claimed now, its lease alive (this process, a fresh heartbeat) throughout
-    building = cat.claim("dd" * 32, source="tests", location=str(site["root"] / "growing"), options={}, name="growing")
+    building = cat.claim("dd" * 32, source="tests", location=str(site["root"] / "growing"), options={},
+                         name="growing")
     cat.set_progress(building.record.id, building.owner, {"videos_done": 3, "videos_total": 10, "failed": 1,
                                                           "shards_written": 2})
     text = page(browser, site["open"].url + "/")
-    row = browser.execute_script(f"return document.querySelector('tr[data-id=\"{site['tiny'].id}\"]').innerText")
+    row = browser.execute_script(f"return "
+                                 f"document.querySelector('tr[data-id=\"{site['tiny'].id}\"]').innerText")
     assert "tiny" in row and "ready" in row and "30" in row and "prod" in row
     assert "3 / 10 videos, 1 failed, 2 shards written" in text
     cat.set_progress(building.record.id, building.owner, {"videos_done": 7, "videos_total": 10, "failed": 1,
                                                           "shards_written": 5})
     wait(browser, "return document.body.innerText.includes('7 / 10 videos, 1 failed, 5 shards written')")
-    assert browser.execute_script(f"return document.querySelector('tr[data-id=\"{'dd' * 32}\"] progress').value") == 7
+    assert browser.execute_script(f"return document.querySelector('tr[data-id=\"{'dd' * 32}\"] "
+                                  f"progress').value") == 7
     assert console_errors(browser) == []
 
 
@@ -352,15 +369,17 @@ def test_a_set_verify_found_bad_is_listed_damaged_shown_and_not_served(site):
     assert listed["tiny"]["state"] == "ready" and listed["tiny"]["problem"] is None
     worn = listed["worn"]
     assert worn["state"] == "damaged" and WORN in worn["problem"] and "shard-service verify" in worn["remedy"]
-    assert http(url, path="/v1/datasets/worn/train/train-000000.tar")[0] == 409  # the data route: not as sound
+    # the data route: not as sound
+    assert http(url, path="/v1/datasets/worn/train/train-000000.tar")[0] == 409
     status, _, body = http(url, path="/v1/viewer/worn")  # the viewer shows it, saying what it is
     assert status == 200 and json.loads(body)["record"]["state"] == "damaged"
     status, headers, _ = http(url, path="/v1/viewer/worn/frames/train/0/0")
     assert status == 200 and headers["cache-control"] == "no-store"
 
 
-BADGES = ("return Array.from(document.querySelectorAll('.badge'), b => [b.closest('tr') ? b.closest('tr').dataset.id : "
-          "'', b.dataset.state, b.innerText, getComputedStyle(b).backgroundColor, b.title])")
+BADGES = ("return Array.from(document.querySelectorAll('.badge'), b => [b.closest('tr') ? "
+          "b.closest('tr').dataset.id : '', b.dataset.state, b.innerText, "
+          "getComputedStyle(b).backgroundColor, b.title])")
 
 
 def test_browser_a_damaged_set_is_never_green(site, browser):
@@ -374,26 +393,31 @@ def test_browser_a_damaged_set_is_never_green(site, browser):
     assert all((background == GREEN) == (state == "ready") for _, state, _, background, _ in badges), badges
     assert {state for _, state, *_ in badges} >= {"ready", "damaged", "building"}
     assert all(title == STATES[state].meaning for _, state, _, _, title in badges)
-    cell = browser.execute_script(f"return document.querySelector('tr[data-id=\"{'cd' * 32}\"] td.state').innerText")
+    cell = browser.execute_script(f"return document.querySelector('tr[data-id=\"{'cd' * 32}\"] "
+                                  f"td.state').innerText")
     assert cell.startswith("damaged") and WORN in cell  # why, under the badge
     # its why kept to three lines in the table (the row no taller than that), all of it in the tooltip
     why, title, height, full, line = browser.execute_script(
         f"const w = document.querySelector('tr[data-id=\"{'cd' * 32}\"] td.state .why'); "
-        "return [w.textContent, w.title, w.clientHeight, w.scrollHeight, parseFloat(getComputedStyle(w).lineHeight)]")
+        "return [w.textContent, w.title, w.clientHeight, w.scrollHeight, "
+        "parseFloat(getComputedStyle(w).lineHeight)]")
     assert title == why and WORN in why and "shard-service verify" in why
     assert height <= 3 * line + 1 < full, (height, full, line)
-    browser.set_window_size(900, 900)  # the last verify column narrow: broken between date and time, not inside
+    # the last verify column narrow: broken between date and time, not inside
+    browser.set_window_size(900, 900)
     try:
         verified = browser.execute_script(f"const c = document.querySelector('tr[data-id=\"{'cd' * 32}\"]')"
-                                          ".lastChild; return [c.innerText, Array.from(c.querySelectorAll('.nowrap'),"
-                                          " s => s.getClientRects().length)]")
+                                          ".lastChild; return [c.innerText, "
+                                          "Array.from(c.querySelectorAll('.nowrap'), s => "
+                                          "s.getClientRects().length)]")
     finally:
         browser.set_window_size(1200, 900)  # as the fixture started it
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\S+: 1 problem", verified[0]) and verified[1] == [1, 1], verified
     page(browser, site["open"].url + "/sets/worn")
     dd = browser.execute_script("const d = Array.from(document.querySelectorAll('#record dd'))"
                                 ".find(d => d.previousSibling.innerText === 'state'); "
-                                "return [d.innerText, getComputedStyle(d.querySelector('.badge')).backgroundColor]")
+                                "return [d.innerText, "
+                                "getComputedStyle(d.querySelector('.badge')).backgroundColor]")
     assert dd == ["damaged", "rgb(176, 0, 32)"]
     assert WORN in browser.execute_script("return document.getElementById('record').innerText")
     assert console_errors(browser) == []
@@ -455,8 +479,8 @@ def shown_pixels(browser) -> list:
         });""")
 
 
-IMAGES = ("return Array.from(document.querySelectorAll(arguments[0]), i => [i.className, i.dataset.frame || '', "
-          "i.complete && i.naturalWidth, i.naturalHeight])")
+IMAGES = ("return Array.from(document.querySelectorAll(arguments[0]), i => [i.className, i.dataset.frame || "
+          "'', i.complete && i.naturalWidth, i.naturalHeight])")
 
 
 def test_browser_motion_toggle_shows_a_field_per_frame(site, browser):
@@ -467,31 +491,37 @@ def test_browser_motion_toggle_shows_a_field_per_frame(site, browser):
     url = site["open"].url
     page(browser, url + "/sets/moving/clips?view=motion")
     wait(browser, "return document.body.dataset.loaded === 'clips'")
-    figures = browser.execute_script("return Array.from(document.querySelectorAll('#grid figure'), f => f.dataset.n)")
+    figures = browser.execute_script("return Array.from(document.querySelectorAll('#grid figure'), f => "
+                                     "f.dataset.n)")
     assert len(figures) == 6
     for n in figures:
         shown = browser.execute_script(IMAGES, f"#grid figure[data-n='{n}'] img")
         assert [(cls, src.split("/v1/viewer/")[1].split("/", 1)[1]) for cls, src, _, _ in shown] == \
             [("motion", f"motion/train/{n}/{t}") for t in range(8)]  # an image per frame, frame order
-        assert all(w == MOTION_SIZE[0] and h == MOTION_SIZE[1] for _, _, w, h in shown)  # loaded, the frames' size
+        # loaded, the frames' size
+        assert all(w == MOTION_SIZE[0] and h == MOTION_SIZE[1] for _, _, w, h in shown)
     legend = browser.execute_script("const i = document.querySelector('#clips-legend img'); "
-                                    "return [i.naturalWidth, document.getElementById('clips-legend').innerText]")
+                                    "return [i.naturalWidth, "
+                                    "document.getElementById('clips-legend').innerText]")
     assert legend[0] > 0 and "direction as hue" in legend[1]
     Select(browser.find_element("id", "view")).select_by_value("both")
     wait(browser, "return document.body.dataset.loaded === 'clips' && location.search.includes('view=both')")
-    cells = browser.execute_script("return Array.from(document.querySelectorAll('#grid figure[data-n=\"0\"] .cell'), "
-                                   "c => Array.from(c.querySelectorAll('img'), i => i.className + ' ' + "
-                                   "(i.complete && i.naturalWidth)))")
+    cells = browser.execute_script("return Array.from(document.querySelectorAll('#grid figure[data-n=\"0\"] "
+                                   ".cell'), c => Array.from(c.querySelectorAll('img'), i => i.className + ' "
+                                   "' + (i.complete && i.naturalWidth)))")
     assert cells == [["frame 85", "motion 85"]] * 8  # each field under its frame
     browser.find_element("css selector", "#grid figure").click()
-    wait(browser, "return document.getElementById('detail').open && document.querySelectorAll('#detail-frames img')"
-                  ".length === 16 && Array.from(document.querySelectorAll('#detail-frames img'))"
-                  ".every(i => i.naturalWidth > 0) && document.getElementById('player-motion').naturalWidth > 0")
+    wait(browser, "return document.getElementById('detail').open && "
+                  "document.querySelectorAll('#detail-frames img').length === 16 && "
+                  "Array.from(document.querySelectorAll('#detail-frames img')).every(i => i.naturalWidth > "
+                  "0) && document.getElementById('player-motion').naturalWidth > 0")
     players = browser.execute_script("return ['player', 'player-motion'].map(id => { const r = "
-                                     "document.getElementById(id).getBoundingClientRect(); return [r.left, r.top, "
-                                     "r.width]; })")
-    assert players[0][2] > 0 and players[1][2] > 0 and players[1][0] >= players[0][0] + players[0][2]  # side by side
-    assert "full colour at" in browser.execute_script("return document.getElementById('detail-fields').innerText")
+                                     "document.getElementById(id).getBoundingClientRect(); return [r.left, "
+                                     "r.top, r.width]; })")
+    # side by side
+    assert players[0][2] > 0 and players[1][2] > 0 and players[1][0] >= players[0][0] + players[0][2]
+    assert "full colour at" in browser.execute_script("return "
+                                                      "document.getElementById('detail-fields').innerText")
     browser.execute_script("document.getElementById('detail').close()")
     page(browser, url + "/sets/tiny/clips")  # a set without fields: no toggle, frames only
     wait(browser, "return document.body.dataset.loaded === 'clips'")
@@ -542,7 +572,8 @@ def test_browser_class_filter_and_detail_view(site, browser):
     Select(browser.find_element("id", "class")).select_by_value("2")
     wait(browser, "return document.body.dataset.loaded === 'clips' && location.search.includes('class=2')")
     labels = browser.execute_script("return Array.from(document.querySelectorAll('#grid figure'))"
-                                    ".map(f => f.dataset.label + ' ' + f.querySelector('figcaption').innerText)")
+                                    ".map(f => f.dataset.label + ' ' + "
+                                    "f.querySelector('figcaption').innerText)")
     expect = [n for n, label in enumerate(ClipIndex(site["manifest"]).split("train").labels) if label == 2]
     assert labels and len(labels) == len(expect) and all(x.startswith("2 jumping") for x in labels)
     browser.find_element("css selector", "#grid figure").click()
@@ -584,7 +615,8 @@ def test_browser_read_auth_shows_nothing_before_the_token(site, browser):
                                       "document.getElementById('main').hidden")
         assert not any(word in text for word in ("tiny", "walking", "jumping", "train_v", "prod"))
         asked = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
-        assert {a.removeprefix(url) for a in asked} <= {"/static/viewer.css", "/static/viewer.js", "/static/icon.svg",
+        assert {a.removeprefix(url) for a in asked} <= {"/static/viewer.css", "/static/viewer.js",
+                                                        "/static/icon.svg",
                                                        "/v1/viewer"}, asked
         assert browser.execute_script("return document.images.length === 0 || "
                                       "Array.from(document.images).every(i => !i.src)")
@@ -592,7 +624,8 @@ def test_browser_read_auth_shows_nothing_before_the_token(site, browser):
     browser.find_element("css selector", "#login button").click()
     wait(browser, "return document.body.dataset.loaded === 'clips'")
     assert TOKEN not in browser.current_url and "token" not in browser.current_url
-    widths = browser.execute_script("return Array.from(document.querySelectorAll('#grid img'), i => i.naturalWidth)")
+    widths = browser.execute_script("return Array.from(document.querySelectorAll('#grid img'), i => "
+                                    "i.naturalWidth)")
     assert widths and all(w == 64 for w in widths)
     asked = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     assert not any(TOKEN in a for a in asked)
@@ -607,8 +640,10 @@ def test_preview_contact_sheet_from_a_path_and_from_the_service(site, tmp_path):
     m = site["manifest"]
     for source in (str(site["root"] / "tiny"), site["open"].url + "/v1/datasets/tiny"):
         out = tmp_path / "sheet.png"
-        subprocess.run([sys.executable, "-m", "shards", "preview", source, "--split", "train", "--classes", "jumping",
-                        "walking", "--clips", "4", "--height", "48", "--out", str(out), "--html", str(tmp_path / "h")],
+        subprocess.run([sys.executable, "-m", "shards", "preview", source, "--split", "train", "--classes",
+                        "jumping",
+                        "walking", "--clips", "4", "--height", "48", "--out", str(out), "--html",
+                        str(tmp_path / "h")],
                        check=True, capture_output=True)
         sheet = Image.open(out).convert("RGB")
         labels = ClipIndex(m).split("train").labels
@@ -621,7 +656,8 @@ def test_preview_contact_sheet_from_a_path_and_from_the_service(site, tmp_path):
                 assert max(abs(a - b) for a, b in zip(sheet.getpixel((x, y)), frame_colour(n, t))) <= 6
         html = (tmp_path / "h" / "index.html").read_text()
         assert "jumping" in html and "walking" in html and "<img src=x" not in html
-        assert (tmp_path / "h" / "frames" / "0001_03.jpg").read_bytes() == frame_bytes(site, "train", chosen[1])[3]
+        assert (tmp_path / "h" / "frames"
+                / "0001_03.jpg").read_bytes() == frame_bytes(site, "train", chosen[1])[3]
 
 
 def test_preview_escapes_names_and_says_what_is_wrong(site, tmp_path):

@@ -25,7 +25,8 @@ def shardset(tmp_path_factory):
 
 
 def loader(shardset, workers: int, epoch: int = 0) -> ClipLoader:
-    return ClipLoader(shardset, "train", EpochOptions(batch_size=BATCH, seed=4, shuffle_buffer=6, epoch=epoch),
+    return ClipLoader(shardset, "train", EpochOptions(batch_size=BATCH, seed=4, shuffle_buffer=6,
+                                                      epoch=epoch),
                       num_workers=workers, crop_size=32, scale_size=40)
 
 

@@ -60,7 +60,8 @@ def _narrow(argv: list[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     if words[:1] == ["test"] or _narrow(words):
-        os.environ.setdefault("DNNL_MAX_CPU_ISA", ONEDNN_ISA)  # read when oneDNN first runs, after torch loads
+        # read when oneDNN first runs, after torch loads
+        os.environ.setdefault("DNNL_MAX_CPU_ISA", ONEDNN_ISA)
     return run_commands("trainer", __doc__.split("\n", 1)[0], COMMANDS, argv)
 
 

@@ -94,7 +94,8 @@ class StepTrace(Hook):
     def after_step(self, t, step: dict) -> None:
         clips, model = step["clips"], t.engine.model
         with torch.no_grad():
-            checksum = torch.stack([p.double().sum() for p in model.parameters()]).sum().item()  # one device sync
+            # one device sync
+            checksum = torch.stack([p.double().sum() for p in model.parameters()]).sum().item()
         record = {"step": t.step, "epoch": t.epoch + 1, "batch": clips.shape[0], "frames": clips.shape[1],
                   "crop": clips.shape[-1], "lr": step["lr"], "weights": checksum, "seen": step["seen"],
                   "loss": step["loss"], "drifted": t.regime.drifted}

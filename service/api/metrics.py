@@ -16,10 +16,10 @@ Series (prometheus_client, one registry per application):
     process_*                                              prometheus_client's: CPU, memory, open files
 
 ``route`` is the route table's path (``Route.pattern``: ``/v1/datasets/{ref}/{path}``), never the
-raw URL, and ``method`` one the route answers (a GET route's HEAD is ``HEAD``), so the series are bounded whatever clients send; a request no
-route matched (404, 405, a path refused as not plain, one aiohttp could not parse) is ``other``.
-Every figure is this process's: under ``serve --workers N`` a scrape is answered by the worker
-that accepted its connection, with that worker's figures (docs/service.md).
+raw URL, and ``method`` one the route answers (a GET route's HEAD is ``HEAD``), so the series are bounded
+whatever clients send; a request no route matched (404, 405, a path refused as not plain, one aiohttp could
+not parse) is ``other``. Every figure is this process's: under ``serve --workers N`` a scrape is answered by
+the worker that accepted its connection, with that worker's figures (docs/service.md).
 """
 from __future__ import annotations
 
@@ -78,9 +78,11 @@ class Metrics:
                                 ("route", "method", "status"), registry=self.registry)
         self.sent = Counter("shard_service_sent_bytes", "body bytes sent (sendfile's included; none of what "
                             "nginx sent for the server)", ("route",), registry=self.registry)
-        self.seconds = Histogram("shard_service_request_seconds", "seconds from the request to its last byte sent",
+        self.seconds = Histogram("shard_service_request_seconds",
+                                 "seconds from the request to its last byte sent",
                                  ("route",), buckets=SECONDS, registry=self.registry)
-        self.catalog_errors = Counter("shard_service_catalog_errors", "times the catalog could not be reached",
+        self.catalog_errors = Counter("shard_service_catalog_errors",
+                                      "times the catalog could not be reached",
                                       registry=self.registry)
         ProcessCollector(registry=self.registry)
         self.registry.register(self)
@@ -100,7 +102,8 @@ class Metrics:
             yield GaugeMetricFamily("shard_service_open_connections", "connections held now",
                                     value=self.admission.open)
             yield GaugeMetricFamily("shard_service_refused_connections_total",
-                                    "connections refused by --max-connections or --max-connections-per-client",
+                                    "connections refused by --max-connections or "
+                                    "--max-connections-per-client",
                                     value=self.admission.refused)
         try:
             records = self.catalog.list()
@@ -138,7 +141,8 @@ class Traffic(AbstractAccessLogger):
             start = datetime.now(timezone.utc) - timedelta(seconds=time)
             self.logger.info('%s [%s] "%s %s HTTP/%d.%d" %d %d %.6f "%s" "%s"', request.remote,
                              start.strftime("%d/%b/%Y:%H:%M:%S %z"), request.method, request.path_qs,
-                             *request.version, response.status, sent, time, request.headers.get("Referer", "-"),
+                             *request.version, response.status, sent, time,
+                             request.headers.get("Referer", "-"),
                              request.headers.get("User-Agent", "-"))
 
 

@@ -41,7 +41,8 @@ def _authorised(request: web.Request) -> None:
     for token in tokens:  # every token compared, whatever matched before
         ok |= hmac.compare_digest(given.strip().encode(), token.encode())
     if not ok:
-        raise web.HTTPForbidden(text="wrong token" if tokens else "writes are disabled: the server has no --token-file")
+        raise web.HTTPForbidden(text="wrong token" if tokens else "writes are disabled: the server has no "
+                                "--token-file")
 
 
 def _admit(request: web.Request) -> None:
@@ -51,7 +52,8 @@ def _admit(request: web.Request) -> None:
         return
     route = request.app[SERVED].get(request.match_info.route)
     if route is None:
-        raise LookupError(f"{request.method} {request.match_info.route.resource.canonical} is in no route table")
+        raise LookupError(f"{request.method} {request.match_info.route.resource.canonical} is in no route "
+                          f"table")
     request[ROW] = route
     if route.access == "write" or (route.access == "read" and request.app[READ_AUTH]):
         _authorised(request)
@@ -64,7 +66,8 @@ async def json_errors(request: web.Request, handler):
     request.app[COUNTERS].add("requests")
     raw = request.raw_path.split("?", 1)[0]
     if not _PLAIN_PATH.fullmatch(raw):
-        return error(400, "request path must be plain: no escapes, dot segments, backslashes or empty segments")
+        return error(400,
+                     "request path must be plain: no escapes, dot segments, backslashes or empty segments")
     try:
         _admit(request)
         response = await handler(request)
@@ -76,9 +79,11 @@ async def json_errors(request: web.Request, handler):
         return error(503, "the catalog cannot be reached; try again shortly", **{"Retry-After": "1"})
     except Refused as e:
         return error(e.status, str(e))
-    except (BadManifest, DataFault) as e:  # the set's bytes refuse a reader: its state, not the request, is wrong
+    # the set's bytes refuse a reader: its state, not the request, is wrong
+    except (BadManifest, DataFault) as e:
         log.warning("%s %s: %s", request.method, request.path, e)
-        return error(409, f"{e} (shard-service verify marks the set; shards verify names every damaged sample)")
+        return error(409,
+                     f"{e} (shard-service verify marks the set; shards verify names every damaged sample)")
     except web.HTTPException as e:
         if e.status < 400:
             raise

@@ -34,7 +34,8 @@ class Route:
 
     def __post_init__(self):
         if self.method not in METHODS or self.access not in LEVELS:
-            raise ValueError(f"route {self.method} {self.path}: a method of {METHODS} and an access of {LEVELS}")
+            raise ValueError(f"route {self.method} {self.path}: a method of {METHODS} and an access of "
+                             f"{LEVELS}")
 
     @property
     def pattern(self) -> str:

@@ -46,7 +46,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def list_datasets(request: web.Request) -> web.Response:
     records = request.app[CATALOG].list()
-    conditions = await asyncio.to_thread(lambda: [request.app[TABLES].condition(r, remote=False) for r in records])
+    conditions = await asyncio.to_thread(lambda: [request.app[TABLES].condition(r, remote=False)
+                                                  for r in records])
     return web.json_response({"datasets": [shown(r, c) for r, c in zip(records, conditions)]})
 
 
@@ -74,8 +75,10 @@ async def get_file(request: web.Request) -> web.StreamResponse:
         url = await asyncio.to_thread(presign, f"{rec.location}/{name}", request.app[REDIRECT])
         if url:
             request.app[COUNTERS].add("redirects")
-            return web.Response(status=307, headers={"Location": url, "ETag": entry.etag, "Cache-Control": "no-store"})
-    return send_span(request, rec, name, entry, 0, entry.size, entry.etag, {"Content-Type": content_type(name)},
+            return web.Response(status=307, headers={"Location": url, "ETag": entry.etag,
+                                                     "Cache-Control": "no-store"})
+    return send_span(request, rec, name, entry, 0, entry.size, entry.etag,
+                     {"Content-Type": content_type(name)},
                      fd=fd, cache=cache_control(request, rec))
 
 
@@ -85,7 +88,8 @@ async def post_build(request: web.Request) -> web.Response:
         async with asyncio.timeout(request.app[BODY_TIMEOUT]):
             body = await request.read()
     except TimeoutError:
-        raise web.HTTPRequestTimeout(text=f"the request body did not arrive within {request.app[BODY_TIMEOUT]:g} s "
+        raise web.HTTPRequestTimeout(text=f"the request body did not arrive within "
+                                          f"{request.app[BODY_TIMEOUT]:g} s "
                                           "(--body-timeout)") from None
     try:
         body = json.loads(body)

@@ -1,11 +1,12 @@
 """fsspec helpers: URL joining, local paths, whole-file reads and atomic writes (temp name, then rename).
 
 The bottom layer of ``shards``: it imports nothing of the project but its vocabulary of refusals
-(``shards.base.errors``), and no HTTP client of the project (``shards.read.reading`` and ``shards.io.http_range``
-build on it, not the other way round). A whole file over HTTP (a manifest, a set's record) is one GET
-with the standard library's client, so reading a set from the service needs neither aiohttp nor
-fsspec's HTTP filesystem (the reading-only install has neither). A write that fails, a full disk included, leaves no temporary file
-behind; a full disk is ``NoSpace``, one line naming the path and the bytes needed and free.
+(``shards.base.errors``), and no HTTP client of the project (``shards.read.reading`` and
+``shards.io.http_range`` build on it, not the other way round). A whole file over HTTP (a manifest, a set's
+record) is one GET with the standard library's client, so reading a set from the service needs neither aiohttp
+nor fsspec's HTTP filesystem (the reading-only install has neither). A write that fails, a full disk included,
+leaves no temporary file behind; a full disk is ``NoSpace``, one line naming the path and the bytes needed and
+free.
 """
 from __future__ import annotations
 
@@ -135,7 +136,8 @@ def room_for(url: str, needed: int, cleanup=lambda: None, *, error=NoSpace, advi
             raise
         free = free_bytes(url)
         raise error(f"{url}: {os.strerror(e.errno).lower()}: the write needs {needed:,} bytes"
-                    + (f", {free:,} are free" if free is not None else "") + (f"; {advice}" if advice else "")) from None
+                    + (f", {free:,} are free" if free is not None else "")
+                    + (f"; {advice}" if advice else "")) from None
 
 
 def _make_parent(fs, path: str) -> None:

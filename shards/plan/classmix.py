@@ -85,15 +85,15 @@ class Mix:
         return self.shares_mixed and self.stored <= self.stored_limit
 
     def describe(self) -> str:
-        shares = (f"node {self.node}'s share is {self.worst:.2f} from the whole set's class mix (total variation; "
-                  f"in a random order {self.shuffled:.2f} +- {self.spread:.2f}, limit {self.limit:.2f}); the "
-                  f"{self.nodes} node shares hold {min(self.node_classes)}-{max(self.node_classes)} of the "
-                  f"{self.classes} classes")
+        shares = (f"node {self.node}'s share is {self.worst:.2f} from the whole set's class mix (total "
+                  f"variation; in a random order {self.shuffled:.2f} +- {self.spread:.2f}, limit "
+                  f"{self.limit:.2f}); the {self.nodes} node shares hold "
+                  f"{min(self.node_classes)}-{max(self.node_classes)} of the {self.classes} classes")
         if self.stored <= self.stored_limit:
             return shares
-        return (f"its shards are {self.stored:.2f} from the whole set's class mix on average (in a random order "
-                f"{self.stored_shuffled:.2f} +- {self.stored_spread:.2f}, limit {self.stored_limit:.2f}), so any "
-                f"deal of them can split the classes; this run's: {shares}")
+        return (f"its shards are {self.stored:.2f} from the whole set's class mix on average (in a random "
+                f"order {self.stored_shuffled:.2f} +- {self.stored_spread:.2f}, limit "
+                f"{self.stored_limit:.2f}), so any deal of them can split the classes; this run's: {shares}")
 
 
 def share_labels(labels: Sequence[Sequence[int]], shares: Sequence[Sequence[Run]]) -> list[np.ndarray]:
@@ -166,5 +166,6 @@ def class_mix(labels: Sequence[Sequence[int]], shares: Sequence[Sequence[Run]], 
         stored_shuffled.append(mean_divergence(_split(order, shard_sizes), classes))
     present = tuple(len(np.unique(p[p >= 0])) for p in parts)
     return Mix(len(shares), worst, node, float(np.mean(shuffled)), float(np.std(shuffled, ddof=1)),
-               len(np.unique(flat)), present, mean_divergence(shards, classes), float(np.mean(stored_shuffled)),
+               len(np.unique(flat)), present, mean_divergence(shards, classes),
+               float(np.mean(stored_shuffled)),
                float(np.std(stored_shuffled, ddof=1)))

@@ -326,7 +326,8 @@ def remaining(orders: list[Order], seg: Segment, remainder: str, bufsize: int, s
 
 def kept(run: Run, mask: np.ndarray) -> list[Run]:
     """The stretches of ``run`` where ``mask`` (one bool per sample of the run) is True, in order."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.view(np.int8), [0]))))  # starts and ends of True stretches
+    # starts and ends of True stretches
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.view(np.int8), [0]))))
     return [Run(run.shard, run.start + int(a), run.start + int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 

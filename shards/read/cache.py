@@ -17,8 +17,8 @@ keeps an account another could not read from the directory.
   leaves no file under the final name. The downloader holds a lease that follows its progress:
   every ``heartbeat`` seconds it touches the ``.lock`` file if bytes arrived since the last beat
   (a chunk of ``READ_BUFFER``, 1 MiB) or it is waiting on purpose (for room in the budget, a
-  retry's backoff, a server's ``Retry-After``, a source that is down). Other processes (ranks, loader workers, other
-  jobs) wait for as long as the lease is renewed, and fail when it has not been for ``lease``
+  retry's backoff, a server's ``Retry-After``, a source that is down). Other processes (ranks, loader workers,
+  other jobs) wait for as long as the lease is renewed, and fail when it has not been for ``lease``
   seconds: a downloader that is hung, or alive but getting no byte (a stalled connection, a
   transfer slower than a chunk per lease), does not keep its waiters forever. The kernel drops a
   dead process's lock, so a waiter then takes the download over (deleting the dead one's
@@ -30,8 +30,8 @@ keeps an account another could not read from the directory.
   process that was already waiting for that copy gives up with the same line instead of starting
   a deadline of its own: one node, one clock. The next download that gets through deletes it.
 * In use: ``fetch`` returns a path pinned by a shared ``flock`` on the copy itself, held until
-  ``release`` (a forked child, such as a loader worker, starts without its parent's pins). Eviction first takes an exclusive non-blocking lock, so a copy pinned by any
-  process on the node is never evicted.
+  ``release`` (a forked child, such as a loader worker, starts without its parent's pins). Eviction first
+  takes an exclusive non-blocking lock, so a copy pinned by any process on the node is never evicted.
 * Budget (``budget`` bytes, or ``$SHARD_CACHE_BUDGET`` such as ``500GB``), one per directory:
   under a lock on the directory, copies and downloads in progress (preallocated to their full
   size) are summed, and unpinned copies deleted oldest-used first until the new one fits. When
@@ -233,8 +233,8 @@ class ShardCache:
     def _remedy(self) -> str:
         """What to do when the disk fills before the budget does."""
         if self.budget is None:
-            return (f"the cache has no budget: give it one the disk can hold (${ENV_BUDGET}, e.g. 50GB) and it "
-                    "evicts old copies, or free some space")
+            return (f"the cache has no budget: give it one the disk can hold (${ENV_BUDGET}, e.g. 50GB) and "
+                    "it evicts old copies, or free some space")
         return f"its budget of {self.budget:,} bytes is more than the disk holds: lower ${ENV_BUDGET}"
 
     def fetch(self, url: str, sha256: str, size: int, start: int = 0, end: int | None = None) -> str:
@@ -363,8 +363,9 @@ class ShardCache:
                 finally:
                     os.close(fd)
                 if silent > self.lease:
-                    raise TimeoutError(f"{url}: the process downloading this shard to {os.path.dirname(dest)} "
-                                       f"has not renewed its lease for {silent:.0f} s (lease {self.lease:g} s): "
+                    raise TimeoutError(f"{url}: the process downloading this shard to "
+                                       f"{os.path.dirname(dest)} has not renewed its lease for {silent:.0f} "
+                                       f"s (lease {self.lease:g} s): "
                                        "no byte arrived and it was not waiting")
                 time.sleep(self.poll)
                 continue
@@ -420,8 +421,8 @@ class ShardCache:
                 out.flush()
                 os.fsync(out.fileno())  # a copy under its final name must survive a crash whole
             if n != size:
-                raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} bytes; "
-                              f"the manifest says {size}")
+                raise OSError(f"{piece.url}: staged copy of bytes {piece.start}-{piece.stop - 1} has {n} "
+                              f"bytes; the manifest says {size}")
             if piece.whole and h.hexdigest() != piece.sha256:  # what another download would get too
                 damaged = (f"{piece.url}: the copy downloaded has SHA-256 {h.hexdigest()}, the manifest "
                            f"says {piece.sha256}: the file changed or is damaged (shards verify names the "
@@ -446,7 +447,8 @@ class ShardCache:
                     os.close(fd)
                 else:
                     self._pins[name] = [fd, 1]
-            log.info("%s: downloaded %s (%d bytes) in %.2f s", self.directory, piece.name, n, time.monotonic() - began,
+            log.info("%s: downloaded %s (%d bytes) in %.2f s", self.directory, piece.name, n,
+                     time.monotonic() - began,
                      extra={"piece": piece.name, "nbytes": n})
             return dest
         finally:
@@ -488,8 +490,8 @@ class ShardCache:
                         log.info("%s: room for %s bytes", self.directory, f"{size:,}")
                     return
             if not waiting:
-                log.warning("%s: the %s-byte budget is held by shards in use or being downloaded; waiting for "
-                            "room for %s more", self.directory, f"{self.budget:,}", f"{size:,}")
+                log.warning("%s: the %s-byte budget is held by shards in use or being downloaded; waiting "
+                            "for room for %s more", self.directory, f"{self.budget:,}", f"{size:,}")
                 waiting = True
             time.sleep(self.poll)
 
@@ -520,8 +522,8 @@ class ShardCache:
         with self._pins_lock:
             mine = sum(os.fstat(fd).st_size for fd, _ in self._pins.values())
         if mine + size > self.budget:
-            raise CacheFull(f"{self.directory}: this process pins {mine:,} of the {self.budget:,}-byte budget; "
-                            f"no room for {size:,} more")
+            raise CacheFull(f"{self.directory}: this process pins {mine:,} of the {self.budget:,}-byte "
+                            f"budget; no room for {size:,} more")
         return False
 
     @staticmethod

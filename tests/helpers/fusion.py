@@ -30,7 +30,8 @@ def probabilities(videos: dict, classes: list[str]) -> dict[str, torch.Tensor]:
     return out
 
 
-def assert_fused(fused: dict, alone: list[dict], runs: list[str], weights: list[float], classes: list[str]) -> None:
+def assert_fused(fused: dict, alone: list[dict], runs: list[str], weights: list[float],
+                 classes: list[str]) -> None:
     """``fused`` holds each run's own report (``alone``, in ``runs`` order) as its streams, and per
     video the ``weights``-weighted mean of their scores (within the reports' 5-digit rounding),
     with the video accuracy those scores give."""

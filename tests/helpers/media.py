@@ -61,8 +61,10 @@ _PPM_HEADER = re.compile(rb"P6\s+(\d+)\s+(\d+)\s+255\s")
 def decode_frames(path) -> np.ndarray:
     """Every decoded frame once, as the ffmpeg CLI decodes it (rotation applied), shape (n, h, w, 3).
     ``fps_mode passthrough`` matters: by default ffmpeg duplicates frames of VFR input into a pipe."""
-    out, _ = (ffmpeg.input(str(path)).output("pipe:", format="image2pipe", vcodec="ppm", fps_mode="passthrough")
-              .global_args("-hide_banner", "-loglevel", "error").run(capture_stdout=True, capture_stderr=True))
+    out, _ = (ffmpeg.input(str(path)).output("pipe:", format="image2pipe", vcodec="ppm",
+                                             fps_mode="passthrough")
+              .global_args("-hide_banner", "-loglevel", "error").run(capture_stdout=True,
+                                                                     capture_stderr=True))
     frames, offset = [], 0
     while offset < len(out):
         header = _PPM_HEADER.match(out, offset)
@@ -193,7 +195,8 @@ def make_few_frames(path, *, frames: int = 3) -> Path:
 
 
 def make_high_res(path, *, width: int = 3840, height: int = 2160, frames: int = 5) -> Path:
-    return make_video(path, frames=frames, width=width, height=height, extra_output_args={"preset": "ultrafast"})
+    return make_video(path, frames=frames, width=width, height=height,
+                      extra_output_args={"preset": "ultrafast"})
 
 
 def make_vp9_webm(path) -> Path:

@@ -37,7 +37,8 @@ class PostgresServer:
 
     def __init__(self):
         self.bin, self.port = bindir(), _free_port()
-        self.root = tempfile.mkdtemp(prefix="kf-postgres-")  # not under pytest's 0700 tree: the server's user must reach it
+        # not under pytest's 0700 tree: the server's user must reach it
+        self.root = tempfile.mkdtemp(prefix="kf-postgres-")
         self.data, self.log = os.path.join(self.root, "data"), os.path.join(self.root, "server.log")
         self.user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
         if os.geteuid() == 0:
@@ -55,7 +56,8 @@ class PostgresServer:
                       "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
         options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
                    "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
-        done = self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", self.log, "-o", options, "-w",
+        done = self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", self.log, "-o", options,
+                         "-w",
                          "-t", "120", "start", check=False)
         if done.returncode != 0:
             raise RuntimeError(f"PostgreSQL did not start: {done.stderr.strip()}\n{self.tail()}")
@@ -63,7 +65,8 @@ class PostgresServer:
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (``fast``: sessions ended, a clean shutdown; ``immediate``: as a crash)."""
-        done = self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-m", mode, "-w", "-t", "60", "stop",
+        done = self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-m", mode, "-w", "-t", "60",
+                         "stop",
                          check=False)
         if done.returncode != 0 and (pid := self.pid()) is not None:
             try:

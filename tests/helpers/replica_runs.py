@@ -65,10 +65,13 @@ def replicated(root: Path, *args: str, count: int = 2):
 
 
 def train(data: str, out: Path, env: dict | None = None, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN, "train",
+    return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN,
+                             "train",
                              "--data", data, "--output-dir", str(out), *FLAGS, *flags],
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out / "exits"), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out / "exits"),
+                                 **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 class HeldRun:
@@ -77,7 +80,8 @@ class HeldRun:
 
     def __init__(self, data: str, out: Path, holds: list[int], env: dict | None = None, *flags: str):
         self.out, self.output = out, []
-        self.proc = train(data, out, {"FAULT": ",".join(f"step:{n}:STOP:job" for n in holds), **(env or {})}, *flags)
+        self.proc = train(data, out, {"FAULT": ",".join(f"step:{n}:STOP:job" for n in holds), **(env or {})},
+                          *flags)
         self.reader = threading.Thread(target=lambda: self.output.extend(self.proc.stdout), daemon=True)
         self.reader.start()
 
@@ -90,7 +94,8 @@ class HeldRun:
         while not ranks_stopped(self.proc):
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log[-3000:]
             time.sleep(0.05)
-        assert steps_logged(self.out, rank=0) == step  # held exactly there: its record written, the step not run
+        # held exactly there: its record written, the step not run
+        assert steps_logged(self.out, rank=0) == step
 
     def go_on(self, step: int, seconds: float = 300) -> None:
         deadline = time.monotonic() + seconds
@@ -163,4 +168,5 @@ def assert_trained_alike(calm: Path, faults: Path, keys: list[str]) -> None:
         assert [r["weights"] for r in fault_steps[epoch]] == [r["weights"] for r in calm_steps[epoch]]
     a = torch.load(calm / "checkpoint.pt", map_location="cpu", weights_only=False)
     b = torch.load(faults / "checkpoint.pt", map_location="cpu", weights_only=False)
-    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert (a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k])
+                                                           for k in a["model"]))

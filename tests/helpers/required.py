@@ -1,7 +1,8 @@
 """Test helper: the system tools a few tests need (Debian's chromium and chromedriver, nginx, Slurm
-and munge, podman with runc and debootstrap, the Prometheus Pushgateway). Where one is missing, such a test skips saying what
-to install; where the test command requires it (scripts/test.sh exports ``KF_REQUIRE_<WHAT>``, as
-CI runs it), the test fails instead, so that no run of the test command passes without them."""
+and munge, podman with runc and debootstrap, the Prometheus Pushgateway). Where one is missing, such a test
+skips saying what to install; where the test command requires it (scripts/test.sh exports
+``KF_REQUIRE_<WHAT>``, as CI runs it), the test fails instead, so that no run of the test command passes
+without them."""
 from __future__ import annotations
 
 import os

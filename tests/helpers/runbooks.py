@@ -5,9 +5,9 @@ Every ```bash block is a list of commands (a logical line each: continuations jo
 dropped). A command that cannot run on one machine carries ``# needs: WHAT`` (more nodes, GPUs,
 a Lustre filesystem, a container engine), as a trailing comment or, for the whole block, as the
 block's first line. Every other command runs in the suite: the block is preceded by
-"*Run by `TEST`.*" (a test file, or ``FILE::NAME``: one test of it), and that test calls ``run_block(RUNBOOK, FIRST, ...)`` or
-``block_commands(RUNBOOK, FIRST, ...)`` with the runbook's file name and the start of the block's
-first command. Both read the block from the runbook when the test runs, so what runs is the text
+"*Run by `TEST`.*" (a test file, or ``FILE::NAME``: one test of it), and that test calls ``run_block(RUNBOOK,
+FIRST, ...)`` or ``block_commands(RUNBOOK, FIRST, ...)`` with the runbook's file name and the start of the
+block's first command. Both read the block from the runbook when the test runs, so what runs is the text
 a reader pastes; the only changes are the caller's substitution table (a cluster's data paths,
 host names and ports -> the test's small local stand-ins), which the caller writes out in full. A
 substitution may change a command's arguments, never the command itself (its first word): a table
@@ -37,7 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = [p for p in sorted((ROOT / "docs" / "runbooks").glob("*.md")) + [ROOT / "docs" / "service.md"]
-            if p.exists()]  # (none where this module is copied out of the checkout: tests/test_suite_rules.py)
+            # (none where this module is copied out of the checkout: tests/test_suite_rules.py)
+            if p.exists()]
 # The same rule for every other page: README.md and the rest of docs/ (tests/test_docs.py runs their blocks)
 PAGES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
          if p.exists() and p not in RUNBOOKS and "runbooks" not in p.parts]
@@ -75,7 +76,8 @@ def parse(path: Path) -> list[Block]:
     for i, line in enumerate(lines):
         if line.strip() != "```bash":
             continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")  # (a list item's: indented)
+        # (a list item's: indented)
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
         previous = next((x.strip() for x in reversed(lines[:i]) if x.strip()), "")
         run_by = RUN_BY.match(previous)
         block_needs, commands = None, []
@@ -87,7 +89,8 @@ def parse(path: Path) -> list[Block]:
                 continue
             command = re.sub(r"\s+#.*$", "", text) if needs or " #" in text else text
             commands.append(Command(command.strip(), needs[1].strip() if needs else block_needs))
-        found.append(Block(name(path), i + 1, re.findall(r"`([^`]+)`", run_by[1]) if run_by else [], commands))
+        found.append(Block(name(path), i + 1, re.findall(r"`([^`]+)`", run_by[1]) if run_by else [],
+                           commands))
     return found
 
 
@@ -169,7 +172,8 @@ def unexecuted(ledger: str, run_by: set[str]) -> list[str]:
         with open(ledger) as f:
             done = {line.split("\t")[0] for line in f}
     return [f"{b.runbook}:{b.line}: {c.text[:80]!r}" for path in RUNBOOKS for b in parse(path)
-            if run_by & set(b.run_by) for i, c in enumerate(b.commands) if c.needs is None and key(b, i) not in done]
+            if run_by & set(b.run_by) for i, c in enumerate(b.commands) if c.needs is None
+            and key(b, i) not in done]
 
 
 def shell_env(env: dict | None = None) -> dict:
@@ -185,7 +189,8 @@ def run_block(runbook: str, first: str, subs: dict[str, str] | None = None, *, c
     """Run the block's commands (``block_commands``) with bash in ``cwd``; returns stdout and stderr
     together. ``activated``: with the project's environment on the PATH (``shell_env``);
     ``own_processes``: see ``run_commands``."""
-    return run_commands(block_commands(runbook, first, subs), cwd=cwd, env=shell_env(env) if activated else env,
+    return run_commands(block_commands(runbook, first, subs), cwd=cwd, env=shell_env(env) if activated
+                        else env,
                         timeout=timeout, own_processes=own_processes)
 
 
@@ -206,7 +211,8 @@ def run_commands(commands: list[str], *, cwd, env: dict | None = None, timeout: 
         argv = ["bash", "-c", script]
         if own_processes:
             argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
-        proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True,
                               timeout=timeout)
         done = [int(n) for n in ran_file.read().split()]
     shown = "\n".join(commands)

@@ -25,7 +25,8 @@ _CALL = re.compile(r"^(\w+)\((.*)\)\s+=\s+(.*)$")
 _FD_PATH = re.compile(r"^-?\d+<(.*?)>")  # a descriptor decoded by strace -y: 3</path/of/it>
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 OPENS = {"open", "openat", "openat2", "creat"}
-STATS = {"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat"}
+STATS = {"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink",
+         "readlinkat"}
 FD_CALLS = {"fstat", "getdents64", "pread64", "preadv", "preadv2", "connect"}
 FD_KINDS = {"getdents64": "listing", "pread64": "read", "preadv": "read", "preadv2": "read"}
 
@@ -82,7 +83,8 @@ class Trace:
         """The processes other than the root that made a ``kind`` call on ``where`` (a path
         prefix, or for ``connect`` a text in its address) in ``phase``."""
         return {c.process for c in self.phases[phase]
-                if c.process != self.root and c.kind == kind and where in (c.args if kind == "connect" else c.path)}
+                if c.process != self.root and c.kind == kind
+                and where in (c.args if kind == "connect" else c.path)}
 
 
 def _merged(lines):
@@ -147,7 +149,8 @@ def trace(argv: list[str], log: str, timeout: float) -> tuple[subprocess.Complet
     (stdout and stderr as text) and its parsed trace. Past ``timeout`` seconds the program and
     everything it started are killed, and the error shows the end of what it printed."""
     assert shutil.which("strace"), "strace is not installed (scripts/setup.sh installs it)"
-    cmd = ["strace", "-f", "-qq", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}", "-e", "signal=none", "-o", log, *argv]
+    cmd = ["strace", "-f", "-qq", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}", "-e", "signal=none", "-o",
+           log, *argv]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # a killed strace would leave its tracees running
     try:
@@ -155,7 +158,7 @@ def trace(argv: list[str], log: str, timeout: float) -> tuple[subprocess.Complet
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"{' '.join(argv)}: still running after {timeout:.0f} s; its output ended with:\n"
-                             f"{out[-2000:]}{err[-2000:]}") from None
+        raise AssertionError(f"{' '.join(argv)}: still running after {timeout:.0f} s; its output ended "
+                             f"with:\n{out[-2000:]}{err[-2000:]}") from None
     with open(log) as f:
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err), parse(f)
