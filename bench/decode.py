@@ -132,7 +132,8 @@ def main() -> None:
     res["cores_replaced"] = res["gpu_clips_per_s"] / res["cpu_clips_per_s_per_core"]
     res["agreement"] = agreement(args, device)
     for w in args.workers:
-        res["loader"][w] = {"cpu": loader_rate(args, w, False, device), "gpu": loader_rate(args, w, True, device)}
+        res["loader"][w] = {"cpu": loader_rate(args, w, False, device),
+                            "gpu": loader_rate(args, w, True, device)}
 
     print(f"{res['device']}: {res['clips']} clips of {len(first)} frames ({res['frame_bytes'] / 1e3:.1f} kB "
           f"each), batch {args.batch_size}, TSM train transform to 224")
@@ -141,8 +142,8 @@ def main() -> None:
     print(f"  same clips: mean |CPU - device| {res['agreement']['mean_abs_diff']:.2f} levels, "
           f"largest {res['agreement']['max_abs_diff']:.0f}")
     for w, r in res["loader"].items():
-        print(f"  ClipLoader, {w} worker(s): CPU decode {r['cpu']:.0f} clips/s, decode on device {r['gpu']:.0f} "
-              f"clips/s ({r['gpu'] / r['cpu']:.1f}x)")
+        print(f"  ClipLoader, {w} worker(s): CPU decode {r['cpu']:.0f} clips/s, decode on device "
+              f"{r['gpu']:.0f} clips/s ({r['gpu'] / r['cpu']:.1f}x)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)

@@ -15,8 +15,8 @@ The full-decode limit: the same JPEG bytes (without restart markers) held in mem
 whole into reused memory by the fastest of pillow-simd, simplejpeg, PyTurboJPEG and
 libjpeg-turbo called directly (``cropdecode`` on the whole frame), one process, no I/O, no
 transform, no batching; each decoder's rate is printed, and so is the encoding rate of
-ingest's encoder with and without restart markers. File opens, stats and directory listings are counted for real with
-``strace -f`` between two marker syscalls around the epoch. Also printed: the shuffle quality
+ingest's encoder with and without restart markers. File opens, stats and directory listings are counted for
+real with ``strace -f`` between two marker syscalls around the epoch. Also printed: the shuffle quality
 of the partition plan against a random permutation, and ``shards plan`` figures for
 Kinetics-400 at 1,536 and 6,144 ranks.
 
@@ -75,7 +75,8 @@ def segment_centres(num_frames: int) -> list[int]:
 def synth_video(path: str, seconds: float, seed: int) -> None:
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
                     f"testsrc2=size=640x360:rate=25:duration={seconds}",
-                    "-vf", f"noise=alls=10:allf=t+u:all_seed={seed}", "-c:v", "libx264", "-preset", "veryfast",
+                    "-vf", f"noise=alls=10:allf=t+u:all_seed={seed}", "-c:v", "libx264", "-preset",
+                    "veryfast",
                     "-crf", "23", "-pix_fmt", "yuv420p", path], check=True)
 
 
@@ -188,7 +189,8 @@ class VideoFiles(_Rows):
         picks = segment_centres(r["frames"])
         select = "+".join(f"eq(n,{p})" for p in picks)  # ffmpeg-python escapes the commas
         raw, _ = (ffmpeg.input(r["video"]).filter("select", select).filter("scale", -2, SHORT_SIDE)
-                  .output("pipe:", format="rawvideo", pix_fmt="rgb24", vsync=0).run(capture_stdout=True, quiet=True))
+                  .output("pipe:", format="rawvideo", pix_fmt="rgb24",
+                          vsync=0).run(capture_stdout=True, quiet=True))
         h = SHORT_SIDE
         w = len(raw) // (T * h * 3)
         frames = [Image.frombuffer("RGB", (w, h), raw[k * w * h * 3:(k + 1) * w * h * 3]) for k in range(T)]
@@ -226,7 +228,8 @@ def make_loader(role: str, info: dict, batch_size: int):
                           EpochOptions(batch_size=batch_size, train=not role.endswith("eval"),
                                        remainder="drop"), num_workers=1)
     dataset = (FrameFolders if role == "frames" else VideoFiles)(info["rows"], TrainTransform())
-    collate = lambda b: (torch.from_numpy(np.stack([c for c, _ in b])), torch.tensor([y for _, y in b]))  # noqa: E731
+    collate = lambda b: (torch.from_numpy(np.stack([c for c, _ in b])),
+                         torch.tensor([y for _, y in b]))  # noqa: E731
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=1, drop_last=True,
                       collate_fn=collate, generator=torch.Generator().manual_seed(0))
 
@@ -268,7 +271,8 @@ def run_role(role: str, info: dict, batch_size: int, epochs: int) -> dict:
                 cpu += cpu_seconds() - cpu_first
             del batch  # hands its slot back, as a training loop does
         syscalls.mark("after")
-    return {"clips": clips, "epochs": epochs, "clips_per_s": steady / seconds, "clips_per_cpu_s": steady / cpu}
+    return {"clips": clips, "epochs": epochs, "clips_per_s": steady / seconds, "clips_per_cpu_s": steady
+            / cpu}
 
 
 # --- measurements driven from the parent -----------------------------------------------------
@@ -280,8 +284,10 @@ def timed(roles: list[str], args) -> dict:
     for _ in range(args.repeat):
         for role in roles:
             epochs = "1" if role == "mp4" else "3"
-            out = subprocess.run([sys.executable, __file__, "--role", role, "--out", args.out, "--epochs", epochs,
-                                  "--batch-size", str(args.batch_size)], check=True, capture_output=True, text=True)
+            out = subprocess.run([sys.executable, __file__, "--role", role, "--out", args.out, "--epochs",
+                                  epochs,
+                                  "--batch-size", str(args.batch_size)], check=True, capture_output=True,
+                                 text=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             kept = best.setdefault(role, r)
             for rate in ("clips_per_s", "clips_per_cpu_s"):
@@ -364,7 +370,8 @@ def in_memory(kind: str, info: dict, passes: int) -> dict:
 
         from ingest import jpeg
         interval = int(kind.split(":", 1)[1])
-        clips = [[Image.open(io.BytesIO(b)).convert("RGB") for b in c] for c in clips[:64]]  # 64: 180 MB of pixels
+        # 64: 180 MB of pixels
+        clips = [[Image.open(io.BytesIO(b)).convert("RGB") for b in c] for c in clips[:64]]
         fn = lambda i, c: [jpeg.encode(im, QUALITY, interval) for im in c]  # noqa: E731
     else:
         if kind == "decode+train-whole":
@@ -427,7 +434,8 @@ def shuffle_quality(world: int, workers: int = 8, batch: int = 8, bufsize: int =
 
 LOADERS = (("shards-rst", "(a) shards+RST, crop decoding"), ("shards", "(a) shards, crop decoding"),
            ("shards-whole", "(a) shards, whole frames"), ("shards-rst-eval", "(a) shards+RST, eval tf"),
-           ("shards-eval", "(a) shards, eval tf"), ("frames", "(b) frame folders"), ("mp4", "(c) mp4 on the fly"))
+           ("shards-eval", "(a) shards, eval tf"), ("frames", "(b) frame folders"),
+           ("mp4", "(c) mp4 on the fly"))
 MEMORY = ([("decode:" + d, "whole frames, " + d) for d in DECODERS]
           + [("decode:simplejpeg-rst", "whole+RST, simplejpeg"),
              ("decode+train-whole", "whole frames + train tf"), ("decode+train", "crop decoding + train tf"),
@@ -438,13 +446,14 @@ ENCODERS = [("encode:0", "ingest encoding, no RST"), ("encode:%d" % RESTART, "in
 
 def report(res: dict) -> str:
     limit, limit_cpu, mem = res["jpeg_limit"], res["jpeg_limit_cpu"], res["in_memory"]
-    lines = [f"{res['clips']} clips of {T} frames, {res['clip_bytes'] / 1e3:.1f} kB each without restart markers, "
-             f"{res['clip_bytes_rst'] / 1e3:.1f} kB with one every {res['restart_interval']} MCU "
+    lines = [f"{res['clips']} clips of {T} frames, {res['clip_bytes'] / 1e3:.1f} kB each without restart "
+             f"markers, {res['clip_bytes_rst'] / 1e3:.1f} kB with one every {res['restart_interval']} MCU "
              f"(+{res['clip_bytes_rst'] / res['clip_bytes'] - 1:.1%}; frames {res['frame_bytes']:.0f} and "
-             f"{res['frame_bytes_rst']:.0f} bytes, ingest's encoder at quality {res['quality']}); batch {res['batch_size']}, "
+             f"{res['frame_bytes_rst']:.0f} bytes, ingest's encoder at quality {res['quality']}); batch "
+             f"{res['batch_size']}, "
              "one DataLoader worker per loader; TSM train transform (multi-scale crop + flip to 224)", "",
-             f"{'loader':<28} {'clips/s/worker':>14} {'x limit':>8} {'clips/s/core':>12} {'x limit':>8} | {'opens':>6} "
-             f"{'stats':>6} {'listings':>8} {'fstat':>6} {'getdents':>8} {'other opens':>11}"]
+             f"{'loader':<28} {'clips/s/worker':>14} {'x limit':>8} {'clips/s/core':>12} {'x limit':>8} | "
+             f"{'opens':>6} {'stats':>6} {'listings':>8} {'fstat':>6} {'getdents':>8} {'other opens':>11}"]
 
     def rates(r):
         return (f"{r['clips_per_s']:>14.1f} {r['clips_per_s'] / limit:>8.2f} "
@@ -454,8 +463,8 @@ def report(res: dict) -> str:
             continue
         r, c = res["loaders"][role], res["syscalls"].get(role, {})
         lines.append(f"{label:<28} {rates(r)} | {c.get('opens', 0):>6} {c.get('stats', 0):>6} "
-                     f"{c.get('listings', 0):>8} {c.get('fstat (any fd)', 0):>6} {c.get('getdents64 (any dir)', 0):>8} "
-                     f"{c.get('other opens', 0):>11}")
+                     f"{c.get('listings', 0):>8} {c.get('fstat (any fd)', 0):>6} "
+                     f"{c.get('getdents64 (any dir)', 0):>8} {c.get('other opens', 0):>11}")
     lines.append("in memory (JPEG bytes in memory, no I/O, no batching, one thread):")
     for role, label in MEMORY:
         lines.append(f"{'  ' + label:<28} {rates(mem[role])} |"
@@ -464,25 +473,31 @@ def report(res: dict) -> str:
         lines.append(f"{'  ' + label:<28} {mem[role]['clips_per_s']:>14.1f} clips/s "
                      f"{mem[role]['clips_per_cpu_s']:>21.1f} clips/CPU-s")
     lines += ["", "opens/stats/listings: of files under the data directory during one epoch, all processes;",
-              "fstat: on any open descriptor; other opens: outside the data directory (libraries, /dev/shm, /proc).",
-              f"shards read by (a): {res['shards_read']} (the rank opens each once; its worker shares the descriptor)", ""]
+              "fstat: on any open descriptor; other opens: outside the data directory (libraries, /dev/shm, "
+              "/proc).",
+              f"shards read by (a): {res['shards_read']} (the rank opens each once; its worker shares the "
+              f"descriptor)", ""]
     for q in res["shuffle"]:
         o, r = q["ours"], q["random_permutation"]
         mode = f"node-affine on {q['nodes']} nodes" if q["nodes"] > 1 else "global"
-        lines.append(f"shuffle quality, {mode}, {q['world_size']} ranks x {q['workers']} workers, batch {q['batch']}, "
-                     f"buffer {q['buffer']} (Kinetics-sized: 141 shards x 1,703 clips, 400 classes):")
-        lines.append(f"  consecutive clips' distance in stored order: {o['consecutive_distance']:.4f} of the set "
-                     f"(random {r['consecutive_distance']:.3f}); same shard: {o['same_shard']:.3f} (random {r['same_shard']:.4f})")
-        lines.append(f"  distinct classes per batch: {o['classes_per_batch']['hashed']:.2f} with ingest's hashed order "
-                     f"(random {r['classes_per_batch']['hashed']:.2f}); {o['classes_per_batch']['class_sorted']:.2f} "
-                     f"if stored class-sorted (random {r['classes_per_batch']['class_sorted']:.2f})")
+        lines.append(f"shuffle quality, {mode}, {q['world_size']} ranks x {q['workers']} workers, batch "
+                     f"{q['batch']}, buffer {q['buffer']} (Kinetics-sized: 141 shards x 1,703 clips, 400 "
+                     f"classes):")
+        lines.append(f"  consecutive clips' distance in stored order: {o['consecutive_distance']:.4f} of the "
+                     f"set (random {r['consecutive_distance']:.3f}); same shard: {o['same_shard']:.3f} "
+                     f"(random {r['same_shard']:.4f})")
+        lines.append(f"  distinct classes per batch: {o['classes_per_batch']['hashed']:.2f} with ingest's "
+                     f"hashed order (random {r['classes_per_batch']['hashed']:.2f}); "
+                     f"{o['classes_per_batch']['class_sorted']:.2f} if stored class-sorted (random "
+                     f"{r['classes_per_batch']['class_sorted']:.2f})")
     lines += ["", "shards plan, Kinetics-400 (240,000 clips), 8 workers and batch 8 per rank:"]
     for row in res["plan"]["rows"]:
         s = row["shards"]
         lines.append(f"  {row['world_size']:>5} ranks: shards {s['opens_per_rank_mean']:.2f} opens/rank "
                      f"(max {s['opens_per_rank_max']}), {s['total']:,.0f} ops/epoch; frame folders "
-                     f"{row['frame_folders']['total']:,.0f}; one file per video {row['video_files']['total']:,.0f}; "
-                     f"{row['frame_folders_over_shards']:,.0f}x fewer than frame folders")
+                     f"{row['frame_folders']['total']:,.0f}; one file per video "
+                     f"{row['video_files']['total']:,.0f}; {row['frame_folders_over_shards']:,.0f}x fewer "
+                     f"than frame folders")
     lines.append(f"  recommended: {res['plan']['num_shards']} shards of {res['plan']['shard_mb']:.0f} MB")
     return "\n".join(lines)
 

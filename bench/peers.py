@@ -28,11 +28,11 @@ have no plain-HTTP source, only object stores, so they are measured locally only
 
 Every (loader, workers, source) runs in a process of its own, ``--runs`` times, the combinations
 interleaved; printed are medians of: clips per CPU-second of the process and all its workers (the
-figure a loaded machine disturbs least: what a worker costs), clips/s over the epochs after the first (each epoch timed from
-asking for its iterator, so workers started per epoch count, as in training; the first epoch is left
-out: imports, index building, the first page faults), clips/s with start-up (every epoch, from
-constructing the dataset), the time to the first batch, and the ratios of ``ours`` to the best peer. The load averages seen are printed with
-every run: on a shared machine they say how far to trust the numbers.
+figure a loaded machine disturbs least: what a worker costs), clips/s over the epochs after the first (each
+epoch timed from asking for its iterator, so workers started per epoch count, as in training; the first epoch
+is left out: imports, index building, the first page faults), clips/s with start-up (every epoch, from
+constructing the dataset), the time to the first batch, and the ratios of ``ours`` to the best peer. The load
+averages seen are printed with every run: on a shared machine they say how far to trust the numbers.
 
 The peers pin older numpy and xxhash than this project's tested set, and MosaicML streaming imports
 torchvision, whose PyPI wheel does not import beside the CPU torch 2.13.0 wheel of this machine: they
@@ -82,7 +82,8 @@ def frames_of(clip: int, size=(340, 256)) -> list[bytes]:
     scene = np.asarray(coarse.resize((coarse.width * 8, coarse.height * 8), Image.BICUBIC))
     grain = rng.integers(-3, 4, scene.shape, dtype=np.int16)
     scene = np.clip(scene + grain, 0, 255).astype(np.uint8)
-    return [encode(Image.fromarray(np.ascontiguousarray(scene[t * 4: t * 4 + size[1], t * 6: t * 6 + size[0]])), 90)
+    return [encode(Image.fromarray(np.ascontiguousarray(scene[t * 4: t * 4 + size[1], t * 6: t * 6
+                                                              + size[0]])), 90)
             for t in range(T)]
 
 
@@ -95,7 +96,8 @@ def write_all(out: str, clips: int, shards: int) -> dict:
     os.makedirs(out)
     data = [(f"clip{i:05d}", i % 10, frames_of(i)) for i in range(clips)]
     per = clips // shards
-    sizes = {name: write(name, os.path.join(out, name), data, per) for name in ("ours", "webdataset", "litdata", "mosaic")}
+    sizes = {name: write(name, os.path.join(out, name), data, per)
+             for name in ("ours", "webdataset", "litdata", "mosaic")}
     info = {"clips": clips, "shards": shards, "bytes": sizes,
             "frame_bytes": int(np.mean([len(f) for _, _, fs in data[:32] for f in fs]))}
     json.dump(info, open(done, "w"))
@@ -116,7 +118,8 @@ def write(name: str, where: str, data, per: int) -> int:
         infos = [write_shard(os.path.join(where, shard_name("train", k)), shard_name("train", k),
                              samples[k * per:(k + 1) * per]) for k in range(len(samples) // per)]
         Manifest(classes=[f"c{i}" for i in range(10)], splits={"train": SplitInfo(shards=infos)},
-                 config={"clip": {"frames": T, "short_side": 256}}, fingerprint=digest(len(samples))).save(where)
+                 config={"clip": {"frames": T, "short_side": 256}},
+                 fingerprint=digest(len(samples))).save(where)
     elif name == "webdataset":
         import webdataset as wds
 
@@ -183,7 +186,8 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
 
         from trainer.data import ClipDataset
 
-        dataset = ClipDataset(where, "train", batch_size=BATCH, crop_size=CROP, scale_size=SCALE, shuffle_buffer=SHUFFLE)
+        dataset = ClipDataset(where, "train", batch_size=BATCH, crop_size=CROP, scale_size=SCALE,
+                              shuffle_buffer=SHUFFLE)
         loader = DataLoader(dataset, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
         return (lambda epoch: loader), lambda b: int(b["valid"].sum())
     if name == "webdataset":
@@ -191,7 +195,8 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
 
         def decode(sample):
             jpegs = [sample[k] for k in sorted(k for k in sample if k.endswith(".jpg"))]
-            return crop_clip(jpegs, random.Random(f"{sample['__key__']}/{time.monotonic_ns()}")), int(sample["cls"])
+            return crop_clip(jpegs,
+                             random.Random(f"{sample['__key__']}/{time.monotonic_ns()}")), int(sample["cls"])
 
         shards = sorted(os.path.join(where, f) for f in os.listdir(where)) if "://" not in where else \
             [f"{where}/shard-{i:06d}.tar" for i in range(int(os.environ["PEERS_SHARDS"]))]
@@ -206,17 +211,20 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
         class Clips(litdata.StreamingDataset):
             def __getitem__(self, index):
                 item = super().__getitem__(index)
-                draw = random.Random(f"{index.index}/{getattr(self, 'current_epoch', 0)}")  # index: LitData's ChunkedIndex
+                # index: LitData's ChunkedIndex
+                draw = random.Random(f"{index.index}/{getattr(self, 'current_epoch', 0)}")
                 return crop_clip([item[f"f{t}"] for t in range(T)], draw), item["label"]
 
-        loader = litdata.StreamingDataLoader(Clips(where, shuffle=True), batch_size=BATCH, num_workers=workers)
+        loader = litdata.StreamingDataLoader(Clips(where, shuffle=True), batch_size=BATCH,
+                                             num_workers=workers)
         return (lambda epoch: loader), lambda b: len(b[1])
     import streaming
 
     class Clips(streaming.StreamingDataset):
         def __getitem__(self, index):
             item = super().__getitem__(index)
-            return crop_clip([item[f"f{t}"] for t in range(T)], random.Random(f"{int(index)}/{getattr(self, 'next_epoch', 0)}")), \
+            return crop_clip([item[f"f{t}"] for t in range(T)],
+                             random.Random(f"{int(index)}/{getattr(self, 'next_epoch', 0)}")), \
                 item["label"]
 
     streaming.base.util.clean_stale_shared_memory()
@@ -262,7 +270,8 @@ def one_run(name: str, where: str, workers: int, epochs: int) -> dict:
             n += count(batch)
         per_epoch.append(n)
     end, cpu = time.perf_counter(), tree_cpu()
-    later = slice(1 if epochs > 1 else 0, None)  # epoch 1 left out of the rate: imports, indexes, first page faults
+    # epoch 1 left out of the rate: imports, indexes, first page faults
+    later = slice(1 if epochs > 1 else 0, None)
     return {"clips": sum(per_epoch), "per_epoch": per_epoch, "first_batch_s": first - start,
             "steady": sum(per_epoch[later]) / (end - starts[later][0]),
             "per_cpu": sum(per_epoch[later]) / (cpu - cpus[later][0]),
@@ -273,14 +282,16 @@ def serve_everything(out: str):
     """``out`` over HTTP (byte ranges) from a process of its own; its URL and the process."""
     code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from helpers.shardsets import serve\n"
             "with serve(sys.argv[1]) as (url, _):\n    print(url, flush=True)\n    time.sleep(1e9)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, out, os.path.join(ROOT, "tests")], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code, out, os.path.join(ROOT, "tests")],
+                            stdout=subprocess.PIPE,
                             text=True)
     return proc.stdout.readline().strip(), proc
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="/tmp/kf-peers", help="where the formats are written (kept for later runs)")
+    p.add_argument("--out", default="/tmp/kf-peers",
+                   help="where the formats are written (kept for later runs)")
     p.add_argument("--clips", type=int, default=384)
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--epochs", type=int, default=3)
@@ -296,8 +307,8 @@ def main() -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the HTTP server is stopped on a kill too
     info = write_all(a.out, a.clips, a.shards)
-    print(f"{a.clips} clips of {T} frames (340x256, {info['frame_bytes']:,} bytes a frame) in {a.shards} shards; "
-          f"bytes by format: {info['bytes']}", flush=True)
+    print(f"{a.clips} clips of {T} frames (340x256, {info['frame_bytes']:,} bytes a frame) in {a.shards} "
+          f"shards; bytes by format: {info['bytes']}", flush=True)
     url, server = serve_everything(a.out) if "http" in a.sources else (None, None)
     loaders = a.loaders + ([BASE] if a.baseline else [])
     combos = [(name, w, src) for src in a.sources for w in a.workers for name in loaders
@@ -312,7 +323,8 @@ def main() -> int:
                 env = {**os.environ, "PEERS_SHARDS": str(a.shards), "PYTHONPATH": ROOT}
                 if name == "mosaic":  # its local cache of the index, per run
                     shutil.rmtree("/dev/shm/streaming", ignore_errors=True)
-                script, loader = (os.path.join(a.baseline, "bench", "peers.py"), "ours") if name == BASE else \
+                script, loader = (os.path.join(a.baseline, "bench", "peers.py"),
+                                  "ours") if name == BASE else \
                     (__file__, name)
                 proc = subprocess.run([sys.executable, script, "--one", loader, where, str(w), str(a.epochs)],
                                       capture_output=True, text=True, env=env, timeout=1800)
@@ -323,8 +335,9 @@ def main() -> int:
                 res = {"loader": name, "workers": w, "source": src, "run": r, **json.loads(line[0][9:])}
                 runs.append(res)
                 print(f"run {r} {src:5s} w={w} {name:12s} clips {res['clips']} ({res['per_epoch']}) "
-                      f"{res['steady']:7.1f} clips/s, {res['per_cpu']:6.1f} per CPU-s, {res['with_startup']:7.1f} with start-up, first batch "
-                      f"{res['first_batch_s']:.2f} s, load {res['load']:.1f}", flush=True)
+                      f"{res['steady']:7.1f} clips/s, {res['per_cpu']:6.1f} per CPU-s, "
+                      f"{res['with_startup']:7.1f} with start-up, first batch {res['first_batch_s']:.2f} s, "
+                      f"load {res['load']:.1f}", flush=True)
     finally:
         if server:
             server.kill()
@@ -340,11 +353,12 @@ def report(runs: list[dict], a) -> str:
         rs = [r for r in runs if (r["loader"], r["workers"], r["source"]) == key]
         med[key] = {m: statistics.median(r[m] for r in rs)
                     for m in ("steady", "per_cpu", "with_startup", "first_batch_s")}
-    lines = ["", "medians | source | workers | loader | clips/s | clips per CPU-second | with start-up | first batch s"]
+    lines = ["", "medians | source | workers | loader | clips/s | clips per CPU-second | with start-up | "
+                 "first batch s"]
     order = (*LOADERS, BASE)
     for (name, w, src), m in sorted(med.items(), key=lambda kv: (kv[0][2], kv[0][1], order.index(kv[0][0]))):
-        lines.append(f"| {src} | {w} | {name} | {m['steady']:.1f} | {m['per_cpu']:.1f} | {m['with_startup']:.1f} | "
-                     f"{m['first_batch_s']:.2f} |")
+        lines.append(f"| {src} | {w} | {name} | {m['steady']:.1f} | {m['per_cpu']:.1f} | "
+                     f"{m['with_startup']:.1f} | {m['first_batch_s']:.2f} |")
     lines.append("")
     for src in a.sources:
         for w in a.workers:

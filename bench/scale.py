@@ -115,7 +115,8 @@ def simulate(url: str, work: str, nodes: int, per_node: int, mode: str, budget: 
     out, go = ctx.Queue(), ctx.Event()
     caches = [os.path.join(work, f"{mode}-{budget}-{cached}-node{n}") for n in range(nodes)]
     world = nodes * per_node
-    procs = [ctx.Process(target=_rank, args=(url, r, world, per_node, mode, caches[r // per_node] if cached else None,
+    procs = [ctx.Process(target=_rank, args=(url, r, world, per_node, mode, caches[r // per_node] if cached
+                                             else None,
                                              budget, direct, crop, epochs, go, out)) for r in range(world)]
     for p in procs:
         p.start()
@@ -145,7 +146,8 @@ def simulate(url: str, work: str, nodes: int, per_node: int, mode: str, budget: 
     for n in range(nodes):
         mine = ranks[n * per_node:(n + 1) * per_node]
         per_copy = Counter(name for r in mine for e in r for name, _ in e["downloads"])
-        node_rows.append({"bytes_per_epoch": [sum(b for r in mine for _, b in r[e]["downloads"]) for e in range(epochs)],
+        node_rows.append({"bytes_per_epoch": [sum(b for r in mine for _, b in r[e]["downloads"])
+                                              for e in range(epochs)],
                           "downloads": sum(per_copy.values()), "copies": len(per_copy),
                           "max_downloads_per_copy": max(per_copy.values(), default=0)})
     return {
@@ -159,7 +161,8 @@ def simulate(url: str, work: str, nodes: int, per_node: int, mode: str, budget: 
         "server_shard_bytes": after["shard_bytes"] - before["shard_bytes"],
         "server_requests": after["requests"] - before["requests"] - 1,  # less the /v1/stats that read them
         "server_shard_requests": after["shard_requests"] - before["shard_requests"],
-        "server_peak_rss_mb": peak / 1e6, "server_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+        "server_peak_rss_mb": peak / 1e6, "server_cpu_s": (cpu1.user + cpu1.system)
+        - (cpu0.user + cpu0.system),
     }
 
 
@@ -172,7 +175,8 @@ def paper(shard_counts: list[int], epoch_seconds: float, epochs: int) -> list[di
         for mode, v in t["modes"].items():
             run = sum(v["bytes"])
             requests = v["requests"] and sum(v["requests"])
-            rows.append({"shards": count, "mode": mode, "run_TB": run / 1e12, "x_dataset": run / t["dataset_bytes"],
+            rows.append({"shards": count, "mode": mode, "run_TB": run / 1e12, "x_dataset": run
+                         / t["dataset_bytes"],
                          "epoch1_GB": v["bytes"][0] / 1e9, "later_epoch_GB": max(v["bytes"][1:]) / 1e9,
                          "epoch1_GB_s": v["bytes"][0] / 1e9 / epoch_seconds,
                          "mean_GB_s": run / 1e9 / (epochs * epoch_seconds),
@@ -183,8 +187,8 @@ def paper(shard_counts: list[int], epoch_seconds: float, epochs: int) -> list[di
 
 
 def report_paper(rows: list[dict], epoch_seconds: float, epochs: int) -> str:
-    lines = [f"At the paper's scale: 240,000 clips x 150 kB (36 GB), 1,536 ranks on 256 nodes of 6, {epochs} epochs of "
-             f"{epoch_seconds:g} s", "",
+    lines = [f"At the paper's scale: 240,000 clips x 150 kB (36 GB), 1,536 ranks on 256 nodes of 6, {epochs} "
+             f"epochs of {epoch_seconds:g} s", "",
              f"{'shards':>6} {'mode':<56} {'run TB':>7} {'x set':>6} {'ep.1 GB':>8} {'later GB':>8} "
              f"{'ep.1 GB/s':>9} {'run GB/s':>8} {'req/s ep.1':>10}"]
     for r in rows:
@@ -196,25 +200,27 @@ def report_paper(rows: list[dict], epoch_seconds: float, epochs: int) -> str:
 
 
 def label(r: dict) -> str:
-    how = ("direct reads, no cache" if r["direct"] else f"cache, budget {r['budget'] / 1e6:.0f} MB" if r["budget"]
+    how = ("direct reads, no cache" if r["direct"] else f"cache, budget {r['budget'] / 1e6:.0f} MB"
+           if r["budget"]
            else "cache, no budget" if r["cache"] else "byte ranges, no cache")
     return f"{r['mode']:<6} {how}"
 
 
 def report_sim(rows: list[dict], clips: int, set_mb: float, shard_s: float) -> str:
-    lines = [f"{clips} clips, {set_mb:.0f} MB; per node MB downloaded in each epoch; first batch s (max over ranks), "
-             f"one shard's download alone {shard_s:.3f} s"]
+    lines = [f"{clips} clips, {set_mb:.0f} MB; per node MB downloaded in each epoch; first batch s (max over "
+             f"ranks), one shard's download alone {shard_s:.3f} s"]
     for r in rows:
         nodes = "; ".join("/".join(f"{b / 1e6:.0f}" for b in n["bytes_per_epoch"]) +
-                          f" ({n['downloads']} downloads of {n['copies']} copies)" for n in r["nodes"] if r["cache"])
+                          f" ({n['downloads']} downloads of {n['copies']} copies)" for n in r["nodes"]
+                          if r["cache"])
         lines.append(f"{label(r):<34} first batch {max(r['first_batch_s']):.2f} s "
                      f"({max(r['first_batch_s']) / shard_s:.1f}x one shard's download; later "
-                     f"{max(r['later_first_batch_s_max']):.2f}), epoch {max(r['epoch_s_max']):.1f} s; clips/rank "
-                     f"{r['clips_per_rank_per_epoch'][0]}; every clip once: {r['every_clip_once']}; "
-                     f"nodes: {nodes or '-'}; cache total {r['downloaded_bytes'] / 1e6:.0f} MB; server sent "
-                     f"{r['server_shard_bytes'] / 1e6:.0f} MB of shards in {r['server_shard_requests']} requests "
-                     f"({r['server_requests']} in all), peak "
-                     f"{r['server_peak_rss_mb']:.0f} MB, {r['server_cpu_s']:.2f} CPU s")
+                     f"{max(r['later_first_batch_s_max']):.2f}), epoch {max(r['epoch_s_max']):.1f} s; "
+                     f"clips/rank {r['clips_per_rank_per_epoch'][0]}; every clip once: "
+                     f"{r['every_clip_once']}; nodes: {nodes or '-'}; cache total "
+                     f"{r['downloaded_bytes'] / 1e6:.0f} MB; server sent {r['server_shard_bytes'] / 1e6:.0f} "
+                     f"MB of shards in {r['server_shard_requests']} requests ({r['server_requests']} in "
+                     f"all), peak {r['server_peak_rss_mb']:.0f} MB, {r['server_cpu_s']:.2f} CPU s")
     return "\n".join(lines)
 
 
@@ -226,11 +232,14 @@ def main() -> int:
     p.add_argument("--ranks-per-node", type=int, default=2)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--clips", type=int, default=24, help="clips per shard (~160 kB each)")
-    p.add_argument("--small-budget", type=float, default=0.6, help="the small cache budget, as a fraction of the set")
-    p.add_argument("--crop", type=int, default=64, help="the loaders' crop (small: the CPU is not what is measured)")
+    p.add_argument("--small-budget", type=float, default=0.6,
+                   help="the small cache budget, as a fraction of the set")
+    p.add_argument("--crop", type=int, default=64,
+                   help="the loaders' crop (small: the CPU is not what is measured)")
     p.add_argument("--paper-shards", type=int, nargs="+", default=[130, 256, 512])
     p.add_argument("--paper-epochs", type=int, default=100)
-    p.add_argument("--epoch-seconds", type=float, default=9.0, help="an epoch at the paper's scale (15 min / 100)")
+    p.add_argument("--epoch-seconds", type=float, default=9.0,
+                   help="an epoch at the paper's scale (15 min / 100)")
     p.add_argument("--paper-only", action="store_true")
     args = p.parse_args()
     res = {}
@@ -253,18 +262,22 @@ def main() -> int:
             small = int(args.small_budget * set_bytes)
             shard_s = one_shard_s(base, shards[0].name)
             for mode in ("global", "node"):
-                for cached, budget, direct in ((True, None, False), (True, small, False), (False, None, False),
+                for cached, budget, direct in ((True, None, False), (True, small, False),
+                                               (False, None, False),
                                                (False, None, True)):
-                    rows.append(simulate(base, args.out, args.nodes, args.ranks_per_node, mode, budget, cached,
+                    rows.append(simulate(base, args.out, args.nodes, args.ranks_per_node, mode, budget,
+                                         cached,
                                          direct, server, args.crop, len(shards) * args.clips, args.epochs))
-                    print(report_sim(rows[-1:], len(shards) * args.clips, set_bytes / 1e6, shard_s).splitlines()[-1],
+                    print(report_sim(rows[-1:], len(shards) * args.clips, set_bytes / 1e6,
+                                     shard_s).splitlines()[-1],
                           flush=True)
         finally:
             proc.terminate()
             proc.wait()
         res["simulated"] = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "shards": args.shards,
                             "epochs": args.epochs, "clips": len(shards) * args.clips, "set_bytes": set_bytes,
-                            "shard_bytes": shards[0].bytes, "one_shard_download_s": shard_s, "small_budget": small,
+                            "shard_bytes": shards[0].bytes, "one_shard_download_s": shard_s,
+                            "small_budget": small,
                             "rows": rows}
         print()
         print(report_sim(rows, len(shards) * args.clips, set_bytes / 1e6, shard_s))

@@ -91,7 +91,8 @@ def make_set(directory: str, shards: int, clips: int, frames: int = 8) -> Manife
             samples.append((key, i % 10, sample_bytes(key, members)))
         name = shard_name("train", k)
         split.shards.append(write_shard(os.path.join(directory, name), name, samples))
-    m = Manifest(classes=[f"c{i}" for i in range(10)], splits={"train": split}, config={"clip": {"frames": frames}},
+    m = Manifest(classes=[f"c{i}" for i in range(10)], splits={"train": split},
+                 config={"clip": {"frames": frames}},
                  fingerprint="bench")
     m.save(directory)
     return m
@@ -130,7 +131,8 @@ def _client_proc(base, shards, seconds, threads, seed, queue, local_root):
     out = []
     cpu = os.times()  # this process's threads
     deadline = time.perf_counter() + seconds
-    ts = [threading.Thread(target=_client_thread, args=(base, shards, deadline, seed * 1000 + k, out, local_root))
+    ts = [threading.Thread(target=_client_thread, args=(base, shards, deadline, seed * 1000 + k, out,
+                                                        local_root))
           for k in range(threads)]
     for t in ts:
         t.start()
@@ -156,7 +158,8 @@ class Server:
 
     def cpu_by_top(self) -> list[float]:
         """CPU seconds of each top process with its children (the service, the nginx in front)."""
-        return [sum(sum(p.cpu_times()[:2]) for p in (top, *top.children(recursive=True))) for top in self.tops]
+        return [sum(sum(p.cpu_times()[:2]) for p in (top, *top.children(recursive=True)))
+                for top in self.tops]
 
     def rss(self) -> int:
         return sum(p.memory_info().rss for p in self.procs())
@@ -164,13 +167,15 @@ class Server:
 
 def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seconds: float,
          server: Server | None) -> dict:
-    shards = [{"name": s.name, "offsets": s.offsets, "lengths": s.lengths, "bytes": s.bytes, "sha256": s.sha256}
+    shards = [{"name": s.name, "offsets": s.offsets, "lengths": s.lengths, "bytes": s.bytes,
+               "sha256": s.sha256}
               for s in m.splits["train"].shards]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     cpu0, parts0 = (server.cpu_times(), server.cpu_by_top()) if server else (None, None)
     rss = []
-    ps = [ctx.Process(target=_client_proc, args=(base, shards, seconds, clients // procs, k, queue, local_root))
+    ps = [ctx.Process(target=_client_proc, args=(base, shards, seconds, clients // procs, k, queue,
+                                                 local_root))
           for k in range(procs)]
     t0 = time.perf_counter()
     for p in ps:
@@ -190,17 +195,21 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
     results = [r for r, _ in results]
     lat = np.array([x for r in results for t in r for x in t[0]])
     nbytes = sum(t[1] for r in results for t in r)
-    out = {"MB_s": nbytes / wall / 1e6, "req_s": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50) * 1e3),
+    out = {"MB_s": nbytes / wall / 1e6, "req_s": len(lat) / wall,
+           "p50_ms": float(np.percentile(lat, 50) * 1e3),
            "p99_ms": float(np.percentile(lat, 99) * 1e3), "errors": sum(t[2] for r in results for t in r),
            "requests": len(lat), "GB": nbytes / 1e9}
     gb = max(out["GB"], 1e-9)
     out.update({"client_cpu_s_per_GB": (client_user + client_sys) / gb, "client_sys_share": client_sys / max(
         client_user + client_sys, 1e-9), "load_avg_1min": os.getloadavg()[0]})
     if server:
-        cpu1, parts1 = server.cpu_times(), server.cpu_by_top()  # once, so the figures are of the same interval
+        # once, so the figures are of the same interval
+        cpu1, parts1 = server.cpu_times(), server.cpu_by_top()
         used = cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1]
-        out.update({f"cpu_s_per_GB_process_{k}": (b - a) / gb for k, (a, b) in enumerate(zip(parts0, parts1))})
-        out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1] / 2**20,
+        out.update({f"cpu_s_per_GB_process_{k}": (b - a) / gb for k, (a,
+                                                                      b) in enumerate(zip(parts0, parts1))})
+        out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1]
+                    / 2**20,
                     "cpu_s_per_GB": used / gb, "sys_share": (cpu1[1] - cpu0[1]) / max(used, 1e-9)})
     return out
 
@@ -235,7 +244,8 @@ def start_nginx(workdir: str, workers: int, site: str, http_extra: str = "") -> 
         f.write(f"user root; worker_processes {workers}; daemon off; pid {prefix}/nginx.pid; "
                 f"error_log {prefix}/error.log;\nevents {{ worker_connections 4096; }}\n"
                 f"http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000; {temps}\n"
-                f"  {http_extra.replace('PREFIX', prefix)}\n  server {{ listen 127.0.0.1:{port}; {site} }} }}\n")
+                f"  {http_extra.replace('PREFIX', prefix)}\n  server {{ listen 127.0.0.1:{port}; {site} }} "
+                f"}}\n")
     proc = subprocess.Popen([NGINX, "-c", conf, "-p", prefix])
     wait_listening(proc, port, prefix)
     return proc, f"http://127.0.0.1:{port}"
@@ -339,7 +349,8 @@ def slowloris(cat: Catalog, shard: str, n: int, seconds: float) -> dict:
             out: list = []
             deadline = time.perf_counter() + seconds
             path = f"/v1/datasets/bench/{shard}"
-            clients = [threading.Thread(target=_normal_client, args=(port, path, deadline, out)) for _ in range(4)]
+            clients = [threading.Thread(target=_normal_client, args=(port, path, deadline, out))
+                       for _ in range(4)]
             for t in clients:
                 t.start()
             for t in clients:
@@ -353,7 +364,8 @@ def slowloris(cat: Catalog, shard: str, n: int, seconds: float) -> dict:
             proc.wait()
         lat = np.array([t for ok, t in out if ok] or [float("nan")])
         res[label] = {"ok_req_s": sum(ok for ok, _ in out) / seconds, "failed": sum(not ok for ok, _ in out),
-                      "p50_ms": float(np.percentile(lat, 50) * 1e3), "p99_ms": float(np.percentile(lat, 99) * 1e3),
+                      "p50_ms": float(np.percentile(lat, 50) * 1e3),
+                      "p99_ms": float(np.percentile(lat, 99) * 1e3),
                       "slow_connections_held": held, "slow_opened": stats["opened"],
                       "slow_closed_by_server": stats["closed"]}
         print(f"{slow} slowloris connections, {label}: {res[label]}", flush=True)
@@ -439,7 +451,8 @@ def catalog_cost(n: int) -> dict:
                 check()
             out[label] = {"client_cpu_us": (time.process_time() - cpu) / n * 1e6,
                           "server_cpu_us": (sum(db.cpu_times()) - server_cpu) / n * 1e6,
-                          "wall_us": (time.perf_counter() - wall) / n * 1e6, "load_avg_1min": os.getloadavg()[0]}
+                          "wall_us": (time.perf_counter() - wall) / n * 1e6,
+                          "load_avg_1min": os.getloadavg()[0]}
             print(label, out[label], flush=True)
     finally:
         server.close()
@@ -493,7 +506,8 @@ def request_cost(servers: dict[str, list[str]], path: str, token: str, n: int, r
             finally:
                 proc.terminate()
                 proc.wait()
-    return {label: {"cpu_us_per_request": float(np.median(v)), "range": [min(v), max(v)]} for label, v in got.items()}
+    return {label: {"cpu_us_per_request": float(np.median(v)), "range": [min(v), max(v)]} for label,
+            v in got.items()}
 
 
 # --- one epoch's data wait ----------------------------------------------------------------------
@@ -526,18 +540,22 @@ def main() -> int:
     p.add_argument("--read-auth", action="store_true", help="the service asks for a token on every read "
                                                             "(the clients send it; plain nginx asks for none)")
     p.add_argument("--held-grants", action="store_true",
-                   help="the clients start with their grants (asked for before they fork): the load without its start")
+                   help="the clients start with their grants (asked for before they fork): the load without "
+                        "its start")
     p.add_argument("--compare", action="store_true", help="also Starlette FileResponse on uvicorn")
     p.add_argument("--epoch-workers", type=int, default=2)
     p.add_argument("--no-epoch", action="store_true", help="skip the loader epoch (only the range reads)")
     p.add_argument("--slowloris", type=int, default=0, metavar="N",
-                   help="instead: normal clients beside N slowloris connections, the server's bounds off then on")
+                   help="instead: normal clients beside N slowloris connections, the server's bounds off "
+                        "then on")
     p.add_argument("--catalog-cost", type=int, default=0, metavar="N",
                    help="instead: what knowing whether a PostgreSQL catalog changed costs per request, by "
-                        "notifications and by a query (N checks each; a PostgreSQL server is started on loopback)")
+                        "notifications and by a query (N checks each; a PostgreSQL server is started on "
+                        "loopback)")
     p.add_argument("--request-cost", type=int, default=0, metavar="N",
-                   help="instead: the server CPU one request costs, N requests one after another as nginx sends "
-                        "them: the service deciding a file for nginx to send (read auth), and a bare aiohttp route")
+                   help="instead: the server CPU one request costs, N requests one after another as nginx "
+                        "sends them: the service deciding a file for nginx to send (read auth), and a bare "
+                        "aiohttp route")
     p.add_argument("--role", help=argparse.SUPPRESS)
     p.add_argument("--bare-aiohttp", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -554,12 +572,13 @@ def main() -> int:
     root = os.path.join(args.out, "set")
     m = make_set(root, args.shards, args.clips)
     size = sum(s.bytes for s in m.splits["train"].shards)
-    print(f"{args.shards} shards, {args.shards * args.clips} clips, {size / 1e6:.0f} MB; {args.clients} clients "
-          f"in {args.procs} processes, {args.seconds:.0f} s per source", flush=True)
+    print(f"{args.shards} shards, {args.shards * args.clips} clips, {size / 1e6:.0f} MB; {args.clients} "
+          f"clients in {args.procs} processes, {args.seconds:.0f} s per source", flush=True)
     cat = Catalog(os.path.join(args.out, "catalog.sqlite"))
     claim = cat.claim("be" * 32, source="bench", location=root, options={}, name="bench")
     splits, files, sha = describe_set(root)
-    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="bench")
+    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha,
+               builder_version="bench")
     if args.slowloris:
         res = {"slowloris": slowloris(cat, m.splits["train"].shards[0].name, args.slowloris, args.seconds)}
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))
@@ -572,7 +591,8 @@ def main() -> int:
         servers = {"the service deciding, nginx to send (--x-accel-redirect, read auth)": [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
                                "--read-auth", "--token-file", token, *accel_flags(args.out)],
                    "a bare aiohttp route": [sys.executable, os.path.abspath(__file__), "--bare-aiohttp"]}
-        res = request_cost(servers, f"/v1/datasets/bench/{m.splits['train'].shards[0].name}", "bench-read-token",
+        res = request_cost(servers, f"/v1/datasets/bench/{m.splits['train'].shards[0].name}",
+                           "bench-read-token",
                            args.request_cost, args.rounds)
         print("BENCH_JSON " + json.dumps({"request_cost": res}, sort_keys=True))
         return 0
@@ -587,10 +607,12 @@ def main() -> int:
         sources[GRANT_ROW] = [*serve, *accel_flags(args.out),
                               *grant_flags(os.path.join(args.out, "grants"), GRANT_SECONDS)]
     if args.compare:
-        sources["starlette FileResponse on uvicorn"] = [sys.executable, os.path.abspath(__file__), "--role", root]
+        sources["starlette FileResponse on uvicorn"] = [sys.executable, os.path.abspath(__file__), "--role",
+                                                        root]
     rounds = []
     for r in range(args.rounds):
-        order = list(sources)[r % len(sources):] + list(sources)[:r % len(sources)]  # interleaved: each first in turn
+        # interleaved: each first in turn
+        order = list(sources)[r % len(sources):] + list(sources)[:r % len(sources)]
         got = {}
         for label in order:
             got[label] = measure(label, sources[label], args, root, m)
@@ -622,7 +644,8 @@ def main() -> int:
         print(f"  {key}: {res[key]:.2f} ({res[key + '_range'][0]:.2f}-{res[key + '_range'][1]:.2f})")
     if not args.no_nginx:
         print(f"goal for the service behind nginx checking its grants: throughput >= 0.95x nginx's "
-              f"({res['grants_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x ({res['grants_vs_nginx_cpu_per_GB']:.2f})"
+              f"({res['grants_vs_nginx_MB_s']:.2f}), CPU per GB <= 1.1x "
+              f"({res['grants_vs_nginx_cpu_per_GB']:.2f})"
               + (", read auth on" if args.read_auth else ""))
     if args.no_epoch:
         print("BENCH_JSON " + json.dumps(res, sort_keys=True))
@@ -637,8 +660,8 @@ def main() -> int:
         proc.wait()
     res["epoch_http_vs_local"] = res["epoch_http"]["data_wait_s"] / res["epoch_local"]["data_wait_s"]
     print(f"one epoch ({res['epoch_local']['batches']} batches, {args.epoch_workers} workers): data wait "
-          f"{res['epoch_local']['data_wait_s']:.2f} s local, {res['epoch_http']['data_wait_s']:.2f} s over HTTP "
-          f"({res['epoch_http_vs_local']:.2f}x)")
+          f"{res['epoch_local']['data_wait_s']:.2f} s local, {res['epoch_http']['data_wait_s']:.2f} s over "
+          f"HTTP ({res['epoch_http_vs_local']:.2f}x)")
     print("BENCH_JSON " + json.dumps(res, sort_keys=True))
     return 0
 

@@ -1,10 +1,10 @@
 """Bytes sent by nginx, every check kept here (``serve --x-accel-redirect PREFIX``); with
 ``--grant-links``, shards are granted instead, nginx checking each request (``service.grants``).
 
-Behind nginx (configured as docker/nginx-replicas.conf is), a GET of a local set's file is decided here as always (the token, the set's state
-and refusals, the file's checks, ETag and Cache-Control, conditionals and the range), and when the
-answer is 200 or 206 the service sends no byte: it answers nginx with those headers and
-``X-Accel-Redirect: PREFIX/<the file's path>``, and nginx sends the file from its internal
+Behind nginx (configured as docker/nginx-replicas.conf is), a GET of a local set's file is decided here as
+always (the token, the set's state and refusals, the file's checks, ETag and Cache-Control, conditionals and
+the range), and when the answer is 200 or 206 the service sends no byte: it answers nginx with those headers
+and ``X-Accel-Redirect: PREFIX/<the file's path>``, and nginx sends the file from its internal
 location with ``sendfile``. The request must say nginx is there to do it (``X-Sendfile-Type:
 X-Accel-Redirect``, which nginx's ``proxy_set_header`` adds, as Rack's sendfile middleware asks)
 and prove it came from the front: ``X-Accel-Secret`` holding one of the secrets of

@@ -83,12 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="catalog: a SQLite file, or a PostgreSQL database (postgresql://USER@HOST:PORT/DB) "
                         "that replicas of the service share ($SHARD_SERVICE_CATALOG); a file that does not "
                         "exist is refused unless --create")
-    p.add_argument("--catalog-staleness", type=number_in_range(float, 0), default=STALE_SECONDS, metavar="SECONDS",
-                   help="while the catalog cannot be reached (a PostgreSQL outage), a set this replica has looked up "
-                        "is served from its last known record for at most this long after the replica saw a commit it "
-                        "could not check (the longest a change made just before an outage goes unseen; 0: none is "
-                        "served, every read 503 until the catalog answers); records no commit touched serve on "
-                        "whatever the outage's length (service.records)")
+    p.add_argument("--catalog-staleness", type=number_in_range(float, 0), default=STALE_SECONDS,
+                   metavar="SECONDS",
+                   help="while the catalog cannot be reached (a PostgreSQL outage), a set this replica has "
+                        "looked up is served from its last known record for at most this long after the "
+                        "replica saw a commit it could not check (the longest a change made just before an "
+                        "outage goes unseen; 0: none is served, every read 503 until the catalog answers); "
+                        "records no commit touched serve on whatever the outage's length (service.records)")
     p.add_argument("--create", action="store_true",
                    help="start an empty catalog file (and its directory) if --catalog names none, e.g. for "
                         "builds asked for over HTTP; without it a typo would serve an empty catalog")
@@ -100,20 +101,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer GETs of shards of sets in an object store with 307 to a presigned URL valid "
                         "this long, so their bytes bypass the server (default 0: stream them through)")
     p.add_argument("--x-accel-redirect", default="", metavar="PREFIX",
-                   help="behind nginx: answer GETs of local sets' files that nginx can send (requests carrying "
-                        "X-Sendfile-Type: X-Accel-Redirect) with every header decided here and X-Accel-Redirect: "
-                        "PREFIX/<the file's path>, for nginx to send the bytes from its internal location PREFIX/ "
-                        "(docs/runbooks/service.md); refusals, 304s and anything nginx would answer differently "
-                        "are answered here as without it; needs --x-accel-secret-file")
+                   help="behind nginx: answer GETs of local sets' files that nginx can send (requests "
+                        "carrying X-Sendfile-Type: X-Accel-Redirect) with every header decided here and "
+                        "X-Accel-Redirect: PREFIX/<the file's path>, for nginx to send the bytes from its "
+                        "internal location PREFIX/ (docs/runbooks/service.md); refusals, 304s and anything "
+                        "nginx would answer differently are answered here as without it; needs "
+                        "--x-accel-secret-file")
     p.add_argument("--x-accel-secret-file", metavar="FILE",
-                   help=f"with --x-accel-redirect: the secrets (one a line, any accepted) nginx sends as {SECRET_HEADER} "
-                        "(docker/nginx-replicas.conf); a request without one gets the bytes from the server, never a "
-                        "server path")
+                   help=f"with --x-accel-redirect: the secrets (one a line, any accepted) nginx sends as "
+                        f"{SECRET_HEADER} "
+                        "(docker/nginx-replicas.conf); a request without one gets the bytes from the server, "
+                        "never a server path")
     p.add_argument("--grant-links", metavar="DIR",
-                   help="with --x-accel-redirect: grant shards for nginx to check and send itself (service.grants); "
-                        "DIR holds links to the sets, one directory for nginx and every replica")
+                   help="with --x-accel-redirect: grant shards for nginx to check and send itself "
+                        "(service.grants); DIR holds links to the sets, one directory for nginx and every "
+                        "replica")
     p.add_argument("--grant-seconds", type=int_in_range(2, 86400), default=GRANT_SECONDS,
-                   help="a grant's lifetime: the longest a client refused since still reads (default %(default)s)")
+                   help="a grant's lifetime: the longest a client refused since still reads (default "
+                        "%(default)s)")
     p.add_argument("--token-file", help="file of bearer tokens allowed to write, one per line (without it, "
                                         "writes are refused)")
     p.add_argument("--read-auth", action="store_true",
@@ -125,24 +130,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                        "PostgreSQL catalog: storage every replica reaches)")
     p.add_argument("--ray-address", help="run builds on this Ray cluster (default: an embedded local Ray)")
     p.add_argument("--source-root", action="append", default=[], metavar="DIR_OR_URL",
-                   help="builds asked for over HTTP may read only sources under this local directory (symbolic "
-                        "links resolved) or URL prefix (e.g. s3://bucket/videos); repeat for several. Without "
-                        "any, POST /v1/builds is refused (403)")
+                   help="builds asked for over HTTP may read only sources under this local directory "
+                        "(symbolic links resolved) or URL prefix (e.g. s3://bucket/videos); repeat for "
+                        "several. Without any, POST /v1/builds is refused (403)")
     p.add_argument("--max-build-workers", type=positive_int, default=os.cpu_count(),
                    help="the most decode tasks a build request may ask for (its 'workers')")
     p.add_argument("--max-builds", type=positive_int, default=1,
-                   help="build processes run at once; further builds wait their turn (each build process starts "
-                        "its own embedded Ray, or joins --ray-address)")
+                   help="build processes run at once; further builds wait their turn (each build process "
+                        "starts its own embedded Ray, or joins --ray-address)")
     p.add_argument("--header-timeout", type=float, default=20.0,
-                   help="seconds a connection has to send a complete request head, from its opening or the end of "
-                        "the previous response (also how long an idle connection is kept)")
-    p.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body has to arrive (408)")
+                   help="seconds a connection has to send a complete request head, from its opening or the "
+                        "end of the previous response (also how long an idle connection is kept)")
+    p.add_argument("--body-timeout", type=float, default=60.0,
+                   help="seconds a request body has to arrive (408)")
     p.add_argument("--max-connections", type=int, default=None,
                    help=f"connections at once; more get 503 (default: {MAX_CONNECTIONS}, lowered to fit the "
                         "open-files limit; 0: no limit)")
     p.add_argument("--max-connections-per-client", type=int, default=256,
-                   help="connections at once from one client address; more get 503 (0: no limit, e.g. behind a "
-                        "reverse proxy, where every client has the proxy's address)")
+                   help="connections at once from one client address; more get 503 (0: no limit, e.g. behind "
+                        "a reverse proxy, where every client has the proxy's address)")
     p.add_argument("--access-log", action="store_true", help="log every request")
 
 
@@ -166,11 +172,13 @@ def read_tokens(path: str | None, flag: str = "--token-file") -> list[str]:
 
 
 def front(args: argparse.Namespace) -> Front | None:
-    """The nginx of ``--x-accel-redirect``, trusted by ``--x-accel-secret-file``'s secrets (None without it)."""
+    """The nginx of ``--x-accel-redirect``, trusted by ``--x-accel-secret-file``'s secrets (None without
+    it)."""
     if not args.x_accel_redirect:
         return None
     grants = Grants(args.grant_links, args.grant_seconds) if args.grant_links else None
-    return Front(args.x_accel_redirect, tuple(read_tokens(args.x_accel_secret_file, "--x-accel-secret-file")), grants)
+    return Front(args.x_accel_redirect, tuple(read_tokens(args.x_accel_secret_file, "--x-accel-secret-file")),
+                 grants)
 
 
 async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socket,
@@ -187,10 +195,12 @@ async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socke
     out_of_files = OutOfFiles()
     out_of_files.install(asyncio.get_running_loop())
     admission = Admission(max_connections, args.max_connections_per_client)
-    catalog = Catalog(args.catalog)  # the app's reaper, at startup, takes over or fails builds that died with a server
+    # the app's reaper, at startup, takes over or fails builds that died with a server
+    catalog = Catalog(args.catalog)
     data_root = args.data_root or ("" if is_url(args.catalog) else
                                    os.path.join(os.path.dirname(os.path.abspath(args.catalog)), "sets"))
-    app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth, data_root=data_root,
+    app = make_app(catalog, tokens=read_tokens(args.token_file), read_auth=args.read_auth,
+                   data_root=data_root,
                    ray_address=args.ray_address, source_roots=roots, max_build_workers=args.max_build_workers,
                    max_builds=args.max_builds, body_timeout=args.body_timeout, out_of_files=out_of_files,
                    counters=counters, redirect_seconds=args.redirect, front=front(args), admission=admission,
@@ -203,7 +213,8 @@ async def serve(args: argparse.Namespace, counters: Counters, sock: socket.socke
     server = await asyncio.get_running_loop().create_server(admission.protocol(runner.server), sock=sock,
                                                             backlog=1024)
     host, port = server.sockets[0].getsockname()[:2]
-    log.info("open files %d; connections at most %s, %s per client; request heads within %g s, bodies within %g s",
+    log.info("open files %d; connections at most %s, %s per client; request heads within %g s, bodies within "
+             "%g s",
              open_files, max_connections or "unlimited", args.max_connections_per_client or "unlimited",
              args.header_timeout, args.body_timeout)
     stop, signals = asyncio.Event(), []
@@ -235,7 +246,8 @@ def start_lines(host: str, port: int, catalog: str, workers: int = 1) -> str:
     base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     processes = f", {workers} worker processes" if workers > 1 else ""
     return (f"serving {base}/ : the dataset viewer\n"
-            f"        {base}/v1 : the API (a set's URL: {base}/v1/datasets/NAME); catalog {shown(catalog)}{processes}")
+            f"        {base}/v1 : the API (a set's URL: {base}/v1/datasets/NAME); catalog "
+            f"{shown(catalog)}{processes}")
 
 
 def _stopped(signum: int) -> int:
@@ -345,22 +357,22 @@ def check_flags(args: argparse.Namespace) -> None:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.x_accel_redirect and not re.fullmatch(r"(/[A-Za-z0-9_.~-]+)+", args.x_accel_redirect):
-        raise UsageError(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel (nginx's "
-                         "internal location for the files: docker/nginx-replicas.conf)")
+        raise UsageError(f"--x-accel-redirect {args.x_accel_redirect}: give a plain URI path such as /_accel "
+                         "(nginx's internal location for the files: docker/nginx-replicas.conf)")
     if bool(args.x_accel_redirect) != bool(args.x_accel_secret_file):
-        raise UsageError("--x-accel-redirect and --x-accel-secret-file go together: nginx is trusted with server paths "
-                         "only by the secret it sends (docker/nginx-replicas.conf)")
+        raise UsageError("--x-accel-redirect and --x-accel-secret-file go together: nginx is trusted with "
+                         "server paths only by the secret it sends (docker/nginx-replicas.conf)")
     if args.grant_links and not (args.x_accel_redirect and os.path.isdir(args.grant_links)
                                  and os.access(args.grant_links, os.W_OK | os.X_OK)):
-        raise UsageError(f"--grant-links {args.grant_links}: a directory this user can write, with --x-accel-redirect "
-                         "(grants are checked by the nginx in front)")
+        raise UsageError(f"--grant-links {args.grant_links}: a directory this user can write, with "
+                         "--x-accel-redirect (grants are checked by the nginx in front)")
     for secret in read_tokens(args.x_accel_secret_file, "--x-accel-secret-file"):
         if not SECRET.fullmatch(secret):
             raise UsageError("--x-accel-secret-file: each secret 16 or more letters, digits, - or _ (e.g. "
                              "`openssl rand -hex 32`), as nginx's config holds it")
     if is_url(args.catalog) and args.source_root and not args.data_root:
-        raise UsageError("--data-root: needed with a PostgreSQL catalog and --source-root (where builds asked for "
-                         "over HTTP are written: storage every replica reaches)")
+        raise UsageError("--data-root: needed with a PostgreSQL catalog and --source-root (where builds "
+                         "asked for over HTTP are written: storage every replica reaches)")
 
 
 def run(args: argparse.Namespace) -> int:

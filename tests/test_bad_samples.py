@@ -89,7 +89,8 @@ def test_the_loader_leaves_a_bad_sample_out_with_equal_batches_on_every_rank(set
         ((record, stand_in, valid),) = found  # listed once, by the rank that met it; its slot holds a repeat
         assert stand_in != bad_key and stand_in in good and valid is False
         assert {k: record[k] for k in ("shard", "key", "index", "clip", "split", "expected", "url")} == {
-            "shard": bad_shard, "key": bad_key, "index": 2, "clip": 7, "split": "train", "expected": info.digests[2],
+            "shard": bad_shard, "key": bad_key, "index": 2, "clip": 7, "split": "train",
+            "expected": info.digests[2],
             "url": os.path.join(str(directory), bad_shard)}
         assert record["found"] != record["expected"] and record["rank"] in (0, 1)
 
@@ -101,8 +102,8 @@ def test_the_loader_stops_at_the_first_bad_sample_by_default_and_past_its_budget
                         scale_size=36))
     e = stop.value
     assert isinstance(e, DataFault) and (e.key, e.shard) in sets["two"]["train"] and e.found != e.expected
-    assert str(e) == (f"{e.url}: shard {e.shard}, sample {e.key}: xxh3-64 digest {e.found}, the manifest says "
-                      f"{e.expected} (read twice)")
+    assert str(e) == (f"{e.url}: shard {e.shard}, sample {e.key}: xxh3-64 digest {e.found}, the manifest "
+                      f"says {e.expected} (read twice)")
     assert pickle.loads(pickle.dumps(e)).facts() == e.facts()
     loader = ClipLoader(str(directory), "train", EpochOptions(batch_size=BATCH), num_workers=1, crop_size=32,
                         scale_size=36,
@@ -118,15 +119,18 @@ def test_the_loader_stops_at_the_first_bad_sample_by_default_and_past_its_budget
 
 # --- two ranks under horovodrun ------------------------------------------------------------------
 def train(data: str, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN, "train",
+    return subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN,
+                           "train",
                            "--data", data, "--output-dir", str(out), *FLAGS, *extra],
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out / "exits"), **(env or {})},
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out / "exits"),
+                               **(env or {})},
                           capture_output=True, text=True, timeout=600, start_new_session=True)
 
 
 def rank_lines(run: subprocess.CompletedProcess, rank: int) -> list[str]:
     """What one rank printed (horovodrun prefixes its lines with ``[rank]<stream>:``)."""
-    return [line.split(":", 1)[1] for line in (run.stdout + run.stderr).splitlines() if line.startswith(f"[{rank}]<")]
+    return [line.split(":", 1)[1] for line in (run.stdout + run.stderr).splitlines()
+            if line.startswith(f"[{rank}]<")]
 
 
 def exits(out: Path) -> dict[int, list[int]]:
@@ -172,7 +176,8 @@ def test_two_ranks_go_on_without_a_bad_sample_every_good_clip_once_an_epoch(sets
     bad = {split: key for split, (key, _) in sets["one"].items()}
     records = [r for path in (out / "clips").glob("*.jsonl") for r in read_file(str(path))]
     for epoch in (1, 2):
-        steps = {r: sorted((x for x in records if x["epoch"] == epoch and x["rank"] == r), key=lambda x: x["step"])
+        steps = {r: sorted((x for x in records if x["epoch"] == epoch and x["rank"] == r),
+                           key=lambda x: x["step"])
                  for r in (0, 1)}
         assert len(steps[0]) == len(steps[1]) == CLIPS // (2 * BATCH)
         # one model on both ranks at every step: the left-out sample changed nothing between them
@@ -181,17 +186,21 @@ def test_two_ranks_go_on_without_a_bad_sample_every_good_clip_once_an_epoch(sets
         assert trained == Counter(set(keys_of(directory, "train")) - {bad["train"]})  # every good clip once
     listed = [json.loads(line) for line in (out / "bad-samples.jsonl").read_text().splitlines()]
     assert sorted((r["epoch"], r["split"], r["key"]) for r in listed) == [
-        (1, "train", bad["train"]), (1, "val", bad["val"]), (2, "train", bad["train"]), (2, "val", bad["val"])]
-    assert {r["url"].split("/")[-2] for r in listed} == {"train", "val"} and all(r["rank"] in (0, 1) for r in listed)
+        (1, "train", bad["train"]), (1, "val", bad["val"]), (2, "train", bad["train"]),
+        (2, "val", bad["val"])]
+    assert ({r["url"].split("/")[-2] for r in listed} == {"train", "val"}
+            and all(r["rank"] in (0, 1) for r in listed))
     epochs = [r for r in metrics.read(str(out / "metrics.jsonl")) if r["event"] == "epoch"]
-    assert [(r["bad_samples"], r["val_bad_samples"], r["val_samples"]) for r in epochs] == [(1, 1, VAL - 1)] * 2
+    assert [(r["bad_samples"], r["val_bad_samples"], r["val_samples"])
+            for r in epochs] == [(1, 1, VAL - 1)] * 2
     warned = [line for r in (0, 1) for line in rank_lines(run, r) if "left out (--max-bad-samples 1)" in line]
     assert len(warned) == 2 and all("(read twice)" in line for line in warned)  # once a sample, by rank 0
     if cached:  # each damaged shard downloaded once for the node, kept aside, never under its own name
         manifest = Manifest.load(str(directory))
         damaged = [s.sha256 for split in manifest.splits.values() for s in split.shards
                    if s.name in {shard for _, shard in sets["one"].values()}]
-        assert sorted(p.name for p in cache.glob("*/*.damaged.tar")) == sorted(f"{d}.damaged.tar" for d in damaged)
+        assert sorted(p.name
+                      for p in cache.glob("*/*.damaged.tar")) == sorted(f"{d}.damaged.tar" for d in damaged)
         assert not any((cache / d[:2] / f"{d}.tar").exists() for d in damaged)
 
 
@@ -206,9 +215,11 @@ def test_two_ranks_stop_alike_at_the_first_bad_sample_or_past_the_budget(sets, t
     errors = {r: [line for line in rank_lines(run, r) if "trainer train: error: " in line] for r in (0, 1)}
     assert all(len(e) == 1 for e in errors.values()) and not any("Traceback" in line for r in (0, 1)
                                                                  for line in rank_lines(run, r))
-    met = [e[0] for e in errors.values() if "(read twice)" in e[0]]  # one bad sample in each rank's share here
+    # one bad sample in each rank's share here
+    met = [e[0] for e in errors.values() if "(read twice)" in e[0]]
     # every rank stops on the fault the ranks agreed on, naming the rank that met it
-    assert met and all(any(re.search(rf"error: rank [01]: {re.escape(f'{directory}/{shard}: shard {shard}, sample {key}: ')}"
+    assert met and all(any(re.search(rf"error: rank [01]: "
+                                     rf"{re.escape(f'{directory}/{shard}: shard {shard}, sample {key}: ')}"
                                      "xxh3-64 digest ", line)
                            for key, shard in sets["two"]["train"]) for line in met)
     assert len(met) + sum("another rank of the job stopped" in e[0] for e in errors.values()) == 2
@@ -218,11 +229,12 @@ def test_two_ranks_stop_alike_at_the_first_bad_sample_or_past_the_budget(sets, t
     assert run.returncode == 1 and exits(out) == {0: [1], 1: [1]}, run.stderr[-3000:]
     for r in (0, 1):
         (line,) = [line for line in rank_lines(run, r) if "trainer train: error: " in line]
-        assert ("error: rank 0: 2 samples of train in epoch 1 are bad (their digests differ from the manifest's, "
-                "or the format refuses them), more than --max-bad-samples 1 allows (1); the last: ") in line
+        assert ("error: rank 0: 2 samples of train in epoch 1 are bad (their digests differ from the "
+                "manifest's, or the format refuses them), more than --max-bad-samples 1 allows (1); the "
+                "last: ") in line
         assert f"all are listed in {out}/bad-samples.jsonl; stopped in epoch 1 after batch " in line
-        assert line.endswith(f"checkpoint saved to {out}/checkpoint.pt: the same command with --resume continues "
-                             "from there once that is repaired")
+        assert line.endswith(f"checkpoint saved to {out}/checkpoint.pt: the same command with --resume "
+                             "continues from there once that is repaired")
     steps = Counter(r["rank"] for path in (out / "clips").glob("*.jsonl") for r in read_file(str(path)))
     assert steps[0] == steps[1] > 0  # the same step on both ranks
     listed = [json.loads(line)["key"] for line in (out / "bad-samples.jsonl").read_text().splitlines()]
@@ -237,10 +249,12 @@ def test_a_killed_run_resumed_lists_and_counts_each_bad_sample_once_an_epoch(set
     out = tmp_path / "run"
     args = [sys.executable, FAULTRUN, "train", "--data", str(sets["root"] / "one"), "--output-dir", str(out),
             "--backend", "none", *FLAGS, "--epochs", "2", "--max-bad-samples", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": f"step:{2 * CLIPS // BATCH}:KILL:self"}  # epoch 2's last
+    # epoch 2's last
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": f"step:{2 * CLIPS // BATCH}:KILL:self"}
     killed = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    listed = lambda: sorted((r["epoch"], r["split"]) for r in map(json.loads, (out / "bad-samples.jsonl")  # noqa: E731
+    listed = lambda: sorted((r["epoch"], r["split"]) for r in map(json.loads,
+                                                                  (out / "bad-samples.jsonl")  # noqa: E731
                                                                   .read_text().splitlines()))
     assert listed() == [(1, "train"), (1, "val"), (2, "train")]  # epoch 2's was met before the kill
     resumed = subprocess.run([*args, "--resume"], env={**env, "FAULT": ""}, capture_output=True, text=True,

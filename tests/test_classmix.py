@@ -147,7 +147,8 @@ def test_the_loader_refuses_node_affine_epochs_on_a_class_sorted_set(sets):
     with pytest.raises(UsageError) as refused:
         clip_loader(sets["sorted"], "train", rank=1, world_size=2, local_size=1, shuffle="node", **SMALL)
     message = str(refused.value)
-    assert message.startswith("--shuffle node: node-affine epochs on 2 nodes would give them different classes")
+    assert message.startswith("--shuffle node: node-affine epochs on 2 nodes would give them different "
+                              "classes")
     assert "train's stored order follows the classes" in message and "--shuffle global" in message
     assert "\n" not in message
     # not judged where there is nothing to judge: one node, validation, global epochs
@@ -164,10 +165,12 @@ def test_with_the_fallback_each_rank_reads_both_classes_in_global_epochs(sets, c
         ranks = [clip_loader(sets["sorted"], "train", rank=r, world_size=2, local_size=1, shuffle="node",
                              shuffle_fallback=True, **SMALL) for r in (0, 1)]
     said = [r.getMessage() for r in caplog.records if "global epochs, not node-affine" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("--shuffle auto: global epochs, not node-affine: node-affine epochs "
-                                                 "on 2 nodes would give them different classes"), said
-    assert ranks[0].describe() == ("train: 40 clips in 2 shards, shuffle node (on 2 nodes the shares would differ in "
-                                   "classes: global epochs instead): one order of every shard for the 2 rank(s)")
+    assert len(said) == 1 and said[0].startswith("--shuffle auto: global epochs, not node-affine: "
+                                                 "node-affine epochs on 2 nodes would give them different "
+                                                 "classes"), said
+    assert ranks[0].describe() == ("train: 40 clips in 2 shards, shuffle node (on 2 nodes the shares would "
+                                   "differ in classes: global epochs instead): one order of every shard for "
+                                   "the 2 rank(s)")
     for epoch in range(2):
         read = [labels_read(r) for r in ranks]
         assert sum(read, Counter()) == Counter({0: 20, 1: 20})
@@ -176,7 +179,8 @@ def test_with_the_fallback_each_rank_reads_both_classes_in_global_epochs(sets, c
     mixed = [clip_loader(sets["mixed"], "train", rank=r, world_size=2, local_size=1, shuffle="node",
                          shuffle_fallback=True, **SMALL) for r in (0, 1)]
     assert "shuffle node: 2 nodes of 1 rank(s)" in mixed[0].describe()
-    shard_of = {k: i for i, s in enumerate(Manifest.load(sets["mixed"]).splits["train"].shards) for k in s.keys}
+    shard_of = {k: i for i, s in enumerate(Manifest.load(sets["mixed"]).splits["train"].shards)
+                for k in s.keys}
     assert [{shard_of[k] for b in r for k in b["keys"]} for r in mixed] in ([{0}, {1}], [{1}, {0}])
     assert [labels_read(r) for r in mixed] == [Counter({0: 10, 1: 10})] * 2
 
@@ -203,11 +207,14 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 def start(data: str, out, *flags: str) -> subprocess.CompletedProcess:
     """``trainer train`` on 2 ranks, each on a host of its own (-H localhost:1,127.0.0.1:1), one epoch."""
-    return subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:1,127.0.0.1:1", "--gloo", sys.executable, "-m",
-                           "trainer", "train", "--data", data, "--output-dir", str(out), "--val-split", "", "--epochs",
+    return subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:1,127.0.0.1:1", "--gloo", sys.executable,
+                           "-m",
+                           "trainer", "train", "--data", data, "--output-dir", str(out), "--val-split", "",
+                           "--epochs",
                            "1", "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size", "36",
                            "--batch-size", "2", "--workers", "0", "--no-tensorboard", *flags],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.long
@@ -216,7 +223,8 @@ def test_a_two_node_start_on_a_class_sorted_set_refuses_node_and_trains_global_u
     traceback (horovodrun's own report of the failed rank aside), nothing trained. --shuffle auto with a
     node cache: global epochs (the default since issue 42, the cache still used), and the run finishes."""
     p = start(sets["sorted"], tmp_path / "node", "--shuffle", "node")
-    lines = {r: [line.split(":", 1)[1] for line in (p.stdout + p.stderr).splitlines() if line.startswith(f"[{r}]<")]
+    lines = {r: [line.split(":", 1)[1] for line in (p.stdout + p.stderr).splitlines()
+                 if line.startswith(f"[{r}]<")]
              for r in (0, 1)}
     assert p.returncode == 1 and "Exit code: 2" in p.stderr, p.stderr[-3000:]
     for r in (0, 1):

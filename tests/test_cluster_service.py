@@ -74,14 +74,16 @@ def team(tmp_path_factory):
 
 
 def test_reads_need_the_token(team):
-    listed = run_block("service.md", "ingest build --src /lustre/videos/k400", subs(team["root"]), cwd=team["root"])
+    listed = run_block("service.md", "ingest build --src /lustre/videos/k400", subs(team["root"]),
+                       cwd=team["root"])
     assert NAME in listed and "ready" in listed, listed
     data = f"{team['server'].url}/v1/datasets/{NAME}"
     assert get(f"{team['server'].url}/v1/health")[0] == 200
     for path in ("", "/manifest.json", "/train/train-000000.tar"):
         assert get(data + path)[0] == 401 and get(data + path, "wrong")[0] == 403, path
     status, body = get(f"{data}/train/train-000000.tar", team["token"])
-    assert status == 200 and body == (team["root"] / "sets" / NAME / "train" / "train-000000.tar").read_bytes()
+    assert (status == 200 and body == (team["root"] / "sets" / NAME / "train"
+                                       / "train-000000.tar").read_bytes())
 
 
 def test_tag_verify_gc_and_a_backup_restored_while_serving(team):
@@ -114,7 +116,8 @@ def test_tag_verify_gc_and_a_backup_restored_while_serving(team):
     assert not any(os.path.exists(catalog + suffix) for suffix in ("-wal", "-shm"))
     team["server"] = server = serve(root)
     status, body = get(f"{server.url}/v1/datasets/paper-v1", team["token"])
-    assert status == 200 and json.loads(body)["name"] == NAME and json.loads(body)["verified"]["problems"] == 0
+    assert (status == 200 and json.loads(body)["name"] == NAME
+            and json.loads(body)["verified"]["problems"] == 0)
     status, body = get(f"{server.url}/v1/datasets/paper-v1/manifest.json", team["token"])
     assert status == 200 and Manifest.from_json(body).splits["train"].num_samples == 12
     assert get(f"{server.url}/v1/datasets/paper-v1/manifest.json")[0] == 401  # still behind the token
@@ -129,8 +132,10 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
 
     root, role, db = team["root"], f"kf{os.getpid()}", f"kinetics_fast_{os.getpid()}"
     url = f"postgresql://{role}@127.0.0.1:{postgres.port}/{db}"
-    pg = {"postgresql://kf@db.internal/kinetics_fast": url, "--owner kf kinetics_fast": f"--owner {role} {db}",
-          "--host db.internal --username postgres": f"--host 127.0.0.1 --port {postgres.port} --username {postgres.user}",
+    pg = {"postgresql://kf@db.internal/kinetics_fast": url,
+          "--owner kf kinetics_fast": f"--owner {role} {db}",
+          "--host db.internal --username postgres": f"--host 127.0.0.1 --port {postgres.port} --username "
+                                                    f"{postgres.user}",
           f"{postgres.user} kf": f"{postgres.user} {role}", "/lustre/sets/service": f"{root}/sets-service",
           "/lustre/videos": f"{root}/videos", "/lustre/sets/grants": f"{root}/grants", **subs(root)}
     (root / "videos").mkdir(exist_ok=True)
@@ -138,7 +143,8 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
     run_block("service.md", "createuser --host db.internal", pg, cwd=root)
     register(Catalog(url), str(root / "sets" / NAME), NAME)
     ports, replicas, front = [free_port(), free_port()], [], None
-    (root / "srv" / "accel-secret").write_text(ACCEL_SECRET + "\n")  # the runbook's secret, on each replica host
+    # the runbook's secret, on each replica host
+    (root / "srv" / "accel-secret").write_text(ACCEL_SECRET + "\n")
     try:
         for port in ports:
             (line,) = block_commands("service.md", "shard-service serve --catalog postgresql://",
@@ -151,9 +157,12 @@ def test_replicas_on_postgresql_behind_nginx(team, postgres):
         conf.write_text(front_config(str(conf.parent), front_port, [f"127.0.0.1:{p}" for p in ports],
                                      str(root / "grants")))
         write_secret(str(conf.parent))  # ... and beside nginx's configuration
-        nginx_line, list_line = block_commands("service.md", "nginx -c /opt/kinetics-fast/docker/nginx-replicas.conf",
-                                               {"/opt/kinetics-fast/docker/nginx-replicas.conf": str(conf), **pg})
-        front = ServiceProcess(command=tuple(shlex.split(nginx_line)))  # in the foreground: stopped by its pid
+        nginx_line, list_line = block_commands("service.md", "nginx -c "
+                                               "/opt/kinetics-fast/docker/nginx-replicas.conf",
+                                               {"/opt/kinetics-fast/docker/nginx-replicas.conf": str(conf),
+                                                **pg})
+        # in the foreground: stopped by its pid
+        front = ServiceProcess(command=tuple(shlex.split(nginx_line)))
         front.proc = subprocess.Popen(front.command, start_new_session=True)
         data = f"http://127.0.0.1:{front_port}/v1/datasets/{NAME}/train/train-000000.tar"
         shard = (root / "sets" / NAME / "train" / "train-000000.tar").read_bytes()

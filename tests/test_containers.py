@@ -65,7 +65,8 @@ def test_image_is_made_by_setup_sh_pinned_unprivileged_and_without_secrets(kind)
             sources = [v for v in c.value[:-1]]
             assert all((ROOT / s).exists() for s in sources), (c.original, sources)
     runtime = cmds[max(i for i, c in enumerate(cmds) if c.cmd == "FROM"):]
-    assert [c.value for c in runtime if c.cmd == "COPY"] == [("/opt/kinetics-fast", ".")]  # the install, from build
+    # the install, from build
+    assert [c.value for c in runtime if c.cmd == "COPY"] == [("/opt/kinetics-fast", ".")]
     runs = [" ".join(c.value) for c in cmds if c.cmd == "RUN"]
     # setup.sh in build, without the dev extra; the runtime stage cleans apt's cache in the same step
     (setup,) = [r for r in runs if "bash scripts/setup.sh" in r]
@@ -119,7 +120,8 @@ def test_compose_file_is_valid_and_runs_the_pipeline_on_the_images():
     services = config["services"]
     assert {"ray-head", "ray-worker", "ingest", "service", "train"} <= set(services)
     built = [s["build"] for s in services.values() if "build" in s]
-    assert built and all((Path(b["context"]) / b["dockerfile"]).resolve() == DOCKERFILES["cpu"] for b in built)
+    assert (built and all((Path(b["context"]) / b["dockerfile"]).resolve() == DOCKERFILES["cpu"]
+                          for b in built))
     assert {s["image"] for s in services.values()} == {"kinetics-fast:cpu"}
     assert all(s.get("user") in (None, "10001:10001") for s in services.values())  # the image's user
 
@@ -128,20 +130,25 @@ def test_compose_file_is_valid_and_runs_the_pipeline_on_the_images():
     invoked = {name: project_commands(text) for name, text in commands.items()}
     for argv in [a for found in invoked.values() for a in found]:
         parse(argv)  # every flag exists
-    one = lambda service, program, sub: next(parse(a) for a in invoked[service] if a[:2] == [program, sub])  # noqa: E731
+    one = lambda service, program, sub: next(parse(a) for a in invoked[service]
+                                             if a[:2] == [program, sub])  # noqa: E731
     build, serve, train = one("ingest", "ingest", "build"), one("service", "shard-service", "serve"), \
         one("train", "trainer", "train")
     assert build.address == "auto" and "horovodrun -np 2" in commands["train"]
 
     # the ingest registers its build in the catalog the service serves, on the volume both mount,
     # and the training streams that set, by its catalog name, from the service's port
-    shared = {name: {v["target"] for v in s.get("volumes", []) if v["type"] == "volume"} for name, s in services.items()}
+    shared = {name: {v["target"] for v in s.get("volumes", []) if v["type"] == "volume"} for name,
+              s in services.items()}
     catalog_dir = os.path.dirname(serve.catalog)
-    assert build.catalog == serve.catalog and catalog_dir in shared["ingest"] & shared["service"], (build, serve)
+    assert (build.catalog == serve.catalog and catalog_dir in shared["ingest"]
+            & shared["service"]), (build, serve)
     assert build.name and train.data == f"http://service:{serve.port}/v1/datasets/{build.name}", train.data
-    assert serve.host == "0.0.0.0" and f":{serve.port}/v1/health" in " ".join(services["service"]["healthcheck"]["test"])
+    assert (serve.host == "0.0.0.0"
+            and f":{serve.port}/v1/health" in " ".join(services["service"]["healthcheck"]["test"]))
     # the cache is node-local: the training container's own filesystem, not a shared volume
-    assert train.cache_dir and not any(train.cache_dir.startswith(m + "/") for m in shared["train"]), train.cache_dir
+    assert (train.cache_dir and not any(train.cache_dir.startswith(m + "/")
+                                        for m in shared["train"])), train.cache_dir
     assert parse_size(services["train"]["environment"][ENV_BUDGET]) > 0
     assert services["train"]["depends_on"]["ingest"]["condition"] == "service_completed_successfully"
     assert services["train"]["depends_on"]["service"]["condition"] == "service_healthy"
@@ -152,9 +159,11 @@ def test_the_replicated_service_compose_file_is_valid_and_its_parts_agree():
     catalog with the bytes handed to nginx, and nginx with the shipped configuration, whose upstream
     names both replicas at their port and whose internal location is the one the replicas name."""
     binary = Path(compose.__file__).parent / "docker-compose"
-    proc = subprocess.run([str(binary), "-f", str(ROOT / "docker" / "compose-replicas.yaml"), "config", "--format",
+    proc = subprocess.run([str(binary), "-f", str(ROOT / "docker" / "compose-replicas.yaml"), "config",
+                           "--format",
                            "json"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "HOME": "/tmp", "KF_DB_PASSWORD": "db-password", "KF_TOKEN": "the-token-value",
+                          env={**os.environ, "HOME": "/tmp", "KF_DB_PASSWORD": "db-password",
+                               "KF_TOKEN": "the-token-value",
                                "KF_ACCEL_SECRET": "the-accel-secret-value"})
     assert proc.returncode == 0, proc.stderr
     services = json.loads(proc.stdout)["services"]
@@ -163,29 +172,36 @@ def test_the_replicated_service_compose_file_is_valid_and_its_parts_agree():
     for name in ("replica1", "replica2"):
         (argv,) = project_commands(" ".join(services[name]["command"]))
         serves[name] = parse(argv)
-        assert services[name]["image"] == "kinetics-fast:cpu" and services[name].get("user") in (None, "10001:10001")
+        assert (services[name]["image"] == "kinetics-fast:cpu"
+                and services[name].get("user") in (None, "10001:10001"))
         assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
-        assert "KF_TOKEN" not in " ".join(services[name]["command"]).replace("$KF_TOKEN", "")  # from the environment
+        # from the environment
+        assert "KF_TOKEN" not in " ".join(services[name]["command"]).replace("$KF_TOKEN", "")
     one, two = serves.values()
     assert one.catalog == two.catalog and one.catalog.startswith("postgresql://kf@postgres:5432/")
     assert one.catalog.rsplit("/", 1)[1] == services["postgres"]["environment"]["POSTGRES_DB"]
-    assert one.read_auth and one.x_accel_redirect == two.x_accel_redirect == "/_accel" and one.host == "0.0.0.0"
+    assert (one.read_auth and one.x_accel_redirect == two.x_accel_redirect == "/_accel"
+            and one.host == "0.0.0.0")
     assert one.data_root.startswith("/data/") and one.data_root == two.data_root
     nginx = services["nginx"]
     mounts = {v["target"]: v["source"] for v in nginx["volumes"]}
     conf_path = Path(mounts["/etc/nginx/nginx.conf"])
     assert conf_path == ROOT / "docker" / "nginx-replicas.conf"
     mounted = lambda s: {v["target"] for v in services[s]["volumes"] if v["type"] == "volume"}  # noqa: E731
-    assert "/data" in mounted("nginx") & mounted("replica1") & mounted("replica2")  # one path for a file, everywhere
+    # one path for a file, everywhere
+    assert "/data" in mounted("nginx") & mounted("replica1") & mounted("replica2")
     conf = conf_path.read_text()
-    assert re.findall(r"server (replica\d):(\d+) ", conf) == [("replica1", str(one.port)), ("replica2", str(two.port))]
+    assert re.findall(r"server (replica\d):(\d+) ", conf) == [("replica1", str(one.port)),
+                                                              ("replica2", str(two.port))]
     assert f"location {one.x_accel_redirect}/ {{" in conf and "internal;" in conf
     assert int(re.search(r"listen (\d+);", conf)[1]) == nginx["ports"][0]["target"]
     commands = " ".join(w for s in services.values() for w in s.get("command") or [])
     assert "db-password" not in commands and "the-token-value" not in commands  # secrets in no argv
     assert "the-accel-secret-value" not in commands and one.x_accel_secret_file == two.x_accel_secret_file
-    assert "include accel-secret.conf;" in conf and "/etc/nginx/accel-secret.conf" in " ".join(nginx["command"])
+    assert ("include accel-secret.conf;" in conf
+            and "/etc/nginx/accel-secret.conf" in " ".join(nginx["command"]))
     # grants: the links the replicas keep are where nginx looks, on the volume they all mount
     assert one.grant_links == two.grant_links and one.grant_links.startswith("/data/")
     assert f"alias {one.grant_links}/$grant_set/$grant_file;" in conf
-    assert "include grant-secret.conf;" in conf and "/etc/nginx/grant-secret.conf" in " ".join(nginx["command"])
+    assert ("include grant-secret.conf;" in conf
+            and "/etc/nginx/grant-secret.conf" in " ".join(nginx["command"]))

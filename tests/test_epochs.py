@@ -93,8 +93,8 @@ def test_a_dataset_position_saved_on_another_layout_is_refused_in_one_line(shard
     with pytest.raises(ValueError) as refused:
         other.load_state_dict(state)
     assert "\n" not in str(refused.value) and str(refused.value).startswith(
-        "a ClipDataset position saved with 1 DataLoader worker(s), 1 rank(s) and batches of 4 cannot continue "
-        "with 1, 2 and 4"), refused.value
+        "a ClipDataset position saved with 1 DataLoader worker(s), 1 rank(s) and batches of 4 cannot "
+        "continue with 1, 2 and 4"), refused.value
     same = ClipDataset(shardset, "train", batch_size=BATCH, frames="jpeg", seed=5)
     same.load_state_dict(state)
     assert [r["keys"] for r in same] == [r["keys"] for r in rows]
@@ -125,5 +125,5 @@ def test_the_trainers_configs_name_loader_options_and_its_refusals_are_worded_as
         planning, reading = loader_kwargs(data)
         ClipLoader(shardset, "train", EpochOptions(**planning, train=False),
                    **reading)  # evaluation: scale below crop
-    assert str(refused.value).startswith("--scale-size=32 is smaller than --crop-size=64: evaluation scales the "
-                                         "short side to --scale-size"), refused.value
+    assert str(refused.value).startswith("--scale-size=32 is smaller than --crop-size=64: evaluation scales "
+                                         "the short side to --scale-size"), refused.value

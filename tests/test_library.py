@@ -116,11 +116,13 @@ def test_torchrun_ranks_read_every_clip_once(shardset, tmp_path):
     logs = tmp_path / "logs"
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "--redirects", "1", "--log-dir", str(logs))
-    run_block("dist.init_process_group(\"gloo\")", shardset, tmp_path, command=torchrun, env={"OMP_NUM_THREADS": "1"})
+    run_block("dist.init_process_group(\"gloo\")", shardset, tmp_path, command=torchrun,
+              env={"OMP_NUM_THREADS": "1"})
     lines = [line for path in sorted(logs.rglob("stdout.log")) for line in path.read_text().splitlines()]
     by_rank = {r: [(e, ks) for line in lines if line.startswith(f"rank {r} ")
                    for e, ks in keys([line.removeprefix(f"rank {r} epoch ")])] for r in (0, 1)}
-    assert len(by_rank[0]) == len(by_rank[1]) == 2 * 2  # equal batches: 24 clips / (2 ranks x 8) -> 2 an epoch
+    # equal batches: 24 clips / (2 ranks x 8) -> 2 an epoch
+    assert len(by_rank[0]) == len(by_rank[1]) == 2 * 2
     for epoch in ("0", "1"):
         seen = Counter(k for r in (0, 1) for e, ks in by_rank[r] if e == epoch for k in ks)
         assert set(seen) == train_keys(shardset) and sum(seen.values()) == 32  # 8 padding repeats
@@ -232,8 +234,8 @@ def test_normalise_is_imagenets_and_the_models():
 def test_the_reading_api_imports_none_of_the_heavy_packages():
     heavy = ("ray", "aiohttp", "cv2", "horovod", "matplotlib", "tensorboard", "av", "ffmpeg", "lightning")
     code = ("import sys, trainer.data as d; d.ClipLoader, d.ClipDataset, d.normalise; "
-            "import shards.read.direct, shards.read.reading; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            f"{heavy!r} and m.split('.')[0] != 'cv2'))")
+            "import shards.read.direct, shards.read.reading; print(sorted(m for m in sys.modules if "
+            f"m.split('.')[0] in {heavy!r} and m.split('.')[0] != 'cv2'))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
@@ -246,7 +248,8 @@ def test_a_position_continues_the_same_layout_and_splits_the_rest_of_the_epoch_f
 
     here = Segment(world_size=2, num_workers=2, batch_size=4, nodes=1)
     saved = Position(epoch=3, done=5).state_dict(here, Shuffle(seed=7, shuffle_buffer=16))
-    assert saved["samples_consumed"] == 20 and Position.shuffle_of(saved) == Shuffle(seed=7, shuffle_buffer=16)
+    assert (saved["samples_consumed"] == 20
+            and Position.shuffle_of(saved) == Shuffle(seed=7, shuffle_buffer=16))
     same = Position.resume(saved, here)
     assert (same.epoch, same.past, same.done) == (3, [], 5)
     other = Position.resume(saved, Segment(world_size=4, num_workers=2, batch_size=4, nodes=1))
@@ -265,7 +268,8 @@ def test_a_worker_plan_reads_whole_ranges_once(shardset):
     plan = worker_plan(shards, [f"u{i}" for i in range(len(shards))], order, stream, emitted, 1, 4)
     assert plan.order == tuple(emitted[4:])  # the first batch (4 clips) made already: left out
     key_at = [shards[r.shard].keys[j] for r in order.slice(0, len(order)) for j in range(r.start, r.stop)]
-    assert sorted((k, i) for k, i in plan.expected if i is not None) == sorted((key_at[i], i) for i in plan.order)
+    assert sorted((k, i) for k, i in plan.expected
+                  if i is not None) == sorted((key_at[i], i) for i in plan.order)
     for read in plan.reads:  # each read lies in its shard; the reads hold the expected keys in file order
         assert 0 <= read.start < read.end <= read.info.bytes and read.url == f"u{read.shard}"
     assert [k for k, _ in plan.expected] == [s.keys[j] for r in plan.reads for s in [r.info]
@@ -333,7 +337,8 @@ def test_a_users_transform_draws_the_same_whatever_the_workers(shardset):
     from trainer.data import ClipDataset
 
     def shift(clip: torch.Tensor) -> torch.Tensor:
-        return clip.roll(int(torch.randint(0, 64, ())), dims=-1)[..., :8] + torch.randint(0, 9, (1,), dtype=torch.uint8)
+        return clip.roll(int(torch.randint(0, 64, ())),
+                         dims=-1)[..., :8] + torch.randint(0, 9, (1,), dtype=torch.uint8)
 
     def by_key(workers: int, epoch: int) -> dict:
         dataset = ClipDataset(shardset, "train", batch_size=4, frames="decoded", transform=shift, seed=1)
@@ -380,7 +385,8 @@ REFUSED = [  # (the arguments, the error, words its message must hold)
 ]
 ONLY_LOADER = [({"num_workers": -1}, ValueError, ["num_workers: -1 is out of range: give 0 or more"]),
                ({"max_bad_samples": -1}, ValueError, ["max_bad_samples: -1 is out of range"]),
-               ({"cache_dir": "cache", "cache_budget": "64XB"}, ValueError, ["cache_budget='64XB'", "a size"])]
+               ({"cache_dir": "cache", "cache_budget": "64XB"}, ValueError,
+                ["cache_budget='64XB'", "a size"])]
 ONLY_DATASET = [({"frames": "png"}, ValueError, ["frames='png'", "'crops', 'decoded', 'jpeg'"]),
                 ({"transform": 5}, TypeError, ["transform", "a callable or None", "int"]),
                 ({"frames": "decoded", "geometry": "yes"}, TypeError, ["geometry", "True or False"]),
@@ -449,7 +455,8 @@ def test_a_split_other_than_train_reads_with_the_evaluation_transform_unless_ask
     for epoch in (0, 1):
         val.set_epoch(epoch)
         assert [k for b in val for k in b["keys"]] == stored
-    assert [s["keys"] for s in ClipDataset(shardset, "val", batch_size=2, crop_size=32, scale_size=40)] == stored
+    assert [s["keys"] for s in ClipDataset(shardset, "val", batch_size=2, crop_size=32,
+                                           scale_size=40)] == stored
     assert type(ClipLoader(shardset, "val", EpochOptions(batch_size=2, train=True), **options).transform) \
         is TrainTransform
     assert type(ClipLoader(shardset, "train", EpochOptions(batch_size=2),
@@ -487,18 +494,21 @@ def test_a_dataloader_batching_other_than_the_dataset_warns_once_at_the_callers_
         list(DataLoader(dataset, batch_size=None))
     assert sizes == [8, 8, 8] * 2  # 24 clips: here the batches happen to be whole
     (w,) = [w for w in caught if w.category is BatchSizeMismatch]
-    assert w.filename == __file__ and "DataLoader(batch_size=8) over ClipDataset(batch_size=4)" in str(w.message)
+    assert (w.filename == __file__
+            and "DataLoader(batch_size=8) over ClipDataset(batch_size=4)" in str(w.message))
 
 
 def test_a_dataloader_batching_otherwise_warns_once_from_its_workers(shardset, tmp_path):
     """With workers, the first one warns on its stderr, once over two epochs; the batches are ragged."""
     script = tmp_path / "ragged.py"
     script.write_text("from torch.utils.data import DataLoader\nfrom trainer.data import ClipDataset\n"
-                      f"dataset = ClipDataset({shardset!r}, 'train', batch_size=4, crop_size=32, scale_size=40)\n"
-                      "for epoch in range(2):\n"
-                      "    print(*(len(b['keys']) for b in DataLoader(dataset, batch_size=8, num_workers=2)))\n")
+                      f"dataset = ClipDataset({shardset!r}, 'train', batch_size=4, crop_size=32, "
+                      "scale_size=40)\nfor epoch in range(2):\n"
+                      "    print(*(len(b['keys']) for b in DataLoader(dataset, batch_size=8, "
+                      "num_workers=2)))\n")
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.splitlines() == ["8 8 4 4"] * 2  # each worker's 12 clips: 8, then the 4 left (the issue's)
+    # each worker's 12 clips: 8, then the 4 left (the issue's)
+    assert run.stdout.splitlines() == ["8 8 4 4"] * 2
     assert run.stderr.count("BatchSizeMismatch: DataLoader(batch_size=8) over ClipDataset(batch_size=4)") == 1

@@ -138,7 +138,8 @@ def test_reading_over_http_matches_disk(shardset):
         remote = list(loader(url, world_size=2, rank=0, num_workers=2))
         paths = [p for _, p in requests]
         assert paths[0] == "/manifest.json"
-        assert set(paths) - {"/manifest.json"} and all(p.endswith(".tar") for p in paths if p != "/manifest.json")
+        assert (set(paths) - {"/manifest.json"} and all(p.endswith(".tar") for p in paths
+                                                        if p != "/manifest.json"))
         assert all(method == "GET" for method, p in requests if p.endswith(".tar"))
     assert keys_of(remote, False) == keys_of(local, False)
     assert all((a["clips"] == b["clips"]).all() for a, b in zip(local, remote))

@@ -108,7 +108,8 @@ def test_u_is_negated_under_a_flip():
         out = np.empty(motion.shape(1), dtype=np.uint8)
         g = motion.into([(jpeg, png)], random.Random(seed), out)
         sx, sy = (g.boxes[0][2] - g.boxes[0][0]) / 48, (g.boxes[0][3] - g.boxes[0][1]) / 48
-        u, v = (out[0, ..., 0].astype(float) - 128) * motionfield.STEP, (out[0, ..., 1].astype(float) - 128) * motionfield.STEP
+        u, v = (out[0, ..., 0].astype(float)
+                - 128) * motionfield.STEP, (out[0, ..., 1].astype(float) - 128) * motionfield.STEP
         assert np.abs(u - (-3.0 if g.flip else 3.0) / sx).max() <= 1.5 * motionfield.STEP
         assert np.abs(v - (-2.0 / sy)).max() <= 1.5 * motionfield.STEP
         seen[g.flip] = True
@@ -167,11 +168,13 @@ def test_the_multigrid_loader_renders_motion_parts_in_the_order_and_draws_of_the
     field taken (u grows with the stored frame), u's sign the flip's, v the same in every frame."""
     stored = 8
     make_shardset(str(tmp_path), {"train": 12}, per_shard=5, frames=stored, motion="mv")
-    sched = Schedule(plan(2, (1,), stored, 32, long_cycle=True, short_cycle=True), batch=1, world_size=1, samples=12)
+    sched = Schedule(plan(2, (1,), stored, 32, long_cycle=True, short_cycle=True), batch=1, world_size=1,
+                     samples=12)
 
     def batches(modality: str):
         shapes = EpochShapes(sched, CHANNELS[modality])
-        loader = ClipLoader(str(tmp_path), "train", EpochOptions(batch_size=1, shuffle_buffer=4, shapes=shapes),
+        loader = ClipLoader(str(tmp_path), "train", EpochOptions(batch_size=1, shuffle_buffer=4,
+                                                                 shapes=shapes),
                             num_workers=0, crop_size=32, scale_size=48, flip=True, modality=modality)
         return list(loader)
 
@@ -185,7 +188,8 @@ def test_the_multigrid_loader_renders_motion_parts_in_the_order_and_draws_of_the
             assert clips.shape[2] == 2 and clips.shape[1] < stored or clips.shape[1] == stored
             for clip, key in zip(clips.numpy(), part["keys"]):
                 u, v = clip[:, 0].astype(int) - 128, clip[:, 1].astype(int) - 128
-                assert (u == u[:, :1, :1]).all() and (v == v[:, :1, :1]).all(), "a uniform field stays uniform"
+                assert (u == u[:, :1, :1]).all() and (v == v[:, :1,
+                                                             :1]).all(), "a uniform field stays uniform"
                 sign = np.sign(u[0, 0, 0])
                 magnitudes = sign * u[:, 0, 0]
                 assert sign != 0 and (np.diff(magnitudes) > 0).all(), f"{key}: u by frame {u[:, 0, 0]}"

@@ -42,12 +42,14 @@ def test_parts_take_every_kth_stored_frame_at_their_own_crop_and_decode_only_tho
     pixels = np.zeros(renderer.nbytes, dtype=np.uint8)
     renderer.render(clips, [random.Random(i) for i in range(6)], pixels)
     labels, valid = torch.arange(6), torch.tensor([True] * 5 + [False])
-    batch = unpack({"clips": torch.from_numpy(pixels), "labels": labels, "valid": valid, "keys": list("abcdef"),
+    batch = unpack({"clips": torch.from_numpy(pixels), "labels": labels, "valid": valid,
+                    "keys": list("abcdef"),
                     "global_valid": [6, 4, 1]}, PARTS)
     assert batch["global_valid"] == 11 and batch["keys"] == list("abcdef") and "clips" not in batch
     batches = batch["parts"]
     assert [b["global_valid"] for b in batches] == [6, 4, 1]
-    assert [tuple(b["clips"].shape) for b in batches] == [(3, 2, 3, 16, 16), (2, 4, 3, 24, 24), (1, 8, 3, 32, 32)]
+    assert [tuple(b["clips"].shape) for b in batches] == [(3, 2, 3, 16, 16), (2, 4, 3, 24, 24),
+                                                          (1, 8, 3, 32, 32)]
     assert [b["labels"].tolist() for b in batches] == [[0, 1, 2], [3, 4], [5]]
     assert [b["valid"].tolist() for b in batches] == [[True] * 3, [True] * 2, [False]]
     starts, taken = set(), {}
@@ -56,7 +58,8 @@ def test_parts_take_every_kth_stored_frame_at_their_own_crop_and_decode_only_tho
         stride = STORED // part.frames
         for clip, i in zip(b["clips"].movedim(-3, -1).numpy(), b["labels"].tolist()):
             seen = frames_seen(clip, i)
-            assert seen == list(range(seen[0], STORED, stride)) and seen[0] < stride  # same span, coarser grid
+            # same span, coarser grid
+            assert seen == list(range(seen[0], STORED, stride)) and seen[0] < stride
             starts.add((stride, seen[0]))
             taken[i] = seen
     assert {s for st, s in starts if st == 4} != {0}  # the start is drawn, not always the first frame
@@ -74,7 +77,8 @@ def test_an_epochs_parts_are_its_phases_cycle_at_the_rank_batch():
     for epoch in range(sched.epochs):
         parts = epoch_parts(sched, epoch)
         phase = sched.epoch_phase[epoch]
-        assert [(p.clips, p.frames, p.crop) for p in parts] == [(2 * s.factor, s.frames, s.crop) for s in phase.cycle]
+        assert [(p.clips, p.frames, p.crop) for p in parts] == [(2 * s.factor, s.frames, s.crop)
+                                                                for s in phase.cycle]
         assert sum(p.clips for p in parts) == sched.period(phase)
     # the smallest shapes come first, and every part of a long-cycle shape costs about the same pixels
     first = epoch_parts(sched, 0)
@@ -118,7 +122,8 @@ def test_the_loader_yields_the_schedules_parts_on_every_rank_and_resumes_mid_epo
     assert shapes.parts(0) != shapes.parts(sched.epochs - 1)
 
     def loader(rank):
-        return ClipLoader(shardset, "train", EpochOptions(batch_size=1, rank=rank, world_size=2, shuffle_buffer=4,
+        return ClipLoader(shardset, "train", EpochOptions(batch_size=1, rank=rank, world_size=2,
+                                                          shuffle_buffer=4,
                                                           shapes=shapes), num_workers=1, crop_size=32,
                           scale_size=48, flip=False)
 
@@ -132,7 +137,8 @@ def test_the_loader_yields_the_schedules_parts_on_every_rank_and_resumes_mid_epo
         assert len(runs[0]) == len(runs[1]) == sched.iterations[epoch] // len(parts)
         keys = []
         for batch in runs[0] + runs[1]:
-            assert [tuple(p["clips"].shape) for p in batch["parts"]] == [(p.clips, p.frames, 3, p.crop, p.crop)
+            assert [tuple(p["clips"].shape)
+                    for p in batch["parts"]] == [(p.clips, p.frames, 3, p.crop, p.crop)
                                                                            for p in parts]
             for part, spec in zip(batch["parts"], parts):
                 i = index_of(batch["keys"][0]) if spec is parts[0] else None

@@ -62,13 +62,15 @@ def _rank(url, rank, cache, budget, epochs, out, world_size=2, num_workers=1, lo
     try:
         loader = clip_loader(url, "train", rank=rank, world_size=world_size, local_size=2, shuffle="node",
                              seed=0,
-                            num_workers=num_workers, cache_dir=cache, cache_budget=budget, lookahead=lookahead, **SMALL)
+                            num_workers=num_workers, cache_dir=cache, cache_budget=budget,
+                             lookahead=lookahead, **SMALL)
         out.put((rank, [keys(loader) for _ in range(epochs)]))
     except Exception as e:  # reported to the test
         out.put((rank, repr(e)))
 
 
-def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares(forty, tmp_path, rank_processes):
+def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares(
+        forty, tmp_path, rank_processes):
     """Budget 0.7x the split (each rank's share fits, both together do not): both ranks finish two
     epochs, every clip once per epoch, no CacheFull."""
     split = Manifest.load(forty).splits["train"]
@@ -76,7 +78,8 @@ def test_two_ranks_of_a_node_stream_through_one_budget_smaller_than_their_shares
     ctx = rank_processes
     out = ctx.Queue()
     with serve(forty) as (url, _):
-        ranks = [ctx.Process(target=_rank, args=(url, r, str(tmp_path / "cache"), budget, 2, out)) for r in (0, 1)]
+        ranks = [ctx.Process(target=_rank, args=(url, r, str(tmp_path / "cache"), budget, 2, out))
+                 for r in (0, 1)]
         got = run_ranks(ranks, out)
     assert all(isinstance(v, list) for v in got.values()), got
     for epoch in range(2):
@@ -88,8 +91,9 @@ def test_a_budget_below_the_nodes_lookahead_is_refused_before_any_download(forty
     with serve(forty) as (url, requests):
         loader = clip_loader(url, "train", rank=1, world_size=4, local_size=2, shuffle="node", num_workers=2,
                             cache_dir=str(tmp_path), cache_budget="100kB", lookahead=3, **SMALL)
-        with pytest.raises(CacheFull, match=r"a cache budget of 100,000 bytes cannot hold the lookahead of this node's "
-                                            r"2 ranks x 2 loader workers x 3 shards of up to [\d,]+ bytes \([\d,]+ bytes\)"):
+        with pytest.raises(CacheFull, match=r"a cache budget of 100,000 bytes cannot hold the lookahead of "
+                                            r"this node's 2 ranks x 2 loader workers x 3 shards of up to "
+                                            r"[\d,]+ bytes \([\d,]+ bytes\)"):
             next(iter(loader))
         assert not [p for _, p in requests if p.endswith(".tar")]
 
@@ -100,7 +104,8 @@ def test_a_refusal_in_a_loader_worker_comes_to_the_rank_as_its_one_line(forty, t
     the worker's traceback for its message."""
     with serve(forty) as (url, _):
         loader = clip_loader(url, "train", num_workers=1, cache_dir=str(tmp_path), cache_budget=1000, **SMALL)
-        loader.cache.reserve = lambda nbytes, what: None  # the worker inherits it: the budget itself refuses there
+        # the worker inherits it: the budget itself refuses there
+        loader.cache.reserve = lambda nbytes, what: None
         with pytest.raises(CacheFull) as refused:
             next(iter(loader))
     assert re.fullmatch(rf"{tmp_path}: this process pins 0 of the 1,000-byte budget; no room for [\d,]+ more",
@@ -143,7 +148,8 @@ def test_the_first_batch_comes_while_later_shards_still_download(forty, tmp_path
             release.set()
         rest = list(batches)
         waiter.shutdown()
-    assert sorted(keys([batch] + rest)) == sorted(k for s in Manifest.load(forty).splits["train"].shards for k in s.keys)
+    assert sorted(keys([batch] + rest)) == sorted(k for s in Manifest.load(forty).splits["train"].shards
+                                                  for k in s.keys)
 
 
 def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path, rank_processes):
@@ -223,11 +229,15 @@ def test_hosts_of_unequal_rank_counts_agree_and_cover_the_epoch_once(forty, tmp_
     Every rank takes the one layout the gathered hosts give (every rank a node of its own), rank 0
     says so once, and the epoch's steps (the clip log) train on every clip exactly once."""
     out = tmp_path / "run"
-    p = subprocess.run([HOROVODRUN, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--gloo", sys.executable, "-m",
+    p = subprocess.run([HOROVODRUN, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--gloo", sys.executable,
+                        "-m",
                         "trainer", "train", "--data", forty, "--output-dir", str(out), "--shuffle", "node",
-                        "--val-split", "", "--epochs", "1", "--depth", "10", "--width", "4", "--crop-size", "32",
-                        "--scale-size", "36", "--batch-size", "2", "--workers", "0", "--no-tensorboard", "--clip-log"],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                        "--val-split", "", "--epochs", "1", "--depth", "10", "--width", "4", "--crop-size",
+                        "32",
+                        "--scale-size", "36", "--batch-size", "2", "--workers", "0", "--no-tensorboard",
+                        "--clip-log"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     said = [line for line in p.stderr.splitlines() if "node-affine epochs take every rank as a node" in line]
     assert len(said) == 1 and said[0].startswith("[0]") and "(localhost 2, 127.0.0.1 1)" in said[0], said
@@ -248,16 +258,17 @@ def test_the_loaders_line_says_how_many_nodes_and_what_each_reads(forty):
     read = [{shard_of[k] for r in (2 * n, 2 * n + 1) for k in keys(ranks[r])} for n in (0, 1)]
     assert not read[0] & read[1]
     counts = sorted(map(len, read))
-    assert ranks[0].describe() == (f"train: 40 clips in 8 shards, shuffle node: 2 nodes of 2 rank(s), each reading "
-                                   f"only its own shards for the whole run ({counts[0]}-{counts[1]} shards, "
-                                   "20-20 clips a node)")
+    assert ranks[0].describe() == (f"train: 40 clips in 8 shards, shuffle node: 2 nodes of 2 rank(s), each "
+                                   f"reading only its own shards for the whole run ({counts[0]}-{counts[1]} "
+                                   "shards, 20-20 clips a node)")
     one = clip_loader(forty, "train", world_size=2, local_size=2, shuffle="node", num_workers=0, **SMALL)
-    assert one.describe() == ("train: 40 clips in 8 shards, shuffle node (one node: the same as global): one order "
-                              "of every shard for the 2 rank(s)")
+    assert one.describe() == ("train: 40 clips in 8 shards, shuffle node (one node: the same as global): one "
+                              "order of every shard for the 2 rank(s)")
 
 
 @pytest.mark.parametrize("cache, average_every, growth, given, expect", [
-    ("/cache", None, "off", "auto", "global"),  # node-affine not shown equivalent (node-affine-equivalence.md)
+    # node-affine not shown equivalent (node-affine-equivalence.md)
+    ("/cache", None, "off", "auto", "global"),
     (None, None, "off", "auto", "global"),
     ("/cache", 4, "off", "auto", "global"),  # K-step averaging and batch growth by the same rule
     ("/cache", None, "noise", "auto", "global"),
@@ -265,7 +276,8 @@ def test_the_loaders_line_says_how_many_nodes_and_what_each_reads(forty):
     ("/cache", None, "noise", "node", "node"),
     ("/cache", None, "off", "global", "global"),
 ])
-def test_auto_shuffle_is_global_for_every_schedule_and_node_affine_only_when_asked(cache, average_every, growth,
+def test_auto_shuffle_is_global_for_every_schedule_and_node_affine_only_when_asked(
+        cache, average_every, growth,
                                                                                    given, expect):
     from trainer import config
     from trainer.train import shuffle_mode

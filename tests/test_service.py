@@ -87,9 +87,11 @@ def test_catalog_routes(env):
         status, _, body = http(url, path=f"/v1/datasets/{ref}")
         record = json.loads(body)
         assert status == 200 and record["id"] == tiny.id and record["tags"] == ["prod"]
-        for split, clips, shards in (("train", 20, 4), ("val", 8, 2)):  # bytes: the shard files' sizes on disk
+        # bytes: the shard files' sizes on disk
+        for split, clips, shards in (("train", 20, 4), ("val", 8, 2)):
             on_disk = sum(p.stat().st_size for p in (env["root"] / "tiny" / split).glob("*.tar"))
-            assert record["splits"][split] == {"clips": clips, "bytes": on_disk, "shards": shards, "failed": 0}
+            assert record["splits"][split] == {"clips": clips, "bytes": on_disk, "shards": shards,
+                                               "failed": 0}
     status, headers, body = http(url, path="/v1/datasets/nothing-here")
     assert status == 404 and headers["content-type"].startswith("application/json")
     assert "nothing-here" in json.loads(body)["error"]
@@ -161,7 +163,8 @@ def test_etag_if_none_match_if_range_and_if_match(env, front):
     assert status == 200 and body == data  # the validator failed: the whole current file
     status, _, body = http(url, path=path, headers={"Range": "bytes=5-9", "If-Range": f"W/{etag}"})
     assert status == 200 and body == data  # If-Range needs a strong match
-    mtime = formatdate((env["root"] / "tiny" / shard.name).stat().st_mtime, usegmt=True)  # the file's own date
+    # the file's own date
+    mtime = formatdate((env["root"] / "tiny" / shard.name).stat().st_mtime, usegmt=True)
     status, headers, body = http(url, path=path, headers={"Range": "bytes=5-9", "If-Range": mtime})
     assert status == 200 and body == data and "last-modified" not in headers  # dates are never validated
     status, _, body = http(url, path=path, headers={"If-Modified-Since": mtime})
@@ -234,12 +237,14 @@ def test_writes_need_the_token(env):
     status, _, answer = http(url, "PUT", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)
     assert status == 200 and json.loads(answer)["tags"] == ["exp-1", "prod"]
     assert http(url, "DELETE", f"/v1/datasets/{tiny.id}", auth)[0] == 409  # tagged
-    assert http(url, path="/v1/datasets/exp-1/classes.txt")[0] == 200  # the server now remembers exp-1 -> tiny
+    # the server now remembers exp-1 -> tiny
+    assert http(url, path="/v1/datasets/exp-1/classes.txt")[0] == 200
     assert http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-1", auth)[0] == 200
     assert env["catalog"].get(tiny.id).tags == ["prod"]
     assert http(url, path="/v1/datasets/exp-1/classes.txt")[0] == 404  # and forgets it at once
     env["catalog"].tag(env["building"].id, "exp-3")
-    status, _, answer = http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-3", auth)  # a tag of another set
+    # a tag of another set
+    status, _, answer = http(url, "DELETE", f"/v1/datasets/{tiny.id}/tags/exp-3", auth)
     assert status == 404 and "has no tag 'exp-3'" in json.loads(answer)["error"]
     assert env["catalog"].resolve("exp-3").id == env["building"].id
     env["catalog"].untag("exp-3")
@@ -260,7 +265,8 @@ def test_writes_need_the_token(env):
 ])
 def test_bad_requests_get_a_clear_4xx_and_the_server_serves_on(env, body, status, says):
     body = body.replace(b"SOURCES", str(env["root"] / "sources").encode())
-    got, headers, answer = http(env["server"].url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"}, body)
+    got, headers, answer = http(env["server"].url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"},
+                                body)
     assert got == status and headers["content-type"].startswith("application/json")
     assert says in json.loads(answer)["error"]
     assert http(env["server"].url, path="/v1/health")[0] == 200
@@ -292,11 +298,13 @@ def make_source_trees(root) -> None:
     ("zip://a.mp4::s3://bucket/videos/a.zip", "chained URLs"),
 ])
 def test_build_sources_outside_the_roots_are_refused(env, src, says):
-    src = src.replace("SOURCES", str(env["root"] / "sources")).replace("OUTSIDE", str(env["root"] / "outside"))
+    src = src.replace("SOURCES", str(env["root"]
+                                     / "sources")).replace("OUTSIDE", str(env["root"] / "outside"))
     status, _, answer = http(env["server"].url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"},
                              json.dumps({"src": src, "short_side": 30}).encode())
     assert status == 403 and says in json.loads(answer)["error"], answer
-    assert SECRET not in answer and not [r for r in env["catalog"].list() if r.source.startswith(str(env["root"]))]
+    assert (SECRET not in answer and not [r for r in env["catalog"].list()
+                                          if r.source.startswith(str(env["root"]))])
 
 
 @pytest.mark.parametrize("options, says", [
@@ -377,7 +385,8 @@ def test_restart_keeps_the_catalog_and_takes_the_killed_servers_build_over(env, 
     status, _, answer = http(url, "POST", "/v1/builds", auth, body)
     assert status == 202
     dataset = json.loads(answer)["id"]
-    builder = server.build_process(dataset=dataset)  # not the one of an earlier test's build, maybe still exiting
+    # not the one of an earlier test's build, maybe still exiting
+    builder = server.build_process(dataset=dataset)
     os.killpg(builder.pid, signal.SIGSTOP)  # held: it cannot finish before the server is killed
     before = json.loads(http(url, path="/v1/datasets")[2])["datasets"]
     server.kill()  # SIGKILL
@@ -385,7 +394,8 @@ def test_restart_keeps_the_catalog_and_takes_the_killed_servers_build_over(env, 
     held = json.loads(http(url, path=f"/v1/builds/{dataset}")[2])
     assert held["state"] == "building" and held["lease_alive"]  # its build process, alive, holds the lease
     assert held["record"]["attempts"] == 1
-    os.killpg(builder.pid, signal.SIGCONT)  # it finds its server gone (stdin closed) and leaves, recording nothing
+    # it finds its server gone (stdin closed) and leaves, recording nothing
+    os.killpg(builder.pid, signal.SIGCONT)
     builder.wait(timeout=60)
     done = wait_for(url, dataset, ("ready", "failed"))  # asking for its state finds it orphaned: taken over
     assert done["state"] == "ready" and done["attempts"] == 2, done

@@ -101,12 +101,14 @@ def loader_batches(url: str, direct: str = "never"):
 # --- integrity ---------------------------------------------------------------------------------
 def test_bit_rot_is_caught_by_the_per_sample_digest_over_http(env):
     url = env["server"].url
-    shard = corrupt_sample(env["root"] / "rot", keep_mtime=True)  # the server cannot tell: same size and mtime
+    # the server cannot tell: same size and mtime
+    shard = corrupt_sample(env["root"] / "rot", keep_mtime=True)
     before = stats(url)["shard_requests"]
     with pytest.raises(CorruptSample) as e:
         loader_batches(f"{url}/v1/datasets/rot")
     message = str(e.value)
-    assert f"{url}/v1/datasets/rot/{shard.name}" in message and shard.keys[2] in message and "read twice" in message
+    assert (f"{url}/v1/datasets/rot/{shard.name}" in message and shard.keys[2] in message
+            and "read twice" in message)
     assert stats(url)["shard_requests"] - before >= 2  # the sample was asked for again before giving up
 
 
@@ -179,12 +181,15 @@ def test_a_changed_shard_is_hashed_again_and_its_etag_refused(env):
     url, cat, rec = env["server"].url, env["catalog"], env["sets"]["changed"]
     shard = corrupt_sample(env["root"] / "changed", keep_mtime=False)
     with pytest.raises(RangeError, match="status 409"):  # hashed again: not the manifest's bytes, so damaged
-        open_range(f"{url}/v1/datasets/changed/{shard.name}", 0, 100, size=shard.bytes, sha256=shard.sha256).read()
+        open_range(f"{url}/v1/datasets/changed/{shard.name}", 0, 100, size=shard.bytes,
+                   sha256=shard.sha256).read()
     assert stats(url)["reverified"] == 1
     rec = cat.get(rec.id)
     assert rec.verify_problems == 1 and shard.name in rec.verify_detail
-    status, headers, _ = http(url, "HEAD", f"/v1/datasets/changed/{shard.name}", headers={"Prefer": "handling=lenient"})
-    assert status == 200 and headers["etag"] == f'"{rec.verified_files[shard.name][2]}"' != f'"{shard.sha256}"'
+    status, headers, _ = http(url, "HEAD", f"/v1/datasets/changed/{shard.name}",
+                              headers={"Prefer": "handling=lenient"})
+    assert (status == 200
+            and headers["etag"] == f'"{rec.verified_files[shard.name][2]}"' != f'"{shard.sha256}"')
 
 
 LENIENT = {"Prefer": "handling=lenient"}
@@ -196,11 +201,13 @@ def test_a_set_verify_found_bad_is_not_served_as_sound(env, tmp_path):
     checking ETags noticed), and training died with a 114-line traceback after five retries."""
     url, rec = env["server"].url, env["sets"]["flagged"]
     shard = corrupt_sample(env["root"] / "flagged", keep_mtime=False)
-    out = subprocess.run([sys.executable, "-m", "service", "verify", "--catalog", env["catalog"].path, "flagged"],
+    out = subprocess.run([sys.executable, "-m", "service", "verify", "--catalog", env["catalog"].path,
+                          "flagged"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and f"{shard.name}: SHA-256 differs" in out.stdout
     assert env["catalog"].get(rec.id).verify_problems == 2  # that and the sample's digest
-    for name in ("manifest.json", "classes.txt", shard.name, Manifest.load(rec.location).splits["train"].shards[1].name):
+    for name in ("manifest.json", "classes.txt", shard.name,
+                 Manifest.load(rec.location).splits["train"].shards[1].name):
         for method in ("GET", "HEAD"):  # every file of the set, the sound shard too: the set is not sound
             status, headers, body = http(url, method, f"/v1/datasets/flagged/{name}")
             assert status == 409 and headers["cache-control"] == "no-store", (name, method, status)
@@ -213,8 +220,10 @@ def test_a_set_verify_found_bad_is_not_served_as_sound(env, tmp_path):
                            capture_output=True, text=True, timeout=300)
     lines = [line for line in train.stderr.splitlines() if ": error: " in line]
     assert train.returncode == 1 and "Traceback" not in train.stderr and len(lines) == 1, train.stderr[-3000:]
-    assert lines[0].startswith("trainer train: error: ") and "HTTP 409" in lines[0] and "is damaged" in lines[0]
-    # asked for explicitly, the files as they are: what verify hashed, never cached, the preference said applied
+    assert (lines[0].startswith("trainer train: error: ") and "HTTP 409" in lines[0]
+            and "is damaged" in lines[0])
+    # asked for explicitly, the files as they are: what verify hashed, never cached, the preference said
+    # applied
     status, headers, _ = http(url, "HEAD", f"/v1/datasets/{rec.id}/{shard.name}", headers=LENIENT)
     assert status == 200 and headers["etag"] != f'"{shard.sha256}"'
     assert headers["preference-applied"] == "handling=lenient" and headers["cache-control"] == "no-store"
@@ -233,13 +242,15 @@ def test_a_range_of_5000_digits_is_read_as_the_rfc_says(env):
     data = (env["root"] / "alpha" / name).read_bytes()
     size, many = len(data), "9" * 5000
     for header, status, span in ((f"bytes={many}-", 416, None), (f"bytes=0-{many}", 206, (0, size)),
-                                 (f"bytes=-{many}", 206, (0, size)), ("bytes=" + "0" * 4990 + "5-9", 206, (5, 10))):
+                                 (f"bytes=-{many}", 206, (0, size)), ("bytes=" + "0" * 4990 + "5-9", 206,
+                                                                      (5, 10))):
         got, headers, body = http(url, path=f"/v1/datasets/alpha/{name}", headers={"Range": header})
         assert got == status, (header[:20], got, body[:200])
         if span is None:
             assert headers["content-range"] == f"bytes */{size}"
         else:
-            assert headers["content-range"] == f"bytes {span[0]}-{span[1] - 1}/{size}" and body == data[slice(*span)]
+            assert (headers["content-range"] == f"bytes {span[0]}-{span[1] - 1}/{size}"
+                    and body == data[slice(*span)])
     assert http(url, path="/v1/health")[0] == 200
 
 
@@ -250,7 +261,8 @@ def test_a_visible_set_is_read_directly_with_no_shard_byte_through_the_server(en
     before = stats(url)
     with caplog.at_level("INFO", logger="shards.read.direct"):
         direct = loader_batches(f"{url}/v1/datasets/alpha", "auto")
-    assert stats(url)["shard_bytes"] == before["shard_bytes"] and stats(url)["shard_requests"] == before["shard_requests"]
+    assert (stats(url)["shard_bytes"] == before["shard_bytes"]
+            and stats(url)["shard_requests"] == before["shard_requests"])
     assert f"its 2 shards are read directly from {alpha.location}" in caplog.text
     assert [b["keys"] for b in direct] == [b["keys"] for b in local]
     assert all((a["clips"] == b["clips"]).all() for a, b in zip(local, direct))
@@ -278,7 +290,8 @@ def test_direct_reads_fall_back_or_fail_when_the_files_are_not_the_served_ones(e
 # --- cache headers, behind a real nginx proxy_cache --------------------------------------------
 @pytest.fixture(scope="module")
 def proxy(env, tmp_path_factory):
-    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's nginx-light")
+    require("nginx", None if os.path.exists(NGINX) else f"{NGINX} missing: scripts/test.sh installs Debian's "
+                                                        f"nginx-light")
     prefix = tmp_path_factory.mktemp("nginx")
     port, upstream = free_port(), env["server"].url.split("//")[1]
     conf = prefix / "nginx.conf"
@@ -304,10 +317,12 @@ http {{ access_log off; client_body_temp_path {prefix}/t1; proxy_temp_path {pref
 def test_responses_say_how_they_may_be_cached(env):
     url, rec = env["server"].url, env["sets"]["alpha"]
     shard = Manifest.load(rec.location).splits["train"].shards[0].name
-    assert http(url, path=f"/v1/datasets/{rec.id}/{shard}")[1]["cache-control"] == "public, max-age=31536000, immutable"
+    assert http(url,
+                path=f"/v1/datasets/{rec.id}/{shard}")[1]["cache-control"] == "public, max-age=31536000, immutable"
     for ref in ("alpha", "prod", rec.id[:10]):
         assert http(url, path=f"/v1/datasets/{ref}/{shard}")[1]["cache-control"] == "no-cache"
-    for path in ("/v1/health", "/v1/stats", "/v1/datasets", f"/v1/datasets/{rec.id}", "/v1/datasets/none/x.tar"):
+    for path in ("/v1/health", "/v1/stats", "/v1/datasets", f"/v1/datasets/{rec.id}",
+                 "/v1/datasets/none/x.tar"):
         assert http(url, path=path)[1]["cache-control"] == "no-store", path
 
 
@@ -364,7 +379,8 @@ def test_32_first_requests_parse_the_manifest_once(env, tmp_path):
         shard = Manifest.load(str(tmp_path / "far")).splits["train"].shards[0]
         before = stats(url)
         with ThreadPoolExecutor(32) as pool:
-            answers = [pool.submit(http, url, path=f"/v1/datasets/{local.id}/{shard.name}") for _ in range(32)]
+            answers = [pool.submit(http, url, path=f"/v1/datasets/{local.id}/{shard.name}")
+                       for _ in range(32)]
             until(lambda: stats(url)["table_waiting"] == 32, "32 requests waiting for the file table")
             origin.gate.set()
             statuses = [a.result()[0] for a in answers]
@@ -385,7 +401,8 @@ def test_two_workers_serve_from_one_catalog(env):
         assert len(pids) == 2 and server.proc.pid not in pids
         cat.tag(beta.id, "moving")  # a commit to the one catalog, seen by both
         seen = {(json.loads(b)["pid"], json.loads(r)["id"]) for b, r in
-                ((http(url, path="/v1/stats")[2], http(url, path="/v1/datasets/moving")[2]) for _ in range(30))}
+                ((http(url, path="/v1/stats")[2], http(url, path="/v1/datasets/moving")[2])
+                 for _ in range(30))}
         assert {rid for _, rid in seen} == {beta.id}
         rows = json.loads(http(url, path="/v1/stats")[2])["workers"]
         assert len(rows) == 2 and all(r["requests"] > 0 for r in rows)
@@ -399,7 +416,8 @@ def test_two_workers_serve_from_one_catalog(env):
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory):
     port = free_port()
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+             "AWS_DEFAULT_REGION": "us-east-1"}
     proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1",
                              "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, **creds})
@@ -427,7 +445,8 @@ def test_a_redirect_to_a_presigned_url_is_followed_and_no_byte_goes_through_the_
     cat = Catalog(str(tmp_path / "catalog.sqlite"))
     claim = cat.claim("ab" * 32, source="tests", location="s3://kf-redirect/set", options={}, name="ons3")
     splits, files, sha = describe_set(str(local))  # the same bytes as uploaded
-    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="tests")
+    cat.finish(claim.record.id, claim.owner, splits=splits, files=files, manifest_sha256=sha,
+               builder_version="tests")
     server = ServiceProcess("--catalog", cat.path, "--redirect", "300", env={**os.environ, **s3env})
     url = server.start()
     try:
@@ -436,7 +455,8 @@ def test_a_redirect_to_a_presigned_url_is_followed_and_no_byte_goes_through_the_
         status, headers, _ = http(url, path=f"/v1/datasets/ons3/{shard.name}")
         assert status == 307 and headers["location"].startswith(f"{endpoint}/kf-redirect/set/{shard.name}?")
         assert headers["cache-control"] == "no-store"
-        got = open_range(f"{url}/v1/datasets/ons3/{shard.name}", 11, 7011, size=shard.bytes, sha256=shard.sha256)
+        got = open_range(f"{url}/v1/datasets/ons3/{shard.name}", 11, 7011, size=shard.bytes,
+                         sha256=shard.sha256)
         assert got.read() == data[11:7011]
         batches = loader_batches(f"{url}/v1/datasets/ons3")  # every shard read, every sample checked
         assert sum(len(b["keys"]) for b in batches) == 8

@@ -33,9 +33,11 @@ from shards.format.manifest import Manifest
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 BIN = os.path.dirname(sys.executable)
-OPTIONS = ["--frames", "4", "--short-side", "24", "--shard-samples", "3", "--workers", "2", "--videos-per-task", "2"]
+OPTIONS = ["--frames", "4", "--short-side", "24", "--shard-samples", "3", "--workers", "2",
+           "--videos-per-task", "2"]
 TRAIN = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "16",
-         "--scale-size", "20", "--batch-size", "2", "--warmup-epochs", "0", "--workers", "0", "--no-tensorboard"]
+         "--scale-size", "20", "--batch-size", "2", "--warmup-epochs", "0", "--workers", "0",
+         "--no-tensorboard"]
 
 
 def files(directory: Path) -> dict[str, tuple[int, str]]:
@@ -78,7 +80,8 @@ def sets(tmp_path_factory):
     os.chdir(root)
     try:
         for name, clips in (("two", "2"), ("one", "1")):
-            assert ingest(["build", "--src", "videos", "--out", name, "--clips-per-video", clips, *OPTIONS]) == 0
+            assert ingest(["build", "--src", "videos", "--out", name, "--clips-per-video", clips,
+                           *OPTIONS]) == 0
     finally:
         os.chdir(here)
     return root
@@ -94,36 +97,42 @@ def test_sets_from_the_same_videos_share_the_fingerprint_not_the_identity(sets):
     assert saved["config"]["src"] == str(sets / "videos")  # where the inputs were, whatever the spelling
     old = {k: v for k, v in saved.items() if k != "identity"}  # as written before identities
     assert Manifest.from_json(json.dumps(old).encode()).identity == two.identity
-    stats = subprocess.run([os.path.join(BIN, "shards"), "stats", str(sets / "two")], capture_output=True, text=True,
+    stats = subprocess.run([os.path.join(BIN, "shards"), "stats", str(sets / "two")], capture_output=True,
+                           text=True,
                            timeout=120)
-    assert stats.stdout.startswith(f"shard set {two.identity}, 2 classes, inputs' fingerprint {two.fingerprint}")
+    assert stats.stdout.startswith(f"shard set {two.identity}, 2 classes, inputs' fingerprint "
+                                   f"{two.fingerprint}")
 
 
 # --- resume ------------------------------------------------------------------------------------
 @pytest.mark.long  # three trainer processes (the refusal alone: test_faults_train.py, in process)
-def test_resume_on_a_set_of_other_options_is_refused_naming_both_and_goes_on_where_the_set_moved(sets, tmp_path):
+def test_resume_on_a_set_of_other_options_is_refused_naming_both_and_goes_on_where_the_set_moved(
+        sets, tmp_path):
     """Before: a run of the 8-clip set resumed silently on the 4-clip set (same fingerprint)."""
     run = tmp_path / "run"
     trainer = os.path.join(BIN, "trainer")
-    first = subprocess.run([trainer, "train", "--data", str(sets / "two"), "--output-dir", str(run), "--epochs", "1",
+    first = subprocess.run([trainer, "train", "--data", str(sets / "two"), "--output-dir", str(run),
+                            "--epochs", "1",
                             *TRAIN],
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     kept = files(run)
-    other = subprocess.run([trainer, "train", "--data", str(sets / "one"), "--output-dir", str(run), "--resume",
+    other = subprocess.run([trainer, "train", "--data", str(sets / "one"), "--output-dir", str(run),
+                            "--resume",
                             "--epochs", "2", *TRAIN], capture_output=True, text=True, timeout=300)
     line = one_error(other.stderr)
     two, one = (Manifest.load(str(sets / s)) for s in ("two", "one"))
     assert other.returncode == 2
-    assert line == (f"trainer train: error: --resume refused: {run / 'checkpoint.pt'} was trained on shard set "
-                    f"{two.identity[:16]} (8 train + 2 val clips, 4 frames, 2 clips per video, short side 24), but "
-                    f"--data is shard set {one.identity[:16]} (4 train + 2 val clips, 4 frames, short side 24) at "
-                    f"{sets / 'one'}: resume with --data naming the run's set, or start afresh (--overwrite, or "
-                    "another --output-dir)")
+    assert line == (f"trainer train: error: --resume refused: {run / 'checkpoint.pt'} was trained on shard "
+                    f"set {two.identity[:16]} (8 train + 2 val clips, 4 frames, 2 clips per video, short "
+                    f"side 24), but --data is shard set {one.identity[:16]} (4 train + 2 val clips, 4 "
+                    f"frames, short side 24) at {sets / 'one'}: resume with --data naming the run's set, or "
+                    "start afresh (--overwrite, or another --output-dir)")
     assert files(run) == kept  # checkpoint, metrics: untouched
     moved = tmp_path / "moved"  # the same set elsewhere: the same identity, resumed
     shutil.copytree(sets / "two", moved)
-    same = subprocess.run([trainer, "train", "--data", str(moved), "--output-dir", str(run), "--resume", "--epochs",
+    same = subprocess.run([trainer, "train", "--data", str(moved), "--output-dir", str(run), "--resume",
+                           "--epochs",
                            "1", *TRAIN],
                           capture_output=True, text=True, timeout=300)
     assert same.returncode == 0 and "resumed from" in same.stderr, same.stderr[-3000:]
@@ -149,7 +158,8 @@ def test_a_loader_position_continues_on_its_set_at_any_world_size_and_nowhere_el
         loader("one").load_state_dict(state)
     message = str(refused.value)
     ident = {s: Manifest.load(str(sets / s)).identity[:16] for s in ("two", "one")}
-    assert "\n" not in message and message.startswith(f"a loader position saved on shard set {ident['two']} (8 train")
+    assert ("\n" not in message
+            and message.startswith(f"a loader position saved on shard set {ident['two']} (8 train"))
     assert f"cannot continue on shard set {ident['one']} (4 train" in message and str(sets / "one") in message
 
 
@@ -186,13 +196,16 @@ def test_a_set_a_catalog_records_is_replaced_only_with_force_and_its_record_says
     (fewer / "train" / "left" / "left1.mp4").unlink()
     code, _, err = build(capsys, "--src", str(fewer), "--out", str(out), "--clips-per-video", "2", *OPTIONS)
     assert code == 1 and one_error(err) == (
-        f"ingest build: error: {out} already holds dataset {rec.id} (served); --force replaces it (the catalog "
-        f"records it as replaced), or build into another location (it is registered in the catalog {catalog})")
+        f"ingest build: error: {out} already holds dataset {rec.id} (served); --force replaces it (the "
+        f"catalog records it as replaced), or build into another location (it is registered in the catalog "
+        f"{catalog})")
     eight = [*OPTIONS[:1], "8", *OPTIONS[2:]]
-    code, _, err = build(capsys, "--src", str(sets / "videos"), "--out", str(out), "--clips-per-video", "2", *eight)
+    code, _, err = build(capsys, "--src", str(sets / "videos"), "--out", str(out), "--clips-per-video", "2",
+                         *eight)
     assert code == 2 and "--force replaces it" in one_error(err)
     assert Catalog(catalog).get(rec.id).state == "ready"
-    code, _, err = build(capsys, "--src", str(sets / "videos"), "--out", str(out), "--clips-per-video", "2", *eight,
+    code, _, err = build(capsys, "--src", str(sets / "videos"), "--out", str(out), "--clips-per-video", "2",
+                         *eight,
                          "--force")
     assert code == 0, err
     assert Manifest.load(str(out)).config["clip"]["frames"] == 8
@@ -213,7 +226,8 @@ def test_a_set_a_catalog_records_is_replaced_only_with_force_and_its_record_says
     assert status == 410 and "is replaced" in json.loads(body)["error"]
 
 
-def test_a_forced_build_into_a_set_of_the_same_catalog_marks_it_replaced_by_the_new_set(sets, tmp_path, capsys):
+def test_a_forced_build_into_a_set_of_the_same_catalog_marks_it_replaced_by_the_new_set(
+        sets, tmp_path, capsys):
     catalog = str(tmp_path / "catalog.sqlite")
     out = tmp_path / "shared"
     shutil.copytree(sets / "one", out)
@@ -221,7 +235,8 @@ def test_a_forced_build_into_a_set_of_the_same_catalog_marks_it_replaced_by_the_
     assert build(capsys, *common, *OPTIONS)[0] == 0
     (old,) = Catalog(catalog).list()
     code, _, err = build(capsys, *common, "--clips-per-video", "2", *OPTIONS)
-    assert code == 2 and "holds a shard set built with other options (--clips-per-video 1, now 2)" in one_error(err)
+    assert (code == 2
+            and "holds a shard set built with other options (--clips-per-video 1, now 2)" in one_error(err))
     code, stdout, err = build(capsys, *common, "--clips-per-video", "2", *OPTIONS, "--force")
     assert code == 0, err
     new = Catalog(catalog).resolve("shared")
@@ -236,7 +251,8 @@ def test_a_set_changed_behind_the_catalog_is_shown_changed_refused_by_the_server
     catalog = str(tmp_path / "catalog.sqlite")
     out = tmp_path / "served"
     shutil.copytree(sets / "two", out)
-    original = ["--src", str(sets / "videos"), "--out", str(out), "--catalog", catalog, "--clips-per-video", "2",
+    original = ["--src", str(sets / "videos"), "--out", str(out), "--catalog", catalog, "--clips-per-video",
+                "2",
                 *OPTIONS]
     assert build(capsys, *original)[0] == 0
     (rec,) = Catalog(catalog).list()
@@ -247,9 +263,9 @@ def test_a_set_changed_behind_the_catalog_is_shown_changed_refused_by_the_server
     assert service(["show", "served", "--catalog", catalog]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["state"] == "changed" and shown["problem"] == (
-        f"{out}/manifest.json changed since the set was registered: it describes 4 train + 2 val clips, 4 frames, "
-        "short side 24, the record 8 train + 2 val clips, 4 frames, 2 clips per video, short side 24: the files there "
-        "are not the registered set")
+        f"{out}/manifest.json changed since the set was registered: it describes 4 train + 2 val clips, 4 "
+        "frames, short side 24, the record 8 train + 2 val clips, 4 frames, 2 clips per video, short side "
+        "24: the files there are not the registered set")
     server = ServiceProcess("--catalog", catalog)
     server.start()
     try:
@@ -268,16 +284,19 @@ def test_a_set_changed_behind_the_catalog_is_shown_changed_refused_by_the_server
     finally:
         server.kill(15)
     for status, _, body in answers:
-        assert status == 409 and json.loads(body)["error"].startswith(f"dataset {rec.id} (served) is changed: ")
+        assert (status == 409
+                and json.loads(body)["error"].startswith(f"dataset {rec.id} (served) is changed: "))
     assert [(d["id"], d["state"]) for d in datasets] == [(rec.id, "changed")]
-    assert repaired[0] == 200 and hashlib.sha256(repaired[2]).hexdigest() == Catalog(catalog).get(rec.id).manifest_sha256
+    assert (repaired[0] == 200
+            and hashlib.sha256(repaired[2]).hexdigest() == Catalog(catalog).get(rec.id).manifest_sha256)
     assert Manifest.load(str(out)).identity == Manifest.load(str(sets / "two")).identity  # the set it was
 
 
 # --- registering a finished build ---------------------------------------------------------------
 @pytest.mark.parametrize("manifest_src, given", [("absolute", "relative"), ("relative", "absolute"),
                                                  ("relative", "relative")])
-def test_registering_a_finished_build_decodes_nothing(sets, tmp_path, capsys, monkeypatch, manifest_src, given):
+def test_registering_a_finished_build_decodes_nothing(sets, tmp_path, capsys, monkeypatch, manifest_src,
+                                                      given):
     """Before: adding --catalog to a build made with a relative --src decoded every video again (the
     manifest's src was relative, the catalog's absolute). ``manifest_src``: how the finished set's
     manifest holds it (builds before this change kept it as given; builds now, absolute)."""
@@ -290,10 +309,12 @@ def test_registering_a_finished_build_decodes_nothing(sets, tmp_path, capsys, mo
         (out / "manifest.json").write_text(json.dumps(m))
     before = files(out)
     src = "videos" if given == "relative" else str(sets / "videos")
-    code, stdout, err = build(capsys, "--src", src, "--out", str(out), "--catalog", str(tmp_path / "catalog.sqlite"),
+    code, stdout, err = build(capsys, "--src", src, "--out", str(out), "--catalog",
+                              str(tmp_path / "catalog.sqlite"),
                               "--clips-per-video", "2", *OPTIONS)
     assert code == 0, err
     (rec,) = Catalog(str(tmp_path / "catalog.sqlite")).list()
-    assert f"dataset {rec.id} (finished) at {out}" in stdout and "up to date: 6 videos in, 10 clips out" in stdout
+    assert (f"dataset {rec.id} (finished) at {out}" in stdout
+            and "up to date: 6 videos in, 10 clips out" in stdout)
     assert files(out) == before  # not a byte rewritten, nothing staged
     assert rec.state == "ready" and rec.source == str(sets / "videos")

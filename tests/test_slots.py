@@ -33,7 +33,8 @@ def matches_its_keys(batch) -> bool:
     for clip, key in zip(batch["clips"].numpy(), batch["keys"]):
         video, c = key.split("_v")[1].split("_c")
         i = int(video) * 2 + int(c)
-        if any(np.abs(clip[t].reshape(3, -1).mean(1) - frame_colour(i, t)).max() > 4 for t in range(len(clip))):
+        if any(np.abs(clip[t].reshape(3, -1).mean(1) - frame_colour(i, t)).max() > 4
+               for t in range(len(clip))):
             return False
     return True
 

@@ -77,8 +77,10 @@ class VideoScores:
         if labeled:
             scores = torch.stack([s for s, _ in labeled])
             labels = torch.tensor([label for _, label in labeled])
-            top1, top5 = metrics.topk_correct(scores, labels, (1, 5), torch.ones_like(labels, dtype=torch.bool))
-            out.update(video_top1=100 * top1.item() / len(labeled), video_top5=100 * top5.item() / len(labeled))
+            top1, top5 = metrics.topk_correct(scores, labels, (1, 5),
+                                              torch.ones_like(labels, dtype=torch.bool))
+            out.update(video_top1=100 * top1.item() / len(labeled), video_top5=100 * top5.item()
+                       / len(labeled))
         if self.clips:  # none in a fusion, whose videos are scored as a whole
             out["clip_top1"] = 100 * self.clips_correct / self.clips
         return out
@@ -127,11 +129,14 @@ def load_network(url: str, backend, ema: bool = False) -> dict:
     network = None
     if state is not None:
         weights = (checkpoint.hook_states(state).get("ema") or {}).get("weights") if ema else state["model"]
-        network = {"url": url, "model": weights, "model_config": state["model_config"], "classes": state["classes"],
-                   "data": config.of_checkpoint(state).data, "arch": ModelConfig(**state["model_config"]).arch}
+        network = {"url": url, "model": weights, "model_config": state["model_config"],
+                   "classes": state["classes"],
+                   "data": config.of_checkpoint(state).data,
+                   "arch": ModelConfig(**state["model_config"]).arch}
     network = backend.broadcast_object(network)
     if network["model"] is None:  # every rank refuses alike
-        raise ConfigError(f"{url}: --ema: the checkpoint keeps no weight average (its run had no --ema-decay)")
+        raise ConfigError(f"{url}: --ema: the checkpoint keeps no weight average "
+                          "(its run had no --ema-decay)")
     return network
 
 
@@ -158,7 +163,8 @@ def score_checkpoint(network: dict, data: str, ev: config.Evaluation, backend, d
         planning, reading = loader_kwargs(ev)
         epochs = EpochOptions(**planning, rank=backend.rank, world_size=backend.size, train=False)
         loader = ClipLoader(manifest, ev.split, epochs, **reading, modality=model.config.modality)
-    local = score_split(model, loader, device, amp_dtype(ev.amp, device), clip_source(ev.decode_on_device, device))
+    local = score_split(model, loader, device, amp_dtype(ev.amp, device),
+                        clip_source(ev.decode_on_device, device))
     return VideoScores.merged(backend.all_gather_object(local))
 
 
@@ -193,7 +199,8 @@ def main(ev: config.Evaluation) -> int:
     if ev.fuse is not None and len(runs) < 2:
         raise UsageError(f"--fuse: needs two runs or more, got {len(runs)}")
     if len(ev.data) not in (1, len(runs)):
-        raise UsageError(f"--data: one shard set for every run or one per run ({len(runs)}), got {len(ev.data)}")
+        raise UsageError(f"--data: one shard set for every run or one per run ({len(runs)}), got "
+                         f"{len(ev.data)}")
     weights = ev.weights or (1.0,) * len(runs)
     if ev.weights is not None and (ev.fuse is None or len(weights) != len(runs) or not sum(weights) > 0):
         raise UsageError(f"--weights: one per --fuse run ({len(runs) if ev.fuse else 0}), not all zero; "
@@ -220,7 +227,8 @@ def main(ev: config.Evaluation) -> int:
                        "streams": [{"run": run, "arch": network["arch"], **s.summary()}
                                    for run, network, s in zip(runs, networks, scores)]}
             report = {"summary": summary, "videos": together.predictions(classes),
-                      "streams": [{"run": run, "videos": s.predictions(classes)} for run, s in zip(runs, scores)]}
+                      "streams": [{"run": run, "videos": s.predictions(classes)} for run,
+                                  s in zip(runs, scores)]}
         print(json.dumps(summary))
         if ev.output:
             storage.atomic_write(ev.output, json.dumps(report, indent=1).encode())

@@ -143,14 +143,16 @@ class Trainer:
         torch.manual_seed(s.seed + self.backend.rank)
         retry = Retry(deadline=d.source_deadline)
         manifest = load_manifest(d.data, d.direct_reads, retry) if elastic else shared_manifest(
-            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads, retry)
+            d.data, self.backend.rank, lambda obj, root: self.backend.broadcast_object(obj), d.direct_reads,
+            retry)
         check_splits(manifest, d)
         self.cfg = cfg = fit_to_data(manifest, cfg, self.backend.local_ranks, self.rank0)
         d = cfg.data
         samples = clips_an_epoch(manifest.splits[d.train_split].shards, d.stored_clips)
         self.regime = regime.Regime(cfg, self.backend.size, samples, elastic)
         self.make_loaders(manifest)
-        self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples, model=cfg.model,
+        self.engine = Engine(self.regime.backend(self.backend), len(manifest.classes), samples,
+                             model=cfg.model,
                              recipe=cfg.recipe, system=s, batch_size=d.batch_size, epochs=self.regime.epochs,
                              bn_group=self.regime.bn_group, modality=d.modality)
         self.regime.attach(self.engine, lambda: self.train_loader)
@@ -168,18 +170,21 @@ class Trainer:
             self.hooks.append(PreciseBN(cfg.schedules.precise_bn))
         if any(self.bad_sample_limit(manifest, split) for split in (d.train_split, d.val_split) if split):
             # before the periodic checkpoint: what a checkpoint counts was agreed at its boundary
-            clips = {split: manifest.splits[split].num_samples for split in (d.train_split, d.val_split) if split}
+            clips = {split: manifest.splits[split].num_samples for split in (d.train_split, d.val_split)
+                     if split}
             self.hooks.append(bad_samples.BadSamples(s.output_dir, d.max_bad_samples, clips, self.rank0))
         if s.checkpoint_steps:
             self.hooks.append(PeriodicCheckpoint(s.checkpoint_steps))
         if s.push_gateway:
-            self.hooks.append(PushGateway(s.push_gateway, run_name(s.output_dir), self.backend.rank, s.print_freq))
+            self.hooks.append(PushGateway(s.push_gateway, run_name(s.output_dir), self.backend.rank,
+                                          s.print_freq))
         # epochs finished (the checkpoint's position); what people read (log lines, the bar, metrics,
         # --clip-log, --trace-steps) numbers the epoch in progress from 1: epoch + 1
         self.epoch, self.batch, self.step = 0, 0, 0
         self.saved_step = 0  # the step of the last checkpoint this process wrote or started from
         self.epoch_totals = metrics.StepTotals()  # of the current epoch's training, over a resume too
-        self.epoch_cpu = 0.0  # CPU seconds this process (and its loader workers) spent on the epoch's training,
+        # CPU seconds this process (and its loader workers) spent on the epoch's training,
+        self.epoch_cpu = 0.0
         # over a resume too (rank 0 carries the sum over every rank, as for epoch_totals)
         self.log = metrics.MetricsLog(None)  # nothing logged before start
         if not elastic:
@@ -236,43 +241,49 @@ class Trainer:
         if self.cfg.system.resume and self.rank0:
             try:
                 state = checkpoint.load(self.checkpoint_url)
-            except checkpoint.Unreadable as error:  # refused on every rank below, never a hang in the broadcast
+            # refused on every rank below, never a hang in the broadcast
+            except checkpoint.Unreadable as error:
                 small = {"unreadable": str(error)}
-        other = self.train_loader.saved_on(state["loader"]) if state is not None and "loader" in state else None
+        saved = state is not None and "loader" in state
+        other = self.train_loader.saved_on(state["loader"]) if saved else None
         if other:
-            small = {"other_set": f"--resume refused: {self.checkpoint_url} was trained on {other}, but --data is "
-                                  f"{self.train_loader.title()}: resume with --data naming the run's set, or start "
-                                  "afresh (--overwrite, or another --output-dir)"}
+            small = {"other_set": f"--resume refused: {self.checkpoint_url} was trained on {other}, but "
+                                  f"--data is {self.train_loader.title()}: resume with --data naming the "
+                                  "run's set, or start afresh (--overwrite, or another --output-dir)"}
         elif state is not None:
             try:
                 refused = checkpoint.differences(state, asdict(e.config), self.cfg)
                 if not refused:
                     e.model.load_state_dict(state["model"])
                     e.load_optimizer(state["optimizer"])
-            except (KeyError, ValueError, RuntimeError) as error:  # refused on every rank, never a hang in the broadcast
+            # refused on every rank, never a hang in the broadcast
+            except (KeyError, ValueError, RuntimeError) as error:
                 refused = [f"its state does not load here ({type(error).__name__}: {error})"]
             small = {"refused": refused, **({} if refused else {k: state.get(k) for k in RESUMED}),
                      "hooks": checkpoint.hook_states(state)}
             changed = [] if refused else checkpoint.changes(state, self.cfg)
             if changed:
-                log.info("resumed with other flags than the checkpoint's, applied from here on: %s", ", ".join(changed))
+                log.info("resumed with other flags than the checkpoint's, applied from here on: %s",
+                         ", ".join(changed))
         small = self.backend.broadcast_object(small)
         if small is None:
             return
         if "unreadable" in small:  # each save replaces the one file whole: a damaged one has no older copy
-            raise CommandError(f"--resume refused: {small['unreadable']}; the run keeps no other checkpoint: restore "
-                               "it from a copy, or start afresh with --overwrite")
+            raise CommandError(f"--resume refused: {small['unreadable']}; the run keeps no other checkpoint: "
+                               "restore it from a copy, or start afresh with --overwrite")
         if "other_set" in small:  # every rank alike: the command line names another set than the run's
             raise UsageError(small["other_set"])
         if small["refused"]:
-            raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: {'; '.join(small['refused'])}")
+            raise ConfigError(f"--resume refused: {self.checkpoint_url} is another run's: "
+                              f"{'; '.join(small['refused'])}")
         self.load_hook_states(small["hooks"])
         self.load_position(small)
         self.saved_step = self.step
         if len(small["rng"]) == self.backend.size:
             checkpoint.set_rng_state(small["rng"][self.backend.rank])
         else:
-            log.warning("resuming on %d ranks from %d: fresh random streams", self.backend.size, len(small["rng"]))
+            log.warning("resuming on %d ranks from %d: fresh random streams", self.backend.size,
+                        len(small["rng"]))
         if self.rank0:
             log.info("resumed from %s %s (step %d, %d clips seen)", self.checkpoint_url,
                      checkpoint.position(self.epoch, self.batch, self.regime.epochs), self.step, e.clips_seen)
@@ -328,12 +339,14 @@ class Trainer:
         """Why every rank stops here, as soon as any rank has a reason: ``FAULT`` when a rank's loader
         failed (the fault all raise is in ``stop.agreed``), else the stop signal (0: none), so all
         stop at the same step and exit alike; SIGTERM wins where ranks got different signals."""
-        flags = torch.tensor([stop.signum == signal.SIGTERM, stop.signum == signal.SIGINT, stop.fault is not None],
+        flags = torch.tensor([stop.signum == signal.SIGTERM, stop.signum == signal.SIGINT,
+                              stop.fault is not None],
                              dtype=torch.float32)
         term, interrupt, faults = (self.backend.all_sum(flags) if self.backend.size > 1 else flags).tolist()
         if faults:
             said = describe_fault(stop.fault, self.backend.rank, self.backend.size)
-            stop.agreed = agreed_fault(self.backend.all_gather_object(said) if self.backend.size > 1 else [said])
+            stop.agreed = agreed_fault(self.backend.all_gather_object(said) if self.backend.size > 1
+                                       else [said])
             return FAULT
         return signal.SIGTERM if term else signal.SIGINT if interrupt else 0
 
@@ -353,8 +366,9 @@ def prepare_output(system: config.System, rank0: bool) -> None:
     if not found or system.resume:
         return
     if not system.overwrite:
-        raise UsageError(f"--output-dir {system.output_dir} holds an earlier run ({', '.join(found)}): --resume "
-                         "continues it, --overwrite starts afresh (deleting it), or give another directory")
+        raise UsageError(f"--output-dir {system.output_dir} holds an earlier run ({', '.join(found)}): "
+                         "--resume continues it, --overwrite starts afresh (deleting it), or give another "
+                         "directory")
     if rank0:
         for name in found:
             path = os.path.join(system.output_dir, name)
@@ -371,7 +385,8 @@ def shuffle_mode(cfg: config.TrainConfig) -> str:
     return "global" if cfg.data.shuffle == "auto" else cfg.data.shuffle
 
 
-def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_ranks: int, rank0: bool) -> config.TrainConfig:
+def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_ranks: int,
+                rank0: bool) -> config.TrainConfig:
     """The flags the shard set decides: frames per clip (--segments) from the manifest when not
     given, and refused when the clips have another count; loader workers from the cores when not
     given; a warning when crops are larger than the stored frames (they would be upscaled)."""
@@ -381,13 +396,14 @@ def fit_to_data(manifest: Manifest, cfg: config.TrainConfig, local_ranks: int, r
     if m.segments is None and stored is None:
         raise UsageError(f"{d.data}: its manifest does not say how many frames a clip has; give --segments")
     if m.segments is not None and stored is not None and m.segments != stored:
-        raise UsageError(f"--segments {m.segments}: the clips of {d.data} have {stored} frames (leave --segments "
-                         f"out to take them; multigrid's shorter clips are taken from them)")
+        raise UsageError(f"--segments {m.segments}: the clips of {d.data} have {stored} frames (leave "
+                         f"--segments out to take them; multigrid's shorter clips are taken from them)")
     short = clip.get("short_side")
-    warnings.filterwarnings("ignore", category=Upsampling)  # the loader's, for library users: this names the flags
+    # the loader's, for library users: this names the flags
+    warnings.filterwarnings("ignore", category=Upsampling)
     if rank0 and short and max(d.crop_size, d.scale_size) > short:
-        log.warning("--crop-size %d / --scale-size %d: the frames of %s are %d pixels on their short side, so "
-                    "they are upscaled (--scale-size %d --crop-size %d would crop them as stored)",
+        log.warning("--crop-size %d / --scale-size %d: the frames of %s are %d pixels on their short side, "
+                    "so they are upscaled (--scale-size %d --crop-size %d would crop them as stored)",
                     d.crop_size, d.scale_size, d.data, short, short, short * d.crop_size // d.scale_size)
     workers = d.workers if d.workers is not None else cores.default_workers(local_ranks)
     return cfg.replace(model=dataclasses.replace(m, segments=m.segments or stored),
@@ -398,8 +414,10 @@ def check_splits(manifest: Manifest, data: config.Data) -> None:
     """The splits the flags name are in the shard set, or the run is refused in one line saying which."""
     for flag, split in (("--train-split", data.train_split), ("--val-split", data.val_split)):
         if split and split not in manifest.splits:
-            raise ConfigError(f"{data.data}: no split {split!r} ({flag}); the set has {', '.join(manifest.splits)}"
-                             + ("; --val-split '' trains without validation" if flag == "--val-split" else ""))
+            raise ConfigError(f"{data.data}: no split {split!r} ({flag}); the set has "
+                              f"{', '.join(manifest.splits)}"
+                             + ("; --val-split '' trains without validation" if flag == "--val-split"
+                                else ""))
 
 
 def isolated(batches):
@@ -428,7 +446,8 @@ def train_step(t: Trainer, batch: dict, tick: float) -> dict:
     e.seek(e.clips_seen, t.regime.lr_factor(t.step))
     lr, seen = e.lr, e.clips_seen
     started = time.perf_counter()
-    loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()  # waits for the GPU
+    # waits for the GPU
+    loss = e.train_step(clips, batch["labels"], batch["valid"], batch["global_valid"]).item()
     done = time.perf_counter()
     for h in t.hooks:
         h.after_step(t, {"clips": clips, "lr": lr, "seen": seen, "loss": loss, "data_time": started - tick,
@@ -436,7 +455,8 @@ def train_step(t: Trainer, batch: dict, tick: float) -> dict:
     t.batch += batch["period_end"]
     t.step += 1
     if t.train_loader.epoch_finished and batch["period_end"]:
-        # ranks saw different batches (K-step averaging: trained different models): agree before anything is saved
+        # ranks saw different batches (K-step averaging: trained different models): agree before anything is
+        # saved
         e.backend.average_buffers(e.model)
     return {"loss": loss, "clips": int(batch["valid"].sum()), "data_time": started - tick,
             "compute_time": done - started, "wall_time": (done - tick) if t.rank0 else 0.0}
@@ -449,7 +469,8 @@ class Progress:
 
     def __init__(self, t: Trainer):
         self.t, self.window = t, metrics.StepTotals()
-        self.bar = Bar(t.batch + len(t.train_loader), initial=t.batch, desc=f"epoch {t.epoch + 1}/{t.regime.epochs}",
+        self.bar = Bar(t.batch + len(t.train_loader), initial=t.batch, desc=f"epoch "
+                       f"{t.epoch + 1}/{t.regime.epochs}",
                        unit="step", enabled=t.rank0, leave=False)
 
     def update(self, step: dict, batch: dict) -> None:
@@ -536,9 +557,11 @@ def train_one_epoch(t: Trainer, stop: StopFlag) -> int:
             if batch["period_end"] and not t.regime.drifted:
                 at_hooks(t, stop, lambda h: h.at_boundary(t))
                 signum, batch = next_or_stop(t, batches, stop)
-            else:  # within a loader batch (nothing is read), or K-step averaging's drifted ranks (no boundary)
+            # within a loader batch (nothing is read), or K-step averaging's drifted ranks (no boundary)
+            else:
                 batch = fetch(batches, stop)
-                if stop.fault is not None:  # a fault between averages: no checkpoint can hold the ranks' models
+                # a fault between averages: no checkpoint can hold the ranks' models
+                if stop.fault is not None:
                     raise stop.fault
     finally:  # cleared from the terminal, also when the run ends in a refusal's one line
         progress.close()
@@ -616,7 +639,8 @@ def train(t: Trainer, stop: StopFlag) -> int:
         summary.update(val)
         t.log.log("epoch", t.step, epoch=t.epoch, clips=t.engine.clips_seen, lr=t.engine.lr, **summary)
         if t.rank0:
-            log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs, ", ".join(f"{k} {metrics.figure(k, v)}" for k, v in summary.items()))
+            log.info("epoch %d/%d: %s", t.epoch, t.regime.epochs,
+                     ", ".join(f"{k} {metrics.figure(k, v)}" for k, v in summary.items()))
         signum = at_boundary(t, stop)
         if signum:
             return signum
@@ -643,8 +667,9 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
         if signum == FAULT:  # every rank says it in one line, with the fault's status (75: resume later)
             raise stopped_by_fault(t, stop.agreed)
         if signum and t.rank0:
-            log.info("stopped by signal %d in epoch %d after batch %d (step %d, %d clips seen): checkpoint saved to "
-                     "%s; the same command with --resume continues", signum, t.epoch + 1, t.batch, t.step,
+            log.info("stopped by signal %d in epoch %d after batch %d (step %d, %d clips seen): checkpoint "
+                     "saved to %s; the same command with --resume continues", signum, t.epoch + 1, t.batch,
+                     t.step,
                      t.engine.clips_seen, t.checkpoint_url)
         elif t.rank0:
             log.info("done: checkpoint %s, metrics %s (trainer plot %s draws them)", t.checkpoint_url,
@@ -655,8 +680,8 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
             raise
         # Horovod shuts the job down when a rank exits (a refusal of its own, a crash): this rank's
         # next collective fails at once, and it says so in one line instead of a traceback
-        raise CommandError(f"rank {t.backend.rank}: another rank of the job stopped, so this one cannot go on "
-                           "(that rank's own error says why)") from None
+        raise CommandError(f"rank {t.backend.rank}: another rank of the job stopped, so this one cannot go "
+                           "on (that rank's own error says why)") from None
     finally:
         stop.restore()
         if t is not None:
@@ -669,8 +694,8 @@ def stopped_by_fault(t: Trainer, fault: DataFault) -> DataFault:
     remedy = ("once the source answers, the same command with --resume continues from there" if fault.resume
               else "the same command with --resume continues from there once that is repaired")
     where = "during its validation" if t.train_loader.epoch_finished else f"after batch {t.batch}"
-    fault.message = (f"{fault}; stopped in epoch {t.epoch + 1} {where} (step {t.step}, {t.engine.clips_seen} clips "
-                     f"seen), checkpoint saved to {t.checkpoint_url}: {remedy}")
+    fault.message = (f"{fault}; stopped in epoch {t.epoch + 1} {where} (step {t.step}, {t.engine.clips_seen} "
+                     f"clips seen), checkpoint saved to {t.checkpoint_url}: {remedy}")
     fault.args = (fault.message,)
     return fault
 

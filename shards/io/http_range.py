@@ -32,8 +32,8 @@ place, ``classify``:
 ``Patience`` carries the policy for every reader of a source (this client, object-store chunks in
 ``shards.read.reading``, the manifest read): anything that fetches from a source can wait for it alike.
 
-Redirects (301, 302, 303, 307, 308; at most ``MAX_REDIRECTS`` in a row) are followed with the same ``Range``, as the service's
-``307`` to a presigned object-store URL needs; the answer is checked as any other (an object
+Redirects (301, 302, 303, 307, 308; at most ``MAX_REDIRECTS`` in a row) are followed with the same ``Range``,
+as the service's ``307`` to a presigned object-store URL needs; the answer is checked as any other (an object
 store's ETag is not a SHA-256 and is not compared), ``Authorization`` is not sent to another
 host, and a retry starts again from the original URL.
 
@@ -138,14 +138,16 @@ def deadline_from_env() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise UsageError(f"${ENV_DEADLINE}={text!r}: give the seconds a source may stay unreachable, 0 or more")
+        raise UsageError(f"${ENV_DEADLINE}={text!r}: give the seconds a source may stay unreachable, 0 or "
+                         f"more")
     return value
 
 
 @dataclass(frozen=True)
 class Retry:
     """How readers treat a failing source (see the module docstring)."""
-    deadline: float | None = None  # seconds a source may stay unreachable; None: $SHARD_SOURCE_DEADLINE, or 600
+    # seconds a source may stay unreachable; None: $SHARD_SOURCE_DEADLINE, or 600
+    deadline: float | None = None
     attempts: int = 5  # tries per range when the answers are wrong (not an outage) before giving up
     backoff: float = 0.25  # seconds before the second try, doubling up to max_backoff
     max_backoff: float = 5.0
@@ -199,7 +201,8 @@ class _Outages:
     def __init__(self):
         self.since: dict[str, float] = {}
         self.lock = threading.Lock()
-        self.waits, self.waited = 0, 0.0  # since the last ``take_waits``: outages readers met, seconds they slept
+        # since the last ``take_waits``: outages readers met, seconds they slept
+        self.waits, self.waited = 0, 0.0
 
     def began(self, server: str, problem: str, deadline: float) -> None:
         with self.lock:
@@ -279,7 +282,8 @@ class Patience:
         waited = now - self.since
         if waited >= deadline:
             raise SourceUnavailable(f"{at}no answer for {waited:.0f} s, past the source deadline of "
-                                    f"{_seconds(deadline)} (--source-deadline, ${ENV_DEADLINE}); last: {problem}")
+                                    f"{_seconds(deadline)} (--source-deadline, ${ENV_DEADLINE}); last: "
+                                    f"{problem}")
         self.outage_failures += 1
         pause = min(self.retry.backoff_for(self.outage_failures) if wait is None else wait,
                     self.retry.max_retry_after, deadline - waited)
@@ -330,8 +334,8 @@ def integrity_problem(status: int, headers: Mapping[str, str], sha256: str | Non
     etag = _SHA256_ETAG.match(headers.get("ETag", "").strip())
     lenient = headers.get("Preference-Applied", "").strip().lower() == LENIENT
     if 200 <= status < 300 and sha256 and etag and etag[1] != sha256 and not (checked and lenient):
-        return (f"the server's ETag {etag[1]} differs from the manifest's SHA-256 {sha256}: the file changed or "
-                "is damaged (shards verify names the samples); not retried")
+        return (f"the server's ETag {etag[1]} differs from the manifest's SHA-256 {sha256}: the file changed "
+                "or is damaged (shards verify names the samples); not retried")
     return None
 
 
@@ -351,7 +355,8 @@ def range_problem(status: int, headers: Mapping[str, str], start: int, end: int,
     if (first, last) != (start, end - 1):
         return f"Content-Range {text!r} answers other bytes than {start}-{end - 1}"
     if total == "*" or (size is not None and int(total) != size) or int(total) < end:
-        return f"Content-Range {text!r}: total size {total}, expected {size if size is not None else f'>= {end}'}"
+        expected = size if size is not None else f">= {end}"
+        return f"Content-Range {text!r}: total size {total}, expected {expected}"
     length = headers.get("Content-Length")
     if length is not None and length.strip() != str(end - start):
         return f"Content-Length {length}, expected {end - start}"
@@ -401,7 +406,8 @@ class _Grants:
 
     def keep(self, url: str, target: str, cache_control: str) -> None:
         directives = {d.strip().lower() for d in cache_control.split(",")}
-        ages = [int(d[8:]) for d in directives if d.startswith("max-age=") and d[8:].isdigit() and len(d) < 18]
+        ages = [int(d[8:]) for d in directives if d.startswith("max-age=") and d[8:].isdigit()
+                and len(d) < 18]
         if ages and ages[0] > 0 and not directives & {"no-store", "no-cache"}:
             with self.lock:
                 self.kept[url] = (target, time.monotonic() + ages[0])
@@ -441,7 +447,8 @@ class HTTPRange(io.RawIOBase):
             raise ValueError(f"{url}: not an http(s) URL")
         self.where = url
         self.key = (u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80))
-        self.target = urllib.parse.quote(u.path or "/", safe="/%~@:+!$&'()*,;=") + (f"?{u.query}" if u.query else "")
+        self.target = urllib.parse.quote(u.path or "/",
+                                         safe="/%~@:+!$&'()*,;=") + (f"?{u.query}" if u.query else "")
 
     def readable(self) -> bool:
         return True
@@ -505,7 +512,8 @@ class HTTPRange(io.RawIOBase):
             self._drop()  # whatever its body, this connection is not reused
         if r.status in _REDIRECTS and r.headers.get("Location"):
             if self.hops >= MAX_REDIRECTS:
-                raise RangeError(f"{self.url}: more than {MAX_REDIRECTS} redirects in a row (last to {self.where})")
+                raise RangeError(f"{self.url}: more than {MAX_REDIRECTS} redirects in a row (last to "
+                                 f"{self.where})")
             self.hops += 1
             target = urllib.parse.urljoin(self.where, r.headers["Location"])
             if self.where == self.url:
@@ -525,7 +533,8 @@ class HTTPRange(io.RawIOBase):
         problem = range_problem(r.status, r.headers, self.pos, self.end, self.size)
         if problem:
             wait = retry_after(r.headers.get("Retry-After")) if r.status in (429, 503) else None
-            return self._failed(classify(r.status), problem if wait is None else f"{problem} (Retry-After: {wait:g} s)", wait)
+            return self._failed(classify(r.status), problem if wait is None else f"{problem} (Retry-After: "
+                                f"{wait:g} s)", wait)
 
     def _forked(self) -> bool:
         """After a fork, in the child: forget the parent's response and connection (the child asks

@@ -62,11 +62,13 @@ def front_config(prefix: str, port: int, replicas: list[str], grant_links: str |
     servers = re.findall(r"^ *server replica\d:8765 (.*);$", conf, re.M)
     assert servers, f"{SHIPPED}: no replica lines"
     conf = re.sub(r"^( *)server replica1:8765 .*;$",
-                  lambda m: "".join(f"{m[1]}server {r} {servers[0]};\n" for r in replicas).rstrip("\n"), conf, flags=re.M)
+                  lambda m: "".join(f"{m[1]}server {r} {servers[0]};\n" for r in replicas).rstrip("\n"), conf,
+                  flags=re.M)
     conf = re.sub(r"^ *server replica[2-9]:8765 .*;\n", "", conf, flags=re.M)
     temps = " ".join(f"{k}_temp_path {prefix}/t{i};" for i, k in
                      enumerate(("client_body", "proxy", "fastcgi", "uwsgi", "scgi")))
-    conf = conf.replace("http {\n", f"http {{\n    {temps}\n", 1).replace("listen 8080;", f"listen 127.0.0.1:{port};")
+    conf = conf.replace("http {\n", f"http {{\n    {temps}\n",
+                        1).replace("listen 8080;", f"listen 127.0.0.1:{port};")
     assert f"listen 127.0.0.1:{port};" in conf and all(f"server {r} " in conf for r in replicas)
     return f"user root; daemon off; pid {prefix}/nginx.pid; error_log {prefix}/error.log;\n" + conf
 

@@ -3,7 +3,8 @@ loader workers, reading local shards, over HTTP from the dataset service, and th
 node-local cache (cold, then warm); then, for comparison, every clip of FRAMES_DIR's frame
 folders read as TSM's dataset reads them (``bench/loader.py``'s ``FrameFolders``).
 
-    python tests/helpers/metadata_probe.py SHARDS_DIR DATASET_URL CACHE_DIR FRAMES_DIR WORLD_SIZE WORKERS BATCH
+    python tests/helpers/metadata_probe.py SHARDS_DIR DATASET_URL CACHE_DIR FRAMES_DIR \
+        WORLD_SIZE WORKERS BATCH
 
 Each phase (``<source>/manifest``, ``<source>/rank<r>``) starts with a marker: ``syscalls.mark``
 for the trace, and a request for ``/v1/health?mark=<phase>`` for the service's access log. The

@@ -240,7 +240,8 @@ def _tar_apply(data: bytearray, change: dict, sound: Sound, key: str) -> bytearr
     elif kind == "duplicate":
         data[change["at"]:change["at"]] = data[change["start"]:change["start"] + change["length"]]
     elif kind == "zero":
-        data[change["at"]:change["at"] + change["length"]] = bytes(max(0, min(change["length"], size - change["at"])))
+        data[change["at"]:change["at"]
+             + change["length"]] = bytes(max(0, min(change["length"], size - change["at"])))
     elif kind == "header":
         block = bytearray(data[change["header"]:change["header"] + BLOCK])
         value = change.get("value")
@@ -267,7 +268,8 @@ def _rehash(m: dict, name: str, data: bytes) -> None:
             offsets, lengths = shard.get("offsets"), shard.get("lengths")
             if not (isinstance(offsets, list) and isinstance(lengths, list)
                     and all(isinstance(v, int) and v >= 0 for v in offsets + lengths)):
-                continue  # ranges a manifest mutation broke stay as they are (the manifest is refused at load)
+                # ranges a manifest mutation broke stay as they are (the manifest is refused at load)
+                continue
             shard["digests"] = [sample_digest(data[o:o + n]) for o, n in zip(offsets, lengths)]
 
 
@@ -339,7 +341,8 @@ def apply(changes: list[dict], sound: Sound, directory: str) -> None:
         elif isinstance(m, dict):
             try:
                 result = _manifest_apply(m, change, sound)
-            except (KeyError, IndexError, TypeError, AttributeError):  # an earlier change took away what this one edits
+            # an earlier change took away what this one edits
+            except (KeyError, IndexError, TypeError, AttributeError):
                 continue
             if isinstance(result, bytes):
                 text, m = result, None

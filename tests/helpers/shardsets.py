@@ -44,7 +44,8 @@ def frame_motion(sample: int, frame: int) -> tuple[float, float]:
     return 2.0 + frame, float(sample % 5)
 
 
-def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool, motion: str | None,
+def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool, motion: str
+                 | None,
                  class_sorted: bool = False):
     """(key, label, sample_bytes) for ``count`` clips, two clips per video; with ``motion`` (a kind
     of ``shards.format.motionfield``) a uniform field of ``frame_motion`` beside each frame. Labels go
@@ -86,7 +87,8 @@ def make_shardset(directory: str, splits: dict[str, int], per_shard: int = 5, nu
             shards.append(write_shard(os.path.join(directory, name), name, samples[start:start + per_shard]))
         out[split] = SplitInfo(shards=shards)
     classes = classes or [f"class{c}" for c in range(num_classes)]
-    m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames, **({"motion": motion} if motion else {})}},
+    m = Manifest(classes=classes, splits=out, config={"clip": {"frames": frames,
+                                                               **({"motion": motion} if motion else {})}},
                  fingerprint=digest({"splits": splits, "per_shard": per_shard}))
     m.save(directory)
     with open(os.path.join(directory, "classes.txt"), "w") as f:
@@ -102,7 +104,8 @@ def make_class_set(directory: str, counts: list[int], classes: list[str]) -> Man
     samples = [(f"v{i:05d}", c, sample_bytes(f"v{i:05d}", [("00.jpg", frame), ("cls", str(c).encode())]))
                for i, c in enumerate(labels)]
     name = shard_name("train", 0)
-    m = Manifest(classes=classes, splits={"train": SplitInfo(shards=[write_shard(os.path.join(directory, name), name,
+    m = Manifest(classes=classes,
+                 splits={"train": SplitInfo(shards=[write_shard(os.path.join(directory, name), name,
                                                                                  samples)])},
                  config={"clip": {"frames": 1}}, fingerprint=digest({"counts": counts}))
     m.save(directory)
@@ -183,10 +186,12 @@ def register(catalog, directory: str, name: str, dataset_id: str | None = None):
     from shards.tools.verify import set_file_stamps, stamps
 
     dataset_id = dataset_id or digest(directory) * 4
-    claim = catalog.claim(dataset_id, source="tests", location=directory, options={"splits": ["train", "val"]},
+    claim = catalog.claim(dataset_id, source="tests", location=directory,
+                          options={"splits": ["train", "val"]},
                           name=name, strict_name=True)
     splits, files, sha = describe_set(directory)
-    catalog.finish(dataset_id, claim.owner, splits=splits, files=files, manifest_sha256=sha, builder_version="tests",
+    catalog.finish(dataset_id, claim.owner, splits=splits, files=files, manifest_sha256=sha,
+                   builder_version="tests",
                    verified_files={**stamps(Manifest.load(directory)), **set_file_stamps(directory, files)})
     return catalog.get(dataset_id)
 
@@ -216,7 +221,8 @@ class ServiceProcess:
         import subprocess
 
         self.proc = subprocess.Popen([*self.command, *self.args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=self.env)
         seen = []
         while not (line := self.proc.stdout.readline()).startswith("serving "):
             seen.append(line)
@@ -224,7 +230,8 @@ class ServiceProcess:
         self.url = line.split()[1].rstrip("/")  # the viewer's URL, the API's without its /v1
         self.banner = [line, self.proc.stdout.readline()]  # the start lines: the viewer's URL, the API's
         self.log = seen
-        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()  # keep draining
+        # keep draining
+        threading.Thread(target=lambda: self.log.extend(self.proc.stdout), daemon=True).start()
         return self.url
 
     def kill(self, signum: int = 9) -> None:

@@ -135,7 +135,8 @@ def warn(message: str, category: type[Warning]) -> None:
 
 # a trainer config's fields that are loader options, by the option's name: the planner's
 # (``trainer.data.epochs.EpochOptions``) and ``ClipLoader``'s own
-PLANNER_FROM_CONFIG = {"batch_size": "batch_size", "shuffle_buffer": "shuffle_buffer", "stored_clips": "stored_clips"}
+PLANNER_FROM_CONFIG = {"batch_size": "batch_size", "shuffle_buffer": "shuffle_buffer",
+                       "stored_clips": "stored_clips"}
 LOADER_FROM_CONFIG = {"workers": "num_workers", "crop_size": "crop_size", "scale_size": "scale_size",
                       "flip": "flip", "cache_dir": "cache_dir", "lookahead": "lookahead",
                       "decode_on_device": "decode_on_device", "modality": "modality",

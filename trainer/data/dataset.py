@@ -108,7 +108,8 @@ class ClipDataset(IterableDataset):
         self.loader = ClipLoader(data, split, EpochOptions(batch_size=batch_size, **planning), num_workers=1,
                                  max_bad_samples=None, **options)
         self.epochs = self.loader.epochs
-        self.batch_size, self.frames, self.user_transform, self.geometry = batch_size, frames, transform, geometry
+        self.batch_size, self.frames = batch_size, frames
+        self.user_transform, self.geometry = transform, geometry
         self.skip_bad = skip_bad
         # the epoch each DataLoader worker reads next, by worker (module docstring)
         self._epochs = torch.full((MAX_WORKERS,), self.epochs.epoch, dtype=torch.int64).share_memory_()
@@ -169,8 +170,8 @@ class ClipDataset(IterableDataset):
             return
         self._warned[0] = True
         warn(f"DataLoader(batch_size={size}) over ClipDataset(batch_size={self.batch_size}): each worker's "
-             f"share is whole batches of {self.batch_size} clips, so batches of {size} are cut across them (the "
-             "last of a worker's short, ranks yielding different counts); give the DataLoader "
+             f"share is whole batches of {self.batch_size} clips, so batches of {size} are cut across them "
+             "(the last of a worker's short, ranks yielding different counts); give the DataLoader "
              "batch_size=dataset.batch_size", BatchSizeMismatch)
 
     def __iter__(self):
@@ -178,7 +179,8 @@ class ClipDataset(IterableDataset):
         worker, loader = self._here(), self.loader
         plan, epoch = loader.worker_plans({worker: self._skip})[worker], loader.epoch
         if plan.order:
-            for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead, self.skip_bad,
+            for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead,
+                                                       self.skip_bad,
                                                            loader.retry, loader.manifest.frames,
                                                            loader.manifest.motion)):
                 row = self._sample(sample, plan, epoch)
@@ -221,7 +223,8 @@ class ClipDataset(IterableDataset):
     def collate(samples: list[dict]) -> dict:
         """``default_collate``, except that JPEG bytes stay one tuple per clip (a list of B tuples of T)."""
         jpegs = [s["clips"] for s in samples] if isinstance(samples[0]["clips"], tuple) else None
-        out = default_collate([{k: v for k, v in s.items() if k != "clips" or jpegs is None} for s in samples])
+        out = default_collate([{k: v for k, v in s.items() if k != "clips" or jpegs is None}
+                               for s in samples])
         return out if jpegs is None else {**out, "clips": jpegs}
 
 

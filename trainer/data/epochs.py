@@ -89,7 +89,8 @@ class Epochs:
         o = options
         Number(0, o.world_size - 1)("rank", o.rank)
         if o.world_size % o.local_size:
-            raise ValueError(f"world size {o.world_size} is not a whole number of nodes of {o.local_size} ranks")
+            raise ValueError(f"world size {o.world_size} is not a whole number of nodes of {o.local_size} "
+                             f"ranks")
         self.shards, self.split, self.workers = shards, split, workers
         self.rank, self.world_size, self.local_size, self.train = o.rank, o.world_size, o.local_size, o.train
         self.shuffle, self.shuffle_fallback = o.shuffle, o.shuffle_fallback
@@ -104,7 +105,8 @@ class Epochs:
         self.position = Position(o.epoch)
         self._mix: dict[tuple[int, int], classmix.Mix | None] = {}  # verdicts by (nodes, seed)
         self._cached_order = None  # (what the epoch's orders were made from, the orders)
-        if self.shuffle == "node" and self.train and o.world_size > o.local_size:  # judged at start: every rank alike
+        # judged at start: every rank alike
+        if self.shuffle == "node" and self.train and o.world_size > o.local_size:
             self._mixed(o.world_size // o.local_size)
 
     @property
@@ -145,8 +147,8 @@ class Epochs:
 
     def _mixed(self, nodes: int) -> bool:
         """Whether node-affine epochs on ``nodes`` nodes give every node the set's mix of classes
-        (``shards.plan.classmix``; a set whose manifest lacks the labels is not judged, said once by rank 0). If not: refused
-        with one line, or, with ``shuffle_fallback``, global epochs, said once by rank 0."""
+        (``shards.plan.classmix``; a set whose manifest lacks the labels is not judged, said once by rank 0).
+        If not: refused with one line, or, with ``shuffle_fallback``, global epochs, said once by rank 0."""
         key = (nodes, self.seed)
         if key not in self._mix:
             shares = partition.assign([s.num_samples for s in self.shards], nodes, self.seed)
@@ -154,13 +156,15 @@ class Epochs:
             mix = self._mix[key] = classmix.class_mix(labels, shares, self.seed)
             if mix is None and self.rank == 0:
                 log.info("--shuffle %s: node-affine epochs on %d nodes, their class mix not judged (%s: %s)",
-                         "auto" if self.shuffle_fallback else "node", nodes, self.split, classmix.unjudged(labels, shares))
+                         "auto" if self.shuffle_fallback else "node", nodes, self.split,
+                         classmix.unjudged(labels, shares))
             if mix is not None and not mix.mixed:
-                why = (f"node-affine epochs on {nodes} nodes would give them different classes for the whole run "
-                       f"({self.split}'s stored order follows the classes or the videos): {mix.describe()}")
+                why = (f"node-affine epochs on {nodes} nodes would give them different classes for the whole "
+                       f"run ({self.split}'s stored order follows the classes or the videos): "
+                       f"{mix.describe()}")
                 if not self.shuffle_fallback:
-                    raise UsageError(f"--shuffle node: {why}; train with --shuffle global, or rebuild the set with "
-                                     "ingest build (hashed order)")
+                    raise UsageError(f"--shuffle node: {why}; train with --shuffle global, or rebuild the "
+                                     "set with ingest build (hashed order)")
                 if self.rank == 0:
                     log.info("--shuffle auto: global epochs, not node-affine: %s", why)
         mix = self._mix[key]
@@ -182,14 +186,16 @@ class Epochs:
         if self.nodes == 1:
             nodes = self.world_size // self.local_size
             alike = "" if self.shuffle == "global" else (" (one node: the same as global)" if nodes == 1 else
-                                                         f" (on {nodes} nodes the shares would differ in classes: "
-                                                         "global epochs instead)")
-            return f"{what}, shuffle {self.shuffle}{alike}: one order of every shard for the {self.world_size} rank(s)"
+                                                         f" (on {nodes} nodes the shares would differ in "
+                                                         "classes: global epochs instead)")
+            return (f"{what}, shuffle {self.shuffle}{alike}: one order of every shard for the "
+                    f"{self.world_size} rank(s)")
         shares = partition.assign([s.num_samples for s in self.shards], self.nodes, self.seed)
         owned = sorted(len({r.shard for r in runs}) for runs in shares)
         clips = sorted(sum(r.size for r in runs) for runs in shares)
-        return (f"{what}, shuffle node: {self.nodes} nodes of {self.local_size} rank(s), each reading only its "
-                f"own shards for the whole run ({owned[0]}-{owned[-1]} shards, {clips[0]}-{clips[-1]} clips a node)")
+        return (f"{what}, shuffle node: {self.nodes} nodes of {self.local_size} rank(s), each reading only "
+                f"its own shards for the whole run ({owned[0]}-{owned[-1]} shards, {clips[0]}-{clips[-1]} "
+                f"clips a node)")
 
     # --- orders and lengths ----------------------------------------------------------------------
     def layout(self) -> partition.Segment:
@@ -202,11 +208,13 @@ class Epochs:
         p, o = self.position, self.shuffling
         made_of = (p.epoch, o, tuple(p.past), self.nodes)
         if self._cached_order is None or self._cached_order[0] != made_of:
-            base = partition.epoch_orders([s.num_samples for s in self.shards], p.past[0].nodes if p.past else self.nodes,
+            base = partition.epoch_orders([s.num_samples for s in self.shards], p.past[0].nodes if p.past
+                                          else self.nodes,
                                           o.seed, p.epoch, self.train, o.piece_samples)
             if self.rotation:
                 base = self.rotation.select(base, p.epoch)
-            orders = partition.segment_orders(base, p.past, o.remainder, o.shuffle_buffer, o.seed, p.epoch, self.nodes)
+            orders = partition.segment_orders(base, p.past, o.remainder, o.shuffle_buffer, o.seed, p.epoch,
+                                              self.nodes)
             self._cached_order = (made_of, orders)
         return self._cached_order[1]
 
@@ -259,9 +267,11 @@ class Epochs:
         plans = []
         for i in range(self.workers):  # worker i makes batches done+i, done+i+W, ...: stream (done+i) % W
             stream = streams[(done + i) % self.workers]
-            emitted = partition.emission(stream, o.shuffle_buffer, o.seed, self.epoch, len(self.position.past))
+            emitted = partition.emission(stream, o.shuffle_buffer, o.seed, self.epoch,
+                                         len(self.position.past))
             skip = partition.worker_batches(done, self.workers, stream.worker) + (skips or {}).get(i, 0)
-            plans.append(worker_plan(self.shards, urls, self.orders()[node], stream, emitted, skip, self.batch_size,
+            plans.append(worker_plan(self.shards, urls, self.orders()[node], stream, emitted, skip,
+                                     self.batch_size,
                                      None if pieces is None else pieces[node]))
         return plans
 
@@ -269,7 +279,8 @@ class Epochs:
         """The real clips of each remaining step over every rank (``partition.step_samples``); ``parts``:
         a multigrid batch's clips per part."""
         return partition.step_samples(self.lengths(), self.position.segment(self.layout()), self.remainder,
-                                      self.shuffling.shuffle_buffer, self.seed, self.epoch, len(self.position.past),
+                                      self.shuffling.shuffle_buffer, self.seed, self.epoch,
+                                      len(self.position.past),
                                       parts)
 
     # --- state ------------------------------------------------------------------------------------
@@ -279,8 +290,8 @@ class Epochs:
     def load_state_dict(self, state: dict) -> None:
         """Continue the position ``state`` saved (``OtherShardSet`` if saved on another split)."""
         if state["split"] != self.split:
-            raise OtherShardSet(f"a loader position saved on split {state['split']!r} cannot continue on split "
-                                f"{self.split!r}")
+            raise OtherShardSet(f"a loader position saved on split {state['split']!r} cannot continue on "
+                                f"split {self.split!r}")
         self.shuffling = Position.shuffle_of(state)
         if self.shapes:
             self.batch_size = self.shapes.batch_size(state["epoch"])

@@ -36,7 +36,8 @@ With ``modality="motion"`` the clips are the samples' stored motion fields rende
 geometry their frames would get (``trainer.data.motion``): (B, T, 2, H, W), the rest alike.
 With ``shapes`` (multigrid, ``trainer.data.shapes.EpochShapes``) an epoch's batches hold
 ``shapes.batch_size(epoch)`` clips, decoded as ``parts`` of their own shapes (fewer frames, smaller
-crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of ``clips``.
+crops; ``trainer.data.shapes``): the batch carries ``parts``, one batch per optimizer step, instead of
+``clips``.
 
 Bad samples (bytes that differ from the manifest's digest): ``max_bad_samples`` and ``trainer.data.batches``.
 
@@ -104,8 +105,8 @@ class ClipLoader:
     the keywords are the loader's own, how clips are read and decoded.
     Arguments are checked as the loader is made, before any shard is read (``ARGUMENTS`` here and in
     ``trainer.data.epochs``, ``trainer.data.arguments``): a wrong value is a ``ValueError`` naming the
-    argument and what it may be (the split's: the manifest's splits; an evaluation ``scale_size`` below ``crop_size``), a value of the
-    wrong type a ``TypeError``.
+    argument and what it may be (the split's: the manifest's splits; an evaluation ``scale_size`` below
+    ``crop_size``), a value of the wrong type a ``TypeError``.
 
     Epochs: ``set_epoch(e)`` starts epoch e, or keeps the position in it when e is the current
     one (a resumed run stands mid-epoch, or at its end: see ``epoch_finished``); iterating
@@ -178,11 +179,12 @@ class ClipLoader:
                 raise UsageError(f"{where}: no motion fields for --modality motion; build the set with "
                                  "ingest build --motion mv (or flow)")
             if decode_on_device:
-                raise UsageError("--decode-on-device: the motion fields of --modality motion are PNGs decoded on "
-                                 "the CPU")
+                raise UsageError("--decode-on-device: the motion fields of --modality motion are PNGs "
+                                 "decoded on the CPU")
             self.transform = MotionTransform(self.transform, self.manifest.motion)
         self.max_bad_samples = max_bad_samples
-        self.bad = BadSamples(max_bad_samples, split, self.shards)  # the budget, the bad samples met this epoch
+        # the budget, the bad samples met this epoch
+        self.bad = BadSamples(max_bad_samples, split, self.shards)
         self.slots: SlotPool | None = None  # made at the first iteration, before workers fork
         self.processes: Workers | None = None  # forked at the first iteration, kept for the next ones
 
@@ -242,11 +244,13 @@ class ClipLoader:
             return None if state["identity"] == self.identity else set_title(state["identity"], state["set"])
         if state["fingerprint"] == self.manifest.fingerprint:
             return None
-        return f"a shard set whose inputs' fingerprint is {state['fingerprint']} (saved before sets had identities)"
+        return (f"a shard set whose inputs' fingerprint is {state['fingerprint']} "
+                "(saved before sets had identities)")
 
     def title(self) -> str:
         """This loader's set in words: its identity, what it holds and where."""
-        return f"{set_title(self.identity, self.manifest.describe())} at {self.manifest.base or 'an unsaved manifest'}"
+        where = self.manifest.base or "an unsaved manifest"
+        return f"{set_title(self.identity, self.manifest.describe())} at {where}"
 
     def load_state_dict(self, state: dict) -> None:
         other = self.saved_on(state)
@@ -313,7 +317,8 @@ class ClipLoader:
         parts = self.shapes.parts(self.epoch) if self.shapes else None
         steps = self.epochs.steps(parts and tuple(p.clips for p in parts))
         renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
-                                           self.transform.flip, self.manifest.motion if self.modality == "motion"
+                                           self.transform.flip, self.manifest.motion
+                                           if self.modality == "motion"
                                            else None)
         how = Decoding(self.transform, self.seed, self.epoch, skip_bad=self.max_bad_samples != 0,
                        on_device=self.decode_on_device, renderer=renderer)

@@ -48,7 +48,8 @@ class SlotPool:
         self._bytes, self.state = self.memory.numpy(), self._state.numpy()
         self.leased: set[int] = set()  # slots whose batch the trainer's process holds
         self.misses = 0  # batches that found no free slot and came in their own memory
-        if torch.cuda.is_available():  # page-locked once, so copies to the GPU are asynchronous (untested on GPU)
+        # page-locked once, so copies to the GPU are asynchronous (untested on GPU)
+        if torch.cuda.is_available():
             cudart = torch.cuda.cudart()
             cudart.cudaHostRegister(self.memory.data_ptr(), self.memory.numel(), 0)
             weakref.finalize(self, cudart.cudaHostUnregister, self.memory.data_ptr())
