@@ -178,6 +178,7 @@ def test_a_shard_set_without_the_validation_split_is_one_line_before_training(tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.long  # two-rank runs resumed with changed flags: a long run's
 def test_resume_with_another_optimizer_is_refused_on_every_rank_and_other_hyperparameters_apply(
         chain, tmp_path):
     """``--optimizer`` cannot change under a resumed run (its state would not fit: this crashed rank 0

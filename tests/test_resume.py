@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers.shardsets import make_shardset
 
@@ -52,6 +53,7 @@ def records(out) -> list[dict]:
             for line in lines]
 
 
+@pytest.mark.long  # six whole runs stopped and resumed (about a minute): a long run's
 def test_stopped_at_first_middle_last_step_after_validation_or_killed_resumes_bitwise(tmp_path):
     data = tmp_path / "data"
     make_shardset(str(data), {"train": TRAIN_CLIPS, "val": 8}, per_shard=5, num_classes=3, frames=4,

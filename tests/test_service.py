@@ -377,6 +377,7 @@ def test_ten_identical_build_requests_make_one_build(env, videos):
     assert status == 200 and Manifest.from_json(manifest).splits["val"].num_samples == 2
 
 
+@pytest.mark.long  # a server killed mid-build and a second one taking the build over: a long run's
 def test_restart_keeps_the_catalog_and_takes_the_killed_servers_build_over(env, videos):
     server, url = env["server"], env["server"].url
     body = json.dumps({"src": str(videos), "splits": ["train"], "short_side": 30, "shard_samples": 2,
