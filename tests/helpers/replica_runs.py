@@ -24,7 +24,7 @@ from helpers.shardsets import ServiceProcess, http
 from trainer.clip_log import read_file
 
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
-FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
+FAULTRUN = str(Path(__file__).with_name("faultrun.py"))
 CLIPS, BATCH, EPOCHS = 24, 2, 2
 FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", str(BATCH), "--warmup-epochs", "0.5", "--workers", "1", "--print-freq", "1",
