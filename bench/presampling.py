@@ -7,7 +7,9 @@ background; ``--seconds`` long, so T frames are a small part of each video: 4 of
 demo (scripts/demo.sh). Every video is decoded once into memory (PyAV, scaled to ``--size`` pixels
 high); each arm then cuts its clips from those frames with ingest's own TSN sampler
 (``ingest.sampling.clip_indices``: T segments, a random frame in each, seeded by seed, video and clip
-index), so an arm differs from another only in which samplings it trains on:
+index), and every clip read for training is cropped as the loader crops it (TSM's multi-scale crop, a new
+box each read, resized back to ``--size``; no flip, which would swap left and right), so an arm differs from
+another only in which samplings it trains on:
 
 * ``resample``: a new sampling of every video each epoch (clip index = the epoch), the per-epoch
   resampling of TSN/TSM's own loaders, here the baseline (decoding on the fly is ~26x slower than
@@ -25,7 +27,7 @@ the demo's ResNet-10 of width 16), trained from scratch with SGD (momentum 0.9, 
 (ingest's evaluation sampling). Printed: each arm's final validation top-1 per seed, its mean, and
 per arm its difference from ``resample`` paired by seed with a 95% t-interval (bench/paired.py's).
 
-    python bench/presampling.py --work /tmp/presampling [--seeds 6] [--first-seed 0] [--epochs 192]
+    python bench/presampling.py --work /tmp/presampling [--seeds 10] [--first-seed 0] [--epochs 192]
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -46,8 +49,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.paired import t975  # noqa: E402
+from bench.paired import summary  # noqa: E402
 from ingest.sampling import clip_indices  # noqa: E402
+from trainer.data.transforms import multiscale_box  # noqa: E402
 from trainer.model.tsm import ModelConfig, build  # noqa: E402
 
 ARMS = ("resample", "rotate-1", "rotate-2", "rotate-4", "each-4", "rotate-8")
@@ -86,6 +90,16 @@ def clip(frames: np.ndarray, video: str, k: int, segments: int, seed: int, train
     return frames[idx].transpose(0, 3, 1, 2)  # (T, 3, H, W), as the network takes it
 
 
+def crop(frames: np.ndarray, rng: random.Random) -> torch.Tensor:
+    """The loader's training crop, drawn anew each time a clip is read whatever the arm (the product
+    crops stored clips at read time): TSM's multi-scale box (``multiscale_box``), resized back to the
+    frame's side; no flip (a flip would turn a left-moving disc into a right-moving one)."""
+    side = frames.shape[-1]
+    x0, y0, x1, y1 = multiscale_box(side, frames.shape[-2], side, rng)
+    box = torch.from_numpy(np.ascontiguousarray(frames[:, :, y0:y1, x0:x1])).float()
+    return F.interpolate(box, size=(side, side), mode="bilinear", align_corners=False)
+
+
 def epoch_views(arm: str, epoch: int) -> list[int]:
     """The clip indices each video is trained on in ``epoch`` (one, or four for ``each-4``)."""
     if arm == "resample":
@@ -101,7 +115,7 @@ def train(arm: str, seed: int, data, args) -> float:
     model = build(ModelConfig(num_classes=args.classes, segments=args.segments, depth=args.depth,
                               width=args.width))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    rng = np.random.default_rng(seed)
+    rng, draws = np.random.default_rng(seed), random.Random(seed)
     epochs = args.epochs // 4 if arm == "each-4" else args.epochs
     steps = args.epochs * math.ceil(len(data["train"]) / args.batch)  # equal in every arm
     warmup = max(1, steps // 16)  # linear warm-up, then cosine to 0 (the trainer's recipe, per step)
@@ -114,9 +128,9 @@ def train(arm: str, seed: int, data, args) -> float:
         order = rng.permutation(len(samples))
         for start in range(0, len(order), args.batch):
             picked = [samples[i] for i in order[start:start + args.batch]]
-            x = torch.from_numpy(np.stack([clip(data["train"][v][0], data["train"][v][2], k, args.segments,
-                                                seed, True)
-                                           for v, k in picked]))
+            frames = [clip(data["train"][v][0], data["train"][v][2], k, args.segments, seed, True)
+                      for v, k in picked]
+            x = torch.stack([crop(f, draws) for f in frames])
             y = torch.tensor([data["train"][v][1] for v, _ in picked])
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad()
@@ -130,23 +144,56 @@ def train(arm: str, seed: int, data, args) -> float:
         return 100.0 * float((model(x).argmax(1) == y).float().mean())
 
 
-def interval(diffs: list[float]) -> str:
-    mean = statistics.mean(diffs)
-    half = t975(len(diffs)
-                - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
-    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]"
+COLLAPSED = 80.0  # a run under this top-1 (%) is counted as one that did not learn the motion well
+
+
+def report(top1: dict[str, dict[int, float]]) -> str:
+    """The table: each arm's top-1 by seed, mean, median, runs under ``COLLAPSED``, and its difference
+    from ``resample`` paired by seed (mean, 95% t-interval, signs: bench/paired.py's ``summary``)."""
+    lines = ["| arm | seeds | mean | median | runs under 80% | - resample, paired: mean [95% interval] "
+             "| higher/equal/lower (sign test p) |", "|---|---|---|---|---|---|---|"]
+    base = top1.get("resample", {})
+    for arm, by_seed in top1.items():
+        values = list(by_seed.values())
+        mean, median = statistics.fmean(values), statistics.median(values)
+        row = f"| {arm} | {len(values)} | {mean:.1f} | {median:.1f} | {sum(v < COLLAPSED for v in values)} |"
+        seeds = sorted(set(by_seed) & set(base))
+        if arm != "resample" and len(seeds) > 1:
+            s = summary([by_seed[k] - base[k] for k in seeds])
+            row += (f" {s['mean']:+.1f} [{s['low']:+.1f}, {s['high']:+.1f}] | {s['higher']}/{s['equal']}/"
+                    f"{s['lower']} ({s['sign_p']:.2f}) |")
+        else:
+            row += " | |"
+        lines.append(row)
+    lines.append("")
+    for arm, by_seed in top1.items():
+        lines.append(f"{arm} by seed: " + " ".join(f"{k}:{v:g}" for k, v in sorted(by_seed.items())))
+    return "\n".join(lines)
+
+
+def merged(logs: list[Path]) -> dict[str, dict[int, float]]:
+    """The ``BENCH_JSON`` results of several runs (``--first-seed`` splits), by arm and seed."""
+    top1: dict[str, dict[int, float]] = {}
+    for log in logs:
+        for line in log.read_text().splitlines():
+            if line.startswith("BENCH_JSON "):
+                run = json.loads(line[len("BENCH_JSON "):])
+                first = int(run["args"]["first_seed"])
+                for arm, values in run["top1"].items():
+                    top1.setdefault(arm, {}).update({first + i: v for i, v in enumerate(values)})
+    return top1
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", type=Path, required=True)
-    p.add_argument("--seeds", type=int, default=6)
+    p.add_argument("--work", type=Path, default=Path("/tmp/presampling"))
+    p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. first-seed + seeds - 1")
     p.add_argument("--epochs", type=int, default=192, help="epochs of one view a video (a multiple of 4)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--train-per-class", type=int, default=32)
-    p.add_argument("--val-per-class", type=int, default=25)
+    p.add_argument("--val-per-class", type=int, default=50)
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--speed-scale", type=float, default=0.5)
     p.add_argument("--source-size", type=int, default=64, help="the synth videos' width and height, pixels")
@@ -156,7 +203,12 @@ def main() -> None:
     p.add_argument("--segments", type=int, default=4)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--merge", nargs="+", type=Path, metavar="LOG",
+                   help="print the table of these runs' output (their BENCH_JSON lines) instead of running")
     args = p.parse_args()
+    if args.merge:
+        print(report(merged(args.merge)))
+        return
     torch.set_num_threads(1)
     start = time.perf_counter()
     data = videos(args.work, args)
@@ -170,12 +222,7 @@ def main() -> None:
             print(f"  seed {seed} {arm}: {top1[arm][-1]:.1f} ({time.perf_counter() - start:.0f} s)",
                   flush=True)
         print(f"seed {seed}: " + ", ".join(f"{arm} {top1[arm][-1]:.1f}" for arm in args.arms), flush=True)
-    print("\narm | final val top-1 per seed | mean | - resample, paired by seed: mean [95% interval]")
-    for arm in args.arms:
-        paired = (interval([a - b for a, b in zip(top1[arm], top1["resample"])])
-                  if "resample" in top1 and arm != "resample" else "")
-        print(f"{arm} | {', '.join(f'{v:.1f}' for v in top1[arm])} | {statistics.mean(top1[arm]):.1f} | "
-              f"{paired}")
+    print("\n" + report({arm: dict(enumerate(values, args.first_seed)) for arm, values in top1.items()}))
     print(f"\n{time.perf_counter() - start:.0f} s")
     print("BENCH_JSON " + json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "top1": top1}))
 

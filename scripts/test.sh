@@ -51,7 +51,7 @@ marked() {  # the stage's tests; 5 (none selected) is no failure
 }
 if [ "$stage" = all ] || [ "$stage" = suite ]; then
   echo "test: the suite (not marked long or containers)"
-  "${pytest[@]}" -m "not long and not containers"
+  "${pytest[@]}" -m "not long and not containers" --durations 15  # (the slowest, for the 10-minute goal)
 fi
 if [ "$stage" = all ] || [ "$stage" = long ]; then
   echo "test: the long stage (marked long)"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 
 import numpy as np
 
@@ -75,19 +76,32 @@ def scaled_size(jpeg: bytes, denom: int) -> tuple[int, int]:
 
 
 def decode_crop(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1,
-                out: np.ndarray | None = None) -> np.ndarray:
+                out: np.ndarray | None = None, lib: ctypes.CDLL | None = None) -> np.ndarray:
     """RGB pixels (h, w, 3) of ``box`` (left, top, right, bottom; integers) of the frame
-    decoded at 1/denom scale, into ``out`` if given (rows may be strided, pixels contiguous)."""
+    decoded at 1/denom scale, into ``out`` if given (rows may be strided, pixels contiguous);
+    ``lib``: what ``load()`` gave, for a caller decoding many frames (looked up per call otherwise)."""
     x0, y0, x1, y1 = box
     if out is None:
         out = np.empty((y1 - y0, x1 - x0, 3), dtype=np.uint8)
     if out.shape != (y1 - y0, x1 - x0, 3) or out.dtype != np.uint8 or out.strides[1:] != (3, 1):
         raise ValueError(f"output array {out.shape} {out.dtype} {out.strides} does not fit box {box}")
-    msg, data = ctypes.create_string_buffer(200), _bytes(jpeg)
-    if load().kf_decode_crop(data.ctypes.data, data.size, denom, x0, y0, x1 - x0, y1 - y0, out.ctypes.data,
-                             out.strides[0], msg, len(msg)):
+    data, msg = _bytes(jpeg), _message()
+    if (lib or load()).kf_decode_crop(data.ctypes.data, data.size, denom, x0, y0, x1 - x0, y1 - y0,
+                                      out.ctypes.data, out.strides[0], msg, MESSAGE_BYTES):
         raise ValueError(f"JPEG decode: {msg.value.decode(errors='replace')}")
     return out
+
+
+MESSAGE_BYTES = 200
+_messages = threading.local()
+
+
+def _message() -> ctypes.Array:
+    """This thread's buffer for the library's error message (written only when a call fails)."""
+    msg = getattr(_messages, "buffer", None)
+    if msg is None:
+        msg = _messages.buffer = ctypes.create_string_buffer(MESSAGE_BYTES)
+    return msg
 
 
 def cut(jpeg: bytes, box: tuple[int, int, int, int], denom: int = 1) -> tuple[bytes, tuple[int, int]] | None:

@@ -88,11 +88,13 @@ def scaled(w: int, h: int, d: int) -> tuple[int, int]:
 
 
 def read_box(jpeg: bytes, box: tuple[int, int, int, int], d: int,
-             out: np.ndarray | None = None) -> np.ndarray:
+             out: np.ndarray | None = None, lib=None) -> np.ndarray:
     """RGB pixels of ``box`` (integer corners) of the frame decoded at 1/d, into ``out`` if given:
-    only the box with ``cropdecode``, else a whole-frame PIL decode, cropped."""
-    if cropdecode.available():
-        return cropdecode.decode_crop(jpeg, box, d, out)
+    only the box with ``cropdecode`` (``lib``: its library, once per clip; else looked up), else a
+    whole-frame PIL decode, cropped."""
+    lib = lib or cropdecode.load()
+    if lib is not None:
+        return cropdecode.decode_crop(jpeg, box, d, out, lib)
     img = Image.open(io.BytesIO(jpeg))
     if d > 1:
         img.draft("RGB", (img.size[0] // d, img.size[1] // d))
@@ -204,13 +206,14 @@ class _Transform:
         views = out if self.views > 1 else out[None]
         x0, y0, x1, y1 = g.region(*size)
         direct = self.views == 1 and (x0, y0, x1, y1) == g.boxes[0] and (x1 - x0, y1 - y0) == (g.side, g.side)
+        lib = cropdecode.load()
         for t, jpeg in enumerate(jpegs):
             if direct:  # the box is the output: decode straight into it
-                read_box(jpeg, (x0, y0, x1, y1), d, views[0, t])
+                read_box(jpeg, (x0, y0, x1, y1), d, views[0, t], lib)
                 if g.flip:
                     mirror(views[0, t])
                 continue
-            src = read_box(jpeg, (x0, y0, x1, y1), d, self._scratch((y1 - y0, x1 - x0, 3)))
+            src = read_box(jpeg, (x0, y0, x1, y1), d, self._scratch((y1 - y0, x1 - x0, 3)), lib)
             for box, view in zip(g.boxes, views):
                 resize_into(src, (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0), view[t], g.flip)
         return g
