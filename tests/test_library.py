@@ -97,6 +97,9 @@ def test_every_python_block_of_the_page_is_run_here():
     assert all(name in globals() for name in BLOCKS.values())
 
 
+# long: four runs of the page's training loop, 30 s on 2 cores; the suite keeps the StatefulDataLoader
+# block and tests/test_epochs.py's resume at every stop point
+@pytest.mark.long
 def test_own_loop_resumes_the_identical_sequence(shardset, tmp_path):
     (tmp_path / "whole").mkdir()
     (tmp_path / "cut").mkdir()
