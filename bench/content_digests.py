@@ -69,7 +69,8 @@ def throughput(root: Path, files: int, file_mb: int, workers: int, repeats: int)
     limit = statistics.median(timed(lambda: hashlib.sha256(block).hexdigest()) for _ in range(5))
     out = {m: statistics.median(t) / gb for m, t in times.items()}
     out[f"sha256 limit (in memory, {parallel} cores)"] = limit / (file_mb << 20) * 1e9 / parallel
-    print(f"\nthroughput: {files} files x {file_mb} MB = {gb:.2f} GB, {parallel} Ray workers, page cache warm")
+    print(f"\nthroughput: {files} files x {file_mb} MB = {gb:.2f} GB, {parallel} Ray workers, "
+          "page cache warm")
     print(f"{'mode':40s} {'s per GB':>9s} {'GB/s':>7s} {'ms per file':>12s}")
     for mode, s in out.items():
         print(f"{mode:40s} {s:9.3f} {1 / s:7.2f} {s * gb / files * 1000:12.2f}")

@@ -100,7 +100,8 @@ def main() -> None:
           f"{args.sd:g}")
     for target in args.powers:
         approx, exact = pairs_needed(args.sd, m, a, target)
-        print(f"pairs for power {target:g} at a true difference of 0: {exact} (normal approximation {approx})")
+        print(f"pairs for power {target:g} at a true difference of 0: {exact} "
+              f"(normal approximation {approx})")
     print(f"pairs before an interval can fit inside +-{m:g} at all: {fits(args.sd, m, a)}")
     diffs = args.diffs + (diffs_of(args.paired_log) if args.paired_log else [])
     if len(diffs) < 2:

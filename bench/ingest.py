@@ -410,9 +410,11 @@ def flow_methods(repeats: int = 20) -> dict:
     texture = cv2.GaussianBlur(rng.integers(0, 256, (300, 400), dtype=np.uint8), (5, 5), 0)
     # b: moved 3 left, 2 down
     a, b = (np.ascontiguousarray(t) for t in (texture[10:266, 10:350], texture[8:264, 13:353]))
-    methods = {f"DIS {p}": (lambda p=p: cv2.DISOpticalFlow_create(getattr(cv2, f"DISOPTICAL_FLOW_PRESET_{p}")).calc)
+    methods = {f"DIS {p}": (lambda p=p: cv2.DISOpticalFlow_create(
+                   getattr(cv2, f"DISOPTICAL_FLOW_PRESET_{p}")).calc)
                for p in ("ULTRAFAST", "FAST", "MEDIUM")}
-    methods["Farneback"] = lambda: lambda x, y, f: cv2.calcOpticalFlowFarneback(x, y, f, 0.5, 3, 15, 3, 5, 1.2, 0)
+    methods["Farneback"] = lambda: lambda x, y, f: cv2.calcOpticalFlowFarneback(
+        x, y, f, 0.5, 3, 15, 3, 5, 1.2, 0)
     out = {}
     for name, make in methods.items():
         calc = make()

@@ -158,7 +158,8 @@ def throughput(args) -> dict:
         if device.type == "cpu":
             out[arch] |= {"cpu_s": statistics.median(cpu[arch]), "cpu_ratio": ratio(cpu, arch)}
         out[arch]["tsm_speedup"] = out[arch]["cpu_ratio" if device.type == "cpu" else "wall_ratio"]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else f"CPU ({torch.get_num_threads()} threads)")
     print(f"\n{name}: ResNet-{args.depth} width {args.width}, {args.frames} x {args.size} px, batch "
           f"{args.batch}, amp {engines['tsm'].amp}, channels-last {args.channels_last}, compile "
           f"{args.compile}; medians of {args.steps} interleaved training steps after {args.warmup}; TSM's "

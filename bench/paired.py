@@ -87,7 +87,8 @@ def main() -> None:
     p.add_argument("--names", nargs=2, default=("global", "node"), help="the modes' names")
     args = p.parse_args()
     if len(args.a) != len(args.b):
-        raise SystemExit(f"paired.py: {len(args.a)} runs of --a against {len(args.b)} of --b: pairs need both")
+        raise SystemExit(f"paired.py: {len(args.a)} runs of --a against {len(args.b)} of --b: "
+                         "pairs need both")
     a, b = [final(r) for r in args.a], [final(r) for r in args.b]
     na, nb = args.names
     figures = "final top-1, val loss, train loss, top-1 over the epochs, first epoch at the best"

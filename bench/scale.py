@@ -192,7 +192,8 @@ def report_paper(rows: list[dict], epoch_seconds: float, epochs: int) -> str:
              f"{'shards':>6} {'mode':<56} {'run TB':>7} {'x set':>6} {'ep.1 GB':>8} {'later GB':>8} "
              f"{'ep.1 GB/s':>9} {'run GB/s':>8} {'req/s ep.1':>10}"]
     for r in rows:
-        req = f"{r['requests_per_s_epoch1']:>10,.0f}" if r["requests_per_s_epoch1"] is not None else f"{'-':>10}"
+        req = (f"{r['requests_per_s_epoch1']:>10,.0f}" if r["requests_per_s_epoch1"] is not None
+               else f"{'-':>10}")
         lines.append(f"{r['shards']:>6} {r['mode']:<56} {r['run_TB']:>7.2f} {r['x_dataset']:>6.1f} "
                      f"{r['epoch1_GB']:>8.1f} {r['later_epoch_GB']:>8.1f} {r['epoch1_GB_s']:>9.2f} "
                      f"{r['mean_GB_s']:>8.3f} {req}")

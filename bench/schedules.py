@@ -239,7 +239,8 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--nodes", type=int, default=1,
                    help="simulated nodes the ranks are spread over (horovodrun -H "
-                        "localhost:R,127.0.0.1:R,...: one per name of this machine for loopback, local_names)")
+                        "localhost:R,127.0.0.1:R,...: one per name of this machine for loopback, "
+                        "local_names)")
     p.add_argument("--shuffles", nargs="+", choices=("global", "node"), default=["global"],
                    help="each variant once per mode, same seeds (node needs --nodes 2): node-affine epochs "
                         "against global ones; the target is the global baseline's")
@@ -252,7 +253,8 @@ def main() -> None:
     p.add_argument("--train-per-class", type=int, default=64)
     p.add_argument("--val-per-class", type=int, default=32)
     p.add_argument("--speed-scale", type=float, default=0.5,
-                   help="ingest synth's speeds times this (0.5: a 2-frame clip's disc moves at most a radius)")
+                   help="ingest synth's speeds times this (0.5: a 2-frame clip's disc moves at most "
+                        "a radius)")
     p.add_argument("--precise-bn", type=int, default=16,
                    help="multigrid variants: BN statistics recomputed on this many full-shape batches per "
                         "rank before each validation (0: off)")

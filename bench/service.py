@@ -537,8 +537,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every source this many times, interleaved (each round starts with the next "
                         "source); medians are reported, and ratios taken within each round")
-    p.add_argument("--read-auth", action="store_true", help="the service asks for a token on every read "
-                                                            "(the clients send it; plain nginx asks for none)")
+    p.add_argument("--read-auth", action="store_true",
+                   help="the service asks for a token on every read "
+                        "(the clients send it; plain nginx asks for none)")
     p.add_argument("--held-grants", action="store_true",
                    help="the clients start with their grants (asked for before they fork): the load without "
                         "its start")
@@ -588,8 +589,9 @@ def main() -> int:
     with open(token, "w") as f:
         f.write("bench-read-token\n")
     if args.request_cost:
-        servers = {"the service deciding, nginx to send (--x-accel-redirect, read auth)": [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
-                               "--read-auth", "--token-file", token, *accel_flags(args.out)],
+        servers = {"the service deciding, nginx to send (--x-accel-redirect, read auth)":
+                   [sys.executable, "-m", "service", "serve", "--port", "0", "--catalog", cat.path,
+                    "--read-auth", "--token-file", token, *accel_flags(args.out)],
                    "a bare aiohttp route": [sys.executable, os.path.abspath(__file__), "--bare-aiohttp"]}
         res = request_cost(servers, f"/v1/datasets/bench/{m.splits['train'].shards[0].name}",
                            "bench-read-token",

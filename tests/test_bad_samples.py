@@ -166,7 +166,10 @@ def test_two_ranks_go_on_without_a_bad_sample_every_good_clip_once_an_epoch(sets
     (before: the first stopped the run whatever the budget); from a set the service marked damaged,
     asked for leniently, the run reads on through its damaged shards (before: stopped at the first)."""
     directory = sets["root"] / "one"
-    data = str(directory) if source == "local" else f"{served}/v1/datasets/{'one' if source == 'http' else source}"
+    if source == "local":
+        data = str(directory)
+    else:
+        data = f"{served}/v1/datasets/{'one' if source == 'http' else source}"
     out, cache = tmp_path / "run", tmp_path / "cache"
     through = ["--cache-dir", str(cache)] if cached else []
     run = train(data, out, "--epochs", "2", "--max-bad-samples", "1", *through,

@@ -40,8 +40,10 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def built(request, tree, tmp_path_factory):
     root = tmp_path_factory.mktemp("built")
-    catalog = str(root
-                  / "catalog.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres").database()
+    if request.param == "sqlite":
+        catalog = str(root / "catalog.sqlite")
+    else:
+        catalog = request.getfixturevalue("postgres").database()
     summary, record = registry.build(catalog, str(tree), str(root / "first"), CFG, workers=2,
                                      videos_per_task=2,
                                      **OPTS)

@@ -230,8 +230,8 @@ def test_a_two_node_start_on_a_class_sorted_set_refuses_node_and_trains_global_u
     for r in (0, 1):
         assert not [line for line in lines[r] if "Traceback" in line], lines[r]
         errors = [line for line in lines[r] if "trainer train: error: " in line]
-        assert len(errors) == 1 and "--shuffle node: node-affine epochs on 2 nodes would give them different " \
-                                    "classes" in errors[0], lines[r]
+        refusal = "--shuffle node: node-affine epochs on 2 nodes would give them different classes"
+        assert len(errors) == 1 and refusal in errors[0], lines[r]
     assert not (tmp_path / "node" / "checkpoint.pt").exists()
 
     p = start(sets["sorted"], tmp_path / "auto", "--cache-dir", str(tmp_path / "cache"))

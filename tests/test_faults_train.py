@@ -174,7 +174,8 @@ def test_a_shard_set_without_the_validation_split_is_one_line_before_training(tm
     data = tmp_path / "data"
     make_shardset(str(data), {"train": 10}, per_shard=5, num_classes=3, frames=4, size=(48, 40))
     message = refusal(capsys, "--data", str(data), "--output-dir", str(tmp_path / "out"))
-    assert message == f"{data}: no split 'val' (--val-split); the set has train; --val-split '' trains without validation"
+    assert message == (f"{data}: no split 'val' (--val-split); the set has train; "
+                       "--val-split '' trains without validation")
     assert not (tmp_path / "out").exists()
 
 

@@ -111,7 +111,10 @@ def built_with_ffmpeg(built, tmp_path_factory):
 
 @pytest.mark.parametrize("decoder", ["pyav", "ffmpeg"])
 def test_rotated_frames_come_out_the_right_way_up(request, decoder):
-    out = request.getfixturevalue("built")[1] if decoder == "pyav" else request.getfixturevalue("built_with_ffmpeg")
+    if decoder == "pyav":
+        out = request.getfixturevalue("built")[1]
+    else:
+        out = request.getfixturevalue("built_with_ffmpeg")
     got = samples(out, "val")
     for name, (corner, portrait) in ORIENTATION.items():
         assert json.loads(got[f"{name}_c00"]["json"])["decoder"] == decoder
@@ -142,8 +145,8 @@ def test_hard_inputs_are_described_in_metadata(built):
     rot = got["rotated_c00"]
     assert rot["rotation"] in (90, 270) and rot["height"] > rot["width"]  # portrait after rotation
     ana = got["anamorphic_c00"]
-    assert ana["frame_size"][0] / ana["frame_size"][1] == pytest.approx(2 * got["plain_c00"]["frame_size"][0]
-                                                                       / got["plain_c00"]["frame_size"][1], rel=0.05)
+    plain = got["plain_c00"]["frame_size"]
+    assert ana["frame_size"][0] / ana["frame_size"][1] == pytest.approx(2 * plain[0] / plain[1], rel=0.05)
     assert got["vp9_c00"]["codec"] == "vp9" and got["hevc_c00"]["codec"] == "hevc"
     assert got["edit_list_c00"]["num_frames"] == 35
     assert {m["decoder"] for m in got.values()} == {"pyav"}

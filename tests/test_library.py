@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "library.md"
 TRAIN = 24
 # what the page's blocks name -> the test's stand-ins (written out in full, as tests/helpers/runbooks.py does)
-LOCAL, SERVED, CACHE = "/data/kinetics400/shards", "http://127.0.0.1:8470/v1/datasets/kinetics400", "/tmp/kinetics-cache"
+LOCAL, SERVED, CACHE = ("/data/kinetics400/shards", "http://127.0.0.1:8470/v1/datasets/kinetics400",
+                        "/tmp/kinetics-cache")
 # each Python block of the page is recognised by one line of it, and run by the test named beside it
 BLOCKS = {"max_steps = int(os.environ": "test_own_loop_resumes_the_identical_sequence",
           "dist.init_process_group(\"gloo\")": "test_torchrun_ranks_read_every_clip_once",

@@ -40,7 +40,8 @@ def venv(tmp_path_factory):
     # torch first, as the page says, but the one build this machine has locally (the CPU index is not
     # reachable from here); the page: any torch >= 2.4 already there stays
     torch_first, project = install_commands()
-    assert torch_first == "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu", torch_first
+    expected = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert torch_first == expected, torch_first
     assert project == "pip install ./kinetics-fast", project
     subprocess.run([*pip, "install", "torch==2.13.0"], check=True, timeout=900)
     subprocess.run([*pip, "install", str(ROOT)], check=True, timeout=900, cwd=where.parent)

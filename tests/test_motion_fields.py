@@ -203,7 +203,8 @@ def test_mv_fields_equal_the_vectors_read_directly(translated):
                 assert valid[cells].all()
                 expected = np.mean(velocities, axis=0)
                 assert np.abs(field[cells] - expected).max() <= motionfield.STEP / 2 + 1e-4, \
-                    f"frame {i} block at ({x}, {y}): stored {field[cells].reshape(-1, 2)}, vectors give {expected}"
+                    (f"frame {i} block at ({x}, {y}): stored {field[cells].reshape(-1, 2)}, "
+                     f"vectors give {expected}")
                 compared += 1
     assert compared >= 20, f"only {compared} 16x16 blocks compared"
 

@@ -165,7 +165,8 @@ def test_each_node_downloads_its_pieces_once_in_a_run(tmp_path, rank_processes):
         shard = shards[run.shard]
         if run.size == shard.num_samples:
             return f"/{shard.name}", 0, shard.bytes
-        return f"/{shard.name}", shard.offsets[run.start], shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1]
+        return (f"/{shard.name}", shard.offsets[run.start],
+                shard.offsets[run.stop - 1] + shard.lengths[run.stop - 1])
     owned = [{copy(run) for run in runs} for runs in partition.assign([s.num_samples for s in shards], 2, 0)]
     assert sorted(len({p for p, _, _ in o}) for o in owned) == [5, 5]  # 4 whole shards each and a shared one
     asked = [[], []]

@@ -246,7 +246,8 @@ def test_past_the_deadline_the_run_stops_as_on_a_signal_with_75_and_resumes_ther
     place = "during its validation" if where == "validation" else f"after batch {batch}"
     for line in lines:
         assert "trainer train: error: rank " in line and "no answer for " in line and (
-            "past the source deadline of 3 s (--source-deadline, $SHARD_SOURCE_DEADLINE); last: " in line), line
+            "past the source deadline of 3 s (--source-deadline, $SHARD_SOURCE_DEADLINE); last: "
+            in line), line
         assert line.endswith(f"stopped in epoch 1 {place} (step {batch}, {batch * 2 * BATCH} clips seen), "
                              f"checkpoint saved to {out / 'checkpoint.pt'}: once the source answers, the "
                              "same command with --resume continues from there"), line

@@ -110,7 +110,8 @@ def test_a_run_pushes_its_figures_to_a_real_pushgateway(gateway, tmp_path):
     figures = pushed(gateway, "run-a")
     assert figures["kf_trainer_steps_total"][()] == len(steps) == CLIPS // BATCH
     assert figures["kf_trainer_clips_total"][()] == CLIPS - 1  # the bad sample never trained
-    assert figures["kf_trainer_data_wait_seconds_count"][()] == figures["kf_trainer_step_seconds_count"][()] == len(steps)
+    assert (figures["kf_trainer_data_wait_seconds_count"][()] == figures["kf_trainer_step_seconds_count"][()]
+            == len(steps))
     assert figures["kf_trainer_bad_samples_total"] == {(("split", "train"),): 1}
     assert figures["kf_trainer_source_outages_total"][()] >= 1
     assert figures["kf_trainer_source_outage_seconds_total"][()] > 0

@@ -170,8 +170,8 @@ def test_known_sets_are_read_through_a_catalog_outage_after_a_write_and_refused_
     while {s for (_, path), s in statuses().items() if doomed.id in path} != {409}:
         assert time.monotonic() < deadline, statuses()
         time.sleep(0.1)
-    assert {path: s for (_, path), s in statuses().items()} == {f"/v1/datasets/clips/{shard['clips']}": 200,
-                                                              f"/v1/datasets/{doomed.id}/{shard[doomed.id]}": 409}
+    assert {path: s for (_, path), s in statuses().items()} == {
+        f"/v1/datasets/clips/{shard['clips']}": 200, f"/v1/datasets/{doomed.id}/{shard[doomed.id]}": 409}
     for replica, mark in zip(replicas, marks):
         lines = replica.log[mark:]
         assert sum("serving the sets this replica has looked up from their last known records" in line

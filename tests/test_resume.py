@@ -82,11 +82,13 @@ def test_stopped_at_first_middle_last_step_after_validation_or_killed_resumes_bi
             assert "checkpoint saved" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
         if i:
             epoch, batch, step = STOPS[i - 1][2]
-            where = f"in epoch {epoch + 1}, after batch {batch}" if batch else f"at the start of epoch {epoch + 1}"
+            where = (f"in epoch {epoch + 1}, after batch {batch}" if batch
+                     else f"at the start of epoch {epoch + 1}")
             assert f"resumed from {broken / 'checkpoint.pt'} {where} (step {step}," in run.stderr
     again = train(data, broken, "", "--resume")  # a finished run resumed: before, "in epoch 3, after batch 0"
-    assert again.returncode == 0 and f"after its last epoch ({EPOCHS} of {EPOCHS}): nothing is left to train" in \
-        again.stderr and f"epoch {EPOCHS + 1}" not in again.stderr, again.stderr[-3000:]
+    assert (again.returncode == 0
+            and f"after its last epoch ({EPOCHS} of {EPOCHS}): nothing is left to train" in again.stderr
+            and f"epoch {EPOCHS + 1}" not in again.stderr), again.stderr[-3000:]
 
     a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
     b = torch.load(broken / "checkpoint.pt", weights_only=True)

@@ -156,8 +156,9 @@ def test_a_ray_that_cannot_be_joined_fails_the_build_at_once_with_the_reason(tmp
         assert status == 202
         failed = wait_for(server.url, answer["id"], ("ready", "failed"), timeout=60)
         assert failed["state"] == "failed", failed
-        assert failed["error"].startswith(f"could not join the Ray cluster at 127.0.0.1:{port}: "
-                                          f"ConnectionError: nothing answers at 127.0.0.1:{port}"), failed["error"]
+        expected = (f"could not join the Ray cluster at 127.0.0.1:{port}: "
+                    f"ConnectionError: nothing answers at 127.0.0.1:{port}")
+        assert failed["error"].startswith(expected), failed["error"]
         assert http(server.url, path="/v1/health")[0] == 200
     finally:
         server.kill(signal.SIGTERM)

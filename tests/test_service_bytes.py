@@ -295,7 +295,8 @@ def proxy(env, tmp_path_factory):
     prefix = tmp_path_factory.mktemp("nginx")
     port, upstream = free_port(), env["server"].url.split("//")[1]
     conf = prefix / "nginx.conf"
-    conf.write_text(f"""user root; worker_processes 1; daemon off; pid {prefix}/nginx.pid; error_log {prefix}/error.log;
+    conf.write_text(f"""user root; worker_processes 1; daemon off; pid {prefix}/nginx.pid;
+error_log {prefix}/error.log;
 events {{ worker_connections 256; }}
 http {{ access_log off; client_body_temp_path {prefix}/t1; proxy_temp_path {prefix}/t2;
   fastcgi_temp_path {prefix}/t3; uwsgi_temp_path {prefix}/t4; scgi_temp_path {prefix}/t5;
@@ -317,8 +318,8 @@ http {{ access_log off; client_body_temp_path {prefix}/t1; proxy_temp_path {pref
 def test_responses_say_how_they_may_be_cached(env):
     url, rec = env["server"].url, env["sets"]["alpha"]
     shard = Manifest.load(rec.location).splits["train"].shards[0].name
-    assert http(url,
-                path=f"/v1/datasets/{rec.id}/{shard}")[1]["cache-control"] == "public, max-age=31536000, immutable"
+    assert (http(url, path=f"/v1/datasets/{rec.id}/{shard}")[1]["cache-control"]
+            == "public, max-age=31536000, immutable")
     for ref in ("alpha", "prod", rec.id[:10]):
         assert http(url, path=f"/v1/datasets/{ref}/{shard}")[1]["cache-control"] == "no-cache"
     for path in ("/v1/health", "/v1/stats", "/v1/datasets", f"/v1/datasets/{rec.id}",

@@ -180,8 +180,8 @@ def test_the_start_lines_name_a_postgresql_catalog_without_its_password(postgres
     server = ServiceProcess("--catalog", f"postgresql://{user}:never-print-me@{rest}")
     try:
         server.start()
-        assert "never-print-me" not in "".join(server.banner) and f"catalog postgresql://{user}:***@{rest}\n" \
-            in server.banner[1], server.banner
+        assert ("never-print-me" not in "".join(server.banner)
+                and f"catalog postgresql://{user}:***@{rest}\n" in server.banner[1]), server.banner
         assert http(server.url, path="/v1")[0] == 200
     finally:
         server.kill()

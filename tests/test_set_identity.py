@@ -215,8 +215,8 @@ def test_a_set_a_catalog_records_is_replaced_only_with_force_and_its_record_says
     assert service(["list", "--all", "--catalog", catalog]) == 0
     assert listed(capsys.readouterr().out)[rec.id[:12]] == ("served", "replaced")
     assert service(["show", rec.id, "--catalog", catalog]) == 2
-    assert f"dataset {rec.id} (served) is replaced: a build without a catalog was forced into {out}" in one_error(
-        capsys.readouterr().err)
+    assert (f"dataset {rec.id} (served) is replaced: a build without a catalog was forced into {out}"
+            in one_error(capsys.readouterr().err))
     server = ServiceProcess("--catalog", catalog)
     server.start()
     try:
@@ -275,8 +275,9 @@ def test_a_set_changed_behind_the_catalog_is_shown_changed_refused_by_the_server
         kept = files(out)
         code, stdout, err = build(capsys, *original)  # the original build, run again
         assert code == 1 and "up to date" not in stdout
-        assert one_error(err) == f"ingest build: error: dataset {rec.id} (served) is changed: {shown['problem']}; " \
-                                 f"--force rebuilds it there, or shard-service remove {rec.id[:12]} forgets it"
+        assert one_error(err) == (f"ingest build: error: dataset {rec.id} (served) is changed: "
+                                  f"{shown['problem']}; --force rebuilds it there, "
+                                  f"or shard-service remove {rec.id[:12]} forgets it")
         assert files(out) == kept
         code, stdout, err = build(capsys, *original, "--force")
         assert code == 0 and "registered" in stdout, err

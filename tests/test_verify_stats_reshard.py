@@ -99,7 +99,8 @@ def test_missing_member_and_undecodable_frame(tmp_path):
     d = str(tmp_path)
     info = write_shard(os.path.join(d, "train/train-000000.tar"), "train/train-000000.tar", samples)
     Manifest(classes=["a", "b"], splits={"train": SplitInfo([info])}, config={"clip": {"frames": 8}}).save(d)
-    header = "train/train-000000.tar: sample v1_c00: a frame's bytes are no picture: its JPEG header does not parse"
+    header = ("train/train-000000.tar: sample v1_c00: a frame's bytes are no picture: "
+              "its JPEG header does not parse")
     assert problems(d) == ["train/train-000000.tar: sample v0_c00: 7 frames where the set has 8: 03.jpg "
                            "missing",
                            header]  # a header is checked without --deep, as every reader checks it
@@ -135,7 +136,8 @@ def test_stats_checks_every_clip_it_reads_against_its_digest_and_names_the_bad_o
     (line,) = err.splitlines()
     assert line.startswith(f"shards stats: error: 1 clip read is damaged ({shard.name} sample {key}): "
                            f"xxh3-64 digest ")
-    assert line.endswith(f", the manifest says {shard.digests[2]}; shards verify {shardset} checks every clip")
+    assert line.endswith(f", the manifest says {shard.digests[2]}; "
+                         f"shards verify {shardset} checks every clip")
     assert "1 of the 23 clips read are damaged (left out of these figures):" in out
     assert (f"    {shard.name}: sample {key}: xxh3-64 digest " in out and f"the manifest says "
             f"{shard.digests[2]}" in out)
@@ -165,7 +167,8 @@ def test_preview_marks_a_damaged_clip_and_exits_1_after_drawing_the_sheet(shards
             assert (len(set(pixels)) == 1 and sheet.getpixel((LABEL_WIDTH + 1, GAP + row * (48 + GAP)
                                                               + 24)) == DAMAGED)
     html = (page / "index.html").read_text()
-    assert f'<tr class="damaged"><th>class1<br><small>{shard.keys[2]}</small></th><td>damaged: xxh3-64 digest ' in html
+    assert (f'<tr class="damaged"><th>class1<br><small>{shard.keys[2]}</small></th>'
+            f'<td>damaged: xxh3-64 digest ' in html)
     assert f"the manifest says {shard.digests[2]}</td></tr>" in html and html.count("<img") == 8 * (TRAIN - 1)
 
 

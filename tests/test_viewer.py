@@ -474,7 +474,9 @@ def shown_pixels(browser) -> list:
           context.drawImage(img, 0, 0);
           const rgba = context.getImageData(0, 0, canvas.width, canvas.height).data;
           let s = '';
-          for (let i = 0; i < rgba.length; i += 4) s += String.fromCharCode(rgba[i], rgba[i + 1], rgba[i + 2]);
+          for (let i = 0; i < rgba.length; i += 4) {
+            s += String.fromCharCode(rgba[i], rgba[i + 1], rgba[i + 2]);
+          }
           return [img.dataset.frame, img.src, canvas.width, canvas.height, btoa(s)];
         });""")
 
@@ -578,7 +580,8 @@ def test_browser_class_filter_and_detail_view(site, browser):
     assert labels and len(labels) == len(expect) and all(x.startswith("2 jumping") for x in labels)
     browser.find_element("css selector", "#grid figure").click()
     wait(browser, "return document.getElementById('detail').open && "
-                  "Array.from(document.querySelectorAll('#detail-frames img')).every(i => i.naturalWidth > 0)")
+                  "Array.from(document.querySelectorAll('#detail-frames img'))"
+                  ".every(i => i.naturalWidth > 0)")
     detail = browser.execute_script("return document.getElementById('detail').innerText")
     clip = ClipIndex(site["manifest"]).split("train").clip(expect[0])
     assert clip.key in detail and f"videos/{clip.key[:-4]}.mp4" in detail and f"{clip.offset:,}" in detail
