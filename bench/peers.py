@@ -43,6 +43,10 @@ live in a venv of their own, which holds this project too (its base install take
     nice .venv-peers/bin/python bench/peers.py --out /tmp/peers --runs 3 --workers 1 2
 
 The last line is ``BENCH_JSON {...}`` with every run.
+
+``--clip-work CLIPS`` times instead only the per-clip work, in this process and without any loader: ours
+(crop-only decoding and the resize) against the peers' ``crop_clip``, interleaved ``--runs`` times; their
+ratio bounds what a loader with no cost of its own could lead by (docs/benchmarks/peers.md).
 """
 from __future__ import annotations
 
@@ -234,6 +238,54 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
     return (lambda epoch: loader), lambda b: len(b[1])
 
 
+def clip_work(clips: int, repeats: int) -> str:
+    """The per-clip work alone, in this process, interleaved ``repeats`` times over the first ``clips``
+    clips: ours (``TrainTransform.into``: crop-only decoding, then the resize, into one reused slot), the
+    decoding of ours alone, and the peers' (``crop_clip``: whole-frame decoding, crop and resize). Its
+    ratio is the lead a loader with no cost of its own beyond that work would have."""
+    from trainer.data import cropdecode
+    from trainer.data.transforms import TrainTransform
+
+    lib = cropdecode.load()
+    if lib is None:
+        raise SystemExit("peers: --clip-work needs trainer/libcropjpeg.so (scripts/build-native.sh)")
+    data = [frames_of(c) for c in range(clips)]
+    transform = TrainTransform(CROP, SCALE)
+    slot = np.empty(transform.shape(T), dtype=np.uint8)
+
+    def ours():
+        rng = random.Random(0)
+        for jpegs in data:
+            transform.into(jpegs, rng, slot)
+
+    def decoding():
+        rng = random.Random(0)
+        for jpegs in data:
+            geometry, d, size = transform.draw(jpegs[0], rng)
+            for jpeg in jpegs:
+                cropdecode.decode_crop(jpeg, geometry.region(*size), d, None, lib)
+
+    def peer():
+        rng = random.Random(0)
+        for jpegs in data:
+            crop_clip(jpegs, rng)
+
+    work = {"ours": ours, "ours, decoding only": decoding, "peers (crop_clip)": peer}
+    times = {name: [] for name in work}
+    for _ in range(repeats):
+        for name, run in work.items():
+            start = time.perf_counter()
+            run()
+            times[name].append((time.perf_counter() - start) / clips * 1e3)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    lines = [f"per-clip work, {clips} clips, medians of {repeats} interleaved repeats, load "
+             f"{os.getloadavg()[0]:.1f}:"]
+    lines += [f"  {name:22s} {m:.2f} ms a clip (range {min(times[name]):.2f}-{max(times[name]):.2f})"
+              for name, m in med.items()]
+    lines.append(f"  peers / ours: {med['peers (crop_clip)'] / med['ours']:.2f}x")
+    return "\n".join(lines)
+
+
 def tree_cpu() -> float:
     """CPU seconds of this process and all its descendants, live or reaped (/proc: utime, stime, and
     the cutime and cstime of the children each has waited for)."""
@@ -300,10 +352,15 @@ def main() -> int:
     p.add_argument("--loaders", nargs="+", default=list(LOADERS), choices=LOADERS)
     p.add_argument("--sources", nargs="+", default=["local", "http"], choices=["local", "http"])
     p.add_argument("--baseline", metavar="DIR", help="another checkout whose ClipLoader runs as ours-base")
+    p.add_argument("--clip-work", type=int, metavar="CLIPS",
+                   help="time only the per-clip work of ours and of the peers, in-process (no loaders)")
     p.add_argument("--one", nargs=4, metavar=("LOADER", "WHERE", "WORKERS", "EPOCHS"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
         print("RUN_JSON", json.dumps(one_run(a.one[0], a.one[1], int(a.one[2]), int(a.one[3]))), flush=True)
+        return 0
+    if a.clip_work:
+        print(clip_work(a.clip_work, a.runs))
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the HTTP server is stopped on a kill too
     info = write_all(a.out, a.clips, a.shards)
