@@ -16,7 +16,7 @@ applied at open in one transaction; a catalog from a newer version of this code 
 a SQLite file on a local filesystem: its WAL needs shared memory, which network filesystems do
 not give; replicas on several hosts share a PostgreSQL catalog instead.
 
-Why one file of about 420 lines: all of the catalog's SQL is here, beside the records it fills,
+Why one file of about 440 lines: all of the catalog's SQL is here, beside the records it fills,
 so a column's reads and writes have one place (docs/architecture.md); the back ends, the schema
 and the ids are the package's other modules.
 """

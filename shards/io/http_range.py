@@ -70,7 +70,7 @@ Fork safety (loader workers are forked): a connection is never shared by two pro
   marked not running (``_after_fork_in_child``). This covers every fsspec filesystem on fsspec's
   shared loop (HTTP in ``fsspec.open``, which reads manifests, and s3fs).
 
-Why one file of about 550 lines: the outage policy (``classify``, ``Retry``, ``Patience``,
+Why one file of about 640 lines: the outage policy (``classify``, ``Retry``, ``Patience``,
 ``patiently``, the problems of an answer) and the client that obeys it (``HTTPRange``, its
 connection pool, the fork hooks guarding that pool) are one contract: every answer the client
 reads is judged by the rules the manifest read and the node cache's downloads wait by, and the

@@ -58,7 +58,7 @@ keeps an account another could not read from the directory.
 
 The locks are POSIX ``flock``: keep the cache on a node-local filesystem.
 
-Why one file of about 530 lines: the cache is one protocol over one directory. The lock, the
+Why one file of about 540 lines: the cache is one protocol over one directory. The lock, the
 lease, the budget's eviction, the damaged copies kept aside and the streaming pins all act on the
 same files under the same ``flock``, and its guarantees (no partial copy ever visible, one
 download per node, a pinned copy never evicted) hold only across all of them; the rules above
