@@ -14,7 +14,9 @@ The fault is set by the environment, so that it reaches every rank through horov
   horovodrun, its helpers, every rank and every loader worker, as Slurm's ``scancel`` and time
   limit signal every process of a job), ``launcher`` (horovodrun alone), ``terminal`` (horovodrun's
   process group: what Ctrl-C in the terminal that started it reaches; Horovod's helpers start
-  sessions of their own, so the ranks are not in it).
+  sessions of their own, so the ranks are not in it). For these two, whose signal reaches this rank only
+  when horovodrun passes one on, the step waits (up to ``RELAY_WAIT`` seconds) until this rank has it:
+  on a loaded machine the relay can take longer than a step, and the rank would stop a step later.
 
 ``EXIT_LOG=<prefix>``: each rank appends ``{"exit": code}`` to ``<prefix>.rank<r>.jsonl`` when the
 trainer returns (horovodrun reports a rank's helper's code, not the rank's). The clips of every
@@ -27,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -44,6 +47,28 @@ def launcher() -> psutil.Process:
         p = p.parent()
     assert p is not None, "target job/launcher needs horovodrun"
     return p
+
+
+RELAY_WAIT = 60.0  # seconds a step waits for horovodrun to pass a launcher's or terminal's signal on
+received: list[int] = []  # the stop signals this rank's trainer has taken (``train.StopFlag``)
+
+
+def record_stop_signals() -> None:
+    """Note each signal ``train.StopFlag`` takes, besides what it does with it."""
+    handle = train.StopFlag._handle
+
+    def noted(self, signum, frame):
+        received.append(signum)
+        return handle(self, signum, frame)
+
+    train.StopFlag._handle = noted
+
+
+def wait_for_relay() -> None:
+    """Until horovodrun has passed a signal on to this rank (its handler runs during the sleeps)."""
+    deadline = time.monotonic() + RELAY_WAIT
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def send(signum: int, target: str) -> None:
@@ -78,6 +103,8 @@ def arm(point: str, n: int, signum: int, target: str) -> None:
         calls[0] += 1
         if calls[0] == n and point != "validated":
             send(signum, target)
+            if target in ("launcher", "terminal"):
+                wait_for_relay()
         out = original(*args, **kwargs)
         if calls[0] == n and point == "validated":
             send(signum, target)
@@ -87,6 +114,7 @@ def arm(point: str, n: int, signum: int, target: str) -> None:
 
 
 if __name__ == "__main__":
+    record_stop_signals()
     if os.environ.get("FAULT") and rank() == int(os.environ.get("FAULT_RANK", 0)):
         for fault in os.environ["FAULT"].split(","):
             point, n, sig, target = fault.split(":")
