@@ -3,7 +3,9 @@
 Each peer writes the same clips in its own format with its own writer and reads them with its own
 documented loader; every loader applies the same per-clip work (TSM's multi-scale crop to 224 and flip,
 one draw per clip, ``trainer.data.transforms.multiscale_box``), reads every clip once per epoch with
-batches of 8, and the clips each batch holds are counted (not assumed):
+batches of 8, and the clips each batch holds are counted (not assumed). The peers' frames are the same
+scenes encoded without restart markers, as their own writers would store them (``--peer-markers``: the
+very bytes of ours, markers included, which make their whole-frame decode about 10% dearer):
 
 * ``ours``: ``trainer.data.ClipLoader`` on this project's shards (crop-only decoding of the JPEGs with
   restart markers, ``trainer/libcropjpeg.so``; OpenCV resize; shared-memory batch slots);
@@ -75,8 +77,9 @@ REMOTE = ("ours", "ours-dataset", "webdataset", BASE)  # the loaders that read f
 
 
 # --- the clips, written by each writer ---------------------------------------------------------
-def frames_of(clip: int, size=(340, 256)) -> list[bytes]:
-    """``T`` JPEG frames (ingest's encoder: quality 90, restart markers) of a textured scene panning."""
+def frames_of(clip: int, size=(340, 256), restart_interval: int = 1) -> list[bytes]:
+    """``T`` JPEG frames (ingest's encoder: quality 90, restart markers every ``restart_interval`` MCUs;
+    0: none) of a textured scene panning."""
     from PIL import Image
 
     from ingest.jpeg import encode
@@ -87,22 +90,29 @@ def frames_of(clip: int, size=(340, 256)) -> list[bytes]:
     grain = rng.integers(-3, 4, scene.shape, dtype=np.int16)
     scene = np.clip(scene + grain, 0, 255).astype(np.uint8)
     return [encode(Image.fromarray(np.ascontiguousarray(scene[t * 4: t * 4 + size[1], t * 6: t * 6
-                                                              + size[0]])), 90)
+                                                              + size[0]])), 90,
+                   restart_interval)
             for t in range(T)]
 
 
-def write_all(out: str, clips: int, shards: int) -> dict:
-    """Every format under ``out`` (made once; kept for later runs)."""
+def write_all(out: str, clips: int, shards: int, peer_markers: bool) -> dict:
+    """Every format under ``out`` (made once; kept for later runs that ask for the same frames). The
+    peers' frames carry no restart markers unless ``peer_markers`` (the same scenes, encoded as a peer's
+    own writer would: the markers that ours crops by cost a whole-frame decode about 10%)."""
     done = os.path.join(out, "written.json")
     if os.path.exists(done):
-        return json.load(open(done))
+        info = json.load(open(done))
+        if (info["clips"], info["shards"], info.get("peer_markers", True)) == (clips, shards, peer_markers):
+            return info
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     data = [(f"clip{i:05d}", i % 10, frames_of(i)) for i in range(clips)]
+    plain = data if peer_markers else [(key, label, frames_of(i, restart_interval=0))
+                                       for i, (key, label, _) in enumerate(data)]
     per = clips // shards
-    sizes = {name: write(name, os.path.join(out, name), data, per)
+    sizes = {name: write(name, os.path.join(out, name), data if name == "ours" else plain, per)
              for name in ("ours", "webdataset", "litdata", "mosaic")}
-    info = {"clips": clips, "shards": shards, "bytes": sizes,
+    info = {"clips": clips, "shards": shards, "peer_markers": peer_markers, "bytes": sizes,
             "frame_bytes": int(np.mean([len(f) for _, _, fs in data[:32] for f in fs]))}
     json.dump(info, open(done, "w"))
     return info
@@ -241,8 +251,10 @@ def loader_of(name: str, where: str, workers: int, epochs: int):
 def clip_work(clips: int, repeats: int) -> str:
     """The per-clip work alone, in this process, interleaved ``repeats`` times over the first ``clips``
     clips: ours (``TrainTransform.into``: crop-only decoding, then the resize, into one reused slot), the
-    decoding of ours alone, and the peers' (``crop_clip``: whole-frame decoding, crop and resize). Its
-    ratio is the lead a loader with no cost of its own beyond that work would have."""
+    decoding of ours alone, and the peers' (``crop_clip``: whole-frame decoding, crop and resize), on the
+    frames the sets hold and on the same frames written without restart markers (what a peer's own
+    writer would store: the markers cost a whole-frame decode some speed). The ratio is the lead a
+    loader with no cost of its own beyond that work would have."""
     from trainer.data import cropdecode
     from trainer.data.transforms import TrainTransform
 
@@ -250,6 +262,7 @@ def clip_work(clips: int, repeats: int) -> str:
     if lib is None:
         raise SystemExit("peers: --clip-work needs trainer/libcropjpeg.so (scripts/build-native.sh)")
     data = [frames_of(c) for c in range(clips)]
+    plain = [frames_of(c, restart_interval=0) for c in range(clips)]
     transform = TrainTransform(CROP, SCALE)
     slot = np.empty(transform.shape(T), dtype=np.uint8)
 
@@ -265,12 +278,13 @@ def clip_work(clips: int, repeats: int) -> str:
             for jpeg in jpegs:
                 cropdecode.decode_crop(jpeg, geometry.region(*size), d, None, lib)
 
-    def peer():
+    def peer(clips_of):
         rng = random.Random(0)
-        for jpegs in data:
+        for jpegs in clips_of:
             crop_clip(jpegs, rng)
 
-    work = {"ours": ours, "ours, decoding only": decoding, "peers (crop_clip)": peer}
+    work = {"ours": ours, "ours, decoding only": decoding, "peers (crop_clip)": lambda: peer(data),
+            "peers, no markers": lambda: peer(plain)}
     times = {name: [] for name in work}
     for _ in range(repeats):
         for name, run in work.items():
@@ -282,7 +296,8 @@ def clip_work(clips: int, repeats: int) -> str:
              f"{os.getloadavg()[0]:.1f}:"]
     lines += [f"  {name:22s} {m:.2f} ms a clip (range {min(times[name]):.2f}-{max(times[name]):.2f})"
               for name, m in med.items()]
-    lines.append(f"  peers / ours: {med['peers (crop_clip)'] / med['ours']:.2f}x")
+    lines.append(f"  peers / ours: {med['peers (crop_clip)'] / med['ours']:.2f}x; without markers "
+                 f"{med['peers, no markers'] / med['ours']:.2f}x")
     return "\n".join(lines)
 
 
@@ -352,6 +367,9 @@ def main() -> int:
     p.add_argument("--loaders", nargs="+", default=list(LOADERS), choices=LOADERS)
     p.add_argument("--sources", nargs="+", default=["local", "http"], choices=["local", "http"])
     p.add_argument("--baseline", metavar="DIR", help="another checkout whose ClipLoader runs as ours-base")
+    p.add_argument("--peer-markers", action="store_true",
+                   help="write the peers' frames with ours' restart markers too (default: without, as their "
+                        "own writers would)")
     p.add_argument("--clip-work", type=int, metavar="CLIPS",
                    help="time only the per-clip work of ours and of the peers, in-process (no loaders)")
     p.add_argument("--one", nargs=4, metavar=("LOADER", "WHERE", "WORKERS", "EPOCHS"), help=argparse.SUPPRESS)
@@ -363,9 +381,10 @@ def main() -> int:
         print(clip_work(a.clip_work, a.runs))
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the HTTP server is stopped on a kill too
-    info = write_all(a.out, a.clips, a.shards)
+    info = write_all(a.out, a.clips, a.shards, a.peer_markers)
     print(f"{a.clips} clips of {T} frames (340x256, {info['frame_bytes']:,} bytes a frame) in {a.shards} "
-          f"shards; bytes by format: {info['bytes']}", flush=True)
+          f"shards, the peers' {'with' if a.peer_markers else 'without'} restart markers; bytes by format: "
+          f"{info['bytes']}", flush=True)
     url, server = serve_everything(a.out) if "http" in a.sources else (None, None)
     loaders = a.loaders + ([BASE] if a.baseline else [])
     combos = [(name, w, src) for src in a.sources for w in a.workers for name in loaders
