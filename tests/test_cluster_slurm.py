@@ -53,6 +53,9 @@ def state():
         shutil.rmtree(state, ignore_errors=True)
 
 
+# long: 45 s on 2 cores (a Slurm cluster started, a two-rank Horovod job, the cluster stopped); the suite
+# keeps horovodrun's own two-rank run (tests/test_horovod.py) and the runbook's Ray cluster
+@pytest.mark.long
 def test_runbook_block_trains_under_slurm(state, tmp_path):
     (tmp_path / "docs").symlink_to(ROOT / "docs")  # the checkout after the demo
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
