@@ -357,6 +357,9 @@ def videos(tmp_path_factory):
     return media.make_class_folders(tmp_path_factory.mktemp("videos"))
 
 
+# long: 22-37 s on 2 cores (ten concurrent build requests and the one real build they share); the
+# suite keeps the catalog routes and the refusals of build sources
+@pytest.mark.long
 def test_ten_identical_build_requests_make_one_build(env, videos):
     url = env["server"].url
     body = json.dumps({"src": str(videos), "splits": ["val"], "short_side": 30, "shard_samples": 2,
