@@ -41,6 +41,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# a Python where PyTorch cannot be imported (the ``noextras`` hook below)
+NO_TORCH = {"PYTHONPATH": "{noextras}:{pythonpath}", "KF_MISSING_MODULES": "torch"}
 # (id, command line, extra environment, exit status, words the error line must hold)
 CASES = [
     ("frames-0", "ingest build --src {vids} --out {out} --frames 0", {}, 2, ["--frames", "0", "range"]),
@@ -83,19 +85,24 @@ CASES = [
      "trainer train --data {set} --output-dir {root}/run --backend none --segments 16", {}, 2,
      ["--segments 16", "8 frames"]),
     ("depth-11", "trainer train --data {set} --depth 11", {}, 2, ["--depth", "11", "choose from 10, 18"]),
+    # flags that contradict each other are refused before PyTorch loads (NO_TORCH: where it cannot)
     ("tsm-without-its-shift",
      "trainer train --data {set} --output-dir {root}/run --backend none --arch tsm --no-shift",
-     {}, 2, ["--no-shift", "not with --arch tsm", "--arch tsn"]),
+     NO_TORCH, 2, ["--no-shift", "not with --arch tsm", "--arch tsn"]),
     ("i3d-without-bottlenecks",
      "trainer train --data {set} --output-dir {root}/run --backend none --arch i3d-3x1x1 "
-     "--depth 18", {}, 2, ["--arch i3d-3x1x1", "--depth 50, 101 or 152, not 18"]),
+     "--depth 18", NO_TORCH, 2, ["--arch i3d-3x1x1", "--depth 50, 101 or 152, not 18"]),
     ("batch-size-0", "trainer train --data {set} --batch-size 0", {}, 2, ["--batch-size", "0", "range"]),
     ("push-gateway-not-a-url", "trainer train --data {set} --push-gateway pushgateway:9091", {}, 2,
      ["--push-gateway", "'pushgateway:9091' is not an http:// or https:// URL with a host"]),
     ("segments-0", "trainer train --data {set} --segments 0", {}, 2, ["--segments", "0", "range"]),
-    ("scale-below-crop", "trainer train --data {set} --crop-size 128 --scale-size 64", {}, 2,
+    ("scale-below-crop", "trainer train --data {set} --crop-size 128 --scale-size 64", NO_TORCH, 2,
      ["--scale-size 64", "smaller than --crop-size 128", "--val-split ''"]),
-    ("plot-no-run", "trainer plot {root}/runs/nope", {}, 2, ["runs/nope", "no such run"]),
+    ("plot-no-run", "trainer plot {root}/runs/nope", NO_TORCH, 2, ["runs/nope", "no such run"]),
+    ("test-without-a-run", "trainer test --data {set}", NO_TORCH, 2,
+     ["give either --checkpoint or --fuse RUN_A RUN_B"]),
+    ("test-fuse-weights", "trainer test --data {set} --fuse {root}/a {root}/b --weights 1", NO_TORCH, 2,
+     ["--weights: one per --fuse run (2), not all zero; got 1.0"]),
     ("test-split-missing",
      f"trainer test --checkpoint {FIXTURE}/checkpoint.pt --data {FIXTURE}/data --split test "
      "--backend none", {}, 2, ["no split 'test'", "train, val"]),

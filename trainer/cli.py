@@ -1,9 +1,11 @@
 """``trainer`` console script: ``trainer train``, ``trainer elastic``, ``trainer test`` and ``trainer plot``.
 
 Each command's flags come from ``trainer.config`` (the standard library only) and its module, with
-PyTorch, is imported only to run it: ``trainer train --help`` or a mistyped flag answers in a
-fraction of a second. A refusal (``trainer.errors``, ``shards.base.errors``) is printed as every
-command prints one: ``trainer COMMAND: error: MESSAGE``, exit status 1 (2: the command line).
+PyTorch, is imported only to run it, once the flags have become its configs: ``trainer train --help``,
+a mistyped flag or flags that contradict each other (``--crop-size 128 --scale-size 64``, ``--arch tsm
+--no-shift``) answer in a fraction of a second, not after the 2 s that importing PyTorch takes. A
+refusal (``trainer.errors``, ``shards.base.errors``) is printed as every command prints one:
+``trainer COMMAND: error: MESSAGE``, exit status 1 (2: the command line).
 """
 from __future__ import annotations
 
@@ -19,22 +21,27 @@ from . import config
 
 
 class Command:
-    """A subcommand (``shards.base.commands``' protocol) whose module is imported only when it runs; its
-    help is the module's docstring, read from the source."""
+    """A subcommand (``shards.base.commands``' protocol): ``configure`` (``trainer.config``'s, the
+    standard library only) turns the parsed flags into the arguments of the module's ``main``,
+    refusing what it cannot take, and only then is the module imported; its help is the module's
+    docstring, read from the source."""
 
-    def __init__(self, module: str, add_arguments):
-        self.module, self.add_arguments = module, add_arguments
+    def __init__(self, module: str, add_arguments, configure):
+        self.module, self.add_arguments, self.configure = module, add_arguments, configure
         with open(importlib.util.find_spec(module).origin, encoding="utf-8") as f:
             self.__doc__ = ast.get_docstring(ast.parse(f.read()), clean=False)
 
     def run(self, args) -> int:
-        return importlib.import_module(self.module).run(args)
+        arguments = self.configure(args)
+        return importlib.import_module(self.module).main(*arguments)
 
 
-TRAIN = Command("trainer.train", config.add_train_arguments)
-ELASTIC = Command("trainer.elastic", config.add_elastic_arguments)
-TEST = Command("trainer.evaluate", config.add_evaluation_arguments)
-PLOT = Command("trainer.plot", config.add_plot_arguments)
+TRAIN = Command("trainer.train", config.add_train_arguments, lambda args: (config.train_config(args),))
+ELASTIC = Command("trainer.elastic", config.add_elastic_arguments,
+                  lambda args: (config.train_config(args), config.elastic_config(args)))
+TEST = Command("trainer.evaluate", config.add_evaluation_arguments,
+               lambda args: (config.evaluation_config(args),))
+PLOT = Command("trainer.plot", config.add_plot_arguments, lambda args: (args.runs, args.labels, args.out))
 COMMANDS = {"train": "trainer.cli:TRAIN", "elastic": "trainer.cli:ELASTIC", "test": "trainer.cli:TEST",
             "plot": "trainer.cli:PLOT"}
 

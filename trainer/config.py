@@ -8,8 +8,10 @@ spelling, choices, ``nargs``), and ``add_arguments`` builds the parser's groups 
 is written once. So is its range: a range checker given as the flag's ``type`` (``positive_int``,
 ``number_in_range``) refuses the flag's text in argparse and, in ``__post_init__``, the value of a
 config built in Python (``OutOfRange``: ``--batch-size: 0 is out of range: give 1 or more``). The parsed
-namespace stops at the entry points (``run`` of ``trainer.train``, ``trainer.elastic`` and
-``trainer.evaluate``): below them the code takes the configs it needs, and tests build configs directly.
+namespace stops here: ``train_config``, ``elastic_config`` and ``evaluation_config`` turn it into the configs
+that ``trainer.cli`` hands to the ``main`` of ``trainer.train``, ``trainer.elastic`` and ``trainer.evaluate``
+(before importing them, so a refusal here comes before PyTorch loads); below them the code takes the
+configs it needs, and tests build configs directly.
 
 A checkpoint stores ``TrainConfig.to_dict()`` (plain data with a ``version``); ``of_checkpoint``
 reads it back, and reads the flat ``args`` dict of checkpoints written before the configs
@@ -361,6 +363,32 @@ class Evaluation(Flags):
     amp: str = flag("auto", "mixed precision; auto = bf16 on GPU, off on CPU", choices=AMP)
     output: str | None = flag(None, "write the summary and per-video predictions to this JSON file")
 
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The runs scored: ``--checkpoint``'s, or the ``--fuse`` runs, each with a shard set of
+        ``--data``; refused in one line (UsageError) otherwise."""
+        if (self.checkpoint is None) == (self.fuse is None):
+            raise UsageError("give either --checkpoint or --fuse RUN_A RUN_B")
+        runs = self.fuse or (self.checkpoint,)
+        if self.fuse is not None and len(runs) < 2:
+            raise UsageError(f"--fuse: needs two runs or more, got {len(runs)}")
+        if len(self.data) not in (1, len(runs)):
+            raise UsageError(f"--data: one shard set for every run or one per run ({len(runs)}), got "
+                             f"{len(self.data)}")
+        return runs
+
+    @property
+    def fusion_weights(self) -> tuple[float, ...]:
+        """Each run's weight in the fusion (``--weights``; default: equal), refused in one line
+        unless there is one per ``--fuse`` run and they are not all zero."""
+        runs = self.runs
+        weights = self.weights or (1.0,) * len(runs)
+        fits = self.fuse is not None and len(weights) == len(runs) and sum(weights) > 0
+        if self.weights is not None and not fits:
+            raise UsageError(f"--weights: one per --fuse run ({len(runs) if self.fuse else 0}), not all "
+                             f"zero; got {' '.join(map(str, weights))}")
+        return weights
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -444,8 +472,11 @@ def add_plot_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
-    """The parsed flags of ``trainer train`` (or ``elastic``) as a config."""
-    return TrainConfig.from_dict(vars(args))
+    """The parsed flags of ``trainer train`` (or ``elastic``) as a config, whose network they name
+    (``Model.network``: ``--arch`` against ``--no-shift`` or ``--depth``) refused here in one line."""
+    cfg = TrainConfig.from_dict(vars(args))
+    cfg.model.network  # the property refuses (UsageError) what names no network
+    return cfg
 
 
 def elastic_config(args: argparse.Namespace) -> Elastic:
@@ -453,7 +484,11 @@ def elastic_config(args: argparse.Namespace) -> Elastic:
 
 
 def evaluation_config(args: argparse.Namespace) -> Evaluation:
-    return _build(Evaluation, vars(args))
+    """The parsed flags of ``trainer test`` as its config, the runs and weights they give refused here
+    in one line when they do not fit together (``Evaluation.fusion_weights``)."""
+    ev = _build(Evaluation, vars(args))
+    ev.fusion_weights  # checks the runs too
+    return ev
 
 
 def parser(add=add_train_arguments, description: str | None = None) -> argparse.ArgumentParser:

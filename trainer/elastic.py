@@ -14,7 +14,6 @@ Details, commit frequency against work lost, and caveats: docs/elastic.md.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 
 from . import config, train
@@ -56,6 +55,3 @@ def main(cfg: config.TrainConfig, elastic: config.Elastic) -> int:
         raise ConfigError("Horovod Elastic needs --backend horovod")
     return train.main(cfg, elastic=lambda t, stop: elastic_train(t, stop, elastic.commit_every))
 
-
-def run(args: argparse.Namespace) -> int:
-    return main(config.train_config(args), config.elastic_config(args))

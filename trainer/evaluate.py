@@ -16,7 +16,6 @@ stream's and the fused video accuracy; the runs must score the same videos with 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -193,18 +192,7 @@ def fused(runs: list[str], scores: list[VideoScores], weights: tuple[float, ...]
 def main(ev: config.Evaluation) -> int:
     """Score ``ev.checkpoint``, or each of the ``ev.fuse`` runs and their fusion, on ``ev.split``
     of ``ev.data``; rank 0 prints the summary."""
-    if (ev.checkpoint is None) == (ev.fuse is None):
-        raise UsageError("give either --checkpoint or --fuse RUN_A RUN_B")
-    runs = ev.fuse or (ev.checkpoint,)
-    if ev.fuse is not None and len(runs) < 2:
-        raise UsageError(f"--fuse: needs two runs or more, got {len(runs)}")
-    if len(ev.data) not in (1, len(runs)):
-        raise UsageError(f"--data: one shard set for every run or one per run ({len(runs)}), got "
-                         f"{len(ev.data)}")
-    weights = ev.weights or (1.0,) * len(runs)
-    if ev.weights is not None and (ev.fuse is None or len(weights) != len(runs) or not sum(weights) > 0):
-        raise UsageError(f"--weights: one per --fuse run ({len(runs) if ev.fuse else 0}), not all zero; "
-                         f"got {' '.join(map(str, weights))}")
+    runs, weights = ev.runs, ev.fusion_weights
     backend = distributed.init(ev.backend)
     cores.cap_threads(backend.local_ranks)
     device = pick_device(backend)
@@ -235,6 +223,3 @@ def main(ev: config.Evaluation) -> int:
     backend.shutdown()
     return 0
 
-
-def run(args: argparse.Namespace) -> int:
-    return main(config.evaluation_config(args))

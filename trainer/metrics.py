@@ -3,17 +3,20 @@
 Every record is one JSON line ``{"event": ..., "step": ..., <name>: <number>, ...}`` in
 ``<output>/metrics.jsonl``; ``trainer plot`` reads it back. A resumed run continues the file,
 which then reads as one run's. The same numbers go to TensorBoard under ``<event>/<name>`` when
-it is enabled.
+it is enabled. PyTorch is imported only where a tensor is made, so ``trainer plot``, which reads
+the file back, runs without loading it.
 """
 from __future__ import annotations
 
 import json
 import os
 import resource
-
-import torch
+from typing import TYPE_CHECKING
 
 from shards.io import storage
+
+if TYPE_CHECKING:
+    import torch
 
 
 class StepTotals:
@@ -32,6 +35,8 @@ class StepTotals:
 
     def reduce(self, all_sum) -> "StepTotals":
         """The sums over every rank; ``all_sum`` is the backend's (every rank must call this)."""
+        import torch
+
         total = all_sum(torch.tensor([self.values[k] for k in self.FIELDS], dtype=torch.float64))
         return StepTotals(dict(zip(self.FIELDS, total.tolist())))
 
@@ -117,4 +122,5 @@ def read(path: str) -> list[dict]:
 
 
 def _number(v):
-    return v.item() if isinstance(v, torch.Tensor) else v
+    """A tensor's (or NumPy scalar's) value as a Python number; other values as they are."""
+    return v.item() if hasattr(v, "item") else v

@@ -7,7 +7,6 @@ against its compute time per step.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 from shards.base.errors import NotFound, UsageError
@@ -83,19 +82,20 @@ def tables(runs: list[str], labels: list[str], max_rows: int = 8) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    labels = args.labels or [os.path.basename(os.path.normpath(r.removesuffix("metrics.jsonl")))
-                             for r in args.runs]
-    if len(labels) != len(args.runs):
-        raise UsageError(f"--labels: {len(labels)} labels for {len(args.runs)} runs; give one label per run")
-    for run_ in args.runs:
+def main(runs: list[str], labels: list[str] | None, out: str) -> int:
+    """Draw ``runs`` (output directories or their metrics.jsonl) to ``out`` and print the tables;
+    ``labels``: one per run (default: the directories' names)."""
+    labels = labels or [os.path.basename(os.path.normpath(r.removesuffix("metrics.jsonl"))) for r in runs]
+    if len(labels) != len(runs):
+        raise UsageError(f"--labels: {len(labels)} labels for {len(runs)} runs; give one label per run")
+    for run_ in runs:
         path = run_ if run_.endswith(".jsonl") else os.path.join(run_, "metrics.jsonl")
         if not os.path.exists(path):
             raise NotFound(f"{run_}: no such run" if not os.path.exists(run_) else f"{path}: no metrics (has "
                            "trainer train run into this directory?)")
         if not _epochs(run_):
             raise UsageError(f"{path}: no epoch finished yet, nothing to compare")
-    plot(args.runs, labels, args.out)
-    print(tables(args.runs, labels))
-    print(f"plot: wrote {args.out}")
+    plot(runs, labels, out)
+    print(tables(runs, labels))
+    print(f"plot: wrote {out}")
     return 0

@@ -18,7 +18,6 @@ after an epoch's last step, it validates that epoch and goes on with the next.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import glob
 import json
@@ -699,6 +698,3 @@ def stopped_by_fault(t: Trainer, fault: DataFault) -> DataFault:
     fault.args = (fault.message,)
     return fault
 
-
-def run(args: argparse.Namespace) -> int:
-    return main(config.train_config(args))
