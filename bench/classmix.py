@@ -87,11 +87,9 @@ def power(orders: int) -> None:
                 rows = np.zeros(5, dtype=int)
                 for seed in range(orders):
                     sorted_mix = judge(layout_labels("sorted", n, classes, 1, np.random.default_rng(seed)),
-                                       shards,
-                                       per_shard, nodes, seed)
+                                       shards, per_shard, nodes, seed)
                     hashed = judge(layout_labels("hashed", n, classes, 1, np.random.default_rng(seed)),
-                                   shards,
-                                   per_shard, nodes, seed)
+                                   shards, per_shard, nodes, seed)
                     # 2:1 where 1:1 is due
                     skewed = sorted_mix.shares_mixed and sorted_mix.worst >= 1 / 6 - 1e-9
                     rows += [sorted_mix.shares_mixed, sorted_mix.mixed, skewed, not hashed.shares_mixed,
@@ -125,8 +123,7 @@ def main() -> None:
             if order == "videos" and per_video == 1:
                 continue
             mixes = [judge(layout_labels(order, n, classes, per_video, np.random.default_rng(s)), shards,
-                           per_shard,
-                           nodes, s) for s in seeds]
+                           per_shard, nodes, s) for s in seeds]
             excess = [m.worst - m.shuffled for m in mixes]
             print(f"{name} | {order} | {statistics.median(m.worst for m in mixes):.3f}, "
                   f"{max(m.worst for m in mixes):.3f} | {statistics.median(excess):+.3f}, {max(excess):+.3f} "

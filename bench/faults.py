@@ -60,8 +60,7 @@ def run(data: Path, out: Path, ranks: int, fault: str, fault_rank: int, extra) -
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault, "FAULT_RANK": str(fault_rank)}
     wall, cpu = time.perf_counter(), cpu_seconds()
     proc = subprocess.run([*launch, sys.executable, FAULTRUN, "train", "--data", str(data), "--output-dir",
-                           str(out),
-                           *(["--backend", "none"] if ranks == 1 else []), *FLAGS, *extra],
+                           str(out), *(["--backend", "none"] if ranks == 1 else []), *FLAGS, *extra],
                           env=env, capture_output=True, start_new_session=True)
     wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True) if (out / "checkpoint.pt").exists() else None

@@ -74,8 +74,7 @@ def job(pause: float, env: dict, backend: str, timeout: float | None) -> dict:
                   "--master-port", str(port), *me[1:]]  # (torchrun runs the script with its own Python)
     began = time.monotonic()
     p = subprocess.run(launch, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True,
-                       text=True,
-                       timeout=pause + 900)
+                       text=True, timeout=pause + 900)
     out = p.stdout + p.stderr
     result = next((json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line),
                   {"completed": False})

@@ -98,8 +98,7 @@ PEERS = peer_ingest.DECODERS
 PEER_SCRIPT = peer_ingest.__file__
 INGEST = [os.path.join(os.path.dirname(sys.executable), "ingest"), "build"]
 MODES = ("ingest_local", "ingest_cli", "ingest_mv", "ingest_flow", "ingest_local_mv", "cli_limit",
-         "pyav_limit",
-         "folders")
+         "pyav_limit", "folders")
 # ingest build's path before this bench's issue: an embedded Ray started for every build
 RAY_BUILD = ("import sys; from ingest.build import build; "
              "build(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]), runner='ray')")
@@ -270,13 +269,11 @@ def main() -> int:
                 "folders": lambda wk: mode_folders(videos, wk, args.workers),
                 "cli": lambda wk: processes.run([*INGEST, "--src", str(src), "--out", str(wk / "shards"),
                                                  "--workers", str(args.workers)]),
-                "cli_base": lambda wk: processes.run(["env", f"PYTHONPATH={args.base}", *INGEST, "--src",
-                                                      str(src),
-                                                      "--out", str(wk / "shards"), "--workers",
-                                                      str(args.workers)]),
+                "cli_base": lambda wk: processes.run(["env", f"PYTHONPATH={args.base}", *INGEST,
+                                                      "--src", str(src), "--out", str(wk / "shards"),
+                                                      "--workers", str(args.workers)]),
                 "cli_ray": lambda wk: processes.run([sys.executable, "-c", RAY_BUILD, str(src),
-                                                     str(wk / "shards"),
-                                                     str(args.workers)]),
+                                                     str(wk / "shards"), str(args.workers)]),
                 **{f"e2e_{d}": (lambda wk, d=d: processes.run(
                     [sys.executable, PEER_SCRIPT, "--decoder", d, "--workers", str(args.workers), str(src),
                      str(wk / "peer.tar")])) for d in PEERS},

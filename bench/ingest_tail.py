@@ -58,9 +58,8 @@ def one_build(src: str, workers: int) -> dict:
     for pid, _, end in timed:
         last[pid] = max(last.get(pid, 0.0), end)
     busy = {pid: sum(e - s for p, s, e in timed if p == pid) for pid in last}
-    return {"tasks": len(timed), "span": max(last.values()) - t0, "idle_tail": max(last.values())
-            - min(last.values()),
-            "busy": sorted(busy.values())}
+    return {"tasks": len(timed), "span": max(last.values()) - t0,
+            "idle_tail": max(last.values()) - min(last.values()), "busy": sorted(busy.values())}
 
 
 def main() -> int:

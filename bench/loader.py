@@ -75,9 +75,8 @@ def segment_centres(num_frames: int) -> list[int]:
 def synth_video(path: str, seconds: float, seed: int) -> None:
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
                     f"testsrc2=size=640x360:rate=25:duration={seconds}",
-                    "-vf", f"noise=alls=10:allf=t+u:all_seed={seed}", "-c:v", "libx264", "-preset",
-                    "veryfast",
-                    "-crf", "23", "-pix_fmt", "yuv420p", path], check=True)
+                    "-vf", f"noise=alls=10:allf=t+u:all_seed={seed}", "-c:v", "libx264",
+                    "-preset", "veryfast", "-crf", "23", "-pix_fmt", "yuv420p", path], check=True)
 
 
 def extract_frames(video: str, folder: str) -> None:

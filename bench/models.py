@@ -107,8 +107,7 @@ def table(args) -> dict:
           f"of res2..res5{'':<6} the paper (issue 32)")
     for arch in MEASURED:
         r = rows[arch] = describe(network(arch, args.frames, args.depth, args.width, args.classes),
-                                  args.frames,
-                                  args.table_size)
+                                  args.frames, args.table_size)
         blocks = " / ".join(" ".join(map(str, r["steps"][s])) for s in STAGES)
         print(f"{label(arch):<12} {r['params'] / 1e6:7.2f}M {r['macs'] / 1e9:7.1f} {r['temporal_convs']:8d}  "
               f"{blocks:<44} {PAPER[arch]}")

@@ -89,9 +89,9 @@ def frames_of(clip: int, size=(340, 256), restart_interval: int = 1) -> list[byt
     scene = np.asarray(coarse.resize((coarse.width * 8, coarse.height * 8), Image.BICUBIC))
     grain = rng.integers(-3, 4, scene.shape, dtype=np.int16)
     scene = np.clip(scene + grain, 0, 255).astype(np.uint8)
-    return [encode(Image.fromarray(np.ascontiguousarray(scene[t * 4: t * 4 + size[1], t * 6: t * 6
-                                                              + size[0]])), 90,
-                   restart_interval)
+    return [encode(Image.fromarray(np.ascontiguousarray(scene[t * 4: t * 4 + size[1],
+                                                              t * 6: t * 6 + size[0]])),
+                   90, restart_interval)
             for t in range(T)]
 
 
@@ -359,8 +359,7 @@ def serve_everything(out: str):
     code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from helpers.shardsets import serve\n"
             "with serve(sys.argv[1]) as (url, _):\n    print(url, flush=True)\n    time.sleep(1e9)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, out, os.path.join(ROOT, "tests")],
-                            stdout=subprocess.PIPE,
-                            text=True)
+                            stdout=subprocess.PIPE, text=True)
     return proc.stdout.readline().strip(), proc
 
 

@@ -61,13 +61,11 @@ def videos(work: Path, args) -> dict[str, list[tuple[np.ndarray, int, str]]]:
     """Each split's videos as (frames uint8 (N, H, W, 3), class, video id), made by ``ingest synth`` once."""
     src = work / "videos"
     if not src.exists():
-        subprocess.run([sys.executable, "-m", "ingest", "synth", "--out", str(src), "--classes",
-                        str(args.classes),
-                        "--train-per-class", str(args.train_per_class), "--val-per-class",
-                        str(args.val_per_class),
-                        "--seconds", str(args.seconds), "--width", str(args.source_size),
-                        "--height", str(args.source_size), "--speed-scale", str(args.speed_scale),
-                        "--workers", "1"],
+        subprocess.run([sys.executable, "-m", "ingest", "synth", "--out", str(src),
+                        "--classes", str(args.classes), "--train-per-class", str(args.train_per_class),
+                        "--val-per-class", str(args.val_per_class), "--seconds", str(args.seconds),
+                        "--width", str(args.source_size), "--height", str(args.source_size),
+                        "--speed-scale", str(args.speed_scale), "--workers", "1"],
                        check=True, env={**os.environ,
                                         "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     out = {}

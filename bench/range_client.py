@@ -96,9 +96,8 @@ def main() -> int:
         for r in range(args.rounds):
             for label, read in clients.items():
                 res[label].append(run(read, base, m, root, args.threads, args.seconds))
-                print(f"round {r + 1} {label}: " + ", ".join(f"{k} {v:.2f}" for k,
-                                                             v in res[label][-1].items()),
-                      flush=True)
+                print(f"round {r + 1} {label}: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in res[label][-1].items()), flush=True)
     finally:
         proc.terminate()
         proc.wait()

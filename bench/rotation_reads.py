@@ -58,8 +58,7 @@ def make_set(out: Path, videos: int, clips: int, per_shard: int) -> None:
 
 def loader(data: Path, mode: str) -> ClipLoader:
     return ClipLoader(str(data), "train", EpochOptions(batch_size=8, seed=1, stored_clips=mode),
-                      num_workers=0,
-                      crop_size=112, scale_size=120)
+                      num_workers=0, crop_size=112, scale_size=120)
 
 
 def epoch_rate(data: Path, mode: str) -> float:

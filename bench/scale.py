@@ -201,8 +201,8 @@ def report_paper(rows: list[dict], epoch_seconds: float, epochs: int) -> str:
 
 
 def label(r: dict) -> str:
-    how = ("direct reads, no cache" if r["direct"] else f"cache, budget {r['budget'] / 1e6:.0f} MB"
-           if r["budget"]
+    how = ("direct reads, no cache" if r["direct"]
+           else f"cache, budget {r['budget'] / 1e6:.0f} MB" if r["budget"]
            else "cache, no budget" if r["cache"] else "byte ranges, no cache")
     return f"{r['mode']:<6} {how}"
 
@@ -264,22 +264,19 @@ def main() -> int:
             shard_s = one_shard_s(base, shards[0].name)
             for mode in ("global", "node"):
                 for cached, budget, direct in ((True, None, False), (True, small, False),
-                                               (False, None, False),
-                                               (False, None, True)):
-                    rows.append(simulate(base, args.out, args.nodes, args.ranks_per_node, mode, budget,
-                                         cached,
-                                         direct, server, args.crop, len(shards) * args.clips, args.epochs))
+                                               (False, None, False), (False, None, True)):
+                    rows.append(simulate(base, args.out, args.nodes, args.ranks_per_node, mode,
+                                         budget, cached, direct, server, args.crop,
+                                         len(shards) * args.clips, args.epochs))
                     print(report_sim(rows[-1:], len(shards) * args.clips, set_bytes / 1e6,
-                                     shard_s).splitlines()[-1],
-                          flush=True)
+                                     shard_s).splitlines()[-1], flush=True)
         finally:
             proc.terminate()
             proc.wait()
         res["simulated"] = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "shards": args.shards,
                             "epochs": args.epochs, "clips": len(shards) * args.clips, "set_bytes": set_bytes,
                             "shard_bytes": shards[0].bytes, "one_shard_download_s": shard_s,
-                            "small_budget": small,
-                            "rows": rows}
+                            "small_budget": small, "rows": rows}
         print()
         print(report_sim(rows, len(shards) * args.clips, set_bytes / 1e6, shard_s))
         print()

@@ -165,9 +165,8 @@ def main() -> int:
                      builder_version="bench")
         for key, catalog, extra, env in (("service", cat, [], None), ("s3service", s3cat,
                                                                       ["--redirect", "600"], s3env)):
-            proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0", "--catalog",
-                               catalog.path,
-                               *extra], env=env)
+            proc, url = start([sys.executable, "-m", "service", "serve", "--port", "0",
+                               "--catalog", catalog.path, *extra], env=env)
             procs.append(proc)
             ctx[key], ctx[key.replace("service", "server")] = url, Server(proc.pid)
         proxy, ctx["proxy"] = start_nginx(  # a caching proxy in front of the service

@@ -81,13 +81,12 @@ def make_data(work: Path, train_per_class: int, val_per_class: int, speed_scale:
     """Motion videos (64x64, 2 s at 10 fps, speeds times ``speed_scale``) ingested into 8-frame
     clips, four per training video."""
     return synth_shards(work / "videos", work / "shards",
-                        ["--classes", "4", "--train-per-class", str(train_per_class), "--val-per-class",
-                         str(val_per_class), "--width", "64", "--height", "64", "--fps", "10", "--seconds",
-                         "2",
-                         "--workers", "2", "--speed-scale", str(speed_scale)],
-                        ["--frames", "8", "--clips-per-video", "4", "--short-side", "48", "--shard-samples",
-                         "64",
-                         "--workers", "2"])
+                        ["--classes", "4", "--train-per-class", str(train_per_class),
+                         "--val-per-class", str(val_per_class), "--width", "64", "--height", "64",
+                         "--fps", "10", "--seconds", "2", "--workers", "2",
+                         "--speed-scale", str(speed_scale)],
+                        ["--frames", "8", "--clips-per-video", "4", "--short-side", "48",
+                         "--shard-samples", "64", "--workers", "2"])
 
 
 def local_names() -> list[str]:
@@ -313,8 +312,7 @@ def main() -> None:
           + (f"; load average at the starts: median {statistics.median(loads):.1f}, max {max(loads):.1f}"
              if loads else ""))
     keys = (("seconds", "wall s to target"), ("cpu", "CPU s to target"), ("steps", "steps"),
-            ("syncs", "syncs"),
-            ("mfloats", "M floats sent"), ("clips", "clips"), ("epoch", "epoch"))
+            ("syncs", "syncs"), ("mfloats", "M floats sent"), ("clips", "clips"), ("epoch", "epoch"))
     print(f"{'variant':<16} | reached | " + " | ".join(f"{h + ' (x)':<16}" for _, h in keys)
           + " | final top-1 | whole run: wall s, CPU s, steps, syncs")
     for r in table:

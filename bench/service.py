@@ -206,11 +206,11 @@ def load(base: str, m: Manifest, local_root: str, clients: int, procs: int, seco
         # once, so the figures are of the same interval
         cpu1, parts1 = server.cpu_times(), server.cpu_by_top()
         used = cpu1[0] + cpu1[1] - cpu0[0] - cpu0[1]
-        out.update({f"cpu_s_per_GB_process_{k}": (b - a) / gb for k, (a,
-                                                                      b) in enumerate(zip(parts0, parts1))})
-        out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20, "rss_last_MB": rss[-1]
-                    / 2**20,
-                    "cpu_s_per_GB": used / gb, "sys_share": (cpu1[1] - cpu0[1]) / max(used, 1e-9)})
+        out.update({f"cpu_s_per_GB_process_{k}": (b - a) / gb
+                    for k, (a, b) in enumerate(zip(parts0, parts1))})
+        out.update({"rss_peak_MB": max(rss) / 2**20, "rss_first_MB": rss[0] / 2**20,
+                    "rss_last_MB": rss[-1] / 2**20, "cpu_s_per_GB": used / gb,
+                    "sys_share": (cpu1[1] - cpu0[1]) / max(used, 1e-9)})
     return out
 
 
@@ -594,8 +594,7 @@ def main() -> int:
                     "--read-auth", "--token-file", token, *accel_flags(args.out)],
                    "a bare aiohttp route": [sys.executable, os.path.abspath(__file__), "--bare-aiohttp"]}
         res = request_cost(servers, f"/v1/datasets/bench/{m.splits['train'].shards[0].name}",
-                           "bench-read-token",
-                           args.request_cost, args.rounds)
+                           "bench-read-token", args.request_cost, args.rounds)
         print("BENCH_JSON " + json.dumps({"request_cost": res}, sort_keys=True))
         return 0
     if args.read_auth:  # the clients' requests carry it (shards.io.http_range reads fsspec's configuration)

@@ -27,8 +27,7 @@ def measure(tree: str, code: str) -> tuple[float, float, int]:
     """(CPU seconds, top-level import seconds, modules imported) of one run under ``tree``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     run = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=tree, capture_output=True,
-                         text=True,
-                         env={**os.environ, "PYTHONPATH": tree}, check=True)
+                         text=True, env={**os.environ, "PYTHONPATH": tree}, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = [line for line in run.stderr.splitlines() if line.startswith("import time:") and "|" in line][1:]
     top = sum(int(line.split("|")[1]) for line in lines if not line.split("|")[2].startswith("  "))

@@ -29,13 +29,12 @@ def synth_shards(videos: Path, shards: Path, synth: list[str], build: list[str])
         subprocess.run([str(BIN / "python"), "-m", "ingest", "synth", "--out", str(videos), *synth],
                        check=True, env=ENV)
     subprocess.run([str(BIN / "python"), "-m", "ingest", "build", "--src", str(videos), "--out", str(shards),
-                    *build],
-                   check=True, env=ENV)
+                    *build], check=True, env=ENV)
     return shards
 
 
-def training_command(data: Path, out: Path, flags: list[str], ranks: int = 1, hosts: str
-                     | None = None) -> list[str]:
+def training_command(data: Path, out: Path, flags: list[str], ranks: int = 1,
+                     hosts: str | None = None) -> list[str]:
     """``trainer train --data DATA --output-dir OUT FLAGS...``: on ``ranks`` Horovod ranks (gloo;
     horovodrun's ``-H`` is ``hosts``, default all on localhost) when more than one, else one process
     (``--backend none``)."""
@@ -43,12 +42,11 @@ def training_command(data: Path, out: Path, flags: list[str], ranks: int = 1, ho
                 if ranks > 1 else [])
     backend = [] if ranks > 1 else ["--backend", "none"]
     return [*launcher, str(BIN / "python"), "-m", "trainer", "train", "--data", str(data), "--output-dir",
-            str(out),
-            *backend, *flags]
+            str(out), *backend, *flags]
 
 
-def start_training(data: Path, out: Path, flags: list[str], ranks: int = 1, hosts: str
-                   | None = None) -> subprocess.Popen:
+def start_training(data: Path, out: Path, flags: list[str], ranks: int = 1,
+                   hosts: str | None = None) -> subprocess.Popen:
     """``training_command`` in a fresh OUT, one thread per rank. Its output goes to OUT.log, its
     command line to OUT.cmd.json."""
     shutil.rmtree(out, ignore_errors=True)

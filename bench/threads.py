@@ -39,8 +39,7 @@ def run(data: Path, out: Path, capped: bool) -> float:
         env["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
     shutil.rmtree(out, ignore_errors=True)
     p = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-                        "trainer",
-                        "train", "--data", str(data), "--output-dir", str(out), *FLAGS],
+                        "trainer", "train", "--data", str(data), "--output-dir", str(out), *FLAGS],
                        env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode:
         raise SystemExit(f"horovodrun exited {p.returncode}: {p.stdout[-2000:]}{p.stderr[-2000:]}")

@@ -40,10 +40,8 @@ CLASSES = {"direction": 4, "colour-direction": 8}
 MOTIONS = ("mv", "flow")
 # scripts/demo.sh's model and recipe (tests/test_motion.py's), for every run
 RUN = ["--segments", "4", "--depth", "10", "--width", "16", "--crop-size", "32", "--scale-size", "32",
-       "--no-flip",
-       "--batch-size", "16", "--warmup-epochs", "1", "--lr-per-8", "0.1", "--workers", "0", "--print-freq",
-       "64",
-       "--no-tensorboard"]
+       "--no-flip", "--batch-size", "16", "--warmup-epochs", "1", "--lr-per-8", "0.1", "--workers", "0",
+       "--print-freq", "64", "--no-tensorboard"]
 # name: (shard set, flags)
 MODELS = {"rgb-tsn": ("mv", ["--no-shift"]), "rgb-tsm": ("mv", []),
           "mv-tsn": ("mv", ["--modality", "motion", "--no-shift"]),
@@ -60,8 +58,7 @@ def make_sets(work: Path, task: str, videos_per_task: int, val_per_task: int) ->
              "--workers", "2"]
     return {kind: synth_shards(work / task / "videos", work / task / f"shards-{kind}", synth,
                                ["--frames", "4", "--clips-per-video", "4", "--short-side", "32",
-                                "--shard-samples",
-                                "64", "--workers", "2", "--motion", kind])
+                                "--shard-samples", "64", "--workers", "2", "--motion", kind])
             for kind in MOTIONS}
 
 
@@ -82,9 +79,8 @@ def train_all(work: Path, sets: dict[str, Path], epochs: int) -> dict[str, float
 def fuse(work: Path, sets: dict[str, Path], rgb: str, motion: str, weights: list[str]) -> dict:
     """``trainer test --fuse`` of the two runs on the validation videos: its summary line."""
     out = subprocess.run([str(BIN / "python"), "-m", "trainer", "test", "--fuse", str(work / rgb),
-                          str(work / motion),
-                          "--weights", *weights, "--data", str(sets[MODELS[rgb][0]]),
-                          str(sets[MODELS[motion][0]]),
+                          str(work / motion), "--weights", *weights,
+                          "--data", str(sets[MODELS[rgb][0]]), str(sets[MODELS[motion][0]]),
                           "--backend", "none", "--workers", "0"],
                          check=True, capture_output=True, text=True, env={**ENV, "OMP_NUM_THREADS": "2"})
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -123,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = ClipConfig(frames=args.frames, clips_per_video=args.clips_per_video, eval_clips=args.eval_clips,
                          short_side=args.short_side, quality=args.quality,
                          restart_interval=args.restart_interval, seed=args.seed, decoder=args.decoder,
-                         motion=args.motion,
-                         refuse_short=args.refuse_short_videos)
+                         motion=args.motion, refuse_short=args.refuse_short_videos)
     except ValueError as e:
         raise UsageError(str(e)) from None
     kwargs = dict(workers=args.workers, address=args.address, shard_samples=args.shard_samples,

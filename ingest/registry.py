@@ -273,8 +273,8 @@ def describe_set(location: str) -> tuple[dict, dict, str]:
         data = storage.read_bytes(storage.join(location, name))
         files[name] = [len(data), hashlib.sha256(data).hexdigest()]
     m = Manifest.load(location)
-    splits = {name: {"clips": s.num_samples, "bytes": s.num_bytes, "shards": len(s.shards),
-                     "failed": s.num_failed}
+    splits = {name: {"clips": s.num_samples, "bytes": s.num_bytes,
+                     "shards": len(s.shards), "failed": s.num_failed}
               for name, s in m.splits.items()}
     return splits, files, files[MANIFEST_NAME][1]
 

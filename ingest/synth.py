@@ -276,7 +276,6 @@ def run(args: argparse.Namespace) -> int:
                          speed_scale=args.speed_scale, colours=args.colours, **shape)
     print(f"synth: {summary['written']} written, {summary['skipped']} already present; "
           f"{plural(len(summary['classes']), 'class', 'classes')}, train {summary['videos']['train']} / val "
-          f"{summary['videos']['val']} "
-          f"videos of {shape['width']}x{shape['height']} at {shape['fps']} fps, "
+          f"{summary['videos']['val']} videos of {shape['width']}x{shape['height']} at {shape['fps']} fps, "
           f"{summary['frames_per_video']} frames, in {summary['out']} ({summary['seconds']:.1f} s)")
     return 0

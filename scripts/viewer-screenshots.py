@@ -64,8 +64,7 @@ def main() -> int:
             os.remove(os.path.join(args.work, name))
     run = lambda *a: subprocess.run(a, check=True)  # noqa: E731
     run(f"{BIN}/ingest", "synth", "--out", src, "--classes", "4", "--train-per-class", "12",
-        "--val-per-class", "4",
-        "--width", "96", "--height", "96", "--fps", "10", "--seconds", "2")
+        "--val-per-class", "4", "--width", "96", "--height", "96", "--fps", "10", "--seconds", "2")
     left = os.path.join(src, "train", "move_left")
     with open(os.path.join(left, sorted(os.listdir(left))[0]), "rb") as f:
         head = f.read(2000)
@@ -75,10 +74,8 @@ def main() -> int:
         f.write("not a video\n")
     catalog = os.path.join(args.work, "catalog.sqlite")
     run(f"{BIN}/ingest", "build", "--src", src, "--out", os.path.join(args.work, "sets", "motion4"),
-        "--frames", "8",
-        "--short-side", "96", "--shard-samples", "16", "--catalog", catalog, "--name", "motion4", "--workers",
-        "2",
-        "--motion", "mv")
+        "--frames", "8", "--short-side", "96", "--shard-samples", "16", "--catalog", catalog,
+        "--name", "motion4", "--workers", "2", "--motion", "mv")
     worn = os.path.join(args.work, "sets", "motion4-f4")
     run(f"{BIN}/ingest", "build", "--src", src, "--out", worn, "--frames", "4", "--short-side", "64",
         "--shard-samples", "16", "--catalog", catalog, "--name", "motion4-f4", "--workers", "2")
@@ -94,28 +91,22 @@ def main() -> int:
     from shards.catalog import Catalog
 
     many = [f"{verb} {thing}" for verb in ("riding", "playing", "making", "cleaning", "throwing", "climbing",
-                                           "washing",
-                                            "juggling", "carving", "folding")
+                                           "washing", "juggling", "carving", "folding")
             for thing in ("a bike", "the drums", "tea", "windows", "a ball", "a rope", "dishes", "clubs",
-                          "pumpkins",
-                          "paper", "a kite", "bread", "shoes", "a guitar", "ice", "a horse", "snow", "a cake",
-                          "laundry", "a fence", "sand", "a boat", "cards", "a tree", "hair", "a car",
-                          "the floor",
-                          "a door", "a wall", "a tent", "cheese", "a dog", "a cat", "fish", "eggs", "wood",
-                          "glass",
-                          "a sail", "a net", "a wheel")]
+                          "pumpkins", "paper", "a kite", "bread", "shoes", "a guitar", "ice", "a horse",
+                          "snow", "a cake", "laundry", "a fence", "sand", "a boat", "cards", "a tree", "hair",
+                          "a car", "the floor", "a door", "a wall", "a tent", "cheese", "a dog", "a cat",
+                          "fish", "eggs", "wood", "glass", "a sail", "a net", "a wheel")]
     # a long tail, as Kinetics has
     counts = [max(4, round(40 * 0.9996 ** (c * c / 8))) for c in range(len(many))]
     make_class_set(os.path.join(args.work, "sets", "kinetics-like"), counts, many)
     register(Catalog(catalog), os.path.join(args.work, "sets", "kinetics-like"), "kinetics-like")
     run(f"{BIN}/ingest", "synth", "--out", big, "--classes", "6", "--train-per-class", "40",
-        "--val-per-class", "0",
-        "--width", "96", "--height", "96", "--fps", "10", "--seconds", "2")
+        "--val-per-class", "0", "--width", "96", "--height", "96", "--fps", "10", "--seconds", "2")
     with open(os.path.join(args.work, "tokens"), "w") as f:
         f.write("screenshots\n")
     server = subprocess.Popen([f"{BIN}/shard-service", "serve", "--catalog", catalog, "--port", "0",
-                               "--token-file",
-                               os.path.join(args.work, "tokens"), "--source-root", args.work],
+                               "--token-file", os.path.join(args.work, "tokens"), "--source-root", args.work],
                               stdout=subprocess.PIPE, text=True)
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -155,9 +146,8 @@ def main() -> int:
         server.terminate()
         server.wait()
     sheet = os.path.join(args.out, "preview-motion.png")
-    run(f"{BIN}/shards", "preview", os.path.join(args.work, "sets", "motion4"), "--split", "val", "--clips",
-        "4",
-        "--height", "64", "--out", sheet)
+    run(f"{BIN}/shards", "preview", os.path.join(args.work, "sets", "motion4"), "--split", "val",
+        "--clips", "4", "--height", "64", "--out", sheet)
     Image.open(sheet).convert("RGB").quantize(256,
                                               method=Image.Quantize.FASTOCTREE).save(sheet, optimize=True)
     return 0

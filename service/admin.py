@@ -167,8 +167,7 @@ class Verify:
         try:
             checked_manifest(rec)  # the manifest is the registered one
             problems += [str(p) for p in verify(Manifest.load(rec.location), deep=args.deep,
-                                                workers=args.workers,
-                                                hashed=hashed)]
+                                                workers=args.workers, hashed=hashed)]
             small = set_file_stamps(rec.location, rec.files)  # classes.txt, errors.jsonl: the catalog's?
             problems += [f"{name}: SHA-256 differs from the catalog's" for name, (_, _, sha) in small.items()
                          if sha != rec.files[name][1]]

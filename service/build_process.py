@@ -63,9 +63,8 @@ def _watch_parent(server_pid: int, dataset: str) -> None:
     _leave(dataset, f"the server that started this build (pid {server_pid}) is gone")
 
 
-def run(*, catalog: str, claim, plan, ray_address: str | None, workers: int | None, videos_per_task: int
-        | None,
-        ffmpeg_threads: int, timeout: float) -> int:
+def run(*, catalog: str, claim, plan, ray_address: str | None, workers: int | None,
+        videos_per_task: int | None, ffmpeg_threads: int, timeout: float) -> int:
     """Build ``plan`` under ``claim`` (made by the server); 0 when the set is ready."""
     from ingest import registry
     from ingest.tasks import ray_runtime

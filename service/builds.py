@@ -201,8 +201,7 @@ class Builds:
         if claim.action != "build":
             return False  # another replica was first, or it was finished meanwhile
         log.warning("build %s: its builder (%s) is gone; taken over (attempt %d), resuming in %s", rec.id,
-                    who,
-                    claim.record.attempts, claim.record.location)
+                    who, claim.record.attempts, claim.record.location)
         self._start(claim, plan, req["run"])
         return True
 
@@ -210,8 +209,7 @@ class Builds:
         if "://" not in src:
             self.roots.check_tree(src)
         return registry.plan(src, req["cfg"], shard_size=req["shard_size"],
-                             shard_samples=req["shard_samples"],
-                             splits=req["splits"])
+                             shard_samples=req["shard_samples"], splits=req["splits"])
 
     async def _run(self, claim: Claim, plan: registry.Plan, run: dict) -> None:
         dataset, holder = plan.id, [claim.owner]  # the lease's owner: this server, then its build process
@@ -282,11 +280,9 @@ class Builds:
             holder[0] = owner
             log.info("build %s: build process %d started, holding the lease", plan.id, proc.pid)
             job = {"catalog": self.catalog.path, "claim": Claim(claim.action, claim.record, owner),
-                   "plan": plan,
-                   "ray_address": self.ray_address, "workers": run.get("workers"),
+                   "plan": plan, "ray_address": self.ray_address, "workers": run.get("workers"),
                    "videos_per_task": run.get("videos_per_task"),
-                   "ffmpeg_threads": run.get("ffmpeg_threads", 1),
-                   "timeout": run.get("timeout", 600)}
+                   "ffmpeg_threads": run.get("ffmpeg_threads", 1), "timeout": run.get("timeout", 600)}
             # stdin stays open: its end tells the process the server is gone
             proc.stdin.write(pickle.dumps(job))
             await proc.stdin.drain()

@@ -166,8 +166,7 @@ def read_tokens(path: str | None, flag: str = "--token-file") -> list[str]:
         reason = getattr(e, "strerror", None) or e
         raise UsageError(f"{flag} {path}: cannot be read as text: {reason}") from None
     if not tokens:
-        raise UsageError(f"{flag} {path}: no tokens in it (one a line; a line starting with # is a "
-                         "comment)")
+        raise UsageError(f"{flag} {path}: no tokens in it (one a line; a line starting with # is a comment)")
     return tokens
 
 

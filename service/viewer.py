@@ -133,8 +133,7 @@ class Viewer:
         """The clip's motion fields coloured (PNG bytes, frame order) and their scale (pixels per
         frame at full colour): one read of the clip however many ask at once, then kept."""
         return await _kept(self._motion, (rec.id, rec.manifest_sha256, clip.split, clip.n), MOTION_KEPT,
-                           _coloured,
-                           manifest, clip)
+                           _coloured, manifest, clip)
 
 
 async def _kept(kept: OrderedDict, key: tuple, limit: int, work, *args):
@@ -172,8 +171,7 @@ def _index(rec: Record) -> dict:
               for name, part in index.splits.items()}
     return {"manifest": manifest, "index": index,
             "overview": {"classes": index.classes, "frames_per_clip": index.frames_per_clip(),
-                         "splits": splits,
-                         "errors": _ledger(rec)}}
+                         "splits": splits, "errors": _ledger(rec)}}
 
 
 def _ledger(rec: Record) -> dict:
@@ -199,8 +197,8 @@ def _json(data: dict) -> web.Response:
     return web.json_response(data, headers={**SECURITY, "Cache-Control": "no-store"})
 
 
-def _int(request: web.Request, name: str, default: int | None, low: int, high: int
-         | None = None) -> int | None:
+def _int(request: web.Request, name: str, default: int | None, low: int,
+         high: int | None = None) -> int | None:
     text = request.query.get(name)
     if text is None or text == "":
         return default

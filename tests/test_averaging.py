@@ -130,14 +130,13 @@ def worker(out: str) -> None:
         for every in (None, 1, 2):
             cfg = TrainConfig(data=Data(data="-", batch_size=share),
                               model=Model(segments=FRAMES, depth=10, width=4),
-                              recipe=Recipe(epochs=1, warmup_epochs=0, lr_per_8=HPARAMS[opt]["lr"],
-                                            optimizer=opt),
+                              recipe=Recipe(epochs=1, warmup_epochs=0,
+                                            lr_per_8=HPARAMS[opt]["lr"], optimizer=opt),
                               schedules=Schedules(average_every=every))
             torch.manual_seed(0)
             regime = Regime(cfg, backend.size, STEPS * GLOBAL_BATCH)
             engine = Engine(regime.backend(backend), CLASSES, STEPS * GLOBAL_BATCH, model=cfg.model,
-                            recipe=cfg.recipe,
-                            system=cfg.system, batch_size=share)
+                            recipe=cfg.recipe, system=cfg.system, batch_size=share)
             regime.attach(engine, lambda: None)  # (no loader: the steps are fed by hand)
             backend.broadcast_state(engine.model, engine.optimizer)
             engine.model.train()
@@ -157,8 +156,8 @@ def worker(out: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("averaging")
-    hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__,
-                          str(out)],
+    hvd = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                          __file__, str(out)],
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
     return {p.stem: torch.load(p) for p in out.glob("*.pt")}

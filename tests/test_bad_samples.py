@@ -73,8 +73,7 @@ def test_the_loader_leaves_a_bad_sample_out_with_equal_batches_on_every_rank(set
     good = set(keys_of(directory, "train")) - {bad_key}
     info = next(s for s in Manifest.load(str(directory)).splits["train"].shards if s.name == bad_shard)
     loaders = [ClipLoader(str(directory), "train", EpochOptions(batch_size=BATCH, rank=r, world_size=2),
-                          num_workers=2,
-                          crop_size=32, scale_size=36, max_bad_samples=None) for r in (0, 1)]
+                          num_workers=2, crop_size=32, scale_size=36, max_bad_samples=None) for r in (0, 1)]
     for epoch in (0, 1):
         trained, found, sizes = Counter(), [], []
         for loader in loaders:
@@ -106,8 +105,7 @@ def test_the_loader_stops_at_the_first_bad_sample_by_default_and_past_its_budget
                       f"says {e.expected} (read twice)")
     assert pickle.loads(pickle.dumps(e)).facts() == e.facts()
     loader = ClipLoader(str(directory), "train", EpochOptions(batch_size=BATCH), num_workers=1, crop_size=32,
-                        scale_size=36,
-                        max_bad_samples=1)
+                        scale_size=36, max_bad_samples=1)
     done = []
     with pytest.raises(TooManyBadSamples, match=r"^2 bad samples in epoch 1 of train on rank 0, more than "
                                                 r"max_bad_samples=1; the last: .* \(read twice\)$"):
@@ -120,8 +118,7 @@ def test_the_loader_stops_at_the_first_bad_sample_by_default_and_past_its_budget
 # --- two ranks under horovodrun ------------------------------------------------------------------
 def train(data: str, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN,
-                           "train",
-                           "--data", data, "--output-dir", str(out), *FLAGS, *extra],
+                           "train", "--data", data, "--output-dir", str(out), *FLAGS, *extra],
                           env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out / "exits"),
                                **(env or {})},
                           capture_output=True, text=True, timeout=600, start_new_session=True)

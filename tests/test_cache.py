@@ -514,9 +514,8 @@ def test_processes_share_one_budget_and_wait_for_room_another_process_holds(tmp_
         other = ShardCache(str(tmp_path), 2 * SIZE, retry=FAST)
         for p in ("/s0.tar", "/s1.tar"):
             other.fetch(f"{url}{p}", SHAS[p], SIZE)
-        reader = ctx.Process(target=_stream, args=(str(tmp_path), url, ["/s2.tar", "/s3.tar", "/blob.tar"], 2
-                                                   * SIZE,
-                                                   results))
+        reader = ctx.Process(target=_stream, args=(str(tmp_path), url, ["/s2.tar", "/s3.tar", "/blob.tar"],
+                                                   2 * SIZE, results))
         reader.start()
         lock = ShardCache(str(tmp_path)).path(SHAS["/s2.tar"]) + ".lock"
         wait_for(lambda: not reader.is_alive() or os.path.exists(lock), "the reader locks its first download")
@@ -652,9 +651,8 @@ def test_a_waiter_gives_up_on_a_downloader_that_stopped_renewing_its_lease(tmp_p
         try:
             _fetch(str(tmp_path), f"{url}/blob.tar", SHA, SIZE, results, **lease)
             assert re.fullmatch(r"TimeoutError\('.*/blob.tar: the process downloading this shard to .* has "
-                                r"not renewed its lease for \d+ s \(lease 0.5 s\): no byte arrived and it "
-                                r"was not waiting'\)",
-                                results.get(timeout=60))
+                                r"not renewed its lease for \d+ s \(lease 0.5 s\): "
+                                r"no byte arrived and it was not waiting'\)", results.get(timeout=60))
         finally:
             os.kill(first.pid, signal.SIGKILL)
             first.join()

@@ -45,8 +45,7 @@ def built(request, tree, tmp_path_factory):
     else:
         catalog = request.getfixturevalue("postgres").database()
     summary, record = registry.build(catalog, str(tree), str(root / "first"), CFG, workers=2,
-                                     videos_per_task=2,
-                                     **OPTS)
+                                     videos_per_task=2, **OPTS)
     assert not summary.reused and record.state == "ready"
     return catalog, record, root
 
@@ -102,15 +101,12 @@ def test_killed_build_is_taken_over_by_the_build_waiting_for_it(tree, built, ray
     # the builder is held once it has recorded its first video done: alive and heartbeating, mid-build
     hold, held = os.pipe()
     proc = subprocess.Popen([sys.executable, HOLDPOINT, "shards.catalog:Catalog.set_progress", "-m", "ingest",
-                             "build",
-                             "--catalog", catalog, "--src", str(tree), "--out", str(first), "--short-side",
-                             "32",
-                             "--seed", "7", "--shard-samples", "3", "--workers", "1", "--videos-per-task",
-                             "1",
+                             "build", "--catalog", catalog, "--src", str(tree), "--out", str(first),
+                             "--short-side", "32", "--seed", "7", "--shard-samples", "3",
+                             "--workers", "1", "--videos-per-task", "1",
                              "--address", ray_local.get_runtime_context().gcs_address],
                             env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,),
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     os.close(held)
     try:
         with os.fdopen(hold) as f:

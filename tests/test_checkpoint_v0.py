@@ -19,9 +19,8 @@ import torch
 FIXTURE = Path(__file__).with_name("fixtures") / "checkpoint-v0"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 FLAGS = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "24",
-         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1", "--lr-per-8",
-         "0.05",
-         "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
+         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1",
+         "--lr-per-8", "0.05", "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
 
 
 def digest(state: dict) -> str:
@@ -63,10 +62,9 @@ def test_old_checkpoint_resumes_bitwise_to_the_old_uninterrupted_run(tmp_path):
 
 def test_old_checkpoint_is_tested_as_before(tmp_path):
     out = tmp_path / "test.json"
-    run = subprocess.run([sys.executable, "-m", "trainer", "test", "--checkpoint",
-                          str(FIXTURE / "checkpoint.pt"),
-                          "--data", str(FIXTURE / "data"), "--backend", "none", "--workers", "1", "--output",
-                          str(out)],
+    run = subprocess.run([sys.executable, "-m", "trainer", "test",
+                          "--checkpoint", str(FIXTURE / "checkpoint.pt"), "--data", str(FIXTURE / "data"),
+                          "--backend", "none", "--workers", "1", "--output", str(out)],
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     tested = json.loads(out.read_text())

@@ -62,8 +62,8 @@ def cluster():
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def ingest(src: Path, out: Path, *extra: str, env: dict | None = None, hold: str
-           | None = None) -> subprocess.Popen:
+def ingest(src: Path, out: Path, *extra: str, env: dict | None = None,
+           hold: str | None = None) -> subprocess.Popen:
     """``ingest build`` in its own process; ``hold``: run it under tests/helpers/holdpoint.py at that
     target."""
     argv = [sys.executable, *([HOLDPOINT, hold] if hold else []), "-m", "ingest", "build", "--src", str(src),
@@ -150,8 +150,7 @@ def test_the_runbooks_two_node_loopback_build(videos, embedded, tmp_path):
                                                        f"127.0.0.2:{port} 2"}
     try:
         out = run_block("ingest-on-ray.md", "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1", subs, cwd=tmp_path,
-                        env=ENV,
-                        own_processes=True)
+                        env=ENV, own_processes=True)
         assert "Stopped all" in out, out[-2000:]  # ray stop found the block's nodes and stopped them
     finally:
         stop_nodes(temp_dir)

@@ -132,14 +132,12 @@ def demo(tmp_path_factory) -> Path:
     as both ``demo/tsm`` and ``demo/tsn`` (what ``trainer plot`` reads, not what it shows, is tested)."""
     root = tmp_path_factory.mktemp("runbooks")
     make_shardset(str(root / "demo" / "shards"), {"train": 8, "val": 4}, per_shard=4, frames=4)
-    subprocess.run([sys.executable, "-m", "trainer", "train", "--data", "demo/shards", "--output-dir",
-                    "demo/tsm",
-                    "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size",
-                    "32",
-                    "--batch-size", "4", "--epochs", "1", "--warmup-epochs", "0", "--workers", "0",
-                    "--no-tensorboard"],
-                   cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run([sys.executable, "-m", "trainer", "train", "--data", "demo/shards",
+                    "--output-dir", "demo/tsm", "--segments", "4", "--depth", "10", "--width", "4",
+                    "--crop-size", "32", "--scale-size", "32", "--batch-size", "4", "--epochs", "1",
+                    "--warmup-epochs", "0", "--workers", "0", "--no-tensorboard"],
+                   cwd=root, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True,
+                   capture_output=True, timeout=300)
     shutil.copytree(root / "demo" / "tsm", root / "demo" / "tsn")
     return root
 
@@ -200,10 +198,9 @@ def test_scaling_prediction_quoted_is_what_bench_scaling_prints(tmp_path):
 
 
 def test_layout_figures_quoted_are_what_shards_plan_prints():
-    plan = subprocess.run([sys.executable, "-m", "shards", "plan", "--clips", "240000", "--clip-size",
-                           "150kB",
-                           "--max-world-size", "1536"], capture_output=True, text=True, timeout=120,
-                          check=True)
+    plan = subprocess.run([sys.executable, "-m", "shards", "plan", "--clips", "240000",
+                           "--clip-size", "150kB", "--max-world-size", "1536"],
+                          capture_output=True, text=True, timeout=120, check=True)
     row = next(line for line in plan.stdout.splitlines() if line.split()[:1] == ["1536"])
     recommended = re.search(r"Recommended: (\d+) shards of ~[\d,]+ clips \(~(\d+) MB\)", plan.stdout)
     opens, total, ratio = re.search(r"\|\s+([\d.]+) \(max.*?\)\s+([\d,]+) \|.*\|\s+([\d,]+x)$", row).groups()

@@ -60,8 +60,7 @@ def test_runbook_block_trains_under_slurm(state, tmp_path):
     (tmp_path / "docs").symlink_to(ROOT / "docs")  # the checkout after the demo
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     make_shardset(str(tmp_path / "demo" / "shards"), {"train": 16, "val": 6}, per_shard=4, num_classes=3,
-                  frames=4,
-                  size=(40, 32))
+                  frames=4, size=(40, 32))
     (tmp_path / "node-local").mkdir()
     env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port()),
            "TMPDIR": str(tmp_path / "node-local"), "OMP_NUM_THREADS": "1"}

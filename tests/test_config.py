@@ -40,8 +40,7 @@ def test_every_ranged_field_refuses_in_python_what_its_flag_refuses(cls, field, 
 def test_the_fields_a_checkpoint_stores_are_checked_too():
     with pytest.raises(OutOfRange, match="--width: 0 is out of range"):
         config.TrainConfig.from_dict({"version": 1, "data": {"data": "set"}, "model": {"width": 0},
-                                      "recipe": {},
-                                      "system": {}, "schedules": {}})
+                                      "recipe": {}, "system": {}, "schedules": {}})
     assert len(CHECKED) >= 20  # the ranges this file holds the configs to
 
 

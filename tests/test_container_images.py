@@ -157,9 +157,8 @@ def test_image_is_the_unprivileged_user_and_the_hosts_install_without_its_tools(
     assert check[:1] == ["CMD"], inspected.get("Healthcheck")
     podman("run", "--rm", *ulimits().split(), IMAGE, *check[1:], timeout=300)
     tools = podman("run", "--rm", *ulimits().split(), IMAGE, "sh", "-c",
-                   "for t in gcc cc g++ c++ cmake make; do command -v $t; done; ls "
-                   "/var/cache/apt/archives/*.deb",
-                   check=False)
+                   "for t in gcc cc g++ c++ cmake make; do command -v $t; done; "
+                   "ls /var/cache/apt/archives/*.deb", check=False)
     assert not tools.stdout.strip(), tools.stdout  # what of them is there
     probe = ("import json, os, importlib.metadata as m; import horovod.torch as h, PIL; "
              "print(json.dumps({'uid': os.getuid(), 'gloo': h.gloo_built(), 'pil': PIL.__version__, "

@@ -160,8 +160,7 @@ def test_the_replicated_service_compose_file_is_valid_and_its_parts_agree():
     names both replicas at their port and whose internal location is the one the replicas name."""
     binary = Path(compose.__file__).parent / "docker-compose"
     proc = subprocess.run([str(binary), "-f", str(ROOT / "docker" / "compose-replicas.yaml"), "config",
-                           "--format",
-                           "json"], capture_output=True, text=True, timeout=120,
+                           "--format", "json"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HOME": "/tmp", "KF_DB_PASSWORD": "db-password",
                                "KF_TOKEN": "the-token-value",
                                "KF_ACCEL_SECRET": "the-accel-secret-value"})

@@ -120,16 +120,14 @@ def test_the_same_videos_under_another_path_reuse_the_set_and_a_rebuild_reads_no
         assert set(opens.take()) == {p.name for p in first.glob("train/*/*.mp4")}  # hashed and decoded
 
         summary, found = registry.build(catalog, str(second), str(tmp_path / "out2"), CFG,
-                                        fingerprint="content",
-                                        hash_cache=cache, **OPTS)
+                                        fingerprint="content", hash_cache=cache, **OPTS)
         assert summary.reused and found.id == built.id and found.location == built.location
         assert not (tmp_path / "out2").exists()  # nothing staged, nothing decoded
         # hashed once each
         assert sorted(opens.take()) == sorted(p.name for p in second.glob("train/*/*.mp4"))
 
         summary, found = registry.build(catalog, str(first), str(tmp_path / "out3"), CFG,
-                                        fingerprint="content",
-                                        hash_cache=cache, **OPTS)
+                                        fingerprint="content", hash_cache=cache, **OPTS)
         assert summary.reused and found.id == built.id
         assert opens.take() == []  # every digest came from the cache: no input opened
         assert registry.plan(str(second), CFG, fingerprint="content",

@@ -19,10 +19,9 @@ DATA = Path(__file__).with_name("fixtures") / "checkpoint-v0" / "data"  # 8 trai
 FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 DECAY = 0.75
 FLAGS = ["--backend", "none", "--segments", "4", "--depth", "10", "--width", "4", "--crop-size", "24",
-         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1", "--lr-per-8",
-         "0.05",
-         "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard", "--ema-decay",
-         str(DECAY)]
+         "--scale-size", "28", "--batch-size", "2", "--epochs", "2", "--warmup-epochs", "1",
+         "--lr-per-8", "0.05", "--dropout", "0.5", "--workers", "1", "--print-freq", "1", "--no-tensorboard",
+         "--ema-decay", str(DECAY)]
 
 
 class Recorder(Hook):
@@ -95,8 +94,7 @@ def test_trainer_test_scores_the_average_with_ema_and_refuses_a_checkpoint_witho
     def scored(run, *flags):
         report = tmp_path / "report.json"
         assert cli.main(["test", "--checkpoint", str(run), "--data", str(DATA), "--backend", "none",
-                         "--workers", "0",
-                         "--output", str(report), *flags]) == 0
+                         "--workers", "0", "--output", str(report), *flags]) == 0
         return json.loads(report.read_text())
 
     ema, plain, reference = scored(out, "--ema"), scored(out), scored(as_weights)
@@ -111,8 +109,7 @@ def test_trainer_test_scores_the_average_with_ema_and_refuses_a_checkpoint_witho
 
 def run(out, fault="", *extra) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, FAULTRUN, "train", "--data", str(DATA), "--output-dir", str(out),
-                           *FLAGS,
-                           *extra], env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault},
+                           *FLAGS, *extra], env={**os.environ, "OMP_NUM_THREADS": "1", "FAULT": fault},
                           capture_output=True, text=True, timeout=300)
 
 

@@ -116,14 +116,12 @@ def videos(tmp_path_factory) -> Path:
 
 
 def build_args(src: Path, out: Path) -> list[str]:
-    return ["build", "--src", str(src), "--out", str(out), "--frames", "4", "--short-side", "32", "--workers",
-            "2",
-            "--videos-per-task", "2", "--shard-samples", "3"]
+    return ["build", "--src", str(src), "--out", str(out), "--frames", "4", "--short-side", "32",
+            "--workers", "2", "--videos-per-task", "2", "--shard-samples", "3"]
 
 
 def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_continues(
-        ray_local, videos, tmp_path,
-                                                                                         disk, capsys):
+        ray_local, videos, tmp_path, disk, capsys):
     """Before: a 49-line RayTaskError with raw colour codes, and a ``.tar.tmp-*`` left behind."""
     reference = tmp_path / "reference"
     assert ingest([*build_args(videos, reference), "--keep-staging"]) == 0
@@ -138,8 +136,7 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
     stage = re.escape(f"{out}/.staging")
     said = re.fullmatch(rf"ingest build: error: {stage}/[0-9a-f]+\.(tar|json): no space left on device: the "
                         rf"write needs [\d,]+ bytes, [\d,]+ are free; (\d+) of 12 videos are staged in "
-                        rf"{stage}: once "
-                        "there is room, the same command continues from them", line)
+                        rf"{stage}: once there is room, the same command continues from them", line)
     assert said and int(said[2]) <= 2 * done, line  # (a task cancelled as it finished may have staged more)
 
     disk(staged + PAGE * 8)  # room for staging, not for the shards beside it: refused before any is written
@@ -160,8 +157,7 @@ def test_a_full_disk_while_ingest_stages_or_packs_is_one_line_and_the_rerun_cont
 
 @pytest.mark.parametrize("stop, cancelled", [(ValueError, False), (KeyboardInterrupt, True)])
 def test_a_refusal_lets_the_ray_tasks_in_flight_finish_and_ctrl_c_cancels_them(
-        ray_local, tmp_path, monkeypatch,
-                                                                               stop, cancelled):
+        ray_local, tmp_path, monkeypatch, stop, cancelled):
     """A driver stopped by a task's refusal (here any exception but Ctrl-C) waits for its tasks in
     flight without cancelling them: cancelling a task as its result arrives aborts the driver in Ray
     2.60 (a RAY_CHECK in its TaskManager), which once took this file's pytest worker down with the
@@ -258,8 +254,8 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
     # a file, not a pipe: a process the build leaves need not close it for us to read it
     log = tmp_path / "stderr"
     with open(log, "w") as err:
-        build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest", *build_args(videos, out),
-                                  *on[1:]],
+        build = subprocess.Popen([sys.executable, HOLDPOINT, on[0], "-m", "ingest",
+                                  *build_args(videos, out), *on[1:]],
                                  env={**os.environ, "HOLD_FD": str(held)}, pass_fds=(held,),
                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                                  preexec_fn=as_from_a_shell)
@@ -283,8 +279,7 @@ def test_ctrl_c_during_an_ingest_build_is_one_line_and_the_rerun_continues(reque
     assert build.returncode == Interrupted.status == 130, stderr[-3000:]
     assert not (left := left_in_session(build.pid)), left  # nothing of the build left running
     assert error_line(stderr) == (f"ingest build: error: interrupted; 2 of 12 videos are staged in "
-                                  f"{out}/.staging: "
-                                  "the same command continues from them")
+                                  f"{out}/.staging: the same command continues from them")
     assert staged_batches_are_whole(out) >= 1 and not temporaries(out)
 
     assert ingest(build_args(videos, out)) == 0
@@ -345,8 +340,7 @@ def test_a_signal_while_the_server_closes_its_loop_is_no_traceback(tmp_path):
                               "-m", "service", "serve", "--catalog", catalog, "--create", "--port", "0"],
                              env={**os.environ, "HOLD_FD": str(held), "RELEASE_FD": str(release)},
                              pass_fds=(held, release), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True,
-                             start_new_session=True, preexec_fn=as_from_a_shell)
+                             text=True, start_new_session=True, preexec_fn=as_from_a_shell)
     os.close(held)
     os.close(release)
     try:
@@ -368,8 +362,7 @@ def test_a_signal_while_the_server_closes_its_loop_is_no_traceback(tmp_path):
 
 def trainer(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([os.path.join(BIN, "trainer"), "train", *argv], capture_output=True, text=True,
-                          timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 @pytest.mark.long

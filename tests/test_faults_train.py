@@ -34,9 +34,8 @@ HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 FAULTRUN = str(Path(__file__).with_name("helpers") / "faultrun.py")
 CLIPS, BATCH, LR_PER_8, WARMUP = 42, 4, 0.4, 0.5
 FLAGS = ["--segments", "4", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
-         "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", str(WARMUP), "--lr-per-8",
-         str(LR_PER_8),
-         "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
+         "--batch-size", str(BATCH), "--epochs", "1", "--warmup-epochs", str(WARMUP),
+         "--lr-per-8", str(LR_PER_8), "--workers", "1", "--print-freq", "1", "--no-tensorboard"]
 
 
 def train(data, out, ranks: int, fault: str, fault_rank: int = 0, *extra) -> subprocess.CompletedProcess:

@@ -38,13 +38,11 @@ def runs(tmp_path_factory):
 def test_fused_scores_are_the_weighted_mean_of_each_runs_own_scores(runs, capsys):
     root, data = runs
     classes = ["class0", "class1", "class2"]
-    alone = [report_of(root / "report.json", "--checkpoint", str(root / name / "checkpoint.pt"), "--data",
-                       str(data),
-                       *TEST) for name in ("tsm", "tsn")]
+    alone = [report_of(root / "report.json", "--checkpoint", str(root / name / "checkpoint.pt"),
+                       "--data", str(data), *TEST) for name in ("tsm", "tsn")]
     capsys.readouterr()
-    fused = report_of(root / "report.json", "--fuse", str(root / "tsm"), str(root / "tsn"), "--weights", "1",
-                      "1.5",
-                      "--data", str(data), *TEST)
+    fused = report_of(root / "report.json", "--fuse", str(root / "tsm"), str(root / "tsn"),
+                      "--weights", "1", "1.5", "--data", str(data), *TEST)
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line == fused["summary"]
     a, b = (probabilities(r["videos"], classes) for r in alone)
@@ -78,13 +76,11 @@ def test_runs_must_score_the_same_videos_and_classes(runs, tmp_path, capsys):
             ([*fuse, "--data", str(data), "--weights", "1"],
              "--weights: one per --fuse run (2), not all zero; got 1.0"),
             ([*fuse, "--data", str(data), "--weights", "0", "0"],
-             "--weights: one per --fuse run (2), not all zero; "
-                                                                  "got 0.0 0.0"),
+             "--weights: one per --fuse run (2), not all zero; got 0.0 0.0"),
             (["test", "--fuse", str(root / "tsm"), *TEST, "--data", str(data)],
              "--fuse: needs two runs or more, got 1"),
             ([*fuse, "--data", str(data), str(data), str(data)],
-             "--data: one shard set for every run or one per run "
-                                                                 "(2), got 3"),
+             "--data: one shard set for every run or one per run (2), got 3"),
             (["test", *TEST, "--data", str(data)], "give either --checkpoint or --fuse RUN_A RUN_B")):
         assert cli.main(argv) == 2
         assert capsys.readouterr().err.strip() == f"trainer test: error: {message}"

@@ -56,9 +56,8 @@ def worker(out: str) -> None:
     # the last of two ranks; one rank trains on the 6 real clips alone, at the same peak rate
     real = GLOBAL_BATCH - 2
     two = backend.size > 1
-    e = engine(backend, share if two else real, 0.4 * GLOBAL_BATCH / (GLOBAL_BATCH if two else real), STEPS
-               * real,
-               VARIANTS["frozen_bn"])
+    e = engine(backend, share if two else real, 0.4 * GLOBAL_BATCH / (GLOBAL_BATCH if two else real),
+               STEPS * real, VARIANTS["frozen_bn"])
     valid = torch.arange(GLOBAL_BATCH) < real
     for clips, labels in batches:
         clips, labels = torch.cat([clips[:real], clips[:2]]), torch.cat([labels[:real], labels[:2]])

@@ -186,8 +186,7 @@ FLAGS = ["--backend", "none", "--segments", "4", "--depth", "50", "--width", "4"
 
 def trainer(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainer", *argv], capture_output=True, text=True,
-                          timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_an_i3d_run_records_its_architecture_is_tested_as_one_and_resumes_as_no_other(tmp_path, capsys):
@@ -214,9 +213,8 @@ def test_an_i3d_run_records_its_architecture_is_tested_as_one_and_resumes_as_no_
         assert capsys.readouterr().err == (f"trainer train: error: --resume refused: {out / 'checkpoint.pt'} "
                                            f"is another run's: {says}\n")
     assert (out / "checkpoint.pt").read_bytes() == before
-    resumed = trainer("train", "--data", str(data), "--output-dir", str(out), "--resume", "--arch",
-                      "i3d-3x1x1",
-                      *FLAGS, "--epochs", "2")
+    resumed = trainer("train", "--data", str(data), "--output-dir", str(out), "--resume",
+                      "--arch", "i3d-3x1x1", *FLAGS, "--epochs", "2")
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == 2
 
@@ -243,16 +241,14 @@ def test_an_i3d_trains_under_every_schedule_kstep_averaging_and_the_motion_strea
     data, motion = tmp_path / "data", tmp_path / "motion"
     make_shardset(str(data), {"train": 40, "val": 4}, per_shard=7, frames=8, size=(48, 40))
     make_shardset(str(motion), {"train": 16, "val": 4}, per_shard=4, frames=4, size=(48, 40), motion="mv")
-    small = ["--depth", "50", "--width", "4", "--crop-size", "32", "--scale-size", "36", "--warmup-epochs",
-             "1",
-             "--lr-per-8", "0.05", "--workers", "1", "--print-freq", "1", "--no-tensorboard", "--trace-steps"]
+    small = ["--depth", "50", "--width", "4", "--crop-size", "32", "--scale-size", "36",
+             "--warmup-epochs", "1", "--lr-per-8", "0.05", "--workers", "1", "--print-freq", "1",
+             "--no-tensorboard", "--trace-steps"]
     ranks = subprocess.run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-                            "trainer",
-                            "train", "--data", str(data), "--output-dir", str(tmp_path / "mg"), "--arch",
-                            "i3d-3x3x3",
-                            "--batch-size", "2", "--epochs", "4", "--multigrid", "both", "--multigrid-stages",
-                            "2", "3",
-                            "--average-every", "2", "--precise-bn", "1", *small],
+                            "trainer", "train", "--data", str(data), "--output-dir", str(tmp_path / "mg"),
+                            "--arch", "i3d-3x3x3", "--batch-size", "2", "--epochs", "4",
+                            "--multigrid", "both", "--multigrid-stages", "2", "3", "--average-every", "2",
+                            "--precise-bn", "1", *small],
                            capture_output=True, text=True, timeout=900,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert ranks.returncode == 0, (ranks.stdout + ranks.stderr)[-3000:]

@@ -202,8 +202,7 @@ def test_build_killed_at_random_points_and_rerun_with_other_flags_gives_the_same
     shard or staging left behind."""
     out = tmp_path / "out"
     base = ["ingest", "build", "--src", str(class_tree), "--out", str(out), "--short-side", "32",
-            "--shard-samples",
-            "3", "--address", ray_local.get_runtime_context().gcs_address]
+            "--shard-samples", "3", "--address", ray_local.get_runtime_context().gcs_address]
     rng = random.Random(9)
     first = rng.randint(2, 5)  # of 16 one-video batches, two more in flight: at most 7 videos staged
     points = [  # (flags of the run, where it is held and killed, whether packing had begun)

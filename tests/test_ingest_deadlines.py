@@ -70,8 +70,7 @@ def test_a_trickling_download_is_cut_at_the_timeout_and_the_build_goes_on(tmp_pa
         assert "local" not in summary.tasks_per_node
     ledger = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert ledger == [{"path": "val/a/slow.mp4", "split": "val",
-                       "reason": "timed out after 5 s (downloading)",
-                       "ffmpeg": ""}]
+                       "reason": "timed out after 5 s (downloading)", "ffmpeg": ""}]
     assert sorted(samples(out, "val")) == ["fast_c00"] and summary.failed == 1
 
 

@@ -184,8 +184,7 @@ def test_dataset_yields_what_the_ready_loader_yields(shardset):
     from trainer.data import ClipDataset, ClipLoader, EpochOptions
 
     ready = list(ClipLoader(shardset, "train", EpochOptions(batch_size=4, seed=3), num_workers=2,
-                            crop_size=32,
-                            scale_size=40))
+                            crop_size=32, scale_size=40))
     dataset = ClipDataset(shardset, "train", batch_size=4, seed=3, crop_size=32, scale_size=40)
     mine = list(DataLoader(dataset, batch_size=4, num_workers=2))
     assert [b["keys"] for b in mine] == [b["keys"] for b in ready]

@@ -58,8 +58,7 @@ def test_reading_only_install_has_none_of_the_heavy_packages(venv):
             "print(d.__file__)\n"
             "print(cropdecode.available())\n")
     run = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                         timeout=300,
-                         cwd=venv.parent, env={"PATH": os.environ["PATH"]})
+                         timeout=300, cwd=venv.parent, env={"PATH": os.environ["PATH"]})
     assert run.returncode == 0, run.stderr
     heavy, where, crop = run.stdout.splitlines()
     assert heavy == "[]" and where.startswith(str(venv)) and crop == "True", run.stdout

@@ -63,10 +63,8 @@ def job(tmp_path_factory):
     url = server.start()
     try:
         done, trace = syscalls.trace([sys.executable, PROBE, str(shards), f"{url}/v1/datasets/probe",
-                                      str(cache),
-                                      str(frames), str(WORLD), str(WORKERS), str(BATCH)],
-                                     str(root / "strace.txt"),
-                                     timeout=300)
+                                      str(cache), str(frames), str(WORLD), str(WORKERS), str(BATCH)],
+                                     str(root / "strace.txt"), timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         deadline = time.monotonic() + 30
         while not any("mark=end" in line for line in server.log) and time.monotonic() < deadline:

@@ -168,8 +168,7 @@ def reference_features(state: dict[str, torch.Tensor], depth: int, x: torch.Tens
 
     def bn(name, y):
         return F.batch_norm(y, state[f"{name}.running_mean"], state[f"{name}.running_var"],
-                            state[f"{name}.weight"],
-                            state[f"{name}.bias"], False, 0.0, 1e-5)
+                            state[f"{name}.weight"], state[f"{name}.bias"], False, 0.0, 1e-5)
     kind, counts, _, _ = TORCHVISION[depth]
     y = F.max_pool2d(F.relu(bn("bn1", F.conv2d(x, state["conv1.weight"], stride=2, padding=3))), 3, 2, 1)
     for stage, blocks in enumerate(counts, 1):

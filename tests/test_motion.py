@@ -47,8 +47,7 @@ def start(data, out, *extra) -> subprocess.Popen:
     out.mkdir()
     with open(out / "train.log", "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "trainer", "train", "--data", str(data),
-                                 "--output-dir",
-                                 str(out), *RUN, *extra],
+                                 "--output-dir", str(out), *RUN, *extra],
                                 stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -160,11 +159,10 @@ def _without_fields(data, out):
 def test_motion_is_refused_in_one_line_without_fields_or_with_decoding_on_device(
         direction_set, tmp_path, capsys):
     plain = _without_fields(direction_set, tmp_path / "plain")
-    cases = [(plain, [], f"{plain}: no motion fields for --modality motion; build the set with ingest build "
-                         "--motion mv (or flow)"),
+    cases = [(plain, [], f"{plain}: no motion fields for --modality motion; "
+                         "build the set with ingest build --motion mv (or flow)"),
              (direction_set, ["--decode-on-device"],
-              "--decode-on-device: the motion fields of --modality motion "
-                                                     "are PNGs decoded on the CPU")]
+              "--decode-on-device: the motion fields of --modality motion are PNGs decoded on the CPU")]
     for i, (data, extra, message) in enumerate(cases):
         status = cli.main(["train", "--data", str(data), "--output-dir", str(tmp_path / f"out{i}"),
                            "--backend", "none", *RUN, *MOTION, *extra])
@@ -175,10 +173,9 @@ def test_resuming_the_motion_run_as_rgb_is_refused(runs, direction_set, capsys):
     proc, out = runs["motion"]
     final_val_top1(proc, out)
     capsys.readouterr()
-    assert cli.main(["train", "--data", str(direction_set), "--output-dir", str(out), "--resume", "--backend",
-                     "none",
-                     *RUN, "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5", "--lr-per-8",
-                     "0.05"]) == 1
+    assert cli.main(["train", "--data", str(direction_set), "--output-dir", str(out), "--resume",
+                     "--backend", "none", *RUN, "--no-shift", "--epochs", "2", "--warmup-epochs", "0.5",
+                     "--lr-per-8", "0.05"]) == 1
     refused = capsys.readouterr().err
     assert refused.startswith("trainer train: error: --resume refused: ") and refused.count("\n") == 1
     assert "--modality motion in the checkpoint, rgb now" in refused

@@ -100,8 +100,7 @@ def xvid(tmp_path_factory) -> Path:
     mostly direct mode, whose vectors FFmpeg exports as zero. A smoother texture than x264's: on
     the sharp one, FFmpeg's MPEG-4 encoder finds wrong matches in the first P-frames."""
     return _translated(tmp_path_factory.mktemp("motion") / "slide.avi", blur=9, vcodec="mpeg4", vtag="XVID",
-                       bf=1,
-                       g=12, **{"qscale:v": 2})
+                       bf=1, g=12, **{"qscale:v": 2})
 
 
 @pytest.mark.parametrize("video, frames", [("translated", 12), ("pyramid", 12), ("xvid", 8)])
@@ -253,8 +252,7 @@ def test_build_without_motion_is_byte_identical_to_before(ray_local, fixture_src
     build_cli.add_arguments(parser)
     absent = tmp_path / "absent"
     args = parser.parse_args(["--src", str(fixture_src), "--out", str(absent), "--frames", "4",
-                              "--short-side", "32",
-                              "--shard-samples", "2", "--workers", "1"])
+                              "--short-side", "32", "--shard-samples", "2", "--workers", "1"])
     assert build_cli.run(args) == 0
     none = tmp_path / "none"
     build(str(fixture_src), str(none), ClipConfig(frames=4, short_side=32, motion="none"), workers=1,

@@ -43,8 +43,7 @@ def test_parts_take_every_kth_stored_frame_at_their_own_crop_and_decode_only_tho
     renderer.render(clips, [random.Random(i) for i in range(6)], pixels)
     labels, valid = torch.arange(6), torch.tensor([True] * 5 + [False])
     batch = unpack({"clips": torch.from_numpy(pixels), "labels": labels, "valid": valid,
-                    "keys": list("abcdef"),
-                    "global_valid": [6, 4, 1]}, PARTS)
+                    "keys": list("abcdef"), "global_valid": [6, 4, 1]}, PARTS)
     assert batch["global_valid"] == 11 and batch["keys"] == list("abcdef") and "clips" not in batch
     batches = batch["parts"]
     assert [b["global_valid"] for b in batches] == [6, 4, 1]
@@ -138,8 +137,7 @@ def test_the_loader_yields_the_schedules_parts_on_every_rank_and_resumes_mid_epo
         keys = []
         for batch in runs[0] + runs[1]:
             assert [tuple(p["clips"].shape)
-                    for p in batch["parts"]] == [(p.clips, p.frames, 3, p.crop, p.crop)
-                                                                           for p in parts]
+                    for p in batch["parts"]] == [(p.clips, p.frames, 3, p.crop, p.crop) for p in parts]
             for part, spec in zip(batch["parts"], parts):
                 i = index_of(batch["keys"][0]) if spec is parts[0] else None
                 if i is not None and bool(part["valid"][0]):

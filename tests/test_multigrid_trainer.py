@@ -32,10 +32,8 @@ TRAIN, EPOCHS, STAGES = 40, 4, (2, 3)  # 4 baseline epochs -> the plan's 6
 SIGNAL_AT, STOP_STEPS, STOP_EPOCH, STOP_BATCH = 14, 18, 3, 2
 FLAGS = ["--segments", "8", "--depth", "10", "--width", "8", "--crop-size", "32", "--scale-size", "36",
          "--batch-size", "1", "--epochs", str(EPOCHS), "--warmup-epochs", "1", "--lr-per-8", "0.05",
-         "--workers", "1",
-         "--print-freq", "1", "--no-tensorboard", "--multigrid", "both", "--multigrid-stages",
-         *map(str, STAGES),
-         "--average-every", "2", "--trace-steps", "--val-split", ""]
+         "--workers", "1", "--print-freq", "1", "--no-tensorboard", "--multigrid", "both",
+         "--multigrid-stages", *map(str, STAGES), "--average-every", "2", "--trace-steps", "--val-split", ""]
 
 
 def launch(data: Path, out: Path, *extra, env: dict = ENV) -> subprocess.Popen:

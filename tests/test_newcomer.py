@@ -142,9 +142,8 @@ CASES = [
     ("bad-samples-over-the-budget",
      "trainer train --data {rotten} --output-dir {root}/run-budget --backend none "
      "--depth 10 --width 4 --crop-size 32 --scale-size 36 --workers 1 --epochs 1 --max-bad-samples 1", {}, 1,
-     ["2 samples of train in epoch 1 are bad (their digests differ from the manifest's", "more than "
-      "--max-bad-samples 1",
-      "(read twice)", "{root}/run-budget/bad-samples.jsonl"]),
+     ["2 samples of train in epoch 1 are bad (their digests differ from the manifest's",
+      "more than --max-bad-samples 1", "(read twice)", "{root}/run-budget/bad-samples.jsonl"]),
     ("max-bad-samples-not-a-count", "trainer train --data {set} --max-bad-samples lots", {}, 2,
      ["--max-bad-samples", "'lots'", "a count (3) or a share in percent (0.5%)"]),
     ("stats-of-damaged-clips", "shards stats {rotten} --probe 0", {}, 1,
@@ -320,8 +319,7 @@ def world(tmp_path_factory):
                "port": _free_port(), "auth": json.dumps({"Authorization": f"Bearer {TOKEN}"}),
                "damaged": str(root / "damaged"), "full": str(root / "full"),
                "v0run": str(root / "v0run"), "changed": str(root / "changed"), "sorted": str(root / "sorted"),
-               "bin": BIN,
-               "set_manifest": (root / "set" / "manifest.json").read_bytes(),
+               "bin": BIN, "set_manifest": (root / "set" / "manifest.json").read_bytes(),
                "missing": str(root / "missing"), "pythonpath": os.environ.get("PYTHONPATH", ""),
                "foreign": str(root / "foreign"), "noextras": str(root / "noextras")}
         server.kill(15)
@@ -336,8 +334,7 @@ ANSWER_S = 300  # a trainer's refusal (import torch, start Horovod, build the ne
 def run(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     """A console script, as a user runs it."""
     return subprocess.run([os.path.join(BIN, argv[0]), *argv[1:]], capture_output=True, text=True,
-                          timeout=ANSWER_S,
-                          env={**os.environ, **(env or {})})
+                          timeout=ANSWER_S, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -393,13 +390,11 @@ def test_a_refusal_on_one_rank_ends_every_rank_with_one_line(world, tmp_path):
     rank prints a traceback and the job ends (horovodrun's own report of the failed rank aside)."""
     only_rank_1 = 'if [ "$HOROVOD_RANK" = 1 ]; then export SHARD_CACHE_BUDGET=1000; fi; exec "$@"'
     trainer = [os.path.join(BIN, "trainer"), "train", "--data", f"{world['url']}/v1/datasets/tiny",
-               "--cache-dir",
-               str(tmp_path / "cache"), "--output-dir", str(tmp_path / "run"), "--depth", "10", "--width",
-               "4",
-               "--crop-size", "32", "--scale-size", "36", "--batch-size", "1", "--workers", "0"]
+               "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(tmp_path / "run"),
+               "--depth", "10", "--width", "4", "--crop-size", "32", "--scale-size", "36",
+               "--batch-size", "1", "--workers", "0"]
     p = subprocess.run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", "bash",
-                        "-c",
-                        only_rank_1, "rank", *trainer], capture_output=True, text=True, timeout=300,
+                        "-c", only_rank_1, "rank", *trainer], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "FSSPEC_HTTP_HEADERS": world["auth"]})
     lines = {r: [line.split(":", 1)[1] for line in (p.stdout + p.stderr).splitlines()
                  if line.startswith(f"[{r}]<")] for r in (0, 1)}

@@ -61,8 +61,7 @@ def _rank(url, rank, cache, budget, epochs, out, world_size=2, num_workers=1, lo
     """One rank of a job of two-rank nodes: its clips of each epoch, or what went wrong."""
     try:
         loader = clip_loader(url, "train", rank=rank, world_size=world_size, local_size=2, shuffle="node",
-                             seed=0,
-                            num_workers=num_workers, cache_dir=cache, cache_budget=budget,
+                             seed=0, num_workers=num_workers, cache_dir=cache, cache_budget=budget,
                              lookahead=lookahead, **SMALL)
         out.put((rank, [keys(loader) for _ in range(epochs)]))
     except Exception as e:  # reported to the test
@@ -138,8 +137,7 @@ def test_the_first_batch_comes_while_later_shards_still_download(forty, tmp_path
     waiter = ThreadPoolExecutor(1)
     with serve(forty, gate) as (url, _):
         loader = clip_loader(url, "train", num_workers=0, cache_dir=str(tmp_path) if cached else None,
-                             lookahead=2,
-                            **(SMALL | {"batch_size": 1}))
+                             lookahead=2, **(SMALL | {"batch_size": 1}))
         batches = iter(loader)
         try:
             batch = waiter.submit(next, batches).result(timeout=120)  # a hang fails
@@ -193,8 +191,7 @@ def test_node_affine_resume_with_other_nodes_covers_the_epoch_once(forty, before
     rank 0's state on ``after``: every clip once (node counts change: the rest is split anew)."""
     def loaders(nodes, per_node, mode="node"):
         return [clip_loader(forty, "train", rank=r, world_size=nodes * per_node, local_size=per_node,
-                            shuffle=mode, seed=3,
-                           num_workers=1, **SMALL) for r in range(nodes * per_node)]
+                            shuffle=mode, seed=3, num_workers=1, **SMALL) for r in range(nodes * per_node)]
     first, got = loaders(*before), Counter()
     for loader in first:
         batches = iter(loader)
@@ -231,12 +228,10 @@ def test_hosts_of_unequal_rank_counts_agree_and_cover_the_epoch_once(forty, tmp_
     says so once, and the epoch's steps (the clip log) train on every clip exactly once."""
     out = tmp_path / "run"
     p = subprocess.run([HOROVODRUN, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--gloo", sys.executable,
-                        "-m",
-                        "trainer", "train", "--data", forty, "--output-dir", str(out), "--shuffle", "node",
-                        "--val-split", "", "--epochs", "1", "--depth", "10", "--width", "4", "--crop-size",
-                        "32",
-                        "--scale-size", "36", "--batch-size", "2", "--workers", "0", "--no-tensorboard",
-                        "--clip-log"],
+                        "-m", "trainer", "train", "--data", forty, "--output-dir", str(out),
+                        "--shuffle", "node", "--val-split", "", "--epochs", "1", "--depth", "10",
+                        "--width", "4", "--crop-size", "32", "--scale-size", "36", "--batch-size", "2",
+                        "--workers", "0", "--no-tensorboard", "--clip-log"],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -58,8 +58,7 @@ class Service:
     def __init__(self, root: Path, port: int, hold: int | None = None):
         self.port, self.log = port, []
         command = [sys.executable, "-m", "service", "serve", "--catalog", str(root / "catalog.sqlite"),
-                   "--port",
-                   str(port), "--access-log"]
+                   "--port", str(port), "--access-log"]
         env = dict(os.environ)
         self.held_r = None
         if hold:
@@ -67,8 +66,7 @@ class Service:
             command[1:1] = [str(TESTS / "helpers" / "holdpoint.py"), f"service.api.views:open_file@{hold}"]
             env |= {"HOLD_FD": str(held_w)}
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env,
-                                     pass_fds=[held_w] if hold else [])
+                                     env=env, pass_fds=[held_w] if hold else [])
         if hold:
             os.close(held_w)
         while not (line := self.proc.stdout.readline()).startswith("serving "):
@@ -298,10 +296,8 @@ def test_a_corrupt_sample_stops_the_run_at_its_batch_and_resume_after_the_repair
 
     def train(out, *extra):
         return subprocess.run([sys.executable, "-m", "trainer", "train", "--data", str(data), "--output-dir",
-                               str(out),
-                               *flags, *extra], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                              capture_output=True,
-                              text=True, timeout=600)
+                               str(out), *flags, *extra], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=600)
 
     straight = train(tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-3000:]

@@ -162,8 +162,7 @@ def test_elastic_resume_covers_the_epoch_once(hops, remainder):
 
 
 @pytest.mark.parametrize("world_size,workers,batch,done", [(1, 1, 4, 0), (3, 2, 5, 1), (7, 3, 4, 2),
-                                                           (64, 2, 1, 0),
-                                                           (100, 1, 3, 0)])
+                                                           (64, 2, 1, 0), (100, 1, 3, 0)])
 def test_step_samples_count_the_real_clips_of_each_global_step(world_size, workers, batch, done):
     """Batch b of every rank is optimizer step b; its real (not padding) clips, counted from the
     ranks' full sequences, are what ``step_samples`` gives from the padded streams alone."""

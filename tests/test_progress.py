@@ -155,11 +155,10 @@ def command(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def test_ingest_synth_progress_in_a_log_and_its_wording(tmp_path):
-    done = command("ingest", "synth", "--out", str(tmp_path / "src"), "--classes", "1", "--train-per-class",
-                   "2",
-                   "--val-per-class", "0", "--width", "32", "--height", "32", "--fps", "5", "--seconds",
-                   "0.6",
-                   "--workers", "1", env={**os.environ, "KF_PROGRESS_SECONDS": "0"})
+    done = command("ingest", "synth", "--out", str(tmp_path / "src"), "--classes", "1",
+                   "--train-per-class", "2", "--val-per-class", "0", "--width", "32", "--height", "32",
+                   "--fps", "5", "--seconds", "0.6", "--workers", "1",
+                   env={**os.environ, "KF_PROGRESS_SECONDS": "0"})
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr
     assert re.search(r"^synth: 1/2 videos \(50%\), [\d.]+ videos/s, ETA \d:\d\d:\d\d$", done.stderr,

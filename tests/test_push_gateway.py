@@ -88,8 +88,7 @@ def test_a_run_pushes_its_figures_to_a_real_pushgateway(gateway, tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--data",
                             f"http://127.0.0.1:{port}/v1/datasets/clips", "--output-dir", str(out), *FLAGS,
                             "--push-gateway", gateway], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(run.stdout), daemon=True)
     reader.start()

@@ -105,8 +105,7 @@ def test_training_reads_through_a_killed_replica_and_a_catalog_restart_bitwise(c
 def test_an_http_build_survives_the_death_of_the_replica_running_it(cluster):
     front, replicas = cluster["front"], cluster["replicas"]
     body = json.dumps({"src": str(cluster["videos"]), "splits": ["train"], "short_side": 26,
-                       "shard_samples": 2,
-                       "videos_per_task": 1, "workers": 1}).encode()
+                       "shard_samples": 2, "videos_per_task": 1, "workers": 1}).encode()
     status, _, answer = http(front.url, "POST", "/v1/builds", {"Authorization": f"Bearer {TOKEN}"}, body)
     assert status == 202, answer
     dataset = json.loads(answer)["id"]

@@ -66,8 +66,7 @@ def test_stopped_at_first_middle_last_step_after_validation_or_killed_resumes_bi
     assert "\r" not in straight.stderr
     steps = [line for line in lines if re.match(r"epoch 1/2: \d/6 steps \(\d+%\), [\d.]+ steps/s, ETA "
                                                   r"\d:\d\d:\d\d; loss [\d.]+, lr [\d.e+-]+, clips/s [\d.]+, "
-                                                  r"data ms \d+, compute ms \d+$",
-                                                  line)]
+                                                  r"data ms \d+, compute ms \d+$", line)]
     assert [int(line.split()[2].split("/")[0]) for line in steps] == [1, 2, 3, 4, 5], lines
     assert sum(bool(re.match(r"epoch 2/2: 6/6 steps in \d:\d\d:\d\d, [\d.]+ steps/s; loss", line))
                for line in lines) == 1

@@ -35,8 +35,7 @@ def stored(clips: list[int], per_shard: int) -> list[ShardInfo]:
 def planner(shards, rank: int, world_size: int, workers: int, batch: int, local_size: int = 1,
             shuffle: str = "global") -> Epochs:
     options = EpochOptions(batch_size=batch, rank=rank, world_size=world_size, local_size=local_size,
-                           train=True,
-                           seed=3, shuffle_buffer=4, shuffle=shuffle, stored_clips="rotate")
+                           train=True, seed=3, shuffle_buffer=4, shuffle=shuffle, stored_clips="rotate")
     return Epochs(shards, "train", options, workers)
 
 

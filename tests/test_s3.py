@@ -78,8 +78,7 @@ def test_ingest_into_s3_verify_serve_and_train(s3, tmp_path):
     catalog = str(tmp_path / "catalog.sqlite")
     url = f"s3://{BUCKET}/tiny"
     summary, rec = registry.build(catalog, str(src), url, ClipConfig(frames=4, short_side=30),
-                                  splits=("train",),
-                                  shard_samples=2, workers=2, videos_per_task=2)
+                                  splits=("train",), shard_samples=2, workers=2, videos_per_task=2)
     assert rec.state == "ready" and rec.location == url and summary.clips == 4
     assert sorted(fs.ls(f"{BUCKET}/tiny/train")) == [f"{BUCKET}/tiny/train/train-00000{i}.tar"
                                                      for i in (0, 1)]
@@ -102,14 +101,11 @@ def test_ingest_into_s3_verify_serve_and_train(s3, tmp_path):
         # streamed from S3
         assert read_range(f"{data}/{shard.name}", 100, 5000) == raw[100:5000], "".join(server.log)
         out = tmp_path / "run"
-        proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", data, "--output-dir",
-                               str(out),
-                               "--val-split", "", "--segments", "4", "--depth", "10", "--width", "8",
-                               "--crop-size", "24", "--scale-size", "28", "--batch-size", "2", "--epochs",
-                               "1",
-                               "--warmup-epochs", "0", "--workers", "1", "--print-freq", "1",
-                               "--no-tensorboard",
-                               "--backend", "none"],
+        proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--data", data,
+                               "--output-dir", str(out), "--val-split", "", "--segments", "4",
+                               "--depth", "10", "--width", "8", "--crop-size", "24", "--scale-size", "28",
+                               "--batch-size", "2", "--epochs", "1", "--warmup-epochs", "0", "--workers", "1",
+                               "--print-freq", "1", "--no-tensorboard", "--backend", "none"],
                               capture_output=True, text=True, timeout=300,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

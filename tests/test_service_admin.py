@@ -30,11 +30,11 @@ def catalog(tmp_path):
     for name, owner in (("failed", None), ("failed-tagged", None), ("abandoned", int(dead.stdout)),
                         ("live", os.getpid())):
         state = "failed" if owner is None else "building"
-        cat._db.execute("UPDATE datasets SET state = ?, owner = ?, heartbeat = strftime('%s','now') WHERE id "
-                        "= ?",
+        cat._db.execute("UPDATE datasets SET state = ?, owner = ?, heartbeat = strftime('%s','now') "
+                        "WHERE id = ?",
                         (state, None if owner is None
-                         else json.dumps({"host": os.uname().nodename, "pid": owner,
-                                                                       "token": "t"}), sets[name].id))
+                         else json.dumps({"host": os.uname().nodename, "pid": owner, "token": "t"}),
+                         sets[name].id))
     return cat, sets, tmp_path
 
 

@@ -166,13 +166,11 @@ def test_a_ray_that_cannot_be_joined_fails_the_build_at_once_with_the_reason(tmp
 
 def test_different_builds_posted_together_share_a_ray_cluster(tmp_path, videos, ray_local):
     server = serve(tmp_path, "--source-root", str(videos), "--ray-address",
-                   ray_local.get_runtime_context().gcs_address,
-                   "--max-builds", "2")
+                   ray_local.get_runtime_context().gcs_address, "--max-builds", "2")
     try:
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(lambda seed: post(server.url, videos, splits=["val"], short_side=30,
-                                                      seed=seed,
-                                                      shard_samples=2), (1, 2)))
+                                                      seed=seed, shard_samples=2), (1, 2)))
         assert [status for status, _ in answers] == [202, 202] and answers[0][1]["id"] != answers[1][1]["id"]
         for _, answer in answers:
             done = wait_for(server.url, answer["id"], ("ready", "failed"))

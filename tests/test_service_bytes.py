@@ -94,8 +94,7 @@ def loader_batches(url: str, direct: str = "never"):
     from trainer.data import ClipLoader, EpochOptions
 
     return list(ClipLoader(url, "train", EpochOptions(batch_size=4), num_workers=0, crop_size=32,
-                           scale_size=36,
-                           direct_reads=direct))
+                           scale_size=36, direct_reads=direct))
 
 
 # --- integrity ---------------------------------------------------------------------------------
@@ -201,8 +200,8 @@ def test_a_set_verify_found_bad_is_not_served_as_sound(env, tmp_path):
     checking ETags noticed), and training died with a 114-line traceback after five retries."""
     url, rec = env["server"].url, env["sets"]["flagged"]
     shard = corrupt_sample(env["root"] / "flagged", keep_mtime=False)
-    out = subprocess.run([sys.executable, "-m", "service", "verify", "--catalog", env["catalog"].path,
-                          "flagged"],
+    out = subprocess.run([sys.executable, "-m", "service", "verify",
+                          "--catalog", env["catalog"].path, "flagged"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and f"{shard.name}: SHA-256 differs" in out.stdout
     assert env["catalog"].get(rec.id).verify_problems == 2  # that and the sample's digest

@@ -28,8 +28,7 @@ def shardset(tmp_path_factory):
 
 def serve(root, *args: str, command: tuple[str, ...] | None = None) -> ServiceProcess:
     server = ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--token-file", str(root / "tokens"),
-                            *args,
-                            command=command)
+                            *args, command=command)
     server.start()
     return server
 

@@ -154,8 +154,7 @@ def test_an_orphan_is_taken_over_only_while_it_can_be(catalog_location, tmp_path
                          splits=req["splits"])  # the id a replica plans this request to: it would build it
     for _ in range(MAX_ATTEMPTS):  # each builder dies: the next claim finds its lease dead
         tired = cat.claim(plan.id, source=str(videos), location=str(tmp_path / "tired"), options={},
-                          owner=owner,
-                          request=request)
+                          owner=owner, request=request)
     assert tired.record.attempts == MAX_ATTEMPTS
     changed = cat.claim("a2" * 32, source=str(videos), location=str(tmp_path / "changed"), options={},
                         owner=owner,

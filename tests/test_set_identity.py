@@ -98,8 +98,7 @@ def test_sets_from_the_same_videos_share_the_fingerprint_not_the_identity(sets):
     old = {k: v for k, v in saved.items() if k != "identity"}  # as written before identities
     assert Manifest.from_json(json.dumps(old).encode()).identity == two.identity
     stats = subprocess.run([os.path.join(BIN, "shards"), "stats", str(sets / "two")], capture_output=True,
-                           text=True,
-                           timeout=120)
+                           text=True, timeout=120)
     assert stats.stdout.startswith(f"shard set {two.identity}, 2 classes, inputs' fingerprint "
                                    f"{two.fingerprint}")
 
@@ -112,14 +111,12 @@ def test_resume_on_a_set_of_other_options_is_refused_naming_both_and_goes_on_whe
     run = tmp_path / "run"
     trainer = os.path.join(BIN, "trainer")
     first = subprocess.run([trainer, "train", "--data", str(sets / "two"), "--output-dir", str(run),
-                            "--epochs", "1",
-                            *TRAIN],
+                            "--epochs", "1", *TRAIN],
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     kept = files(run)
     other = subprocess.run([trainer, "train", "--data", str(sets / "one"), "--output-dir", str(run),
-                            "--resume",
-                            "--epochs", "2", *TRAIN], capture_output=True, text=True, timeout=300)
+                            "--resume", "--epochs", "2", *TRAIN], capture_output=True, text=True, timeout=300)
     line = one_error(other.stderr)
     two, one = (Manifest.load(str(sets / s)) for s in ("two", "one"))
     assert other.returncode == 2
@@ -132,8 +129,7 @@ def test_resume_on_a_set_of_other_options_is_refused_naming_both_and_goes_on_whe
     moved = tmp_path / "moved"  # the same set elsewhere: the same identity, resumed
     shutil.copytree(sets / "two", moved)
     same = subprocess.run([trainer, "train", "--data", str(moved), "--output-dir", str(run), "--resume",
-                           "--epochs",
-                           "1", *TRAIN],
+                           "--epochs", "1", *TRAIN],
                           capture_output=True, text=True, timeout=300)
     assert same.returncode == 0 and "resumed from" in same.stderr, same.stderr[-3000:]
 
@@ -143,8 +139,7 @@ def test_a_loader_position_continues_on_its_set_at_any_world_size_and_nowhere_el
 
     def loader(name: str, world: int = 2, rank: int = 0) -> ClipLoader:
         return ClipLoader(str(sets / name), "train", EpochOptions(batch_size=1, world_size=world, rank=rank),
-                          num_workers=0,
-                          crop_size=16, scale_size=20)
+                          num_workers=0, crop_size=16, scale_size=20)
 
     two = loader("two")
     it = iter(two)
@@ -205,8 +200,7 @@ def test_a_set_a_catalog_records_is_replaced_only_with_force_and_its_record_says
     assert code == 2 and "--force replaces it" in one_error(err)
     assert Catalog(catalog).get(rec.id).state == "ready"
     code, _, err = build(capsys, "--src", str(sets / "videos"), "--out", str(out), "--clips-per-video", "2",
-                         *eight,
-                         "--force")
+                         *eight, "--force")
     assert code == 0, err
     assert Manifest.load(str(out)).config["clip"]["frames"] == 8
     gone = Catalog(catalog).get(rec.id)
@@ -251,9 +245,8 @@ def test_a_set_changed_behind_the_catalog_is_shown_changed_refused_by_the_server
     catalog = str(tmp_path / "catalog.sqlite")
     out = tmp_path / "served"
     shutil.copytree(sets / "two", out)
-    original = ["--src", str(sets / "videos"), "--out", str(out), "--catalog", catalog, "--clips-per-video",
-                "2",
-                *OPTIONS]
+    original = ["--src", str(sets / "videos"), "--out", str(out), "--catalog", catalog,
+                "--clips-per-video", "2", *OPTIONS]
     assert build(capsys, *original)[0] == 0
     (rec,) = Catalog(catalog).list()
     shutil.rmtree(out)

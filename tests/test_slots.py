@@ -78,5 +78,4 @@ def test_an_interrupted_epoch_gives_its_slots_back(shardset):
     assert not ld.slots.state.any()
     rest = list(b["keys"] for b in ld)
     assert len(rest) == len(ld.__class__(shardset, "train", EpochOptions(batch_size=2, shuffle_buffer=6),
-                                         num_workers=2, crop_size=32,
-                                         scale_size=48)) - 1
+                                         num_workers=2, crop_size=32, scale_size=48)) - 1

@@ -223,8 +223,7 @@ def test_many_readers_waiting_for_one_source_log_one_line_each_way(caplog):
         retry = Recorded(deadline=60, **QUICK)
         with ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda i: open_range(f"{src.url}/blob.tar", i * 1000, (i + 1) * 1000,
-                                                     size=SIZE,
-                                                     sha256=SHA, retry=retry).read(), range(8)))
+                                                     size=SIZE, sha256=SHA, retry=retry).read(), range(8)))
     assert got == [BLOB[i * 1000:(i + 1) * 1000] for i in range(8)]
     started, ended = wait_lines(caplog)
     assert len(started) == 1 and len(ended) == 1, caplog.text
@@ -243,8 +242,7 @@ def test_the_node_cache_waits_and_its_waiters_give_up_with_the_downloader(tmp_pa
     with source(["503"] * 10_000) as src:
         directory = str(tmp_path / "down")
         downloader = ShardCache(directory, retry=Recorded(then=lambda n: n == 1 and entered.wait(30),
-                                                          deadline=2,
-                                                          **QUICK))
+                                                          deadline=2, **QUICK))
         waiter = ShardCache(directory, retry=Recorded(deadline=60, **QUICK))
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(downloader.fetch, f"{src.url}/blob.tar", SHA, SIZE)

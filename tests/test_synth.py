@@ -188,8 +188,7 @@ def test_speed_scale_slows_the_same_videos(dataset, tmp_path):
 
 def test_colours_make_colour_x_motion_classes_that_recolour_only_the_disc(tmp_path):
     jobs = synth.plan(str(tmp_path), classes=2, train_per_class=1, val_per_class=1, width=160, height=120,
-                      fps=10,
-                      seconds=0.4, seed=0, colours=2)
+                      fps=10, seconds=0.4, seed=0, colours=2)
     names = ["red_move_left", "red_move_right", "green_move_left", "green_move_right"]
     assert [os.path.relpath(j.path, tmp_path) for j in jobs] == \
         [f"{split}/{n}/{n}_{split}_0000.mp4" for split in ("train", "val") for n in names]

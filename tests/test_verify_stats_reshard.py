@@ -101,8 +101,8 @@ def test_missing_member_and_undecodable_frame(tmp_path):
     Manifest(classes=["a", "b"], splits={"train": SplitInfo([info])}, config={"clip": {"frames": 8}}).save(d)
     header = ("train/train-000000.tar: sample v1_c00: a frame's bytes are no picture: "
               "its JPEG header does not parse")
-    assert problems(d) == ["train/train-000000.tar: sample v0_c00: 7 frames where the set has 8: 03.jpg "
-                           "missing",
+    assert problems(d) == ["train/train-000000.tar: sample v0_c00: 7 frames where the set has 8: "
+                           "03.jpg missing",
                            header]  # a header is checked without --deep, as every reader checks it
     assert main(["verify", d]) == 1  # frames expected from the manifest's config.clip.frames
     assert problems(d, deep=True)[1] == header

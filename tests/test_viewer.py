@@ -56,9 +56,8 @@ def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("viewer")
     make_shardset(str(root / "tiny"), {"train": 24, "val": 6}, per_shard=6, classes=CLASSES)
     ledger = [{"path": f"train/{HOSTILE}/bad.mp4", "split": "train", "reason": "not a video",
-               "ffmpeg": HOSTILE_MESSAGE}, {"path": "val/walking/empty.mp4", "split": "val",
-                                            "reason": "empty file",
-                                            "ffmpeg": ""}]
+               "ffmpeg": HOSTILE_MESSAGE},
+              {"path": "val/walking/empty.mp4", "split": "val", "reason": "empty file", "ffmpeg": ""}]
     (root / "tiny" / "errors.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
     (root / "secret.txt").write_text("SECRET-BYTES-OUTSIDE-EVERY-SET")
     cat = Catalog(str(root / "catalog.sqlite"))
@@ -78,8 +77,7 @@ def site(tmp_path_factory):
     register(cat, f"{base}/tiny", "remote", dataset_id="ab" * 32)
     servers = {"open": ServiceProcess("--catalog", str(root / "catalog.sqlite")),
                "auth": ServiceProcess("--catalog", str(root / "catalog.sqlite"), "--read-auth",
-                                      "--token-file",
-                                      str(root / "tokens"))}
+                                      "--token-file", str(root / "tokens"))}
     try:
         for server in servers.values():
             server.start()
@@ -619,8 +617,7 @@ def test_browser_read_auth_shows_nothing_before_the_token(site, browser):
         assert not any(word in text for word in ("tiny", "walking", "jumping", "train_v", "prod"))
         asked = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         assert {a.removeprefix(url) for a in asked} <= {"/static/viewer.css", "/static/viewer.js",
-                                                        "/static/icon.svg",
-                                                       "/v1/viewer"}, asked
+                                                        "/static/icon.svg", "/v1/viewer"}, asked
         assert browser.execute_script("return document.images.length === 0 || "
                                       "Array.from(document.images).every(i => !i.src)")
     browser.find_element("id", "token").send_keys(TOKEN)
@@ -643,10 +640,9 @@ def test_preview_contact_sheet_from_a_path_and_from_the_service(site, tmp_path):
     m = site["manifest"]
     for source in (str(site["root"] / "tiny"), site["open"].url + "/v1/datasets/tiny"):
         out = tmp_path / "sheet.png"
-        subprocess.run([sys.executable, "-m", "shards", "preview", source, "--split", "train", "--classes",
-                        "jumping",
-                        "walking", "--clips", "4", "--height", "48", "--out", str(out), "--html",
-                        str(tmp_path / "h")],
+        subprocess.run([sys.executable, "-m", "shards", "preview", source, "--split", "train",
+                        "--classes", "jumping", "walking", "--clips", "4", "--height", "48",
+                        "--out", str(out), "--html", str(tmp_path / "h")],
                        check=True, capture_output=True)
         sheet = Image.open(out).convert("RGB")
         labels = ClipIndex(m).split("train").labels

@@ -34,10 +34,9 @@ REFUSED = (("data", "modality"), ("model", "bn"), ("recipe", "optimizer"), ("sch
 # (the shard set itself is checked by its identity, ``shards.format.manifest``)
 INERT = (("data", "data"), ("data", "workers"), ("data", "cache_dir"), ("data", "direct_reads"),
          ("data", "lookahead"), ("data", "source_deadline"),
-         ("system", "backend"),
-         ("system", "output_dir"), ("system", "resume"), ("system", "checkpoint_steps"),
-         ("system", "print_freq"),
-         ("system", "clip_log"), ("system", "tensorboard"), ("schedules", "trace_steps"))
+         ("system", "backend"), ("system", "output_dir"), ("system", "resume"),
+         ("system", "checkpoint_steps"), ("system", "print_freq"), ("system", "clip_log"),
+         ("system", "tensorboard"), ("schedules", "trace_steps"))
 
 
 def position(epoch: int, batch: int, epochs: int) -> str:

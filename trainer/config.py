@@ -236,9 +236,8 @@ class Recipe(Flags):
                            type=number_in_range(float, 0, above=True))
     warmup_epochs: float = flag(5.0, "epochs of linear warm-up of the learning rate from 0",
                                 type=NON_NEGATIVE)
-    optimizer: str = flag("sgd", "adam: weight decay as L2 in the gradient; adamw: decoupled; none decays BN "
-                                 "or biases",
-                          choices=OPTIMIZERS)
+    optimizer: str = flag("sgd", "adam: weight decay as L2 in the gradient; adamw: decoupled; "
+                                 "none decays BN or biases", choices=OPTIMIZERS)
     momentum: float = flag(0.9, "SGD's", type=UNIT)
     weight_decay: float = flag(1e-4, "on conv/linear weights only", type=NON_NEGATIVE)
     clip_grad_norm: float = flag(0.0, "max gradient norm (0: off)", type=NON_NEGATIVE)
@@ -260,8 +259,7 @@ class System(Flags):
     compile: str | None = flag(None, "torch.compile the training network, temporal shift inside the graph "
                                      "(mode: see trainer/model/compiling.py; reduce-overhead adds CUDA "
                                      "graphs); on CUDA also a fused SGD (default: off; the flag alone: auto)",
-                               nargs="?", const="auto",
-                                 choices=COMPILE_MODES)
+                               nargs="?", const="auto", choices=COMPILE_MODES)
     seed: int = flag(0, "seeds the weights, the clip order and the augmentations")
     output_dir: str = flag("out/train", "checkpoint, metrics.jsonl, tensorboard/")
     resume: bool = flag(False, "continue from OUTPUT_DIR/checkpoint.pt if present")
@@ -279,19 +277,17 @@ class System(Flags):
                              spelling="--no-tensorboard")
     push_gateway: str | None = flag(None,
                                     "push each rank's figures (clips/s, data wait, step time, bad samples, "
-                                          "outage waits) to this Prometheus Pushgateway every --print-freq "
-                                          "steps, at epoch ends and at the end (trainer/prometheus.py)",
-                                    metavar="URL",
-                                    type=http_url)
+                                    "outage waits) to this Prometheus Pushgateway every --print-freq "
+                                    "steps, at epoch ends and at the end (trainer/prometheus.py)",
+                                    metavar="URL", type=http_url)
 
 
 @dataclass(frozen=True)
 class Schedules(Flags):
     GROUP: ClassVar[str] = "schedules (docs/schedules.md)"
     multigrid: str = flag("off", "multigrid batch shapes: the long cycle (T, S and B over each stage), the "
-                                 "short cycle (crops over successive iterations), or both; runs the plan's "
-                                 "1.5x --epochs",
-                          choices=MULTIGRID)
+                                 "short cycle (crops over successive iterations), or both; "
+                                 "runs the plan's 1.5x --epochs", choices=MULTIGRID)
     multigrid_stages: tuple[int, ...] | None = flag(
         None,
         "epochs of the baseline (--epochs) where the long cycle restarts (default: the reference config's "
@@ -300,13 +296,11 @@ class Schedules(Flags):
                                     "decay, or when the gradient noise scale exceeds the global batch (needs "
                                     "2+ ranks)", choices=GROWTH)
     growth_points: tuple[float, ...] = flag((), "epochs where the batch doubles", nargs="+")
-    max_batch_size: int | None = flag(None, "clips per rank the batch grows to at most (default 8x "
-                                            "--batch-size)",
-                                      type=positive_int)
+    max_batch_size: int | None = flag(None, "clips per rank the batch grows to at most "
+                                            "(default 8x --batch-size)", type=positive_int)
     average_every: int | None = flag(None, "K-step model averaging: each rank steps alone, ranks average "
-                                           "every K steps (default: gradients averaged at every step by the "
-                                           "backend)",
-                                     type=positive_int)
+                                           "every K steps (default: gradients averaged at every step "
+                                           "by the backend)", type=positive_int)
     local_after_epochs: float = flag(0.0,
                                      "post-local averaging: synchronous for these first epochs, K-step after",
                                      type=NON_NEGATIVE)
@@ -317,8 +311,7 @@ class Schedules(Flags):
                                     "OUTPUT_DIR/steps-rank<R>.jsonl")
     precise_bn: int = flag(0, "before every validation, set BN statistics to those of N full-shape training "
                               "batches per rank (for multigrid, whose training shapes differ from "
-                              "validation's); 0: off",
-                           metavar="N", type=int_in_range(0))
+                              "validation's); 0: off", metavar="N", type=int_in_range(0))
 
 
 @dataclass(frozen=True)

@@ -156,8 +156,7 @@ class Engine:
             f"channels-last {self.model.channels_last}",
             f"model: {NAMES[c.arch]} ({c.modality}) ResNet-{c.depth} width {c.width}, {c.segments} frames, "
             f"{f'shift 1/{c.shift_div}, ' if c.shift else ''}dropout {c.dropout}, BN {self.bn_mode}, "
-            f"{c.num_classes} classes, "
-            f"{params / 1e6:.2f} M parameters",
+            f"{c.num_classes} classes, {params / 1e6:.2f} M parameters",
             f"recipe: global batch {self.global_batch} ({self.batch_size} x {b.size}), "
             f"peak lr {self.peak_lr:g} ({r.lr_per_8:g} per 8 clips), {self.epochs} epochs, "
             f"{self.schedule.total_clips} clips, "

@@ -78,8 +78,8 @@ class VideoScores:
             labels = torch.tensor([label for _, label in labeled])
             top1, top5 = metrics.topk_correct(scores, labels, (1, 5),
                                               torch.ones_like(labels, dtype=torch.bool))
-            out.update(video_top1=100 * top1.item() / len(labeled), video_top5=100 * top5.item()
-                       / len(labeled))
+            out.update(video_top1=100 * top1.item() / len(labeled),
+                       video_top5=100 * top5.item() / len(labeled))
         if self.clips:  # none in a fusion, whose videos are scored as a whole
             out["clip_top1"] = 100 * self.clips_correct / self.clips
         return out

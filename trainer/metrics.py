@@ -44,9 +44,8 @@ class StepTotals:
         v = self.values
         steps, clips = max(v["rank_steps"], 1), max(v["clips"], 1)
         return {"loss": v["loss"] / clips, "data_time": v["data_time"] / steps,
-                "compute_time": v["compute_time"] / steps, "clips_per_s": v["clips"]
-                / max(v["wall_time"], 1e-9),
-                "time": v["wall_time"]}
+                "compute_time": v["compute_time"] / steps,
+                "clips_per_s": v["clips"] / max(v["wall_time"], 1e-9), "time": v["wall_time"]}
 
 
 def cpu_seconds() -> float:

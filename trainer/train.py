@@ -339,8 +339,7 @@ class Trainer:
         failed (the fault all raise is in ``stop.agreed``), else the stop signal (0: none), so all
         stop at the same step and exit alike; SIGTERM wins where ranks got different signals."""
         flags = torch.tensor([stop.signum == signal.SIGTERM, stop.signum == signal.SIGINT,
-                              stop.fault is not None],
-                             dtype=torch.float32)
+                              stop.fault is not None], dtype=torch.float32)
         term, interrupt, faults = (self.backend.all_sum(flags) if self.backend.size > 1 else flags).tolist()
         if faults:
             said = describe_fault(stop.fault, self.backend.rank, self.backend.size)
@@ -668,8 +667,7 @@ def main(cfg: config.TrainConfig, elastic=None) -> int:
         if signum and t.rank0:
             log.info("stopped by signal %d in epoch %d after batch %d (step %d, %d clips seen): checkpoint "
                      "saved to %s; the same command with --resume continues", signum, t.epoch + 1, t.batch,
-                     t.step,
-                     t.engine.clips_seen, t.checkpoint_url)
+                     t.step, t.engine.clips_seen, t.checkpoint_url)
         elif t.rank0:
             log.info("done: checkpoint %s, metrics %s (trainer plot %s draws them)", t.checkpoint_url,
                      os.path.join(cfg.system.output_dir, "metrics.jsonl"), cfg.system.output_dir)

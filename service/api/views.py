@@ -89,8 +89,7 @@ async def post_build(request: web.Request) -> web.Response:
             body = await request.read()
     except TimeoutError:
         raise web.HTTPRequestTimeout(text=f"the request body did not arrive within "
-                                          f"{request.app[BODY_TIMEOUT]:g} s "
-                                          "(--body-timeout)") from None
+                                          f"{request.app[BODY_TIMEOUT]:g} s (--body-timeout)") from None
     try:
         body = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -182,8 +182,8 @@ def format_plan(p: dict, own: dict | None = None) -> str:
     if own:
         lines += [own_layout(own), format_table(own), ""]
     lines += [recommendation(p), format_table(p), "",
-              "ops = opens + stats + listings per epoch; shards total includes the manifest "
-              "(1 open per job);",
+              "ops = opens + stats + listings per epoch; "
+              "shards total includes the manifest (1 open per job);",
               "ratio = frame-folder total / shard total.", "", explain(p)]
     return "\n".join(lines)
 

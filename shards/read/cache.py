@@ -364,8 +364,8 @@ class ShardCache:
                     os.close(fd)
                 if silent > self.lease:
                     raise TimeoutError(f"{url}: the process downloading this shard to "
-                                       f"{os.path.dirname(dest)} has not renewed its lease for {silent:.0f} "
-                                       f"s (lease {self.lease:g} s): "
+                                       f"{os.path.dirname(dest)} has not renewed its lease for "
+                                       f"{silent:.0f} s (lease {self.lease:g} s): "
                                        "no byte arrived and it was not waiting")
                 time.sleep(self.poll)
                 continue

@@ -240,8 +240,8 @@ def _tar_apply(data: bytearray, change: dict, sound: Sound, key: str) -> bytearr
     elif kind == "duplicate":
         data[change["at"]:change["at"]] = data[change["start"]:change["start"] + change["length"]]
     elif kind == "zero":
-        data[change["at"]:change["at"]
-             + change["length"]] = bytes(max(0, min(change["length"], size - change["at"])))
+        data[change["at"]:change["at"] + change["length"]] = bytes(
+            max(0, min(change["length"], size - change["at"])))
     elif kind == "header":
         block = bytearray(data[change["header"]:change["header"] + BLOCK])
         value = change.get("value")
@@ -467,16 +467,14 @@ class _ViewerSite:
         sha = hashlib.sha256(data).hexdigest()
         dataset = hashlib.sha256(f"{directory}{n}".encode()).hexdigest()
         claim = self.catalog.claim(dataset, source="campaign", location=directory, options={},
-                                   name=f"copy{n}",
-                                   strict_name=True)
+                                   name=f"copy{n}", strict_name=True)
         self.catalog.finish(dataset, claim.owner, splits={}, files={"manifest.json": [len(data), sha]},
                             manifest_sha256=sha, builder_version="campaign")
         return dataset
 
     def visit(self, directory: str, n: int):
         routes = ["", "/probe", "/clips?split=train", "/clips/train/0", "/frames/train/0/0",
-                  "/frames/train/1/1",
-                  "/clips/val/0"]
+                  "/frames/train/1/1", "/clips/val/0"]
 
         async def walk(ref):
             answers = []

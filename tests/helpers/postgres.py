@@ -57,8 +57,7 @@ class PostgresServer:
         options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
                    "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
         done = self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-l", self.log, "-o", options,
-                         "-w",
-                         "-t", "120", "start", check=False)
+                         "-w", "-t", "120", "start", check=False)
         if done.returncode != 0:
             raise RuntimeError(f"PostgreSQL did not start: {done.stderr.strip()}\n{self.tail()}")
         return self
@@ -66,8 +65,7 @@ class PostgresServer:
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (``fast``: sessions ended, a clean shutdown; ``immediate``: as a crash)."""
         done = self._run(os.path.join(self.bin, "pg_ctl"), "-D", self.data, "-m", mode, "-w", "-t", "60",
-                         "stop",
-                         check=False)
+                         "stop", check=False)
         if done.returncode != 0 and (pid := self.pid()) is not None:
             try:
                 os.killpg(pid, signal.SIGKILL)  # the postmaster leads its group of backends

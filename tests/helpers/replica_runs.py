@@ -66,8 +66,7 @@ def replicated(root: Path, *args: str, count: int = 2):
 
 def train(data: str, out: Path, env: dict | None = None, *flags: str) -> subprocess.Popen:
     return subprocess.Popen([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, FAULTRUN,
-                             "train",
-                             "--data", data, "--output-dir", str(out), *FLAGS, *flags],
+                             "train", "--data", data, "--output-dir", str(out), *FLAGS, *flags],
                             env={**os.environ, "OMP_NUM_THREADS": "1", "EXIT_LOG": str(out / "exits"),
                                  **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -189,8 +189,8 @@ def run_block(runbook: str, first: str, subs: dict[str, str] | None = None, *, c
     """Run the block's commands (``block_commands``) with bash in ``cwd``; returns stdout and stderr
     together. ``activated``: with the project's environment on the PATH (``shell_env``);
     ``own_processes``: see ``run_commands``."""
-    return run_commands(block_commands(runbook, first, subs), cwd=cwd, env=shell_env(env) if activated
-                        else env,
+    return run_commands(block_commands(runbook, first, subs),
+                        cwd=cwd, env=shell_env(env) if activated else env,
                         timeout=timeout, own_processes=own_processes)
 
 
@@ -212,8 +212,7 @@ def run_commands(commands: list[str], *, cwd, env: dict | None = None, timeout: 
         if own_processes:
             argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
         proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True,
-                              timeout=timeout)
+                              text=True, timeout=timeout)
         done = [int(n) for n in ran_file.read().split()]
     shown = "\n".join(commands)
     assert proc.returncode == 0, f"failed ({proc.returncode}):\n{shown}\n--- output:\n{proc.stdout[-4000:]}"

@@ -44,9 +44,8 @@ def frame_motion(sample: int, frame: int) -> tuple[float, float]:
     return 2.0 + frame, float(sample % 5)
 
 
-def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool, motion: str
-                 | None,
-                 class_sorted: bool = False):
+def clip_samples(split: str, count: int, num_classes: int, frames: int, size, labeled: bool,
+                 motion: str | None, class_sorted: bool = False):
     """(key, label, sample_bytes) for ``count`` clips, two clips per video; with ``motion`` (a kind
     of ``shards.format.motionfield``) a uniform field of ``frame_motion`` beside each frame. Labels go
     round the classes (i % num_classes), or with ``class_sorted`` class by class."""

@@ -180,9 +180,8 @@ class ClipDataset(IterableDataset):
         plan, epoch = loader.worker_plans({worker: self._skip})[worker], loader.epoch
         if plan.order:
             for i, sample in enumerate(ordered_samples(plan, {}, loader.cache, loader.lookahead,
-                                                       self.skip_bad,
-                                                           loader.retry, loader.manifest.frames,
-                                                           loader.manifest.motion)):
+                                                       self.skip_bad, loader.retry, loader.manifest.frames,
+                                                       loader.manifest.motion)):
                 row = self._sample(sample, plan, epoch)
                 if (i + 1) % self.batch_size == 0:
                     self._made += 1  # before the batch's last row leaves: a state taken after it counts it

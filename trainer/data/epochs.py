@@ -208,8 +208,8 @@ class Epochs:
         p, o = self.position, self.shuffling
         made_of = (p.epoch, o, tuple(p.past), self.nodes)
         if self._cached_order is None or self._cached_order[0] != made_of:
-            base = partition.epoch_orders([s.num_samples for s in self.shards], p.past[0].nodes if p.past
-                                          else self.nodes,
+            base = partition.epoch_orders([s.num_samples for s in self.shards],
+                                          p.past[0].nodes if p.past else self.nodes,
                                           o.seed, p.epoch, self.train, o.piece_samples)
             if self.rotation:
                 base = self.rotation.select(base, p.epoch)
@@ -271,8 +271,7 @@ class Epochs:
                                          len(self.position.past))
             skip = partition.worker_batches(done, self.workers, stream.worker) + (skips or {}).get(i, 0)
             plans.append(worker_plan(self.shards, urls, self.orders()[node], stream, emitted, skip,
-                                     self.batch_size,
-                                     None if pieces is None else pieces[node]))
+                                     self.batch_size, None if pieces is None else pieces[node]))
         return plans
 
     def steps(self, parts: tuple[int, ...] | None = None) -> list:
@@ -280,8 +279,7 @@ class Epochs:
         a multigrid batch's clips per part."""
         return partition.step_samples(self.lengths(), self.position.segment(self.layout()), self.remainder,
                                       self.shuffling.shuffle_buffer, self.seed, self.epoch,
-                                      len(self.position.past),
-                                      parts)
+                                      len(self.position.past), parts)
 
     # --- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -294,8 +294,7 @@ class ClipLoader:
                                        if local_path(r.url) is not None}
         fds = {i: open_fd(u) for i, u in local.items()} if len(local) <= SHARED_FDS_MAX else {}
         return Workers(self.num_workers, [*self.shards, self.transform], pool, fds, self.cache,
-                       self.lookahead,
-                       self.retry, self.manifest.frames, self.manifest.motion)
+                       self.lookahead, self.retry, self.manifest.frames, self.manifest.motion)
 
     def worker_plans(self, skips: dict[int, int] | None = None) -> list[WorkerPlan]:
         """The planner's plans of every DataLoader worker for the rest of the epoch (``Epochs.worker_plans``:
@@ -317,9 +316,8 @@ class ClipLoader:
         parts = self.shapes.parts(self.epoch) if self.shapes else None
         steps = self.epochs.steps(parts and tuple(p.clips for p in parts))
         renderer = parts and PartsRenderer(parts, self.transform.crop_size, self.transform.scale_size,
-                                           self.transform.flip, self.manifest.motion
-                                           if self.modality == "motion"
-                                           else None)
+                                           self.transform.flip,
+                                           self.manifest.motion if self.modality == "motion" else None)
         how = Decoding(self.transform, self.seed, self.epoch, skip_bad=self.max_bad_samples != 0,
                        on_device=self.decode_on_device, renderer=renderer)
         workers, own = self._workers_for(plans)
